@@ -1,0 +1,13 @@
+module github.com/vpcni/vpcni
+
+go 1.26.8
+
+require (
+	github.com/containernetworking/cni v1.3.1 // indirect
+	github.com/vishvananda/netlink v1.3.1 // indirect
+	github.com/vishvananda/netns v0.0.5 // indirect
+	go.etcd.io/bbolt v1.4.3 // indirect
+	go.yaml.in/yaml/v2 v2.4.2 // indirect
+	golang.org/x/sys v0.29.0 // indirect
+	sigs.k8s.io/yaml v1.6.0 // indirect
+)

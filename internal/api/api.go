@@ -1,0 +1,111 @@
+// Package api holds the wire types spoken between the vpcni CNI plugin (and
+// vpcnictl) and the vpcnid node agent over the agent's unix socket.
+//
+// It imports only the standard library: the plugin runs on every pod's
+// critical path and must stay small.
+package api
+
+import "encoding/json"
+
+// Version is the path prefix of the current API. A future incompatible API
+// gets a new prefix; the agent keeps serving the old one while plugins roll.
+const Version = "v1"
+
+// Paths served by the agent.
+const (
+	PathAdd    = "/v1/add"
+	PathDel    = "/v1/del"
+	PathCheck  = "/v1/check"
+	PathGC     = "/v1/gc"
+	PathStatus = "/v1/status"
+	PathState  = "/v1/state"
+)
+
+// DefaultSocket is where the agent listens unless configured otherwise.
+const DefaultSocket = "/run/vpcni/vpcnid.sock"
+
+// MaxRequestBytes bounds a request body; a CNI config is a few KiB.
+const MaxRequestBytes = 1 << 20
+
+// CNIRequest carries one CNI invocation from the plugin to the agent.
+type CNIRequest struct {
+	ContainerID string `json:"containerID,omitempty"`
+	Netns       string `json:"netns,omitempty"`
+	IfName      string `json:"ifName,omitempty"`
+	// Args is CNI_ARGS verbatim (K8S_POD_NAMESPACE=...;K8S_POD_NAME=...).
+	Args string `json:"args,omitempty"`
+	// Config is the network configuration the runtime gave the plugin on
+	// stdin, verbatim (it holds name, cniVersion, prevResult, dns, ...).
+	Config json.RawMessage `json:"config"`
+}
+
+// Error is a CNI error as the agent reports it; the plugin prints it as is.
+type Error struct {
+	Code    uint   `json:"code"`
+	Msg     string `json:"msg"`
+	Details string `json:"details,omitempty"`
+}
+
+func (e *Error) Error() string {
+	if e.Details == "" {
+		return e.Msg
+	}
+	return e.Msg + ": " + e.Details
+}
+
+// CNI error codes used by vpcni (CNI spec, "Error codes").
+const (
+	CodeIncompatibleVersion = 1
+	CodeUnsupportedField    = 2
+	CodeUnknownContainer    = 3
+	CodeInvalidEnv          = 4
+	CodeIOFailure           = 5
+	CodeDecodingFailure     = 6
+	CodeInvalidConfig       = 7
+	CodeTryAgainLater       = 11
+	CodeNotAvailable        = 50
+	CodeLimitedConnectivity = 51
+	CodeInternal            = 999
+)
+
+// Errorf builds an *Error.
+func Errorf(code uint, msg, details string) *Error {
+	return &Error{Code: code, Msg: msg, Details: details}
+}
+
+// State is the agent's view of itself, for vpcnictl status.
+type State struct {
+	Node        string       `json:"node"`
+	Ready       bool         `json:"ready"`
+	Reason      string       `json:"reason,omitempty"`
+	Provider    string       `json:"provider"`
+	Datapath    string       `json:"datapath"`
+	Uplink      string       `json:"uplink"`
+	MTU         int          `json:"mtu"`
+	Pool        PoolState    `json:"pool"`
+	Allocations []Allocation `json:"allocations"`
+	StartedAt   string       `json:"startedAt"`
+}
+
+// PoolState counts the addresses the node holds, by state.
+type PoolState struct {
+	Free      int `json:"free"`
+	Cooling   int `json:"cooling"`
+	Allocated int `json:"allocated"`
+	// Capacity is how many addresses the provider could hold for this node
+	// at most (0: unknown).
+	Capacity int `json:"capacity"`
+}
+
+// Allocation is one address given to one container interface.
+type Allocation struct {
+	ContainerID  string `json:"containerID"`
+	IfName       string `json:"ifName"`
+	Network      string `json:"network"`
+	Address      string `json:"address"`
+	HostIf       string `json:"hostIf"`
+	Netns        string `json:"netns"`
+	PodNamespace string `json:"podNamespace,omitempty"`
+	PodName      string `json:"podName,omitempty"`
+	Created      string `json:"created"`
+}

@@ -1,0 +1,224 @@
+// Package config is vpcnid's configuration file: Defaults, then the file on
+// top, then Validate naming every bad field at once.
+package config
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"sigs.k8s.io/yaml"
+)
+
+// Config is the whole agent configuration.
+type Config struct {
+	// NodeName identifies this node (default: the host name).
+	NodeName string `json:"nodeName"`
+	// SocketPath is the agent's unix socket (mode 0600, root only).
+	SocketPath string `json:"socketPath"`
+	// StateDir holds the allocation store and the static provider's state.
+	StateDir string `json:"stateDir"`
+	// Uplink is the node interface pods reach the network through
+	// (default: the interface of the default route).
+	Uplink string `json:"uplink"`
+	// MTU of the pod interfaces (default: the uplink's MTU).
+	MTU int `json:"mtu"`
+	// Datapath is the pod wiring mode. Only "veth" (routed) exists so far.
+	Datapath string `json:"datapath"`
+	// Cooldown is how long a released address rests before it is reused.
+	Cooldown Duration `json:"cooldown"`
+	// LogLevel: debug, info, warn, error.
+	LogLevel string   `json:"logLevel"`
+	Pool     Pool     `json:"pool"`
+	Provider Provider `json:"provider"`
+}
+
+// Pool sizes the warm pool of addresses held ahead of demand.
+type Pool struct {
+	// WarmTarget is how many free addresses the agent keeps ready.
+	WarmTarget int `json:"warmTarget"`
+	// BatchSize is how many addresses one provider call asks for at most.
+	BatchSize int `json:"batchSize"`
+}
+
+// Provider selects and configures where addresses come from.
+type Provider struct {
+	Type   string  `json:"type"`
+	Static *Static `json:"static,omitempty"`
+}
+
+// Static is the cloud-less provider: ranges from this file.
+type Static struct {
+	Ranges []Range `json:"ranges"`
+}
+
+// Range is one subnet (or part of one) pods may use.
+type Range struct {
+	// CIDR is the subnet, e.g. 10.0.0.0/24.
+	CIDR string `json:"cidr"`
+	// Gateway of the subnet; never handed to a pod (default: first host).
+	Gateway string `json:"gateway,omitempty"`
+	// Exclude lists addresses or CIDRs inside the subnet never handed out
+	// (nodes, routers, DHCP servers ...).
+	Exclude []string `json:"exclude,omitempty"`
+}
+
+// Duration is a time.Duration written as "30s" in the file.
+type Duration struct{ time.Duration }
+
+// UnmarshalJSON accepts "30s"-style strings and plain seconds.
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err == nil {
+		v, err := time.ParseDuration(s)
+		if err != nil {
+			return fmt.Errorf("duration %q: %w", s, err)
+		}
+		d.Duration = v
+		return nil
+	}
+	var secs float64
+	if err := json.Unmarshal(b, &secs); err != nil {
+		return fmt.Errorf("duration must be a string like \"30s\" or a number of seconds, got %s", b)
+	}
+	d.Duration = time.Duration(secs * float64(time.Second))
+	return nil
+}
+
+// MarshalJSON writes the duration as a string.
+func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(d.String()) }
+
+// Defaults returns the configuration used for every field the file omits.
+func Defaults() Config {
+	host, _ := os.Hostname()
+	return Config{
+		NodeName:   host,
+		SocketPath: "/run/vpcni/vpcnid.sock",
+		StateDir:   "/var/lib/vpcni",
+		Datapath:   "veth",
+		Cooldown:   Duration{30 * time.Second},
+		LogLevel:   "info",
+		Pool:       Pool{WarmTarget: 8, BatchSize: 8},
+		Provider:   Provider{Type: "static"},
+	}
+}
+
+// Load reads a YAML or JSON file on top of Defaults and validates it.
+func Load(path string) (Config, error) {
+	cfg := Defaults()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return cfg, fmt.Errorf("read config: %w", err)
+	}
+	if err := yaml.UnmarshalStrict(data, &cfg); err != nil {
+		return cfg, fmt.Errorf("config %s: %w", path, err)
+	}
+	if err := cfg.Validate(); err != nil {
+		return cfg, fmt.Errorf("config %s: %w", path, err)
+	}
+	return cfg, nil
+}
+
+// Validate names every bad field at once.
+func (c *Config) Validate() error {
+	var errs []error
+	bad := func(field, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%s: "+format, append([]any{field}, args...)...))
+	}
+	if c.NodeName == "" {
+		bad("nodeName", "must be set (the host name is empty)")
+	}
+	if !filepath.IsAbs(c.SocketPath) {
+		bad("socketPath", "%q must be an absolute path", c.SocketPath)
+	} else if len(c.SocketPath) > 107 {
+		bad("socketPath", "%q is longer than a unix socket path may be (107 bytes)", c.SocketPath)
+	}
+	if !filepath.IsAbs(c.StateDir) {
+		bad("stateDir", "%q must be an absolute path", c.StateDir)
+	}
+	if len(c.Uplink) > 15 || strings.ContainsAny(c.Uplink, "/ ") {
+		bad("uplink", "%q is not a valid interface name", c.Uplink)
+	}
+	if c.MTU != 0 && (c.MTU < 576 || c.MTU > 65535) {
+		bad("mtu", "%d is outside 576..65535 (0 = the uplink's MTU)", c.MTU)
+	}
+	if c.Datapath != "veth" {
+		bad("datapath", "%q is not supported (supported: veth)", c.Datapath)
+	}
+	if c.Cooldown.Duration < 0 || c.Cooldown.Duration > time.Hour {
+		bad("cooldown", "%s is outside 0..1h", c.Cooldown)
+	}
+	switch c.LogLevel {
+	case "debug", "info", "warn", "error":
+	default:
+		bad("logLevel", "%q is not one of debug, info, warn, error", c.LogLevel)
+	}
+	if c.Pool.WarmTarget < 0 {
+		bad("pool.warmTarget", "%d must not be negative", c.Pool.WarmTarget)
+	}
+	if c.Pool.BatchSize < 1 {
+		bad("pool.batchSize", "%d must be at least 1", c.Pool.BatchSize)
+	}
+	switch c.Provider.Type {
+	case "static":
+		if c.Provider.Static == nil || len(c.Provider.Static.Ranges) == 0 {
+			bad("provider.static.ranges", "at least one range is required for the static provider")
+		} else {
+			for i, r := range c.Provider.Static.Ranges {
+				errs = append(errs, r.validate(fmt.Sprintf("provider.static.ranges[%d]", i))...)
+			}
+		}
+	default:
+		bad("provider.type", "%q is not supported (supported: static)", c.Provider.Type)
+	}
+	return errors.Join(errs...)
+}
+
+func (r Range) validate(field string) []error {
+	var errs []error
+	p, err := netip.ParsePrefix(r.CIDR)
+	if err != nil {
+		return []error{fmt.Errorf("%s.cidr: %q is not a CIDR", field, r.CIDR)}
+	}
+	if !p.Addr().Is4() {
+		errs = append(errs, fmt.Errorf("%s.cidr: %q: only IPv4 is supported so far", field, r.CIDR))
+	}
+	if p.Masked() != p {
+		errs = append(errs, fmt.Errorf("%s.cidr: %q has host bits set (did you mean %s?)", field, r.CIDR, p.Masked()))
+	}
+	if p.Bits() < 16 {
+		errs = append(errs, fmt.Errorf("%s.cidr: %q is larger than a /16; split the subnet into per-node ranges", field, r.CIDR))
+	}
+	if r.Gateway != "" {
+		if gw, err := netip.ParseAddr(r.Gateway); err != nil || !p.Contains(gw) {
+			errs = append(errs, fmt.Errorf("%s.gateway: %q is not an address inside %s", field, r.Gateway, r.CIDR))
+		}
+	}
+	for j, e := range r.Exclude {
+		if _, err := ParseAddrOrPrefix(e); err != nil {
+			errs = append(errs, fmt.Errorf("%s.exclude[%d]: %w", field, j, err))
+		}
+	}
+	return errs
+}
+
+// ParseAddrOrPrefix reads "10.0.0.5" as 10.0.0.5/32 and "10.0.0.0/28" as is.
+func ParseAddrOrPrefix(s string) (netip.Prefix, error) {
+	if strings.Contains(s, "/") {
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			return p, fmt.Errorf("%q is not an address or CIDR", s)
+		}
+		return p.Masked(), nil
+	}
+	a, err := netip.ParseAddr(s)
+	if err != nil {
+		return netip.Prefix{}, fmt.Errorf("%q is not an address or CIDR", s)
+	}
+	return netip.PrefixFrom(a, a.BitLen()), nil
+}

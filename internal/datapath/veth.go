@@ -1,0 +1,470 @@
+// Package datapath wires pods into the node's kernel. The routed veth mode:
+//
+//	pod:  eth0 (veth) <ip>/32, 169.254.1.1 scope link, default via
+//	      169.254.1.1, permanent neighbour 169.254.1.1 -> host veth MAC
+//	node: <ip>/32 dev vpc<hash> (protocol vpcni), a proxy neighbour entry
+//	      for <ip> on the uplink so the node answers ARP for the pod,
+//	      a gratuitous ARP on the uplink when the pod appears
+//
+// The pod end is created inside the pod's namespace (moving a link between
+// namespaces costs ~25 ms). The host end carries the alias
+// "vpcni:<container>/<ifname>" so vpcni never touches a link it did not make.
+package datapath
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"strings"
+	"syscall"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+)
+
+// Gateway is the link-local next hop every pod routes through.
+var Gateway = netip.MustParseAddr("169.254.1.1")
+
+// RouteProtocol marks the node routes vpcni installs (see /etc/iproute2/rt_protos).
+const RouteProtocol netlink.RouteProtocol = 0xa7
+
+// AliasPrefix starts the alias of every host link vpcni creates.
+const AliasPrefix = "vpcni:"
+
+// Attachment is one pod interface to wire.
+type Attachment struct {
+	ContainerID string
+	IfName      string
+	Netns       string
+	Address     netip.Addr
+}
+
+// Key is the attachment's identity, as in the allocation store.
+func (a *Attachment) Key() string { return a.ContainerID + "/" + a.IfName }
+
+// Wired says what Setup created.
+type Wired struct {
+	HostIf  string
+	HostMAC net.HardwareAddr
+	PodMAC  net.HardwareAddr
+}
+
+// Veth is the routed veth datapath of one node.
+type Veth struct {
+	Uplink    string
+	uplinkIdx int
+	uplinkMAC net.HardwareAddr
+	MTU       int
+}
+
+// NewVeth finds the uplink (the default route's interface when name is
+// empty), settles the MTU and prepares the node's sysctls.
+func NewVeth(uplink string, mtu int) (*Veth, error) {
+	if uplink == "" {
+		name, err := defaultRouteLink()
+		if err != nil {
+			return nil, err
+		}
+		uplink = name
+	}
+	link, err := netlink.LinkByName(uplink)
+	if err != nil {
+		return nil, fmt.Errorf("uplink %q: %w", uplink, err)
+	}
+	if mtu == 0 {
+		mtu = link.Attrs().MTU
+	}
+	v := &Veth{Uplink: uplink, uplinkIdx: link.Attrs().Index, uplinkMAC: link.Attrs().HardwareAddr, MTU: mtu}
+	return v, v.prepareNode()
+}
+
+func defaultRouteLink() (string, error) {
+	routes, err := retryDump(func() ([]netlink.Route, error) {
+		return netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Table: 254}, netlink.RT_FILTER_TABLE)
+	})
+	if err != nil {
+		return "", fmt.Errorf("list routes: %w", err)
+	}
+	for _, r := range routes {
+		if r.Dst == nil || r.Dst.IP.IsUnspecified() && isZeroMask(r.Dst.Mask) {
+			l, err := netlink.LinkByIndex(r.LinkIndex)
+			if err != nil {
+				return "", fmt.Errorf("default route's interface %d: %w", r.LinkIndex, err)
+			}
+			return l.Attrs().Name, nil
+		}
+	}
+	return "", errors.New("no IPv4 default route to take the uplink from; set uplink in the config")
+}
+
+func isZeroMask(m net.IPMask) bool {
+	ones, _ := m.Size()
+	return ones == 0
+}
+
+// prepareNode sets what routed pods need on the node: forwarding, and proxy
+// ARP answers without the kernel's random delay (0.8 s by default).
+func (v *Veth) prepareNode() error {
+	return errors.Join(
+		writeSysctl("net/ipv4/ip_forward", "1"),
+		writeSysctl("net/ipv4/neigh/"+v.Uplink+"/proxy_delay", "0"),
+	)
+}
+
+func writeSysctl(key, value string) error {
+	path := "/proc/sys/" + key
+	if cur, err := os.ReadFile(path); err == nil && strings.TrimSpace(string(cur)) == value {
+		return nil
+	}
+	if err := os.WriteFile(path, []byte(value), 0o644); err != nil {
+		return fmt.Errorf("sysctl %s=%s: %w", strings.ReplaceAll(key, "/", "."), value, err)
+	}
+	return nil
+}
+
+// HostIfName is the node-side name of an attachment's veth: "vpc" and 11 hex
+// digits of a hash of container ID and interface, stable across restarts.
+func HostIfName(containerID, ifName string) string {
+	return "vpc" + hashHex(containerID+"/"+ifName)[:11]
+}
+
+func hashHex(s string) string {
+	h := sha256.Sum256([]byte(s))
+	return hex.EncodeToString(h[:])
+}
+
+// macFor derives a stable, locally administered unicast MAC.
+func macFor(key, side string) net.HardwareAddr {
+	h := sha256.Sum256([]byte(side + "/" + key))
+	return net.HardwareAddr{0x02, h[0], h[1], h[2], h[3], h[4]}
+}
+
+// SetupError says which step of the wiring failed and whether the cause is
+// the caller's input (the pod namespace) rather than the node.
+type SetupError struct {
+	Step       string
+	BadRequest bool
+	Err        error
+}
+
+func (e *SetupError) Error() string { return e.Step + ": " + e.Err.Error() }
+func (e *SetupError) Unwrap() error { return e.Err }
+
+// Setup wires an attachment. On failure it removes whatever it created.
+func (v *Veth) Setup(a *Attachment) (w Wired, err error) {
+	w = Wired{HostIf: HostIfName(a.ContainerID, a.IfName), HostMAC: macFor(a.Key(), "host"), PodMAC: macFor(a.Key(), "pod")}
+	podNs, err := netns.GetFromPath(a.Netns)
+	if err != nil {
+		return w, &SetupError{Step: "open pod netns " + a.Netns, BadRequest: true, Err: err}
+	}
+	defer podNs.Close()
+	pod, err := netlink.NewHandleAt(podNs)
+	if err != nil {
+		return w, &SetupError{Step: "netlink in pod netns", Err: err}
+	}
+	defer pod.Close()
+	if _, err := pod.LinkByName(a.IfName); err == nil {
+		return w, &SetupError{Step: "pod interface", BadRequest: true,
+			Err: fmt.Errorf("%s already exists in %s", a.IfName, a.Netns)}
+	}
+
+	veth := &netlink.Veth{
+		LinkAttrs: netlink.LinkAttrs{
+			Name: w.HostIf, MTU: v.MTU, HardwareAddr: w.HostMAC, Alias: AliasPrefix + a.Key(),
+		},
+		PeerName:         a.IfName,
+		PeerHardwareAddr: w.PodMAC,
+		PeerNamespace:    netlink.NsFd(int(podNs)),
+		PeerMTU:          uint32(v.MTU),
+	}
+	if err := netlink.LinkAdd(veth); errors.Is(err, syscall.EEXIST) {
+		// A leftover of this very attachment (an ADD cut short): replace it.
+		if derr := v.deleteHostLink(w.HostIf, a.Key()); derr != nil {
+			return w, &SetupError{Step: "replace leftover " + w.HostIf, Err: derr}
+		}
+		err = netlink.LinkAdd(veth)
+		if err != nil {
+			return w, &SetupError{Step: "create veth " + w.HostIf, Err: err}
+		}
+	} else if err != nil {
+		return w, &SetupError{Step: "create veth " + w.HostIf, Err: err}
+	}
+	defer func() {
+		if err != nil {
+			_ = v.Teardown(a)
+		}
+	}()
+
+	podIP := &net.IPNet{IP: a.Address.AsSlice(), Mask: net.CIDRMask(32, 32)}
+	gw := Gateway.AsSlice()
+	podLink, err := pod.LinkByName(a.IfName)
+	if err != nil {
+		return w, &SetupError{Step: "find pod end " + a.IfName, Err: err}
+	}
+	idx := podLink.Attrs().Index
+	if err = pod.AddrAdd(podLink, &netlink.Addr{IPNet: podIP}); err != nil {
+		return w, &SetupError{Step: "pod address", Err: err}
+	}
+	if err = pod.LinkSetUp(podLink); err != nil {
+		return w, &SetupError{Step: "pod link up", Err: err}
+	}
+	if err = pod.RouteAdd(&netlink.Route{LinkIndex: idx, Scope: netlink.SCOPE_LINK, Dst: &net.IPNet{IP: gw, Mask: net.CIDRMask(32, 32)}}); err != nil {
+		return w, &SetupError{Step: "pod route to gateway", Err: err}
+	}
+	if err = pod.RouteAdd(&netlink.Route{LinkIndex: idx, Gw: gw, Dst: &net.IPNet{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)}}); err != nil {
+		return w, &SetupError{Step: "pod default route", Err: err}
+	}
+	if err = pod.NeighSet(&netlink.Neigh{LinkIndex: idx, Family: netlink.FAMILY_V4, State: netlink.NUD_PERMANENT, IP: gw, HardwareAddr: w.HostMAC}); err != nil {
+		return w, &SetupError{Step: "pod gateway neighbour", Err: err}
+	}
+
+	hostLink, err := netlink.LinkByName(w.HostIf)
+	if err != nil {
+		return w, &SetupError{Step: "find host end " + w.HostIf, Err: err}
+	}
+	if err = netlink.LinkSetUp(hostLink); err != nil {
+		return w, &SetupError{Step: "host link up", Err: err}
+	}
+	if err = netlink.RouteReplace(v.hostRoute(hostLink.Attrs().Index, a.Address)); err != nil {
+		return w, &SetupError{Step: "host route to pod", Err: err}
+	}
+	if err = netlink.NeighSet(v.proxyEntry(a.Address)); err != nil {
+		return w, &SetupError{Step: "proxy ARP entry on " + v.Uplink, Err: err}
+	}
+	// Neighbours that knew this address elsewhere learn its new home now.
+	// Best effort: a lost announcement only delays them until their ARP
+	// entry ages, it does not break the pod.
+	_ = SendGratuitousARP(v.uplinkIdx, v.uplinkMAC, a.Address)
+	return w, nil
+}
+
+func (v *Veth) hostRoute(linkIdx int, ip netip.Addr) *netlink.Route {
+	return &netlink.Route{
+		LinkIndex: linkIdx,
+		Scope:     netlink.SCOPE_LINK,
+		Dst:       &net.IPNet{IP: ip.AsSlice(), Mask: net.CIDRMask(32, 32)},
+		Protocol:  RouteProtocol,
+	}
+}
+
+func (v *Veth) proxyEntry(ip netip.Addr) *netlink.Neigh {
+	return &netlink.Neigh{LinkIndex: v.uplinkIdx, Family: netlink.FAMILY_V4, Flags: netlink.NTF_PROXY, IP: ip.AsSlice()}
+}
+
+// Teardown removes what Setup created for the attachment, and nothing else.
+// It is idempotent: what is already gone is fine.
+func (v *Veth) Teardown(a *Attachment) error {
+	var errs []error
+	if err := v.deleteHostLink(HostIfName(a.ContainerID, a.IfName), a.Key()); err != nil {
+		errs = append(errs, err)
+	}
+	if a.Address.IsValid() {
+		if err := netlink.NeighDel(v.proxyEntry(a.Address)); err != nil && !isNotFound(err) {
+			errs = append(errs, fmt.Errorf("delete proxy ARP entry %s on %s: %w", a.Address, v.Uplink, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// deleteHostLink removes the host veth (its pod end goes with it) if it is
+// there and carries this attachment's alias.
+func (v *Veth) deleteHostLink(name, key string) error {
+	link, err := netlink.LinkByName(name)
+	if err != nil {
+		if isNotFound(err) {
+			return nil
+		}
+		return fmt.Errorf("look up %s: %w", name, err)
+	}
+	if alias := link.Attrs().Alias; alias != AliasPrefix+key {
+		return fmt.Errorf("%s belongs to %q, not to %s: left alone", name, alias, key)
+	}
+	if err := netlink.LinkDel(link); err != nil && !isNotFound(err) {
+		return fmt.Errorf("delete %s: %w", name, err)
+	}
+	return nil
+}
+
+// Check verifies that the attachment is wired as Setup left it.
+func (v *Veth) Check(a *Attachment) error {
+	hostIf := HostIfName(a.ContainerID, a.IfName)
+	hostMAC := macFor(a.Key(), "host")
+	link, err := netlink.LinkByName(hostIf)
+	if err != nil {
+		return fmt.Errorf("host veth %s: %w", hostIf, err)
+	}
+	var problems []error
+	if link.Attrs().Alias != AliasPrefix+a.Key() {
+		problems = append(problems, fmt.Errorf("host veth %s has alias %q", hostIf, link.Attrs().Alias))
+	}
+	if link.Attrs().Flags&net.FlagUp == 0 {
+		problems = append(problems, fmt.Errorf("host veth %s is down", hostIf))
+	}
+	if !v.hasRoute(&netlink.Handle{}, link.Attrs().Index, a.Address, nil) {
+		problems = append(problems, fmt.Errorf("node has no route %s/32 dev %s", a.Address, hostIf))
+	}
+	if !v.hasProxyEntry(a.Address) {
+		problems = append(problems, fmt.Errorf("no proxy ARP entry for %s on %s", a.Address, v.Uplink))
+	}
+	problems = append(problems, v.checkPod(a, hostMAC)...)
+	return errors.Join(problems...)
+}
+
+func (v *Veth) checkPod(a *Attachment, hostMAC net.HardwareAddr) []error {
+	podNs, err := netns.GetFromPath(a.Netns)
+	if err != nil {
+		return []error{fmt.Errorf("pod netns %s: %w", a.Netns, err)}
+	}
+	defer podNs.Close()
+	pod, err := netlink.NewHandleAt(podNs)
+	if err != nil {
+		return []error{fmt.Errorf("netlink in pod netns: %w", err)}
+	}
+	defer pod.Close()
+	link, err := pod.LinkByName(a.IfName)
+	if err != nil {
+		return []error{fmt.Errorf("pod interface %s: %w", a.IfName, err)}
+	}
+	var problems []error
+	if link.Attrs().Flags&net.FlagUp == 0 {
+		problems = append(problems, fmt.Errorf("pod interface %s is down", a.IfName))
+	}
+	addrs, err := retryDump(func() ([]netlink.Addr, error) { return pod.AddrList(link, netlink.FAMILY_V4) })
+	if err != nil {
+		return append(problems, fmt.Errorf("pod addresses: %w", err))
+	}
+	found := false
+	for _, ad := range addrs {
+		if ip, ok := netip.AddrFromSlice(ad.IP.To4()); ok && ip == a.Address {
+			found = true
+		}
+	}
+	if !found {
+		problems = append(problems, fmt.Errorf("pod interface %s lacks %s/32", a.IfName, a.Address))
+	}
+	if !v.hasRoute(pod, link.Attrs().Index, netip.Addr{}, Gateway.AsSlice()) {
+		problems = append(problems, fmt.Errorf("pod has no default route via %s dev %s", Gateway, a.IfName))
+	}
+	neighs, err := retryDump(func() ([]netlink.Neigh, error) { return pod.NeighList(link.Attrs().Index, netlink.FAMILY_V4) })
+	if err != nil {
+		return append(problems, fmt.Errorf("pod neighbours: %w", err))
+	}
+	found = false
+	for _, n := range neighs {
+		if n.IP.Equal(Gateway.AsSlice()) && n.State == netlink.NUD_PERMANENT && n.HardwareAddr.String() == hostMAC.String() {
+			found = true
+		}
+	}
+	if !found {
+		problems = append(problems, fmt.Errorf("pod has no permanent neighbour %s -> %s", Gateway, hostMAC))
+	}
+	return problems
+}
+
+// hasRoute looks for a /32 to dst on linkIdx (dst valid), or a default route
+// via gw on linkIdx, in the handle's namespace (zero Handle: the node's).
+func (v *Veth) hasRoute(h *netlink.Handle, linkIdx int, dst netip.Addr, gw net.IP) bool {
+	filter := &netlink.Route{LinkIndex: linkIdx}
+	routes, err := retryDump(func() ([]netlink.Route, error) {
+		return h.RouteListFiltered(netlink.FAMILY_V4, filter, netlink.RT_FILTER_OIF)
+	})
+	if err != nil {
+		return false
+	}
+	for _, r := range routes {
+		if dst.IsValid() && r.Dst != nil && r.Dst.IP.Equal(dst.AsSlice()) && isHostMask(r.Dst.Mask) {
+			return true
+		}
+		if gw != nil && r.Gw.Equal(gw) && (r.Dst == nil || isZeroMask(r.Dst.Mask)) {
+			return true
+		}
+	}
+	return false
+}
+
+func isHostMask(m net.IPMask) bool {
+	ones, bits := m.Size()
+	return ones == bits
+}
+
+func (v *Veth) hasProxyEntry(ip netip.Addr) bool {
+	neighs, err := retryDump(func() ([]netlink.Neigh, error) {
+		return netlink.NeighProxyList(v.uplinkIdx, netlink.FAMILY_V4)
+	})
+	if err != nil {
+		return false
+	}
+	for _, n := range neighs {
+		if n.IP.Equal(ip.AsSlice()) {
+			return true
+		}
+	}
+	return false
+}
+
+// HostLinks lists the host veths vpcni made: name -> attachment key.
+func (v *Veth) HostLinks() (map[string]string, error) {
+	links, err := retryDump(netlink.LinkList)
+	if err != nil {
+		return nil, fmt.Errorf("list links: %w", err)
+	}
+	out := map[string]string{}
+	for _, l := range links {
+		if key, ok := strings.CutPrefix(l.Attrs().Alias, AliasPrefix); ok {
+			out[l.Attrs().Name] = key
+		}
+	}
+	return out, nil
+}
+
+// RemoveOrphan deletes a host veth vpcni made for an attachment it no longer
+// knows, with the proxy entries of the addresses routed to it.
+func (v *Veth) RemoveOrphan(name, key string) error {
+	link, err := netlink.LinkByName(name)
+	if err != nil {
+		if isNotFound(err) {
+			return nil
+		}
+		return err
+	}
+	routes, _ := retryDump(func() ([]netlink.Route, error) {
+		return netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{LinkIndex: link.Attrs().Index}, netlink.RT_FILTER_OIF)
+	})
+	var errs []error
+	for _, r := range routes {
+		if r.Protocol == RouteProtocol && r.Dst != nil && isHostMask(r.Dst.Mask) {
+			if ip, ok := netip.AddrFromSlice(r.Dst.IP.To4()); ok {
+				if err := netlink.NeighDel(v.proxyEntry(ip)); err != nil && !isNotFound(err) {
+					errs = append(errs, err)
+				}
+			}
+		}
+	}
+	if err := v.deleteHostLink(name, key); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+func isNotFound(err error) bool {
+	var lnf netlink.LinkNotFoundError
+	return errors.As(err, &lnf) || errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ENODEV) || errors.Is(err, syscall.ESRCH)
+}
+
+// retryDump repeats a netlink dump the kernel interrupted (its result would
+// be inconsistent).
+func retryDump[T any](dump func() ([]T, error)) ([]T, error) {
+	var out []T
+	var err error
+	for range 5 {
+		out, err = dump()
+		if !errors.Is(err, netlink.ErrDumpInterrupted) {
+			return out, err
+		}
+	}
+	return out, err
+}

@@ -1,0 +1,200 @@
+// Package ipam is the address bookkeeping of one node: the pool of addresses
+// the provider holds for the node, each free, cooling down or allocated.
+// Pure logic, no I/O: the agent persists and the provider obtains.
+package ipam
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"time"
+)
+
+// State of an address the node holds.
+type State int
+
+// The states an address moves through: Free → Allocated → Cooling → Free.
+const (
+	Unknown State = iota
+	Free
+	Allocated
+	Cooling
+)
+
+func (s State) String() string {
+	return [...]string{"unknown", "free", "allocated", "cooling"}[s]
+}
+
+// Counts of held addresses by state.
+type Counts struct {
+	Free, Cooling, Allocated int
+}
+
+// Held is every address the node holds.
+func (c Counts) Held() int { return c.Free + c.Cooling + c.Allocated }
+
+// Pool tracks held addresses. It is not safe for concurrent use.
+type Pool struct {
+	cooldown  time.Duration
+	free      []netip.Addr // oldest first: the longest-rested address goes out first
+	state     map[netip.Addr]State
+	owner     map[netip.Addr]string
+	coolUntil map[netip.Addr]time.Time
+}
+
+// NewPool returns an empty pool whose released addresses rest for cooldown.
+func NewPool(cooldown time.Duration) *Pool {
+	return &Pool{
+		cooldown:  cooldown,
+		state:     map[netip.Addr]State{},
+		owner:     map[netip.Addr]string{},
+		coolUntil: map[netip.Addr]time.Time{},
+	}
+}
+
+// Cooldown is how long released addresses rest.
+func (p *Pool) Cooldown() time.Duration { return p.cooldown }
+
+// State of a.
+func (p *Pool) State(a netip.Addr) State { return p.state[a] }
+
+// Owner of an allocated address.
+func (p *Pool) Owner(a netip.Addr) string { return p.owner[a] }
+
+// AddFree records addresses the provider now holds for the node.
+func (p *Pool) AddFree(addrs ...netip.Addr) error {
+	for _, a := range addrs {
+		if s := p.state[a]; s != Unknown {
+			return fmt.Errorf("address %s is already in the pool (%s)", a, s)
+		}
+	}
+	for _, a := range addrs {
+		p.state[a] = Free
+		p.free = append(p.free, a)
+	}
+	return nil
+}
+
+// Restore records an address found allocated in the store at start.
+func (p *Pool) Restore(a netip.Addr, owner string) error {
+	if s := p.state[a]; s != Unknown {
+		return fmt.Errorf("address %s restored for %s is already %s (owner %q)", a, owner, s, p.owner[a])
+	}
+	p.state[a] = Allocated
+	p.owner[a] = owner
+	return nil
+}
+
+// RestoreCooling records an address found cooling in the store at start.
+func (p *Pool) RestoreCooling(a netip.Addr, until time.Time) error {
+	if s := p.state[a]; s != Unknown {
+		return fmt.Errorf("address %s restored as cooling is already %s", a, s)
+	}
+	p.state[a] = Cooling
+	p.coolUntil[a] = until
+	return nil
+}
+
+// Take allocates the longest-rested free address to owner.
+func (p *Pool) Take(owner string, now time.Time) (netip.Addr, bool) {
+	p.Promote(now)
+	if len(p.free) == 0 {
+		return netip.Addr{}, false
+	}
+	a := p.free[0]
+	p.free = p.free[1:]
+	p.state[a] = Allocated
+	p.owner[a] = owner
+	return a, true
+}
+
+// Release moves an allocated address to cooling and says until when it
+// rests. With no cooldown it is free at once (until is the zero time).
+func (p *Pool) Release(a netip.Addr, now time.Time) (until time.Time, err error) {
+	if s := p.state[a]; s != Allocated {
+		return time.Time{}, fmt.Errorf("release %s: address is %s, not allocated", a, s)
+	}
+	delete(p.owner, a)
+	if p.cooldown <= 0 {
+		p.state[a] = Free
+		p.free = append(p.free, a)
+		return time.Time{}, nil
+	}
+	until = now.Add(p.cooldown)
+	p.state[a] = Cooling
+	p.coolUntil[a] = until
+	return until, nil
+}
+
+// Unallocate puts an address that never reached a pod (its ADD failed) back
+// at the head of the free list, without a cooldown.
+func (p *Pool) Unallocate(a netip.Addr) error {
+	if s := p.state[a]; s != Allocated {
+		return fmt.Errorf("unallocate %s: address is %s, not allocated", a, s)
+	}
+	delete(p.owner, a)
+	p.state[a] = Free
+	p.free = slices.Insert(p.free, 0, a)
+	return nil
+}
+
+// Promote frees every address whose cooldown is over and returns them.
+func (p *Pool) Promote(now time.Time) []netip.Addr {
+	var done []netip.Addr
+	for a, until := range p.coolUntil {
+		if !now.Before(until) {
+			done = append(done, a)
+		}
+	}
+	slices.SortFunc(done, func(x, y netip.Addr) int { return p.coolUntil[x].Compare(p.coolUntil[y]) })
+	for _, a := range done {
+		delete(p.coolUntil, a)
+		p.state[a] = Free
+		p.free = append(p.free, a)
+	}
+	return done
+}
+
+// Remove forgets a free or cooling address the provider no longer holds.
+func (p *Pool) Remove(a netip.Addr) error {
+	switch p.state[a] {
+	case Free:
+		p.free = slices.DeleteFunc(p.free, func(x netip.Addr) bool { return x == a })
+	case Cooling:
+		delete(p.coolUntil, a)
+	case Allocated:
+		return fmt.Errorf("remove %s: address is allocated to %s", a, p.owner[a])
+	default:
+		return fmt.Errorf("remove %s: address is not in the pool", a)
+	}
+	delete(p.state, a)
+	return nil
+}
+
+// Counts returns how many addresses are in each state.
+func (p *Pool) Counts() Counts {
+	c := Counts{Free: len(p.free), Cooling: len(p.coolUntil)}
+	c.Allocated = len(p.state) - c.Free - c.Cooling
+	return c
+}
+
+// Held lists every address in the pool, sorted.
+func (p *Pool) Held() []netip.Addr {
+	out := make([]netip.Addr, 0, len(p.state))
+	for a := range p.state {
+		out = append(out, a)
+	}
+	slices.SortFunc(out, netip.Addr.Compare)
+	return out
+}
+
+// NextCooled is when the earliest cooling address becomes free (ok=false
+// when none is cooling).
+func (p *Pool) NextCooled() (t time.Time, ok bool) {
+	for _, until := range p.coolUntil {
+		if !ok || until.Before(t) {
+			t, ok = until, true
+		}
+	}
+	return t, ok
+}

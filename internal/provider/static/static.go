@@ -1,0 +1,225 @@
+// Package static is the cloud-less provider: addresses come from ranges in
+// the agent's configuration. What the node holds is kept in a small state
+// file so that it survives restarts exactly like a cloud's port would.
+package static
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+
+	"github.com/vpcni/vpcni/internal/config"
+	"github.com/vpcni/vpcni/internal/ipam"
+	"github.com/vpcni/vpcni/internal/provider"
+)
+
+// Provider hands out addresses from static ranges.
+type Provider struct {
+	ranges []ipam.Range
+	path   string
+
+	size   int // usable addresses in all ranges
+
+	mu   sync.Mutex
+	held map[netip.Addr]bool
+}
+
+var _ provider.Provider = (*Provider)(nil)
+
+type stateFile struct {
+	Held []netip.Addr `json:"held"`
+}
+
+// New builds the provider from config; its state lives in stateDir.
+func New(cfg *config.Static, stateDir string) (*Provider, error) {
+	p := &Provider{path: filepath.Join(stateDir, "static-provider.json"), held: map[netip.Addr]bool{}}
+	for i, r := range cfg.Ranges {
+		prefix, err := netip.ParsePrefix(r.CIDR)
+		if err != nil {
+			return nil, fmt.Errorf("ranges[%d]: %w", i, err)
+		}
+		var gw netip.Addr
+		if r.Gateway != "" {
+			if gw, err = netip.ParseAddr(r.Gateway); err != nil {
+				return nil, fmt.Errorf("ranges[%d].gateway: %w", i, err)
+			}
+		}
+		var ex []netip.Prefix
+		for _, e := range r.Exclude {
+			pe, err := config.ParseAddrOrPrefix(e)
+			if err != nil {
+				return nil, fmt.Errorf("ranges[%d].exclude: %w", i, err)
+			}
+			ex = append(ex, pe)
+		}
+		rg, err := ipam.NewRange(prefix, gw, ex)
+		if err != nil {
+			return nil, err
+		}
+		p.ranges = append(p.ranges, rg)
+		p.size += rg.Size()
+	}
+	data, err := os.ReadFile(p.path)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+	case err != nil:
+		return nil, fmt.Errorf("read static provider state: %w", err)
+	default:
+		var st stateFile
+		if err := json.Unmarshal(data, &st); err != nil {
+			return nil, fmt.Errorf("static provider state %s is corrupt: %w", p.path, err)
+		}
+		for _, a := range st.Held {
+			// An address the ranges no longer cover stays held until the
+			// agent releases it: nothing in use is dropped silently.
+			p.held[a] = true
+		}
+	}
+	return p, nil
+}
+
+// Name implements provider.Provider.
+func (p *Provider) Name() string { return "static" }
+
+// Assign implements provider.Provider.
+func (p *Provider) Assign(_ context.Context, req provider.AssignRequest) ([]netip.Addr, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var got []netip.Addr
+	var errs []error
+	for _, a := range req.Addresses {
+		switch {
+		case p.held[a]:
+			errs = append(errs, fmt.Errorf("%s: %w", a, provider.ErrTaken))
+		case !p.usable(a):
+			errs = append(errs, fmt.Errorf("%s is not in the configured ranges", a))
+		default:
+			p.held[a] = true
+			got = append(got, a)
+		}
+	}
+	want := req.Count
+	for _, r := range p.ranges {
+		if want == 0 {
+			break
+		}
+		r.All(func(a netip.Addr) bool {
+			if !p.held[a] {
+				p.held[a] = true
+				got = append(got, a)
+				want--
+			}
+			return want > 0
+		})
+	}
+	if want > 0 {
+		errs = append(errs, fmt.Errorf("static ranges are used up (%d of %d addresses held): %w", len(p.held), p.capacity(), provider.ErrExhausted))
+	}
+	if len(got) > 0 {
+		if err := p.save(); err != nil {
+			for _, a := range got {
+				delete(p.held, a)
+			}
+			return nil, err
+		}
+	}
+	return got, errors.Join(errs...)
+}
+
+// Release implements provider.Provider.
+func (p *Provider) Release(_ context.Context, addrs []netip.Addr) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var gone []netip.Addr
+	for _, a := range addrs {
+		if p.held[a] {
+			delete(p.held, a)
+			gone = append(gone, a)
+		}
+	}
+	if err := p.save(); err != nil {
+		for _, a := range gone {
+			p.held[a] = true
+		}
+		return err
+	}
+	return nil
+}
+
+// Held implements provider.Provider.
+func (p *Provider) Held(context.Context) ([]netip.Addr, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make([]netip.Addr, 0, len(p.held))
+	for a := range p.held {
+		out = append(out, a)
+	}
+	slices.SortFunc(out, netip.Addr.Compare)
+	return out, nil
+}
+
+// Capacity implements provider.Provider.
+func (p *Provider) Capacity(context.Context) (int, error) {
+	return p.size, nil
+}
+
+func (p *Provider) capacity() int { return p.size }
+
+func (p *Provider) usable(a netip.Addr) bool {
+	for _, r := range p.ranges {
+		if r.Usable(a) {
+			return true
+		}
+	}
+	return false
+}
+
+// save writes the held set atomically: temp file, fsync, rename.
+func (p *Provider) save() error {
+	st := stateFile{Held: make([]netip.Addr, 0, len(p.held))}
+	for a := range p.held {
+		st.Held = append(st.Held, a)
+	}
+	slices.SortFunc(st.Held, netip.Addr.Compare)
+	data, err := json.Marshal(st)
+	if err != nil {
+		return err
+	}
+	return WriteFileAtomic(p.path, data, 0o600)
+}
+
+// WriteFileAtomic replaces path with data so that a crash leaves either the
+// old or the new content, never a torn file.
+func WriteFileAtomic(path string, data []byte, mode os.FileMode) (err error) {
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			os.Remove(tmp.Name())
+		}
+	}()
+	if _, err = tmp.Write(data); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err = tmp.Chmod(mode); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err = tmp.Sync(); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err = tmp.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), path)
+}
