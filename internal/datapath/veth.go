@@ -468,3 +468,9 @@ func retryDump[T any](dump func() ([]T, error)) ([]T, error) {
 	}
 	return out, err
 }
+
+// HostMAC is the MAC of the attachment's host veth.
+func HostMAC(a *Attachment) net.HardwareAddr { return macFor(a.Key(), "host") }
+
+// PodMAC is the MAC of the attachment's pod interface.
+func PodMAC(a *Attachment) net.HardwareAddr { return macFor(a.Key(), "pod") }

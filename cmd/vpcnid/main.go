@@ -1,0 +1,77 @@
+// Command vpcnid is the vpcni node agent. See internal/agent.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/vpcni/vpcni/internal/agent"
+	"github.com/vpcni/vpcni/internal/config"
+)
+
+var version = "dev"
+
+func main() {
+	configPath := flag.String("config", "/etc/vpcni/vpcnid.yaml", "agent configuration file (YAML or JSON)")
+	showVersion := flag.Bool("version", false, "print the version and exit")
+	flag.Parse()
+	if *showVersion {
+		fmt.Println("vpcnid", version)
+		return
+	}
+	if err := run(*configPath); err != nil {
+		slog.Error("vpcnid stopped", "err", err)
+		os.Exit(1)
+	}
+}
+
+func run(configPath string) error {
+	cfg, err := config.Load(configPath)
+	if err != nil {
+		return err
+	}
+	var level slog.Level
+	_ = level.UnmarshalText([]byte(cfg.LogLevel))
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	slog.SetDefault(log)
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+
+	a, err := agent.New(ctx, cfg, log)
+	if err != nil {
+		return err
+	}
+	defer a.Close()
+	l, err := agent.Listen(cfg.SocketPath)
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{Handler: a.Handler(), ReadHeaderTimeout: 5 * time.Second}
+	go a.Run(ctx)
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(l) }()
+	log.Info("vpcnid ready", "version", version, "node", cfg.NodeName, "socket", cfg.SocketPath, "provider", cfg.Provider.Type)
+
+	select {
+	case <-ctx.Done():
+	case err := <-errc:
+		if !errors.Is(err, http.ErrServerClosed) {
+			return err
+		}
+	}
+	shutdown, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	err = srv.Shutdown(shutdown)
+	os.Remove(cfg.SocketPath)
+	log.Info("vpcnid stopped; pods keep running")
+	return err
+}

@@ -1,0 +1,379 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/containernetworking/cni/pkg/types"
+	types100 "github.com/containernetworking/cni/pkg/types/100"
+
+	"github.com/vpcni/vpcni/internal/api"
+	"github.com/vpcni/vpcni/internal/datapath"
+	"github.com/vpcni/vpcni/internal/provider"
+	"github.com/vpcni/vpcni/internal/store"
+)
+
+// netConf is the part of the runtime's network config the agent reads.
+type netConf struct {
+	CNIVersion string    `json:"cniVersion"`
+	Name       string    `json:"name"`
+	DNS        types.DNS `json:"dns"`
+	PrevResult any       `json:"prevResult,omitempty"`
+	// ValidAttachments is GC's list of attachments still in use.
+	ValidAttachments []types.GCAttachment `json:"cni.dev/valid-attachments,omitempty"`
+}
+
+var containerIDRe = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$`)
+
+// parseRequest checks what every verb needs; withNetns for ADD and CHECK.
+func parseRequest(req *api.CNIRequest, withAttachment, withNetns bool) (*netConf, *api.Error) {
+	conf := &netConf{}
+	if err := json.Unmarshal(req.Config, conf); err != nil {
+		return nil, api.Errorf(api.CodeDecodingFailure, "network configuration is not valid JSON", err.Error())
+	}
+	if conf.Name == "" {
+		return nil, api.Errorf(api.CodeInvalidConfig, `network configuration lacks "name"`, "")
+	}
+	if !withAttachment {
+		return conf, nil
+	}
+	var bad []string
+	if !containerIDRe.MatchString(req.ContainerID) {
+		bad = append(bad, fmt.Sprintf("CNI_CONTAINERID %q is empty or has characters other than letters, digits, '_', '.', '-'", req.ContainerID))
+	}
+	if req.IfName == "" || len(req.IfName) > 15 || strings.ContainsAny(req.IfName, "/: \t\n") || req.IfName == "." || req.IfName == ".." {
+		bad = append(bad, fmt.Sprintf("CNI_IFNAME %q is not a valid interface name (1-15 bytes, no '/', ':' or spaces)", req.IfName))
+	}
+	if withNetns {
+		if req.Netns == "" {
+			bad = append(bad, "CNI_NETNS is required")
+		} else if _, err := os.Stat(req.Netns); err != nil {
+			bad = append(bad, fmt.Sprintf("CNI_NETNS: network namespace %s does not exist", req.Netns))
+		}
+	}
+	if len(bad) > 0 {
+		return nil, api.Errorf(api.CodeInvalidEnv, strings.Join(bad, "; "), "")
+	}
+	return conf, nil
+}
+
+// k8sArgs picks the pod's identity out of CNI_ARGS.
+func k8sArgs(args string) (namespace, name string) {
+	for _, kv := range strings.Split(args, ";") {
+		k, v, _ := strings.Cut(kv, "=")
+		switch k {
+		case "K8S_POD_NAMESPACE":
+			namespace = v
+		case "K8S_POD_NAME":
+			name = v
+		}
+	}
+	return namespace, name
+}
+
+// Add gives the attachment an address and wires it. The record is written
+// before the datapath exists, so a crash at any point leaves something the
+// next start can finish or undo. A repeated ADD returns the same result.
+func (a *Agent) Add(ctx context.Context, req *api.CNIRequest) (*types100.Result, *api.Error) {
+	conf, aerr := parseRequest(req, true, true)
+	if aerr != nil {
+		return nil, aerr
+	}
+	defer a.locks.Lock(store.Key(req.ContainerID, req.IfName))()
+
+	rec, err := a.store.Get(req.ContainerID, req.IfName)
+	if err != nil {
+		return nil, api.Errorf(api.CodeIOFailure, "read allocation store", err.Error())
+	}
+	if rec != nil {
+		return a.readd(rec, req, conf)
+	}
+
+	ip, aerr := a.allocate(ctx, store.Key(req.ContainerID, req.IfName))
+	if aerr != nil {
+		return nil, aerr
+	}
+	podNS, podName := k8sArgs(req.Args)
+	rec = &store.Record{
+		ContainerID: req.ContainerID, IfName: req.IfName, Network: conf.Name, Netns: req.Netns,
+		Address: ip, HostIf: datapath.HostIfName(req.ContainerID, req.IfName),
+		PodNamespace: podNS, PodName: podName, Created: time.Now().UTC(),
+	}
+	if err := a.store.Put(rec); err != nil {
+		a.unallocate(ip)
+		return nil, api.Errorf(api.CodeIOFailure, "could not record the allocation; nothing was wired", err.Error())
+	}
+	wired, err := a.dp.Setup(attachmentOf(rec))
+	if err != nil {
+		if derr := a.store.Delete(rec.ContainerID, rec.IfName); derr != nil {
+			// The record stays: the next start or DEL cleans up.
+			a.log.Error("could not drop the record of a failed ADD", "container", rec.ContainerID, "err", derr)
+			return nil, setupError(err)
+		}
+		a.unallocate(ip)
+		return nil, setupError(err)
+	}
+	a.log.Info("pod added", "container", rec.ContainerID, "ifName", rec.IfName, "address", ip, "pod", podNS+"/"+podName)
+	return result(rec, wired, conf), nil
+}
+
+// readd answers an ADD for an attachment already recorded: the same address,
+// re-wired if the kernel lost any of it.
+func (a *Agent) readd(rec *store.Record, req *api.CNIRequest, conf *netConf) (*types100.Result, *api.Error) {
+	att := attachmentOf(rec)
+	if rec.Netns != req.Netns {
+		// Same container and interface, new namespace (a restarted sandbox
+		// that kept its ID): move the address there.
+		if err := a.dp.Teardown(att); err != nil {
+			return nil, api.Errorf(api.CodeInternal, "could not take down the previous wiring", err.Error())
+		}
+		rec.Netns = req.Netns
+		if err := a.store.Put(rec); err != nil {
+			return nil, api.Errorf(api.CodeIOFailure, "could not update the allocation record", err.Error())
+		}
+		att = attachmentOf(rec)
+	}
+	if a.dp.Check(att) != nil {
+		if err := a.dp.Teardown(att); err != nil {
+			return nil, api.Errorf(api.CodeInternal, "could not take down broken wiring", err.Error())
+		}
+		if _, err := a.dp.Setup(att); err != nil {
+			return nil, setupError(err)
+		}
+	}
+	return result(rec, datapath.Wired{HostIf: rec.HostIf, HostMAC: datapath.HostMAC(att), PodMAC: datapath.PodMAC(att)}, conf), nil
+}
+
+func setupError(err error) *api.Error {
+	var se *datapath.SetupError
+	if errors.As(err, &se) && se.BadRequest {
+		return api.Errorf(api.CodeInvalidEnv, "cannot wire the pod: "+se.Error(), "")
+	}
+	return api.Errorf(api.CodeInternal, "wiring the pod failed, nothing was left behind", err.Error())
+}
+
+func result(rec *store.Record, w datapath.Wired, conf *netConf) *types100.Result {
+	podIf := 1
+	return &types100.Result{
+		CNIVersion: types100.ImplementedSpecVersion,
+		Interfaces: []*types100.Interface{
+			{Name: w.HostIf, Mac: w.HostMAC.String()},
+			{Name: rec.IfName, Mac: w.PodMAC.String(), Sandbox: rec.Netns},
+		},
+		IPs: []*types100.IPConfig{{
+			Interface: &podIf,
+			Address:   net.IPNet{IP: rec.Address.AsSlice(), Mask: net.CIDRMask(32, 32)},
+			Gateway:   datapath.Gateway.AsSlice(),
+		}},
+		Routes: []*types.Route{{Dst: net.IPNet{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)}, GW: datapath.Gateway.AsSlice()}},
+		DNS:    conf.DNS,
+	}
+}
+
+// allocate takes a free address, asking the provider for more when the pool
+// is empty.
+func (a *Agent) allocate(ctx context.Context, owner string) (netip.Addr, *api.Error) {
+	for attempt := 0; ; attempt++ {
+		a.mu.Lock()
+		ip, ok := a.pool.Take(owner, time.Now())
+		a.mu.Unlock()
+		if ok {
+			a.kickRefill()
+			return ip, nil
+		}
+		if attempt > 0 {
+			return netip.Addr{}, a.exhausted()
+		}
+		a.refillMu.Lock()
+		err := error(nil)
+		if n := a.want(max(a.cfg.Pool.WarmTarget, 1)); n > 0 {
+			err = a.obtain(ctx, n)
+		}
+		a.refillMu.Unlock()
+		if err != nil && !errors.Is(err, provider.ErrExhausted) {
+			return netip.Addr{}, api.Errorf(api.CodeTryAgainLater,
+				"no free address and the provider could not be reached for more; try again later", err.Error())
+		}
+	}
+}
+
+func (a *Agent) exhausted() *api.Error {
+	a.mu.Lock()
+	c, capacity := a.pool.Counts(), a.capacity
+	a.mu.Unlock()
+	msg := fmt.Sprintf("no free address on node %s: %d allocated, %d cooling down (%s), capacity %d",
+		a.cfg.NodeName, c.Allocated, c.Cooling, a.pool.Cooldown(), capacity)
+	return api.Errorf(api.CodeTryAgainLater, msg+"; try again later",
+		"free addresses by deleting pods, wait for the cooldown, or give the node more addresses")
+}
+
+func (a *Agent) unallocate(ip netip.Addr) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if err := a.pool.Unallocate(ip); err != nil {
+		a.log.Error("return unused address", "address", ip, "err", err)
+	}
+}
+
+// Del takes the attachment's datapath down, then frees its address. It
+// succeeds for attachments the agent never saw.
+func (a *Agent) Del(_ context.Context, req *api.CNIRequest) *api.Error {
+	if _, aerr := parseRequest(req, true, false); aerr != nil {
+		return aerr
+	}
+	defer a.locks.Lock(store.Key(req.ContainerID, req.IfName))()
+	rec, err := a.store.Get(req.ContainerID, req.IfName)
+	if err != nil {
+		return api.Errorf(api.CodeIOFailure, "read allocation store", err.Error())
+	}
+	if rec == nil {
+		return nil
+	}
+	if err := a.release(rec); err != nil {
+		return api.Errorf(api.CodeInternal, "could not remove the pod's wiring; the address stays allocated until a retry succeeds", err.Error())
+	}
+	a.log.Info("pod deleted", "container", rec.ContainerID, "ifName", rec.IfName, "address", rec.Address)
+	return nil
+}
+
+// release undoes one allocation: datapath, then record, then pool.
+func (a *Agent) release(rec *store.Record) error {
+	if err := a.dp.Teardown(attachmentOf(rec)); err != nil {
+		return err
+	}
+	now := time.Now()
+	var until time.Time
+	if cd := a.pool.Cooldown(); cd > 0 {
+		until = now.Add(cd)
+	}
+	if err := a.store.Release(rec, until); err != nil {
+		return fmt.Errorf("update allocation store: %w", err)
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if _, err := a.pool.Release(rec.Address, now); err != nil {
+		a.log.Error("pool disagrees with store", "address", rec.Address, "err", err)
+	}
+	return nil
+}
+
+// Check verifies the attachment's record and wiring.
+func (a *Agent) Check(_ context.Context, req *api.CNIRequest) *api.Error {
+	conf, aerr := parseRequest(req, true, true)
+	if aerr != nil {
+		return aerr
+	}
+	defer a.locks.Lock(store.Key(req.ContainerID, req.IfName))()
+	rec, err := a.store.Get(req.ContainerID, req.IfName)
+	if err != nil {
+		return api.Errorf(api.CodeIOFailure, "read allocation store", err.Error())
+	}
+	if rec == nil {
+		return api.Errorf(api.CodeUnknownContainer, fmt.Sprintf("vpcni has no allocation for container %s interface %s", req.ContainerID, req.IfName), "")
+	}
+	if conf.PrevResult != nil {
+		if err := checkPrevResult(conf.PrevResult, rec); err != nil {
+			return api.Errorf(api.CodeInternal, "prevResult disagrees with vpcni's record", err.Error())
+		}
+	}
+	if rec.Netns != req.Netns {
+		return api.Errorf(api.CodeInternal, "check failed", fmt.Sprintf("recorded netns %s, runtime says %s", rec.Netns, req.Netns))
+	}
+	if err := a.dp.Check(attachmentOf(rec)); err != nil {
+		return api.Errorf(api.CodeInternal, "check failed: the pod's wiring is not as vpcni left it", err.Error())
+	}
+	return nil
+}
+
+func checkPrevResult(prev any, rec *store.Record) error {
+	data, err := json.Marshal(prev)
+	if err != nil {
+		return err
+	}
+	res, err := types100.NewResult(data)
+	if err != nil {
+		return fmt.Errorf("read prevResult: %w", err)
+	}
+	r, err := types100.GetResult(res)
+	if err != nil {
+		return fmt.Errorf("read prevResult: %w", err)
+	}
+	for _, ip := range r.IPs {
+		if addr, ok := netip.AddrFromSlice(ip.Address.IP.To4()); ok && addr == rec.Address {
+			return nil
+		}
+	}
+	return fmt.Errorf("prevResult does not hold %s", rec.Address)
+}
+
+// GC releases every allocation of this network that is not among the
+// runtime's valid attachments.
+func (a *Agent) GC(_ context.Context, req *api.CNIRequest) *api.Error {
+	conf, aerr := parseRequest(req, false, false)
+	if aerr != nil {
+		return aerr
+	}
+	valid := map[string]bool{}
+	for _, v := range conf.ValidAttachments {
+		valid[store.Key(v.ContainerID, v.IfName)] = true
+	}
+	records, err := a.store.List()
+	if err != nil {
+		return api.Errorf(api.CodeIOFailure, "read allocation store", err.Error())
+	}
+	var errs []error
+	for _, r := range records {
+		if r.Network != conf.Name || valid[r.Key()] {
+			continue
+		}
+		unlock := a.locks.Lock(r.Key())
+		cur, err := a.store.Get(r.ContainerID, r.IfName)
+		if err == nil && cur != nil {
+			err = a.release(cur)
+		}
+		unlock()
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", r.Key(), err))
+			continue
+		}
+		a.log.Info("garbage-collected allocation", "container", r.ContainerID, "ifName", r.IfName, "address", r.Address)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return api.Errorf(api.CodeInternal, "GC could not release every stale allocation", err.Error())
+	}
+	return nil
+}
+
+// Status says whether an ADD could be served now.
+func (a *Agent) Status(_ context.Context, _ *api.CNIRequest) *api.Error {
+	ready, reason := a.readiness()
+	if !ready {
+		return api.Errorf(api.CodeNotAvailable, "vpcni cannot add pods on node "+a.cfg.NodeName+": "+reason, "")
+	}
+	return nil
+}
+
+func (a *Agent) readiness() (bool, string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.pool.Promote(time.Now())
+	c := a.pool.Counts()
+	if c.Free > 0 {
+		return true, ""
+	}
+	if a.capacity > 0 && c.Held() >= a.capacity {
+		return false, fmt.Sprintf("no free address and none obtainable: all %d addresses are allocated (%d) or cooling down (%d)", a.capacity, c.Allocated, c.Cooling)
+	}
+	if a.providerErr != nil {
+		return false, "no free address and the provider fails: " + a.providerErr.Error()
+	}
+	return true, ""
+}

@@ -1,0 +1,165 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/vpcni/vpcni/internal/api"
+)
+
+// Listen opens the agent's unix socket, root-only (0600, in a 0700 dir). A
+// socket left by a dead agent is replaced; a live agent's is not.
+func Listen(path string) (net.Listener, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, fmt.Errorf("socket dir: %w", err)
+	}
+	if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
+		c.Close()
+		return nil, fmt.Errorf("another vpcnid is already listening on %s", path)
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("remove stale socket: %w", err)
+	}
+	old := syscall.Umask(0o177)
+	l, err := net.Listen("unix", path)
+	syscall.Umask(old)
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s: %w", path, err)
+	}
+	if err := os.Chmod(path, 0o600); err != nil {
+		l.Close()
+		return nil, err
+	}
+	return l, nil
+}
+
+// Handler serves the agent API.
+func (a *Agent) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST "+api.PathAdd, a.serveCNI("ADD", func(ctx context.Context, r *api.CNIRequest) (any, *api.Error) {
+		res, err := a.Add(ctx, r)
+		return res, err
+	}))
+	mux.HandleFunc("POST "+api.PathDel, a.serveCNI("DEL", noResult(a.Del)))
+	mux.HandleFunc("POST "+api.PathCheck, a.serveCNI("CHECK", noResult(a.Check)))
+	mux.HandleFunc("POST "+api.PathGC, a.serveCNI("GC", noResult(a.GC)))
+	mux.HandleFunc("POST "+api.PathStatus, a.serveCNI("STATUS", noResult(a.Status)))
+	mux.HandleFunc("GET "+api.PathState, func(w http.ResponseWriter, r *http.Request) {
+		st, err := a.State()
+		if err != nil {
+			writeError(w, api.Errorf(api.CodeIOFailure, "read agent state", err.Error()))
+			return
+		}
+		writeJSON(w, http.StatusOK, st)
+	})
+	return mux
+}
+
+func noResult(f func(context.Context, *api.CNIRequest) *api.Error) func(context.Context, *api.CNIRequest) (any, *api.Error) {
+	return func(ctx context.Context, r *api.CNIRequest) (any, *api.Error) {
+		if err := f(ctx, r); err != nil {
+			return nil, err
+		}
+		return struct{}{}, nil
+	}
+}
+
+func (a *Agent) serveCNI(verb string, f func(context.Context, *api.CNIRequest) (any, *api.Error)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		req, aerr := DecodeRequest(http.MaxBytesReader(w, r.Body, api.MaxRequestBytes))
+		var out any
+		if aerr == nil {
+			out, aerr = f(r.Context(), req)
+		}
+		if aerr != nil {
+			a.log.Warn("CNI request failed", "verb", verb, "container", containerOf(req), "code", aerr.Code, "err", aerr.Error(), "ms", msSince(start))
+			writeError(w, aerr)
+			return
+		}
+		a.log.Debug("CNI request", "verb", verb, "container", containerOf(req), "ms", msSince(start))
+		writeJSON(w, http.StatusOK, out)
+	}
+}
+
+// DecodeRequest reads one API request strictly: unknown fields, trailing
+// data and a missing config are errors.
+func DecodeRequest(body io.Reader) (*api.CNIRequest, *api.Error) {
+	dec := json.NewDecoder(body)
+	dec.DisallowUnknownFields()
+	req := &api.CNIRequest{}
+	if err := dec.Decode(req); err != nil {
+		return nil, api.Errorf(api.CodeDecodingFailure, "malformed vpcnid request", err.Error())
+	}
+	if dec.More() {
+		return nil, api.Errorf(api.CodeDecodingFailure, "malformed vpcnid request", "data after the request object")
+	}
+	if len(req.Config) == 0 {
+		return nil, api.Errorf(api.CodeDecodingFailure, "malformed vpcnid request", "no network configuration")
+	}
+	return req, nil
+}
+
+func containerOf(r *api.CNIRequest) string {
+	if r == nil {
+		return ""
+	}
+	return r.ContainerID
+}
+
+func msSince(t time.Time) float64 { return float64(time.Since(t).Microseconds()) / 1000 }
+
+func writeError(w http.ResponseWriter, e *api.Error) {
+	status := http.StatusInternalServerError
+	switch e.Code {
+	case api.CodeInvalidEnv, api.CodeInvalidConfig, api.CodeDecodingFailure, api.CodeUnsupportedField, api.CodeIncompatibleVersion:
+		status = http.StatusBadRequest
+	case api.CodeUnknownContainer:
+		status = http.StatusNotFound
+	case api.CodeTryAgainLater, api.CodeNotAvailable, api.CodeLimitedConnectivity:
+		status = http.StatusServiceUnavailable
+	}
+	writeJSON(w, status, e)
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// State describes the agent for vpcnictl status.
+func (a *Agent) State() (*api.State, error) {
+	records, err := a.store.List()
+	if err != nil {
+		return nil, err
+	}
+	ready, reason := a.readiness()
+	a.mu.Lock()
+	c, capacity := a.pool.Counts(), a.capacity
+	a.mu.Unlock()
+	st := &api.State{
+		Node: a.cfg.NodeName, Ready: ready, Reason: reason,
+		Provider: a.prov.Name(), Datapath: a.cfg.Datapath, Uplink: a.dp.Uplink, MTU: a.dp.MTU,
+		Pool:        api.PoolState{Free: c.Free, Cooling: c.Cooling, Allocated: c.Allocated, Capacity: capacity},
+		Allocations: make([]api.Allocation, 0, len(records)),
+		StartedAt:   a.started.UTC().Format(time.RFC3339),
+	}
+	for _, r := range records {
+		st.Allocations = append(st.Allocations, api.Allocation{
+			ContainerID: r.ContainerID, IfName: r.IfName, Network: r.Network, Address: r.Address.String(),
+			HostIf: r.HostIf, Netns: r.Netns, PodNamespace: r.PodNamespace, PodName: r.PodName,
+			Created: r.Created.Format(time.RFC3339),
+		})
+	}
+	return st, nil
+}
