@@ -51,6 +51,9 @@ func New(ctx context.Context, cfg config.Config, log *slog.Logger) (_ *Agent, er
 	}
 	defer func() {
 		if err != nil {
+			if a.dp != nil {
+				a.dp.Close()
+			}
 			a.store.Close()
 		}
 	}()
@@ -74,7 +77,7 @@ func New(ctx context.Context, cfg config.Config, log *slog.Logger) (_ *Agent, er
 
 // Close releases the store. Pods keep running: an agent restart never
 // touches their datapath.
-func (a *Agent) Close() error { return a.store.Close() }
+func (a *Agent) Close() error { return errors.Join(a.dp.Close(), a.store.Close()) }
 
 // reconcile rebuilds the pool from provider and store and repairs the
 // kernel: provider ↔ store ↔ datapath.

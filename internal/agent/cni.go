@@ -246,7 +246,7 @@ func (a *Agent) Del(_ context.Context, req *api.CNIRequest) *api.Error {
 
 // release undoes one allocation: datapath, then record, then pool.
 func (a *Agent) release(rec *store.Record) error {
-	if err := a.dp.Teardown(attachmentOf(rec)); err != nil {
+	if err := a.dp.Release(attachmentOf(rec)); err != nil {
 		return err
 	}
 	now := time.Now()

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"syscall"
 	"time"
 
@@ -131,10 +132,18 @@ func writeError(w http.ResponseWriter, e *api.Error) {
 	writeJSON(w, status, e)
 }
 
+// writeJSON answers with a Content-Length, never chunked: the plugin's
+// minimal client relies on it.
 func writeJSON(w http.ResponseWriter, status int, v any) {
+	data, err := json.Marshal(v)
+	if err != nil {
+		status, data = http.StatusInternalServerError, []byte(`{"code":999,"msg":"encode answer"}`)
+	}
+	data = append(data, '\n')
 	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(data)))
 	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(v)
+	_, _ = w.Write(data)
 }
 
 // State describes the agent for vpcnictl status.

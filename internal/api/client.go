@@ -1,21 +1,24 @@
 package api
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net"
-	"net/http"
+	"strconv"
+	"strings"
 	"time"
 )
 
-// Client talks to vpcnid over its unix socket.
+// Client talks to vpcnid over its unix socket: one HTTP/1.1 request per
+// connection, written by hand so that the CNI plugin does not carry
+// net/http (its start-up is on every pod's critical path). The agent always
+// answers with a Content-Length.
 type Client struct {
 	Socket string
-	http   *http.Client
 }
 
 // NewClient returns a client for the agent listening on socket.
@@ -23,16 +26,7 @@ func NewClient(socket string) *Client {
 	if socket == "" {
 		socket = DefaultSocket
 	}
-	dialer := &net.Dialer{Timeout: 2 * time.Second}
-	return &Client{
-		Socket: socket,
-		http: &http.Client{Transport: &http.Transport{
-			DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-				return dialer.DialContext(ctx, "unix", socket)
-			},
-			DisableCompression: true,
-		}},
-	}
+	return &Client{Socket: socket}
 }
 
 // UnreachableError says the agent could not be reached at all: the request
@@ -49,39 +43,54 @@ func (e *UnreachableError) Error() string {
 func (e *UnreachableError) Unwrap() error { return e.Err }
 
 // Do POSTs in (or GETs when in is nil) to path and decodes the answer into
-// out. A CNI error from the agent comes back as *Error; a transport failure
-// before the request reached the agent as *UnreachableError.
+// out (a *json.RawMessage keeps it raw). A CNI error from the agent comes
+// back as *Error; failing to connect as *UnreachableError.
 func (c *Client) Do(ctx context.Context, path string, in, out any) error {
-	method, body := http.MethodGet, io.Reader(nil)
+	method, body := "GET", []byte(nil)
 	if in != nil {
 		b, err := json.Marshal(in)
 		if err != nil {
 			return fmt.Errorf("encode request: %w", err)
 		}
-		method, body = http.MethodPost, bytes.NewReader(b)
+		method, body = "POST", b
 	}
-	req, err := http.NewRequestWithContext(ctx, method, "http://vpcnid"+path, body)
+	d := net.Dialer{Timeout: 2 * time.Second}
+	conn, err := d.DialContext(ctx, "unix", c.Socket)
 	if err != nil {
-		return err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := c.http.Do(req)
-	if err != nil {
+		if ctx.Err() != nil {
+			return fmt.Errorf("vpcnid at %s: %w", c.Socket, ctx.Err())
+		}
 		var opErr *net.OpError
-		if errors.As(err, &opErr) && opErr.Op == "dial" {
+		if ok := asOpError(err, &opErr); ok {
 			return &UnreachableError{Socket: c.Socket, Err: opErr.Err}
 		}
-		return fmt.Errorf("vpcnid at %s: %w", c.Socket, err)
+		return &UnreachableError{Socket: c.Socket, Err: err}
 	}
-	defer resp.Body.Close()
-	data, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
+	defer conn.Close()
+	if dl, ok := ctx.Deadline(); ok {
+		_ = conn.SetDeadline(dl)
+	}
+	stop := context.AfterFunc(ctx, func() { _ = conn.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
+
+	var req bytes.Buffer
+	fmt.Fprintf(&req, "%s %s HTTP/1.1\r\nHost: vpcnid\r\nConnection: close\r\n", method, path)
+	if body != nil {
+		fmt.Fprintf(&req, "Content-Type: application/json\r\nContent-Length: %d\r\n", len(body))
+	}
+	req.WriteString("\r\n")
+	req.Write(body)
+	if _, err := conn.Write(req.Bytes()); err != nil {
+		return c.ioError(ctx, "send request", err)
+	}
+	status, data, err := readResponse(bufio.NewReader(conn))
 	if err != nil {
-		return fmt.Errorf("read vpcnid answer: %w", err)
+		return c.ioError(ctx, "read answer", err)
 	}
-	if resp.StatusCode != http.StatusOK {
+	if status != 200 {
 		e := &Error{}
 		if json.Unmarshal(data, e) != nil || e.Code == 0 {
-			return fmt.Errorf("vpcnid answered %s: %s", resp.Status, bytes.TrimSpace(data))
+			return fmt.Errorf("vpcnid answered %d: %s", status, bytes.TrimSpace(data))
 		}
 		return e
 	}
@@ -96,4 +105,69 @@ func (c *Client) Do(ctx context.Context, path string, in, out any) error {
 		return fmt.Errorf("decode vpcnid answer: %w", err)
 	}
 	return nil
+}
+
+func (c *Client) ioError(ctx context.Context, what string, err error) error {
+	if ctx.Err() != nil {
+		err = ctx.Err()
+	}
+	return fmt.Errorf("vpcnid at %s: %s: %w", c.Socket, what, err)
+}
+
+func asOpError(err error, target **net.OpError) bool {
+	for err != nil {
+		if op, ok := err.(*net.OpError); ok {
+			*target = op
+			return true
+		}
+		u, ok := err.(interface{ Unwrap() error })
+		if !ok {
+			return false
+		}
+		err = u.Unwrap()
+	}
+	return false
+}
+
+// readResponse reads an HTTP/1.1 status line, headers and a body of
+// Content-Length bytes.
+func readResponse(r *bufio.Reader) (status int, body []byte, err error) {
+	line, err := r.ReadString('\n')
+	if err != nil {
+		return 0, nil, err
+	}
+	parts := strings.SplitN(strings.TrimSpace(line), " ", 3)
+	if len(parts) < 2 || !strings.HasPrefix(parts[0], "HTTP/1.") {
+		return 0, nil, fmt.Errorf("not an HTTP answer: %q", line)
+	}
+	if status, err = strconv.Atoi(parts[1]); err != nil {
+		return 0, nil, fmt.Errorf("bad HTTP status %q", parts[1])
+	}
+	length := -1
+	for {
+		h, err := r.ReadString('\n')
+		if err != nil {
+			return 0, nil, err
+		}
+		h = strings.TrimSpace(h)
+		if h == "" {
+			break
+		}
+		k, v, _ := strings.Cut(h, ":")
+		switch strings.ToLower(strings.TrimSpace(k)) {
+		case "content-length":
+			if length, err = strconv.Atoi(strings.TrimSpace(v)); err != nil || length < 0 || length > 64<<20 {
+				return 0, nil, fmt.Errorf("bad Content-Length %q", v)
+			}
+		case "transfer-encoding":
+			return 0, nil, fmt.Errorf("unexpected Transfer-Encoding %q", v)
+		}
+	}
+	if length < 0 {
+		body, err = io.ReadAll(io.LimitReader(r, 64<<20))
+		return status, body, err
+	}
+	body = make([]byte, length)
+	_, err = io.ReadFull(r, body)
+	return status, body, err
 }

@@ -59,6 +59,14 @@ type Veth struct {
 	uplinkIdx int
 	uplinkMAC net.HardwareAddr
 	MTU       int
+	garp      *arpSender
+	reap      chan reapItem
+	reaped    chan struct{}
+}
+
+type reapItem struct {
+	index int
+	alias string
 }
 
 // NewVeth finds the uplink (the default route's interface when name is
@@ -79,7 +87,23 @@ func NewVeth(uplink string, mtu int) (*Veth, error) {
 		mtu = link.Attrs().MTU
 	}
 	v := &Veth{Uplink: uplink, uplinkIdx: link.Attrs().Index, uplinkMAC: link.Attrs().HardwareAddr, MTU: mtu}
-	return v, v.prepareNode()
+	if err := v.prepareNode(); err != nil {
+		return nil, err
+	}
+	if v.garp, err = newARPSender(v.uplinkIdx, v.uplinkMAC); err != nil {
+		return nil, err
+	}
+	v.reap, v.reaped = make(chan reapItem, 4096), make(chan struct{})
+	go v.reaper()
+	return v, nil
+}
+
+// Close finishes pending link deletions and releases the datapath's
+// sockets; the pods' wiring stays.
+func (v *Veth) Close() error {
+	close(v.reap)
+	<-v.reaped
+	return v.garp.Close()
 }
 
 func defaultRouteLink() (string, error) {
@@ -129,7 +153,7 @@ func writeSysctl(key, value string) error {
 // HostIfName is the node-side name of an attachment's veth: "vpc" and 11 hex
 // digits of a hash of container ID and interface, stable across restarts.
 func HostIfName(containerID, ifName string) string {
-	return "vpc" + hashHex(containerID+"/"+ifName)[:11]
+	return "vpc" + hashHex(containerID + "/" + ifName)[:11]
 }
 
 func hashHex(s string) string {
@@ -174,7 +198,7 @@ func (v *Veth) Setup(a *Attachment) (w Wired, err error) {
 
 	veth := &netlink.Veth{
 		LinkAttrs: netlink.LinkAttrs{
-			Name: w.HostIf, MTU: v.MTU, HardwareAddr: w.HostMAC, Alias: AliasPrefix + a.Key(),
+			Name: w.HostIf, MTU: v.MTU, HardwareAddr: w.HostMAC,
 		},
 		PeerName:         a.IfName,
 		PeerHardwareAddr: w.PodMAC,
@@ -198,6 +222,10 @@ func (v *Veth) Setup(a *Attachment) (w Wired, err error) {
 			_ = v.Teardown(a)
 		}
 	}()
+	// The kernel ignores an alias given at creation; it marks the link ours.
+	if err = netlink.LinkSetAlias(veth, AliasPrefix+a.Key()); err != nil {
+		return w, &SetupError{Step: "mark host end " + w.HostIf, Err: err}
+	}
 
 	podIP := &net.IPNet{IP: a.Address.AsSlice(), Mask: net.CIDRMask(32, 32)}
 	gw := Gateway.AsSlice()
@@ -213,10 +241,10 @@ func (v *Veth) Setup(a *Attachment) (w Wired, err error) {
 		return w, &SetupError{Step: "pod link up", Err: err}
 	}
 	if err = pod.RouteAdd(&netlink.Route{LinkIndex: idx, Scope: netlink.SCOPE_LINK, Dst: &net.IPNet{IP: gw, Mask: net.CIDRMask(32, 32)}}); err != nil {
-		return w, &SetupError{Step: "pod route to gateway", Err: err}
+		return w, routeError("pod route to gateway", err)
 	}
 	if err = pod.RouteAdd(&netlink.Route{LinkIndex: idx, Gw: gw, Dst: &net.IPNet{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)}}); err != nil {
-		return w, &SetupError{Step: "pod default route", Err: err}
+		return w, routeError("pod default route", err)
 	}
 	if err = pod.NeighSet(&netlink.Neigh{LinkIndex: idx, Family: netlink.FAMILY_V4, State: netlink.NUD_PERMANENT, IP: gw, HardwareAddr: w.HostMAC}); err != nil {
 		return w, &SetupError{Step: "pod gateway neighbour", Err: err}
@@ -238,8 +266,18 @@ func (v *Veth) Setup(a *Attachment) (w Wired, err error) {
 	// Neighbours that knew this address elsewhere learn its new home now.
 	// Best effort: a lost announcement only delays them until their ARP
 	// entry ages, it does not break the pod.
-	_ = SendGratuitousARP(v.uplinkIdx, v.uplinkMAC, a.Address)
+	_ = v.garp.Announce(a.Address)
 	return w, nil
+}
+
+// routeError explains the usual cause of a clash in the pod's routes: the
+// pod already has an interface with a default route.
+func routeError(step string, err error) error {
+	if errors.Is(err, syscall.EEXIST) {
+		return &SetupError{Step: step, BadRequest: true,
+			Err: errors.New("the pod namespace already routes via " + Gateway.String() + " or has a default route: vpcni wires one routed interface per pod")}
+	}
+	return &SetupError{Step: step, Err: err}
 }
 
 func (v *Veth) hostRoute(linkIdx int, ip netip.Addr) *netlink.Route {
@@ -253,6 +291,52 @@ func (v *Veth) hostRoute(linkIdx int, ip netip.Addr) *netlink.Route {
 
 func (v *Veth) proxyEntry(ip netip.Addr) *netlink.Neigh {
 	return &netlink.Neigh{LinkIndex: v.uplinkIdx, Family: netlink.FAMILY_V4, Flags: netlink.NTF_PROXY, IP: ip.AsSlice()}
+}
+
+// Release takes a deleted pod off the network at once — its route and its
+// proxy ARP entry go now — and deletes its veth pair in the background.
+// Deleting a link waits for an RCU grace period in the kernel (12-35 ms
+// here); the pod's DEL need not. The address cools down before reuse, and a
+// link a crash leaves behind is an orphan the next start removes.
+func (v *Veth) Release(a *Attachment) error {
+	name, alias := HostIfName(a.ContainerID, a.IfName), AliasPrefix+a.Key()
+	var errs []error
+	link, err := netlink.LinkByName(name)
+	switch {
+	case isNotFound(err):
+	case err != nil:
+		return fmt.Errorf("look up %s: %w", name, err)
+	case link.Attrs().Alias != alias:
+		errs = append(errs, fmt.Errorf("%s belongs to %q, not to %s: left alone", name, link.Attrs().Alias, a.Key()))
+	default:
+		if err := netlink.RouteDel(v.hostRoute(link.Attrs().Index, a.Address)); err != nil && !isNotFound(err) {
+			errs = append(errs, fmt.Errorf("delete route to %s: %w", a.Address, err))
+		}
+		select {
+		case v.reap <- reapItem{index: link.Attrs().Index, alias: alias}:
+		default: // the reaper is far behind: delete in line
+			if err := netlink.LinkDel(link); err != nil && !isNotFound(err) {
+				errs = append(errs, fmt.Errorf("delete %s: %w", name, err))
+			}
+		}
+	}
+	if err := netlink.NeighDel(v.proxyEntry(a.Address)); err != nil && !isNotFound(err) {
+		errs = append(errs, fmt.Errorf("delete proxy ARP entry %s on %s: %w", a.Address, v.Uplink, err))
+	}
+	return errors.Join(errs...)
+}
+
+// reaper deletes released links by index, after checking the index still
+// names the link released (a new pod may reuse the name meanwhile).
+func (v *Veth) reaper() {
+	defer close(v.reaped)
+	for item := range v.reap {
+		link, err := netlink.LinkByIndex(item.index)
+		if err != nil || link.Attrs().Alias != item.alias {
+			continue
+		}
+		_ = netlink.LinkDel(link)
+	}
 }
 
 // Teardown removes what Setup created for the attachment, and nothing else.
@@ -271,7 +355,8 @@ func (v *Veth) Teardown(a *Attachment) error {
 }
 
 // deleteHostLink removes the host veth (its pod end goes with it) if it is
-// there and carries this attachment's alias.
+// there and carries this attachment's alias, or no alias yet (an ADD cut
+// short right after creating it: the name is this attachment's hash).
 func (v *Veth) deleteHostLink(name, key string) error {
 	link, err := netlink.LinkByName(name)
 	if err != nil {
@@ -280,7 +365,7 @@ func (v *Veth) deleteHostLink(name, key string) error {
 		}
 		return fmt.Errorf("look up %s: %w", name, err)
 	}
-	if alias := link.Attrs().Alias; alias != AliasPrefix+key {
+	if alias := link.Attrs().Alias; alias != AliasPrefix+key && (alias != "" || link.Type() != "veth") {
 		return fmt.Errorf("%s belongs to %q, not to %s: left alone", name, alias, key)
 	}
 	if err := netlink.LinkDel(link); err != nil && !isNotFound(err) {

@@ -80,13 +80,14 @@ func Open(dir string) (*Store, error) {
 // Close closes the file.
 func (s *Store) Close() error { return s.db.Close() }
 
-// Put writes a record durably. Concurrent Puts share one commit.
+// Put writes a record durably (one fsync, ~0.4 ms here; bbolt's Batch would
+// add up to 10 ms of waiting to every sequential ADD).
 func (s *Store) Put(r *Record) error {
 	data, err := json.Marshal(r)
 	if err != nil {
 		return err
 	}
-	return s.db.Batch(func(tx *bolt.Tx) error {
+	return s.db.Update(func(tx *bolt.Tx) error {
 		if err := tx.Bucket(bucketAllocs).Put([]byte(r.Key()), data); err != nil {
 			return err
 		}
@@ -128,7 +129,7 @@ func (s *Store) List() ([]*Record, error) {
 // Release removes a record and, in the same transaction, marks its address
 // cooling until the given time (none when until is zero).
 func (s *Store) Release(r *Record, until time.Time) error {
-	return s.db.Batch(func(tx *bolt.Tx) error {
+	return s.db.Update(func(tx *bolt.Tx) error {
 		if err := tx.Bucket(bucketAllocs).Delete([]byte(r.Key())); err != nil {
 			return err
 		}
@@ -143,7 +144,7 @@ func (s *Store) Release(r *Record, until time.Time) error {
 // Delete removes a record without cooling its address (an ADD that failed
 // before the pod ever used it).
 func (s *Store) Delete(containerID, ifName string) error {
-	return s.db.Batch(func(tx *bolt.Tx) error {
+	return s.db.Update(func(tx *bolt.Tx) error {
 		return tx.Bucket(bucketAllocs).Delete([]byte(Key(containerID, ifName)))
 	})
 }
@@ -174,7 +175,7 @@ func (s *Store) Uncool(addrs []netip.Addr) error {
 	if len(addrs) == 0 {
 		return nil
 	}
-	return s.db.Batch(func(tx *bolt.Tx) error {
+	return s.db.Update(func(tx *bolt.Tx) error {
 		b := tx.Bucket(bucketCooling)
 		for _, a := range addrs {
 			if err := b.Delete([]byte(a.String())); err != nil {

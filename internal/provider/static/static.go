@@ -24,7 +24,7 @@ type Provider struct {
 	ranges []ipam.Range
 	path   string
 
-	size   int // usable addresses in all ranges
+	size int // usable addresses in all ranges
 
 	mu   sync.Mutex
 	held map[netip.Addr]bool

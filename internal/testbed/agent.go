@@ -1,0 +1,177 @@
+package testbed
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"time"
+
+	"sigs.k8s.io/yaml"
+
+	"github.com/vpcni/vpcni/internal/api"
+	"github.com/vpcni/vpcni/internal/config"
+)
+
+// Process is a program the testbed started inside a namespace, with its
+// PID recorded so a crashed run's leftovers can be stopped.
+type Process struct {
+	Name    string
+	cmd     *exec.Cmd
+	pidFile string
+	done    chan struct{}
+	waitErr error
+	once    sync.Once
+}
+
+// Start runs argv inside namespace ns; its output goes to logPath.
+func Start(runDir, name, ns, logPath string, argv ...string) (*Process, error) {
+	log, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command("ip", append([]string{"netns", "exec", ns}, argv...)...)
+	cmd.Stdout, cmd.Stderr = log, log
+	if err := cmd.Start(); err != nil {
+		log.Close()
+		return nil, err
+	}
+	log.Close()
+	p := &Process{Name: name, cmd: cmd, pidFile: filepath.Join(runDir, name+".pid"), done: make(chan struct{})}
+	// ip netns exec execs the program in place: the PID is the program's.
+	_ = os.WriteFile(p.pidFile, fmt.Appendf(nil, "%d %s\n", cmd.Process.Pid, filepath.Base(argv[0])), 0o600)
+	go func() { p.waitErr = cmd.Wait(); close(p.done) }()
+	return p, nil
+}
+
+// Pid of the process.
+func (p *Process) Pid() int { return p.cmd.Process.Pid }
+
+// Exited says whether the process has ended.
+func (p *Process) Exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// Stop ends the process gracefully (SIGTERM, then SIGKILL after 10 s).
+func (p *Process) Stop() error { return p.signal(syscall.SIGTERM, 10*time.Second) }
+
+// Kill ends the process at once, as a crash would.
+func (p *Process) Kill() error { return p.signal(syscall.SIGKILL, 5*time.Second) }
+
+func (p *Process) signal(sig syscall.Signal, grace time.Duration) error {
+	var err error
+	p.once.Do(func() {
+		defer os.Remove(p.pidFile)
+		if p.Exited() {
+			return
+		}
+		_ = p.cmd.Process.Signal(sig)
+		select {
+		case <-p.done:
+		case <-time.After(grace):
+			_ = p.cmd.Process.Kill()
+			<-p.done
+			err = fmt.Errorf("%s did not stop within %s; killed", p.Name, grace)
+		}
+	})
+	return err
+}
+
+// Agent is a vpcnid running in the testbed's node namespace.
+type Agent struct {
+	*Process
+	Config     config.Config
+	ConfigPath string
+	LogPath    string
+	Client     *api.Client
+}
+
+// AgentConfig returns a config for the node: the static pool over the
+// given range of the segment, state and socket under dir.
+func (t *Topology) AgentConfig(dir string, cidr string, exclude ...string) config.Config {
+	cfg := config.Defaults()
+	cfg.NodeName = t.NodeNS()
+	cfg.SocketPath = filepath.Join(dir, "vpcnid.sock")
+	cfg.StateDir = filepath.Join(dir, "state")
+	cfg.Uplink = "eth0"
+	cfg.Provider.Static = &config.Static{Ranges: []config.Range{{CIDR: cidr, Gateway: t.Gateway.String(), Exclude: exclude}}}
+	return cfg
+}
+
+// StartAgent writes cfg next to its socket and starts vpcnid from binDir in
+// the node namespace, waiting until it answers.
+func (t *Topology) StartAgent(binDir string, cfg config.Config) (*Agent, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	dir := filepath.Dir(cfg.SocketPath)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	data, err := yaml.Marshal(cfg)
+	if err != nil {
+		return nil, err
+	}
+	a := &Agent{Config: cfg, ConfigPath: filepath.Join(dir, "vpcnid.yaml"), LogPath: filepath.Join(dir, "vpcnid.log"), Client: api.NewClient(cfg.SocketPath)}
+	if err := os.WriteFile(a.ConfigPath, data, 0o600); err != nil {
+		return nil, err
+	}
+	if a.Process, err = Start(t.RunDir, "vpcnid", t.NodeNS(), a.LogPath, filepath.Join(binDir, "vpcnid"), "-config", a.ConfigPath); err != nil {
+		return nil, err
+	}
+	t.Track(a.Process)
+	if err := a.WaitReady(20 * time.Second); err != nil {
+		_ = a.Kill()
+		return nil, err
+	}
+	return a, nil
+}
+
+// Restart starts the same agent again after it stopped or was killed.
+func (t *Topology) Restart(binDir string, a *Agent) (*Agent, error) {
+	return t.StartAgent(binDir, a.Config)
+}
+
+// WaitReady waits until the agent answers on its socket.
+func (a *Agent) WaitReady(d time.Duration) error {
+	deadline := time.Now().Add(d)
+	for {
+		if a.Exited() {
+			log, _ := os.ReadFile(a.LogPath)
+			return fmt.Errorf("vpcnid exited during start-up: %s", log)
+		}
+		c, err := net.DialTimeout("unix", a.Config.SocketPath, time.Second)
+		if err == nil {
+			c.Close()
+			var st api.State
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			err = a.Client.Do(ctx, api.PathState, nil, &st)
+			cancel()
+			if err == nil {
+				return nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return errors.Join(errors.New("vpcnid did not become reachable"), err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// State asks the agent for its state.
+func (a *Agent) State() (*api.State, error) {
+	var st api.State
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	return &st, a.Client.Do(ctx, api.PathState, nil, &st)
+}

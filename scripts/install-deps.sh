@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Installs what vpcni's build and tests need, idempotently: only what is
+# missing is installed. Debian/Ubuntu, as root.
+set -euo pipefail
+
+pkgs=(iproute2 nftables iptables containernetworking-plugins iperf3 kmod procps)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "installing: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+if ! command -v go >/dev/null && [ ! -x /usr/local/go/bin/go ]; then
+  echo "Go is required at /usr/local/go (https://go.dev/dl/)" >&2
+  exit 1
+fi
+export PATH=/usr/local/go/bin:$PATH
+# Modules the build and tests use, fetched once.
+go mod download
+
+for tool in /usr/lib/cni/ptp /usr/lib/cni/host-local /usr/lib/cni/portmap /usr/lib/cni/bandwidth; do
+  [ -x "$tool" ] || { echo "missing $tool after install" >&2; exit 1; }
+done
+echo "dependencies ready"
