@@ -239,7 +239,7 @@ func (a *Agent) topUp(ctx context.Context) {
 		if n == 0 {
 			return
 		}
-		if err := a.obtain(ctx, n); err != nil {
+		if got, _ := a.obtain(ctx, n); got == 0 {
 			return
 		}
 	}
@@ -257,19 +257,18 @@ func (a *Agent) want(target int) int {
 	return max(n, 0)
 }
 
-// obtain asks the provider for n addresses and puts them in the pool.
-func (a *Agent) obtain(ctx context.Context, n int) error {
+// obtain asks the provider for n addresses, puts them in the pool and says
+// how many it got.
+func (a *Agent) obtain(ctx context.Context, n int) (int, error) {
 	got, err := a.prov.Assign(ctx, provider.AssignRequest{Count: n})
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if aerr := a.pool.AddFree(got...); aerr != nil {
 		a.log.Error("provider returned addresses the pool already has", "err", aerr)
+		return 0, aerr
 	}
 	a.providerErr = err
-	if err != nil && len(got) == 0 {
-		return err
-	}
-	return nil
+	return len(got), err
 }
 
 // keyedMutex serialises work per attachment key.

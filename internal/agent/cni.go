@@ -14,6 +14,7 @@ import (
 
 	"github.com/containernetworking/cni/pkg/types"
 	types100 "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/cni/pkg/version"
 
 	"github.com/vpcni/vpcni/internal/api"
 	"github.com/vpcni/vpcni/internal/datapath"
@@ -179,30 +180,41 @@ func result(rec *store.Record, w datapath.Wired, conf *netConf) *types100.Result
 }
 
 // allocate takes a free address, asking the provider for more when the pool
-// is empty.
+// is empty. Every round either obtains addresses or ends, and the node can
+// hold only so many, so the loop ends.
 func (a *Agent) allocate(ctx context.Context, owner string) (netip.Addr, *api.Error) {
-	for attempt := 0; ; attempt++ {
-		a.mu.Lock()
-		ip, ok := a.pool.Take(owner, time.Now())
-		a.mu.Unlock()
-		if ok {
+	for {
+		if ip, ok := a.take(owner); ok {
 			a.kickRefill()
 			return ip, nil
 		}
-		if attempt > 0 {
-			return netip.Addr{}, a.exhausted()
-		}
 		a.refillMu.Lock()
-		err := error(nil)
-		if n := a.want(max(a.cfg.Pool.WarmTarget, 1)); n > 0 {
-			err = a.obtain(ctx, n)
+		// Another ADD may have refilled while this one waited.
+		if ip, ok := a.take(owner); ok {
+			a.refillMu.Unlock()
+			return ip, nil
+		}
+		n := a.want(max(a.cfg.Pool.WarmTarget, 1))
+		got, err := 0, error(nil)
+		if n > 0 {
+			got, err = a.obtain(ctx, n)
 		}
 		a.refillMu.Unlock()
+		if got > 0 {
+			continue
+		}
 		if err != nil && !errors.Is(err, provider.ErrExhausted) {
 			return netip.Addr{}, api.Errorf(api.CodeTryAgainLater,
 				"no free address and the provider could not be reached for more; try again later", err.Error())
 		}
+		return netip.Addr{}, a.exhausted()
 	}
+}
+
+func (a *Agent) take(owner string) (netip.Addr, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.pool.Take(owner, time.Now())
 }
 
 func (a *Agent) exhausted() *api.Error {
@@ -298,7 +310,13 @@ func checkPrevResult(prev any, rec *store.Record) error {
 	if err != nil {
 		return err
 	}
-	res, err := types100.NewResult(data)
+	var ver struct {
+		CNIVersion string `json:"cniVersion"`
+	}
+	if err := json.Unmarshal(data, &ver); err != nil {
+		return fmt.Errorf("read prevResult: %w", err)
+	}
+	res, err := version.NewResult(ver.CNIVersion, data)
 	if err != nil {
 		return fmt.Errorf("read prevResult: %w", err)
 	}

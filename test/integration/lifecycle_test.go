@@ -1,0 +1,347 @@
+package integration
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netlink"
+
+	"github.com/vpcni/vpcni/internal/datapath"
+	"github.com/vpcni/vpcni/internal/netnsutil"
+	"github.com/vpcni/vpcni/internal/testbed"
+)
+
+// TestLifecycle: ADD wires the pod as documented, CHECK passes, the pod
+// talks to its neighbour by its own IP both ways, DEL removes exactly what
+// ADD made, and DEL again is fine — for every CNI spec version.
+func TestLifecycle(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	for _, v := range versions {
+		t.Run(v, func(t *testing.T) {
+			c := e.cni(v)
+			podNS := e.pod(1)
+			id := "life-" + v
+			res, err := c.Add(ctx(t), testbed.Runtime(id, podNS, "eth0", nil))
+			if err != nil {
+				t.Fatalf("ADD: %v", err)
+			}
+			if res.Version() != v {
+				t.Errorf("result version %s, want %s", res.Version(), v)
+			}
+			ip := resultIP(t, res)
+			if !netip.MustParsePrefix("10.78.0.64/26").Contains(ip) && !netip.MustParsePrefix("10.78.0.128/25").Contains(ip) {
+				t.Fatalf("address %s is outside the pool", ip)
+			}
+
+			// The pod's side.
+			pod := handleIn(t, podNS)
+			eth0, err := pod.LinkByName("eth0")
+			if err != nil {
+				t.Fatalf("pod eth0: %v", err)
+			}
+			addrs, _ := pod.AddrList(eth0, netlink.FAMILY_V4)
+			if len(addrs) != 1 || addrs[0].IPNet.String() != ip.String()+"/32" {
+				t.Errorf("pod addresses %v, want %s/32", addrs, ip)
+			}
+			routes, _ := pod.RouteList(eth0, netlink.FAMILY_V4)
+			var haveDefault, haveGw bool
+			for _, r := range routes {
+				haveDefault = haveDefault || (r.Dst == nil || r.Dst.String() == "0.0.0.0/0") && r.Gw.String() == "169.254.1.1"
+				haveGw = haveGw || r.Dst != nil && r.Dst.String() == "169.254.1.1/32" && r.Scope == netlink.SCOPE_LINK
+			}
+			if !haveDefault || !haveGw {
+				t.Errorf("pod routes %v: want default via 169.254.1.1 and 169.254.1.1 scope link", routes)
+			}
+			neighs, _ := pod.NeighList(eth0.Attrs().Index, netlink.FAMILY_V4)
+			hostIf := datapath.HostIfName(id, "eth0")
+			host, err := e.node().LinkByName(hostIf)
+			if err != nil {
+				t.Fatalf("host veth %s: %v", hostIf, err)
+			}
+			perm := slices.ContainsFunc(neighs, func(n netlink.Neigh) bool {
+				return n.IP.String() == "169.254.1.1" && n.State == netlink.NUD_PERMANENT && n.HardwareAddr.String() == host.Attrs().HardwareAddr.String()
+			})
+			if !perm {
+				t.Errorf("pod neighbours %v: want 169.254.1.1 permanent -> %s", neighs, host.Attrs().HardwareAddr)
+			}
+
+			// The node's side.
+			ks := e.kernel()
+			if !slices.Equal(ks.Links, []string{hostIf}) || !slices.Equal(ks.Routes, []netip.Addr{ip}) || !slices.Equal(ks.Proxies, []netip.Addr{ip}) {
+				t.Errorf("node state %+v, want link %s, route and proxy entry for %s", ks, hostIf, ip)
+			}
+			st := e.state()
+			if len(st.Allocations) != 1 || st.Allocations[0].Address != ip.String() || st.Allocations[0].PodName != id {
+				t.Errorf("agent allocations %+v", st.Allocations)
+			}
+
+			if err := c.Check(ctx(t), testbed.Runtime(id, podNS, "eth0", nil)); err != nil {
+				t.Errorf("CHECK: %v", err)
+			}
+
+			// The point of vpcni: a host on the segment reaches the pod by
+			// its IP (the node answers ARP for it), and the pod the host.
+			nbr := netnsutil.Path(e.tb.NbrNS())
+			echo(t, podNS, ip)
+			echo(t, nbr, e.tb.NbrIP)
+			reach(t, nbr, testbed.HostPort(ip, 7777))
+			reach(t, podNS, testbed.HostPort(e.tb.NbrIP, 7777))
+			echo(t, netnsutil.Path(e.tb.NodeNS()), e.tb.NodeIP)
+			reach(t, podNS, testbed.HostPort(e.tb.NodeIP, 7777))
+
+			// DEL removes exactly what ADD made; DEL again is fine.
+			rt := testbed.Runtime(id, podNS, "eth0", nil)
+			if err := c.Del(ctx(t), rt); err != nil {
+				t.Fatalf("DEL: %v", err)
+			}
+			if st := e.state(); len(st.Allocations) != 0 || st.Pool.Allocated != 0 {
+				t.Errorf("after DEL the agent still has %+v (pool %+v)", st.Allocations, st.Pool)
+			}
+			e.waitClean()
+			if _, err := pod.LinkByName("eth0"); err == nil {
+				t.Errorf("pod eth0 survived DEL")
+			}
+			if err := probeWithin(nbr, testbed.HostPort(ip, 7777), 500*time.Millisecond); err == nil {
+				t.Errorf("pod address %s still answers after DEL", ip)
+			}
+			if err := c.Del(ctx(t), rt); err != nil {
+				t.Errorf("second DEL: %v", err)
+			}
+			if err := c.Check(ctx(t), rt); err == nil {
+				t.Errorf("CHECK after DEL succeeded")
+			}
+			if err := netnsutil.Delete(e.tb.PodNS(1)); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+// TestRepeatedAddDel: ADD for an attachment that exists returns the same
+// address; ADD/DEL cycles leave nothing behind; DEL of a container vpcni
+// never saw succeeds.
+func TestRepeatedAddDel(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	for _, v := range versions {
+		t.Run(v, func(t *testing.T) {
+			c := e.cni(v)
+			podNS := e.pod(2)
+			defer netnsutil.Delete(e.tb.PodNS(2))
+			rt := testbed.Runtime("rep-"+v, podNS, "eth0", nil)
+			first := e.add(c, "rep-"+v, podNS)
+			again := e.add(c, "rep-"+v, podNS)
+			if first != again {
+				t.Errorf("repeated ADD gave %s, then %s", first, again)
+			}
+			if n := len(e.state().Allocations); n != 1 {
+				t.Errorf("%d allocations after repeated ADD, want 1", n)
+			}
+			// ADD repairs what someone broke by hand.
+			if err := e.node().RouteDel(&netlink.Route{Dst: netlink.NewIPNet(first.AsSlice()), LinkIndex: mustLink(t, e, datapath.HostIfName("rep-"+v, "eth0")), Protocol: datapath.RouteProtocol, Scope: netlink.SCOPE_LINK}); err != nil {
+				t.Fatalf("delete route by hand: %v", err)
+			}
+			if err := c.Check(ctx(t), rt); err == nil {
+				t.Errorf("CHECK passed with the pod's route missing")
+			}
+			if ip := e.add(c, "rep-"+v, podNS); ip != first {
+				t.Errorf("ADD after damage gave %s, want %s", ip, first)
+			}
+			if err := c.Check(ctx(t), rt); err != nil {
+				t.Errorf("CHECK after repairing ADD: %v", err)
+			}
+			for range 3 {
+				if err := c.Del(ctx(t), rt); err != nil {
+					t.Fatalf("DEL: %v", err)
+				}
+				e.waitClean()
+				e.add(c, "rep-"+v, podNS)
+			}
+			if err := c.Del(ctx(t), rt); err != nil {
+				t.Fatalf("DEL: %v", err)
+			}
+			if err := c.Del(ctx(t), testbed.Runtime("never-seen-"+v, podNS, "eth0", nil)); err != nil {
+				t.Errorf("DEL of an unknown container: %v", err)
+			}
+			e.waitClean()
+			if st := e.state(); st.Pool.Allocated != 0 {
+				t.Errorf("pool %+v after all DELs", st.Pool)
+			}
+		})
+	}
+}
+
+func mustLink(t *testing.T, e *env, name string) int {
+	t.Helper()
+	l, err := e.node().LinkByName(name)
+	if err != nil {
+		t.Fatalf("link %s: %v", name, err)
+	}
+	return l.Attrs().Index
+}
+
+// TestConcurrentAdds: 50 ADDs at once get 50 distinct addresses, all wired;
+// 50 DELs at once give them all back.
+func TestConcurrentAdds(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	c := e.cni("1.0.0")
+	const n = 50
+	paths := make([]string, n)
+	for i := range n {
+		paths[i] = e.pod(100 + i)
+	}
+	ips := make([]netip.Addr, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			res, err := c.Add(ctx(t), testbed.Runtime(fmt.Sprintf("burst-%d", i), paths[i], "eth0", nil))
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			ips[i] = resultIP(t, res)
+		})
+	}
+	wg.Wait()
+	seen := map[netip.Addr]int{}
+	for i := range n {
+		if errs[i] != nil {
+			t.Fatalf("ADD %d: %v", i, errs[i])
+		}
+		if j, dup := seen[ips[i]]; dup {
+			t.Fatalf("pods %d and %d both got %s", j, i, ips[i])
+		}
+		seen[ips[i]] = i
+	}
+	st := e.state()
+	if len(st.Allocations) != n || st.Pool.Allocated != n {
+		t.Fatalf("agent holds %d records, pool %+v; want %d", len(st.Allocations), st.Pool, n)
+	}
+	if ks := e.kernel(); len(ks.Links) != n || len(ks.Routes) != n || len(ks.Proxies) != n {
+		t.Fatalf("node has %d links, %d routes, %d proxy entries; want %d each", len(ks.Links), len(ks.Routes), len(ks.Proxies), n)
+	}
+	// Every pod is reachable from the neighbour by its own address.
+	nbr := netnsutil.Path(e.tb.NbrNS())
+	for i := range n {
+		echo(t, paths[i], ips[i])
+		reach(t, nbr, testbed.HostPort(ips[i], 7777))
+	}
+	for i := range n {
+		wg.Go(func() {
+			errs[i] = c.Del(ctx(t), testbed.Runtime(fmt.Sprintf("burst-%d", i), paths[i], "eth0", nil))
+		})
+	}
+	wg.Wait()
+	for i := range n {
+		if errs[i] != nil {
+			t.Errorf("DEL %d: %v", i, errs[i])
+		}
+	}
+	e.waitClean()
+	if st := e.state(); st.Pool.Allocated != 0 || len(st.Allocations) != 0 {
+		t.Errorf("after DELs: pool %+v, %d records", st.Pool, len(st.Allocations))
+	}
+}
+
+// TestAgentRestart: pods keep their connectivity while the agent is down
+// (killed, as in a crash) and the restarted agent keeps their records, so
+// CHECK and DEL work after it.
+func TestAgentRestart(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	c := e.cni("1.0.0")
+	podNS := e.pod(1)
+	ip := e.add(c, "restart", podNS)
+	nbr := netnsutil.Path(e.tb.NbrNS())
+	echo(t, podNS, ip)
+	reach(t, nbr, testbed.HostPort(ip, 7777))
+
+	for _, how := range []string{"kill", "term"} {
+		var err error
+		if how == "kill" {
+			err = e.agent.Kill()
+		} else {
+			err = e.agent.Stop()
+		}
+		if err != nil {
+			t.Fatalf("%s: %v", how, err)
+		}
+		reach(t, nbr, testbed.HostPort(ip, 7777))
+		if _, err := c.Add(ctx(t), testbed.Runtime("while-down", e.pod(2), "eth0", nil)); err == nil {
+			t.Fatalf("ADD succeeded with the agent down")
+		} else if !isCode(err, 11) {
+			t.Errorf("ADD with the agent down: %v, want CNI error 11", err)
+		}
+		e.startAgent()
+		st := e.state()
+		if len(st.Allocations) != 1 || st.Allocations[0].Address != ip.String() {
+			t.Fatalf("after %s and restart the agent has %+v, want the pod's %s", how, st.Allocations, ip)
+		}
+		if err := c.Check(ctx(t), testbed.Runtime("restart", podNS, "eth0", nil)); err != nil {
+			t.Errorf("CHECK after %s: %v", how, err)
+		}
+		reach(t, nbr, testbed.HostPort(ip, 7777))
+		// The restarted agent does not hand the pod's address to another.
+		other := e.add(c, "after-"+how, e.pod(3))
+		if other == ip {
+			t.Fatalf("restarted agent gave %s to a second pod", ip)
+		}
+		if err := c.Del(ctx(t), testbed.Runtime("after-"+how, e.tb.PodNS(3), "eth0", nil)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := c.Del(ctx(t), testbed.Runtime("restart", podNS, "eth0", nil)); err != nil {
+		t.Fatalf("DEL after restarts: %v", err)
+	}
+	e.waitClean()
+}
+
+// TestRestartRepairsAndCleans: a pod whose wiring vanished while the agent
+// was down is re-wired at start; a vpcni link without a record (a crash
+// between the kernel and the store) is removed.
+func TestRestartRepairsAndCleans(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	c := e.cni("1.0.0")
+	podNS := e.pod(1)
+	ip := e.add(c, "repair", podNS)
+	if err := e.agent.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	h := e.node()
+	// Damage: the pod's host veth is gone (and its pod end with it).
+	if err := h.LinkDel(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: datapath.HostIfName("repair", "eth0")}}); err != nil {
+		t.Fatal(err)
+	}
+	// An orphan: a vpcni-made link no record knows.
+	orphanNS := e.pod(2)
+	dp := netnsutil.Do(netnsutil.Path(e.tb.NodeNS()), func() error {
+		v, err := datapath.NewVeth("eth0", 0)
+		if err != nil {
+			return err
+		}
+		defer v.Close()
+		_, err = v.Setup(&datapath.Attachment{ContainerID: "orphan", IfName: "eth0", Netns: orphanNS, Address: netip.MustParseAddr("10.78.0.250")})
+		return err
+	})
+	if dp != nil {
+		t.Fatalf("make orphan: %v", dp)
+	}
+	e.startAgent()
+	waitFor(t, 5*time.Second, "repair and orphan removal", func() bool {
+		ks := e.kernel()
+		return slices.Equal(ks.Links, []string{datapath.HostIfName("repair", "eth0")}) && slices.Equal(ks.Proxies, []netip.Addr{ip})
+	})
+	if err := c.Check(ctx(t), testbed.Runtime("repair", podNS, "eth0", nil)); err != nil {
+		t.Errorf("CHECK after repair: %v", err)
+	}
+	echo(t, podNS, ip)
+	reach(t, netnsutil.Path(e.tb.NbrNS()), testbed.HostPort(ip, 7777))
+}
