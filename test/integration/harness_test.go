@@ -369,7 +369,6 @@ func execPlugin(t *testing.T, env map[string]string, stdin []byte) (*api.Error, 
 	return e, stdout.Bytes()
 }
 
-
 // isCode says whether err is a CNI error with the given code.
 func isCode(err error, code uint) bool {
 	var e *types.Error

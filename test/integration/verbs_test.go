@@ -1,0 +1,215 @@
+package integration
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/cni/pkg/types"
+	types100 "github.com/containernetworking/cni/pkg/types/100"
+
+	"github.com/vpcni/vpcni/internal/datapath"
+	"github.com/vpcni/vpcni/internal/netnsutil"
+	"github.com/vpcni/vpcni/internal/testbed"
+)
+
+// TestGC: the plugin's GC verb (spec 1.1.0) frees every allocation of the
+// network the runtime no longer lists. The runtime's cache is empty here,
+// so libcni cannot DEL them itself: only vpcni's GC can free them.
+func TestGC(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	c := e.cni("1.1.0")
+	var ips []netip.Addr
+	for i := range 3 {
+		ips = append(ips, e.add(c, fmt.Sprintf("gc-%d", i), e.pod(i)))
+	}
+	// Another network's allocation is not GC's business.
+	other, err := e.tb.NewCNI([]string{binDir}, filepath.Join(e.dir, "other-cache"),
+		testbed.VpcniConfList("1.1.0", "other-net", e.cfg.SocketPath))
+	if err != nil {
+		t.Fatal(err)
+	}
+	otherIP := e.add(other, "gc-other", e.pod(9))
+
+	fresh, err := e.tb.NewCNI([]string{binDir}, filepath.Join(e.dir, "empty-cache"),
+		testbed.VpcniConfList("1.1.0", "vpcni-test", e.cfg.SocketPath))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := fresh.GC(ctx(t), []types.GCAttachment{{ContainerID: "gc-0", IfName: "eth0"}}); err != nil {
+		t.Fatalf("GC: %v", err)
+	}
+	st := e.state()
+	got := map[string]string{}
+	for _, a := range st.Allocations {
+		got[a.ContainerID] = a.Address
+	}
+	want := map[string]string{"gc-0": ips[0].String(), "gc-other": otherIP.String()}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("after GC the agent holds %v, want %v", got, want)
+	}
+	waitFor(t, 10*time.Second, "GC'd links to go", func() bool {
+		ks := e.kernel()
+		return len(ks.Links) == 2 && len(ks.Routes) == 2 && len(ks.Proxies) == 2
+	})
+	for _, id := range []string{"gc-1", "gc-2"} {
+		if _, err := e.node().LinkByName(datapath.HostIfName(id, "eth0")); err == nil {
+			t.Errorf("link of GC'd %s is still there", id)
+		}
+	}
+}
+
+// TestStatus: STATUS (spec 1.1.0) says ready while an address can be had,
+// and "not available" (50) with the reason once none can.
+func TestStatus(t *testing.T) {
+	t.Parallel()
+	// 10.78.0.48/29: .49 is the range's gateway, so .50-.54: 5 addresses.
+	e := newEnv(t, withRange("10.78.0.48/29"), withPool(2, 2))
+	c := e.cni("1.1.0")
+	if err := c.Status(ctx(t)); err != nil {
+		t.Fatalf("STATUS on a fresh node: %v", err)
+	}
+	for i := range 5 {
+		e.add(c, fmt.Sprintf("st-%d", i), e.pod(i))
+	}
+	err := c.Status(ctx(t))
+	if !isCode(err, 50) || !strings.Contains(err.Error(), "no free address and none obtainable") {
+		t.Fatalf("STATUS with the pool used up: %v, want code 50 and the reason", err)
+	}
+	// The exhausted ADD is "try again later" and leaves nothing behind.
+	_, err = c.Add(ctx(t), testbed.Runtime("st-5", e.pod(5), "eth0", nil))
+	if !isCode(err, 11) || !strings.Contains(err.Error(), "no free address") {
+		t.Fatalf("ADD on an exhausted pool: %v, want code 11", err)
+	}
+	if st := e.state(); len(st.Allocations) != 5 || st.Pool.Allocated != 5 || st.Pool.Free != 0 {
+		t.Fatalf("after the failed ADD: %d records, pool %+v", len(st.Allocations), st.Pool)
+	}
+	if _, err := handleIn(t, netnsutil.Path(e.tb.PodNS(5))).LinkByName("eth0"); err == nil {
+		t.Fatalf("the failed ADD left eth0 in the pod")
+	}
+	if err := c.Del(ctx(t), testbed.Runtime("st-0", e.tb.PodNS(0), "eth0", nil)); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Status(ctx(t)); err != nil {
+		t.Fatalf("STATUS after a DEL freed an address: %v", err)
+	}
+	// The agent gone: STATUS says try again later.
+	if err := e.agent.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Status(ctx(t)); !isCode(err, 11) {
+		t.Fatalf("STATUS with the agent down: %v, want code 11", err)
+	}
+}
+
+// TestChainPortmapBandwidth: the real portmap and bandwidth plugins chained
+// after vpcni get a correct prevResult: a hostPort on the node reaches the
+// pod, and the bandwidth limits land on vpcni's host veth. Debian's plugins
+// for the versions they speak (up to 1.0.0), upstream's built from the Go
+// module proxy by make deps for 1.1.0.
+func TestChainPortmapBandwidth(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	debian := debianMaxVersion(t, testbed.DebianCNIDir)
+	for _, v := range versions {
+		t.Run(v, func(t *testing.T) {
+			dir := testbed.DebianCNIDir
+			if v > debian {
+				dir = upstreamCNIDir
+				if _, err := os.Stat(filepath.Join(dir, "portmap")); err != nil {
+					t.Fatalf("upstream plugins missing in %s (run make deps): %v", dir, err)
+				}
+			}
+			t.Logf("chaining %s/portmap and %s/bandwidth at %s", dir, dir, v)
+			plugins := []map[string]any{
+				{"type": "portmap", "capabilities": map[string]bool{"portMappings": true}, "snat": true},
+				{"type": "bandwidth", "capabilities": map[string]bool{"bandwidth": true}},
+			}
+			c, err := e.tb.NewCNI([]string{binDir, dir}, filepath.Join(e.dir, "cni-cache"),
+				testbed.VpcniConfList(v, "vpcni-test", e.cfg.SocketPath, plugins...))
+			if err != nil {
+				t.Fatal(err)
+			}
+			podNS := e.pod(1)
+			defer netnsutil.Delete(e.tb.PodNS(1))
+			id := "chain-" + strings.ReplaceAll(v, ".", "")
+			rt := testbed.Runtime(id, podNS, "eth0", map[string]any{
+				"portMappings": []map[string]any{{"hostPort": 18080, "containerPort": 7777, "protocol": "tcp"}},
+				"bandwidth":    map[string]any{"ingressRate": 8_000_000, "ingressBurst": 1_000_000, "egressRate": 8_000_000, "egressBurst": 1_000_000},
+			})
+			res, err := c.Add(ctx(t), rt)
+			if err != nil {
+				t.Fatalf("ADD through vpcni+portmap+bandwidth: %v", err)
+			}
+			ip := resultIP(t, res)
+			r, _ := types100.GetResult(res)
+			hostIf := datapath.HostIfName(id, "eth0")
+			if len(r.Interfaces) < 2 || r.Interfaces[0].Name != hostIf || r.Interfaces[1].Sandbox != podNS {
+				t.Fatalf("chained result lost vpcni's interfaces: %+v", r.Interfaces)
+			}
+			echo(t, podNS, ip)
+			reach(t, netnsutil.Path(e.tb.NbrNS()), testbed.HostPort(e.tb.NodeIP, 18080))
+			qd, _ := netnsutil.Output(e.tb.NodeNS(), "tc", "qdisc", "show", "dev", hostIf)
+			if !strings.Contains(qd, "tbf") {
+				t.Errorf("no bandwidth limit on %s: %s", hostIf, qd)
+			}
+			if err := c.Check(ctx(t), rt); err != nil {
+				if dir == testbed.DebianCNIDir && strings.Contains(err.Error(), "could not check ipv6 dnat") {
+					// Debian's portmap 1.1.1 checks an IPv6 chain it never
+					// made for an IPv4-only pod (fixed upstream): the rest of
+					// the chain is checked without it.
+					t.Logf("vpcni-test: Debian portmap CHECK bug (%v); checking vpcni+bandwidth", err)
+					c2, err := e.tb.NewCNI([]string{binDir, dir}, filepath.Join(e.dir, "cni-cache"),
+						testbed.VpcniConfList(v, "vpcni-test", e.cfg.SocketPath, plugins[1]))
+					if err != nil {
+						t.Fatal(err)
+					}
+					if err := c2.Check(ctx(t), rt); err != nil {
+						t.Errorf("CHECK of vpcni+bandwidth: %v", err)
+					}
+				} else {
+					t.Errorf("CHECK of the chain: %v", err)
+				}
+			}
+			if err := c.Del(ctx(t), rt); err != nil {
+				t.Fatalf("DEL: %v", err)
+			}
+			e.waitClean()
+			nat, _ := netnsutil.Output(e.tb.NodeNS(), "iptables-save", "-t", "nat")
+			nft, _ := netnsutil.Output(e.tb.NodeNS(), "nft", "list", "ruleset")
+			if strings.Contains(nat+nft, "18080") {
+				t.Errorf("portmap rules survived DEL:\n%s\n%s", nat, nft)
+			}
+		})
+	}
+}
+
+// upstreamCNIDir holds the upstream plugins make deps builds.
+const upstreamCNIDir = "/usr/local/lib/vpcni/cni-upstream"
+
+// debianMaxVersion asks a Debian plugin which CNI versions it speaks.
+func debianMaxVersion(t *testing.T, dir string) string {
+	t.Helper()
+	plugin := "portmap"
+	cmd := exec.Command(filepath.Join(dir, plugin))
+	cmd.Env = []string{"CNI_COMMAND=VERSION"}
+	cmd.Stdin = strings.NewReader(`{"cniVersion":"1.0.0"}`)
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("%s VERSION: %v", plugin, err)
+	}
+	var info struct {
+		Supported []string `json:"supportedVersions"`
+	}
+	if err := json.Unmarshal(out, &info); err != nil || len(info.Supported) == 0 {
+		t.Fatalf("%s VERSION: %s", plugin, out)
+	}
+	return info.Supported[len(info.Supported)-1]
+}
