@@ -80,9 +80,8 @@ func k8sArgs(args string) (namespace, name string) {
 	return namespace, name
 }
 
-// Add gives the attachment an address and wires it. The record is written
-// before the datapath exists, so a crash at any point leaves something the
-// next start can finish or undo. A repeated ADD returns the same result.
+// Add gives the attachment an address and wires it, and records it before
+// answering. A repeated ADD returns the same result.
 func (a *Agent) Add(ctx context.Context, req *api.CNIRequest) (*types100.Result, *api.Error) {
 	conf, aerr := parseRequest(req, true, true)
 	if aerr != nil {
@@ -108,11 +107,20 @@ func (a *Agent) Add(ctx context.Context, req *api.CNIRequest) (*types100.Result,
 		Address: ip, HostIf: datapath.HostIfName(req.ContainerID, req.IfName),
 		PodNamespace: podNS, PodName: podName, Created: time.Now().UTC(),
 	}
-	if err := a.store.Put(rec); err != nil {
-		a.unallocate(ip)
-		return nil, api.Errorf(api.CodeIOFailure, "could not record the allocation; nothing was wired", err.Error())
-	}
+	// The record and the wiring go in parallel; both are done before the
+	// answer. A crash in between leaves a record without wiring (re-wired
+	// at start) or wiring without a record (an orphan link, removed at
+	// start, its address still free in the pool): nothing leaks either way.
+	putErr := make(chan error, 1)
+	go func() { putErr <- a.store.Put(rec) }()
 	wired, err := a.dp.Setup(attachmentOf(rec))
+	if perr := <-putErr; perr != nil {
+		if err == nil {
+			_ = a.dp.Teardown(attachmentOf(rec))
+		}
+		a.unallocate(ip)
+		return nil, api.Errorf(api.CodeIOFailure, "could not record the allocation; the pod was not wired", perr.Error())
+	}
 	if err != nil {
 		if derr := a.store.Delete(rec.ContainerID, rec.IfName); derr != nil {
 			// The record stays: the next start or DEL cleans up.

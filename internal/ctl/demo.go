@@ -31,18 +31,26 @@ type host struct {
 func demo(args []string, out io.Writer) (err error) {
 	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
 	keep := fs.Bool("keep", false, "leave the demo up and say how to look around")
+	down := fs.Bool("down", false, "remove a demo left up by --keep (or by a crash)")
 	pods := fs.Int("pods", 3, "pods to start")
 	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	bin, err := binDir()
-	if err != nil {
 		return err
 	}
 	if os.Geteuid() != 0 {
 		return errors.New("the demo builds network namespaces: run it as root")
 	}
 	tb := testbed.New("vpcni-demo", netip.MustParsePrefix("10.77.0.0/24"))
+	if *down {
+		if err := tb.Down(); err != nil {
+			return err
+		}
+		fmt.Fprintln(out, "demo network removed")
+		return nil
+	}
+	bin, err := binDir()
+	if err != nil {
+		return err
+	}
 	fmt.Fprintf(out, "building the demo network: segment %s, node %s, neighbour %s (namespaces %s-*)\n", tb.Subnet, tb.NodeIP, tb.NbrIP, tb.Prefix)
 	if err := tb.Up(); err != nil {
 		return fmt.Errorf("build demo network: %w", err)
@@ -142,7 +150,7 @@ the demo stays up. Look around:
   ip netns exec %[1]s-node ip neigh show proxy  # the node answers ARP for its pods
   ip netns exec %[1]s-p0 ip addr; ip netns exec %[1]s-p0 ip route
   %[2]s/vpcnictl status --socket %[3]s
-tear it down with: %[2]s/vpcnictl demo-down   (or: ip netns | grep %[1]s)
+tear it down with: %[2]s/vpcnictl demo --down
 `, tb.Prefix, bin, cfg.SocketPath)
 	} else {
 		for _, h := range hosts[2:] {

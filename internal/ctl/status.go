@@ -49,7 +49,7 @@ func usage(w io.Writer) {
 	fmt.Fprint(w, `vpcnictl — operate vpcni
 
   vpcnictl status [--socket PATH] [-o json]   agent health, pool and allocations
-  vpcnictl demo [--keep]                      one node, three pods, a neighbour: connectivity matrix
+  vpcnictl demo [--keep|--down]               one node, three pods, a neighbour: connectivity matrix
   vpcnictl bench cni [flags]                  CNI ADD/DEL latency and burst vs Debian's ptp+host-local
 `)
 }

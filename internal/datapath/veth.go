@@ -19,7 +19,9 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"slices"
 	"strings"
+	"sync"
 	"syscall"
 
 	"github.com/vishvananda/netlink"
@@ -62,11 +64,15 @@ type Veth struct {
 	garp      *arpSender
 	reap      chan reapItem
 	reaped    chan struct{}
+
+	mu      sync.Mutex
+	pending map[string][]reapItem // by pod netns: links released, not yet deleted
 }
 
 type reapItem struct {
 	index int
 	alias string
+	netns string
 }
 
 // NewVeth finds the uplink (the default route's interface when name is
@@ -94,6 +100,7 @@ func NewVeth(uplink string, mtu int) (*Veth, error) {
 		return nil, err
 	}
 	v.reap, v.reaped = make(chan reapItem, 4096), make(chan struct{})
+	v.pending = map[string][]reapItem{}
 	go v.reaper()
 	return v, nil
 }
@@ -192,8 +199,16 @@ func (v *Veth) Setup(a *Attachment) (w Wired, err error) {
 	}
 	defer pod.Close()
 	if _, err := pod.LinkByName(a.IfName); err == nil {
-		return w, &SetupError{Step: "pod interface", BadRequest: true,
-			Err: fmt.Errorf("%s already exists in %s", a.IfName, a.Netns)}
+		// A pod released from this namespace a moment ago may still have
+		// its end here, waiting for the reaper: finish that first.
+		if !v.reapNow(a.Netns) {
+			return w, &SetupError{Step: "pod interface", BadRequest: true,
+				Err: fmt.Errorf("%s already exists in %s", a.IfName, a.Netns)}
+		}
+		if _, err := pod.LinkByName(a.IfName); err == nil {
+			return w, &SetupError{Step: "pod interface", BadRequest: true,
+				Err: fmt.Errorf("%s already exists in %s", a.IfName, a.Netns)}
+		}
 	}
 
 	veth := &netlink.Veth{
@@ -312,9 +327,14 @@ func (v *Veth) Release(a *Attachment) error {
 		if err := netlink.RouteDel(v.hostRoute(link.Attrs().Index, a.Address)); err != nil && !isNotFound(err) {
 			errs = append(errs, fmt.Errorf("delete route to %s: %w", a.Address, err))
 		}
+		item := reapItem{index: link.Attrs().Index, alias: alias, netns: a.Netns}
+		v.mu.Lock()
+		v.pending[a.Netns] = append(v.pending[a.Netns], item)
+		v.mu.Unlock()
 		select {
-		case v.reap <- reapItem{index: link.Attrs().Index, alias: alias}:
+		case v.reap <- item:
 		default: // the reaper is far behind: delete in line
+			v.reapOne(item)
 			if err := netlink.LinkDel(link); err != nil && !isNotFound(err) {
 				errs = append(errs, fmt.Errorf("delete %s: %w", name, err))
 			}
@@ -326,17 +346,40 @@ func (v *Veth) Release(a *Attachment) error {
 	return errors.Join(errs...)
 }
 
-// reaper deletes released links by index, after checking the index still
-// names the link released (a new pod may reuse the name meanwhile).
+// reaper deletes released links in the background.
 func (v *Veth) reaper() {
 	defer close(v.reaped)
 	for item := range v.reap {
-		link, err := netlink.LinkByIndex(item.index)
-		if err != nil || link.Attrs().Alias != item.alias {
-			continue
-		}
+		v.reapOne(item)
+	}
+}
+
+// reapOne deletes a released link by index, after checking the index still
+// names the link released (a new pod may reuse the name meanwhile).
+func (v *Veth) reapOne(item reapItem) {
+	if link, err := netlink.LinkByIndex(item.index); err == nil && link.Attrs().Alias == item.alias {
 		_ = netlink.LinkDel(link)
 	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	items := slices.DeleteFunc(v.pending[item.netns], func(i reapItem) bool { return i == item })
+	if len(items) == 0 {
+		delete(v.pending, item.netns)
+	} else {
+		v.pending[item.netns] = items
+	}
+}
+
+// reapNow deletes at once the released links of a pod namespace and says
+// whether there were any.
+func (v *Veth) reapNow(netns string) bool {
+	v.mu.Lock()
+	items := slices.Clone(v.pending[netns])
+	v.mu.Unlock()
+	for _, item := range items {
+		v.reapOne(item)
+	}
+	return len(items) > 0
 }
 
 // Teardown removes what Setup created for the attachment, and nothing else.

@@ -36,7 +36,7 @@ func (t *Topology) NewCNI(binDirs []string, cacheDir string, conflist []byte) (*
 func Runtime(containerID, netnsPath, ifName string, capArgs map[string]any) *libcni.RuntimeConf {
 	return &libcni.RuntimeConf{
 		ContainerID: containerID, NetNS: netnsPath, IfName: ifName, CapabilityArgs: capArgs,
-		Args: [][2]string{{"K8S_POD_NAMESPACE", "default"}, {"K8S_POD_NAME", containerID}},
+		Args: [][2]string{{"IgnoreUnknown", "1"}, {"K8S_POD_NAMESPACE", "default"}, {"K8S_POD_NAME", containerID}},
 	}
 }
 
