@@ -118,6 +118,10 @@ func Load(path string) (Config, error) {
 	if err := yaml.UnmarshalStrict(data, &cfg); err != nil {
 		return cfg, fmt.Errorf("config %s: %w", path, err)
 	}
+	if cfg.NodeName == "" {
+		// Written out empty means "the default", as for uplink and mtu.
+		cfg.NodeName, _ = os.Hostname()
+	}
 	if err := cfg.Validate(); err != nil {
 		return cfg, fmt.Errorf("config %s: %w", path, err)
 	}

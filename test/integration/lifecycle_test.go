@@ -165,6 +165,16 @@ func TestRepeatedAddDel(t *testing.T) {
 			if err := c.Del(ctx(t), rt); err != nil {
 				t.Fatalf("DEL: %v", err)
 			}
+			// A runtime that reuses the namespace at once for another
+			// container finds it empty, though vpcni deletes links in the
+			// background.
+			next := testbed.Runtime("next-"+v, podNS, "eth0", nil)
+			if _, err := c.Add(ctx(t), next); err != nil {
+				t.Fatalf("ADD into the namespace just released: %v", err)
+			}
+			if err := c.Del(ctx(t), next); err != nil {
+				t.Fatal(err)
+			}
 			if err := c.Del(ctx(t), testbed.Runtime("never-seen-"+v, podNS, "eth0", nil)); err != nil {
 				t.Errorf("DEL of an unknown container: %v", err)
 			}
