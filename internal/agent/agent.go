@@ -183,11 +183,11 @@ func (a *Agent) repair(r *store.Record) {
 		}
 		return
 	}
-	if err := a.dp.Check(att); err == nil {
+	err := a.dp.Check(att)
+	if err == nil {
 		return
-	} else {
-		a.log.Info("re-wiring pod", "container", r.ContainerID, "ifName", r.IfName, "problem", err)
 	}
+	a.log.Info("re-wiring pod", "container", r.ContainerID, "ifName", r.IfName, "problem", err)
 	if err := a.dp.Teardown(att); err != nil {
 		a.log.Warn("teardown before re-wiring failed", "container", r.ContainerID, "err", err)
 	}

@@ -198,22 +198,9 @@ func (v *Veth) Setup(a *Attachment) (w Wired, err error) {
 		return w, &SetupError{Step: "netlink in pod netns", Err: err}
 	}
 	defer pod.Close()
-	if _, err := pod.LinkByName(a.IfName); err == nil {
-		// A pod released from this namespace a moment ago may still have
-		// its end here, waiting for the reaper: finish that first.
-		if !v.reapNow(a.Netns) {
-			return w, &SetupError{Step: "pod interface", BadRequest: true,
-				Err: fmt.Errorf("%s already exists in %s", a.IfName, a.Netns)}
-		}
-		if _, err := pod.LinkByName(a.IfName); err == nil {
-			return w, &SetupError{Step: "pod interface", BadRequest: true,
-				Err: fmt.Errorf("%s already exists in %s", a.IfName, a.Netns)}
-		}
-	}
-
 	veth := &netlink.Veth{
 		LinkAttrs: netlink.LinkAttrs{
-			Name: w.HostIf, MTU: v.MTU, HardwareAddr: w.HostMAC,
+			Name: w.HostIf, MTU: v.MTU, HardwareAddr: w.HostMAC, Flags: net.FlagUp,
 		},
 		PeerName:         a.IfName,
 		PeerHardwareAddr: w.PodMAC,
@@ -221,12 +208,11 @@ func (v *Veth) Setup(a *Attachment) (w Wired, err error) {
 		PeerMTU:          uint32(v.MTU),
 	}
 	if err := netlink.LinkAdd(veth); errors.Is(err, syscall.EEXIST) {
-		// A leftover of this very attachment (an ADD cut short): replace it.
-		if derr := v.deleteHostLink(w.HostIf, a.Key()); derr != nil {
-			return w, &SetupError{Step: "replace leftover " + w.HostIf, Err: derr}
+		if err := v.clearWay(a, w.HostIf, pod); err != nil {
+			return w, err
 		}
-		err = netlink.LinkAdd(veth)
-		if err != nil {
+		veth.Index = 0
+		if err := netlink.LinkAdd(veth); err != nil {
 			return w, &SetupError{Step: "create veth " + w.HostIf, Err: err}
 		}
 	} else if err != nil {
@@ -265,14 +251,8 @@ func (v *Veth) Setup(a *Attachment) (w Wired, err error) {
 		return w, &SetupError{Step: "pod gateway neighbour", Err: err}
 	}
 
-	hostLink, err := netlink.LinkByName(w.HostIf)
-	if err != nil {
-		return w, &SetupError{Step: "find host end " + w.HostIf, Err: err}
-	}
-	if err = netlink.LinkSetUp(hostLink); err != nil {
-		return w, &SetupError{Step: "host link up", Err: err}
-	}
-	if err = netlink.RouteReplace(v.hostRoute(hostLink.Attrs().Index, a.Address)); err != nil {
+	// LinkAdd created the host end up and looked up its index.
+	if err = netlink.RouteReplace(v.hostRoute(veth.Attrs().Index, a.Address)); err != nil {
 		return w, &SetupError{Step: "host route to pod", Err: err}
 	}
 	if err = netlink.NeighSet(v.proxyEntry(a.Address)); err != nil {
@@ -283,6 +263,27 @@ func (v *Veth) Setup(a *Attachment) (w Wired, err error) {
 	// entry ages, it does not break the pod.
 	_ = v.garp.Announce(a.Address)
 	return w, nil
+}
+
+// clearWay handles a name clash when creating the veth pair: a leftover
+// host end of this very attachment (an ADD cut short) is removed; a pod end
+// of a pod just released from this namespace is reaped at once; anything
+// else is the caller's problem.
+func (v *Veth) clearWay(a *Attachment, hostIf string, pod *netlink.Handle) error {
+	if _, err := netlink.LinkByName(hostIf); err == nil {
+		if err := v.deleteHostLink(hostIf, a.Key()); err != nil {
+			return &SetupError{Step: "replace leftover " + hostIf, Err: err}
+		}
+		return nil
+	}
+	if _, err := pod.LinkByName(a.IfName); err == nil {
+		v.reapNow(a.Netns)
+		if _, err := pod.LinkByName(a.IfName); err == nil {
+			return &SetupError{Step: "pod interface", BadRequest: true,
+				Err: fmt.Errorf("%s already exists in %s", a.IfName, a.Netns)}
+		}
+	}
+	return nil
 }
 
 // routeError explains the usual cause of a clash in the pod's routes: the

@@ -103,7 +103,7 @@ func (t *Topology) AgentConfig(dir string, cidr string, exclude ...string) confi
 	cfg.NodeName = t.NodeNS()
 	cfg.SocketPath = filepath.Join(dir, "vpcnid.sock")
 	cfg.StateDir = filepath.Join(dir, "state")
-	cfg.Uplink = "eth0"
+	// Uplink left empty: the agent takes the default route's interface, eth0.
 	cfg.Provider.Static = &config.Static{Ranges: []config.Range{{CIDR: cidr, Gateway: t.Gateway.String(), Exclude: exclude}}}
 	return cfg
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	types100 "github.com/containernetworking/cni/pkg/types/100"
 
+	"github.com/vpcni/vpcni/internal/config"
 	"github.com/vpcni/vpcni/internal/datapath"
 	"github.com/vpcni/vpcni/internal/netnsutil"
 	"github.com/vpcni/vpcni/internal/testbed"
@@ -212,4 +213,42 @@ func debianMaxVersion(t *testing.T, dir string) string {
 		t.Fatalf("%s VERSION: %s", plugin, out)
 	}
 	return info.Supported[len(info.Supported)-1]
+}
+
+// TestNodeSettings: the uplink defaults to the default route's interface,
+// the pod MTU follows the uplink unless configured, and the agent's socket
+// is root-only.
+func TestNodeSettings(t *testing.T) {
+	t.Parallel()
+	for _, mtu := range []int{0, 1400} {
+		t.Run(fmt.Sprintf("mtu=%d", mtu), func(t *testing.T) {
+			e := newEnv(t, func(c *config.Config) { c.MTU = mtu })
+			st := e.state()
+			want := mtu
+			if want == 0 {
+				want = 1500 // the testbed uplink's
+			}
+			if st.Uplink != "eth0" || st.MTU != want {
+				t.Fatalf("agent uplink %q mtu %d, want eth0 (the default route's) and %d", st.Uplink, st.MTU, want)
+			}
+			fi, err := os.Stat(e.cfg.SocketPath)
+			if err != nil || fi.Mode().Perm() != 0o600 || fi.Mode()&os.ModeSocket == 0 {
+				t.Fatalf("socket %s: %v mode %v, want a socket with mode 0600", e.cfg.SocketPath, err, fi.Mode())
+			}
+			c := e.cni("1.0.0")
+			podNS := e.pod(1)
+			e.add(c, "mtu", podNS)
+			podLink, err := handleIn(t, podNS).LinkByName("eth0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			hostLink, err := e.node().LinkByName(datapath.HostIfName("mtu", "eth0"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if podLink.Attrs().MTU != want || hostLink.Attrs().MTU != want {
+				t.Errorf("pod MTU %d, host MTU %d, want %d", podLink.Attrs().MTU, hostLink.Attrs().MTU, want)
+			}
+		})
+	}
 }
