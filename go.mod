@@ -3,13 +3,17 @@ module github.com/vpcni/vpcni
 go 1.26.8
 
 require (
-	github.com/containernetworking/cni v1.3.1 // indirect
-	github.com/vishvananda/netlink v1.3.1 // indirect
-	github.com/vishvananda/netns v0.0.5 // indirect
-	go.etcd.io/bbolt v1.4.3 // indirect
+	github.com/containernetworking/cni v1.3.1
+	github.com/vishvananda/netlink v1.3.1
+	github.com/vishvananda/netns v0.0.5
+	go.etcd.io/bbolt v1.4.3
+	golang.org/x/sys v0.29.0
+	pgregory.net/rapid v1.3.0
+	sigs.k8s.io/yaml v1.6.0
+)
+
+require (
 	go.opentelemetry.io/otel v1.29.0 // indirect
 	go.opentelemetry.io/otel/trace v1.29.0 // indirect
 	go.yaml.in/yaml/v2 v2.4.2 // indirect
-	golang.org/x/sys v0.29.0 // indirect
-	sigs.k8s.io/yaml v1.6.0 // indirect
 )

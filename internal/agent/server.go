@@ -101,10 +101,11 @@ func DecodeRequest(body io.Reader) (*api.CNIRequest, *api.Error) {
 	if err := dec.Decode(req); err != nil {
 		return nil, api.Errorf(api.CodeDecodingFailure, "malformed vpcnid request", err.Error())
 	}
-	if dec.More() {
+	// More() misses a stray '}' or ']': only the end of the input will do.
+	if _, err := dec.Token(); err != io.EOF {
 		return nil, api.Errorf(api.CodeDecodingFailure, "malformed vpcnid request", "data after the request object")
 	}
-	if len(req.Config) == 0 {
+	if len(req.Config) == 0 || string(req.Config) == "null" {
 		return nil, api.Errorf(api.CodeDecodingFailure, "malformed vpcnid request", "no network configuration")
 	}
 	return req, nil

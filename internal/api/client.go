@@ -5,9 +5,11 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -110,6 +112,10 @@ func (c *Client) Do(ctx context.Context, path string, in, out any) error {
 func (c *Client) ioError(ctx context.Context, what string, err error) error {
 	if ctx.Err() != nil {
 		err = ctx.Err()
+	} else if _, ok := ctx.Deadline(); ok && errors.Is(err, os.ErrDeadlineExceeded) {
+		// The socket's deadline is the context's, and may pass a moment
+		// before the context's own timer marks it done.
+		err = context.DeadlineExceeded
 	}
 	return fmt.Errorf("vpcnid at %s: %s: %w", c.Socket, what, err)
 }

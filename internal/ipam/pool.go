@@ -63,9 +63,12 @@ func (p *Pool) Owner(a netip.Addr) string { return p.owner[a] }
 
 // AddFree records addresses the provider now holds for the node.
 func (p *Pool) AddFree(addrs ...netip.Addr) error {
-	for _, a := range addrs {
+	for i, a := range addrs {
 		if s := p.state[a]; s != Unknown {
 			return fmt.Errorf("address %s is already in the pool (%s)", a, s)
+		}
+		if slices.Contains(addrs[:i], a) {
+			return fmt.Errorf("address %s is given twice", a)
 		}
 	}
 	for _, a := range addrs {

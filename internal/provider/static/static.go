@@ -106,7 +106,7 @@ func (p *Provider) Assign(_ context.Context, req provider.AssignRequest) ([]neti
 	}
 	want := req.Count
 	for _, r := range p.ranges {
-		if want == 0 {
+		if want <= 0 {
 			break
 		}
 		r.All(func(a netip.Addr) bool {

@@ -1,0 +1,320 @@
+package config_test
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vpcni/vpcni/internal/config"
+)
+
+func staticRanges(cidrs ...string) *config.Static {
+	s := &config.Static{}
+	for _, c := range cidrs {
+		s.Ranges = append(s.Ranges, config.Range{CIDR: c})
+	}
+	return s
+}
+
+func TestDefaultsValidateOnceARangeIsSet(t *testing.T) {
+	cfg := config.Defaults()
+	if cfg.NodeName == "" {
+		// Defaults takes the host name; a host without one is not what
+		// this test is about.
+		cfg.NodeName = "node-1"
+	}
+	err := cfg.Validate()
+	if err == nil {
+		t.Fatal("Defaults without a static range validated")
+	}
+	if msg := err.Error(); !strings.HasPrefix(msg, "provider.static.ranges:") || strings.Contains(msg, "\n") {
+		t.Fatalf("Defaults should miss only the ranges, got:\n%s", msg)
+	}
+	cfg.Provider.Static = staticRanges("10.0.0.0/24")
+	if err := cfg.Validate(); err != nil {
+		t.Fatalf("Defaults with a range: %v", err)
+	}
+}
+
+func TestValidateNamesEveryBadField(t *testing.T) {
+	cfg := config.Config{
+		NodeName:   "",
+		SocketPath: "run/vpcnid.sock",
+		StateDir:   "var/lib/vpcni",
+		Uplink:     "eth0 with spaces",
+		MTU:        100,
+		Datapath:   "ipvlan",
+		Cooldown:   config.Duration{Duration: -time.Second},
+		LogLevel:   "verbose",
+		Pool:       config.Pool{WarmTarget: -1, BatchSize: 0},
+		Provider: config.Provider{Type: "static", Static: &config.Static{Ranges: []config.Range{
+			{CIDR: "10.0.0.0/24"}, // fine
+			{CIDR: "10.0.1.7/24", Gateway: "10.9.9.9", Exclude: []string{"10.0.1.5", "bogus", "10.0.1.0/28"}},
+			{CIDR: "not-a-cidr"},
+			{CIDR: "10.0.0.0/8"},
+			{CIDR: "fd00::/64"},
+		}}},
+	}
+	err := cfg.Validate()
+	if err == nil {
+		t.Fatal("Validate accepted a config full of bad fields")
+	}
+	msg := err.Error()
+	lines := strings.Split(msg, "\n")
+	want := []string{
+		"nodeName:",
+		"socketPath:",
+		"stateDir:",
+		"uplink:",
+		"mtu:",
+		"datapath:",
+		"cooldown:",
+		"logLevel:",
+		"pool.warmTarget:",
+		"pool.batchSize:",
+		"provider.static.ranges[1].cidr:",
+		"provider.static.ranges[1].gateway:",
+		"provider.static.ranges[1].exclude[1]:",
+		"provider.static.ranges[2].cidr:",
+		"provider.static.ranges[3].cidr:",
+		"provider.static.ranges[4].cidr:",
+	}
+	for _, field := range want {
+		found := false
+		for _, l := range lines {
+			if strings.HasPrefix(l, field) {
+				found = true
+			}
+		}
+		if !found {
+			t.Errorf("error does not name %s", strings.TrimSuffix(field, ":"))
+		}
+	}
+	for _, good := range []string{"ranges[0]", "exclude[0]", "exclude[2]"} {
+		if strings.Contains(msg, good) {
+			t.Errorf("error names the valid %s", good)
+		}
+	}
+	if len(lines) != len(want) {
+		t.Errorf("%d errors, want %d:\n%s", len(lines), len(want), msg)
+	}
+	// The messages say what is wrong, not just where.
+	for _, hint := range []string{`"ipvlan"`, "did you mean 10.0.1.0/24", "larger than a /16", "only IPv4", `"bogus"`, "576..65535"} {
+		if !strings.Contains(msg, hint) {
+			t.Errorf("error lacks %q:\n%s", hint, msg)
+		}
+	}
+}
+
+func validConfig() config.Config {
+	cfg := config.Defaults()
+	cfg.NodeName = "node-1"
+	cfg.Provider.Static = staticRanges("10.0.0.0/24")
+	return cfg
+}
+
+func TestValidateSingleFields(t *testing.T) {
+	for _, tc := range []struct {
+		field  string
+		mutate func(*config.Config)
+	}{
+		{"socketPath", func(c *config.Config) { c.SocketPath = "/" + strings.Repeat("s", 107) }},
+		{"uplink", func(c *config.Config) { c.Uplink = "a-very-long-ifname" }},
+		{"mtu", func(c *config.Config) { c.MTU = 65536 }},
+		{"cooldown", func(c *config.Config) { c.Cooldown.Duration = time.Hour + time.Second }},
+		{"provider.type", func(c *config.Config) { c.Provider.Type = "aws" }},
+		{"provider.static.ranges", func(c *config.Config) { c.Provider.Static = &config.Static{} }},
+	} {
+		cfg := validConfig()
+		tc.mutate(&cfg)
+		err := cfg.Validate()
+		if err == nil || !strings.HasPrefix(err.Error(), tc.field+":") {
+			t.Errorf("%s: Validate = %v, want an error naming %s", tc.field, err, tc.field)
+		}
+	}
+	// Edges that are allowed.
+	cfg := validConfig()
+	cfg.MTU, cfg.Cooldown.Duration, cfg.Pool.WarmTarget, cfg.Uplink = 576, 0, 0, "eth0"
+	cfg.Provider.Static.Ranges[0] = config.Range{CIDR: "10.0.0.0/16", Gateway: "10.0.255.254", Exclude: []string{"10.0.0.5", "10.0.1.0/24"}}
+	if err := cfg.Validate(); err != nil {
+		t.Errorf("edge values rejected: %v", err)
+	}
+}
+
+func writeFile(t *testing.T, name, content string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), name)
+	if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestLoadYAML(t *testing.T) {
+	p := writeFile(t, "vpcnid.yaml", `
+nodeName: node-7
+cooldown: 45s
+logLevel: debug
+pool:
+  warmTarget: 3
+provider:
+  type: static
+  static:
+    ranges:
+      - cidr: 10.20.0.0/24
+        gateway: 10.20.0.254
+        exclude: [10.20.0.5, 10.20.0.16/28]
+`)
+	cfg, err := config.Load(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.NodeName != "node-7" || cfg.LogLevel != "debug" {
+		t.Errorf("nodeName %q logLevel %q", cfg.NodeName, cfg.LogLevel)
+	}
+	if cfg.Cooldown.Duration != 45*time.Second {
+		t.Errorf("cooldown = %s, want 45s", cfg.Cooldown)
+	}
+	if cfg.Pool.WarmTarget != 3 {
+		t.Errorf("warmTarget = %d, want 3", cfg.Pool.WarmTarget)
+	}
+	// Fields the file omits keep their defaults, even inside a section the
+	// file sets.
+	d := config.Defaults()
+	if cfg.Pool.BatchSize != d.Pool.BatchSize || cfg.SocketPath != d.SocketPath || cfg.StateDir != d.StateDir || cfg.Datapath != d.Datapath {
+		t.Errorf("defaults lost: %+v", cfg)
+	}
+	want := config.Range{CIDR: "10.20.0.0/24", Gateway: "10.20.0.254", Exclude: []string{"10.20.0.5", "10.20.0.16/28"}}
+	if cfg.Provider.Static == nil || len(cfg.Provider.Static.Ranges) != 1 ||
+		cfg.Provider.Static.Ranges[0].CIDR != want.CIDR || cfg.Provider.Static.Ranges[0].Gateway != want.Gateway ||
+		strings.Join(cfg.Provider.Static.Ranges[0].Exclude, ",") != strings.Join(want.Exclude, ",") {
+		t.Errorf("ranges = %+v, want [%+v]", cfg.Provider.Static, want)
+	}
+}
+
+func TestLoadCooldownInSeconds(t *testing.T) {
+	p := writeFile(t, "vpcnid.yaml", "nodeName: n\ncooldown: 90\nprovider: {static: {ranges: [{cidr: 10.0.0.0/24}]}}\n")
+	cfg, err := config.Load(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Cooldown.Duration != 90*time.Second {
+		t.Errorf("cooldown = %s, want 1m30s", cfg.Cooldown)
+	}
+}
+
+func TestLoadRejectsUnknownFields(t *testing.T) {
+	for _, tc := range []struct{ yaml, field string }{
+		{"nodeName: n\ncooldwn: 10s\n", "cooldwn"},
+		{"nodeName: n\npool:\n  warmTarget: 2\n  batchSizes: 4\n", "batchSizes"},
+		{"nodeName: n\nprovider:\n  static:\n    ranges:\n      - cidr: 10.0.0.0/24\n        gw: 10.0.0.1\n", "gw"},
+	} {
+		_, err := config.Load(writeFile(t, "vpcnid.yaml", tc.yaml))
+		if err == nil {
+			t.Errorf("Load accepted the unknown field %q", tc.field)
+			continue
+		}
+		if !strings.Contains(err.Error(), `"`+tc.field+`"`) {
+			t.Errorf("error for unknown field %q does not name it: %v", tc.field, err)
+		}
+	}
+}
+
+func TestLoadErrors(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "nope.yaml")
+	if _, err := config.Load(missing); err == nil || !os.IsNotExist(unwrapAll(err)) {
+		t.Errorf("Load of a missing file = %v, want a not-exist error", err)
+	}
+	p := writeFile(t, "bad.yaml", "nodeName: n\nmtu: 12\nprovider: {static: {ranges: [{cidr: 10.0.0.0/24}]}}\n")
+	_, err := config.Load(p)
+	if err == nil || !strings.Contains(err.Error(), p) || !strings.Contains(err.Error(), "mtu:") {
+		t.Errorf("Load of an invalid config = %v, want an error naming the file and mtu", err)
+	}
+	p = writeFile(t, "bad.yaml", "cooldown: soon\n")
+	if _, err := config.Load(p); err == nil || !strings.Contains(err.Error(), "soon") {
+		t.Errorf("Load with cooldown: soon = %v, want an error quoting it", err)
+	}
+}
+
+func unwrapAll(err error) error {
+	for {
+		u, ok := err.(interface{ Unwrap() error })
+		if !ok {
+			return err
+		}
+		err = u.Unwrap()
+	}
+}
+
+func TestDurationJSON(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want time.Duration
+	}{
+		{`"45s"`, 45 * time.Second},
+		{`"1m30s"`, 90 * time.Second},
+		{`"250ms"`, 250 * time.Millisecond},
+		{`45`, 45 * time.Second},
+		{`0`, 0},
+		{`1.5`, 1500 * time.Millisecond},
+	} {
+		var d config.Duration
+		if err := json.Unmarshal([]byte(tc.in), &d); err != nil {
+			t.Errorf("%s: %v", tc.in, err)
+			continue
+		}
+		if d.Duration != tc.want {
+			t.Errorf("%s = %s, want %s", tc.in, d.Duration, tc.want)
+		}
+	}
+	for _, bad := range []string{`"45"`, `"soon"`, `true`, `[1]`, `{}`} {
+		var d config.Duration
+		if err := json.Unmarshal([]byte(bad), &d); err == nil {
+			t.Errorf("%s decoded to %s, want an error", bad, d.Duration)
+		}
+	}
+	b, err := json.Marshal(config.Duration{Duration: 90 * time.Second})
+	if err != nil || string(b) != `"1m30s"` {
+		t.Errorf("Marshal = %s, %v; want \"1m30s\"", b, err)
+	}
+	var back config.Duration
+	if err := json.Unmarshal(b, &back); err != nil || back.Duration != 90*time.Second {
+		t.Errorf("round trip = %s, %v", back.Duration, err)
+	}
+}
+
+func TestParseAddrOrPrefix(t *testing.T) {
+	for in, want := range map[string]string{
+		"10.0.0.5":     "10.0.0.5/32",
+		"10.0.0.0/28":  "10.0.0.0/28",
+		"10.0.0.13/28": "10.0.0.0/28", // host bits dropped
+	} {
+		p, err := config.ParseAddrOrPrefix(in)
+		if err != nil || p.String() != want {
+			t.Errorf("ParseAddrOrPrefix(%q) = %s, %v; want %s", in, p, err, want)
+		}
+	}
+	for _, bad := range []string{"", "10.0.0", "10.0.0.0/33", "host.example"} {
+		if p, err := config.ParseAddrOrPrefix(bad); err == nil {
+			t.Errorf("ParseAddrOrPrefix(%q) = %s, want an error", bad, p)
+		}
+	}
+}
+
+func TestLoadEmptyNodeNameMeansHostName(t *testing.T) {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		t.Skip("this machine has no host name")
+	}
+	p := writeFile(t, "vpcnid.yaml", "nodeName: \"\"\nprovider: {static: {ranges: [{cidr: 10.0.0.0/24}]}}\n")
+	cfg, err := config.Load(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.NodeName != host {
+		t.Errorf("nodeName = %q, want the host name %q", cfg.NodeName, host)
+	}
+}
