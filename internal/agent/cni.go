@@ -97,10 +97,12 @@ func (a *Agent) Add(ctx context.Context, req *api.CNIRequest) (*types100.Result,
 		return a.readd(rec, req, conf)
 	}
 
+	start := time.Now()
 	ip, aerr := a.allocate(ctx, store.Key(req.ContainerID, req.IfName))
 	if aerr != nil {
 		return nil, aerr
 	}
+	allocated := time.Now()
 	podNS, podName := k8sArgs(req.Args)
 	rec = &store.Record{
 		ContainerID: req.ContainerID, IfName: req.IfName, Network: conf.Name, Netns: req.Netns,
@@ -112,9 +114,14 @@ func (a *Agent) Add(ctx context.Context, req *api.CNIRequest) (*types100.Result,
 	// at start) or wiring without a record (an orphan link, removed at
 	// start, its address still free in the pool): nothing leaks either way.
 	putErr := make(chan error, 1)
-	go func() { putErr <- a.store.Put(rec) }()
+	var recorded time.Time
+	go func() { err := a.store.Put(rec); recorded = time.Now(); putErr <- err }()
 	wired, err := a.dp.Setup(attachmentOf(rec))
-	if perr := <-putErr; perr != nil {
+	wiredAt := time.Now()
+	perr := <-putErr
+	a.log.Debug("add timing", "container", rec.ContainerID, "allocate_ms", msBetween(start, allocated),
+		"wire_ms", msBetween(allocated, wiredAt), "record_ms", msBetween(allocated, recorded))
+	if perr != nil {
 		if err == nil {
 			_ = a.dp.Teardown(attachmentOf(rec))
 		}
@@ -403,3 +410,5 @@ func (a *Agent) readiness() (bool, string) {
 	}
 	return true, ""
 }
+
+func msBetween(a, b time.Time) float64 { return float64(b.Sub(a).Microseconds()) / 1000 }

@@ -46,7 +46,17 @@ func (r *Record) Key() string { return Key(r.ContainerID, r.IfName) }
 func Key(containerID, ifName string) string { return containerID + "/" + ifName }
 
 // Store is the bbolt-backed record store.
-type Store struct{ db *bolt.DB }
+type Store struct {
+	db      *bolt.DB
+	writes  chan write
+	stopped chan struct{}
+}
+
+// write is one change waiting for a commit.
+type write struct {
+	fn   func(*bolt.Tx) error
+	done chan error
+}
 
 // Open opens (creating) the store in dir. It fails fast when another agent
 // holds the file.
@@ -74,20 +84,77 @@ func Open(dir string) (*Store, error) {
 		db.Close()
 		return nil, fmt.Errorf("init store %s: %w", path, err)
 	}
-	return &Store{db: db}, nil
+	s := &Store{db: db, writes: make(chan write, 256), stopped: make(chan struct{})}
+	go s.committer()
+	return s, nil
 }
 
-// Close closes the file.
-func (s *Store) Close() error { return s.db.Close() }
+// Close finishes pending writes and closes the file.
+func (s *Store) Close() error {
+	close(s.writes)
+	<-s.stopped
+	return s.db.Close()
+}
 
-// Put writes a record durably (one fsync, ~0.4 ms here; bbolt's Batch would
-// add up to 10 ms of waiting to every sequential ADD).
+// update applies fn durably. Writes are group-committed: a write that finds
+// the store idle commits at once (one fsync, ~0.4 ms here); writes that
+// arrive during a commit share the next one, so a burst of pods does not
+// queue behind one fsync each.
+func (s *Store) update(fn func(*bolt.Tx) error) error {
+	w := write{fn: fn, done: make(chan error, 1)}
+	s.writes <- w
+	return <-w.done
+}
+
+func (s *Store) committer() {
+	defer close(s.stopped)
+	for w := range s.writes {
+		group := []write{w}
+	more:
+		for len(group) < cap(s.writes) {
+			select {
+			case next, ok := <-s.writes:
+				if !ok {
+					break more
+				}
+				group = append(group, next)
+			default:
+				break more
+			}
+		}
+		s.commit(group)
+	}
+}
+
+// commit runs a group in one transaction. If one change fails, the others
+// are retried alone so that a bad write cannot sink its neighbours.
+func (s *Store) commit(group []write) {
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		for _, w := range group {
+			if err := w.fn(tx); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err == nil || len(group) == 1 {
+		for _, w := range group {
+			w.done <- err
+		}
+		return
+	}
+	for _, w := range group {
+		w.done <- s.db.Update(w.fn)
+	}
+}
+
+// Put writes a record durably.
 func (s *Store) Put(r *Record) error {
 	data, err := json.Marshal(r)
 	if err != nil {
 		return err
 	}
-	return s.db.Update(func(tx *bolt.Tx) error {
+	return s.update(func(tx *bolt.Tx) error {
 		if err := tx.Bucket(bucketAllocs).Put([]byte(r.Key()), data); err != nil {
 			return err
 		}
@@ -129,7 +196,7 @@ func (s *Store) List() ([]*Record, error) {
 // Release removes a record and, in the same transaction, marks its address
 // cooling until the given time (none when until is zero).
 func (s *Store) Release(r *Record, until time.Time) error {
-	return s.db.Update(func(tx *bolt.Tx) error {
+	return s.update(func(tx *bolt.Tx) error {
 		if err := tx.Bucket(bucketAllocs).Delete([]byte(r.Key())); err != nil {
 			return err
 		}
@@ -144,7 +211,7 @@ func (s *Store) Release(r *Record, until time.Time) error {
 // Delete removes a record without cooling its address (an ADD that failed
 // before the pod ever used it).
 func (s *Store) Delete(containerID, ifName string) error {
-	return s.db.Update(func(tx *bolt.Tx) error {
+	return s.update(func(tx *bolt.Tx) error {
 		return tx.Bucket(bucketAllocs).Delete([]byte(Key(containerID, ifName)))
 	})
 }
@@ -175,7 +242,7 @@ func (s *Store) Uncool(addrs []netip.Addr) error {
 	if len(addrs) == 0 {
 		return nil
 	}
-	return s.db.Update(func(tx *bolt.Tx) error {
+	return s.update(func(tx *bolt.Tx) error {
 		b := tx.Bucket(bucketCooling)
 		for _, a := range addrs {
 			if err := b.Delete([]byte(a.String())); err != nil {
