@@ -11,7 +11,7 @@ LDFLAGS   := -s -w -X main.version=$(VERSION)
 GOBUILD   := CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)"
 PKG_TEST_TIMEOUT ?= 15m
 
-.PHONY: all build deps test unit integration lint demo bench clean
+.PHONY: all build deps test unit fuzz integration lint demo bench clean
 
 all: build
 
@@ -28,12 +28,18 @@ lint:
 unit:
 	$(GO) test -count=1 $$($(GO) list ./... | grep -v /test/)
 
+# A short run of every fuzz target (seed corpora live in testdata/fuzz).
+FUZZTIME ?= 10s
+fuzz:
+	$(GO) test -run='^$$' -fuzz=FuzzDecodeRequest -fuzztime=$(FUZZTIME) ./internal/agent
+	$(GO) test -run='^$$' -fuzz=FuzzParseConfig -fuzztime=$(FUZZTIME) ./internal/cniplugin
+
 # Root-only: real namespaces, the built plugin driven by libcni, Debian's
 # reference plugins.
 integration: build
 	VPCNI_REQUIRE_ROOT=1 VPCNI_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout $(PKG_TEST_TIMEOUT) -v ./test/... 2>&1 | tee /tmp/vpcni-integration.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|vpcni-test:' ; exit $${PIPESTATUS[0]}
 
-test: deps lint unit integration
+test: deps lint unit fuzz integration
 
 demo: build
 	$(BIN)/vpcnictl demo
