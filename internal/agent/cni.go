@@ -87,12 +87,11 @@ func (a *Agent) Add(ctx context.Context, req *api.CNIRequest) (*types100.Result,
 	if aerr != nil {
 		return nil, aerr
 	}
-	defer a.locks.Lock(store.Key(req.ContainerID, req.IfName))()
-
-	rec, err := a.store.Get(req.ContainerID, req.IfName)
-	if err != nil {
-		return nil, api.Errorf(api.CodeIOFailure, "read allocation store", err.Error())
+	rec, unlock, aerr := a.lockRecord(req)
+	if aerr != nil {
+		return nil, aerr
 	}
+	defer unlock()
 	if rec != nil {
 		return a.readd(rec, req, conf)
 	}
@@ -139,6 +138,18 @@ func (a *Agent) Add(ctx context.Context, req *api.CNIRequest) (*types100.Result,
 	}
 	a.log.Info("pod added", "container", rec.ContainerID, "ifName", rec.IfName, "address", ip, "pod", podNS+"/"+podName)
 	return result(rec, wired, conf), nil
+}
+
+// lockRecord serialises work on the request's attachment and reads its
+// record (nil if none). The caller must call unlock.
+func (a *Agent) lockRecord(req *api.CNIRequest) (rec *store.Record, unlock func(), aerr *api.Error) {
+	unlock = a.locks.Lock(store.Key(req.ContainerID, req.IfName))
+	rec, err := a.store.Get(req.ContainerID, req.IfName)
+	if err != nil {
+		unlock()
+		return nil, nil, api.Errorf(api.CodeIOFailure, "read allocation store", err.Error())
+	}
+	return rec, unlock, nil
 }
 
 // readd answers an ADD for an attachment already recorded: the same address,
@@ -256,11 +267,11 @@ func (a *Agent) Del(_ context.Context, req *api.CNIRequest) *api.Error {
 	if _, aerr := parseRequest(req, true, false); aerr != nil {
 		return aerr
 	}
-	defer a.locks.Lock(store.Key(req.ContainerID, req.IfName))()
-	rec, err := a.store.Get(req.ContainerID, req.IfName)
-	if err != nil {
-		return api.Errorf(api.CodeIOFailure, "read allocation store", err.Error())
+	rec, unlock, aerr := a.lockRecord(req)
+	if aerr != nil {
+		return aerr
 	}
+	defer unlock()
 	if rec == nil {
 		return nil
 	}
@@ -298,11 +309,11 @@ func (a *Agent) Check(_ context.Context, req *api.CNIRequest) *api.Error {
 	if aerr != nil {
 		return aerr
 	}
-	defer a.locks.Lock(store.Key(req.ContainerID, req.IfName))()
-	rec, err := a.store.Get(req.ContainerID, req.IfName)
-	if err != nil {
-		return api.Errorf(api.CodeIOFailure, "read allocation store", err.Error())
+	rec, unlock, aerr := a.lockRecord(req)
+	if aerr != nil {
+		return aerr
 	}
+	defer unlock()
 	if rec == nil {
 		return api.Errorf(api.CodeUnknownContainer, fmt.Sprintf("vpcni has no allocation for container %s interface %s", req.ContainerID, req.IfName), "")
 	}
