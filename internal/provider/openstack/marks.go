@@ -1,0 +1,117 @@
+package openstack
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+// Ownership marks: which fixed IPs of the VM port vpcni put there. They
+// live in the port's description, written in the same If-Match PUT as the
+// fixed IPs themselves, so marks and addresses never disagree. The format
+// is "[vpcni:a,c-f]": the addresses' offsets from the subnet's first
+// address in base 36, runs as ranges. Whatever else the description holds
+// is kept as it is.
+
+const (
+	markOpen  = "[vpcni:"
+	markClose = "]"
+	// maxDescription is Neutron's limit on a description.
+	maxDescription = 255
+)
+
+// splitMarks parses a description into the text around the marks and the
+// marked addresses within subnet.
+func splitMarks(desc string, subnet netip.Prefix) (rest string, marked map[netip.Addr]bool, err error) {
+	marked = map[netip.Addr]bool{}
+	i := strings.Index(desc, markOpen)
+	if i < 0 {
+		return desc, marked, nil
+	}
+	j := strings.Index(desc[i:], markClose)
+	if j < 0 {
+		return desc, marked, fmt.Errorf("unterminated vpcni marks in port description %q", desc)
+	}
+	body := desc[i+len(markOpen) : i+j]
+	rest = strings.TrimSpace(desc[:i] + desc[i+j+len(markClose):])
+	base := subnet.Masked().Addr()
+	size := uint64(1) << (32 - subnet.Bits())
+	for _, item := range strings.Split(body, ",") {
+		if item == "" {
+			continue
+		}
+		lo, hi, isRange := strings.Cut(item, "-")
+		a, err := strconv.ParseUint(lo, 36, 32)
+		if err != nil {
+			return rest, marked, fmt.Errorf("bad vpcni mark %q in port description", item)
+		}
+		b := a
+		if isRange {
+			if b, err = strconv.ParseUint(hi, 36, 32); err != nil || b < a {
+				return rest, marked, fmt.Errorf("bad vpcni mark %q in port description", item)
+			}
+		}
+		if b >= size {
+			return rest, marked, fmt.Errorf("vpcni mark %q lies outside subnet %s", item, subnet)
+		}
+		for o := a; o <= b; o++ {
+			marked[addrAt(base, o)] = true
+		}
+	}
+	return rest, marked, nil
+}
+
+// joinMarks writes a description holding rest and the marks for addrs.
+func joinMarks(rest string, addrs map[netip.Addr]bool, subnet netip.Prefix) (string, error) {
+	if len(addrs) == 0 {
+		return rest, nil
+	}
+	base := subnet.Masked().Addr()
+	offs := make([]uint64, 0, len(addrs))
+	for a := range addrs {
+		if !subnet.Contains(a) {
+			return "", fmt.Errorf("address %s is outside subnet %s", a, subnet)
+		}
+		offs = append(offs, offset(base, a))
+	}
+	slices.Sort(offs)
+	var items []string
+	for i := 0; i < len(offs); {
+		j := i
+		for j+1 < len(offs) && offs[j+1] == offs[j]+1 {
+			j++
+		}
+		if j == i {
+			items = append(items, strconv.FormatUint(offs[i], 36))
+		} else {
+			items = append(items, strconv.FormatUint(offs[i], 36)+"-"+strconv.FormatUint(offs[j], 36))
+		}
+		i = j + 1
+	}
+	marks := markOpen + strings.Join(items, ",") + markClose
+	desc := marks
+	if rest != "" {
+		desc = rest + " " + marks
+	}
+	if len(desc) > maxDescription {
+		return "", fmt.Errorf("the ownership marks of %d addresses no longer fit in the VM port's description (%d of %d characters)", len(addrs), len(desc), maxDescription)
+	}
+	return desc, nil
+}
+
+func offset(base, a netip.Addr) uint64 {
+	b, x := base.As4(), a.As4()
+	return uint64(be32(x) - be32(b))
+}
+
+func addrAt(base netip.Addr, off uint64) netip.Addr {
+	b := base.As4()
+	v := be32(b) + uint32(off)
+	return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)})
+}
+
+func be32(b [4]byte) uint32 {
+	return uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3])
+}

@@ -1,0 +1,62 @@
+package openstack
+
+import (
+	"net/netip"
+	"strings"
+	"testing"
+
+	"pgregory.net/rapid"
+)
+
+func TestMarksRoundTrip(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		bits := rapid.IntRange(16, 28).Draw(t, "bits")
+		subnet := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(rapid.IntRange(0, 255).Draw(t, "b")), 0, 0}), bits).Masked()
+		size := 1 << (32 - bits)
+		want := map[netip.Addr]bool{}
+		for _, o := range rapid.SliceOfN(rapid.IntRange(0, size-1), 0, 30).Draw(t, "offsets") {
+			want[addrAt(subnet.Addr(), uint64(o))] = true
+		}
+		rest := rapid.SampledFrom([]string{"", "web VM", "owned by team x"}).Draw(t, "rest")
+		desc, err := joinMarks(rest, want, subnet)
+		if err != nil {
+			t.Fatalf("join: %v", err)
+		}
+		gotRest, got, err := splitMarks(desc, subnet)
+		if err != nil {
+			t.Fatalf("split %q: %v", desc, err)
+		}
+		if gotRest != rest || len(got) != len(want) {
+			t.Fatalf("%q: rest %q marks %v, want %q %v", desc, gotRest, got, rest, want)
+		}
+		for a := range want {
+			if !got[a] {
+				t.Fatalf("%q lost %s", desc, a)
+			}
+		}
+	})
+}
+
+func TestMarksCompactAndBounded(t *testing.T) {
+	subnet := netip.MustParsePrefix("10.0.0.0/24")
+	run := map[netip.Addr]bool{}
+	for i := 100; i < 200; i++ {
+		run[addrAt(subnet.Addr(), uint64(i))] = true
+	}
+	desc, err := joinMarks("", run, subnet)
+	if err != nil || desc != "[vpcni:2s-5j]" {
+		t.Fatalf("100 consecutive addresses: %q, %v", desc, err)
+	}
+	scattered := map[netip.Addr]bool{}
+	for i := 0; i < 250; i += 2 {
+		scattered[addrAt(subnet.Addr(), uint64(i))] = true
+	}
+	if _, err := joinMarks(strings.Repeat("x", 200), scattered, subnet); err == nil || !strings.Contains(err.Error(), "no longer fit") {
+		t.Fatalf("overlong marks: %v", err)
+	}
+	for _, bad := range []string{"[vpcni:zz-a]", "[vpcni:%%]", "[vpcni:1", "[vpcni:zzzzz]"} {
+		if _, _, err := splitMarks(bad, subnet); err == nil {
+			t.Errorf("splitMarks(%q) accepted it", bad)
+		}
+	}
+}

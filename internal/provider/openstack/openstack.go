@@ -1,0 +1,615 @@
+// Package openstack takes pod addresses from Neutron: extra fixed IPs on
+// the node's VM port.
+//
+// What the real neutron-server does (../shared NEUTRON-FACTS, checked by
+// the contract tests) shapes every write here: a PUT replaces the whole
+// fixed_ips list and concurrent PUTs race, so there is one writer per VM
+// port inside the agent, every new address is named explicitly (a
+// subnet-only entry can hand one IP to two callers), every PUT carries
+// If-Match: revision_number=N and a 412 re-reads and retries, and adds or
+// removes go in batches. vpcni marks the addresses it owns in the port's
+// description in the same PUT; an address without the mark — one a person
+// added — is never removed.
+package openstack
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"math/rand/v2"
+	"net/http"
+	"net/netip"
+	"os"
+	"regexp"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/gophercloud/gophercloud/v2"
+	gcos "github.com/gophercloud/gophercloud/v2/openstack"
+	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/ports"
+	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/subnets"
+	"sigs.k8s.io/yaml"
+
+	"github.com/vpcni/vpcni/internal/config"
+	"github.com/vpcni/vpcni/internal/provider"
+)
+
+// Provider is one node's view of Neutron.
+type Provider struct {
+	nc      *gophercloud.ServiceClient
+	cfg     config.OpenStack
+	calls   *callCounter
+	subnet  netip.Prefix
+	gateway netip.Addr
+	pools   [][2]netip.Addr
+	portID  string
+
+	mu   sync.Mutex // one writer per VM port
+	port *ports.Port
+	used map[netip.Addr]bool // addresses of the subnet others hold, as last seen
+}
+
+var _ provider.Provider = (*Provider)(nil)
+
+// New logs in, finds the subnet and this node's VM port.
+func New(ctx context.Context, cfg config.OpenStack, nodeIP netip.Addr) (*Provider, error) {
+	calls := &callCounter{next: http.DefaultTransport}
+	nc, err := client(ctx, cfg, calls)
+	if err != nil {
+		return nil, err
+	}
+	p := &Provider{nc: nc, cfg: cfg, calls: calls}
+	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout.Duration)
+	defer cancel()
+	sn, err := subnets.Get(ctx, nc, cfg.SubnetID).Extract()
+	if err != nil {
+		return nil, explain(fmt.Errorf("subnet %s: %w", cfg.SubnetID, err))
+	}
+	if p.subnet, err = netip.ParsePrefix(sn.CIDR); err != nil || !p.subnet.Addr().Is4() {
+		return nil, fmt.Errorf("subnet %s has CIDR %q: vpcni needs an IPv4 subnet", cfg.SubnetID, sn.CIDR)
+	}
+	p.gateway, _ = netip.ParseAddr(sn.GatewayIP)
+	for _, pool := range sn.AllocationPools {
+		lo, err1 := netip.ParseAddr(pool.Start)
+		hi, err2 := netip.ParseAddr(pool.End)
+		if err1 == nil && err2 == nil {
+			p.pools = append(p.pools, [2]netip.Addr{lo, hi})
+		}
+	}
+	if err := p.findPort(ctx, sn.NetworkID, nodeIP); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// client builds a Neutron client: noauth against Endpoint, or through
+// Keystone.
+func client(ctx context.Context, cfg config.OpenStack, rt http.RoundTripper) (*gophercloud.ServiceClient, error) {
+	httpc := http.Client{Transport: rt, Timeout: cfg.Timeout.Duration}
+	if cfg.Endpoint != "" {
+		ep := cfg.Endpoint
+		if ep[len(ep)-1] != '/' {
+			ep += "/"
+		}
+		pc := &gophercloud.ProviderClient{HTTPClient: httpc}
+		return &gophercloud.ServiceClient{ProviderClient: pc, Endpoint: ep, ResourceBase: ep + "v2.0/", Type: "network"}, nil
+	}
+	a := cfg.Auth
+	if cfg.CredentialsFile != "" {
+		data, err := os.ReadFile(cfg.CredentialsFile)
+		if err != nil {
+			return nil, fmt.Errorf("OpenStack credentials: %w", err)
+		}
+		if err := yaml.UnmarshalStrict(data, &a); err != nil {
+			return nil, fmt.Errorf("OpenStack credentials %s: %w", cfg.CredentialsFile, err)
+		}
+	}
+	opts := gophercloud.AuthOptions{
+		IdentityEndpoint: a.AuthURL, AllowReauth: true,
+		ApplicationCredentialID: a.ApplicationCredentialID, ApplicationCredentialSecret: a.ApplicationCredentialSecret,
+		Username: a.Username, Password: a.Password, DomainName: a.UserDomainName,
+	}
+	if a.Username != "" {
+		opts.Scope = &gophercloud.AuthScope{ProjectID: a.ProjectID, ProjectName: a.ProjectName, DomainName: a.ProjectDomainName}
+		if opts.DomainName == "" {
+			opts.DomainName = "Default"
+		}
+		if a.ProjectName != "" && opts.Scope.DomainName == "" {
+			opts.Scope.DomainName = "Default"
+		}
+	}
+	pc, err := gcos.NewClient(a.AuthURL)
+	if err != nil {
+		return nil, fmt.Errorf("Keystone %s: %w", a.AuthURL, err)
+	}
+	pc.HTTPClient = httpc
+	actx, cancel := context.WithTimeout(ctx, cfg.Timeout.Duration)
+	defer cancel()
+	if err := gcos.Authenticate(actx, pc, opts); err != nil {
+		return nil, explain(fmt.Errorf("Keystone login at %s: %w", a.AuthURL, err))
+	}
+	nc, err := gcos.NewNetworkV2(pc, gophercloud.EndpointOpts{Region: a.Region})
+	if err != nil {
+		return nil, fmt.Errorf("no Neutron endpoint in the Keystone catalog (region %q): %w", a.Region, err)
+	}
+	return nc, nil
+}
+
+// findPort finds this node's VM port by its IP or by instance ID.
+func (p *Provider) findPort(ctx context.Context, networkID string, nodeIP netip.Addr) error {
+	opts := ports.ListOpts{NetworkID: networkID}
+	what := ""
+	switch p.cfg.PortLookup {
+	case "instance":
+		opts.DeviceID = p.cfg.InstanceID
+		what = "device_id " + p.cfg.InstanceID
+	default:
+		if p.cfg.NodeIP != "" {
+			nodeIP = netip.MustParseAddr(p.cfg.NodeIP)
+		}
+		if !nodeIP.IsValid() {
+			return errors.New("no node IP to find the VM port by: set provider.openstack.nodeIP or instanceID")
+		}
+		opts.FixedIPs = []ports.FixedIPOpts{{IPAddress: nodeIP.String()}}
+		what = "fixed IP " + nodeIP.String()
+	}
+	pages, err := ports.List(p.nc, opts).AllPages(ctx)
+	if err != nil {
+		return explain(fmt.Errorf("look up the VM port by %s: %w", what, err))
+	}
+	found, err := ports.ExtractPorts(pages)
+	if err != nil {
+		return err
+	}
+	switch len(found) {
+	case 0:
+		return fmt.Errorf("no Neutron port on network %s has %s: is this node's IP (or instanceID) right, and is the node on the pods' network?", networkID, what)
+	case 1:
+		p.portID, p.port = found[0].ID, &found[0]
+		return nil
+	default:
+		ids := make([]string, len(found))
+		for i := range found {
+			ids[i] = found[i].ID
+		}
+		return fmt.Errorf("%d Neutron ports have %s (%v): set portLookup: instance", len(found), what, ids)
+	}
+}
+
+// Name implements provider.Provider.
+func (p *Provider) Name() string { return "openstack" }
+
+// PortID is the VM port the provider writes to.
+func (p *Provider) PortID() string { return p.portID }
+
+// Calls says how many HTTP requests the provider has made, by method.
+func (p *Provider) Calls() map[string]int64 { return p.calls.snapshot() }
+
+// Capacity implements provider.Provider.
+func (p *Provider) Capacity(context.Context) (int, error) { return p.cfg.MaxAddresses, nil }
+
+// Held implements provider.Provider: the port's fixed IPs on the subnet
+// that carry vpcni's mark.
+func (p *Provider) Held(ctx context.Context) ([]netip.Addr, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err := p.refresh(ctx); err != nil {
+		return nil, err
+	}
+	_, marked, on, err := p.state()
+	if err != nil {
+		return nil, err
+	}
+	var out []netip.Addr
+	for a := range marked {
+		if on[a] {
+			out = append(out, a)
+		}
+	}
+	slices.SortFunc(out, netip.Addr.Compare)
+	return out, nil
+}
+
+// state reads the cached port: its description without marks, the marked
+// addresses, and its fixed IPs on the subnet.
+func (p *Provider) state() (rest string, marked, on map[netip.Addr]bool, err error) {
+	rest, marked, err = splitMarks(p.port.Description, p.subnet)
+	if err != nil {
+		return "", nil, nil, fmt.Errorf("port %s: %w", p.portID, err)
+	}
+	on = map[netip.Addr]bool{}
+	for _, f := range p.port.FixedIPs {
+		if a, err := netip.ParseAddr(f.IPAddress); err == nil && f.SubnetID == p.cfg.SubnetID {
+			on[a] = true
+		}
+	}
+	return rest, marked, on, nil
+}
+
+// refresh re-reads the VM port.
+func (p *Provider) refresh(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, p.cfg.Timeout.Duration)
+	defer cancel()
+	port, err := ports.Get(ctx, p.nc, p.portID).Extract()
+	if err != nil {
+		p.port = nil
+		return explain(fmt.Errorf("read VM port %s: %w", p.portID, err))
+	}
+	p.port = port
+	return nil
+}
+
+// refreshUsed learns which addresses of the subnet other ports hold.
+func (p *Provider) refreshUsed(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, p.cfg.Timeout.Duration)
+	defer cancel()
+	pages, err := ports.List(p.nc, ports.ListOpts{FixedIPs: []ports.FixedIPOpts{{SubnetID: p.cfg.SubnetID}}}).AllPages(ctx)
+	if err != nil {
+		return explain(fmt.Errorf("list the subnet's addresses: %w", err))
+	}
+	all, err := ports.ExtractPorts(pages)
+	if err != nil {
+		return err
+	}
+	p.used = map[netip.Addr]bool{}
+	for _, port := range all {
+		for _, f := range port.FixedIPs {
+			if a, err := netip.ParseAddr(f.IPAddress); err == nil {
+				p.used[a] = true
+			}
+		}
+	}
+	return nil
+}
+
+// Assign implements provider.Provider: new addresses go onto the VM port
+// in one PUT per batch, each named explicitly.
+func (p *Provider) Assign(ctx context.Context, req provider.AssignRequest) ([]netip.Addr, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var assigned []netip.Addr
+	var errs []error
+	explicit := map[netip.Addr]bool{}
+	for _, a := range req.Addresses {
+		if p.subnet.Contains(a) {
+			explicit[a] = true
+		} else {
+			errs = append(errs, fmt.Errorf("%s is outside subnet %s", a, p.subnet))
+		}
+	}
+	need := max(req.Count, 0)
+	skip := map[netip.Addr]bool{} // found taken during this call
+	for conflicts := 0; need > 0 || len(explicit) > 0; conflicts++ {
+		if conflicts > 4*p.cfg.Retries {
+			errs = append(errs, fmt.Errorf("gave up after %d address conflicts: %w", conflicts, provider.ErrUnavailable))
+			break
+		}
+		if err := p.refresh(ctx); err != nil {
+			errs = append(errs, err)
+			break
+		}
+		if need > 0 && p.used == nil {
+			if err := p.refreshUsed(ctx); err != nil {
+				errs = append(errs, err)
+				break
+			}
+		}
+		_, marked, on, err := p.state()
+		if err != nil {
+			errs = append(errs, err)
+			break
+		}
+		add := map[netip.Addr]bool{}
+		for a := range explicit {
+			switch {
+			case on[a] && marked[a]: // already ours
+				assigned = append(assigned, a)
+				delete(explicit, a)
+			case on[a]:
+				errs = append(errs, fmt.Errorf("%s is on the VM port but was not put there by vpcni: %w", a, provider.ErrTaken))
+				delete(explicit, a)
+			default:
+				add[a] = true
+			}
+		}
+		picked := p.pick(need, on, skip, explicit)
+		for _, a := range picked {
+			add[a] = true
+		}
+		if len(add) == 0 {
+			if need > 0 {
+				errs = append(errs, fmt.Errorf("no free address left in subnet %s (%s): %w", p.subnet, p.cfg.SubnetID, provider.ErrExhausted))
+			}
+			break
+		}
+		err = p.apply(ctx, add, nil)
+		var taken netip.Addr
+		switch {
+		case err == nil:
+		case isNeutronError(err, http.StatusConflict, "IpAddressAlreadyAllocated", &taken) && taken.IsValid():
+			// Someone else holds it: skip it and try again.
+			if explicit[taken] {
+				errs = append(errs, fmt.Errorf("%s: %w", taken, provider.ErrTaken))
+				delete(explicit, taken)
+			}
+			skip[taken] = true
+			p.used = nil
+			continue
+		case isNeutronError(err, http.StatusConflict, "IpAddressGenerationFailure", nil):
+			errs = append(errs, fmt.Errorf("subnet %s is full: %w", p.subnet, provider.ErrExhausted))
+			return assigned, errors.Join(errs...)
+		default:
+			errs = append(errs, err)
+			return assigned, errors.Join(errs...)
+		}
+		for a := range add {
+			if p.used != nil {
+				p.used[a] = true
+			}
+			delete(explicit, a)
+			assigned = append(assigned, a)
+		}
+		if need -= len(picked); need > 0 {
+			errs = append(errs, fmt.Errorf("subnet %s had only %d free addresses: %w", p.subnet, len(picked), provider.ErrExhausted))
+			break
+		}
+	}
+	slices.SortFunc(assigned, netip.Addr.Compare)
+	return assigned, errors.Join(errs...)
+}
+
+// Release implements provider.Provider: the addresses vpcni marked leave
+// the port in one PUT; an address without the mark is never removed.
+func (p *Provider) Release(ctx context.Context, addrs []netip.Addr) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err := p.refresh(ctx); err != nil {
+		return err
+	}
+	_, marked, on, err := p.state()
+	if err != nil {
+		return err
+	}
+	drop := map[netip.Addr]bool{}
+	var foreign []netip.Addr
+	for _, a := range addrs {
+		switch {
+		case marked[a]:
+			drop[a] = true
+		case on[a]:
+			foreign = append(foreign, a)
+		}
+	}
+	if len(drop) > 0 {
+		if err := p.apply(ctx, nil, drop); err != nil {
+			return err
+		}
+		for a := range drop {
+			delete(p.used, a)
+		}
+	}
+	if len(foreign) > 0 {
+		return fmt.Errorf("left %v on port %s: vpcni did not put them there", foreign, p.portID)
+	}
+	return nil
+}
+
+// apply makes the VM port hold add (marked as vpcni's) and no longer hold
+// remove, leaving everything else as it is. Each attempt reads the port
+// fresh, writes under If-Match and reads it back: Neutron's If-Match is not
+// an atomic compare-and-swap under concurrent writers (a write checked
+// against revision 2 was seen to land at revision 5, knocking out another
+// writer's address), so what a racing write knocked out — ours or someone
+// else's — is put back.
+func (p *Provider) apply(ctx context.Context, add, remove map[netip.Addr]bool) error {
+	restore := map[netip.Addr]bool{}
+	for attempt := 0; ; attempt++ {
+		if attempt > 0 {
+			if attempt >= p.cfg.Retries {
+				return fmt.Errorf("VM port %s: the update did not hold after %d attempts: %w", p.portID, attempt, provider.ErrUnavailable)
+			}
+			backoff(ctx, attempt)
+			if err := p.refresh(ctx); err != nil {
+				if retryable(err) {
+					continue
+				}
+				return err
+			}
+		}
+		rest, marked, on, err := p.state()
+		if err != nil {
+			return err
+		}
+		want := map[netip.Addr]bool{}
+		for a := range on {
+			want[a] = true
+		}
+		for a := range add {
+			want[a], marked[a] = true, true
+		}
+		for a := range restore {
+			want[a] = true
+		}
+		for a := range remove {
+			delete(want, a)
+			delete(marked, a)
+		}
+		desc, err := joinMarks(rest, marked, p.subnet)
+		if err != nil {
+			return fmt.Errorf("%w: %w", err, provider.ErrExhausted)
+		}
+		if maps.Equal(want, on) && desc == p.port.Description {
+			return nil
+		}
+		var fixed []ports.IP
+		for _, f := range p.port.FixedIPs {
+			if a, err := netip.ParseAddr(f.IPAddress); err == nil && f.SubnetID == p.cfg.SubnetID && !want[a] {
+				continue
+			}
+			fixed = append(fixed, ports.IP{SubnetID: f.SubnetID, IPAddress: f.IPAddress})
+		}
+		for a := range want {
+			if !on[a] {
+				fixed = append(fixed, ports.IP{SubnetID: p.cfg.SubnetID, IPAddress: a.String()})
+			}
+		}
+		if err := p.put(ctx, fixed, desc); err != nil {
+			if retryable(err) {
+				continue
+			}
+			return err
+		}
+		// Read back what Neutron kept.
+		if err := p.refresh(ctx); err != nil {
+			if retryable(err) {
+				continue
+			}
+			return err
+		}
+		_, nowMarked, nowOn, err := p.state()
+		if err != nil {
+			return err
+		}
+		held := true
+		for a := range want {
+			if !nowOn[a] {
+				held = false
+				if on[a] && !add[a] {
+					restore[a] = true // someone's address our write knocked out
+				}
+			}
+		}
+		for a := range add {
+			held = held && nowMarked[a]
+		}
+		for a := range remove {
+			held = held && !nowOn[a] && !nowMarked[a]
+		}
+		if held {
+			return nil
+		}
+	}
+}
+
+// pick chooses n addresses of the subnet's allocation pools that nobody
+// holds, lowest first.
+func (p *Provider) pick(n int, on, skip, also map[netip.Addr]bool) []netip.Addr {
+	var out []netip.Addr
+	for _, pool := range p.pools {
+		for a := pool[0]; len(out) < n && a.Compare(pool[1]) <= 0 && a.IsValid(); a = a.Next() {
+			if a == p.gateway || on[a] || skip[a] || also[a] || p.used[a] {
+				continue
+			}
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+func backoff(ctx context.Context, attempt int) {
+	d := min(100*time.Millisecond<<attempt, 3*time.Second)
+	d = d/2 + rand.N(d/2+1)
+	select {
+	case <-ctx.Done():
+	case <-time.After(d):
+	}
+}
+
+var ipRe = regexp.MustCompile(`\b(\d{1,3}\.\d{1,3}\.\d{1,3}\.\d{1,3})\b`)
+
+// isNeutronError says whether err is an HTTP status with a NeutronError of
+// the given type, and picks the address its message names.
+func isNeutronError(err error, status int, typ string, addr *netip.Addr) bool {
+	var code gophercloud.ErrUnexpectedResponseCode
+	if !errors.As(err, &code) || code.Actual != status {
+		return false
+	}
+	var body struct {
+		NeutronError struct {
+			Type    string `json:"type"`
+			Message string `json:"message"`
+		} `json:"NeutronError"`
+	}
+	if json.Unmarshal(code.Body, &body) != nil || body.NeutronError.Type != typ {
+		return false
+	}
+	if addr != nil {
+		if m := ipRe.FindString(body.NeutronError.Message); m != "" {
+			*addr, _ = netip.ParseAddr(m)
+		}
+	}
+	return true
+}
+
+// retryable: a 412 (someone else wrote first), a 5xx, or no answer at all.
+func retryable(err error) bool {
+	var code gophercloud.ErrUnexpectedResponseCode
+	if errors.As(err, &code) {
+		return code.Actual == http.StatusPreconditionFailed || code.Actual >= 500
+	}
+	return errors.Is(err, provider.ErrUnavailable)
+}
+
+// explain adds what a person can do about a Neutron failure, and marks
+// failures to reach Neutron as provider.ErrUnavailable.
+func explain(err error) error {
+	var code gophercloud.ErrUnexpectedResponseCode
+	if errors.As(err, &code) {
+		switch {
+		case code.Actual == http.StatusUnauthorized:
+			return fmt.Errorf("%w (Keystone refused the credentials: check the application credential or password)", err)
+		case code.Actual == http.StatusForbidden:
+			return fmt.Errorf("%w (Neutron's policy forbids it: the credentials need the member role in the VM port's project)", err)
+		case code.Actual >= 500:
+			return fmt.Errorf("%w: %w", err, provider.ErrUnavailable)
+		}
+		return err
+	}
+	if errors.Is(err, context.Canceled) {
+		return err
+	}
+	// No HTTP answer: refused, reset, timed out.
+	return fmt.Errorf("%w: %w", err, provider.ErrUnavailable)
+}
+
+// callCounter counts HTTP requests by method.
+type callCounter struct {
+	next  http.RoundTripper
+	gets  atomic.Int64
+	puts  atomic.Int64
+	other atomic.Int64
+}
+
+func (c *callCounter) RoundTrip(r *http.Request) (*http.Response, error) {
+	switch r.Method {
+	case http.MethodGet:
+		c.gets.Add(1)
+	case http.MethodPut:
+		c.puts.Add(1)
+	default:
+		c.other.Add(1)
+	}
+	return c.next.RoundTrip(r)
+}
+
+func (c *callCounter) snapshot() map[string]int64 {
+	return map[string]int64{"GET": c.gets.Load(), "PUT": c.puts.Load(), "other": c.other.Load()}
+}
+
+// put writes fixed_ips and description under If-Match on the port as last
+// read.
+func (p *Provider) put(ctx context.Context, fixed []ports.IP, desc string) error {
+	ctx, cancel := context.WithTimeout(ctx, p.cfg.Timeout.Duration)
+	defer cancel()
+	rev := p.port.RevisionNumber
+	updated, err := ports.Update(ctx, p.nc, p.portID, ports.UpdateOpts{FixedIPs: fixed, Description: &desc, RevisionNumber: &rev}).Extract()
+	if err != nil {
+		return explain(fmt.Errorf("update VM port %s: %w", p.portID, err))
+	}
+	p.port = updated
+	return nil
+}

@@ -1,0 +1,307 @@
+// Package providertest is the contract every cloud provider passes, run
+// against a real endpoint (neutron-server) and, later, the lab's. An
+// endpoint plugs in through Endpoint; the tests only use provider.Provider
+// and read the truth back from the endpoint itself.
+package providertest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/vpcni/vpcni/internal/provider"
+)
+
+// Endpoint is the cloud under test.
+type Endpoint interface {
+	// NewSubnet makes a network and subnet for one test; pool is the
+	// allocation pool's size (the gateway is the subnet's first address).
+	NewSubnet(t *testing.T, cidr string, pool int) Subnet
+	// NewNode makes a VM port with nodeIP on the subnet and a provider for
+	// it, as an agent on that node would build it.
+	NewNode(t *testing.T, sn Subnet, nodeIP netip.Addr) Node
+}
+
+// Subnet is a test subnet.
+type Subnet struct {
+	ID      string
+	CIDR    netip.Prefix
+	Gateway netip.Addr
+}
+
+// Node is one VM port and the ways to look at it.
+type Node struct {
+	Provider provider.Provider
+	// Reopen builds a new provider for the same port (an agent restart).
+	Reopen func(t *testing.T) provider.Provider
+	// PortIPs reads every fixed IP on the port from the endpoint.
+	PortIPs func(t *testing.T) []netip.Addr
+	// AddByHand puts an address on the port the way a person or another
+	// tool would (read, modify, write with If-Match, retry on 412).
+	AddByHand func(t *testing.T, ip netip.Addr)
+}
+
+// Run runs the whole contract.
+func Run(t *testing.T, ep Endpoint) {
+	t.Run("AssignReleaseOne", func(t *testing.T) { t.Parallel(); assignReleaseOne(t, ep) })
+	t.Run("AssignManyInOneCall", func(t *testing.T) { t.Parallel(); assignMany(t, ep) })
+	t.Run("ExplicitAddresses", func(t *testing.T) { t.Parallel(); explicit(t, ep) })
+	t.Run("TwoNodesConcurrently", func(t *testing.T) { t.Parallel(); twoNodes(t, ep) })
+	t.Run("OutsideWriter", func(t *testing.T) { t.Parallel(); outsideWriter(t, ep) })
+	t.Run("Exhaustion", func(t *testing.T) { t.Parallel(); exhaustion(t, ep) })
+	t.Run("RestartAndOwnership", func(t *testing.T) { t.Parallel(); restartOwnership(t, ep) })
+}
+
+func ctx(t *testing.T) context.Context {
+	c, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	t.Cleanup(cancel)
+	return c
+}
+
+// netN gives each test its own subnet so they can run in parallel.
+var (
+	netMu sync.Mutex
+	netN  = 0
+)
+
+func nextCIDR(bits int) string {
+	netMu.Lock()
+	defer netMu.Unlock()
+	netN++
+	return fmt.Sprintf("10.%d.%d.0/%d", 200+netN/200, netN%200, bits)
+}
+
+func at(sn Subnet, last byte) netip.Addr {
+	b := sn.CIDR.Addr().As4()
+	b[3] = last
+	return netip.AddrFrom4(b)
+}
+
+func sorted(a []netip.Addr) []netip.Addr {
+	a = slices.Clone(a)
+	slices.SortFunc(a, netip.Addr.Compare)
+	return a
+}
+
+// without the node's own address.
+func podIPs(t *testing.T, n Node, nodeIP netip.Addr) []netip.Addr {
+	return sorted(slices.DeleteFunc(n.PortIPs(t), func(a netip.Addr) bool { return a == nodeIP }))
+}
+
+func assignReleaseOne(t *testing.T, ep Endpoint) {
+	sn := ep.NewSubnet(t, nextCIDR(24), 200)
+	nodeIP := at(sn, 10)
+	n := ep.NewNode(t, sn, nodeIP)
+	got, err := n.Provider.Assign(ctx(t), provider.AssignRequest{Count: 1})
+	if err != nil || len(got) != 1 {
+		t.Fatalf("Assign(1) = %v, %v", got, err)
+	}
+	a := got[0]
+	if !sn.CIDR.Contains(a) || a == sn.Gateway || a == nodeIP {
+		t.Fatalf("assigned %s: not a free address of %s", a, sn.CIDR)
+	}
+	if on := podIPs(t, n, nodeIP); !slices.Equal(on, []netip.Addr{a}) {
+		t.Fatalf("port holds %v, want %s", on, a)
+	}
+	held, err := n.Provider.Held(ctx(t))
+	if err != nil || !slices.Equal(held, []netip.Addr{a}) {
+		t.Fatalf("Held = %v, %v; want %s", held, err, a)
+	}
+	if err := n.Provider.Release(ctx(t), []netip.Addr{a}); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	if on := podIPs(t, n, nodeIP); len(on) != 0 {
+		t.Fatalf("port still holds %v after Release", on)
+	}
+	if held, _ := n.Provider.Held(ctx(t)); len(held) != 0 {
+		t.Fatalf("Held after Release = %v", held)
+	}
+	// Releasing what the node does not hold is not an error.
+	if err := n.Provider.Release(ctx(t), []netip.Addr{a}); err != nil {
+		t.Fatalf("second Release: %v", err)
+	}
+}
+
+// callCounter is what providers that count their cloud calls offer.
+type callCounter interface{ Calls() map[string]int64 }
+
+func totalCalls(p provider.Provider, method string) int64 {
+	if c, ok := p.(callCounter); ok {
+		return c.Calls()[method]
+	}
+	return -1
+}
+
+func assignMany(t *testing.T, ep Endpoint) {
+	sn := ep.NewSubnet(t, nextCIDR(24), 200)
+	nodeIP := at(sn, 10)
+	n := ep.NewNode(t, sn, nodeIP)
+	puts := totalCalls(n.Provider, "PUT")
+	got, err := n.Provider.Assign(ctx(t), provider.AssignRequest{Count: 8})
+	if err != nil || len(got) != 8 {
+		t.Fatalf("Assign(8) = %v, %v", got, err)
+	}
+	if puts >= 0 {
+		if d := totalCalls(n.Provider, "PUT") - puts; d != 1 {
+			t.Errorf("8 addresses took %d PUTs, want 1 (one batch)", d)
+		}
+	}
+	if on := podIPs(t, n, nodeIP); !slices.Equal(on, sorted(got)) {
+		t.Fatalf("port holds %v, Assign said %v", on, got)
+	}
+	if err := n.Provider.Release(ctx(t), got[:5]); err != nil {
+		t.Fatal(err)
+	}
+	if on := podIPs(t, n, nodeIP); !slices.Equal(on, sorted(got[5:])) {
+		t.Fatalf("after releasing 5 the port holds %v, want %v", on, sorted(got[5:]))
+	}
+}
+
+func explicit(t *testing.T, ep Endpoint) {
+	sn := ep.NewSubnet(t, nextCIDR(24), 200)
+	a, b := ep.NewNode(t, sn, at(sn, 10)), ep.NewNode(t, sn, at(sn, 11))
+	want := at(sn, 77)
+	got, err := a.Provider.Assign(ctx(t), provider.AssignRequest{Addresses: []netip.Addr{want}})
+	if err != nil || !slices.Equal(got, []netip.Addr{want}) {
+		t.Fatalf("Assign(%s) = %v, %v", want, got, err)
+	}
+	// Asking again for an address the node holds is idempotent.
+	if got, err := a.Provider.Assign(ctx(t), provider.AssignRequest{Addresses: []netip.Addr{want}}); err != nil || !slices.Equal(got, []netip.Addr{want}) {
+		t.Fatalf("repeated Assign(%s) = %v, %v", want, got, err)
+	}
+	got, err = b.Provider.Assign(ctx(t), provider.AssignRequest{Addresses: []netip.Addr{want}, Count: 1})
+	if !errors.Is(err, provider.ErrTaken) {
+		t.Fatalf("another node asking for %s: %v, want ErrTaken", want, err)
+	}
+	if len(got) != 1 || got[0] == want {
+		t.Fatalf("the count part of the request should still succeed: %v", got)
+	}
+}
+
+func twoNodes(t *testing.T, ep Endpoint) {
+	sn := ep.NewSubnet(t, nextCIDR(24), 200)
+	nodes := []Node{ep.NewNode(t, sn, at(sn, 10)), ep.NewNode(t, sn, at(sn, 11))}
+	var wg sync.WaitGroup
+	results := make([][]netip.Addr, 4)
+	errs := make([]error, 4)
+	for i := range 4 {
+		wg.Go(func() {
+			// Two callers per node and two nodes at once.
+			for range 2 {
+				got, err := nodes[i%2].Provider.Assign(ctx(t), provider.AssignRequest{Count: 3})
+				results[i] = append(results[i], got...)
+				errs[i] = errors.Join(errs[i], err)
+			}
+		})
+	}
+	wg.Wait()
+	seen := map[netip.Addr]int{}
+	for i := range 4 {
+		if errs[i] != nil {
+			t.Errorf("caller %d: %v", i, errs[i])
+		}
+		for _, a := range results[i] {
+			if j, dup := seen[a]; dup {
+				t.Fatalf("%s was given to callers %d and %d", a, j, i)
+			}
+			seen[a] = i
+		}
+	}
+	for k, n := range nodes {
+		var want []netip.Addr
+		for i := k; i < 4; i += 2 {
+			want = append(want, results[i]...)
+		}
+		if on := podIPs(t, n, at(sn, byte(10+k))); !slices.Equal(on, sorted(want)) {
+			t.Errorf("node %d port holds %v, its callers were told %v", k, on, sorted(want))
+		}
+	}
+	if len(seen) != 4*2*3 {
+		t.Errorf("%d distinct addresses, want %d", len(seen), 4*2*3)
+	}
+}
+
+func outsideWriter(t *testing.T, ep Endpoint) {
+	sn := ep.NewSubnet(t, nextCIDR(24), 200)
+	nodeIP := at(sn, 10)
+	n := ep.NewNode(t, sn, nodeIP)
+	var wg sync.WaitGroup
+	var mine []netip.Addr
+	var assignErr error
+	wg.Go(func() {
+		for range 3 {
+			got, err := n.Provider.Assign(ctx(t), provider.AssignRequest{Count: 2})
+			mine = append(mine, got...)
+			assignErr = errors.Join(assignErr, err)
+		}
+	})
+	hand := []netip.Addr{at(sn, 201), at(sn, 202), at(sn, 203)}
+	wg.Go(func() {
+		for _, h := range hand {
+			n.AddByHand(t, h)
+		}
+	})
+	wg.Wait()
+	if assignErr != nil {
+		t.Fatal(assignErr)
+	}
+	if on := podIPs(t, n, nodeIP); !slices.Equal(on, sorted(append(slices.Clone(mine), hand...))) {
+		t.Fatalf("lost update: port holds %v, want vpcni's %v and the hand-added %v", on, mine, hand)
+	}
+	held, err := n.Provider.Held(ctx(t))
+	if err != nil || !slices.Equal(held, sorted(mine)) {
+		t.Fatalf("Held = %v, %v; want only vpcni's %v", held, err, mine)
+	}
+}
+
+func exhaustion(t *testing.T, ep Endpoint) {
+	sn := ep.NewSubnet(t, nextCIDR(28), 6) // .2-.7; the node takes one
+	nodeIP := at(sn, 2)
+	n := ep.NewNode(t, sn, nodeIP)
+	got, err := n.Provider.Assign(ctx(t), provider.AssignRequest{Count: 8})
+	if !errors.Is(err, provider.ErrExhausted) || len(got) != 5 {
+		t.Fatalf("Assign(8) on a pool of 5 free: %v, %v; want the 5 and ErrExhausted", got, err)
+	}
+	if on := podIPs(t, n, nodeIP); !slices.Equal(on, sorted(got)) {
+		t.Fatalf("port holds %v, Assign said %v", on, got)
+	}
+	got, err = n.Provider.Assign(ctx(t), provider.AssignRequest{Count: 1})
+	if !errors.Is(err, provider.ErrExhausted) || len(got) != 0 {
+		t.Fatalf("Assign on a full subnet: %v, %v; want ErrExhausted", got, err)
+	}
+	if !strings.Contains(err.Error(), sn.CIDR.String()) {
+		t.Errorf("the exhaustion error does not name the subnet: %v", err)
+	}
+}
+
+func restartOwnership(t *testing.T, ep Endpoint) {
+	sn := ep.NewSubnet(t, nextCIDR(24), 200)
+	nodeIP := at(sn, 10)
+	n := ep.NewNode(t, sn, nodeIP)
+	hand := at(sn, 150)
+	n.AddByHand(t, hand)
+	got, err := n.Provider.Assign(ctx(t), provider.AssignRequest{Count: 3})
+	if err != nil || len(got) != 3 {
+		t.Fatalf("Assign(3) = %v, %v", got, err)
+	}
+	// A new agent process finds what the node holds, and only that.
+	p2 := n.Reopen(t)
+	held, err := p2.Held(ctx(t))
+	if err != nil || !slices.Equal(held, sorted(got)) {
+		t.Fatalf("after restart Held = %v, %v; want %v (not the hand-added %s)", held, err, sorted(got), hand)
+	}
+	// Releasing everything, the hand-added address included, leaves it.
+	err = p2.Release(ctx(t), append(slices.Clone(got), hand))
+	if err == nil || !strings.Contains(err.Error(), hand.String()) {
+		t.Errorf("Release of a hand-added address should say it was left alone: %v", err)
+	}
+	if on := podIPs(t, n, nodeIP); !slices.Equal(on, []netip.Addr{hand}) {
+		t.Fatalf("port holds %v, want only the hand-added %s", on, hand)
+	}
+}

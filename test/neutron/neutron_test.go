@@ -1,0 +1,186 @@
+// Package neutron runs vpcni's OpenStack provider against a real
+// neutron-server (Debian's package, MariaDB, noauth, loopback), started by
+// scripts/neutron.sh when it is not up already and stopped again if this
+// test started it.
+package neutron
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/netip"
+	"os"
+	"os/exec"
+	"slices"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/gophercloud/gophercloud/v2"
+	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/networks"
+	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/ports"
+	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/subnets"
+
+	"github.com/vpcni/vpcni/internal/config"
+	"github.com/vpcni/vpcni/internal/provider"
+	"github.com/vpcni/vpcni/internal/provider/openstack"
+	"github.com/vpcni/vpcni/internal/provider/providertest"
+)
+
+const endpoint = "http://127.0.0.1:19696/"
+
+var nc *gophercloud.ServiceClient
+
+func TestMain(m *testing.M) {
+	if os.Geteuid() != 0 {
+		fmt.Println("vpcni-test: the real-Neutron tests need root (they install and run neutron-server); NOT RUN")
+		if os.Getenv("VPCNI_REQUIRE_ROOT") != "" {
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	started := false
+	if exec.Command("bash", "../../scripts/neutron.sh", "status").Run() != nil {
+		cmd := exec.Command("bash", "../../scripts/neutron.sh", "up")
+		cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
+		if err := cmd.Run(); err != nil {
+			fmt.Println("vpcni-test: could not start neutron-server:", err)
+			exec.Command("bash", "../../scripts/neutron.sh", "down").Run()
+			os.Exit(1)
+		}
+		started = true
+	}
+	pc := &gophercloud.ProviderClient{HTTPClient: http.Client{Timeout: 30 * time.Second}}
+	nc = &gophercloud.ServiceClient{ProviderClient: pc, Endpoint: endpoint, ResourceBase: endpoint + "v2.0/", Type: "network"}
+	code := m.Run()
+	if started {
+		cmd := exec.Command("bash", "../../scripts/neutron.sh", "down")
+		cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
+		_ = cmd.Run()
+	}
+	os.Exit(code)
+}
+
+func ctx(t *testing.T) context.Context {
+	c, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	return c
+}
+
+// realNeutron is the contract's endpoint: the real neutron-server.
+type realNeutron struct{}
+
+var seq atomic.Int64
+
+func (realNeutron) NewSubnet(t *testing.T, cidr string, pool int) providertest.Subnet {
+	t.Helper()
+	prefix := netip.MustParsePrefix(cidr)
+	gw := prefix.Addr().Next()
+	last := gw
+	for range pool {
+		last = last.Next()
+	}
+	name := fmt.Sprintf("vpcni-test-%d-%d", os.Getpid(), seq.Add(1))
+	n, err := networks.Create(ctx(t), nc, networks.CreateOpts{Name: name}).Extract()
+	if err != nil {
+		t.Fatalf("create network: %v", err)
+	}
+	gws := gw.String()
+	sn, err := subnets.Create(ctx(t), nc, subnets.CreateOpts{
+		NetworkID: n.ID, Name: name, IPVersion: gophercloud.IPv4, CIDR: cidr, GatewayIP: &gws,
+		AllocationPools: []subnets.AllocationPool{{Start: gw.Next().String(), End: last.String()}},
+	}).Extract()
+	if err != nil {
+		t.Fatalf("create subnet: %v", err)
+	}
+	t.Cleanup(func() { deleteNetwork(n.ID) })
+	return providertest.Subnet{ID: sn.ID, CIDR: prefix, Gateway: gw}
+}
+
+func deleteNetwork(id string) {
+	c, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if pages, err := ports.List(nc, ports.ListOpts{NetworkID: id}).AllPages(c); err == nil {
+		all, _ := ports.ExtractPorts(pages)
+		for _, p := range all {
+			_ = ports.Delete(c, nc, p.ID).ExtractErr()
+		}
+	}
+	_ = networks.Delete(c, nc, id).ExtractErr()
+}
+
+func (realNeutron) NewNode(t *testing.T, sn providertest.Subnet, nodeIP netip.Addr) providertest.Node {
+	t.Helper()
+	port, err := ports.Create(ctx(t), nc, ports.CreateOpts{
+		NetworkID: networkOf(t, sn.ID), Name: "vm-" + nodeIP.String(), DeviceOwner: "compute:vpcni-test",
+		FixedIPs: []ports.IP{{SubnetID: sn.ID, IPAddress: nodeIP.String()}},
+	}).Extract()
+	if err != nil {
+		t.Fatalf("create VM port: %v", err)
+	}
+	open := func(t *testing.T) provider.Provider {
+		cfg := config.OpenStack{Endpoint: endpoint, SubnetID: sn.ID}
+		cfg.ApplyDefaults()
+		p, err := openstack.New(ctx(t), cfg, nodeIP)
+		if err != nil {
+			t.Fatalf("openstack provider: %v", err)
+		}
+		if p.PortID() != port.ID {
+			t.Fatalf("provider found port %s, want %s", p.PortID(), port.ID)
+		}
+		return p
+	}
+	return providertest.Node{
+		Provider: open(t),
+		Reopen:   open,
+		PortIPs: func(t *testing.T) []netip.Addr {
+			p, err := ports.Get(ctx(t), nc, port.ID).Extract()
+			if err != nil {
+				t.Fatalf("read port: %v", err)
+			}
+			var out []netip.Addr
+			for _, f := range p.FixedIPs {
+				out = append(out, netip.MustParseAddr(f.IPAddress))
+			}
+			return out
+		},
+		AddByHand: func(t *testing.T, ip netip.Addr) { addByHand(t, port.ID, sn.ID, ip) },
+	}
+}
+
+func networkOf(t *testing.T, subnetID string) string {
+	sn, err := subnets.Get(ctx(t), nc, subnetID).Extract()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sn.NetworkID
+}
+
+// addByHand is a well-behaved outside writer: read, modify, If-Match, retry.
+func addByHand(t *testing.T, portID, subnetID string, ip netip.Addr) {
+	for attempt := 0; attempt < 30; attempt++ {
+		p, err := ports.Get(ctx(t), nc, portID).Extract()
+		if err != nil {
+			t.Errorf("read port: %v", err)
+			return
+		}
+		fixed := slices.Clone(p.FixedIPs)
+		fixed = append(fixed, ports.IP{SubnetID: subnetID, IPAddress: ip.String()})
+		rev := p.RevisionNumber
+		_, err = ports.Update(ctx(t), nc, portID, ports.UpdateOpts{FixedIPs: fixed, RevisionNumber: &rev}).Extract()
+		if err == nil {
+			return
+		}
+		if !gophercloud.ResponseCodeIs(err, http.StatusPreconditionFailed) {
+			t.Errorf("add %s by hand: %v", ip, err)
+			return
+		}
+		time.Sleep(time.Duration(50+attempt*20) * time.Millisecond)
+	}
+	t.Errorf("add %s by hand: still conflicting after 30 attempts", ip)
+}
+
+// TestProviderContract runs the provider contract against the real server.
+func TestProviderContract(t *testing.T) {
+	providertest.Run(t, realNeutron{})
+}
