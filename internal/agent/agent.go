@@ -17,6 +17,7 @@ import (
 	"github.com/vpcni/vpcni/internal/datapath"
 	"github.com/vpcni/vpcni/internal/ipam"
 	"github.com/vpcni/vpcni/internal/provider"
+	"github.com/vpcni/vpcni/internal/provider/openstack"
 	"github.com/vpcni/vpcni/internal/provider/static"
 	"github.com/vpcni/vpcni/internal/store"
 )
@@ -41,9 +42,11 @@ type Agent struct {
 	kick     chan struct{}
 }
 
-// New opens the store, the provider and the datapath and reconciles them:
-// every recorded pod keeps its address and its wiring; links vpcni made for
-// attachments it no longer knows are removed.
+// New opens the store and the datapath, restores every recorded pod (its
+// address and its wiring), removes links vpcni made for attachments it no
+// longer knows, and connects the provider. A provider that cannot be
+// reached yet does not stop the agent: Run keeps trying, and STATUS says
+// why the node is not ready meanwhile.
 func New(ctx context.Context, cfg config.Config, log *slog.Logger) (_ *Agent, err error) {
 	a := &Agent{cfg: cfg, log: log, started: time.Now(), pool: ipam.NewPool(cfg.Cooldown.Duration), kick: make(chan struct{}, 1)}
 	if a.store, err = store.Open(cfg.StateDir); err != nil {
@@ -57,39 +60,58 @@ func New(ctx context.Context, cfg config.Config, log *slog.Logger) (_ *Agent, er
 			a.store.Close()
 		}
 	}()
-	switch cfg.Provider.Type {
-	case "static":
-		a.prov, err = static.New(cfg.Provider.Static, cfg.StateDir)
-	default:
-		err = fmt.Errorf("provider %q is not supported", cfg.Provider.Type)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("provider %s: %w", cfg.Provider.Type, err)
-	}
 	if a.dp, err = datapath.NewVeth(cfg.Uplink, cfg.MTU); err != nil {
 		return nil, fmt.Errorf("datapath: %w", err)
 	}
-	if err = a.reconcile(ctx); err != nil {
-		return nil, fmt.Errorf("reconcile at start: %w", err)
+	if err = a.restoreLocal(); err != nil {
+		return nil, fmt.Errorf("restore at start: %w", err)
+	}
+	if err := a.connect(ctx); err != nil {
+		log.Error("provider not ready; the agent keeps trying", "provider", cfg.Provider.Type, "err", err)
 	}
 	return a, nil
+}
+
+// connect builds the provider and reconciles the pool with what it holds.
+func (a *Agent) connect(ctx context.Context) error {
+	var prov provider.Provider
+	var err error
+	switch a.cfg.Provider.Type {
+	case "static":
+		prov, err = static.New(a.cfg.Provider.Static, a.cfg.StateDir)
+	case "openstack":
+		prov, err = openstack.New(ctx, *a.cfg.Provider.OpenStack, a.dp.UplinkIP())
+	default:
+		err = fmt.Errorf("provider %q is not supported", a.cfg.Provider.Type)
+	}
+	if err == nil {
+		err = a.syncProvider(ctx, prov)
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if err != nil {
+		a.providerErr = fmt.Errorf("provider %s: %w", a.cfg.Provider.Type, err)
+		return a.providerErr
+	}
+	a.prov, a.providerErr = prov, nil
+	return nil
+}
+
+// provider is the connected provider, or nil.
+func (a *Agent) provider() provider.Provider {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.prov
 }
 
 // Close releases the store. Pods keep running: an agent restart never
 // touches their datapath.
 func (a *Agent) Close() error { return errors.Join(a.dp.Close(), a.store.Close()) }
 
-// reconcile rebuilds the pool from provider and store and repairs the
-// kernel: provider ↔ store ↔ datapath.
-func (a *Agent) reconcile(ctx context.Context) error {
-	capacity, err := a.prov.Capacity(ctx)
-	if err != nil {
-		return fmt.Errorf("provider capacity: %w", err)
-	}
-	held, err := a.prov.Held(ctx)
-	if err != nil {
-		return fmt.Errorf("provider holdings: %w", err)
-	}
+// restoreLocal rebuilds the pool's allocated and cooling addresses from the
+// store and repairs the kernel: every recorded pod wired, nothing vpcni
+// made left over.
+func (a *Agent) restoreLocal() error {
 	records, err := a.store.List()
 	if err != nil {
 		return err
@@ -98,35 +120,9 @@ func (a *Agent) reconcile(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	heldSet := map[netip.Addr]bool{}
-	for _, ip := range held {
-		heldSet[ip] = true
-	}
-
-	a.mu.Lock()
-	a.capacity = capacity
-	a.mu.Unlock()
-
-	// Every recorded pod keeps its address: one the provider lost is asked
-	// for again by name.
-	var lost []netip.Addr
-	for _, r := range records {
-		if !heldSet[r.Address] {
-			lost = append(lost, r.Address)
-		}
-	}
-	if len(lost) > 0 {
-		got, err := a.prov.Assign(ctx, provider.AssignRequest{Addresses: lost})
-		for _, ip := range got {
-			heldSet[ip] = true
-		}
-		if err != nil {
-			a.log.Error("provider no longer holds addresses recorded for running pods", "addresses", lost, "err", err)
-		}
-	}
-
 	live := map[string]bool{}
 	now := time.Now()
+	var expired []netip.Addr
 	a.mu.Lock()
 	for _, r := range records {
 		if err := a.pool.Restore(r.Address, r.Key()); err != nil {
@@ -135,25 +131,17 @@ func (a *Agent) reconcile(ctx context.Context) error {
 		}
 		live[r.HostIf] = true
 	}
-	var expired []netip.Addr
 	for ip, until := range cooling {
-		if !heldSet[ip] || !now.Before(until) || a.pool.State(ip) != ipam.Unknown {
+		if !now.Before(until) || a.pool.State(ip) != ipam.Unknown {
 			expired = append(expired, ip)
 			continue
 		}
 		_ = a.pool.RestoreCooling(ip, until)
 	}
-	for _, ip := range held {
-		if a.pool.State(ip) == ipam.Unknown {
-			_ = a.pool.AddFree(ip)
-		}
-	}
 	a.mu.Unlock()
 	if err := a.store.Uncool(expired); err != nil {
 		return err
 	}
-
-	// The kernel: every recorded pod wired, nothing vpcni made left over.
 	for _, r := range records {
 		a.repair(r)
 	}
@@ -167,6 +155,57 @@ func (a *Agent) reconcile(ctx context.Context) error {
 			if err := a.dp.RemoveOrphan(name, key); err != nil {
 				a.log.Warn("could not remove orphan pod link", "link", name, "err", err)
 			}
+		}
+	}
+	return nil
+}
+
+// syncProvider reconciles the pool with what the provider holds: recorded
+// pods keep their addresses (one the provider lost is asked for again by
+// name), held addresses nobody uses become free, cooling addresses the
+// provider no longer holds are forgotten.
+func (a *Agent) syncProvider(ctx context.Context, prov provider.Provider) error {
+	capacity, err := prov.Capacity(ctx)
+	if err != nil {
+		return fmt.Errorf("capacity: %w", err)
+	}
+	held, err := prov.Held(ctx)
+	if err != nil {
+		return fmt.Errorf("holdings: %w", err)
+	}
+	heldSet := map[netip.Addr]bool{}
+	for _, ip := range held {
+		heldSet[ip] = true
+	}
+	a.mu.Lock()
+	var lost, gone []netip.Addr
+	for _, ip := range a.pool.Held() {
+		if heldSet[ip] {
+			continue
+		}
+		switch a.pool.State(ip) {
+		case ipam.Allocated:
+			lost = append(lost, ip)
+		default:
+			gone = append(gone, ip)
+			_ = a.pool.Remove(ip)
+		}
+	}
+	for _, ip := range held {
+		if a.pool.State(ip) == ipam.Unknown {
+			_ = a.pool.AddFree(ip)
+		}
+	}
+	a.capacity = capacity
+	a.mu.Unlock()
+	if err := a.store.Uncool(gone); err != nil {
+		return err
+	}
+	if len(lost) > 0 {
+		if _, err := prov.Assign(ctx, provider.AssignRequest{Addresses: lost}); err != nil {
+			a.log.Error("provider no longer holds addresses of running pods and could not get them back", "addresses", lost, "err", err)
+		} else {
+			a.log.Warn("provider had lost addresses of running pods; got them back", "addresses", lost)
 		}
 	}
 	return nil
@@ -200,17 +239,26 @@ func attachmentOf(r *store.Record) *datapath.Attachment {
 	return &datapath.Attachment{ContainerID: r.ContainerID, IfName: r.IfName, Netns: r.Netns, Address: r.Address}
 }
 
-// Run keeps the pool topped up and cooled addresses returned until ctx ends.
+// Run connects the provider if it was not reachable at start, keeps the
+// pool topped up, returns cooled addresses to it and gives surplus back to
+// the provider, until ctx ends.
 func (a *Agent) Run(ctx context.Context) {
 	tick := time.NewTicker(5 * time.Second)
 	defer tick.Stop()
-	a.topUp(ctx)
+	retry := time.Second
 	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-		case <-a.kick:
+		if a.provider() == nil {
+			if err := a.connect(ctx); err != nil {
+				a.log.Warn("provider still not ready", "err", err, "retry_in", retry)
+				select {
+				case <-ctx.Done():
+					return
+				case <-time.After(retry):
+				}
+				retry = min(retry*2, 30*time.Second)
+				continue
+			}
+			a.log.Info("provider ready", "provider", a.cfg.Provider.Type)
 		}
 		a.mu.Lock()
 		cooled := a.pool.Promote(time.Now())
@@ -219,7 +267,69 @@ func (a *Agent) Run(ctx context.Context) {
 			a.log.Warn("forget cooled addresses", "err", err)
 		}
 		a.topUp(ctx)
+		a.trimSurplus(ctx)
+		a.probeProvider(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		case <-a.kick:
+		}
 	}
+}
+
+// probeProvider clears a standing provider error once the provider answers
+// again, so STATUS does not stay "not ready" on an old failure.
+func (a *Agent) probeProvider(ctx context.Context) {
+	a.mu.Lock()
+	prov, perr := a.prov, a.providerErr
+	a.mu.Unlock()
+	if prov == nil || perr == nil || errors.Is(perr, provider.ErrExhausted) {
+		return
+	}
+	if _, err := prov.Held(ctx); err != nil {
+		return
+	}
+	a.mu.Lock()
+	if a.providerErr == perr {
+		a.providerErr = nil
+	}
+	a.mu.Unlock()
+}
+
+// trimSurplus gives free addresses above pool.maxFree back to the provider.
+// They leave the pool before the call, so no ADD can take one meanwhile; a
+// failed call puts them back.
+func (a *Agent) trimSurplus(ctx context.Context) {
+	prov := a.provider()
+	if prov == nil {
+		return
+	}
+	a.refillMu.Lock()
+	defer a.refillMu.Unlock()
+	a.mu.Lock()
+	var surplus []netip.Addr
+	for range a.pool.Counts().Free - a.cfg.Pool.MaxFree {
+		ip, ok := a.pool.Take("surplus", time.Now())
+		if !ok {
+			break
+		}
+		_ = a.pool.Unallocate(ip)
+		_ = a.pool.Remove(ip)
+		surplus = append(surplus, ip)
+	}
+	a.mu.Unlock()
+	if len(surplus) == 0 {
+		return
+	}
+	if err := prov.Release(ctx, surplus); err != nil {
+		a.log.Warn("could not give surplus addresses back; keeping them", "addresses", surplus, "err", err)
+		a.mu.Lock()
+		_ = a.pool.AddFree(surplus...)
+		a.mu.Unlock()
+		return
+	}
+	a.log.Info("gave surplus addresses back to the provider", "addresses", surplus)
 }
 
 func (a *Agent) kickRefill() {
@@ -260,7 +370,13 @@ func (a *Agent) want(target int) int {
 // obtain asks the provider for n addresses, puts them in the pool and says
 // how many it got.
 func (a *Agent) obtain(ctx context.Context, n int) (int, error) {
-	got, err := a.prov.Assign(ctx, provider.AssignRequest{Count: n})
+	prov := a.provider()
+	if prov == nil {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		return 0, fmt.Errorf("provider not ready: %w", a.providerErr)
+	}
+	got, err := prov.Assign(ctx, provider.AssignRequest{Count: n})
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if aerr := a.pool.AddFree(got...); aerr != nil {

@@ -279,6 +279,7 @@ func (a *Agent) Del(_ context.Context, req *api.CNIRequest) *api.Error {
 		return api.Errorf(api.CodeInternal, "could not remove the pod's wiring; the address stays allocated until a retry succeeds", err.Error())
 	}
 	a.log.Info("pod deleted", "container", rec.ContainerID, "ifName", rec.IfName, "address", rec.Address)
+	a.kickRefill() // surplus may go back to the provider
 	return nil
 }
 

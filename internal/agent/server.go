@@ -156,11 +156,21 @@ func (a *Agent) State() (*api.State, error) {
 	ready, reason := a.readiness()
 	a.mu.Lock()
 	c, capacity := a.pool.Counts(), a.capacity
+	byState := map[string][]string{}
+	for _, ip := range a.pool.Held() {
+		s := a.pool.State(ip).String()
+		byState[s] = append(byState[s], ip.String())
+	}
+	prov := a.prov
 	a.mu.Unlock()
+	var calls map[string]int64
+	if counter, ok := prov.(interface{ Calls() map[string]int64 }); ok {
+		calls = counter.Calls()
+	}
 	st := &api.State{
 		Node: a.cfg.NodeName, Ready: ready, Reason: reason,
-		Provider: a.prov.Name(), Datapath: a.cfg.Datapath, Uplink: a.dp.Uplink, MTU: a.dp.MTU,
-		Pool:        api.PoolState{Free: c.Free, Cooling: c.Cooling, Allocated: c.Allocated, Capacity: capacity},
+		Provider: a.cfg.Provider.Type, Datapath: a.cfg.Datapath, Uplink: a.dp.Uplink, MTU: a.dp.MTU,
+		Pool:        api.PoolState{Free: c.Free, Cooling: c.Cooling, Allocated: c.Allocated, Capacity: capacity, Addresses: byState, ProviderCalls: calls},
 		Allocations: make([]api.Allocation, 0, len(records)),
 		StartedAt:   a.started.UTC().Format(time.RFC3339),
 	}

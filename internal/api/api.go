@@ -95,6 +95,11 @@ type PoolState struct {
 	// Capacity is how many addresses the provider could hold for this node
 	// at most (0: unknown).
 	Capacity int `json:"capacity"`
+	// Addresses lists every held address by state: free, cooling, allocated.
+	Addresses map[string][]string `json:"addresses,omitempty"`
+	// ProviderCalls counts the provider's cloud requests by method, if it
+	// counts them.
+	ProviderCalls map[string]int64 `json:"providerCalls,omitempty"`
 }
 
 // Allocation is one address given to one container interface.

@@ -44,6 +44,8 @@ type Pool struct {
 	WarmTarget int `json:"warmTarget"`
 	// BatchSize is how many addresses one provider call asks for at most.
 	BatchSize int `json:"batchSize"`
+	// MaxFree: free addresses above this go back to the provider.
+	MaxFree int `json:"maxFree"`
 }
 
 // Provider selects and configures where addresses come from.
@@ -225,7 +227,7 @@ func Defaults() Config {
 		Datapath:   "veth",
 		Cooldown:   Duration{30 * time.Second},
 		LogLevel:   "info",
-		Pool:       Pool{WarmTarget: 8, BatchSize: 8},
+		Pool:       Pool{WarmTarget: 8, BatchSize: 8, MaxFree: 24},
 		Provider:   Provider{Type: "static"},
 	}
 }
@@ -286,6 +288,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Pool.WarmTarget < 0 {
 		bad("pool.warmTarget", "%d must not be negative", c.Pool.WarmTarget)
+	}
+	if c.Pool.MaxFree < c.Pool.WarmTarget {
+		bad("pool.maxFree", "%d is below pool.warmTarget %d", c.Pool.MaxFree, c.Pool.WarmTarget)
 	}
 	if c.Pool.BatchSize < 1 {
 		bad("pool.batchSize", "%d must be at least 1", c.Pool.BatchSize)

@@ -603,3 +603,22 @@ func HostMAC(a *Attachment) net.HardwareAddr { return macFor(a.Key(), "host") }
 
 // PodMAC is the MAC of the attachment's pod interface.
 func PodMAC(a *Attachment) net.HardwareAddr { return macFor(a.Key(), "pod") }
+
+// UplinkIP is the uplink's first IPv4 address (invalid if it has none): the
+// node's address on the pods' network, by which a cloud finds its port.
+func (v *Veth) UplinkIP() netip.Addr {
+	link, err := netlink.LinkByIndex(v.uplinkIdx)
+	if err != nil {
+		return netip.Addr{}
+	}
+	addrs, err := retryDump(func() ([]netlink.Addr, error) { return netlink.AddrList(link, netlink.FAMILY_V4) })
+	if err != nil {
+		return netip.Addr{}
+	}
+	for _, ad := range addrs {
+		if ip, ok := netip.AddrFromSlice(ad.IP.To4()); ok && ad.Scope == int(netlink.SCOPE_UNIVERSE) {
+			return ip
+		}
+	}
+	return netip.Addr{}
+}

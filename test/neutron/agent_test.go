@@ -1,0 +1,250 @@
+package neutron
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/cni/pkg/types"
+	types100 "github.com/containernetworking/cni/pkg/types/100"
+
+	"github.com/vpcni/vpcni/internal/api"
+	"github.com/vpcni/vpcni/internal/config"
+	"github.com/vpcni/vpcni/internal/netnsutil"
+	"github.com/vpcni/vpcni/internal/testbed"
+)
+
+// forward serves 127.0.0.1:19696 inside a namespace by splicing each
+// connection to the real neutron-server in the test's own namespace.
+func forward(t *testing.T, ns string) {
+	t.Helper()
+	var l net.Listener
+	err := netnsutil.Do(netnsutil.Path(ns), func() (err error) {
+		l, err = net.Listen("tcp4", "127.0.0.1:19696")
+		return err
+	})
+	if err != nil {
+		t.Fatalf("forwarder in %s: %v", ns, err)
+	}
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		for {
+			in, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer in.Close()
+				out, err := net.Dial("tcp4", "127.0.0.1:19696")
+				if err != nil {
+					return
+				}
+				defer out.Close()
+				go func() { _, _ = io.Copy(out, in); out.(*net.TCPConn).CloseWrite() }()
+				_, _ = io.Copy(in, out)
+			}()
+		}
+	}()
+}
+
+var binDir string
+
+func bin(t *testing.T) string {
+	t.Helper()
+	if binDir != "" {
+		return binDir
+	}
+	if d := os.Getenv("VPCNI_BIN"); d != "" {
+		binDir = d
+		return d
+	}
+	t.Fatal("VPCNI_BIN must name the directory with the built vpcni, vpcnid (make integration sets it)")
+	return ""
+}
+
+// TestAgentAgainstNeutron: vpcnid with the openstack provider on a node
+// whose VM port lives in the real Neutron. ADD puts the pod's address on
+// the VM port, DEL takes it off; an agent killed in the middle of a burst
+// of ADDs leaks nothing and doubles nothing.
+func TestAgentAgainstNeutron(t *testing.T) {
+	binDir := bin(t)
+	sn := realNeutron{}.NewSubnet(t, "10.78.0.0/24", 150) // pool .2-.151
+	node := realNeutron{}.NewNode(t, sn, netip.MustParseAddr("10.78.0.10"))
+	nbr := realNeutron{}.NewNode(t, sn, netip.MustParseAddr("10.78.0.20"))
+	_ = nbr
+
+	tb := testbed.New(fmt.Sprintf("vpcnin%d", os.Getpid()%100000), netip.MustParsePrefix("10.78.0.0/24"))
+	if err := tb.Up(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tb.Down() })
+	forward(t, tb.NodeNS())
+
+	dir := t.TempDir()
+	cfg := tb.AgentConfig(dir, "10.78.0.0/24")
+	cfg.Cooldown.Duration = 0
+	cfg.Pool = config.Pool{WarmTarget: 0, BatchSize: 4, MaxFree: 0}
+	cfg.Provider = config.Provider{Type: "openstack", OpenStack: &config.OpenStack{Endpoint: "http://127.0.0.1:19696/", SubnetID: sn.ID}}
+	agent, err := tb.StartAgent(binDir, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if t.Failed() {
+			log, _ := os.ReadFile(agent.LogPath)
+			t.Logf("vpcnid log:\n%s", log)
+		}
+	}()
+	cni, err := tb.NewCNI([]string{binDir}, filepath.Join(dir, "cache"), testbed.VpcniConfList("1.0.0", "vpcni-os", cfg.SocketPath))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	podIPs := func() []netip.Addr {
+		return slices.DeleteFunc(node.PortIPs(t), func(a netip.Addr) bool { return a.String() == "10.78.0.10" })
+	}
+
+	// ADD: the pod's address appears on the VM port; the neighbour reaches it.
+	p0, _ := tb.AddPod(0)
+	res, err := cni.Add(c, testbed.Runtime("os-0", p0, "eth0", nil))
+	if err != nil {
+		t.Fatalf("ADD: %v", err)
+	}
+	ip := ipOf(t, res)
+	if on := podIPs(); !slices.Equal(on, []netip.Addr{ip}) {
+		t.Fatalf("VM port holds %v, want the pod's %s", on, ip)
+	}
+	srv, err := netnsutil.ServeEcho(p0, testbed.HostPort(ip, 7777))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	pctx, pcancel := context.WithTimeout(c, 3*time.Second)
+	if err := netnsutil.Probe(pctx, netnsutil.Path(tb.NbrNS()), testbed.HostPort(ip, 7777)); err != nil {
+		t.Errorf("neighbour cannot reach the pod at %s: %v", ip, err)
+	}
+	pcancel()
+
+	// DEL: the address leaves the VM port.
+	if err := cni.Del(c, testbed.Runtime("os-0", p0, "eth0", nil)); err != nil {
+		t.Fatalf("DEL: %v", err)
+	}
+	waitFor(t, 30*time.Second, "the address to leave the VM port", func() bool { return len(podIPs()) == 0 })
+
+	// A burst of ADDs with the agent killed in the middle.
+	const n = 6
+	paths := make([]string, n)
+	for i := range n {
+		paths[i], _ = tb.AddPod(10 + i)
+	}
+	var wg sync.WaitGroup
+	burstErrs := make([]error, n)
+	for i := range n {
+		wg.Go(func() { _, burstErrs[i] = cni.Add(c, testbed.Runtime(fmt.Sprintf("burst-%d", i), paths[i], "eth0", nil)) })
+	}
+	time.Sleep(700 * time.Millisecond) // a Neutron PUT takes 0.4-0.9 s here
+	if err := agent.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	cut := 0
+	for _, err := range burstErrs {
+		if err != nil {
+			cut++
+		}
+	}
+	if cut == 0 {
+		t.Fatalf("the kill landed after every ADD had finished: the test proves nothing; kill sooner")
+	}
+	t.Logf("vpcni-test: the kill cut %d of %d ADDs short", cut, n)
+	if agent, err = tb.Restart(binDir, agent); err != nil {
+		t.Fatal(err)
+	}
+	// The runtime retries the ADDs that failed.
+	for i := range n {
+		if _, err := cni.Add(c, testbed.Runtime(fmt.Sprintf("burst-%d", i), paths[i], "eth0", nil)); err != nil {
+			t.Fatalf("ADD %d after the restart: %v", i, err)
+		}
+	}
+	checkInvariant(t, agent, podIPs, n)
+
+	for i := range n {
+		if err := cni.Del(c, testbed.Runtime(fmt.Sprintf("burst-%d", i), paths[i], "eth0", nil)); err != nil {
+			t.Fatalf("DEL %d: %v", i, err)
+		}
+	}
+	waitFor(t, 60*time.Second, "every pod address to leave the VM port", func() bool { return len(podIPs()) == 0 })
+	checkInvariant(t, agent, podIPs, 0)
+}
+
+// checkInvariant: the addresses vpcni holds on the VM port are exactly the
+// agent's free ∪ cooling ∪ allocated, and no address serves two pods.
+func checkInvariant(t *testing.T, a *testbed.Agent, onPort func() []netip.Addr, wantAllocated int) {
+	t.Helper()
+	var st *api.State
+	var err error
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		st, err = a.State()
+		port := onPort()
+		if err == nil && st.Ready && len(st.Pool.Addresses["allocated"]) == wantAllocated && len(port) == st.Pool.Free+st.Pool.Cooling+st.Pool.Allocated {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the pool did not settle: state err %v, ready %v (%s), pool %+v, VM port %v", err, st.Ready, st.Reason, st.Pool, port)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	var pool []netip.Addr
+	for _, list := range st.Pool.Addresses {
+		for _, s := range list {
+			pool = append(pool, netip.MustParseAddr(s))
+		}
+	}
+	slices.SortFunc(pool, netip.Addr.Compare)
+	port := onPort()
+	slices.SortFunc(port, netip.Addr.Compare)
+	if !slices.Equal(pool, port) {
+		t.Fatalf("VM port holds %v; agent's pool %v", port, st.Pool.Addresses)
+	}
+	seen := map[string]string{}
+	for _, al := range st.Allocations {
+		if other, dup := seen[al.Address]; dup {
+			t.Fatalf("%s is given to %s and %s", al.Address, other, al.ContainerID)
+		}
+		seen[al.Address] = al.ContainerID
+	}
+	if len(st.Allocations) != wantAllocated {
+		t.Fatalf("%d allocations, want %d", len(st.Allocations), wantAllocated)
+	}
+}
+
+func ipOf(t *testing.T, res types.Result) netip.Addr {
+	r, err := types100.GetResult(res)
+	if err != nil || len(r.IPs) != 1 {
+		t.Fatalf("result %v: %v", res, err)
+	}
+	ip, _ := netip.AddrFromSlice(r.IPs[0].Address.IP.To4())
+	return ip
+}
+
+func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", d, what)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
