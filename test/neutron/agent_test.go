@@ -149,7 +149,9 @@ func TestAgentAgainstNeutron(t *testing.T) {
 	var wg sync.WaitGroup
 	burstErrs := make([]error, n)
 	for i := range n {
-		wg.Go(func() { _, burstErrs[i] = cni.Add(c, testbed.Runtime(fmt.Sprintf("burst-%d", i), paths[i], "eth0", nil)) })
+		wg.Go(func() {
+			_, burstErrs[i] = cni.Add(c, testbed.Runtime(fmt.Sprintf("burst-%d", i), paths[i], "eth0", nil))
+		})
 	}
 	time.Sleep(700 * time.Millisecond) // a Neutron PUT takes 0.4-0.9 s here
 	if err := agent.Kill(); err != nil {
@@ -247,4 +249,3 @@ func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 		time.Sleep(100 * time.Millisecond)
 	}
 }
-
