@@ -50,6 +50,9 @@ demo: build
 
 bench: build
 	$(BIN)/vpcnictl bench cni
+	@started=0; bash scripts/neutron.sh status >/dev/null 2>&1 || { bash scripts/neutron.sh up && started=1; }; \
+	$(BIN)/vpcnictl bench neutron; rc=$$?; \
+	[ $$started = 1 ] && bash scripts/neutron.sh down; exit $$rc
 
 clean:
 	rm -rf $(BIN)

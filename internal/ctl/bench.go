@@ -20,10 +20,15 @@ import (
 )
 
 func bench(args []string, out io.Writer) error {
-	if len(args) == 0 || args[0] != "cni" {
-		return errors.New("usage: vpcnictl bench cni [flags]")
+	if len(args) > 0 {
+		switch args[0] {
+		case "cni":
+			return benchCNI(args[1:], out)
+		case "neutron":
+			return benchNeutron(args[1:], out)
+		}
 	}
-	return benchCNI(args[1:], out)
+	return errors.New("usage: vpcnictl bench cni|neutron [flags]")
 }
 
 // plugin is one CNI plugin under benchmark.

@@ -51,6 +51,7 @@ func usage(w io.Writer) {
   vpcnictl status [--socket PATH] [-o json]   agent health, pool and allocations
   vpcnictl demo [--keep|--down]               one node, three pods, a neighbour: connectivity matrix
   vpcnictl bench cni [flags]                  CNI ADD/DEL latency and burst vs Debian's ptp+host-local
+  vpcnictl bench neutron [flags]              Neutron calls per pod, batched vs single updates (real neutron-server)
 `)
 }
 

@@ -3,8 +3,6 @@ package neutron
 import (
 	"context"
 	"fmt"
-	"io"
-	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -22,37 +20,15 @@ import (
 	"github.com/vpcni/vpcni/internal/testbed"
 )
 
-// forward serves 127.0.0.1:19696 inside a namespace by splicing each
-// connection to the real neutron-server in the test's own namespace.
+// forward serves 127.0.0.1:19696 inside a namespace, spliced to the real
+// neutron-server.
 func forward(t *testing.T, ns string) {
 	t.Helper()
-	var l net.Listener
-	err := netnsutil.Do(netnsutil.Path(ns), func() (err error) {
-		l, err = net.Listen("tcp4", "127.0.0.1:19696")
-		return err
-	})
+	l, err := testbed.Forward(ns, "127.0.0.1:19696", "127.0.0.1:19696")
 	if err != nil {
 		t.Fatalf("forwarder in %s: %v", ns, err)
 	}
 	t.Cleanup(func() { l.Close() })
-	go func() {
-		for {
-			in, err := l.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer in.Close()
-				out, err := net.Dial("tcp4", "127.0.0.1:19696")
-				if err != nil {
-					return
-				}
-				defer out.Close()
-				go func() { _, _ = io.Copy(out, in); out.(*net.TCPConn).CloseWrite() }()
-				_, _ = io.Copy(in, out)
-			}()
-		}
-	}()
 }
 
 var binDir string
