@@ -122,6 +122,8 @@ func benchNeutron(args []string, out io.Writer) (err error) {
 	cfg := tb.AgentConfig(tb.RunDir, "10.81.0.0/24")
 	agentOS := osCfg
 	agentOS.Endpoint = "http://127.0.0.1:19696/"
+	// Room for the churn's cooling addresses plus the burst.
+	agentOS.MaxAddresses = 200
 	cfg.Provider = config.Provider{Type: "openstack", OpenStack: &agentOS}
 	agent, err := tb.StartAgent(bin, cfg)
 	if err != nil {
@@ -188,8 +190,8 @@ func benchNeutron(args []string, out io.Writer) (err error) {
 	}
 	burstCalls := calls() - before
 
-	fmt.Fprintf(out, "neutron-bench: real neutron-server (Debian Zed, noauth, MariaDB) at %s; K=%d, %d rounds; churn of %d pods through vpcnid (pool warm %d, batch %d, maxFree %d); burst of %d ADDs took %s\n",
-		*endpoint, *k, *rounds, *churn, cfg.Pool.WarmTarget, cfg.Pool.BatchSize, cfg.Pool.MaxFree, burstN, burstTook.Round(time.Millisecond))
+	fmt.Fprintf(out, "neutron-bench: real neutron-server (Debian Zed, noauth, MariaDB) at %s; K=%d, %d rounds; churn of %d pods through vpcnid (pool warm %d, batch %d, maxFree %d, cooldown %s, maxAddresses %d); burst of %d ADDs took %s\n",
+		*endpoint, *k, *rounds, *churn, cfg.Pool.WarmTarget, cfg.Pool.BatchSize, cfg.Pool.MaxFree, cfg.Cooldown, agentOS.MaxAddresses, burstN, burstTook.Round(time.Millisecond))
 	fmt.Fprintf(out, "batched update of %d addresses: %v; %d single updates: %v (each = fresh GET + PUT + read-back GET)\n", *k, batch, *k, single)
 	fmt.Fprintf(out, "neutron-bench: calls_per_pod=%.3f burst50_calls=%d batch_put_ms=%.0f single_puts_ms=%.0f\n",
 		perPod, burstCalls, ms(medianDur(batch)), ms(medianDur(single)))
