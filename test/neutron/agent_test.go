@@ -2,11 +2,13 @@ package neutron
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -223,5 +225,53 @@ func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 			t.Fatalf("timed out after %s waiting for %s", d, what)
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// TestAgentWithoutNeutron: an agent whose Neutron cannot be reached stays
+// up, says why in STATUS (50) and answers ADD with "try again later" (11);
+// once Neutron answers it becomes ready by itself and serves pods.
+func TestAgentWithoutNeutron(t *testing.T) {
+	binDir := bin(t)
+	sn := realNeutron{}.NewSubnet(t, "10.78.0.0/24", 150)
+	realNeutron{}.NewNode(t, sn, netip.MustParseAddr("10.78.0.10"))
+	tb := testbed.New(fmt.Sprintf("vpcniu%d", os.Getpid()%100000), netip.MustParsePrefix("10.78.0.0/24"))
+	if err := tb.Up(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tb.Down() })
+	dir := t.TempDir()
+	cfg := tb.AgentConfig(dir, "10.78.0.0/24")
+	cfg.Provider = config.Provider{Type: "openstack", OpenStack: &config.OpenStack{Endpoint: "http://127.0.0.1:19696/", SubnetID: sn.ID, Timeout: config.Duration{Duration: 2 * time.Second}, Retries: 2}}
+	// No forwarder yet: inside the node, nothing listens on 19696.
+	agent, err := tb.StartAgent(binDir, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cni, err := tb.NewCNI([]string{binDir}, filepath.Join(dir, "cache"), testbed.VpcniConfList("1.1.0", "vpcni-os", cfg.SocketPath))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	err = cni.Status(c)
+	var cniErr *types.Error
+	if !errors.As(err, &cniErr) || cniErr.Code != 50 || !strings.Contains(err.Error(), "provider openstack") {
+		t.Fatalf("STATUS with Neutron unreachable: %v, want code 50 naming the provider", err)
+	}
+	p0, _ := tb.AddPod(0)
+	_, err = cni.Add(c, testbed.Runtime("early", p0, "eth0", nil))
+	if !errors.As(err, &cniErr) || cniErr.Code != 11 {
+		t.Fatalf("ADD with Neutron unreachable: %v, want code 11", err)
+	}
+	t.Logf("vpcni-test: while Neutron is unreachable STATUS says: %v", cniErr.Msg)
+
+	forward(t, tb.NodeNS())
+	waitFor(t, 60*time.Second, "the agent to become ready once Neutron answers", func() bool { return cni.Status(c) == nil })
+	if _, err := cni.Add(c, testbed.Runtime("early", p0, "eth0", nil)); err != nil {
+		t.Fatalf("ADD after Neutron came back: %v", err)
+	}
+	if st, err := agent.State(); err != nil || len(st.Allocations) != 1 {
+		t.Fatalf("state after recovery: %+v, %v", st, err)
 	}
 }
