@@ -71,8 +71,14 @@ type OpenStack struct {
 	PortLookup string `json:"portLookup,omitempty"`
 	NodeIP     string `json:"nodeIP,omitempty"`
 	InstanceID string `json:"instanceID,omitempty"`
-	// Mode: "fixed-ips" (pod IPs are extra fixed IPs on the VM port).
+	// Mode: "fixed-ips" (pod IPs are extra fixed IPs on the VM port) or
+	// "address-pairs" (each pod IP is reserved by a port of its own and
+	// allowed on the VM port as an allowed address pair).
 	Mode string `json:"mode,omitempty"`
+	// DeviceOwner marks the reservation ports of address-pairs mode.
+	DeviceOwner string `json:"deviceOwner,omitempty"`
+	// MaxAddressPairs is Neutron's max_allowed_address_pair (default 10).
+	MaxAddressPairs int `json:"maxAddressPairs,omitempty"`
 	// MaxAddresses caps how many pod addresses this node holds.
 	MaxAddresses int `json:"maxAddresses,omitempty"`
 	// Timeout of one Neutron call; Retries of a failed or conflicting one.
@@ -105,6 +111,12 @@ func (o *OpenStack) ApplyDefaults() {
 	}
 	if o.MaxAddresses == 0 {
 		o.MaxAddresses = 64
+	}
+	if o.DeviceOwner == "" {
+		o.DeviceOwner = "network:vpcni"
+	}
+	if o.MaxAddressPairs == 0 {
+		o.MaxAddressPairs = 10
 	}
 	if o.Timeout.Duration == 0 {
 		o.Timeout.Duration = 15 * time.Second
@@ -161,8 +173,11 @@ func (o *OpenStack) validate() []error {
 	default:
 		bad("portLookup", "%q is not one of ip, instance", o.PortLookup)
 	}
-	if o.Mode != "fixed-ips" {
-		bad("mode", "%q is not supported (supported: fixed-ips)", o.Mode)
+	if o.Mode != "fixed-ips" && o.Mode != "address-pairs" {
+		bad("mode", "%q is not one of fixed-ips, address-pairs", o.Mode)
+	}
+	if o.MaxAddressPairs < 1 || o.MaxAddressPairs > 1000 {
+		bad("maxAddressPairs", "%d is outside 1..1000", o.MaxAddressPairs)
 	}
 	if o.MaxAddresses < 1 || o.MaxAddresses > 4096 {
 		bad("maxAddresses", "%d is outside 1..4096", o.MaxAddresses)

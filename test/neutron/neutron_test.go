@@ -6,12 +6,14 @@ package neutron
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/netip"
 	"os"
 	"os/exec"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -67,8 +69,9 @@ func ctx(t *testing.T) context.Context {
 	return c
 }
 
-// realNeutron is the contract's endpoint: the real neutron-server.
-type realNeutron struct{}
+// realNeutron is the contract's endpoint: the real neutron-server, with
+// the provider in the given mode (default fixed-ips).
+type realNeutron struct{ mode string }
 
 var seq atomic.Int64
 
@@ -109,7 +112,7 @@ func deleteNetwork(id string) {
 	_ = networks.Delete(c, nc, id).ExtractErr()
 }
 
-func (realNeutron) NewNode(t *testing.T, sn providertest.Subnet, nodeIP netip.Addr) providertest.Node {
+func (r realNeutron) NewNode(t *testing.T, sn providertest.Subnet, nodeIP netip.Addr) providertest.Node {
 	t.Helper()
 	port, err := ports.Create(ctx(t), nc, ports.CreateOpts{
 		NetworkID: networkOf(t, sn.ID), Name: "vm-" + nodeIP.String(), DeviceOwner: "compute:vpcni-test",
@@ -119,7 +122,7 @@ func (realNeutron) NewNode(t *testing.T, sn providertest.Subnet, nodeIP netip.Ad
 		t.Fatalf("create VM port: %v", err)
 	}
 	open := func(t *testing.T) provider.Provider {
-		cfg := config.OpenStack{Endpoint: endpoint, SubnetID: sn.ID}
+		cfg := config.OpenStack{Endpoint: endpoint, SubnetID: sn.ID, Mode: r.mode}
 		cfg.ApplyDefaults()
 		p, err := openstack.New(ctx(t), cfg, nodeIP)
 		if err != nil {
@@ -141,6 +144,9 @@ func (realNeutron) NewNode(t *testing.T, sn providertest.Subnet, nodeIP netip.Ad
 			var out []netip.Addr
 			for _, f := range p.FixedIPs {
 				out = append(out, netip.MustParseAddr(f.IPAddress))
+			}
+			for _, ap := range p.AllowedAddressPairs {
+				out = append(out, netip.MustParseAddr(ap.IPAddress))
 			}
 			return out
 		},
@@ -180,7 +186,49 @@ func addByHand(t *testing.T, portID, subnetID string, ip netip.Addr) {
 	t.Errorf("add %s by hand: still conflicting after 30 attempts", ip)
 }
 
-// TestProviderContract runs the provider contract against the real server.
+// TestProviderContract runs the provider contract against the real server,
+// in both address modes.
 func TestProviderContract(t *testing.T) {
-	providertest.Run(t, realNeutron{})
+	for _, mode := range []string{"fixed-ips", "address-pairs"} {
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			providertest.Run(t, realNeutron{mode: mode})
+		})
+	}
+}
+
+// TestAddressPairLimit: in address-pairs mode the provider stops at
+// Neutron's 10 pairs per port, counting pairs others added, and says so.
+func TestAddressPairLimit(t *testing.T) {
+	r := realNeutron{mode: "address-pairs"}
+	sn := r.NewSubnet(t, "10.201.250.0/24", 200)
+	nodeIP := netip.MustParseAddr("10.201.250.10")
+	n := r.NewNode(t, sn, nodeIP)
+	// Someone else's two pairs (a VIP and a CIDR).
+	p, err := ports.List(nc, ports.ListOpts{FixedIPs: []ports.FixedIPOpts{{IPAddress: nodeIP.String()}}}).AllPages(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	vm, _ := ports.ExtractPorts(p)
+	pairs := []ports.AddressPair{{IPAddress: "10.201.250.240"}, {IPAddress: "192.168.7.0/24"}}
+	rev := vm[0].RevisionNumber
+	if _, err := ports.Update(ctx(t), nc, vm[0].ID, ports.UpdateOpts{AllowedAddressPairs: &pairs, RevisionNumber: &rev}).Extract(); err != nil {
+		t.Fatal(err)
+	}
+	got, err := n.Provider.Assign(ctx(t), provider.AssignRequest{Count: 12})
+	if len(got) != 8 || !errors.Is(err, provider.ErrExhausted) || !strings.Contains(err.Error(), "allowed address pairs") {
+		t.Fatalf("Assign(12) with 2 foreign pairs: %d addresses, %v; want 8 and a clear pair-limit error", len(got), err)
+	}
+	t.Logf("vpcni-test: pair limit says: %v", err)
+	if err := n.Provider.Release(ctx(t), got); err != nil {
+		t.Fatal(err)
+	}
+	after, err := ports.Get(ctx(t), nc, vm[0].ID).Extract()
+	if err != nil || len(after.AllowedAddressPairs) != 2 {
+		t.Fatalf("after Release the VM port has pairs %v, want only the foreign two", after.AllowedAddressPairs)
+	}
+	res, _ := ports.List(nc, ports.ListOpts{DeviceOwner: "network:vpcni", DeviceID: vm[0].ID}).AllPages(ctx(t))
+	if left, _ := ports.ExtractPorts(res); len(left) != 0 {
+		t.Fatalf("%d reservation ports left after Release", len(left))
+	}
 }

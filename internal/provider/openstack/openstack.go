@@ -190,13 +190,21 @@ func (p *Provider) PortID() string { return p.portID }
 func (p *Provider) Calls() map[string]int64 { return p.calls.snapshot() }
 
 // Capacity implements provider.Provider.
-func (p *Provider) Capacity(context.Context) (int, error) { return p.cfg.MaxAddresses, nil }
+func (p *Provider) Capacity(context.Context) (int, error) {
+	if p.cfg.Mode == "address-pairs" {
+		return min(p.cfg.MaxAddresses, p.cfg.MaxAddressPairs), nil
+	}
+	return p.cfg.MaxAddresses, nil
+}
 
 // Held implements provider.Provider: the port's fixed IPs on the subnet
 // that carry vpcni's mark.
 func (p *Provider) Held(ctx context.Context) ([]netip.Addr, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.cfg.Mode == "address-pairs" {
+		return p.heldPairs(ctx)
+	}
 	if err := p.refresh(ctx); err != nil {
 		return nil, err
 	}
@@ -271,6 +279,9 @@ func (p *Provider) refreshUsed(ctx context.Context) error {
 func (p *Provider) Assign(ctx context.Context, req provider.AssignRequest) ([]netip.Addr, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.cfg.Mode == "address-pairs" {
+		return p.assignPairs(ctx, req)
+	}
 	var assigned []netip.Addr
 	var errs []error
 	explicit := map[netip.Addr]bool{}
@@ -367,6 +378,9 @@ func (p *Provider) Assign(ctx context.Context, req provider.AssignRequest) ([]ne
 func (p *Provider) Release(ctx context.Context, addrs []netip.Addr) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.cfg.Mode == "address-pairs" {
+		return p.releasePairs(ctx, addrs)
+	}
 	if err := p.refresh(ctx); err != nil {
 		return err
 	}

@@ -1,0 +1,371 @@
+package openstack
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/netip"
+	"slices"
+
+	"github.com/gophercloud/gophercloud/v2"
+	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/ports"
+
+	"github.com/vpcni/vpcni/internal/provider"
+)
+
+// Address-pairs mode: each pod address is reserved by a port of its own
+// (device_owner network:vpcni, device_id = the VM port's ID — that is the
+// ownership mark) and allowed on the VM port as an allowed address pair.
+// Reservations are created in one bulk POST; the pairs are written like
+// fixed IPs: read fresh, If-Match, read back. A pair without a vpcni
+// reservation behind it is someone else's and never touched. Neutron allows
+// at most max_allowed_address_pair (10) pairs per port: the provider says
+// so before it asks for more.
+
+// reservations lists this node's reservation ports: address -> port ID.
+func (p *Provider) reservations(ctx context.Context) (map[netip.Addr]string, error) {
+	ctx, cancel := context.WithTimeout(ctx, p.cfg.Timeout.Duration)
+	defer cancel()
+	pages, err := ports.List(p.nc, ports.ListOpts{DeviceOwner: p.cfg.DeviceOwner, DeviceID: p.portID}).AllPages(ctx)
+	if err != nil {
+		return nil, explain(fmt.Errorf("list reservation ports: %w", err))
+	}
+	all, err := ports.ExtractPorts(pages)
+	if err != nil {
+		return nil, err
+	}
+	out := map[netip.Addr]string{}
+	for _, port := range all {
+		for _, f := range port.FixedIPs {
+			if a, err := netip.ParseAddr(f.IPAddress); err == nil && f.SubnetID == p.cfg.SubnetID {
+				out[a] = port.ID
+			}
+		}
+	}
+	return out, nil
+}
+
+func (p *Provider) heldPairs(ctx context.Context) ([]netip.Addr, error) {
+	res, err := p.reservations(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]netip.Addr, 0, len(res))
+	for a := range res {
+		out = append(out, a)
+	}
+	slices.SortFunc(out, netip.Addr.Compare)
+	return out, nil
+}
+
+// pairs reads the VM port's allowed address pairs as addresses.
+func (p *Provider) pairs() map[netip.Addr]bool {
+	out := map[netip.Addr]bool{}
+	for _, ap := range p.port.AllowedAddressPairs {
+		if a, err := netip.ParseAddr(ap.IPAddress); err == nil {
+			out[a] = true
+		}
+	}
+	return out
+}
+
+func (p *Provider) assignPairs(ctx context.Context, req provider.AssignRequest) ([]netip.Addr, error) {
+	var assigned []netip.Addr
+	var errs []error
+	explicit := map[netip.Addr]bool{}
+	for _, a := range req.Addresses {
+		if p.subnet.Contains(a) {
+			explicit[a] = true
+		} else {
+			errs = append(errs, fmt.Errorf("%s is outside subnet %s", a, p.subnet))
+		}
+	}
+	need := max(req.Count, 0)
+	skip := map[netip.Addr]bool{}
+	for conflicts := 0; need > 0 || len(explicit) > 0; conflicts++ {
+		if conflicts > 4*p.cfg.Retries {
+			errs = append(errs, fmt.Errorf("gave up after %d address conflicts: %w", conflicts, provider.ErrUnavailable))
+			break
+		}
+		if err := p.refresh(ctx); err != nil {
+			errs = append(errs, err)
+			break
+		}
+		if p.used == nil {
+			if err := p.refreshUsed(ctx); err != nil {
+				errs = append(errs, err)
+				break
+			}
+		}
+		res, err := p.reservations(ctx)
+		if err != nil {
+			errs = append(errs, err)
+			break
+		}
+		// Every pair that is not ours counts against the limit, CIDRs too.
+		foreign := 0
+		for _, ap := range p.port.AllowedAddressPairs {
+			a, err := netip.ParseAddr(ap.IPAddress)
+			if _, ours := res[a]; err != nil || !ours {
+				foreign++
+			}
+		}
+		add := map[netip.Addr]bool{}
+		for a := range explicit {
+			if _, ours := res[a]; ours {
+				assigned = append(assigned, a)
+				delete(explicit, a)
+			} else {
+				add[a] = true
+			}
+		}
+		room := p.cfg.MaxAddressPairs - foreign - len(res)
+		if len(add) > room {
+			errs = append(errs, fmt.Errorf("VM port %s has room for %d more allowed address pairs (%d of %d used: %d by vpcni, %d by others): %w",
+				p.portID, max(room, 0), foreign+len(res), p.cfg.MaxAddressPairs, len(res), foreign, provider.ErrExhausted))
+			break
+		}
+		want := min(need, room-len(add))
+		picked := p.pick(want, nil, skip, explicit)
+		for _, a := range picked {
+			add[a] = true
+		}
+		if len(add) == 0 {
+			if need > 0 && room <= 0 {
+				errs = append(errs, fmt.Errorf("VM port %s has no room for another allowed address pair (%d of %d used: %d by vpcni, %d by others): %w",
+					p.portID, foreign+len(res), p.cfg.MaxAddressPairs, len(res), foreign, provider.ErrExhausted))
+			} else if need > 0 {
+				errs = append(errs, fmt.Errorf("no free address left in subnet %s (%s): %w", p.subnet, p.cfg.SubnetID, provider.ErrExhausted))
+			}
+			break
+		}
+		created, err := p.reserve(ctx, add)
+		var taken netip.Addr
+		switch {
+		case err == nil:
+		case isNeutronError(err, http.StatusConflict, "IpAddressAlreadyAllocated", &taken) && taken.IsValid():
+			if explicit[taken] {
+				errs = append(errs, fmt.Errorf("%s: %w", taken, provider.ErrTaken))
+				delete(explicit, taken)
+			}
+			skip[taken] = true
+			p.used = nil
+			continue
+		default:
+			errs = append(errs, err)
+			return assigned, errors.Join(errs...)
+		}
+		if err := p.applyPairs(ctx, add, nil); err != nil {
+			// Without the pair the reservation is useless: undo it.
+			p.unreserve(ctx, created)
+			if isNeutronError(err, http.StatusBadRequest, "AllowedAddressPairExhausted", nil) {
+				err = fmt.Errorf("%w (Neutron's max_allowed_address_pair is lower than maxAddressPairs %d): %w", err, p.cfg.MaxAddressPairs, provider.ErrExhausted)
+			}
+			errs = append(errs, err)
+			return assigned, errors.Join(errs...)
+		}
+		for a := range add {
+			p.used[a] = true
+			delete(explicit, a)
+			assigned = append(assigned, a)
+		}
+		if need -= len(picked); need > 0 {
+			if room-len(add) <= 0 {
+				errs = append(errs, fmt.Errorf("VM port %s reached Neutron's limit of %d allowed address pairs (%d by vpcni, %d by others): %w",
+					p.portID, p.cfg.MaxAddressPairs, len(res)+len(add), foreign, provider.ErrExhausted))
+			} else {
+				errs = append(errs, fmt.Errorf("subnet %s had only %d free addresses: %w", p.subnet, len(picked), provider.ErrExhausted))
+			}
+			break
+		}
+	}
+	slices.SortFunc(assigned, netip.Addr.Compare)
+	return assigned, errors.Join(errs...)
+}
+
+// reserve creates one reservation port per address in a single bulk POST
+// (all or nothing) and returns address -> port ID.
+func (p *Provider) reserve(ctx context.Context, addrs map[netip.Addr]bool) (map[netip.Addr]string, error) {
+	ctx, cancel := context.WithTimeout(ctx, p.cfg.Timeout.Duration)
+	defer cancel()
+	var body struct {
+		Ports []map[string]any `json:"ports"`
+	}
+	for a := range addrs {
+		body.Ports = append(body.Ports, map[string]any{
+			"network_id":            p.port.NetworkID,
+			"name":                  "vpcni-" + a.String(),
+			"device_owner":          p.cfg.DeviceOwner,
+			"device_id":             p.portID,
+			"fixed_ips":             []map[string]string{{"subnet_id": p.cfg.SubnetID, "ip_address": a.String()}},
+			"port_security_enabled": false,
+		})
+	}
+	var resp struct {
+		Ports []ports.Port `json:"ports"`
+	}
+	_, err := p.nc.Post(ctx, p.nc.ServiceURL("ports"), body, &resp, &gophercloud.RequestOpts{OkCodes: []int{http.StatusCreated}})
+	if err != nil {
+		return nil, explain(fmt.Errorf("reserve %d addresses: %w", len(addrs), err))
+	}
+	out := map[netip.Addr]string{}
+	for _, port := range resp.Ports {
+		for _, f := range port.FixedIPs {
+			if a, err := netip.ParseAddr(f.IPAddress); err == nil {
+				out[a] = port.ID
+			}
+		}
+	}
+	return out, nil
+}
+
+// unreserve deletes reservation ports; best effort (a leftover is found by
+// Held and given back later).
+func (p *Provider) unreserve(ctx context.Context, res map[netip.Addr]string) error {
+	var errs []error
+	for a, id := range res {
+		c, cancel := context.WithTimeout(ctx, p.cfg.Timeout.Duration)
+		err := ports.Delete(c, p.nc, id).ExtractErr()
+		cancel()
+		if err != nil && !gophercloud.ResponseCodeIs(err, http.StatusNotFound) {
+			errs = append(errs, fmt.Errorf("delete reservation of %s: %w", a, explain(err)))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (p *Provider) releasePairs(ctx context.Context, addrs []netip.Addr) error {
+	if err := p.refresh(ctx); err != nil {
+		return err
+	}
+	res, err := p.reservations(ctx)
+	if err != nil {
+		return err
+	}
+	drop := map[netip.Addr]bool{}
+	dropRes := map[netip.Addr]string{}
+	var foreign []netip.Addr
+	pairs := p.pairs()
+	_, _, on, _ := p.state()
+	for _, a := range addrs {
+		switch id, ours := res[a]; {
+		case ours:
+			drop[a], dropRes[a] = true, id
+		case pairs[a] || on[a]:
+			foreign = append(foreign, a)
+		}
+	}
+	if len(drop) > 0 {
+		if err := p.applyPairs(ctx, nil, drop); err != nil {
+			return err
+		}
+		if err := p.unreserve(ctx, dropRes); err != nil {
+			return err
+		}
+		for a := range drop {
+			delete(p.used, a)
+		}
+	}
+	if len(foreign) > 0 {
+		return fmt.Errorf("left %v on port %s: vpcni did not put them there", foreign, p.portID)
+	}
+	return nil
+}
+
+// applyPairs makes the VM port allow add and no longer allow remove,
+// leaving other pairs as they are: read fresh, If-Match, read back, restore
+// what a racing write knocked out (see apply).
+func (p *Provider) applyPairs(ctx context.Context, add, remove map[netip.Addr]bool) error {
+	restore := map[netip.Addr]ports.AddressPair{}
+	for attempt := 0; ; attempt++ {
+		if attempt > 0 {
+			if attempt >= p.cfg.Retries {
+				return fmt.Errorf("VM port %s: the address pairs did not hold after %d attempts: %w", p.portID, attempt, provider.ErrUnavailable)
+			}
+			backoff(ctx, attempt)
+			if err := p.refresh(ctx); err != nil {
+				if retryable(err) {
+					continue
+				}
+				return err
+			}
+		}
+		have := p.pairs()
+		var list []ports.AddressPair
+		for _, ap := range p.port.AllowedAddressPairs {
+			if a, err := netip.ParseAddr(ap.IPAddress); err == nil && remove[a] {
+				continue
+			}
+			list = append(list, ap)
+		}
+		for a, ap := range restore {
+			if !have[a] {
+				list = append(list, ap)
+			}
+		}
+		for a := range add {
+			if !have[a] {
+				list = append(list, ports.AddressPair{IPAddress: a.String()})
+			}
+		}
+		if len(list) == len(p.port.AllowedAddressPairs) && len(restore) == 0 && !anyIn(add, have, false) && !anyIn(remove, have, true) {
+			return nil
+		}
+		err := p.putPairs(ctx, list)
+		if err != nil {
+			if retryable(err) {
+				continue
+			}
+			return err
+		}
+		if err := p.refresh(ctx); err != nil {
+			if retryable(err) {
+				continue
+			}
+			return err
+		}
+		now := p.pairs()
+		held := true
+		for _, ap := range list {
+			if a, err := netip.ParseAddr(ap.IPAddress); err == nil && !now[a] {
+				held = false
+				if !add[a] {
+					restore[a] = ap
+				}
+			}
+		}
+		for a := range remove {
+			held = held && !now[a]
+		}
+		if held {
+			return nil
+		}
+	}
+}
+
+// anyIn says whether some address of set is (want=true) or is not
+// (want=false) in have.
+func anyIn(set, have map[netip.Addr]bool, want bool) bool {
+	for a := range set {
+		if have[a] == want {
+			return true
+		}
+	}
+	return false
+}
+
+func (p *Provider) putPairs(ctx context.Context, list []ports.AddressPair) error {
+	ctx, cancel := context.WithTimeout(ctx, p.cfg.Timeout.Duration)
+	defer cancel()
+	rev := p.port.RevisionNumber
+	if list == nil {
+		list = []ports.AddressPair{}
+	}
+	updated, err := ports.Update(ctx, p.nc, p.portID, ports.UpdateOpts{AllowedAddressPairs: &list, RevisionNumber: &rev}).Extract()
+	if err != nil {
+		return explain(fmt.Errorf("update allowed address pairs of VM port %s: %w", p.portID, err))
+	}
+	p.port = updated
+	return nil
+}
