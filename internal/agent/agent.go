@@ -246,6 +246,7 @@ func (a *Agent) Run(ctx context.Context) {
 	tick := time.NewTicker(5 * time.Second)
 	defer tick.Stop()
 	retry := time.Second
+	lastSync := time.Now()
 	for {
 		if a.provider() == nil {
 			if err := a.connect(ctx); err != nil {
@@ -259,6 +260,10 @@ func (a *Agent) Run(ctx context.Context) {
 				continue
 			}
 			a.log.Info("provider ready", "provider", a.cfg.Provider.Type)
+		}
+		if time.Since(lastSync) >= a.cfg.Resync.Duration {
+			a.resync(ctx)
+			lastSync = time.Now()
 		}
 		a.mu.Lock()
 		cooled := a.pool.Promote(time.Now())
@@ -275,6 +280,21 @@ func (a *Agent) Run(ctx context.Context) {
 		case <-tick.C:
 		case <-a.kick:
 		}
+	}
+}
+
+// resync reconciles the pool with the provider again (level-triggered: an
+// address someone removed by hand is asked for again if a pod uses it, or
+// forgotten if not; one the agent did not know is adopted).
+func (a *Agent) resync(ctx context.Context) {
+	prov := a.provider()
+	if prov == nil {
+		return
+	}
+	a.refillMu.Lock()
+	defer a.refillMu.Unlock()
+	if err := a.syncProvider(ctx, prov); err != nil {
+		a.log.Warn("periodic provider resync failed", "err", err)
 	}
 }
 

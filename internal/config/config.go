@@ -32,6 +32,9 @@ type Config struct {
 	Datapath string `json:"datapath"`
 	// Cooldown is how long a released address rests before it is reused.
 	Cooldown Duration `json:"cooldown"`
+	// Resync is how often the pool is reconciled with what the provider
+	// holds (addresses adopted, lost ones asked for again).
+	Resync Duration `json:"resync"`
 	// LogLevel: debug, info, warn, error.
 	LogLevel string   `json:"logLevel"`
 	Pool     Pool     `json:"pool"`
@@ -241,6 +244,7 @@ func Defaults() Config {
 		StateDir:   "/var/lib/vpcni",
 		Datapath:   "veth",
 		Cooldown:   Duration{30 * time.Second},
+		Resync:     Duration{time.Minute},
 		LogLevel:   "info",
 		Pool:       Pool{WarmTarget: 8, BatchSize: 8, MaxFree: 24},
 		Provider:   Provider{Type: "static"},
@@ -295,6 +299,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Cooldown.Duration < 0 || c.Cooldown.Duration > time.Hour {
 		bad("cooldown", "%s is outside 0..1h", c.Cooldown)
+	}
+	if c.Resync.Duration < time.Second || c.Resync.Duration > 24*time.Hour {
+		bad("resync", "%s is outside 1s..24h", c.Resync)
 	}
 	switch c.LogLevel {
 	case "debug", "info", "warn", "error":

@@ -16,6 +16,8 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	types100 "github.com/containernetworking/cni/pkg/types/100"
 
+	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/ports"
+
 	"github.com/vpcni/vpcni/internal/api"
 	"github.com/vpcni/vpcni/internal/config"
 	"github.com/vpcni/vpcni/internal/netnsutil"
@@ -70,6 +72,7 @@ func TestAgentAgainstNeutron(t *testing.T) {
 	cfg := tb.AgentConfig(dir, "10.78.0.0/24")
 	cfg.Cooldown.Duration = 0
 	cfg.Pool = config.Pool{WarmTarget: 0, BatchSize: 4, MaxFree: 0}
+	cfg.Resync.Duration = time.Second
 	cfg.Provider = config.Provider{Type: "openstack", OpenStack: &config.OpenStack{Endpoint: "http://127.0.0.1:19696/", SubnetID: sn.ID}}
 	agent, err := tb.StartAgent(binDir, cfg)
 	if err != nil {
@@ -111,6 +114,11 @@ func TestAgentAgainstNeutron(t *testing.T) {
 		t.Errorf("neighbour cannot reach the pod at %s: %v", ip, err)
 	}
 	pcancel()
+
+	// Someone takes the running pod's address off the VM port by hand: the
+	// agent's periodic resync asks Neutron for it again.
+	removeByHand(t, podPortID(t, "10.78.0.10", sn.ID), ip)
+	waitFor(t, 30*time.Second, "the resync to put the pod's address back", func() bool { return slices.Contains(podIPs(), ip) })
 
 	// DEL: the address leaves the VM port.
 	if err := cni.Del(c, testbed.Runtime("os-0", p0, "eth0", nil)); err != nil {
@@ -274,4 +282,34 @@ func TestAgentWithoutNeutron(t *testing.T) {
 	if st, err := agent.State(); err != nil || len(st.Allocations) != 1 {
 		t.Fatalf("state after recovery: %+v, %v", st, err)
 	}
+}
+
+func podPortID(t *testing.T, nodeIP, subnetID string) string {
+	pages, err := ports.List(nc, ports.ListOpts{FixedIPs: []ports.FixedIPOpts{{IPAddress: nodeIP, SubnetID: subnetID}}}).AllPages(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	all, _ := ports.ExtractPorts(pages)
+	if len(all) != 1 {
+		t.Fatalf("%d ports with %s", len(all), nodeIP)
+	}
+	return all[0].ID
+}
+
+// removeByHand takes an address off a port as a person would (If-Match).
+func removeByHand(t *testing.T, portID string, ip netip.Addr) {
+	for range 30 {
+		p, err := ports.Get(ctx(t), nc, portID).Extract()
+		if err != nil {
+			t.Fatal(err)
+		}
+		fixed := slices.DeleteFunc(slices.Clone(p.FixedIPs), func(f ports.IP) bool { return f.IPAddress == ip.String() })
+		rev := p.RevisionNumber
+		_, err = ports.Update(ctx(t), nc, portID, ports.UpdateOpts{FixedIPs: fixed, RevisionNumber: &rev}).Extract()
+		if err == nil {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("could not remove %s by hand", ip)
 }

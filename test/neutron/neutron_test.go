@@ -232,3 +232,19 @@ func TestAddressPairLimit(t *testing.T) {
 		t.Fatalf("%d reservation ports left after Release", len(left))
 	}
 }
+
+// TestPortNotFound: a node IP no Neutron port has gives an error that says
+// what to check.
+func TestPortNotFound(t *testing.T) {
+	sn := realNeutron{}.NewSubnet(t, "10.201.251.0/24", 50)
+	cfg := config.OpenStack{Endpoint: endpoint, SubnetID: sn.ID}
+	cfg.ApplyDefaults()
+	_, err := openstack.New(ctx(t), cfg, netip.MustParseAddr("10.201.251.99"))
+	if err == nil || !strings.Contains(err.Error(), "no Neutron port") || !strings.Contains(err.Error(), "10.201.251.99") {
+		t.Fatalf("node IP without a port: %v", err)
+	}
+	cfg.SubnetID = "00000000-0000-0000-0000-000000000000"
+	if _, err := openstack.New(ctx(t), cfg, netip.MustParseAddr("10.201.251.99")); err == nil || !strings.Contains(err.Error(), "subnet") {
+		t.Fatalf("unknown subnet: %v", err)
+	}
+}
