@@ -22,8 +22,8 @@ PY=/usr/bin/python3
 export DEBIAN_FRONTEND=noninteractive
 C=$NQ/conf
 SOCK=$NQ/mysql/mysql.sock
-start=$(date +%s.%N)
-say() { printf '[neutron %5.1fs] %s\n' "$(echo "$(date +%s.%N) - $start" | bc)" "$*"; }
+start=$(date +%s%N)
+say() { local t=$(( ($(date +%s%N) - start) / 100000000 )); printf '[neutron %3d.%ds] %s\n' $((t / 10)) $((t % 10)) "$*"; }
 waitfor() { local n=$(( $1 * 10 )); shift
   for _ in $(seq 1 $n); do "$@" >/dev/null 2>&1 && return 0; sleep 0.1; done
   echo "timed out waiting for: $*" >&2; return 1; }
@@ -66,7 +66,7 @@ fi
 mkdir -p "$NQ"/{conf,log,state,lock,pids}
 stop_recorded   # leftovers of a crashed or differently configured run
 
-pk="neutron-server mariadb-server bc curl"
+pk="neutron-server mariadb-server curl"
 [ "$KEYSTONE" = 1 ] && pk="$pk keystone"
 missing=""; for p in $pk; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
 if [ -n "$missing" ]; then

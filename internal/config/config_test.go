@@ -72,6 +72,7 @@ func TestValidateNamesEveryBadField(t *testing.T) {
 		"mtu:",
 		"datapath:",
 		"cooldown:",
+		"resync:",
 		"logLevel:",
 		"pool.warmTarget:",
 		"pool.batchSize:",
