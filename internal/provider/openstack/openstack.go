@@ -413,35 +413,15 @@ func (p *Provider) Release(ctx context.Context, addrs []netip.Addr) error {
 }
 
 // apply makes the VM port hold add (marked as vpcni's) and no longer hold
-// remove, leaving everything else as it is. Each attempt reads the port
-// fresh, writes under If-Match and reads it back: Neutron's If-Match is not
-// an atomic compare-and-swap under concurrent writers (a write checked
-// against revision 2 was seen to land at revision 5, knocking out another
-// writer's address), so what a racing write knocked out — ours or someone
-// else's — is put back.
+// remove, leaving everything else as it is (see untilHeld).
 func (p *Provider) apply(ctx context.Context, add, remove map[netip.Addr]bool) error {
 	restore := map[netip.Addr]bool{}
-	for attempt := 0; ; attempt++ {
-		if attempt > 0 {
-			if attempt >= p.cfg.Retries {
-				return fmt.Errorf("VM port %s: the update did not hold after %d attempts: %w", p.portID, attempt, provider.ErrUnavailable)
-			}
-			backoff(ctx, attempt)
-			if err := p.refresh(ctx); err != nil {
-				if retryable(err) {
-					continue
-				}
-				return err
-			}
-		}
+	return p.untilHeld(ctx, "the fixed IPs", func() (bool, error) {
 		rest, marked, on, err := p.state()
 		if err != nil {
-			return err
+			return false, err
 		}
-		want := map[netip.Addr]bool{}
-		for a := range on {
-			want[a] = true
-		}
+		want := maps.Clone(on)
 		for a := range add {
 			want[a], marked[a] = true, true
 		}
@@ -454,10 +434,10 @@ func (p *Provider) apply(ctx context.Context, add, remove map[netip.Addr]bool) e
 		}
 		desc, err := joinMarks(rest, marked, p.subnet)
 		if err != nil {
-			return fmt.Errorf("%w: %w", err, provider.ErrExhausted)
+			return false, fmt.Errorf("%w: %w", err, provider.ErrExhausted)
 		}
 		if maps.Equal(want, on) && desc == p.port.Description {
-			return nil
+			return true, nil
 		}
 		var fixed []ports.IP
 		for _, f := range p.port.FixedIPs {
@@ -472,21 +452,14 @@ func (p *Provider) apply(ctx context.Context, add, remove map[netip.Addr]bool) e
 			}
 		}
 		if err := p.put(ctx, fixed, desc); err != nil {
-			if retryable(err) {
-				continue
-			}
-			return err
+			return false, err
 		}
-		// Read back what Neutron kept.
 		if err := p.refresh(ctx); err != nil {
-			if retryable(err) {
-				continue
-			}
-			return err
+			return false, err
 		}
 		_, nowMarked, nowOn, err := p.state()
 		if err != nil {
-			return err
+			return false, err
 		}
 		held := true
 		for a := range want {
@@ -503,7 +476,38 @@ func (p *Provider) apply(ctx context.Context, add, remove map[netip.Addr]bool) e
 		for a := range remove {
 			held = held && !nowOn[a] && !nowMarked[a]
 		}
-		if held {
+		return held, nil
+	})
+}
+
+// untilHeld runs one write attempt after another until the VM port, read
+// back, holds what was written. Each attempt works on the port as just
+// read, writes under If-Match and reads the port back: Neutron's If-Match
+// is not an atomic compare-and-swap under concurrent writers (a write
+// checked against revision 2 was seen to land at revision 5, knocking out
+// another writer's address), so an attempt also remembers what a racing
+// write knocked out — its own addresses or someone else's — and the next
+// puts it back. Retryable failures (412, 5xx, no answer) back off and try
+// again, up to Retries attempts.
+func (p *Provider) untilHeld(ctx context.Context, what string, attempt func() (held bool, err error)) error {
+	for n := 0; ; n++ {
+		if n > 0 {
+			if n >= p.cfg.Retries {
+				return fmt.Errorf("VM port %s: %s did not hold after %d attempts: %w", p.portID, what, n, provider.ErrUnavailable)
+			}
+			backoff(ctx, n)
+			if err := p.refresh(ctx); err != nil {
+				if retryable(err) {
+					continue
+				}
+				return err
+			}
+		}
+		held, err := attempt()
+		if err != nil && !retryable(err) {
+			return err
+		}
+		if err == nil && held {
 			return nil
 		}
 	}

@@ -274,23 +274,10 @@ func (p *Provider) releasePairs(ctx context.Context, addrs []netip.Addr) error {
 }
 
 // applyPairs makes the VM port allow add and no longer allow remove,
-// leaving other pairs as they are: read fresh, If-Match, read back, restore
-// what a racing write knocked out (see apply).
+// leaving other pairs as they are (see untilHeld).
 func (p *Provider) applyPairs(ctx context.Context, add, remove map[netip.Addr]bool) error {
 	restore := map[netip.Addr]ports.AddressPair{}
-	for attempt := 0; ; attempt++ {
-		if attempt > 0 {
-			if attempt >= p.cfg.Retries {
-				return fmt.Errorf("VM port %s: the address pairs did not hold after %d attempts: %w", p.portID, attempt, provider.ErrUnavailable)
-			}
-			backoff(ctx, attempt)
-			if err := p.refresh(ctx); err != nil {
-				if retryable(err) {
-					continue
-				}
-				return err
-			}
-		}
+	return p.untilHeld(ctx, "the allowed address pairs", func() (bool, error) {
 		have := p.pairs()
 		var list []ports.AddressPair
 		for _, ap := range p.port.AllowedAddressPairs {
@@ -309,21 +296,14 @@ func (p *Provider) applyPairs(ctx context.Context, add, remove map[netip.Addr]bo
 				list = append(list, ports.AddressPair{IPAddress: a.String()})
 			}
 		}
-		if len(list) == len(p.port.AllowedAddressPairs) && len(restore) == 0 && !anyIn(add, have, false) && !anyIn(remove, have, true) {
-			return nil
+		if len(restore) == 0 && !anyIn(add, have, false) && !anyIn(remove, have, true) {
+			return true, nil
 		}
-		err := p.putPairs(ctx, list)
-		if err != nil {
-			if retryable(err) {
-				continue
-			}
-			return err
+		if err := p.putPairs(ctx, list); err != nil {
+			return false, err
 		}
 		if err := p.refresh(ctx); err != nil {
-			if retryable(err) {
-				continue
-			}
-			return err
+			return false, err
 		}
 		now := p.pairs()
 		held := true
@@ -338,10 +318,8 @@ func (p *Provider) applyPairs(ctx context.Context, add, remove map[netip.Addr]bo
 		for a := range remove {
 			held = held && !now[a]
 		}
-		if held {
-			return nil
-		}
-	}
+		return held, nil
+	})
 }
 
 // anyIn says whether some address of set is (want=true) or is not
