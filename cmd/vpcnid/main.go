@@ -55,6 +55,13 @@ func run(configPath string) error {
 	if err != nil {
 		return err
 	}
+	if cfg.MetricsAddr != "" {
+		addr, err := a.Metrics().Serve(ctx, cfg.MetricsAddr)
+		if err != nil {
+			return fmt.Errorf("metrics on %s: %w", cfg.MetricsAddr, err)
+		}
+		log.Info("metrics", "addr", "http://"+addr.String()+"/metrics")
+	}
 	srv := &http.Server{Handler: a.Handler(), ReadHeaderTimeout: 5 * time.Second}
 	go a.Run(ctx)
 	errc := make(chan error, 1)

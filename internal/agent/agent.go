@@ -16,6 +16,7 @@ import (
 	"github.com/vpcni/vpcni/internal/config"
 	"github.com/vpcni/vpcni/internal/datapath"
 	"github.com/vpcni/vpcni/internal/ipam"
+	"github.com/vpcni/vpcni/internal/metrics"
 	"github.com/vpcni/vpcni/internal/provider"
 	"github.com/vpcni/vpcni/internal/provider/openstack"
 	"github.com/vpcni/vpcni/internal/provider/static"
@@ -40,6 +41,7 @@ type Agent struct {
 
 	refillMu sync.Mutex // one provider refill at a time
 	kick     chan struct{}
+	metrics  *metrics.Metrics
 }
 
 // New opens the store and the datapath, restores every recorded pod (its
@@ -48,7 +50,8 @@ type Agent struct {
 // reached yet does not stop the agent: Run keeps trying, and STATUS says
 // why the node is not ready meanwhile.
 func New(ctx context.Context, cfg config.Config, log *slog.Logger) (_ *Agent, err error) {
-	a := &Agent{cfg: cfg, log: log, started: time.Now(), pool: ipam.NewPool(cfg.Cooldown.Duration), kick: make(chan struct{}, 1)}
+	a := &Agent{cfg: cfg, log: log, started: time.Now(), pool: ipam.NewPool(cfg.Cooldown.Duration), kick: make(chan struct{}, 1), metrics: metrics.New()}
+	a.metrics.Watch(a.snapshot)
 	if a.store, err = store.Open(cfg.StateDir); err != nil {
 		return nil, err
 	}
@@ -68,8 +71,47 @@ func New(ctx context.Context, cfg config.Config, log *slog.Logger) (_ *Agent, er
 	}
 	if err := a.connect(ctx); err != nil {
 		log.Error("provider not ready; the agent keeps trying", "provider", cfg.Provider.Type, "err", err)
+	} else {
+		a.sweep()
 	}
 	return a, nil
+}
+
+// Metrics is the agent's instrumentation.
+func (a *Agent) Metrics() *metrics.Metrics { return a.metrics }
+
+func (a *Agent) snapshot() metrics.Snapshot {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	c := a.pool.Counts()
+	return metrics.Snapshot{Free: c.Free, Cooling: c.Cooling, Allocated: c.Allocated, Degraded: a.degradedLocked()}
+}
+
+// degradedLocked: the provider is connected but failing (not merely out of
+// addresses), so the agent serves from its pool and releases nothing.
+func (a *Agent) degradedLocked() bool {
+	return a.prov != nil && a.providerErr != nil && !errors.Is(a.providerErr, provider.ErrExhausted)
+}
+
+// sweep removes, before the agent serves, kernel state a crash can leave
+// for addresses no pod holds: proxy ARP entries and vpcni routes of the
+// node's free and cooling addresses.
+func (a *Agent) sweep() {
+	a.mu.Lock()
+	var idle []netip.Addr
+	for _, ip := range a.pool.Held() {
+		if a.pool.State(ip) != ipam.Allocated {
+			idle = append(idle, ip)
+		}
+	}
+	a.mu.Unlock()
+	for _, ip := range idle {
+		if removed, err := a.dp.Forget(ip); err != nil {
+			a.log.Warn("could not remove stale kernel state", "address", ip, "err", err)
+		} else if removed {
+			a.log.Info("removed stale kernel state of an idle address", "address", ip)
+		}
+	}
 }
 
 // connect builds the provider and reconciles the pool with what it holds.
@@ -85,6 +127,7 @@ func (a *Agent) connect(ctx context.Context) error {
 		err = fmt.Errorf("provider %q is not supported", a.cfg.Provider.Type)
 	}
 	if err == nil {
+		prov = a.metrics.Instrument(prov)
 		err = a.syncProvider(ctx, prov)
 	}
 	a.mu.Lock()
@@ -321,9 +364,11 @@ func (a *Agent) probeProvider(ctx context.Context) {
 // They leave the pool before the call, so no ADD can take one meanwhile; a
 // failed call puts them back.
 func (a *Agent) trimSurplus(ctx context.Context) {
-	prov := a.provider()
-	if prov == nil {
-		return
+	a.mu.Lock()
+	prov, degraded := a.prov, a.degradedLocked()
+	a.mu.Unlock()
+	if prov == nil || degraded {
+		return // degraded: keep everything until the cloud answers again
 	}
 	a.refillMu.Lock()
 	defer a.refillMu.Unlock()

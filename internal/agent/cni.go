@@ -205,10 +205,13 @@ func result(rec *store.Record, w datapath.Wired, conf *netConf) *types100.Result
 	}
 }
 
-// allocate takes a free address, asking the provider for more when the pool
-// is empty. Every round either obtains addresses or ends, and the node can
-// hold only so many, so the loop ends.
+// allocate takes a free address. With the pool empty it asks the provider
+// for more, and waits — for a refill that failed to succeed on a retry, or
+// for a cooldown to end — up to pool.addWait before "try again later".
+// Every round either obtains addresses, waits, or ends.
 func (a *Agent) allocate(ctx context.Context, owner string) (netip.Addr, *api.Error) {
+	deadline := time.Now().Add(a.cfg.Pool.AddWait.Duration)
+	pause := 100 * time.Millisecond
 	for {
 		if ip, ok := a.take(owner); ok {
 			a.kickRefill()
@@ -229,11 +232,29 @@ func (a *Agent) allocate(ctx context.Context, owner string) (netip.Addr, *api.Er
 		if got > 0 {
 			continue
 		}
-		if err != nil && !errors.Is(err, provider.ErrExhausted) {
-			return netip.Addr{}, api.Errorf(api.CodeTryAgainLater,
-				"no free address and the provider could not be reached for more; try again later", err.Error())
+		// Nothing obtained: wait if something may change in time.
+		wait := pause
+		if errors.Is(err, provider.ErrExhausted) || n == 0 {
+			a.mu.Lock()
+			next, cooling := a.pool.NextCooled()
+			a.mu.Unlock()
+			if !cooling {
+				return netip.Addr{}, a.exhausted()
+			}
+			wait = time.Until(next)
 		}
-		return netip.Addr{}, a.exhausted()
+		if time.Now().Add(wait).After(deadline) || ctx.Err() != nil {
+			if err != nil && !errors.Is(err, provider.ErrExhausted) {
+				return netip.Addr{}, api.Errorf(api.CodeTryAgainLater,
+					fmt.Sprintf("no free address and the provider could not be reached for more within %s; try again later", a.cfg.Pool.AddWait), err.Error())
+			}
+			return netip.Addr{}, a.exhausted()
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(max(wait, time.Millisecond)):
+		}
+		pause = min(pause*2, 2*time.Second)
 	}
 }
 
@@ -412,6 +433,9 @@ func (a *Agent) readiness() (bool, string) {
 	a.pool.Promote(time.Now())
 	c := a.pool.Counts()
 	if c.Free > 0 {
+		if a.degradedLocked() {
+			return true, fmt.Sprintf("degraded: serving %d free addresses from the pool while the provider fails: %v", c.Free, a.providerErr)
+		}
 		return true, ""
 	}
 	if a.capacity > 0 && c.Held() >= a.capacity {

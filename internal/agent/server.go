@@ -82,6 +82,11 @@ func (a *Agent) serveCNI(verb string, f func(context.Context, *api.CNIRequest) (
 		if aerr == nil {
 			out, aerr = f(r.Context(), req)
 		}
+		result := "ok"
+		if aerr != nil {
+			result = fmt.Sprint(aerr.Code)
+		}
+		a.metrics.CNIDuration.WithLabelValues(verb, result).Observe(time.Since(start).Seconds())
 		if aerr != nil {
 			a.log.Warn("CNI request failed", "verb", verb, "container", containerOf(req), "code", aerr.Code, "err", aerr.Error(), "ms", msSince(start))
 			writeError(w, aerr)
@@ -167,8 +172,11 @@ func (a *Agent) State() (*api.State, error) {
 	if counter, ok := prov.(interface{ Calls() map[string]int64 }); ok {
 		calls = counter.Calls()
 	}
+	a.mu.Lock()
+	degraded := a.degradedLocked()
+	a.mu.Unlock()
 	st := &api.State{
-		Node: a.cfg.NodeName, Ready: ready, Reason: reason,
+		Node: a.cfg.NodeName, Ready: ready, Reason: reason, Degraded: degraded,
 		Provider: a.cfg.Provider.Type, Datapath: a.cfg.Datapath, Uplink: a.dp.Uplink, MTU: a.dp.MTU,
 		Pool:        api.PoolState{Free: c.Free, Cooling: c.Cooling, Allocated: c.Allocated, Capacity: capacity, Addresses: byState, ProviderCalls: calls},
 		Allocations: make([]api.Allocation, 0, len(records)),

@@ -75,9 +75,11 @@ func Errorf(code uint, msg, details string) *Error {
 
 // State is the agent's view of itself, for vpcnictl status.
 type State struct {
-	Node        string       `json:"node"`
-	Ready       bool         `json:"ready"`
-	Reason      string       `json:"reason,omitempty"`
+	Node   string `json:"node"`
+	Ready  bool   `json:"ready"`
+	Reason string `json:"reason,omitempty"`
+	// Degraded: the provider fails; the agent serves from its pool only.
+	Degraded    bool         `json:"degraded,omitempty"`
 	Provider    string       `json:"provider"`
 	Datapath    string       `json:"datapath"`
 	Uplink      string       `json:"uplink"`

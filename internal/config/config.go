@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -35,6 +36,8 @@ type Config struct {
 	// Resync is how often the pool is reconciled with what the provider
 	// holds (addresses adopted, lost ones asked for again).
 	Resync Duration `json:"resync"`
+	// MetricsAddr is where Prometheus metrics are served ("" = off).
+	MetricsAddr string `json:"metricsAddr"`
 	// LogLevel: debug, info, warn, error.
 	LogLevel string   `json:"logLevel"`
 	Pool     Pool     `json:"pool"`
@@ -49,6 +52,9 @@ type Pool struct {
 	BatchSize int `json:"batchSize"`
 	// MaxFree: free addresses above this go back to the provider.
 	MaxFree int `json:"maxFree"`
+	// AddWait bounds how long an ADD waits for addresses when the pool is
+	// empty (for a refill or a cooldown to end) before "try again later".
+	AddWait Duration `json:"addWait"`
 }
 
 // Provider selects and configures where addresses come from.
@@ -239,15 +245,16 @@ func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(d.String()
 func Defaults() Config {
 	host, _ := os.Hostname()
 	return Config{
-		NodeName:   host,
-		SocketPath: "/run/vpcni/vpcnid.sock",
-		StateDir:   "/var/lib/vpcni",
-		Datapath:   "veth",
-		Cooldown:   Duration{30 * time.Second},
-		Resync:     Duration{time.Minute},
-		LogLevel:   "info",
-		Pool:       Pool{WarmTarget: 8, BatchSize: 8, MaxFree: 24},
-		Provider:   Provider{Type: "static"},
+		NodeName:    host,
+		SocketPath:  "/run/vpcni/vpcnid.sock",
+		StateDir:    "/var/lib/vpcni",
+		Datapath:    "veth",
+		Cooldown:    Duration{30 * time.Second},
+		Resync:      Duration{time.Minute},
+		LogLevel:    "info",
+		Pool:        Pool{WarmTarget: 8, BatchSize: 8, MaxFree: 24, AddWait: Duration{10 * time.Second}},
+		MetricsAddr: "127.0.0.1:9695",
+		Provider:    Provider{Type: "static"},
 	}
 }
 
@@ -313,6 +320,14 @@ func (c *Config) Validate() error {
 	}
 	if c.Pool.MaxFree < c.Pool.WarmTarget {
 		bad("pool.maxFree", "%d is below pool.warmTarget %d", c.Pool.MaxFree, c.Pool.WarmTarget)
+	}
+	if c.Pool.AddWait.Duration < 0 || c.Pool.AddWait.Duration > 5*time.Minute {
+		bad("pool.addWait", "%s is outside 0..5m", c.Pool.AddWait)
+	}
+	if c.MetricsAddr != "" {
+		if _, _, err := net.SplitHostPort(c.MetricsAddr); err != nil {
+			bad("metricsAddr", "%q is not host:port", c.MetricsAddr)
+		}
 	}
 	if c.Pool.BatchSize < 1 {
 		bad("pool.batchSize", "%d must be at least 1", c.Pool.BatchSize)

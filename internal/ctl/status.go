@@ -82,8 +82,11 @@ func status(args []string, out io.Writer) error {
 
 func printState(out io.Writer, st *api.State) {
 	health := "ready"
-	if !st.Ready {
+	switch {
+	case !st.Ready:
 		health = "NOT READY: " + st.Reason
+	case st.Degraded:
+		health = "ready, DEGRADED: " + st.Reason
 	}
 	fmt.Fprintf(out, "node      %s\nagent     %s (since %s)\nprovider  %s\ndatapath  %s via %s, mtu %d\n",
 		st.Node, health, st.StartedAt, st.Provider, st.Datapath, st.Uplink, st.MTU)

@@ -622,3 +622,31 @@ func (v *Veth) UplinkIP() netip.Addr {
 	}
 	return netip.Addr{}
 }
+
+// Forget removes the proxy ARP entry and any vpcni route of an address no
+// pod holds, and says whether there was any.
+func (v *Veth) Forget(ip netip.Addr) (bool, error) {
+	removed := false
+	err := netlink.NeighDel(v.proxyEntry(ip))
+	switch {
+	case err == nil:
+		removed = true
+	case !isNotFound(err):
+		return false, fmt.Errorf("delete proxy ARP entry %s: %w", ip, err)
+	}
+	routes, err := retryDump(func() ([]netlink.Route, error) {
+		return netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Protocol: RouteProtocol}, netlink.RT_FILTER_PROTOCOL)
+	})
+	if err != nil {
+		return removed, err
+	}
+	for _, r := range routes {
+		if r.Dst != nil && isHostMask(r.Dst.Mask) && r.Dst.IP.Equal(ip.AsSlice()) {
+			if err := netlink.RouteDel(&r); err != nil && !isNotFound(err) {
+				return removed, err
+			}
+			removed = true
+		}
+	}
+	return removed, nil
+}

@@ -3,6 +3,8 @@ package integration
 import (
 	"encoding/json"
 	"fmt"
+	"io"
+	"net"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -250,5 +252,44 @@ func TestNodeSettings(t *testing.T) {
 				t.Errorf("pod MTU %d, host MTU %d, want %d", podLink.Attrs().MTU, hostLink.Attrs().MTU, want)
 			}
 		})
+	}
+}
+
+// TestMetrics: the agent's Prometheus endpoint shows the pool by state, the
+// allocations and the CNI request latency.
+func TestMetrics(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	c := e.cni("1.0.0")
+	e.add(c, "metrics", e.pod(1))
+	var body string
+	err := netnsutil.Do(netnsutil.Path(e.tb.NodeNS()), func() error {
+		conn, err := net.Dial("tcp4", e.cfg.MetricsAddr)
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		_, _ = io.WriteString(conn, "GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
+		b, err := io.ReadAll(conn)
+		body = string(b)
+		return err
+	})
+	if err != nil {
+		t.Fatalf("scrape %s in the node: %v", e.cfg.MetricsAddr, err)
+	}
+	for _, want := range []string{
+		`vpcni_pool_addresses{state="allocated"} 1`,
+		`vpcni_allocations 1`,
+		`vpcni_degraded 0`,
+		`vpcni_cni_request_duration_seconds_count{result="ok",verb="ADD"} 1`,
+		`vpcni_cloud_calls_total{op="assign",result="ok"}`,
+		`vpcni_cloud_calls_total{op="held",result="ok"} 1`,
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("metrics lack %q", want)
+		}
+	}
+	if t.Failed() {
+		t.Logf("metrics:\n%s", body)
 	}
 }

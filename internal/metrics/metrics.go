@@ -1,0 +1,167 @@
+// Package metrics is vpcnid's Prometheus instrumentation: pool sizes by
+// state, allocations, CNI request latency, cloud calls by operation, and
+// whether the agent runs degraded.
+package metrics
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/http"
+	"net/netip"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/vpcni/vpcni/internal/provider"
+)
+
+// Metrics holds the agent's instruments.
+type Metrics struct {
+	Registry     *prometheus.Registry
+	Pool         *prometheus.GaugeVec
+	Allocations  prometheus.Gauge
+	Degraded     prometheus.Gauge
+	CNIDuration  *prometheus.HistogramVec
+	CloudCalls   *prometheus.CounterVec
+	CloudLatency *prometheus.HistogramVec
+}
+
+// New registers every instrument.
+func New() *Metrics {
+	m := &Metrics{
+		Registry: prometheus.NewRegistry(),
+		Pool: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "vpcni_pool_addresses", Help: "Addresses the node holds, by state (free, cooling, allocated).",
+		}, []string{"state"}),
+		Allocations: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "vpcni_allocations", Help: "Pod interfaces with an address.",
+		}),
+		Degraded: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "vpcni_degraded", Help: "1 while the cloud API fails and the agent serves from its pool only.",
+		}),
+		CNIDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "vpcni_cni_request_duration_seconds", Help: "Time vpcnid spent on a CNI verb.",
+			Buckets: []float64{.001, .002, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
+		}, []string{"verb", "result"}),
+		CloudCalls: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "vpcni_cloud_calls_total", Help: "Provider operations, by operation and result.",
+		}, []string{"op", "result"}),
+		CloudLatency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "vpcni_cloud_call_duration_seconds", Help: "Provider operation latency.",
+			Buckets: []float64{.01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
+		}, []string{"op"}),
+	}
+	m.Registry.MustRegister(m.CNIDuration, m.CloudCalls, m.CloudLatency,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+// Snapshot is the agent's state as the gauges show it.
+type Snapshot struct {
+	Free, Cooling, Allocated int
+	Degraded                 bool
+}
+
+// Watch makes every scrape read the gauges from f.
+func (m *Metrics) Watch(f func() Snapshot) { m.Registry.MustRegister(&watcher{f: f, m: m}) }
+
+type watcher struct {
+	f func() Snapshot
+	m *Metrics
+}
+
+func (w *watcher) Describe(ch chan<- *prometheus.Desc) {
+	w.m.Pool.Describe(ch)
+	w.m.Allocations.Describe(ch)
+	w.m.Degraded.Describe(ch)
+}
+
+func (w *watcher) Collect(ch chan<- prometheus.Metric) {
+	s := w.f()
+	w.m.Pool.WithLabelValues("free").Set(float64(s.Free))
+	w.m.Pool.WithLabelValues("cooling").Set(float64(s.Cooling))
+	w.m.Pool.WithLabelValues("allocated").Set(float64(s.Allocated))
+	w.m.Allocations.Set(float64(s.Allocated))
+	degraded := 0.0
+	if s.Degraded {
+		degraded = 1
+	}
+	w.m.Degraded.Set(degraded)
+	w.m.Pool.Collect(ch)
+	w.m.Allocations.Collect(ch)
+	w.m.Degraded.Collect(ch)
+}
+
+// Serve exposes /metrics on addr until ctx ends.
+func (m *Metrics) Serve(ctx context.Context, addr string) (net.Addr, error) {
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{}))
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = srv.Serve(l) }()
+	go func() {
+		<-ctx.Done()
+		_ = srv.Close()
+	}()
+	return l.Addr(), nil
+}
+
+// Instrument wraps a provider so every operation is counted and timed.
+func (m *Metrics) Instrument(p provider.Provider) provider.Provider { return &instrumented{p, m} }
+
+type instrumented struct {
+	provider.Provider
+	m *Metrics
+}
+
+func (i *instrumented) observe(op string, start time.Time, err error) {
+	result := "ok"
+	switch {
+	case err == nil:
+	case errors.Is(err, provider.ErrExhausted):
+		result = "exhausted"
+	case errors.Is(err, provider.ErrTaken):
+		result = "taken"
+	case errors.Is(err, provider.ErrUnavailable):
+		result = "unavailable"
+	default:
+		result = "error"
+	}
+	i.m.CloudCalls.WithLabelValues(op, result).Inc()
+	i.m.CloudLatency.WithLabelValues(op).Observe(time.Since(start).Seconds())
+}
+
+func (i *instrumented) Assign(ctx context.Context, req provider.AssignRequest) ([]netip.Addr, error) {
+	start := time.Now()
+	got, err := i.Provider.Assign(ctx, req)
+	i.observe("assign", start, err)
+	return got, err
+}
+
+func (i *instrumented) Release(ctx context.Context, addrs []netip.Addr) error {
+	start := time.Now()
+	err := i.Provider.Release(ctx, addrs)
+	i.observe("release", start, err)
+	return err
+}
+
+func (i *instrumented) Held(ctx context.Context) ([]netip.Addr, error) {
+	start := time.Now()
+	got, err := i.Provider.Held(ctx)
+	i.observe("held", start, err)
+	return got, err
+}
+
+// Calls passes through the wrapped provider's HTTP call counts, if any.
+func (i *instrumented) Calls() map[string]int64 {
+	if c, ok := i.Provider.(interface{ Calls() map[string]int64 }); ok {
+		return c.Calls()
+	}
+	return nil
+}
