@@ -86,7 +86,9 @@ func (a *Agent) serveCNI(verb string, f func(context.Context, *api.CNIRequest) (
 		if aerr != nil {
 			result = fmt.Sprint(aerr.Code)
 		}
-		a.metrics.CNIDuration.WithLabelValues(verb, result).Observe(time.Since(start).Seconds())
+		if a.metrics != nil {
+			a.metrics.CNIDuration.WithLabelValues(verb, result).Observe(time.Since(start).Seconds())
+		}
 		if aerr != nil {
 			a.log.Warn("CNI request failed", "verb", verb, "container", containerOf(req), "code", aerr.Code, "err", aerr.Error(), "ms", msSince(start))
 			writeError(w, aerr)

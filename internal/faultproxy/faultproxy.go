@@ -280,21 +280,11 @@ func (p *Proxy) decide(r *http.Request) (outcome, time.Duration) {
 
 // pick compares x in [0, 1) against the cumulative probabilities of f.
 func pick(f Faults, x float64) outcome {
-	probs := [...]struct {
-		p float64
-		o outcome
-	}{
-		{f.ServerError, serverError},
-		{f.Timeout, timeout},
-		{f.LostReply, lostReply},
-		{f.Conflict409, conflict409},
-		{f.Precondition412, precondition412},
-	}
 	sum := 0.0
-	for _, e := range probs {
-		sum += clamp01(e.p)
+	for i, v := range [...]float64{f.ServerError, f.Timeout, f.LostReply, f.Conflict409, f.Precondition412} {
+		sum += clamp01(v)
 		if x < sum {
-			return e.o
+			return serverError + outcome(i)
 		}
 	}
 	return passed
