@@ -11,7 +11,7 @@ LDFLAGS   := -s -w -X main.version=$(VERSION)
 GOBUILD   := CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)"
 PKG_TEST_TIMEOUT ?= 15m
 
-.PHONY: all build deps test unit fuzz integration lint demo bench clean
+.PHONY: all build deps test unit fuzz integration chaos lint demo bench clean
 
 all: build
 
@@ -42,6 +42,11 @@ TESTFILTER := grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|vpcni-test:|^\[neutron
 integration: build
 	VPCNI_REQUIRE_ROOT=1 VPCNI_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout $(PKG_TEST_TIMEOUT) -v ./test/integration ./test/neutron 2>&1 | tee /tmp/vpcni-integration.log | $(TESTFILTER) ; exit $${PIPESTATUS[0]}
 	VPCNI_REQUIRE_ROOT=1 $(GO) test -count=1 -timeout $(PKG_TEST_TIMEOUT) -v ./test/keystone 2>&1 | tee /tmp/vpcni-keystone.log | $(TESTFILTER) ; exit $${PIPESTATUS[0]}
+
+# The chaos test at length (make test runs it with 3 rounds).
+CHAOS_ROUNDS ?= 20
+chaos: build
+	VPCNI_REQUIRE_ROOT=1 VPCNI_BIN=$(CURDIR)/$(BIN) VPCNI_CHAOS_ROUNDS=$(CHAOS_ROUNDS) $(GO) test -count=1 -timeout 60m -v -run 'TestChaos' ./test/neutron 2>&1 | $(TESTFILTER) ; exit $${PIPESTATUS[0]}
 
 test: deps lint unit fuzz integration
 
