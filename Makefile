@@ -38,7 +38,7 @@ fuzz:
 # reference plugins, a real neutron-server (scripts/neutron.sh installs and
 # starts it, and stops it again). The Keystone job runs last, on its own:
 # it restarts that neutron-server in Keystone mode.
-TESTFILTER := grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|vpcni-test:|^\[neutron'
+TESTFILTER := grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|vpcni-test:|^chaos:|^\[neutron'
 integration: build
 	VPCNI_REQUIRE_ROOT=1 VPCNI_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout $(PKG_TEST_TIMEOUT) -v ./test/integration ./test/neutron 2>&1 | tee /tmp/vpcni-integration.log | $(TESTFILTER) ; exit $${PIPESTATUS[0]}
 	VPCNI_REQUIRE_ROOT=1 $(GO) test -count=1 -timeout $(PKG_TEST_TIMEOUT) -v ./test/keystone 2>&1 | tee /tmp/vpcni-keystone.log | $(TESTFILTER) ; exit $${PIPESTATUS[0]}
