@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"net/netip"
 	"os"
 	"sync"
@@ -42,6 +43,9 @@ type Agent struct {
 	refillMu sync.Mutex // one provider refill at a time
 	kick     chan struct{}
 	metrics  *metrics.Metrics
+
+	surplusSince time.Time     // when free first went above maxFree (zero: not above)
+	surplusAfter time.Duration // this time's grace, with jitter
 }
 
 // New opens the store and the datapath, restores every recorded pod (its
@@ -341,6 +345,34 @@ func (a *Agent) resync(ctx context.Context) {
 	}
 }
 
+// surplusDue says whether free addresses have stayed above maxFree for
+// the grace period (with ±25% jitter, so nodes do not release in step).
+func (a *Agent) surplusDue(now time.Time) bool {
+	a.mu.Lock()
+	free := a.pool.Counts().Free
+	a.mu.Unlock()
+	if free <= a.cfg.Pool.MaxFree {
+		a.surplusSince = time.Time{}
+		return false
+	}
+	if a.surplusSince.IsZero() {
+		a.surplusSince = now
+		g := a.cfg.Pool.SurplusGrace.Duration
+		a.surplusAfter = g*3/4 + rand.N(g/2+1)
+		a.kickAt(now.Add(a.surplusAfter))
+	}
+	if now.Sub(a.surplusSince) < a.surplusAfter {
+		return false
+	}
+	a.surplusSince = time.Time{}
+	return true
+}
+
+// kickAt wakes the Run loop at t.
+func (a *Agent) kickAt(t time.Time) {
+	time.AfterFunc(time.Until(t), a.kickRefill)
+}
+
 // probeProvider clears a standing provider error once the provider answers
 // again, so STATUS does not stay "not ready" on an old failure.
 func (a *Agent) probeProvider(ctx context.Context) {
@@ -372,6 +404,9 @@ func (a *Agent) trimSurplus(ctx context.Context) {
 	}
 	a.refillMu.Lock()
 	defer a.refillMu.Unlock()
+	if !a.surplusDue(time.Now()) {
+		return
+	}
 	a.mu.Lock()
 	var surplus []netip.Addr
 	for range a.pool.Counts().Free - a.cfg.Pool.MaxFree {

@@ -52,6 +52,10 @@ type Pool struct {
 	BatchSize int `json:"batchSize"`
 	// MaxFree: free addresses above this go back to the provider.
 	MaxFree int `json:"maxFree"`
+	// SurplusGrace is how long free addresses must stay above MaxFree
+	// before the surplus goes back (±25% jitter), so churn does not thrash
+	// the cloud.
+	SurplusGrace Duration `json:"surplusGrace"`
 	// AddWait bounds how long an ADD waits for addresses when the pool is
 	// empty (for a refill or a cooldown to end) before "try again later".
 	AddWait Duration `json:"addWait"`
@@ -320,6 +324,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Pool.MaxFree < c.Pool.WarmTarget {
 		bad("pool.maxFree", "%d is below pool.warmTarget %d", c.Pool.MaxFree, c.Pool.WarmTarget)
+	}
+	if c.Pool.SurplusGrace.Duration < 0 || c.Pool.SurplusGrace.Duration > 24*time.Hour {
+		bad("pool.surplusGrace", "%s is outside 0..24h", c.Pool.SurplusGrace)
 	}
 	if c.Pool.AddWait.Duration < 0 || c.Pool.AddWait.Duration > 5*time.Minute {
 		bad("pool.addWait", "%s is outside 0..5m", c.Pool.AddWait)

@@ -71,7 +71,7 @@ func TestAgentAgainstNeutron(t *testing.T) {
 	dir := t.TempDir()
 	cfg := tb.AgentConfig(dir, "10.78.0.0/24")
 	cfg.Cooldown.Duration = 0
-	cfg.Pool = config.Pool{WarmTarget: 0, BatchSize: 4, MaxFree: 0}
+	cfg.Pool = config.Pool{WarmTarget: 0, BatchSize: 4, MaxFree: 0} // surplus back at once
 	cfg.Resync.Duration = time.Second
 	cfg.Provider = config.Provider{Type: "openstack", OpenStack: &config.OpenStack{Endpoint: "http://127.0.0.1:19696/", SubnetID: sn.ID}}
 	agent, err := tb.StartAgent(binDir, cfg)

@@ -48,9 +48,10 @@ type Provider struct {
 	pools   [][2]netip.Addr
 	portID  string
 
-	mu   sync.Mutex // one writer per VM port
-	port *ports.Port
-	used map[netip.Addr]bool // addresses of the subnet others hold, as last seen
+	mu     sync.Mutex // one writer per VM port
+	port   *ports.Port
+	portAt time.Time           // when port was read
+	used   map[netip.Addr]bool // addresses of the subnet others hold, as last seen
 }
 
 var _ provider.Provider = (*Provider)(nil)
@@ -238,6 +239,16 @@ func (p *Provider) state() (rest string, marked, on map[netip.Addr]bool, err err
 	return rest, marked, on, nil
 }
 
+// refreshIfStale re-reads the VM port unless the provider read it back
+// itself moments ago: a write on a stale copy fails its If-Match, and the
+// read-back after every write catches what a racing write knocked out.
+func (p *Provider) refreshIfStale(ctx context.Context) error {
+	if p.port != nil && time.Since(p.portAt) < 10*time.Second {
+		return nil
+	}
+	return p.refresh(ctx)
+}
+
 // refresh re-reads the VM port.
 func (p *Provider) refresh(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.Timeout.Duration)
@@ -247,7 +258,7 @@ func (p *Provider) refresh(ctx context.Context) error {
 		p.port = nil
 		return explain(fmt.Errorf("read VM port %s: %w", p.portID, err))
 	}
-	p.port = port
+	p.port, p.portAt = port, time.Now()
 	return nil
 }
 
@@ -299,7 +310,7 @@ func (p *Provider) Assign(ctx context.Context, req provider.AssignRequest) ([]ne
 			errs = append(errs, fmt.Errorf("gave up after %d address conflicts: %w", conflicts, provider.ErrUnavailable))
 			break
 		}
-		if err := p.refresh(ctx); err != nil {
+		if err := p.refreshIfStale(ctx); err != nil {
 			errs = append(errs, err)
 			break
 		}
