@@ -409,7 +409,8 @@ func (a *Agent) trimSurplus(ctx context.Context) {
 	}
 	a.mu.Lock()
 	var surplus []netip.Addr
-	for range a.pool.Counts().Free - a.cfg.Pool.MaxFree {
+	c := a.pool.Counts()
+	for range min(c.Free-a.cfg.Pool.MaxFree, c.Held()-a.cfg.Pool.MinHeld) {
 		ip, ok := a.pool.Take("surplus", time.Now())
 		if !ok {
 			break

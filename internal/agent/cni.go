@@ -223,7 +223,9 @@ func (a *Agent) allocate(ctx context.Context, owner string) (netip.Addr, *api.Er
 			a.refillMu.Unlock()
 			return ip, nil
 		}
-		n := a.want(max(a.cfg.Pool.WarmTarget, 1))
+		// An empty pool asks for a whole batch: one cloud call for the
+		// pods that follow this one.
+		n := a.want(max(a.cfg.Pool.WarmTarget, a.cfg.Pool.BatchSize))
 		got, err := 0, error(nil)
 		if n > 0 {
 			got, err = a.obtain(ctx, n)

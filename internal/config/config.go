@@ -52,6 +52,8 @@ type Pool struct {
 	BatchSize int `json:"batchSize"`
 	// MaxFree: free addresses above this go back to the provider.
 	MaxFree int `json:"maxFree"`
+	// MinHeld: surplus is never given back below this many held addresses.
+	MinHeld int `json:"minHeld"`
 	// SurplusGrace is how long free addresses must stay above MaxFree
 	// before the surplus goes back (±25% jitter), so churn does not thrash
 	// the cloud.
@@ -256,7 +258,7 @@ func Defaults() Config {
 		Cooldown:    Duration{30 * time.Second},
 		Resync:      Duration{time.Minute},
 		LogLevel:    "info",
-		Pool:        Pool{WarmTarget: 8, BatchSize: 8, MaxFree: 24, AddWait: Duration{10 * time.Second}},
+		Pool:        Pool{WarmTarget: 8, BatchSize: 8, MaxFree: 24, AddWait: Duration{10 * time.Second}, SurplusGrace: Duration{2 * time.Minute}},
 		MetricsAddr: "127.0.0.1:9695",
 		Provider:    Provider{Type: "static"},
 	}
@@ -321,6 +323,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Pool.WarmTarget < 0 {
 		bad("pool.warmTarget", "%d must not be negative", c.Pool.WarmTarget)
+	}
+	if c.Pool.MinHeld < 0 {
+		bad("pool.minHeld", "%d must not be negative", c.Pool.MinHeld)
 	}
 	if c.Pool.MaxFree < c.Pool.WarmTarget {
 		bad("pool.maxFree", "%d is below pool.warmTarget %d", c.Pool.MaxFree, c.Pool.WarmTarget)

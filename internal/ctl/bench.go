@@ -26,9 +26,11 @@ func bench(args []string, out io.Writer) error {
 			return benchCNI(args[1:], out)
 		case "neutron":
 			return benchNeutron(args[1:], out)
+		case "pool":
+			return benchPool(args[1:], out)
 		}
 	}
-	return errors.New("usage: vpcnictl bench cni|neutron [flags]")
+	return errors.New("usage: vpcnictl bench cni|neutron|pool [flags]")
 }
 
 // plugin is one CNI plugin under benchmark.

@@ -52,6 +52,7 @@ func usage(w io.Writer) {
   vpcnictl demo [--keep|--down]               one node, three pods, a neighbour: connectivity matrix
   vpcnictl bench cni [flags]                  CNI ADD/DEL latency and burst vs Debian's ptp+host-local
   vpcnictl bench neutron [flags]              Neutron calls per pod, batched vs single updates (real neutron-server)
+  vpcnictl bench pool [flags]                 pool policy: calls per pod under churn, cold and warm ADD p99 (real neutron-server)
 `)
 }
 

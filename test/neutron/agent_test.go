@@ -20,6 +20,7 @@ import (
 
 	"github.com/vpcni/vpcni/internal/api"
 	"github.com/vpcni/vpcni/internal/config"
+	"github.com/vpcni/vpcni/internal/faultproxy"
 	"github.com/vpcni/vpcni/internal/netnsutil"
 	"github.com/vpcni/vpcni/internal/testbed"
 )
@@ -312,4 +313,109 @@ func removeByHand(t *testing.T, portID string, ip netip.Addr) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	t.Fatalf("could not remove %s by hand", ip)
+}
+
+// TestDegradedMode: with every Neutron call failing (503 through the fault
+// proxy) the agent serves ADDs from its pool, gives nothing back, says
+// "degraded" in its state and metrics, and recovers by itself.
+func TestDegradedMode(t *testing.T) {
+	binDir := bin(t)
+	sn := realNeutron{}.NewSubnet(t, "10.78.0.0/24", 150)
+	node := realNeutron{}.NewNode(t, sn, netip.MustParseAddr("10.78.0.10"))
+	proxy, err := faultproxy.New("http://127.0.0.1:19696", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	paddr, err := proxy.Listen("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { proxy.Close() })
+	tb := testbed.New(fmt.Sprintf("vpcnid%d", os.Getpid()%100000), netip.MustParsePrefix("10.78.0.0/24"))
+	if err := tb.Up(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tb.Down() })
+	fwd, err := testbed.Forward(tb.NodeNS(), "127.0.0.1:19696", paddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { fwd.Close() })
+	dir := t.TempDir()
+	cfg := tb.AgentConfig(dir, "10.78.0.0/24")
+	cfg.Cooldown.Duration = 0
+	cfg.Pool = config.Pool{WarmTarget: 4, BatchSize: 4, MaxFree: 4}
+	cfg.Provider = config.Provider{Type: "openstack", OpenStack: &config.OpenStack{Endpoint: "http://127.0.0.1:19696/", SubnetID: sn.ID,
+		Timeout: config.Duration{Duration: 2 * time.Second}, Retries: 2}}
+	agent, err := tb.StartAgent(binDir, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cni, err := tb.NewCNI([]string{binDir}, filepath.Join(dir, "cache"), testbed.VpcniConfList("1.1.0", "vpcni-deg", cfg.SocketPath))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	waitFor(t, 30*time.Second, "a warm pool", func() bool { st, err := agent.State(); return err == nil && st.Pool.Free >= 4 })
+
+	// Two pods while Neutron is healthy; the pool refills behind them
+	// (4 free + 2 allocated held).
+	var ips []netip.Addr
+	for i := range 2 {
+		p, _ := tb.AddPod(i)
+		res, err := cni.Add(c, testbed.Runtime(fmt.Sprintf("deg-%d", i), p, "eth0", nil))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ips = append(ips, ipOf(t, res))
+	}
+	waitFor(t, 30*time.Second, "the refill", func() bool { st, err := agent.State(); return err == nil && st.Pool.Free >= 4 })
+
+	// Neutron fails. A third pod comes from the pool; its refill fails.
+	proxy.SetFaults(faultproxy.Faults{ServerError: 1})
+	p2, _ := tb.AddPod(2)
+	if _, err := cni.Add(c, testbed.Runtime("deg-2", p2, "eth0", nil)); err != nil {
+		t.Fatalf("ADD from the pool while Neutron fails: %v", err)
+	}
+	waitFor(t, 30*time.Second, "the agent to say it is degraded", func() bool {
+		st, err := agent.State()
+		return err == nil && st.Degraded && st.Ready && strings.Contains(st.Reason, "degraded")
+	})
+	if err := cni.Status(c); err != nil {
+		t.Errorf("STATUS while degraded with free addresses: %v, want ready", err)
+	}
+	// DELs while degraded: free rises above maxFree, yet nothing goes back.
+	for i := range 3 {
+		if err := cni.Del(c, testbed.Runtime(fmt.Sprintf("deg-%d", i), tb.PodNS(i), "eth0", nil)); err != nil {
+			t.Fatalf("DEL while degraded: %v", err)
+		}
+	}
+	st, err := agent.State()
+	if err != nil || st.Pool.Free <= cfg.Pool.MaxFree {
+		t.Fatalf("test setup: free %d should exceed maxFree %d (%v)", st.Pool.Free, cfg.Pool.MaxFree, err)
+	}
+	held := len(podOnly(node.PortIPs(t)))
+	time.Sleep(2 * time.Second) // several Run loops: none may release
+	if now := len(podOnly(node.PortIPs(t))); now != held {
+		t.Fatalf("the VM port went from %d to %d pod addresses while degraded: releases must stop", held, now)
+	}
+	for _, ip := range ips {
+		if !slices.Contains(node.PortIPs(t), ip) {
+			t.Fatalf("%s left the VM port while degraded", ip)
+		}
+	}
+	if counts := proxy.Counts(); counts["server_error"] == 0 {
+		t.Fatalf("no fault was injected: %v", counts)
+	}
+
+	// Neutron is back: the agent recovers by itself and the surplus goes.
+	proxy.SetFaults(faultproxy.Faults{})
+	waitFor(t, 60*time.Second, "recovery", func() bool { st, err := agent.State(); return err == nil && !st.Degraded && st.Ready })
+	waitFor(t, 60*time.Second, "the surplus to go back", func() bool { return len(podOnly(node.PortIPs(t))) <= cfg.Pool.MaxFree })
+}
+
+// podOnly drops the node's own address.
+func podOnly(ips []netip.Addr) []netip.Addr {
+	return slices.DeleteFunc(ips, func(a netip.Addr) bool { return a.String() == "10.78.0.10" })
 }

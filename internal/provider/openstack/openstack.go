@@ -84,6 +84,9 @@ func New(ctx context.Context, cfg config.OpenStack, nodeIP netip.Addr) (*Provide
 	if err := p.findPort(ctx, sn.NetworkID, nodeIP); err != nil {
 		return nil, err
 	}
+	// Learn the subnet's used addresses now, not on the first ADD that
+	// finds the pool empty (it is read again only on a conflict).
+	_ = p.refreshUsed(ctx)
 	return p, nil
 }
 
