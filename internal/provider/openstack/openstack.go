@@ -18,6 +18,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"math/rand/v2"
 	"net/http"
 	"net/netip"
@@ -288,13 +289,15 @@ func (p *Provider) refreshUsed(ctx context.Context) error {
 	return nil
 }
 
-// Assign implements provider.Provider: new addresses go onto the VM port
-// in one PUT per batch, each named explicitly.
+// Assign implements provider.Provider: new addresses are named
+// explicitly and written in one batch per attempt; an address someone else
+// took meanwhile (409) is skipped for another.
 func (p *Provider) Assign(ctx context.Context, req provider.AssignRequest) ([]netip.Addr, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	var m mode = fixedIPs{p}
 	if p.cfg.Mode == "address-pairs" {
-		return p.assignPairs(ctx, req)
+		m = addressPairs{p}
 	}
 	var assigned []netip.Addr
 	var errs []error
@@ -323,7 +326,7 @@ func (p *Provider) Assign(ctx context.Context, req provider.AssignRequest) ([]ne
 				break
 			}
 		}
-		_, marked, on, err := p.state()
+		v, err := m.view(ctx)
 		if err != nil {
 			errs = append(errs, err)
 			break
@@ -331,32 +334,38 @@ func (p *Provider) Assign(ctx context.Context, req provider.AssignRequest) ([]ne
 		add := map[netip.Addr]bool{}
 		for a := range explicit {
 			switch {
-			case on[a] && marked[a]: // already ours
+			case v.ours[a]: // already this node's
 				assigned = append(assigned, a)
 				delete(explicit, a)
-			case on[a]:
+			case v.taken[a]:
 				errs = append(errs, fmt.Errorf("%s is on the VM port but was not put there by vpcni: %w", a, provider.ErrTaken))
 				delete(explicit, a)
 			default:
 				add[a] = true
 			}
 		}
-		picked := p.pick(need, on, skip, explicit)
+		if len(add) > v.room {
+			errs = append(errs, fmt.Errorf("%s: no room for %d more: %w", v.limit(0), len(add), provider.ErrExhausted))
+			break
+		}
+		picked := p.pick(min(need, v.room-len(add)), v.taken, skip, explicit)
 		for _, a := range picked {
 			add[a] = true
 		}
 		if len(add) == 0 {
-			if need > 0 {
+			switch {
+			case need > 0 && v.room <= 0:
+				errs = append(errs, fmt.Errorf("%s: %w", v.limit(0), provider.ErrExhausted))
+			case need > 0:
 				errs = append(errs, fmt.Errorf("no free address left in subnet %s (%s): %w", p.subnet, p.cfg.SubnetID, provider.ErrExhausted))
 			}
 			break
 		}
-		err = p.apply(ctx, add, nil)
+		err = m.write(ctx, add)
 		var taken netip.Addr
 		switch {
 		case err == nil:
 		case isNeutronError(err, http.StatusConflict, "IpAddressAlreadyAllocated", &taken) && taken.IsValid():
-			// Someone else holds it: skip it and try again.
 			if explicit[taken] {
 				errs = append(errs, fmt.Errorf("%s: %w", taken, provider.ErrTaken))
 				delete(explicit, taken)
@@ -366,10 +375,10 @@ func (p *Provider) Assign(ctx context.Context, req provider.AssignRequest) ([]ne
 			continue
 		case isNeutronError(err, http.StatusConflict, "IpAddressGenerationFailure", nil):
 			errs = append(errs, fmt.Errorf("subnet %s is full: %w", p.subnet, provider.ErrExhausted))
-			return assigned, errors.Join(errs...)
+			return sorted(assigned), errors.Join(errs...)
 		default:
 			errs = append(errs, err)
-			return assigned, errors.Join(errs...)
+			return sorted(assigned), errors.Join(errs...)
 		}
 		for a := range add {
 			if p.used != nil {
@@ -379,12 +388,59 @@ func (p *Provider) Assign(ctx context.Context, req provider.AssignRequest) ([]ne
 			assigned = append(assigned, a)
 		}
 		if need -= len(picked); need > 0 {
-			errs = append(errs, fmt.Errorf("subnet %s had only %d free addresses: %w", p.subnet, len(picked), provider.ErrExhausted))
+			if v.room-len(add) <= 0 {
+				errs = append(errs, fmt.Errorf("%s: %w", v.limit(len(add)), provider.ErrExhausted))
+			} else {
+				errs = append(errs, fmt.Errorf("subnet %s had only %d free addresses: %w", p.subnet, len(picked), provider.ErrExhausted))
+			}
 			break
 		}
 	}
-	slices.SortFunc(assigned, netip.Addr.Compare)
-	return assigned, errors.Join(errs...)
+	return sorted(assigned), errors.Join(errs...)
+}
+
+func sorted(a []netip.Addr) []netip.Addr {
+	slices.SortFunc(a, netip.Addr.Compare)
+	return a
+}
+
+// mode is how an address mode sees and writes the VM port.
+type mode interface {
+	view(ctx context.Context) (portView, error)
+	write(ctx context.Context, add map[netip.Addr]bool) error
+}
+
+// portView: the addresses the node already holds (ours), those on the port
+// that are someone else's (taken), how many more fit (room), and what the
+// limit is once added more are on the port.
+type portView struct {
+	ours, taken map[netip.Addr]bool
+	room        int
+	limit       func(added int) string
+}
+
+// fixedIPs: pod addresses are fixed IPs of the VM port, ours when marked.
+type fixedIPs struct{ p *Provider }
+
+func (m fixedIPs) view(context.Context) (portView, error) {
+	_, marked, on, err := m.p.state()
+	if err != nil {
+		return portView{}, err
+	}
+	v := portView{ours: map[netip.Addr]bool{}, taken: map[netip.Addr]bool{}, room: math.MaxInt,
+		limit: func(int) string { return "VM port " + m.p.portID }}
+	for a := range on {
+		if marked[a] {
+			v.ours[a] = true
+		} else {
+			v.taken[a] = true
+		}
+	}
+	return v, nil
+}
+
+func (m fixedIPs) write(ctx context.Context, add map[netip.Addr]bool) error {
+	return m.p.apply(ctx, add, nil)
 }
 
 // Release implements provider.Provider: the addresses vpcni marked leave

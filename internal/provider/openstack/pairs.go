@@ -70,118 +70,59 @@ func (p *Provider) pairs() map[netip.Addr]bool {
 	return out
 }
 
-func (p *Provider) assignPairs(ctx context.Context, req provider.AssignRequest) ([]netip.Addr, error) {
-	var assigned []netip.Addr
-	var errs []error
-	explicit := map[netip.Addr]bool{}
-	for _, a := range req.Addresses {
-		if p.subnet.Contains(a) {
-			explicit[a] = true
-		} else {
-			errs = append(errs, fmt.Errorf("%s is outside subnet %s", a, p.subnet))
+// addressPairs: pod addresses are reserved by ports of their own and
+// allowed on the VM port; ours when reserved by this node.
+type addressPairs struct{ p *Provider }
+
+func (m addressPairs) view(ctx context.Context) (portView, error) {
+	p := m.p
+	res, err := p.reservations(ctx)
+	if err != nil {
+		return portView{}, err
+	}
+	_, _, on, err := p.state()
+	if err != nil {
+		return portView{}, err
+	}
+	v := portView{ours: map[netip.Addr]bool{}, taken: on}
+	for a := range res {
+		v.ours[a] = true
+	}
+	// Every pair that is not ours counts against the limit, CIDRs too.
+	foreign := 0
+	for _, ap := range p.port.AllowedAddressPairs {
+		a, err := netip.ParseAddr(ap.IPAddress)
+		if err != nil || !v.ours[a] {
+			foreign++
+			if err == nil {
+				v.taken[a] = true
+			}
 		}
 	}
-	need := max(req.Count, 0)
-	skip := map[netip.Addr]bool{}
-	for conflicts := 0; need > 0 || len(explicit) > 0; conflicts++ {
-		if conflicts > 4*p.cfg.Retries {
-			errs = append(errs, fmt.Errorf("gave up after %d address conflicts: %w", conflicts, provider.ErrUnavailable))
-			break
-		}
-		if err := p.refresh(ctx); err != nil {
-			errs = append(errs, err)
-			break
-		}
-		if p.used == nil {
-			if err := p.refreshUsed(ctx); err != nil {
-				errs = append(errs, err)
-				break
-			}
-		}
-		res, err := p.reservations(ctx)
-		if err != nil {
-			errs = append(errs, err)
-			break
-		}
-		// Every pair that is not ours counts against the limit, CIDRs too.
-		foreign := 0
-		for _, ap := range p.port.AllowedAddressPairs {
-			a, err := netip.ParseAddr(ap.IPAddress)
-			if _, ours := res[a]; err != nil || !ours {
-				foreign++
-			}
-		}
-		add := map[netip.Addr]bool{}
-		for a := range explicit {
-			if _, ours := res[a]; ours {
-				assigned = append(assigned, a)
-				delete(explicit, a)
-			} else {
-				add[a] = true
-			}
-		}
-		room := p.cfg.MaxAddressPairs - foreign - len(res)
-		if len(add) > room {
-			errs = append(errs, fmt.Errorf("VM port %s has room for %d more allowed address pairs (%d of %d used: %d by vpcni, %d by others): %w",
-				p.portID, max(room, 0), foreign+len(res), p.cfg.MaxAddressPairs, len(res), foreign, provider.ErrExhausted))
-			break
-		}
-		want := min(need, room-len(add))
-		picked := p.pick(want, nil, skip, explicit)
-		for _, a := range picked {
-			add[a] = true
-		}
-		if len(add) == 0 {
-			if need > 0 && room <= 0 {
-				errs = append(errs, fmt.Errorf("VM port %s has no room for another allowed address pair (%d of %d used: %d by vpcni, %d by others): %w",
-					p.portID, foreign+len(res), p.cfg.MaxAddressPairs, len(res), foreign, provider.ErrExhausted))
-			} else if need > 0 {
-				errs = append(errs, fmt.Errorf("no free address left in subnet %s (%s): %w", p.subnet, p.cfg.SubnetID, provider.ErrExhausted))
-			}
-			break
-		}
-		created, err := p.reserve(ctx, add)
-		var taken netip.Addr
-		switch {
-		case err == nil:
-		case isNeutronError(err, http.StatusConflict, "IpAddressAlreadyAllocated", &taken) && taken.IsValid():
-			if explicit[taken] {
-				errs = append(errs, fmt.Errorf("%s: %w", taken, provider.ErrTaken))
-				delete(explicit, taken)
-			}
-			skip[taken] = true
-			p.used = nil
-			continue
-		default:
-			errs = append(errs, err)
-			return assigned, errors.Join(errs...)
-		}
-		if err := p.applyPairs(ctx, add, nil); err != nil {
-			// Without the pair the reservation is useless: undo it.
-			p.unreserve(ctx, created)
-			if isNeutronError(err, http.StatusBadRequest, "AllowedAddressPairExhausted", nil) {
-				err = fmt.Errorf("%w (Neutron's max_allowed_address_pair is lower than maxAddressPairs %d): %w", err, p.cfg.MaxAddressPairs, provider.ErrExhausted)
-			}
-			errs = append(errs, err)
-			return assigned, errors.Join(errs...)
-		}
-		for a := range add {
-			p.used[a] = true
-			delete(explicit, a)
-			assigned = append(assigned, a)
-		}
-		if need -= len(picked); need > 0 {
-			if room-len(add) <= 0 {
-				errs = append(errs, fmt.Errorf("VM port %s reached Neutron's limit of %d allowed address pairs (%d by vpcni, %d by others): %w",
-					p.portID, p.cfg.MaxAddressPairs, len(res)+len(add), foreign, provider.ErrExhausted))
-			} else {
-				errs = append(errs, fmt.Errorf("subnet %s had only %d free addresses: %w", p.subnet, len(picked), provider.ErrExhausted))
-			}
-			break
-		}
+	v.room = max(p.cfg.MaxAddressPairs-foreign-len(res), 0)
+	v.limit = func(added int) string {
+		return fmt.Sprintf("VM port %s reached Neutron's limit of %d allowed address pairs (%d by vpcni, %d by others)",
+			p.portID, p.cfg.MaxAddressPairs, len(res)+added, foreign)
 	}
-	slices.SortFunc(assigned, netip.Addr.Compare)
-	return assigned, errors.Join(errs...)
+	return v, nil
+}
+
+// write reserves the addresses in one bulk POST, then allows them on the
+// VM port; without the pair a reservation is useless, so it is undone.
+func (m addressPairs) write(ctx context.Context, add map[netip.Addr]bool) error {
+	p := m.p
+	created, err := p.reserve(ctx, add)
+	if err != nil {
+		return err
+	}
+	if err := p.applyPairs(ctx, add, nil); err != nil {
+		_ = p.unreserve(ctx, created)
+		if isNeutronError(err, http.StatusBadRequest, "AllowedAddressPairExhausted", nil) {
+			return fmt.Errorf("%w (Neutron's max_allowed_address_pair is lower than maxAddressPairs %d): %w", err, p.cfg.MaxAddressPairs, provider.ErrExhausted)
+		}
+		return err
+	}
+	return nil
 }
 
 // reserve creates one reservation port per address in a single bulk POST
