@@ -14,26 +14,19 @@ package openstack
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
 	"math"
-	"math/rand/v2"
 	"net/http"
 	"net/netip"
-	"os"
-	"regexp"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/gophercloud/gophercloud/v2"
-	gcos "github.com/gophercloud/gophercloud/v2/openstack"
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/ports"
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/subnets"
-	"sigs.k8s.io/yaml"
 
 	"github.com/vpcni/vpcni/internal/config"
 	"github.com/vpcni/vpcni/internal/provider"
@@ -89,59 +82,6 @@ func New(ctx context.Context, cfg config.OpenStack, nodeIP netip.Addr) (*Provide
 	// finds the pool empty (it is read again only on a conflict).
 	_ = p.refreshUsed(ctx)
 	return p, nil
-}
-
-// client builds a Neutron client: noauth against Endpoint, or through
-// Keystone.
-func client(ctx context.Context, cfg config.OpenStack, rt http.RoundTripper) (*gophercloud.ServiceClient, error) {
-	httpc := http.Client{Transport: rt, Timeout: cfg.Timeout.Duration}
-	if cfg.Endpoint != "" {
-		ep := cfg.Endpoint
-		if ep[len(ep)-1] != '/' {
-			ep += "/"
-		}
-		pc := &gophercloud.ProviderClient{HTTPClient: httpc}
-		return &gophercloud.ServiceClient{ProviderClient: pc, Endpoint: ep, ResourceBase: ep + "v2.0/", Type: "network"}, nil
-	}
-	a := cfg.Auth
-	if cfg.CredentialsFile != "" {
-		data, err := os.ReadFile(cfg.CredentialsFile)
-		if err != nil {
-			return nil, fmt.Errorf("OpenStack credentials: %w", err)
-		}
-		if err := yaml.UnmarshalStrict(data, &a); err != nil {
-			return nil, fmt.Errorf("OpenStack credentials %s: %w", cfg.CredentialsFile, err)
-		}
-	}
-	opts := gophercloud.AuthOptions{
-		IdentityEndpoint: a.AuthURL, AllowReauth: true,
-		ApplicationCredentialID: a.ApplicationCredentialID, ApplicationCredentialSecret: a.ApplicationCredentialSecret,
-		Username: a.Username, Password: a.Password, DomainName: a.UserDomainName,
-	}
-	if a.Username != "" {
-		opts.Scope = &gophercloud.AuthScope{ProjectID: a.ProjectID, ProjectName: a.ProjectName, DomainName: a.ProjectDomainName}
-		if opts.DomainName == "" {
-			opts.DomainName = "Default"
-		}
-		if a.ProjectName != "" && opts.Scope.DomainName == "" {
-			opts.Scope.DomainName = "Default"
-		}
-	}
-	pc, err := gcos.NewClient(a.AuthURL)
-	if err != nil {
-		return nil, fmt.Errorf("Keystone %s: %w", a.AuthURL, err)
-	}
-	pc.HTTPClient = httpc
-	actx, cancel := context.WithTimeout(ctx, cfg.Timeout.Duration)
-	defer cancel()
-	if err := gcos.Authenticate(actx, pc, opts); err != nil {
-		return nil, explain(fmt.Errorf("Keystone login at %s: %w", a.AuthURL, err))
-	}
-	nc, err := gcos.NewNetworkV2(pc, gophercloud.EndpointOpts{Region: a.Region})
-	if err != nil {
-		return nil, fmt.Errorf("no Neutron endpoint in the Keystone catalog (region %q): %w", a.Region, err)
-	}
-	return nc, nil
 }
 
 // findPort finds this node's VM port by its IP or by instance ID.
@@ -596,96 +536,6 @@ func (p *Provider) pick(n int, on, skip, also map[netip.Addr]bool) []netip.Addr 
 		}
 	}
 	return out
-}
-
-func backoff(ctx context.Context, attempt int) {
-	d := min(100*time.Millisecond<<attempt, 3*time.Second)
-	d = d/2 + rand.N(d/2+1)
-	select {
-	case <-ctx.Done():
-	case <-time.After(d):
-	}
-}
-
-var ipRe = regexp.MustCompile(`\b(\d{1,3}\.\d{1,3}\.\d{1,3}\.\d{1,3})\b`)
-
-// isNeutronError says whether err is an HTTP status with a NeutronError of
-// the given type, and picks the address its message names.
-func isNeutronError(err error, status int, typ string, addr *netip.Addr) bool {
-	var code gophercloud.ErrUnexpectedResponseCode
-	if !errors.As(err, &code) || code.Actual != status {
-		return false
-	}
-	var body struct {
-		NeutronError struct {
-			Type    string `json:"type"`
-			Message string `json:"message"`
-		} `json:"NeutronError"`
-	}
-	if json.Unmarshal(code.Body, &body) != nil || body.NeutronError.Type != typ {
-		return false
-	}
-	if addr != nil {
-		if m := ipRe.FindString(body.NeutronError.Message); m != "" {
-			*addr, _ = netip.ParseAddr(m)
-		}
-	}
-	return true
-}
-
-// retryable: a 412 (someone else wrote first), a 5xx, or no answer at all.
-func retryable(err error) bool {
-	var code gophercloud.ErrUnexpectedResponseCode
-	if errors.As(err, &code) {
-		return code.Actual == http.StatusPreconditionFailed || code.Actual >= 500
-	}
-	return errors.Is(err, provider.ErrUnavailable)
-}
-
-// explain adds what a person can do about a Neutron failure, and marks
-// failures to reach Neutron as provider.ErrUnavailable.
-func explain(err error) error {
-	var code gophercloud.ErrUnexpectedResponseCode
-	if errors.As(err, &code) {
-		switch {
-		case code.Actual == http.StatusUnauthorized:
-			return fmt.Errorf("%w (Keystone refused the credentials: check the application credential or password)", err)
-		case code.Actual == http.StatusForbidden:
-			return fmt.Errorf("%w (Neutron's policy forbids it: the credentials need the member role in the VM port's project)", err)
-		case code.Actual >= 500:
-			return fmt.Errorf("%w: %w", err, provider.ErrUnavailable)
-		}
-		return err
-	}
-	if errors.Is(err, context.Canceled) {
-		return err
-	}
-	// No HTTP answer: refused, reset, timed out.
-	return fmt.Errorf("%w: %w", err, provider.ErrUnavailable)
-}
-
-// callCounter counts HTTP requests by method.
-type callCounter struct {
-	next  http.RoundTripper
-	gets  atomic.Int64
-	puts  atomic.Int64
-	other atomic.Int64
-}
-
-func (c *callCounter) RoundTrip(r *http.Request) (*http.Response, error) {
-	switch r.Method {
-	case http.MethodGet:
-		c.gets.Add(1)
-	case http.MethodPut:
-		c.puts.Add(1)
-	default:
-		c.other.Add(1)
-	}
-	return c.next.RoundTrip(r)
-}
-
-func (c *callCounter) snapshot() map[string]int64 {
-	return map[string]int64{"GET": c.gets.Load(), "PUT": c.puts.Load(), "other": c.other.Load()}
 }
 
 // put writes fixed_ips and description under If-Match on the port as last

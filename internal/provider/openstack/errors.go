@@ -1,0 +1,109 @@
+package openstack
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"net/netip"
+	"regexp"
+	"sync/atomic"
+	"time"
+
+	"github.com/gophercloud/gophercloud/v2"
+
+	"github.com/vpcni/vpcni/internal/provider"
+)
+
+// backoff waits a jittered, growing pause before attempt n.
+func backoff(ctx context.Context, attempt int) {
+	d := min(100*time.Millisecond<<attempt, 3*time.Second)
+	d = d/2 + rand.N(d/2+1)
+	select {
+	case <-ctx.Done():
+	case <-time.After(d):
+	}
+}
+
+var ipRe = regexp.MustCompile(`\b(\d{1,3}\.\d{1,3}\.\d{1,3}\.\d{1,3})\b`)
+
+// isNeutronError says whether err is an HTTP status with a NeutronError of
+// the given type, and picks the address its message names.
+func isNeutronError(err error, status int, typ string, addr *netip.Addr) bool {
+	var code gophercloud.ErrUnexpectedResponseCode
+	if !errors.As(err, &code) || code.Actual != status {
+		return false
+	}
+	var body struct {
+		NeutronError struct {
+			Type    string `json:"type"`
+			Message string `json:"message"`
+		} `json:"NeutronError"`
+	}
+	if json.Unmarshal(code.Body, &body) != nil || body.NeutronError.Type != typ {
+		return false
+	}
+	if addr != nil {
+		if m := ipRe.FindString(body.NeutronError.Message); m != "" {
+			*addr, _ = netip.ParseAddr(m)
+		}
+	}
+	return true
+}
+
+// retryable: a 412 (someone else wrote first), a 5xx, or no answer at all.
+func retryable(err error) bool {
+	var code gophercloud.ErrUnexpectedResponseCode
+	if errors.As(err, &code) {
+		return code.Actual == http.StatusPreconditionFailed || code.Actual >= 500
+	}
+	return errors.Is(err, provider.ErrUnavailable)
+}
+
+// explain adds what a person can do about a Neutron failure, and marks
+// failures to reach Neutron as provider.ErrUnavailable.
+func explain(err error) error {
+	var code gophercloud.ErrUnexpectedResponseCode
+	if errors.As(err, &code) {
+		switch {
+		case code.Actual == http.StatusUnauthorized:
+			return fmt.Errorf("%w (Keystone refused the credentials: check the application credential or password)", err)
+		case code.Actual == http.StatusForbidden:
+			return fmt.Errorf("%w (Neutron's policy forbids it: the credentials need the member role in the VM port's project)", err)
+		case code.Actual >= 500:
+			return fmt.Errorf("%w: %w", err, provider.ErrUnavailable)
+		}
+		return err
+	}
+	if errors.Is(err, context.Canceled) {
+		return err
+	}
+	// No HTTP answer: refused, reset, timed out.
+	return fmt.Errorf("%w: %w", err, provider.ErrUnavailable)
+}
+
+// callCounter counts HTTP requests by method.
+type callCounter struct {
+	next  http.RoundTripper
+	gets  atomic.Int64
+	puts  atomic.Int64
+	other atomic.Int64
+}
+
+func (c *callCounter) RoundTrip(r *http.Request) (*http.Response, error) {
+	switch r.Method {
+	case http.MethodGet:
+		c.gets.Add(1)
+	case http.MethodPut:
+		c.puts.Add(1)
+	default:
+		c.other.Add(1)
+	}
+	return c.next.RoundTrip(r)
+}
+
+func (c *callCounter) snapshot() map[string]int64 {
+	return map[string]int64{"GET": c.gets.Load(), "PUT": c.puts.Load(), "other": c.other.Load()}
+}
