@@ -75,8 +75,6 @@ func New(ctx context.Context, cfg config.Config, log *slog.Logger) (_ *Agent, er
 	}
 	if err := a.connect(ctx); err != nil {
 		log.Error("provider not ready; the agent keeps trying", "provider", cfg.Provider.Type, "err", err)
-	} else {
-		a.sweep()
 	}
 	return a, nil
 }
@@ -101,14 +99,28 @@ func (a *Agent) degradedLocked() bool {
 // for addresses no pod holds: proxy ARP entries and vpcni routes of the
 // node's free and cooling addresses.
 func (a *Agent) sweep() {
+	// The free addresses leave the pool while they are swept, so no ADD
+	// wires one meanwhile; cooling ones are not handed out anyway.
 	a.mu.Lock()
-	var idle []netip.Addr
+	var idle, taken []netip.Addr
 	for _, ip := range a.pool.Held() {
-		if a.pool.State(ip) != ipam.Allocated {
+		switch a.pool.State(ip) {
+		case ipam.Free:
+			_ = a.pool.Claim(ip, "sweep")
+			taken = append(taken, ip)
+			idle = append(idle, ip)
+		case ipam.Cooling:
 			idle = append(idle, ip)
 		}
 	}
 	a.mu.Unlock()
+	defer func() {
+		a.mu.Lock()
+		for _, ip := range taken {
+			_ = a.pool.Unallocate(ip)
+		}
+		a.mu.Unlock()
+	}()
 	for _, ip := range idle {
 		if removed, err := a.dp.Forget(ip); err != nil {
 			a.log.Warn("could not remove stale kernel state", "address", ip, "err", err)
@@ -135,12 +147,14 @@ func (a *Agent) connect(ctx context.Context) error {
 		err = a.syncProvider(ctx, prov)
 	}
 	a.mu.Lock()
-	defer a.mu.Unlock()
 	if err != nil {
 		a.providerErr = fmt.Errorf("provider %s: %w", a.cfg.Provider.Type, err)
+		a.mu.Unlock()
 		return a.providerErr
 	}
 	a.prov, a.providerErr = prov, nil
+	a.mu.Unlock()
+	a.sweep()
 	return nil
 }
 
@@ -171,12 +185,16 @@ func (a *Agent) restoreLocal() error {
 	now := time.Now()
 	var expired []netip.Addr
 	a.mu.Lock()
+	var restored []*store.Record
 	for _, r := range records {
 		if err := a.pool.Restore(r.Address, r.Key()); err != nil {
-			a.log.Error("allocation record conflicts with another; keeping the first", "container", r.ContainerID, "ifName", r.IfName, "err", err)
+			// Never wired nor released: that would touch the other
+			// record's pod. An operator resolves it (vpcnictl status).
+			a.log.Error("allocation record conflicts with another; keeping the first, leaving this one alone", "container", r.ContainerID, "ifName", r.IfName, "err", err)
 			continue
 		}
 		live[r.HostIf] = true
+		restored = append(restored, r)
 	}
 	for ip, until := range cooling {
 		if !now.Before(until) || a.pool.State(ip) != ipam.Unknown {
@@ -189,7 +207,7 @@ func (a *Agent) restoreLocal() error {
 	if err := a.store.Uncool(expired); err != nil {
 		return err
 	}
-	for _, r := range records {
+	for _, r := range restored {
 		a.repair(r)
 	}
 	links, err := a.dp.HostLinks()
@@ -424,10 +442,10 @@ func (a *Agent) trimSurplus(ctx context.Context) {
 		return
 	}
 	if err := prov.Release(ctx, surplus); err != nil {
-		a.log.Warn("could not give surplus addresses back; keeping them", "addresses", surplus, "err", err)
-		a.mu.Lock()
-		_ = a.pool.AddFree(surplus...)
-		a.mu.Unlock()
+		// The cloud may have acted before the failure: these addresses
+		// stay out of the pool, and the next resync adopts those the
+		// provider still holds for the node.
+		a.log.Warn("giving surplus addresses back failed; the next resync adopts what is still held", "addresses", surplus, "err", err)
 		return
 	}
 	a.log.Info("gave surplus addresses back to the provider", "addresses", surplus)
@@ -480,12 +498,17 @@ func (a *Agent) obtain(ctx context.Context, n int) (int, error) {
 	got, err := prov.Assign(ctx, provider.AssignRequest{Count: n})
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if aerr := a.pool.AddFree(got...); aerr != nil {
-		a.log.Error("provider returned addresses the pool already has", "err", aerr)
-		return 0, aerr
+	added := 0
+	for _, ip := range got {
+		if a.pool.State(ip) != ipam.Unknown {
+			a.log.Error("provider returned an address the pool already has", "address", ip, "state", a.pool.State(ip))
+			continue
+		}
+		_ = a.pool.AddFree(ip)
+		added++
 	}
 	a.providerErr = err
-	return len(got), err
+	return added, err
 }
 
 // keyedMutex serialises work per attachment key.

@@ -321,6 +321,10 @@ func (a *Agent) release(rec *store.Record) error {
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	if owner := a.pool.Owner(rec.Address); owner != rec.Key() {
+		a.log.Error("pool gives this address to another attachment; leaving it", "address", rec.Address, "record", rec.Key(), "owner", owner)
+		return nil
+	}
 	if _, err := a.pool.Release(rec.Address, now); err != nil {
 		a.log.Error("pool disagrees with store", "address", rec.Address, "err", err)
 	}

@@ -67,6 +67,7 @@ type Veth struct {
 
 	mu      sync.Mutex
 	pending map[string][]reapItem // by pod netns: links released, not yet deleted
+	closed  bool
 }
 
 type reapItem struct {
@@ -108,7 +109,14 @@ func NewVeth(uplink string, mtu int) (*Veth, error) {
 // Close finishes pending link deletions and releases the datapath's
 // sockets; the pods' wiring stays.
 func (v *Veth) Close() error {
+	v.mu.Lock()
+	if v.closed {
+		v.mu.Unlock()
+		return nil
+	}
+	v.closed = true
 	close(v.reap)
+	v.mu.Unlock()
 	<-v.reaped
 	return v.garp.Close()
 }
@@ -331,14 +339,17 @@ func (v *Veth) Release(a *Attachment) error {
 		item := reapItem{index: link.Attrs().Index, alias: alias, netns: a.Netns}
 		v.mu.Lock()
 		v.pending[a.Netns] = append(v.pending[a.Netns], item)
-		v.mu.Unlock()
-		select {
-		case v.reap <- item:
-		default: // the reaper is far behind: delete in line
-			v.reapOne(item)
-			if err := netlink.LinkDel(link); err != nil && !isNotFound(err) {
-				errs = append(errs, fmt.Errorf("delete %s: %w", name, err))
+		queued := false
+		if !v.closed {
+			select {
+			case v.reap <- item:
+				queued = true
+			default: // the reaper is far behind
 			}
+		}
+		v.mu.Unlock()
+		if !queued {
+			v.reapOne(item) // delete in line
 		}
 	}
 	if err := netlink.NeighDel(v.proxyEntry(a.Address)); err != nil && !isNotFound(err) {

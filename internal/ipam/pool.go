@@ -111,6 +111,17 @@ func (p *Pool) Take(owner string, now time.Time) (netip.Addr, bool) {
 	return a, true
 }
 
+// Claim allocates a specific free address to owner.
+func (p *Pool) Claim(a netip.Addr, owner string) error {
+	if s := p.state[a]; s != Free {
+		return fmt.Errorf("claim %s: address is %s, not free", a, s)
+	}
+	p.free = slices.DeleteFunc(p.free, func(x netip.Addr) bool { return x == a })
+	p.state[a] = Allocated
+	p.owner[a] = owner
+	return nil
+}
+
 // Release moves an allocated address to cooling and says until when it
 // rests. With no cooldown it is free at once (until is the zero time).
 func (p *Pool) Release(a netip.Addr, now time.Time) (until time.Time, err error) {

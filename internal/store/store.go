@@ -11,6 +11,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -50,6 +51,9 @@ type Store struct {
 	db      *bolt.DB
 	writes  chan write
 	stopped chan struct{}
+
+	closeMu sync.RWMutex
+	closed  bool
 }
 
 // write is one change waiting for a commit.
@@ -91,10 +95,20 @@ func Open(dir string) (*Store, error) {
 
 // Close finishes pending writes and closes the file.
 func (s *Store) Close() error {
+	s.closeMu.Lock()
+	if s.closed {
+		s.closeMu.Unlock()
+		return nil
+	}
+	s.closed = true
 	close(s.writes)
+	s.closeMu.Unlock()
 	<-s.stopped
 	return s.db.Close()
 }
+
+// ErrClosed: the store was closed (the agent is shutting down).
+var ErrClosed = errors.New("allocation store is closed")
 
 // update applies fn durably. Writes are group-committed: a write that finds
 // the store idle commits at once (one fsync, ~0.4 ms here); writes that
@@ -102,7 +116,13 @@ func (s *Store) Close() error {
 // queue behind one fsync each.
 func (s *Store) update(fn func(*bolt.Tx) error) error {
 	w := write{fn: fn, done: make(chan error, 1)}
+	s.closeMu.RLock()
+	if s.closed {
+		s.closeMu.RUnlock()
+		return ErrClosed
+	}
 	s.writes <- w
+	s.closeMu.RUnlock()
 	return <-w.done
 }
 

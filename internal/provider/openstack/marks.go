@@ -115,3 +115,11 @@ func addrAt(base netip.Addr, off uint64) netip.Addr {
 func be32(b [4]byte) uint32 {
 	return uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3])
 }
+
+// marksFit is how many scattered addresses of subnet the marks can always
+// hold in a description (each takes its offset's digits and a comma).
+func marksFit(subnet netip.Prefix) int {
+	size := uint64(1) << (32 - subnet.Bits())
+	digits := len(strconv.FormatUint(size-1, 36))
+	return min((maxDescription-len(markOpen)-len(markClose))/(digits+1), int(size))
+}

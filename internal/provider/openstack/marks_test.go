@@ -60,3 +60,22 @@ func TestMarksCompactAndBounded(t *testing.T) {
 		}
 	}
 }
+
+func TestMarksFitIsSafe(t *testing.T) {
+	for _, bits := range []int{16, 20, 24, 28} {
+		subnet := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 0, 0, 0}), bits)
+		n := marksFit(subnet)
+		// The worst case: n addresses two apart, near the end of the subnet.
+		size := uint64(1) << (32 - bits)
+		addrs := map[netip.Addr]bool{}
+		for i := range min(uint64(n), size/2) {
+			addrs[addrAt(subnet.Addr(), size-1-2*i)] = true
+		}
+		if _, err := joinMarks("", addrs, subnet); err != nil {
+			t.Errorf("/%d: %d scattered addresses do not fit: %v", bits, n, err)
+		}
+		if n < 10 {
+			t.Errorf("/%d: only %d addresses fit", bits, n)
+		}
+	}
+}

@@ -46,6 +46,7 @@ type Provider struct {
 	port   *ports.Port
 	portAt time.Time           // when port was read
 	used   map[netip.Addr]bool // addresses of the subnet others hold, as last seen
+	usedAt time.Time
 }
 
 var _ provider.Provider = (*Provider)(nil)
@@ -139,7 +140,7 @@ func (p *Provider) Capacity(context.Context) (int, error) {
 	if p.cfg.Mode == "address-pairs" {
 		return min(p.cfg.MaxAddresses, p.cfg.MaxAddressPairs), nil
 	}
-	return p.cfg.MaxAddresses, nil
+	return min(p.cfg.MaxAddresses, marksFit(p.subnet)), nil
 }
 
 // Held implements provider.Provider: the port's fixed IPs on the subnet
@@ -147,11 +148,11 @@ func (p *Provider) Capacity(context.Context) (int, error) {
 func (p *Provider) Held(ctx context.Context) ([]netip.Addr, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.cfg.Mode == "address-pairs" {
-		return p.heldPairs(ctx)
-	}
 	if err := p.refresh(ctx); err != nil {
 		return nil, err
+	}
+	if p.cfg.Mode == "address-pairs" {
+		return p.heldPairs(ctx)
 	}
 	_, marked, on, err := p.state()
 	if err != nil {
@@ -218,7 +219,7 @@ func (p *Provider) refreshUsed(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	p.used = map[netip.Addr]bool{}
+	p.used, p.usedAt = map[netip.Addr]bool{}, time.Now()
 	for _, port := range all {
 		for _, f := range port.FixedIPs {
 			if a, err := netip.ParseAddr(f.IPAddress); err == nil {
@@ -251,6 +252,7 @@ func (p *Provider) Assign(ctx context.Context, req provider.AssignRequest) ([]ne
 	}
 	need := max(req.Count, 0)
 	skip := map[netip.Addr]bool{} // found taken during this call
+	freshUsed := false            // the used set was read during this call
 	for conflicts := 0; need > 0 || len(explicit) > 0; conflicts++ {
 		if conflicts > 4*p.cfg.Retries {
 			errs = append(errs, fmt.Errorf("gave up after %d address conflicts: %w", conflicts, provider.ErrUnavailable))
@@ -260,11 +262,12 @@ func (p *Provider) Assign(ctx context.Context, req provider.AssignRequest) ([]ne
 			errs = append(errs, err)
 			break
 		}
-		if need > 0 && p.used == nil {
+		if need > 0 && (p.used == nil || time.Since(p.usedAt) > time.Minute) {
 			if err := p.refreshUsed(ctx); err != nil {
 				errs = append(errs, err)
 				break
 			}
+			freshUsed = true
 		}
 		v, err := m.view(ctx)
 		if err != nil {
@@ -288,7 +291,15 @@ func (p *Provider) Assign(ctx context.Context, req provider.AssignRequest) ([]ne
 			errs = append(errs, fmt.Errorf("%s: no room for %d more: %w", v.limit(0), len(add), provider.ErrExhausted))
 			break
 		}
-		picked := p.pick(min(need, v.room-len(add)), v.taken, skip, explicit)
+		avoid := maps.Clone(v.taken)
+		maps.Copy(avoid, v.ours)
+		picked := p.pick(min(need, v.room-len(add)), avoid, skip, explicit)
+		if len(picked) < min(need, v.room-len(add)) && !freshUsed {
+			// Too few free addresses as last seen: others may have given
+			// some back since. Look again before saying the subnet is full.
+			p.used = nil
+			continue
+		}
 		for _, a := range picked {
 			add[a] = true
 		}
@@ -441,6 +452,11 @@ func (p *Provider) apply(ctx context.Context, add, remove map[netip.Addr]bool) e
 		for a := range remove {
 			delete(want, a)
 			delete(marked, a)
+		}
+		for a := range marked {
+			if !want[a] {
+				delete(marked, a) // a mark without its address: stale
+			}
 		}
 		desc, err := joinMarks(rest, marked, p.subnet)
 		if err != nil {

@@ -46,8 +46,37 @@ func (p *Provider) reservations(ctx context.Context) (map[netip.Addr]string, err
 	return out, nil
 }
 
-func (p *Provider) heldPairs(ctx context.Context) ([]netip.Addr, error) {
+// paired returns this node's reservations that have their pair on the VM
+// port. A reservation without one is left by a write cut short (its pair
+// failed or was removed by hand): it holds an address port security would
+// drop, so it is deleted. The caller holds p.mu, so no write of this
+// provider is in flight.
+func (p *Provider) paired(ctx context.Context) (map[netip.Addr]string, error) {
 	res, err := p.reservations(ctx)
+	if err != nil {
+		return nil, err
+	}
+	pairs := p.pairs()
+	unpaired := map[netip.Addr]string{}
+	for a, id := range res {
+		if !pairs[a] {
+			unpaired[a] = id
+			delete(res, a)
+		}
+	}
+	if len(unpaired) > 0 {
+		if err := p.unreserve(ctx, unpaired); err != nil {
+			return nil, err
+		}
+		for a := range unpaired {
+			delete(p.used, a)
+		}
+	}
+	return res, nil
+}
+
+func (p *Provider) heldPairs(ctx context.Context) ([]netip.Addr, error) {
+	res, err := p.paired(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -76,7 +105,7 @@ type addressPairs struct{ p *Provider }
 
 func (m addressPairs) view(ctx context.Context) (portView, error) {
 	p := m.p
-	res, err := p.reservations(ctx)
+	res, err := p.paired(ctx)
 	if err != nil {
 		return portView{}, err
 	}

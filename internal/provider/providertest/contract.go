@@ -56,6 +56,7 @@ func Run(t *testing.T, ep Endpoint) {
 	t.Run("TwoNodesConcurrently", func(t *testing.T) { t.Parallel(); twoNodes(t, ep) })
 	t.Run("OutsideWriter", func(t *testing.T) { t.Parallel(); outsideWriter(t, ep) })
 	t.Run("Exhaustion", func(t *testing.T) { t.Parallel(); exhaustion(t, ep) })
+	t.Run("SeesAddressesOthersGaveBack", func(t *testing.T) { t.Parallel(); othersGaveBack(t, ep) })
 	t.Run("RestartAndOwnership", func(t *testing.T) { t.Parallel(); restartOwnership(t, ep) })
 }
 
@@ -305,5 +306,26 @@ func restartOwnership(t *testing.T, ep Endpoint) {
 	}
 	if on := podIPs(t, n, nodeIP); !slices.Equal(on, []netip.Addr{hand}) {
 		t.Fatalf("port holds %v, want only the hand-added %s", on, hand)
+	}
+}
+
+// othersGaveBack: a node that found the subnet full gets addresses another
+// node gave back since (its view of the subnet is not stuck).
+func othersGaveBack(t *testing.T, ep Endpoint) {
+	sn := ep.NewSubnet(t, nextCIDR(28), 6) // .2-.7
+	a, b := ep.NewNode(t, sn, at(sn, 2)), ep.NewNode(t, sn, at(sn, 3))
+	got, err := b.Provider.Assign(ctx(t), provider.AssignRequest{Count: 4})
+	if err != nil || len(got) != 4 {
+		t.Fatalf("node b takes the last 4: %v, %v", got, err)
+	}
+	if _, err := a.Provider.Assign(ctx(t), provider.AssignRequest{Count: 1}); !errors.Is(err, provider.ErrExhausted) {
+		t.Fatalf("node a on a full subnet: %v, want ErrExhausted", err)
+	}
+	if err := b.Provider.Release(ctx(t), got[:2]); err != nil {
+		t.Fatal(err)
+	}
+	mine, err := a.Provider.Assign(ctx(t), provider.AssignRequest{Count: 1})
+	if err != nil || len(mine) != 1 || !slices.Contains(got[:2], mine[0]) {
+		t.Fatalf("node a after b gave %v back: %v, %v", got[:2], mine, err)
 	}
 }
