@@ -12,20 +12,17 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
-	"slices"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/gophercloud/gophercloud/v2"
-	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/networks"
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/ports"
-	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/subnets"
 
 	"github.com/vpcni/vpcni/internal/config"
 	"github.com/vpcni/vpcni/internal/provider"
 	"github.com/vpcni/vpcni/internal/provider/openstack"
+	"github.com/vpcni/vpcni/internal/provider/openstack/neutronep"
 	"github.com/vpcni/vpcni/internal/provider/providertest"
 )
 
@@ -69,121 +66,21 @@ func ctx(t *testing.T) context.Context {
 	return c
 }
 
-// realNeutron is the contract's endpoint: the real neutron-server, with
-// the provider in the given mode (default fixed-ips).
+// realNeutron is the contract's endpoint on the real neutron-server.
 type realNeutron struct{ mode string }
 
-var seq atomic.Int64
-
-func (realNeutron) NewSubnet(t *testing.T, cidr string, pool int) providertest.Subnet {
-	t.Helper()
-	prefix := netip.MustParsePrefix(cidr)
-	gw := prefix.Addr().Next()
-	last := gw
-	for range pool {
-		last = last.Next()
-	}
-	name := fmt.Sprintf("vpcni-test-%d-%d", os.Getpid(), seq.Add(1))
-	n, err := networks.Create(ctx(t), nc, networks.CreateOpts{Name: name}).Extract()
-	if err != nil {
-		t.Fatalf("create network: %v", err)
-	}
-	gws := gw.String()
-	sn, err := subnets.Create(ctx(t), nc, subnets.CreateOpts{
-		NetworkID: n.ID, Name: name, IPVersion: gophercloud.IPv4, CIDR: cidr, GatewayIP: &gws,
-		AllocationPools: []subnets.AllocationPool{{Start: gw.Next().String(), End: last.String()}},
-	}).Extract()
-	if err != nil {
-		t.Fatalf("create subnet: %v", err)
-	}
-	t.Cleanup(func() { deleteNetwork(n.ID) })
-	return providertest.Subnet{ID: sn.ID, CIDR: prefix, Gateway: gw}
+func (r realNeutron) ep() neutronep.Endpoint {
+	return neutronep.Endpoint{NC: nc, URL: endpoint, Mode: r.mode}
 }
 
-func deleteNetwork(id string) {
-	c, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	if pages, err := ports.List(nc, ports.ListOpts{NetworkID: id}).AllPages(c); err == nil {
-		all, _ := ports.ExtractPorts(pages)
-		for _, p := range all {
-			_ = ports.Delete(c, nc, p.ID).ExtractErr()
-		}
-	}
-	_ = networks.Delete(c, nc, id).ExtractErr()
+// NewSubnet implements providertest.Endpoint.
+func (r realNeutron) NewSubnet(t *testing.T, cidr string, pool int) providertest.Subnet {
+	return r.ep().NewSubnet(t, cidr, pool)
 }
 
+// NewNode implements providertest.Endpoint.
 func (r realNeutron) NewNode(t *testing.T, sn providertest.Subnet, nodeIP netip.Addr) providertest.Node {
-	t.Helper()
-	port, err := ports.Create(ctx(t), nc, ports.CreateOpts{
-		NetworkID: networkOf(t, sn.ID), Name: "vm-" + nodeIP.String(), DeviceOwner: "compute:vpcni-test",
-		FixedIPs: []ports.IP{{SubnetID: sn.ID, IPAddress: nodeIP.String()}},
-	}).Extract()
-	if err != nil {
-		t.Fatalf("create VM port: %v", err)
-	}
-	open := func(t *testing.T) provider.Provider {
-		cfg := config.OpenStack{Endpoint: endpoint, SubnetID: sn.ID, Mode: r.mode}
-		cfg.ApplyDefaults()
-		p, err := openstack.New(ctx(t), cfg, nodeIP)
-		if err != nil {
-			t.Fatalf("openstack provider: %v", err)
-		}
-		if p.PortID() != port.ID {
-			t.Fatalf("provider found port %s, want %s", p.PortID(), port.ID)
-		}
-		return p
-	}
-	return providertest.Node{
-		Provider: open(t),
-		Reopen:   open,
-		PortIPs: func(t *testing.T) []netip.Addr {
-			p, err := ports.Get(ctx(t), nc, port.ID).Extract()
-			if err != nil {
-				t.Fatalf("read port: %v", err)
-			}
-			var out []netip.Addr
-			for _, f := range p.FixedIPs {
-				out = append(out, netip.MustParseAddr(f.IPAddress))
-			}
-			for _, ap := range p.AllowedAddressPairs {
-				out = append(out, netip.MustParseAddr(ap.IPAddress))
-			}
-			return out
-		},
-		AddByHand: func(t *testing.T, ip netip.Addr) { addByHand(t, port.ID, sn.ID, ip) },
-	}
-}
-
-func networkOf(t *testing.T, subnetID string) string {
-	sn, err := subnets.Get(ctx(t), nc, subnetID).Extract()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return sn.NetworkID
-}
-
-// addByHand is a well-behaved outside writer: read, modify, If-Match, retry.
-func addByHand(t *testing.T, portID, subnetID string, ip netip.Addr) {
-	for attempt := 0; attempt < 30; attempt++ {
-		p, err := ports.Get(ctx(t), nc, portID).Extract()
-		if err != nil {
-			t.Errorf("read port: %v", err)
-			return
-		}
-		fixed := slices.Clone(p.FixedIPs)
-		fixed = append(fixed, ports.IP{SubnetID: subnetID, IPAddress: ip.String()})
-		rev := p.RevisionNumber
-		_, err = ports.Update(ctx(t), nc, portID, ports.UpdateOpts{FixedIPs: fixed, RevisionNumber: &rev}).Extract()
-		if err == nil {
-			return
-		}
-		if !gophercloud.ResponseCodeIs(err, http.StatusPreconditionFailed) {
-			t.Errorf("add %s by hand: %v", ip, err)
-			return
-		}
-		time.Sleep(time.Duration(50+attempt*20) * time.Millisecond)
-	}
-	t.Errorf("add %s by hand: still conflicting after 30 attempts", ip)
+	return r.ep().NewNode(t, sn, nodeIP)
 }
 
 // TestProviderContract runs the provider contract against the real server,
