@@ -1,0 +1,28 @@
+package neutronapi
+
+import (
+	"net"
+	"testing"
+
+	"github.com/vpcni/vpcni/internal/provider/openstack/neutronep"
+	"github.com/vpcni/vpcni/internal/provider/providertest"
+)
+
+// TestProviderContract holds the lab's endpoint to the standard the real
+// neutron-server meets (test/neutron runs the same contract against it).
+func TestProviderContract(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := New()
+	go srv.Serve(l)
+	t.Cleanup(func() { l.Close() })
+	url := "http://" + l.Addr().String() + "/"
+	for _, mode := range []string{"fixed-ips", "address-pairs"} {
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			providertest.Run(t, neutronep.Endpoint{NC: neutronep.Client(url), URL: url, Mode: mode})
+		})
+	}
+}
