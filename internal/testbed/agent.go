@@ -111,6 +111,18 @@ func (t *Topology) AgentConfig(dir string, cidr string, exclude ...string) confi
 // StartAgent writes cfg next to its socket and starts vpcnid from binDir in
 // the node namespace, waiting until it answers.
 func (t *Topology) StartAgent(binDir string, cfg config.Config) (*Agent, error) {
+	a, err := StartAgentIn(t.RunDir, t.NodeNS(), binDir, cfg)
+	if err != nil {
+		return nil, err
+	}
+	t.Track(a.Process)
+	return a, nil
+}
+
+// StartAgentIn starts vpcnid from binDir in namespace ns (its PID recorded
+// in runDir), with cfg written next to its socket, and waits until it
+// answers. The caller stops it.
+func StartAgentIn(runDir, ns, binDir string, cfg config.Config) (*Agent, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -126,10 +138,9 @@ func (t *Topology) StartAgent(binDir string, cfg config.Config) (*Agent, error) 
 	if err := os.WriteFile(a.ConfigPath, data, 0o600); err != nil {
 		return nil, err
 	}
-	if a.Process, err = Start(t.RunDir, "vpcnid", t.NodeNS(), a.LogPath, filepath.Join(binDir, "vpcnid"), "-config", a.ConfigPath); err != nil {
+	if a.Process, err = Start(runDir, "vpcnid-"+ns, ns, a.LogPath, filepath.Join(binDir, "vpcnid"), "-config", a.ConfigPath); err != nil {
 		return nil, err
 	}
-	t.Track(a.Process)
 	if err := a.WaitReady(20 * time.Second); err != nil {
 		_ = a.Kill()
 		return nil, err

@@ -25,11 +25,16 @@ type CNI struct {
 
 // NewCNI loads a conflist; plugins are looked up in binDirs.
 func (t *Topology) NewCNI(binDirs []string, cacheDir string, conflist []byte) (*CNI, error) {
+	return NewCNIIn(t.NodeNS(), binDirs, cacheDir, conflist)
+}
+
+// NewCNIIn loads a conflist to run from inside node namespace ns.
+func NewCNIIn(ns string, binDirs []string, cacheDir string, conflist []byte) (*CNI, error) {
 	list, err := libcni.ConfListFromBytes(conflist)
 	if err != nil {
 		return nil, fmt.Errorf("conflist: %w", err)
 	}
-	return &CNI{Config: libcni.NewCNIConfigWithCacheDir(binDirs, cacheDir, nil), List: list, nodeNS: netnsutil.Path(t.NodeNS())}, nil
+	return &CNI{Config: libcni.NewCNIConfigWithCacheDir(binDirs, cacheDir, nil), List: list, nodeNS: netnsutil.Path(ns)}, nil
 }
 
 // Runtime describes one attachment.

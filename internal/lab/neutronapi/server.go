@@ -33,7 +33,12 @@ func New() *Server {
 	return &Server{networks: map[string]*Network{}, subnets: map[string]*Subnet{}, ports: map[string]*Port{}, MaxPairs: 10}
 }
 
-// Ports returns a copy of every port (for the fabric and for tests).
+// Lock and Unlock hold the endpoint still (OnChange runs with it held).
+func (s *Server) Lock()   { s.mu.Lock() }
+func (s *Server) Unlock() { s.mu.Unlock() }
+
+// Ports returns a copy of every port (for the fabric and for tests); call
+// it with the endpoint held.
 func (s *Server) Ports() []Port {
 	out := make([]Port, 0, len(s.ports))
 	for _, p := range s.ports {
