@@ -8,13 +8,12 @@ import (
 	"io"
 	"net/netip"
 	"os"
-	"os/signal"
 	"path/filepath"
-	"syscall"
 	"time"
 
 	types100 "github.com/containernetworking/cni/pkg/types/100"
 
+	"github.com/vpcni/vpcni/internal/lab"
 	"github.com/vpcni/vpcni/internal/netnsutil"
 	"github.com/vpcni/vpcni/internal/testbed"
 )
@@ -30,79 +29,68 @@ type host struct {
 
 func demo(args []string, out io.Writer) (err error) {
 	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
-	keep := fs.Bool("keep", false, "leave the demo up and say how to look around")
+	keep := fs.Bool("keep", false, "leave the lab and the pods up and say how to look around")
 	down := fs.Bool("down", false, "remove a demo left up by --keep (or by a crash)")
-	pods := fs.Int("pods", 3, "pods to start")
+	nodes := fs.Int("nodes", 3, "lab nodes (one pod on each)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if os.Geteuid() != 0 {
 		return errors.New("the demo builds network namespaces: run it as root")
 	}
-	tb := testbed.New("vpcni-demo", netip.MustParsePrefix("10.77.0.0/24"))
+	const prefix = "vpcni-demo"
 	if *down {
-		if err := tb.Down(); err != nil {
-			return err
-		}
-		fmt.Fprintln(out, "demo network removed")
-		return nil
+		return labDown(prefix, out)
 	}
 	bin, err := binDir()
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "building the demo network: segment %s, node %s, neighbour %s (namespaces %s-*)\n", tb.Subnet, tb.NodeIP, tb.NbrIP, tb.Prefix)
-	if err := tb.Up(); err != nil {
-		return fmt.Errorf("build demo network: %w", err)
+	fmt.Fprintf(out, "building the lab: a VPC segment with port security, a router, %d nodes running vpcnid against the lab's Neutron endpoint, a legacy VM (namespaces %s-*)\n", *nodes, prefix)
+	if err := labUp(prefix, *nodes, "10.77.0.0/24", io.Discard); err != nil {
+		return err
 	}
-	interrupted := make(chan os.Signal, 1)
-	signal.Notify(interrupted, os.Interrupt, syscall.SIGTERM)
-	defer signal.Stop(interrupted)
 	defer func() {
 		if *keep && err == nil {
 			return
 		}
-		if derr := tb.Down(); derr != nil {
-			err = errors.Join(err, derr)
-		}
-		fmt.Fprintln(out, "demo network removed")
+		err = errors.Join(err, labDown(prefix, out))
 	}()
-
-	cfg := tb.AgentConfig(tb.RunDir, "10.77.0.0/24", "10.77.0.0/26")
-	agent, err := tb.StartAgent(bin, cfg)
-	if err != nil {
-		return err
-	}
-	fmt.Fprintf(out, "vpcnid running in %s (pid %d), static pool 10.77.0.64-254\n", tb.NodeNS(), agent.Pid())
-	cni, err := tb.NewCNI([]string{bin}, filepath.Join(tb.RunDir, "cni-cache"), testbed.VpcniConfList("1.1.0", "vpcni-demo", cfg.SocketPath))
+	st, err := readLabState(prefix)
 	if err != nil {
 		return err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 
-	hosts := []host{
-		{name: "node", ns: netnsutil.Path(tb.NodeNS()), ip: tb.NodeIP},
-		{name: "neighbour", ns: netnsutil.Path(tb.NbrNS()), ip: tb.NbrIP},
+	var hosts []host
+	for _, h := range append([]lab.Host{st.Legacy}, nodesOf(st)...) {
+		hosts = append(hosts, host{name: h.Name, ns: netnsutil.Path(h.NS), ip: h.IP})
 	}
-	for i := range *pods {
-		path, err := tb.AddPod(i)
+	var cnis []*testbed.CNI
+	for i, n := range st.Nodes {
+		cni, err := testbed.NewCNIIn(n.NS, []string{bin}, filepath.Join(labDir(prefix), n.Name, "cni-cache"), testbed.VpcniConfList("1.1.0", "vpcni-demo", n.Socket))
 		if err != nil {
 			return err
 		}
+		cnis = append(cnis, cni)
+		name := fmt.Sprintf("%s-pod%d", prefix, i)
+		if err := netnsutil.Add(name); err != nil {
+			return err
+		}
 		start := time.Now()
-		res, err := cni.Add(ctx, testbed.Runtime(fmt.Sprintf("demo-pod-%d", i), path, "eth0", nil))
+		res, err := cni.Add(ctx, testbed.Runtime(fmt.Sprintf("demo-pod-%d", i), netnsutil.Path(name), "eth0", nil))
 		took := time.Since(start)
 		if err != nil {
-			return fmt.Errorf("ADD pod %d: %w", i, err)
+			return fmt.Errorf("ADD pod %d on %s: %w", i, n.Name, err)
 		}
 		r, err := types100.GetResult(res)
 		if err != nil {
 			return err
 		}
 		ip, _ := netip.AddrFromSlice(r.IPs[0].Address.IP.To4())
-		fmt.Fprintf(out, "ADD pod-%d  %-12s %6.1f ms\n", i, ip, float64(took.Microseconds())/1000)
-		hosts = append(hosts, host{name: fmt.Sprintf("pod-%d", i), ns: path, ip: ip, pod: true})
+		fmt.Fprintf(out, "ADD pod-%d on %s  %-12s %6.1f ms (address from the lab's Neutron, on %s's VM port)\n", i, n.Name, ip, float64(took.Microseconds())/1000, n.Name)
+		hosts = append(hosts, host{name: fmt.Sprintf("pod-%d", i), ns: netnsutil.Path(name), ip: ip, pod: true})
 	}
 	for _, h := range hosts {
 		srv, err := netnsutil.ServeEcho(h.ns, testbed.HostPort(h.ip, echoPort))
@@ -112,9 +100,9 @@ func demo(args []string, out io.Writer) (err error) {
 		defer srv.Close()
 	}
 
-	fmt.Fprintf(out, "\nconnectivity (TCP to port %d, by the target's own IP):\n%-10s", echoPort, "from\\to")
+	fmt.Fprintf(out, "\nconnectivity (TCP to port %d, by the target's own IP; the legacy VM is outside the cluster):\n%-10s", echoPort, "from\\to")
 	for _, to := range hosts {
-		fmt.Fprintf(out, " %-10s", to.name)
+		fmt.Fprintf(out, " %-8s", to.name)
 	}
 	fmt.Fprintln(out)
 	pairs, reachable := 0, 0
@@ -122,7 +110,7 @@ func demo(args []string, out io.Writer) (err error) {
 		fmt.Fprintf(out, "%-10s", from.name)
 		for _, to := range hosts {
 			if from.name == to.name || !from.pod && !to.pod {
-				fmt.Fprintf(out, " %-10s", "")
+				fmt.Fprintf(out, " %-8s", "")
 				continue
 			}
 			pairs++
@@ -135,28 +123,23 @@ func demo(args []string, out io.Writer) (err error) {
 			} else {
 				mark = "FAIL"
 			}
-			fmt.Fprintf(out, " %-10s", mark)
+			fmt.Fprintf(out, " %-8s", mark)
 		}
 		fmt.Fprintln(out)
-	}
-	if st, err := agent.State(); err == nil {
-		fmt.Fprintln(out)
-		printState(out, st)
 	}
 	if *keep {
 		fmt.Fprintf(out, `
 the demo stays up. Look around:
-  ip netns exec %[1]s-node ip route            # /32 routes to the pods
-  ip netns exec %[1]s-node ip neigh show proxy  # the node answers ARP for its pods
-  ip netns exec %[1]s-p0 ip addr; ip netns exec %[1]s-p0 ip route
-  %[2]s/vpcnictl status --socket %[3]s
-tear it down with: %[2]s/vpcnictl demo --down
-`, tb.Prefix, bin, cfg.SocketPath)
+  %[1]s/vpcnictl lab status --prefix %[2]s           # each node's agent, pool and pods
+  %[1]s/vpcnictl lab exec --prefix %[2]s n1 ip route  # /32 routes to the pods
+  %[1]s/vpcnictl lab exec --prefix %[2]s n1 ip neigh show proxy
+  ip netns exec %[2]s-vpc nft list ruleset          # port security on the VPC segment
+tear it down with: %[1]s/vpcnictl demo --down
+`, bin, prefix)
 	} else {
-		for _, h := range hosts[2:] {
-			id := "demo-" + h.name
-			if err := cni.Del(ctx, testbed.Runtime(id, h.ns, "eth0", nil)); err != nil {
-				return fmt.Errorf("DEL %s: %w", h.name, err)
+		for i := range st.Nodes {
+			if err := cnis[i].Del(ctx, testbed.Runtime(fmt.Sprintf("demo-pod-%d", i), netnsutil.Path(fmt.Sprintf("%s-pod%d", prefix, i)), "eth0", nil)); err != nil {
+				return fmt.Errorf("DEL pod %d: %w", i, err)
 			}
 		}
 	}
@@ -165,4 +148,12 @@ tear it down with: %[2]s/vpcnictl demo --down
 		return fmt.Errorf("%d of %d pairs unreachable", pairs-reachable, pairs)
 	}
 	return nil
+}
+
+func nodesOf(st *labState) []lab.Host {
+	var out []lab.Host
+	for _, n := range st.Nodes {
+		out = append(out, n.Host)
+	}
+	return out
 }

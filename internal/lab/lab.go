@@ -41,12 +41,12 @@ type Config struct {
 
 // Host is a VM on the VPC segment: a namespace whose eth0 is a Neutron port.
 type Host struct {
-	Name   string
-	NS     string
-	IP     netip.Addr
-	PortID string
-	MAC    string
-	ifname string // its port on the VPC bridge
+	Name   string     `json:"name"`
+	NS     string     `json:"namespace"`
+	IP     netip.Addr `json:"ip"`
+	PortID string     `json:"portID"`
+	MAC    string     `json:"mac"`
+	ifname string     // its port on the VPC bridge
 }
 
 // Lab is a built lab.
