@@ -137,6 +137,20 @@ func TestLegacyVMReachesPods(t *testing.T) {
 		t.FailNow()
 	}
 
+	// A Service: a kube-proxy-style DNAT rule in node n1 sends its IP to the
+	// pod on n2. Pod traffic to it goes through n1's stack (the default
+	// route via 169.254.1.1) and its replies come back through conntrack.
+	const svc = "10.96.0.10"
+	if err := netnsutil.Exec(l.Nodes[0].NS, "iptables", "-t", "nat", "-A", "PREROUTING", "-d", svc, "-p", "tcp", "--dport", "80",
+		"-j", "DNAT", "--to-destination", testbed.HostPort(pods[1].ip, 7777)); err != nil {
+		t.Fatal(err)
+	}
+	pc, pcancel := context.WithTimeout(c, 3*time.Second)
+	if err := netnsutil.Probe(pc, pods[0].ns, svc+":80"); err != nil {
+		t.Errorf("pod on n1 -> Service %s -> pod on n2 (%s): %v", svc, pods[1].ip, err)
+	}
+	pcancel()
+
 	if err := l.FabricErr(); err != nil {
 		t.Fatalf("fabric: %v", err)
 	}
