@@ -19,8 +19,12 @@ type Server struct {
 	networks map[string]*Network
 	subnets  map[string]*Subnet
 	ports    map[string]*Port
+	routers  map[string]*Router
+	fips     map[string]*FloatingIP
 	// MaxPairs is max_allowed_address_pair (10, like Neutron's default).
 	MaxPairs int
+	// MaxRoutes is max_routes (30, like Neutron's default).
+	MaxRoutes int
 	// OnChange, if set, runs after every successful write, under the lock
 	// (the lab programs its fabric from it).
 	OnChange func(*Server)
@@ -30,7 +34,8 @@ const project = "lab-project"
 
 // New returns an empty endpoint.
 func New() *Server {
-	return &Server{networks: map[string]*Network{}, subnets: map[string]*Subnet{}, ports: map[string]*Port{}, MaxPairs: 10}
+	return &Server{networks: map[string]*Network{}, subnets: map[string]*Subnet{}, ports: map[string]*Port{},
+		routers: map[string]*Router{}, fips: map[string]*FloatingIP{}, MaxPairs: 10, MaxRoutes: 30}
 }
 
 // Lock and Unlock hold the endpoint still (OnChange runs with it held).
@@ -66,6 +71,7 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /v2.0/ports/{id}", s.locked(s.getPort))
 	mux.HandleFunc("PUT /v2.0/ports/{id}", s.locked(s.updatePort))
 	mux.HandleFunc("DELETE /v2.0/ports/{id}", s.locked(s.deletePort))
+	s.routeRouters(mux)
 	return mux
 }
 
