@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/gophercloud/gophercloud/v2"
+	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/extensions/layer3/routers"
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/networks"
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/ports"
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/subnets"
@@ -58,11 +59,19 @@ type Lab struct {
 	Router   Host
 	Nodes    []Host
 	Legacy   Host
+	// External is a host outside the VPC, behind the router: floating IPs
+	// are reached from it. ExtNetID is the external network in the
+	// endpoint, RouterID the lab's router.
+	External Host
+	ExtNetID string
+	RouterID string
 
 	nc        *gophercloud.ServiceClient
 	listeners []net.Listener
 	fabricErr error
-	hosts     map[string]*Host // port ID -> host, for the fabric
+	routes    []string // extra routes programmed in the router
+
+	hosts map[string]*Host // port ID -> host, for the fabric
 }
 
 // EndpointPort is where every node namespace reaches the endpoint.
@@ -135,7 +144,109 @@ func Up(ctx context.Context, cfg Config) (_ *Lab, err error) {
 	if l.Legacy, err = l.plug(ctx, n.ID, "legacy", at(200), "compute:lab"); err != nil {
 		return nil, err
 	}
+	if err := l.external(ctx); err != nil {
+		return nil, err
+	}
 	return l, nil
+}
+
+// External side: floating IPs come from 203.0.113.0/24 (a documentation
+// range, only ever inside the lab's namespaces); the router holds .1 on
+// ext0 towards an external host at .254.
+const extCIDR = "203.0.113.0/24"
+
+func (l *Lab) external(ctx context.Context) error {
+	n, err := networks.Create(ctx, l.nc, networks.CreateOpts{Name: l.Prefix + "-external"}).Extract()
+	if err != nil {
+		return err
+	}
+	gw := "203.0.113.1"
+	pools := []subnets.AllocationPool{{Start: "203.0.113.10", End: "203.0.113.200"}}
+	if _, err := subnets.Create(ctx, l.nc, subnets.CreateOpts{NetworkID: n.ID, IPVersion: gophercloud.IPv4, CIDR: extCIDR, GatewayIP: &gw, AllocationPools: pools}).Extract(); err != nil {
+		return err
+	}
+	l.ExtNetID = n.ID
+	r, err := routers.Create(ctx, l.nc, routers.CreateOpts{Name: l.Prefix}).Extract()
+	if err != nil {
+		return err
+	}
+	l.RouterID = r.ID
+	l.External = Host{Name: "external", NS: l.Prefix + "-external", IP: netip.MustParseAddr("203.0.113.254")}
+	if err := netnsutil.Add(l.External.NS); err != nil {
+		return err
+	}
+	if err := vethBetween(l.Router.NS, "ext0", l.External.NS, "eth0", nil); err != nil {
+		return err
+	}
+	for _, c := range [][]string{{"ip", "addr", "add", gw + "/24", "dev", "ext0"}, {"ip", "link", "set", "ext0", "up"}} {
+		if err := netnsutil.Exec(l.Router.NS, c...); err != nil {
+			return err
+		}
+	}
+	for _, c := range [][]string{{"ip", "addr", "add", "203.0.113.254/24", "dev", "eth0"}, {"ip", "link", "set", "eth0", "up"}} {
+		if err := netnsutil.Exec(l.External.NS, c...); err != nil {
+			return err
+		}
+	}
+	l.API.Lock()
+	l.program()
+	l.API.Unlock()
+	return nil
+}
+
+// programRouter applies the router's extra routes and the floating IPs:
+// each floating address lives on ext0, DNAT to its fixed IP on the way
+// in, SNAT back on the way out.
+func (l *Lab) programRouter() error {
+	if l.RouterID == "" {
+		return nil
+	}
+	var want []string
+	for _, r := range l.API.Routers() {
+		if r.ID != l.RouterID {
+			continue
+		}
+		for _, rt := range r.Routes {
+			want = append(want, rt.Destination+" via "+rt.NextHop)
+		}
+	}
+	var errs []error
+	for _, old := range l.routes {
+		if !slices.Contains(want, old) {
+			_ = netnsutil.Exec(l.Router.NS, append([]string{"ip", "route", "del"}, strings.Fields(old)...)...)
+		}
+	}
+	for _, rt := range want {
+		if err := netnsutil.Exec(l.Router.NS, append([]string{"ip", "route", "replace"}, strings.Fields(rt)...)...); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	l.routes = want
+	var b strings.Builder
+	b.WriteString("table ip vpcni_lab_nat\ndelete table ip vpcni_lab_nat\ntable ip vpcni_lab_nat {\n chain pre {\n  type nat hook prerouting priority dstnat; policy accept;\n")
+	var post strings.Builder
+	addrs := map[string]bool{}
+	for _, f := range l.API.FloatingIPs() {
+		if f.FixedIPAddress == "" {
+			continue
+		}
+		fmt.Fprintf(&b, "  ip daddr %s dnat to %s\n", f.FloatingIPAddress, f.FixedIPAddress)
+		fmt.Fprintf(&post, "  oifname \"ext0\" ip saddr %s snat to %s\n", f.FixedIPAddress, f.FloatingIPAddress)
+		addrs[f.FloatingIPAddress] = true
+	}
+	b.WriteString(" }\n chain post {\n  type nat hook postrouting priority srcnat; policy accept;\n")
+	b.WriteString(post.String())
+	b.WriteString(" }\n}\n")
+	cmd := exec.Command("ip", "netns", "exec", l.Router.NS, "nft", "-f", "-")
+	cmd.Stdin = strings.NewReader(b.String())
+	if out, err := cmd.CombinedOutput(); err != nil {
+		errs = append(errs, fmt.Errorf("router NAT: %v: %s", err, strings.TrimSpace(string(out))))
+	}
+	// The floating addresses answer ARP on ext0.
+	for a := range addrs {
+		_ = netnsutil.Exec(l.Router.NS, "ip", "addr", "replace", a+"/32", "dev", "ext0")
+	}
+	return errors.Join(errs...)
 }
 
 func (l *Lab) serve(ln net.Listener) {
@@ -213,7 +324,9 @@ func (l *Lab) program() {
 	b.WriteString("table bridge vpcni_lab\ndelete table bridge vpcni_lab\ntable bridge vpcni_lab {\n chain portsec {\n  type filter hook forward priority 0; policy accept;\n")
 	for _, p := range l.API.Ports() {
 		h := l.hosts[p.ID]
-		if h == nil || !p.PortSecurity {
+		// Like Neutron, no port security on network-owned ports (the
+		// router forwards traffic with any source).
+		if h == nil || !p.PortSecurity || strings.HasPrefix(p.DeviceOwner, "network:") {
 			continue
 		}
 		var allowed []string
@@ -237,7 +350,7 @@ func (l *Lab) program() {
 		fmt.Fprintf(os.Stderr, "lab: %v\n%s", l.fabricErr, b.String())
 		return
 	}
-	l.fabricErr = nil
+	l.fabricErr = l.programRouter()
 }
 
 // FabricErr is the last failure to program the fabric (nil: it holds the

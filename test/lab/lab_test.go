@@ -12,11 +12,15 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	types100 "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/gophercloud/gophercloud/v2"
+	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/extensions/layer3/extraroutes"
+	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/extensions/layer3/floatingips"
+	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/extensions/layer3/routers"
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/ports"
 
 	"github.com/vpcni/vpcni/internal/config"
@@ -150,6 +154,34 @@ func TestLegacyVMReachesPods(t *testing.T) {
 		t.Errorf("pod on n1 -> Service %s -> pod on n2 (%s): %v", svc, pods[1].ip, err)
 	}
 	pcancel()
+
+	// A floating IP for pod 0: the external host reaches the pod through it,
+	// and the pod reaches the external host (SNAT to the floating IP).
+	nc := neutronep.Client(l.URL)
+	fip, err := floatingips.Create(c, nc, floatingips.CreateOpts{FloatingNetworkID: l.ExtNetID, PortID: l.Nodes[0].PortID, FixedIP: pods[0].ip.String()}).Extract()
+	if err != nil {
+		t.Fatalf("floating IP for %s: %v", pods[0].ip, err)
+	}
+	external := netnsutil.Path(l.External.NS)
+	if err := probe(external, netip.MustParseAddr(fip.FloatingIP)); err != nil {
+		t.Errorf("external -> floating IP %s -> pod %s: %v", fip.FloatingIP, pods[0].ip, err)
+	}
+	extSrv, err := netnsutil.ServeEcho(external, testbed.HostPort(l.External.IP, 7777))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer extSrv.Close()
+	if err := probe(pods[0].ns, l.External.IP); err != nil {
+		t.Errorf("pod %s -> external through its floating IP: %v", pods[0].ip, err)
+	}
+	// An extra route on the router lands in the router namespace.
+	rt := []routers.Route{{DestinationCIDR: "10.244.7.0/24", NextHop: l.Nodes[1].IP.String()}}
+	if _, err := extraroutes.Add(c, nc, l.RouterID, extraroutes.Opts{Routes: &rt}).Extract(); err != nil {
+		t.Fatal(err)
+	}
+	if out, _ := netnsutil.Output(l.Router.NS, "ip", "route"); !strings.Contains(out, "10.244.7.0/24 via "+l.Nodes[1].IP.String()) {
+		t.Errorf("router routes lack the extra route:\n%s", out)
+	}
 
 	if err := l.FabricErr(); err != nil {
 		t.Fatalf("fabric: %v", err)
