@@ -3,7 +3,7 @@
 # missing is installed. Debian/Ubuntu, as root.
 set -euo pipefail
 
-pkgs=(iproute2 nftables iptables containernetworking-plugins iperf3 kmod procps)
+pkgs=(iproute2 nftables iptables containernetworking-plugins iperf3 sockperf kmod procps util-linux)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

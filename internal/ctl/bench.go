@@ -28,9 +28,11 @@ func bench(args []string, out io.Writer) error {
 			return benchNeutron(args[1:], out)
 		case "pool":
 			return benchPool(args[1:], out)
+		case "datapath":
+			return benchDatapath(args[1:], out)
 		}
 	}
-	return errors.New("usage: vpcnictl bench cni|neutron|pool [flags]")
+	return errors.New("usage: vpcnictl bench cni|neutron|pool|datapath [flags]")
 }
 
 // plugin is one CNI plugin under benchmark.
