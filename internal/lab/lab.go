@@ -25,8 +25,6 @@ import (
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/networks"
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/ports"
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/subnets"
-	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 
 	"github.com/vpcni/vpcni/internal/lab/neutronapi"
 	"github.com/vpcni/vpcni/internal/netnsutil"
@@ -175,7 +173,7 @@ func (l *Lab) external(ctx context.Context) error {
 	if err := netnsutil.Add(l.External.NS); err != nil {
 		return err
 	}
-	if err := vethBetween(l.Router.NS, "ext0", l.External.NS, "eth0", nil); err != nil {
+	if err := netnsutil.VethBetween(l.Router.NS, "ext0", l.External.NS, "eth0", nil); err != nil {
 		return err
 	}
 	for _, c := range [][]string{{"ip", "addr", "add", gw + "/24", "dev", "ext0"}, {"ip", "link", "set", "ext0", "up"}} {
@@ -269,7 +267,7 @@ func (l *Lab) plug(ctx context.Context, netID, name string, ip netip.Addr, owner
 		return h, err
 	}
 	mac, _ := net.ParseMAC(h.MAC)
-	if err := vethBetween(l.vpcNS(), h.ifname, h.NS, "eth0", mac); err != nil {
+	if err := netnsutil.VethBetween(l.vpcNS(), h.ifname, h.NS, "eth0", mac); err != nil {
 		return h, err
 	}
 	bits := fmt.Sprint(l.Subnet.Bits())
@@ -292,27 +290,6 @@ func (l *Lab) plug(ctx context.Context, netID, name string, ip netip.Addr, owner
 	l.program()
 	l.API.Unlock()
 	return h, nil
-}
-
-// vethBetween creates a veth pair born in two namespaces; the second end
-// gets mac.
-func vethBetween(ns1, name1, ns2, name2 string, mac net.HardwareAddr) error {
-	h1, err := netns.GetFromPath(netnsutil.Path(ns1))
-	if err != nil {
-		return err
-	}
-	defer h1.Close()
-	h2, err := netns.GetFromPath(netnsutil.Path(ns2))
-	if err != nil {
-		return err
-	}
-	defer h2.Close()
-	nl, err := netlink.NewHandleAt(h1)
-	if err != nil {
-		return err
-	}
-	defer nl.Close()
-	return nl.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name1}, PeerName: name2, PeerHardwareAddr: mac, PeerNamespace: netlink.NsFd(int(h2))})
 }
 
 // program writes the VPC bridge's port security: a frame entering from a

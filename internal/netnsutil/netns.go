@@ -15,6 +15,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 )
 
@@ -170,4 +171,25 @@ func Probe(ctx context.Context, path, addr string) error {
 		return fmt.Errorf("echo returned %q", line)
 	}
 	return nil
+}
+
+// VethBetween creates a veth pair whose ends are born in two named
+// namespaces (never in the caller's); the second end gets mac if given.
+func VethBetween(ns1, name1, ns2, name2 string, mac net.HardwareAddr) error {
+	h1, err := netns.GetFromPath(Path(ns1))
+	if err != nil {
+		return err
+	}
+	defer h1.Close()
+	h2, err := netns.GetFromPath(Path(ns2))
+	if err != nil {
+		return err
+	}
+	defer h2.Close()
+	nl, err := netlink.NewHandleAt(h1)
+	if err != nil {
+		return err
+	}
+	defer nl.Close()
+	return nl.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name1}, PeerName: name2, PeerHardwareAddr: mac, PeerNamespace: netlink.NsFd(int(h2))})
 }

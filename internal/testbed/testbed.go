@@ -21,9 +21,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
-
 	"github.com/vpcni/vpcni/internal/netnsutil"
 )
 
@@ -98,7 +95,7 @@ func (t *Topology) Up() (err error) {
 		ns, port string
 		ip       netip.Addr
 	}{{t.NodeNS(), "node0", t.NodeIP}, {t.NbrNS(), "nbr0", t.NbrIP}} {
-		if err := vethInto(seg, h.port, h.ns, "eth0"); err != nil {
+		if err := netnsutil.VethBetween(seg, h.port, h.ns, "eth0", nil); err != nil {
 			return err
 		}
 		for _, s := range [][]string{
@@ -120,30 +117,6 @@ func (t *Topology) Up() (err error) {
 		}
 	}
 	return nil
-}
-
-// vethInto creates a veth pair whose ends are born in two namespaces.
-func vethInto(ns1, name1, ns2, name2 string) error {
-	h1, err := netns.GetFromPath(netnsutil.Path(ns1))
-	if err != nil {
-		return err
-	}
-	defer h1.Close()
-	h2, err := netns.GetFromPath(netnsutil.Path(ns2))
-	if err != nil {
-		return err
-	}
-	defer h2.Close()
-	nl, err := netlink.NewHandleAt(h1)
-	if err != nil {
-		return err
-	}
-	defer nl.Close()
-	return nl.LinkAdd(&netlink.Veth{
-		LinkAttrs:     netlink.LinkAttrs{Name: name1},
-		PeerName:      name2,
-		PeerNamespace: netlink.NsFd(int(h2)),
-	})
 }
 
 // Down stops every process the testbed started (also those a crashed run
