@@ -11,12 +11,26 @@ LDFLAGS   := -s -w -X main.version=$(VERSION)
 GOBUILD   := CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)"
 PKG_TEST_TIMEOUT ?= 15m
 
-.PHONY: all build deps test unit fuzz integration chaos lint demo bench clean
+.PHONY: all build image k8s-build deps test unit fuzz integration chaos lint demo bench clean
 
 all: build
 
 build:
 	$(GOBUILD) -o $(BIN)/ ./cmd/vpcni ./cmd/vpcnid ./cmd/vpcnictl
+
+# The node image for a real Kubernetes node: every cmd/* binary, static, in
+# /usr/local/bin; a docker-save tarball (no registry) for
+# `ctr -n k8s.io images import`. Its name is in $(BIN)/vpcni-image.name.
+IMAGE     ?= vpcni/vpcni:dev
+image:
+	rm -rf $(BIN)/image && mkdir -p $(BIN)/image
+	$(GOBUILD) -o $(BIN)/image/ ./cmd/...
+	$(GO) run ./tools/mkimage -name $(IMAGE) -out $(BIN)/vpcni-image.tar -tree $(BIN)/image:/usr/local/bin -dir /tmp:1777 -entrypoint /usr/local/bin/vpcnid
+	echo $(IMAGE) > $(BIN)/vpcni-image.name
+
+# Kubernetes for the end-to-end tests on a real node (cached in /var/cache/vpcni-k8s).
+k8s-build:
+	bash scripts/k8s-node.sh build
 
 deps:
 	bash scripts/install-deps.sh

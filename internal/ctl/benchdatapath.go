@@ -42,7 +42,7 @@ func benchDatapath(args []string, out io.Writer) (err error) {
 		return err
 	}
 	const prefix = "vpcni-dpbench"
-	if err := labUp(prefix, 2, "10.91.0.0/24", io.Discard); err != nil {
+	if err := labUp(prefix, 2, "10.91.0.0/24", true, io.Discard); err != nil {
 		return err
 	}
 	defer func() { err = errors.Join(err, labDown(prefix, io.Discard)) }()

@@ -47,14 +47,15 @@ func labCmd(args []string, out io.Writer) error {
 	prefix := fs.String("prefix", "vpcni-lab", "namespace prefix")
 	nodes := fs.Int("nodes", 3, "cluster nodes")
 	subnet := fs.String("subnet", "10.90.0.0/24", "the tenant subnet")
+	agents := fs.Bool("agents", true, "run vpcnid on every node (false: none, e.g. for a real Kubernetes node whose DaemonSet runs it)")
 	if err := fs.Parse(args[1:]); err != nil {
 		return err
 	}
 	switch args[0] {
 	case "up":
-		return labUp(*prefix, *nodes, *subnet, out)
+		return labUp(*prefix, *nodes, *subnet, *agents, out)
 	case "serve":
-		return labServe(*prefix, *nodes, *subnet)
+		return labServe(*prefix, *nodes, *subnet, *agents)
 	case "down":
 		return labDown(*prefix, out)
 	case "status":
@@ -71,7 +72,7 @@ func labCmd(args []string, out io.Writer) error {
 }
 
 // labUp starts `lab serve` in the background and waits until the lab is up.
-func labUp(prefix string, nodes int, subnet string, out io.Writer) error {
+func labUp(prefix string, nodes int, subnet string, agents bool, out io.Writer) error {
 	if os.Geteuid() != 0 {
 		return errors.New("the lab builds network namespaces: run it as root")
 	}
@@ -92,7 +93,7 @@ func labUp(prefix string, nodes int, subnet string, out io.Writer) error {
 		return err
 	}
 	defer logf.Close()
-	cmd := exec.Command(self, "lab", "serve", "--prefix", prefix, "--nodes", strconv.Itoa(nodes), "--subnet", subnet)
+	cmd := exec.Command(self, "lab", "serve", "--prefix", prefix, "--nodes", strconv.Itoa(nodes), "--subnet", subnet, "--agents="+strconv.FormatBool(agents))
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {
@@ -107,7 +108,11 @@ func labUp(prefix string, nodes int, subnet string, out io.Writer) error {
 			fmt.Fprintf(out, "lab %s is up: endpoint %s, subnet %s\n", prefix, st.URL, subnet)
 			fmt.Fprintf(out, "  router  %-16s %s\n  legacy  %-16s %s\n", st.Router.NS, st.Router.IP, st.Legacy.NS, st.Legacy.IP)
 			for _, n := range st.Nodes {
-				fmt.Fprintf(out, "  node    %-16s %s  vpcnid %s\n", n.NS, n.IP, n.Socket)
+				agent := "vpcnid " + n.Socket
+				if n.Socket == "" {
+					agent = "no vpcnid"
+				}
+				fmt.Fprintf(out, "  node    %-16s %s  %s\n", n.NS, n.IP, agent)
 			}
 			fmt.Fprintf(out, "look around: vpcnictl lab status --prefix %[1]s; vpcnictl lab exec --prefix %[1]s n1 ip route; tear down: vpcnictl lab down --prefix %[1]s\n", prefix)
 			return nil
@@ -132,9 +137,9 @@ func readLabState(prefix string) (*labState, error) {
 	return st, json.Unmarshal(data, st)
 }
 
-// labServe builds the lab, runs vpcnid on every node and serves the
-// endpoint until SIGTERM; then it takes everything down.
-func labServe(prefix string, nodes int, subnet string) error {
+// labServe builds the lab, runs vpcnid on every node (unless !agents) and
+// serves the endpoint until SIGTERM; then it takes everything down.
+func labServe(prefix string, nodes int, subnet string, agents bool) error {
 	bin, err := binDir()
 	if err != nil {
 		return err
@@ -153,6 +158,10 @@ func labServe(prefix string, nodes int, subnet string) error {
 	dir := labDir(prefix)
 	st := labState{Prefix: prefix, URL: l.URL, SubnetID: l.SubnetID, Router: l.Router, Legacy: l.Legacy}
 	for _, n := range l.Nodes {
+		if !agents {
+			st.Nodes = append(st.Nodes, labNodeRef{Host: n})
+			continue
+		}
 		cfg := config.Defaults()
 		cfg.NodeName = n.Name
 		cfg.SocketPath = filepath.Join(dir, n.Name, "vpcnid.sock")
@@ -204,6 +213,10 @@ func labStatus(prefix string, out io.Writer) error {
 	fmt.Fprintf(out, "lab %s: endpoint %s\n", prefix, st.URL)
 	for _, n := range st.Nodes {
 		fmt.Fprintf(out, "\n== %s (%s) ==\n", n.Name, n.IP)
+		if n.Socket == "" {
+			fmt.Fprintln(out, "no vpcnid (lab up --agents=false)")
+			continue
+		}
 		if err := status([]string{"--socket", n.Socket}, out); err != nil {
 			fmt.Fprintf(out, "%v\n", err)
 		}
