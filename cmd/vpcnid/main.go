@@ -15,6 +15,7 @@ import (
 
 	"github.com/vpcni/vpcni/internal/agent"
 	"github.com/vpcni/vpcni/internal/config"
+	"github.com/vpcni/vpcni/internal/k8s"
 )
 
 var version = "dev"
@@ -61,6 +62,18 @@ func run(configPath string) error {
 			return fmt.Errorf("metrics on %s: %w", cfg.MetricsAddr, err)
 		}
 		log.Info("metrics", "addr", "http://"+addr.String()+"/metrics")
+	}
+	if cfg.Kubernetes.Enabled() {
+		rc, err := k8s.RestConfig(cfg.Kubernetes.Kubeconfig)
+		if err != nil {
+			return fmt.Errorf("kubernetes (mode %q; set kubernetes.mode: off to run without): %w", cfg.Kubernetes.Mode, err)
+		}
+		node, err := k8s.NewNode(rc, cfg.NodeName, a, log, k8s.NodeOptions{})
+		if err != nil {
+			return fmt.Errorf("kubernetes: %w", err)
+		}
+		a.SetCluster(node)
+		go node.Run(ctx)
 	}
 	srv := &http.Server{Handler: a.Handler(), ReadHeaderTimeout: 5 * time.Second}
 	go a.Run(ctx)

@@ -43,6 +43,7 @@ type Agent struct {
 	refillMu sync.Mutex // one provider refill at a time
 	kick     chan struct{}
 	metrics  *metrics.Metrics
+	cluster  Cluster // nil: no orchestrator
 
 	surplusSince time.Time     // when free first went above maxFree (zero: not above)
 	surplusAfter time.Duration // this time's grace, with jitter

@@ -68,6 +68,12 @@ func parseRequest(req *api.CNIRequest, withAttachment, withNetns bool) (*netConf
 
 // k8sArgs picks the pod's identity out of CNI_ARGS.
 func k8sArgs(args string) (namespace, name string) {
+	namespace, name, _ = k8sPod(args)
+	return namespace, name
+}
+
+// k8sPod also returns the pod's UID, which runtimes may send.
+func k8sPod(args string) (namespace, name, uid string) {
 	for _, kv := range strings.Split(args, ";") {
 		k, v, _ := strings.Cut(kv, "=")
 		switch k {
@@ -75,14 +81,29 @@ func k8sArgs(args string) (namespace, name string) {
 			namespace = v
 		case "K8S_POD_NAME":
 			name = v
+		case "K8S_POD_UID":
+			uid = v
 		}
 	}
-	return namespace, name
+	return namespace, name, uid
 }
 
 // Add gives the attachment an address and wires it, and records it before
-// answering. A repeated ADD returns the same result.
+// answering. A repeated ADD returns the same result. The cluster hears of
+// the outcome afterwards: the pod's annotations, or an event saying why.
 func (a *Agent) Add(ctx context.Context, req *api.CNIRequest) (*types100.Result, *api.Error) {
+	res, aerr := a.add(ctx, req)
+	if aerr != nil {
+		a.failed(req, aerr)
+	} else if a.cluster != nil {
+		if _, name := k8sArgs(req.Args); name != "" {
+			a.cluster.Changed(req.ContainerID, req.IfName)
+		}
+	}
+	return res, aerr
+}
+
+func (a *Agent) add(ctx context.Context, req *api.CNIRequest) (*types100.Result, *api.Error) {
 	conf, aerr := parseRequest(req, true, true)
 	if aerr != nil {
 		return nil, aerr
@@ -102,11 +123,11 @@ func (a *Agent) Add(ctx context.Context, req *api.CNIRequest) (*types100.Result,
 		return nil, aerr
 	}
 	allocated := time.Now()
-	podNS, podName := k8sArgs(req.Args)
+	podNS, podName, podUID := k8sPod(req.Args)
 	rec = &store.Record{
 		ContainerID: req.ContainerID, IfName: req.IfName, Network: conf.Name, Netns: req.Netns,
 		Address: ip, HostIf: datapath.HostIfName(req.ContainerID, req.IfName),
-		PodNamespace: podNS, PodName: podName, Created: time.Now().UTC(),
+		PodNamespace: podNS, PodName: podName, PodUID: podUID, Created: time.Now().UTC(),
 	}
 	// The record and the wiring go in parallel; both are done before the
 	// answer. A crash in between leaves a record without wiring (re-wired
@@ -302,6 +323,7 @@ func (a *Agent) Del(_ context.Context, req *api.CNIRequest) *api.Error {
 		return api.Errorf(api.CodeInternal, "could not remove the pod's wiring; the address stays allocated until a retry succeeds", err.Error())
 	}
 	a.log.Info("pod deleted", "container", rec.ContainerID, "ifName", rec.IfName, "address", rec.Address)
+	a.changed(rec)
 	a.kickRefill() // surplus may go back to the provider
 	return nil
 }
@@ -417,6 +439,7 @@ func (a *Agent) GC(_ context.Context, req *api.CNIRequest) *api.Error {
 			continue
 		}
 		a.log.Info("garbage-collected allocation", "container", r.ContainerID, "ifName", r.IfName, "address", r.Address)
+		a.changed(r)
 	}
 	if err := errors.Join(errs...); err != nil {
 		return api.Errorf(api.CodeInternal, "GC could not release every stale allocation", err.Error())
@@ -427,6 +450,11 @@ func (a *Agent) GC(_ context.Context, req *api.CNIRequest) *api.Error {
 // Status says whether an ADD could be served now.
 func (a *Agent) Status(_ context.Context, _ *api.CNIRequest) *api.Error {
 	ready, reason := a.readiness()
+	if ready && a.cluster != nil {
+		if err := a.cluster.Ready(); err != nil {
+			ready, reason = false, err.Error()
+		}
+	}
 	if !ready {
 		return api.Errorf(api.CodeNotAvailable, "vpcni cannot add pods on node "+a.cfg.NodeName+": "+reason, "")
 	}

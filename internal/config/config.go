@@ -39,9 +39,32 @@ type Config struct {
 	// MetricsAddr is where Prometheus metrics are served ("" = off).
 	MetricsAddr string `json:"metricsAddr"`
 	// LogLevel: debug, info, warn, error.
-	LogLevel string   `json:"logLevel"`
-	Pool     Pool     `json:"pool"`
-	Provider Provider `json:"provider"`
+	LogLevel   string     `json:"logLevel"`
+	Pool       Pool       `json:"pool"`
+	Provider   Provider   `json:"provider"`
+	Kubernetes Kubernetes `json:"kubernetes"`
+}
+
+// Kubernetes connects the agent to the cluster: pod annotations, events on
+// pods whose setup failed, pool figures on the node, and a PodAddress
+// object per pod address (what vpcni-controller reconciles).
+type Kubernetes struct {
+	// Mode: "auto" or empty (on when the agent runs in a pod or Kubeconfig is set),
+	// "on" (the agent is not ready without the API server) or "off".
+	Mode string `json:"mode"`
+	// Kubeconfig, if set, is used instead of the pod's service account.
+	Kubeconfig string `json:"kubeconfig,omitempty"`
+}
+
+// Enabled says whether the agent talks to Kubernetes.
+func (k Kubernetes) Enabled() bool {
+	switch k.Mode {
+	case "on":
+		return true
+	case "off":
+		return false
+	}
+	return k.Kubeconfig != "" || os.Getenv("KUBERNETES_SERVICE_HOST") != ""
 }
 
 // Pool sizes the warm pool of addresses held ahead of demand.
@@ -249,9 +272,8 @@ func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(d.String()
 
 // Defaults returns the configuration used for every field the file omits.
 func Defaults() Config {
-	host, _ := os.Hostname()
 	return Config{
-		NodeName:    host,
+		NodeName:    defaultNodeName(),
 		SocketPath:  "/run/vpcni/vpcnid.sock",
 		StateDir:    "/var/lib/vpcni",
 		Datapath:    "veth",
@@ -261,7 +283,18 @@ func Defaults() Config {
 		Pool:        Pool{WarmTarget: 8, BatchSize: 8, MaxFree: 24, AddWait: Duration{10 * time.Second}, SurplusGrace: Duration{2 * time.Minute}},
 		MetricsAddr: "127.0.0.1:9695",
 		Provider:    Provider{Type: "static"},
+		Kubernetes:  Kubernetes{Mode: "auto"},
 	}
+}
+
+// defaultNodeName: $VPCNI_NODE_NAME (a DaemonSet sets it from
+// spec.nodeName), else the host name.
+func defaultNodeName() string {
+	if n := os.Getenv("VPCNI_NODE_NAME"); n != "" {
+		return n
+	}
+	host, _ := os.Hostname()
+	return host
 }
 
 // Load reads a YAML or JSON file on top of Defaults and validates it.
@@ -276,7 +309,7 @@ func Load(path string) (Config, error) {
 	}
 	if cfg.NodeName == "" {
 		// Written out empty means "the default", as for uplink and mtu.
-		cfg.NodeName, _ = os.Hostname()
+		cfg.NodeName = defaultNodeName()
 	}
 	if err := cfg.Validate(); err != nil {
 		return cfg, fmt.Errorf("config %s: %w", path, err)
@@ -320,6 +353,11 @@ func (c *Config) Validate() error {
 	case "debug", "info", "warn", "error":
 	default:
 		bad("logLevel", "%q is not one of debug, info, warn, error", c.LogLevel)
+	}
+	switch c.Kubernetes.Mode {
+	case "", "auto", "on", "off": // empty: auto
+	default:
+		bad("kubernetes.mode", "%q is not one of auto, on, off", c.Kubernetes.Mode)
 	}
 	if c.Pool.WarmTarget < 0 {
 		bad("pool.warmTarget", "%d must not be negative", c.Pool.WarmTarget)

@@ -32,6 +32,8 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		err = bench(args[1:], stdout)
 	case "lab":
 		err = labCmd(args[1:], stdout)
+	case "install-cni":
+		err = installCNI(args[1:], stdout)
 	case "help", "-h", "--help":
 		usage(stdout)
 		return 0
@@ -53,6 +55,7 @@ func usage(w io.Writer) {
   vpcnictl status [--socket PATH] [-o json]   agent health, pool and allocations
   vpcnictl demo [--keep|--down]               one node, three pods, a neighbour: connectivity matrix
   vpcnictl lab up|down|status|exec [--nodes N]  a whole OpenStack-style VPC on this machine (namespaces only)
+  vpcnictl install-cni [flags]                copy the plugin and write the conflist atomically (the DaemonSet's init step)
   vpcnictl bench cni [flags]                  CNI ADD/DEL latency and burst vs Debian's ptp+host-local
   vpcnictl bench neutron [flags]              Neutron calls per pod, batched vs single updates (real neutron-server)
   vpcnictl bench pool [flags]                 pool policy: calls per pod under churn, cold and warm ADD p99 (real neutron-server)

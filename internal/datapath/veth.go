@@ -147,10 +147,23 @@ func isZeroMask(m net.IPMask) bool {
 
 // prepareNode sets what routed pods need on the node: forwarding, and proxy
 // ARP answers without the kernel's random delay (0.8 s by default).
-func (v *Veth) prepareNode() error {
+func (v *Veth) prepareNode() error { return PrepareNode(v.Uplink) }
+
+// PrepareNode sets the node's sysctls for routed pods on uplink ("" = the
+// interface of the default route). It writes only what differs, so an
+// agent without a writable /proc/sys (a container that is not privileged)
+// starts once a privileged step ran this.
+func PrepareNode(uplink string) error {
+	if uplink == "" {
+		name, err := defaultRouteLink()
+		if err != nil {
+			return err
+		}
+		uplink = name
+	}
 	return errors.Join(
 		writeSysctl("net/ipv4/ip_forward", "1"),
-		writeSysctl("net/ipv4/neigh/"+v.Uplink+"/proxy_delay", "0"),
+		writeSysctl("net/ipv4/neigh/"+uplink+"/proxy_delay", "0"),
 	)
 }
 

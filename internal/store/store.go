@@ -34,6 +34,7 @@ type Record struct {
 	PodMAC       string     `json:"podMAC"`
 	PodNamespace string     `json:"podNamespace,omitempty"`
 	PodName      string     `json:"podName,omitempty"`
+	PodUID       string     `json:"podUID,omitempty"`
 	// Ready is false while the datapath is being wired: a record found
 	// unready after a crash is wired again or torn down, never trusted.
 	Ready   bool      `json:"ready"`

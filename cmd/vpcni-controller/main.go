@@ -1,0 +1,139 @@
+// Command vpcni-controller runs vpcni's cluster-wide reconcilers, one
+// active replica at a time (a Lease elects the leader). So far: releasing
+// the addresses of pods that are gone while their node's agent missed the
+// DEL (see internal/k8s).
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/leaderelection"
+	"k8s.io/client-go/tools/leaderelection/resourcelock"
+
+	"github.com/vpcni/vpcni/internal/k8s"
+)
+
+var version = "dev"
+
+func main() {
+	var o options
+	flag.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig (default: $KUBECONFIG, else the pod's service account)")
+	flag.StringVar(&o.namespace, "lease-namespace", envOr("POD_NAMESPACE", "vpcni-system"), "namespace of the leader election Lease")
+	flag.StringVar(&o.lease, "lease-name", "vpcni-controller", "name of the leader election Lease")
+	flag.StringVar(&o.identity, "id", envOr("POD_NAME", ""), "this replica's identity (default: host name)")
+	flag.DurationVar(&o.grace, "release-grace", 30*time.Second, "how long a pod must be gone before its address is released")
+	flag.DurationVar(&o.leaseDuration, "lease-duration", 15*time.Second, "leader lease duration")
+	flag.StringVar(&o.healthAddr, "health-addr", ":9697", "address of /healthz (empty: off)")
+	flag.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn, error")
+	showVersion := flag.Bool("version", false, "print the version and exit")
+	flag.Parse()
+	if *showVersion {
+		fmt.Println("vpcni-controller", version)
+		return
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {
+		fmt.Fprintln(os.Stderr, "vpcni-controller: -log-level:", err)
+		os.Exit(2)
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	if err := run(o, log); err != nil {
+		log.Error("vpcni-controller stopped", "err", err)
+		os.Exit(1)
+	}
+}
+
+type options struct {
+	kubeconfig, namespace, lease, identity, healthAddr, logLevel string
+	grace, leaseDuration                                         time.Duration
+}
+
+func envOr(k, def string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return def
+}
+
+func run(o options, log *slog.Logger) error {
+	if o.grace < 0 || o.leaseDuration < 3*time.Second {
+		return errors.New("-release-grace must not be negative and -lease-duration must be at least 3s")
+	}
+	if o.identity == "" {
+		o.identity, _ = os.Hostname()
+	}
+	cfg, err := k8s.RestConfig(o.kubeconfig)
+	if err != nil {
+		return err
+	}
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	if o.healthAddr != "" {
+		ln, err := net.Listen("tcp", o.healthAddr)
+		if err != nil {
+			return fmt.Errorf("health endpoint: %w", err)
+		}
+		mux := http.NewServeMux()
+		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		go func() { _ = srv.Serve(ln) }()
+		defer srv.Close()
+	}
+	lock := &resourcelock.LeaseLock{
+		LeaseMeta:  metav1.ObjectMeta{Namespace: o.namespace, Name: o.lease},
+		Client:     cs.CoordinationV1(),
+		LockConfig: resourcelock.ResourceLockConfig{Identity: o.identity},
+	}
+	log.Info("vpcni-controller starting", "version", version, "id", o.identity, "lease", o.namespace+"/"+o.lease)
+	leaderelection.RunOrDie(ctx, leaderelection.LeaderElectionConfig{
+		Lock:            lock,
+		ReleaseOnCancel: true,
+		LeaseDuration:   o.leaseDuration,
+		RenewDeadline:   o.leaseDuration * 2 / 3,
+		RetryPeriod:     o.leaseDuration / 7,
+		Name:            "vpcni-controller",
+		Callbacks: leaderelection.LeaderCallbacks{
+			OnStartedLeading: func(ctx context.Context) {
+				log.Info("leading: reconcilers start", "id", o.identity)
+				orphans, err := k8s.NewOrphans(cfg, o.grace, log)
+				if err != nil {
+					log.Error("orphans reconciler", "err", err)
+					stop()
+					return
+				}
+				if err := orphans.Run(ctx); err != nil && ctx.Err() == nil {
+					log.Error("orphans reconciler stopped", "err", err)
+					stop()
+				}
+			},
+			OnStoppedLeading: func() {
+				log.Info("no longer leading", "id", o.identity)
+				// A replica that lost its lease exits, so no two reconcile
+				// at once; the Deployment restarts it as a follower.
+				stop()
+			},
+			OnNewLeader: func(id string) {
+				if id != o.identity {
+					log.Info("following", "leader", id)
+				}
+			},
+		},
+	})
+	return nil
+}

@@ -1,0 +1,183 @@
+package k8s
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/dynamic/dynamicinformer"
+	"k8s.io/client-go/metadata"
+	"k8s.io/client-go/metadata/metadatainformer"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/workqueue"
+)
+
+// Orphans is vpcni-controller's reconciler: it deletes the PodAddress of
+// every pod that no longer exists (same namespace, name and UID), once the
+// pod has been gone for Grace — the time a running agent needs to see the
+// runtime's DEL and delete it itself. The node's agent then releases the
+// address (now, or when it starts again).
+type Orphans struct {
+	Grace time.Duration
+
+	dyn   dynamic.Interface
+	log   *slog.Logger
+	pods  cache.SharedIndexInformer // metadata only: the controller needs no pod specs
+	addrs cache.SharedIndexInformer
+	queue workqueue.TypedRateLimitingInterface[string]
+
+	mu        sync.Mutex
+	goneSince map[string]time.Time // PodAddress name -> when its pod was first seen missing
+
+	released atomic.Int64
+}
+
+// NewOrphans connects the reconciler; Run starts it.
+func NewOrphans(cfg *rest.Config, grace time.Duration, log *slog.Logger) (*Orphans, error) {
+	cfg = rest.CopyConfig(cfg)
+	cfg.UserAgent = "vpcni-controller"
+	dyn, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	md, err := metadata.NewForConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	o := &Orphans{Grace: grace, dyn: dyn, log: log.With("reconciler", "orphans"),
+		queue:     workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]()),
+		goneSince: map[string]time.Time{}}
+	o.pods = metadatainformer.NewSharedInformerFactory(md, 10*time.Minute).
+		ForResource(schema.GroupVersionResource{Version: "v1", Resource: "pods"}).Informer()
+	o.addrs = dynamicinformer.NewDynamicSharedInformerFactory(dyn, 5*time.Minute).ForResource(PodAddressResource).Informer()
+	if err := o.addrs.AddIndexers(cache.Indexers{IndexPod: podIndex}); err != nil {
+		return nil, err
+	}
+	enqueue := func(obj any) {
+		if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+			obj = d.Obj
+		}
+		if u, ok := obj.(*unstructured.Unstructured); ok {
+			o.queue.Add(u.GetName())
+		}
+	}
+	_, _ = o.addrs.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: enqueue, UpdateFunc: func(_, n any) { enqueue(n) }})
+	// A pod's deletion wakes the PodAddresses that name it.
+	_, _ = o.pods.AddEventHandler(cache.ResourceEventHandlerFuncs{DeleteFunc: func(obj any) {
+		if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+			obj = d.Obj
+		}
+		m, ok := obj.(*metav1.PartialObjectMetadata)
+		if !ok {
+			return
+		}
+		list, _ := o.addrs.GetIndexer().ByIndex(IndexPod, m.Namespace+"/"+m.Name)
+		for _, a := range list {
+			enqueue(a)
+		}
+	}})
+	return o, nil
+}
+
+// Released counts PodAddresses deleted because their pod was gone.
+func (o *Orphans) Released() int64 { return o.released.Load() }
+
+// Run reconciles until ctx ends.
+func (o *Orphans) Run(ctx context.Context) error {
+	defer o.queue.ShutDown()
+	go o.pods.Run(ctx.Done())
+	go o.addrs.Run(ctx.Done())
+	if !cache.WaitForCacheSync(ctx.Done(), o.pods.HasSynced, o.addrs.HasSynced) {
+		return fmt.Errorf("caches did not sync: %w", ctx.Err())
+	}
+	o.log.Info("reconciling PodAddresses of pods that are gone", "grace", o.Grace)
+	go func() {
+		<-ctx.Done()
+		o.queue.ShutDown()
+	}()
+	for {
+		name, quit := o.queue.Get()
+		if quit {
+			return nil
+		}
+		again, err := o.reconcile(ctx, name)
+		switch {
+		case err != nil:
+			o.log.Warn("reconcile failed; retrying", "podaddress", name, "err", err)
+			o.queue.AddRateLimited(name)
+		case again > 0:
+			o.queue.Forget(name)
+			o.queue.AddAfter(name, again)
+		default:
+			o.queue.Forget(name)
+		}
+		o.queue.Done(name)
+	}
+}
+
+func (o *Orphans) reconcile(ctx context.Context, name string) (time.Duration, error) {
+	obj, ok, err := o.addrs.GetIndexer().GetByKey(name)
+	if err != nil {
+		return 0, err
+	}
+	if !ok {
+		o.forget(name)
+		return 0, nil
+	}
+	u := obj.(*unstructured.Unstructured)
+	s, err := SpecOf(u)
+	if err != nil {
+		o.log.Warn("unreadable PodAddress left alone", "podaddress", name, "err", err)
+		return 0, nil
+	}
+	if o.podExists(s) {
+		o.forget(name)
+		return 0, nil
+	}
+	o.mu.Lock()
+	since, seen := o.goneSince[name]
+	if !seen {
+		since = time.Now()
+		o.goneSince[name] = since
+	}
+	o.mu.Unlock()
+	if wait := o.Grace - time.Since(since); wait > 0 {
+		return wait, nil
+	}
+	uid := u.GetUID()
+	err = o.dyn.Resource(PodAddressResource).Delete(ctx, name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}})
+	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+		return 0, fmt.Errorf("delete PodAddress: %w", err)
+	}
+	o.forget(name)
+	if err == nil {
+		o.released.Add(1)
+		o.log.Info("pod is gone: its address goes back to the node's pool", "pod", s.PodNamespace+"/"+s.PodName,
+			"address", s.Address, "node", s.Node, "podaddress", name, "gone_for", time.Since(since).Round(time.Second))
+	}
+	return 0, nil
+}
+
+func (o *Orphans) podExists(s PodAddressSpec) bool {
+	obj, ok, err := o.pods.GetIndexer().GetByKey(s.PodNamespace + "/" + s.PodName)
+	if err != nil || !ok {
+		return false
+	}
+	m, isMeta := obj.(*metav1.PartialObjectMetadata)
+	return !isMeta || s.PodUID == "" || string(m.UID) == s.PodUID
+}
+
+func (o *Orphans) forget(name string) {
+	o.mu.Lock()
+	delete(o.goneSince, name)
+	o.mu.Unlock()
+}

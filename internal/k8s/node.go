@@ -1,0 +1,409 @@
+package k8s
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/dynamic/dynamicinformer"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/util/workqueue"
+
+	"github.com/vpcni/vpcni/internal/agent"
+	"github.com/vpcni/vpcni/internal/api"
+)
+
+// Agent is what the node side needs of vpcnid.
+type Agent interface {
+	Attachment(containerID, ifName string) (*agent.Attachment, error)
+	Attachments() ([]*agent.Attachment, error)
+	Release(containerID, ifName, why string) error
+	Pool() agent.PoolFigures
+}
+
+// NodeOptions tunes the node side.
+type NodeOptions struct {
+	// Orphaned is how long an attachment must exist before the agent may
+	// conclude that its pod is gone (an informer can lag behind a new pod).
+	Orphaned time.Duration
+	// PoolEvery is how often the node's pool annotations are refreshed.
+	PoolEvery time.Duration
+	// ProbeEvery is how often the API server is probed for STATUS.
+	ProbeEvery time.Duration
+}
+
+func (o *NodeOptions) defaults() {
+	if o.Orphaned == 0 {
+		o.Orphaned = time.Minute
+	}
+	if o.PoolEvery == 0 {
+		o.PoolEvery = 10 * time.Second
+	}
+	if o.ProbeEvery == 0 {
+		o.ProbeEvery = 10 * time.Second
+	}
+}
+
+type attKey struct{ containerID, ifName string }
+
+// Node is the agent's Kubernetes side; it implements agent.Cluster.
+type Node struct {
+	name  string
+	opts  NodeOptions
+	cs    kubernetes.Interface
+	dyn   dynamic.Interface
+	agent Agent
+	log   *slog.Logger
+	host  string
+
+	pods     cache.SharedIndexInformer
+	addrs    cache.SharedIndexInformer
+	queue    workqueue.TypedRateLimitingInterface[attKey]
+	recorder record.EventRecorder
+	events   record.EventBroadcaster
+
+	mu       sync.Mutex
+	probeErr error
+	synced   bool
+}
+
+// NewNode connects to the API server described by cfg. Run starts it.
+func NewNode(cfg *rest.Config, nodeName string, a Agent, log *slog.Logger, opts NodeOptions) (*Node, error) {
+	opts.defaults()
+	cfg = rest.CopyConfig(cfg)
+	cfg.UserAgent = "vpcnid/" + nodeName
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	dyn, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	n := &Node{name: nodeName, opts: opts, cs: cs, dyn: dyn, agent: a, log: log.With("component", "kubernetes"), host: cfg.Host,
+		queue:    workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[attKey]()),
+		probeErr: errors.New("the Kubernetes API server was not reached yet")}
+	// Only this node's pods: the agent never holds the cluster's.
+	pf := informers.NewSharedInformerFactoryWithOptions(cs, 10*time.Minute, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+		o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", nodeName).String()
+	}))
+	n.pods = pf.Core().V1().Pods().Informer()
+	af := dynamicinformer.NewFilteredDynamicSharedInformerFactory(dyn, 10*time.Minute, metav1.NamespaceAll, func(o *metav1.ListOptions) {
+		o.LabelSelector = LabelNode + "=" + nodeName
+	})
+	n.addrs = af.ForResource(PodAddressResource).Informer()
+	_, _ = n.addrs.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    n.enqueueAddr,
+		UpdateFunc: func(_, o any) { n.enqueueAddr(o) },
+		DeleteFunc: n.enqueueAddr,
+	})
+	_, _ = n.pods.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		// A pod the agent already wired may reach the informer after the
+		// ADD: annotate it then.
+		AddFunc: n.enqueuePod,
+	})
+	n.events = record.NewBroadcaster()
+	n.recorder = n.events.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "vpcnid", Host: nodeName})
+	return n, nil
+}
+
+func (n *Node) enqueueAddr(obj any) {
+	if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = d.Obj
+	}
+	s, err := SpecOf(obj)
+	if err != nil || s.Node != n.name {
+		return
+	}
+	n.queue.Add(attKey{s.ContainerID, s.IfName})
+}
+
+func (n *Node) enqueuePod(obj any) {
+	pod, ok := obj.(*corev1.Pod)
+	if !ok {
+		return
+	}
+	atts, err := n.agent.Attachments()
+	if err != nil {
+		return
+	}
+	for _, a := range atts {
+		if a.PodNamespace == pod.Namespace && a.PodName == pod.Name {
+			n.queue.Add(attKey{a.ContainerID, a.IfName})
+		}
+	}
+}
+
+// Run serves until ctx ends.
+func (n *Node) Run(ctx context.Context) {
+	n.events.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: n.cs.CoreV1().Events("")})
+	defer n.events.Shutdown()
+	defer n.queue.ShutDown()
+	go n.pods.Run(ctx.Done())
+	go n.addrs.Run(ctx.Done())
+	go n.probe(ctx)
+	if !cache.WaitForCacheSync(ctx.Done(), n.pods.HasSynced, n.addrs.HasSynced) {
+		return
+	}
+	n.mu.Lock()
+	n.synced = true
+	n.mu.Unlock()
+	n.log.Info("connected to Kubernetes", "server", n.host, "node", n.name)
+	// Everything the agent holds is checked once: a PodAddress missing
+	// (published late, or deleted by vpcni-controller while the agent was
+	// down) or left over.
+	if atts, err := n.agent.Attachments(); err == nil {
+		for _, a := range atts {
+			n.queue.Add(attKey{a.ContainerID, a.IfName})
+		}
+	}
+	go n.poolLoop(ctx)
+	for n.work(ctx) {
+	}
+}
+
+func (n *Node) work(ctx context.Context) bool {
+	k, quit := n.queue.Get()
+	if quit {
+		return false
+	}
+	defer n.queue.Done(k)
+	again, err := n.reconcile(ctx, k)
+	switch {
+	case err != nil:
+		n.log.Warn("kubernetes sync failed; retrying", "container", k.containerID, "ifName", k.ifName, "err", err)
+		n.queue.AddRateLimited(k)
+	case again > 0:
+		n.queue.Forget(k)
+		n.queue.AddAfter(k, again)
+	default:
+		n.queue.Forget(k)
+	}
+	return true
+}
+
+// reconcile brings one attachment's Kubernetes side in line with the
+// agent's record: PodAddress and annotations while it exists, no
+// PodAddress once it is gone, and a release when vpcni-controller found
+// its pod gone.
+func (n *Node) reconcile(ctx context.Context, k attKey) (again time.Duration, err error) {
+	att, err := n.agent.Attachment(k.containerID, k.ifName)
+	if err != nil {
+		return 0, err
+	}
+	name := PodAddressName(n.name, k.containerID, k.ifName)
+	_, published, err := n.addrs.GetIndexer().GetByKey(name)
+	if err != nil {
+		return 0, err
+	}
+	padrs := n.dyn.Resource(PodAddressResource)
+	if att == nil {
+		if !published {
+			return 0, nil
+		}
+		err := padrs.Delete(ctx, name, metav1.DeleteOptions{})
+		if apierrors.IsNotFound(err) {
+			err = nil
+		}
+		return 0, err
+	}
+	if att.PodName == "" {
+		return 0, nil // not a Kubernetes pod
+	}
+	pod := n.pod(att)
+	if !published {
+		if pod == nil {
+			// No pod and no PodAddress: vpcni-controller found the pod gone
+			// and deleted it (perhaps while the agent was down), or the
+			// pod went before the agent published it. Either way the
+			// runtime will not DEL it any more.
+			if age := time.Since(att.Created); age < n.opts.Orphaned {
+				return n.opts.Orphaned - age, nil
+			}
+			return 0, n.agent.Release(k.containerID, k.ifName, "its pod "+att.PodNamespace+"/"+att.PodName+" no longer exists and its PodAddress was deleted")
+		}
+		spec := n.spec(att, pod)
+		if _, err := padrs.Create(ctx, spec.ToUnstructured(), metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+			return 0, fmt.Errorf("create PodAddress: %w", err)
+		}
+	}
+	if pod == nil {
+		return 0, nil
+	}
+	return 0, n.annotate(ctx, pod, att)
+}
+
+// pod is the attachment's pod, nil if the informer has no such pod (or a
+// pod of that name with another UID).
+func (n *Node) pod(att *agent.Attachment) *corev1.Pod {
+	obj, ok, err := n.pods.GetIndexer().GetByKey(att.PodNamespace + "/" + att.PodName)
+	if err != nil || !ok {
+		return nil
+	}
+	pod := obj.(*corev1.Pod)
+	if att.PodUID != "" && string(pod.UID) != att.PodUID {
+		return nil
+	}
+	return pod
+}
+
+func (n *Node) spec(att *agent.Attachment, pod *corev1.Pod) PodAddressSpec {
+	uid := att.PodUID
+	if uid == "" && pod != nil {
+		uid = string(pod.UID)
+	}
+	return PodAddressSpec{
+		Node: n.name, PodNamespace: att.PodNamespace, PodName: att.PodName, PodUID: uid,
+		ContainerID: att.ContainerID, IfName: att.IfName, Address: att.Address.String(),
+		MAC: att.MAC, Gateway: att.Gateway.String(), ProviderPort: n.agent.Pool().ProviderPort,
+	}
+}
+
+// annotate writes the pod's network facts, if they differ.
+func (n *Node) annotate(ctx context.Context, pod *corev1.Pod, att *agent.Attachment) error {
+	want := map[string]string{
+		AnnotationIP:        att.Address.String(),
+		AnnotationMAC:       att.MAC,
+		AnnotationGateway:   att.Gateway.String(),
+		AnnotationInterface: att.IfName,
+	}
+	if port := n.agent.Pool().ProviderPort; port != "" {
+		want[AnnotationProviderPort] = port
+	}
+	same := true
+	for k, v := range want {
+		if pod.Annotations[k] != v {
+			same = false
+		}
+	}
+	if same {
+		return nil
+	}
+	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": want}})
+	_, err := n.cs.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.MergePatchType, patch, metav1.PatchOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("annotate pod %s/%s: %w", pod.Namespace, pod.Name, err)
+	}
+	return nil
+}
+
+// Changed implements agent.Cluster.
+func (n *Node) Changed(containerID, ifName string) { n.queue.Add(attKey{containerID, ifName}) }
+
+// Failed implements agent.Cluster: a warning event on the pod, with the
+// reason and what to do.
+func (n *Node) Failed(podNamespace, podName string, aerr *api.Error) {
+	ref := &corev1.ObjectReference{Kind: "Pod", APIVersion: "v1", Namespace: podNamespace, Name: podName}
+	if obj, ok, _ := n.pods.GetIndexer().GetByKey(podNamespace + "/" + podName); ok {
+		ref.UID = obj.(*corev1.Pod).UID
+	}
+	msg := aerr.Msg
+	if aerr.Details != "" {
+		msg += ": " + aerr.Details
+	}
+	n.recorder.Eventf(ref, corev1.EventTypeWarning, "VpcniSetupFailed", "vpcni on node %s could not set up the pod's network (CNI error %d): %s", n.name, aerr.Code, msg)
+}
+
+// Ready implements agent.Cluster.
+func (n *Node) Ready() error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.probeErr != nil {
+		return fmt.Errorf("cannot reach the Kubernetes API server %s: %w", n.host, n.probeErr)
+	}
+	if !n.synced {
+		return fmt.Errorf("still reading this node's pods from the Kubernetes API server %s", n.host)
+	}
+	return nil
+}
+
+func (n *Node) probe(ctx context.Context) {
+	for {
+		c, cancel := context.WithTimeout(ctx, 5*time.Second)
+		err := n.cs.CoreV1().RESTClient().Get().AbsPath("/version").Do(c).Error()
+		cancel()
+		if ctx.Err() != nil {
+			return
+		}
+		n.mu.Lock()
+		if (err == nil) != (n.probeErr == nil) {
+			if err != nil {
+				n.log.Warn("Kubernetes API server unreachable", "server", n.host, "err", err)
+			} else {
+				n.log.Info("Kubernetes API server reachable again", "server", n.host)
+			}
+		}
+		n.probeErr = err
+		n.mu.Unlock()
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(n.opts.ProbeEvery):
+		}
+	}
+}
+
+// poolLoop keeps the node's pool annotations current.
+func (n *Node) poolLoop(ctx context.Context) {
+	var last map[string]string
+	for {
+		p := n.agent.Pool()
+		want := map[string]string{
+			AnnotationPoolFree:      strconv.Itoa(p.Free),
+			AnnotationPoolAllocated: strconv.Itoa(p.Allocated),
+			AnnotationPoolCooling:   strconv.Itoa(p.Cooling),
+			AnnotationPoolCapacity:  strconv.Itoa(p.Capacity),
+		}
+		if p.ProviderPort != "" {
+			want[AnnotationProviderPort] = p.ProviderPort
+		}
+		if !sameMap(want, last) {
+			patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": want}})
+			c, cancel := context.WithTimeout(ctx, 10*time.Second)
+			_, err := n.cs.CoreV1().Nodes().Patch(c, n.name, types.MergePatchType, patch, metav1.PatchOptions{})
+			cancel()
+			if err == nil {
+				last = want
+			} else if ctx.Err() == nil {
+				n.log.Warn("could not annotate the node with its pool", "node", n.name, "err", err)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(n.opts.PoolEvery):
+		}
+	}
+}
+
+func sameMap(a, b map[string]string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if w, ok := b[k]; !ok || w != v {
+			return false
+		}
+	}
+	return true
+}
