@@ -11,12 +11,12 @@ LDFLAGS   := -s -w -X main.version=$(VERSION)
 GOBUILD   := CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)"
 PKG_TEST_TIMEOUT ?= 15m
 
-.PHONY: all build image k8s-build deps test unit fuzz integration chaos lint demo bench clean
+.PHONY: all build image k8s-build deps test unit fuzz integration e2e-neutron-agents e2e-k8s chaos lint demo bench clean
 
 all: build
 
 build:
-	$(GOBUILD) -o $(BIN)/ ./cmd/vpcni ./cmd/vpcnid ./cmd/vpcnictl
+	$(GOBUILD) -o $(BIN)/ ./cmd/vpcni ./cmd/vpcnid ./cmd/vpcnictl ./cmd/vpcni-controller
 
 # The node image for a real Kubernetes node: every cmd/* binary, static, in
 # /usr/local/bin; a docker-save tarball (no registry) for
@@ -57,12 +57,25 @@ integration: build
 	VPCNI_REQUIRE_ROOT=1 VPCNI_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout $(PKG_TEST_TIMEOUT) -v ./test/integration ./test/neutron ./test/lab 2>&1 | tee /tmp/vpcni-integration.log | $(TESTFILTER) ; exit $${PIPESTATUS[0]}
 	VPCNI_REQUIRE_ROOT=1 $(GO) test -count=1 -timeout $(PKG_TEST_TIMEOUT) -v ./test/keystone 2>&1 | tee /tmp/vpcni-keystone.log | $(TESTFILTER) ; exit $${PIPESTATUS[0]}
 
+# The lab e2e, once, against the real Neutron with its linuxbridge and L3
+# agents (scripts/neutron.sh MODE=agents: brq bridges, iptables/ebtables port
+# security, a qrouter- namespace). Its own state dir and ports (19697), so it
+# never meets the API-mode server; the test brings it up and down (~2 min).
+e2e-neutron-agents: build
+	VPCNI_REQUIRE_ROOT=1 VPCNI_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout $(PKG_TEST_TIMEOUT) -v ./test/labagents 2>&1 | tee /tmp/vpcni-e2e-neutron-agents.log | $(TESTFILTER) ; exit $${PIPESTATUS[0]}
+
+# vpcni on a real Kubernetes node (scripts/k8s-node.sh: etcd, control plane,
+# containerd, kubelet and kube-proxy inside a lab node's namespace), installed
+# with the image and kubectl apply -k deploy/. The Kubernetes build is cached.
+e2e-k8s: build image k8s-build
+	VPCNI_REQUIRE_ROOT=1 VPCNI_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 30m -v -run 'TestKubernetesNode' ./test/k8se2e 2>&1 | tee /tmp/vpcni-e2e-k8s.log | $(TESTFILTER) ; exit $${PIPESTATUS[0]}
+
 # The chaos test at length (make test runs it with 3 rounds).
 CHAOS_ROUNDS ?= 20
 chaos: build
 	VPCNI_REQUIRE_ROOT=1 VPCNI_BIN=$(CURDIR)/$(BIN) VPCNI_CHAOS_ROUNDS=$(CHAOS_ROUNDS) $(GO) test -count=1 -timeout 60m -v -run 'TestChaos' ./test/neutron 2>&1 | $(TESTFILTER) ; exit $${PIPESTATUS[0]}
 
-test: deps lint unit fuzz integration
+test: deps lint unit fuzz integration e2e-neutron-agents e2e-k8s
 
 demo: build
 	$(BIN)/vpcnictl demo
@@ -73,6 +86,8 @@ bench: build
 	@started=0; bash scripts/neutron.sh status >/dev/null 2>&1 || { bash scripts/neutron.sh up && started=1; }; \
 	$(BIN)/vpcnictl bench neutron && $(BIN)/vpcnictl bench pool; rc=$$?; \
 	[ $$started = 1 ] && bash scripts/neutron.sh down; exit $$rc
+	$(MAKE) image k8s-build
+	VPCNI_K8S_BENCH=1 VPCNI_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 40m -v -run 'TestK8sBench' ./test/k8se2e 2>&1 | tee /tmp/vpcni-k8s-bench.log | grep -E '^(--- |FAIL|ok|bench:|k8s-bench:)|node_test|bench_test' ; exit $${PIPESTATUS[0]}
 
 clean:
 	rm -rf $(BIN)

@@ -1,0 +1,819 @@
+// Package k8se2e runs vpcni on a real Kubernetes node: etcd, the control
+// plane, containerd, kubelet and kube-proxy from scripts/k8s-node.sh, all
+// inside a lab node's network namespace, with addresses from the lab's
+// Neutron-compatible endpoint. vpcni is installed the way users install it:
+// the image imported into containerd and `kubectl apply -k` of deploy/
+// (through an overlay that only points it at this node's paths and cloud).
+package k8se2e
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vpcni/vpcni/internal/api"
+	"github.com/vpcni/vpcni/internal/faultproxy"
+	"github.com/vpcni/vpcni/internal/k8s"
+	"github.com/vpcni/vpcni/internal/netnsutil"
+)
+
+const (
+	labPrefix = "vpcni-k8s"
+	nodeNS    = labPrefix + "-n1"
+	legacyNS  = labPrefix + "-legacy"
+	// proxyAddr is where the agent reaches the cloud: a fault proxy in
+	// the node's namespace in front of the lab's endpoint, so the test can
+	// make the cloud fail.
+	proxyAddr = "127.0.0.1:19796"
+	// The agent's socket and state on the host (the DaemonSet's hostPaths,
+	// patched away from /run/vpcni and /var/lib/vpcni).
+	hostSocketDir = "/run/vpcni-k8s-e2e"
+	hostStateDir  = "/var/tmp/vpcni-k8s/vpcni-state"
+)
+
+var (
+	repo   string
+	binDir string
+)
+
+func TestMain(m *testing.M) {
+	if os.Geteuid() != 0 {
+		fmt.Println("vpcni-test: the Kubernetes node test needs root; NOT RUN")
+		if os.Getenv("VPCNI_REQUIRE_ROOT") != "" {
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	wd, _ := os.Getwd()
+	repo = filepath.Clean(filepath.Join(wd, "../.."))
+	binDir = os.Getenv("VPCNI_BIN")
+	if binDir == "" {
+		binDir = filepath.Join(repo, "bin")
+	}
+	os.Exit(m.Run())
+}
+
+// node is the running Kubernetes node and what the test knows of it.
+type node struct {
+	t       *testing.T
+	env     map[string]string
+	lab     labState
+	proxy   *faultproxy.Proxy
+	overlay string
+}
+
+type labState struct {
+	URL      string `json:"endpoint"`
+	SubnetID string `json:"subnetID"`
+	Nodes    []struct {
+		IP     netip.Addr `json:"ip"`
+		PortID string     `json:"portID"`
+	} `json:"nodes"`
+	Legacy struct {
+		IP netip.Addr `json:"ip"`
+	} `json:"legacy"`
+}
+
+func run(t testing.TB, env []string, name string, args ...string) (string, error) {
+	cmd := exec.Command(name, args...)
+	cmd.Env = append(os.Environ(), env...)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err := cmd.Run()
+	if err != nil {
+		return out.String(), fmt.Errorf("%s %s: %w\n%s", name, strings.Join(args, " "), err, out.String())
+	}
+	return out.String(), nil
+}
+
+func mustRun(t testing.TB, env []string, name string, args ...string) string {
+	t.Helper()
+	out, err := run(t, env, name, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// fetch asks addr for / over HTTP from the network namespace ns and
+// returns the body.
+func fetch(ns string, addr netip.AddrPort, timeout time.Duration) (string, error) {
+	var c net.Conn
+	err := netnsutil.Do(netnsutil.Path(ns), func() (err error) {
+		c, err = net.DialTimeout("tcp4", addr.String(), timeout)
+		return err
+	})
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(timeout))
+	if _, err := io.WriteString(c, "GET / HTTP/1.0\r\n\r\n"); err != nil {
+		return "", err
+	}
+	resp, err := io.ReadAll(c)
+	if err != nil {
+		return "", err
+	}
+	head, body, _ := strings.Cut(string(resp), "\r\n\r\n")
+	if !strings.HasPrefix(head, "HTTP/1.") || !strings.Contains(strings.SplitN(head, "\r\n", 2)[0], " 200") {
+		return "", fmt.Errorf("answer %q", head)
+	}
+	return strings.TrimSpace(body), nil
+}
+
+// upNode brings up the lab (one node, no vpcnid) and the Kubernetes node
+// in it; everything is torn down when the test ends.
+func upNode(t *testing.T) *node {
+	script := filepath.Join(repo, "scripts/k8s-node.sh")
+	start := time.Now()
+	mustRun(t, nil, "bash", script, "build")
+	t.Logf("kubernetes build (cached): %s", time.Since(start).Round(time.Millisecond))
+	if _, err := os.Stat(filepath.Join(binDir, "vpcni-image.tar")); err != nil {
+		t.Fatalf("no vpcni image (make image): %v", err)
+	}
+	n := &node{t: t}
+	vpcnictl := filepath.Join(binDir, "vpcnictl")
+	mustRun(t, nil, vpcnictl, "lab", "up", "--prefix", labPrefix, "--nodes", "1", "--agents=false")
+	t.Cleanup(func() { _, _ = run(t, nil, vpcnictl, "lab", "down", "--prefix", labPrefix) })
+	data, err := os.ReadFile(filepath.Join("/run/vpcni-lab", labPrefix, "state.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(data, &n.lab); err != nil || len(n.lab.Nodes) != 1 {
+		t.Fatalf("lab state: %v %s", err, data)
+	}
+	n.proxy, err = faultproxy.New(strings.TrimSuffix(n.lab.URL, "/"), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.proxy.Close() })
+	if err := netnsutil.Do(netnsutil.Path(nodeNS), func() error { _, err := n.proxy.Listen(proxyAddr); return err }); err != nil {
+		t.Fatal(err)
+	}
+
+	t.Cleanup(func() {
+		if t.Failed() {
+			n.dumpOnFailure()
+		}
+		out, err := run(t, nil, "bash", script, "down")
+		if err != nil {
+			t.Errorf("k8s-node down: %v", err)
+		} else {
+			t.Logf("k8s-node down: %s", lastLine(out))
+		}
+		_ = os.RemoveAll(hostSocketDir)
+		_ = os.RemoveAll(hostStateDir)
+	})
+	start = time.Now()
+	mustRun(t, []string{"NETNS=" + nodeNS}, "bash", script, "up")
+	t.Logf("kubernetes node up in %s", time.Since(start).Round(time.Millisecond))
+	n.env = map[string]string{}
+	envOut := mustRun(t, nil, "bash", script, "env")
+	for _, line := range strings.Split(envOut, "\n") {
+		if k, v, ok := strings.Cut(strings.TrimSpace(line), "="); ok {
+			n.env[k] = v
+		}
+	}
+	mustRun(t, nil, "bash", script, "import", filepath.Join(binDir, "vpcni-image.tar"))
+	return n
+}
+
+func lastLine(s string) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	return lines[len(lines)-1]
+}
+
+// kubectl runs the node's kubectl in its namespace.
+func (n *node) kubectl(args ...string) (string, error) {
+	return run(n.t, nil, "nsenter", append([]string{"--net=/run/netns/" + nodeNS, "--", n.env["VPCNI_K8S_KUBECTL"], "--kubeconfig", n.env["VPCNI_K8S_KUBECONFIG"]}, args...)...)
+}
+
+func (n *node) mustKubectl(args ...string) string {
+	n.t.Helper()
+	out, err := n.kubectl(args...)
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	return out
+}
+
+func (n *node) getJSON(v any, args ...string) error {
+	out, err := n.kubectl(append(args, "-o", "json")...)
+	if err != nil {
+		return err
+	}
+	return json.Unmarshal([]byte(out), v)
+}
+
+func (n *node) dumpOnFailure() {
+	for _, args := range [][]string{
+		{"get", "pods", "-A", "-o", "wide"},
+		{"get", "events", "-A", "--sort-by=.lastTimestamp"},
+		{"-n", "vpcni-system", "logs", "-l", "app.kubernetes.io/name=vpcnid", "--tail=80"},
+		{"-n", "vpcni-system", "logs", "-l", "app.kubernetes.io/name=vpcni-controller", "--tail=30"},
+	} {
+		out, _ := n.kubectl(args...)
+		n.t.Logf("kubectl %s:\n%s", strings.Join(args, " "), out)
+	}
+}
+
+func (n *node) nodeReady() bool {
+	out, err := n.kubectl("get", "node", n.env["VPCNI_K8S_NODE"], "-o", `jsonpath={.status.conditions[?(@.type=="Ready")].status}`)
+	return err == nil && strings.TrimSpace(out) == "True"
+}
+
+func eventually(t testing.TB, d time.Duration, what string, cond func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	last := ""
+	for {
+		ok, state := cond()
+		if ok {
+			return
+		}
+		last = state
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %s (last: %s)", what, d, last)
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+}
+
+// writeOverlay copies deploy/ and puts an overlay on it that points vpcni at
+// this node: its CNI dirs, host paths away from the machine's own, the
+// lab's subnet through the fault proxy, a small pool so the test sees it
+// refill and shrink, and a short release grace for the controller.
+func (n *node) writeOverlay(controllerGrace string) string {
+	dir := n.t.TempDir()
+	mustRun(n.t, nil, "cp", "-r", filepath.Join(repo, "deploy"), filepath.Join(dir, "deploy"))
+	ov := filepath.Join(dir, "overlay")
+	if err := os.Mkdir(ov, 0o755); err != nil {
+		n.t.Fatal(err)
+	}
+	image, err := os.ReadFile(filepath.Join(binDir, "vpcni-image.name"))
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	name, tag, _ := strings.Cut(strings.TrimSpace(string(image)), ":")
+	files := map[string]string{
+		"kustomization.yaml": fmt.Sprintf(`apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+resources:
+  - ../deploy
+configMapGenerator:
+  - name: vpcni-config
+    behavior: replace
+    files:
+      - vpcnid.yaml
+      - 10-vpcni.conflist
+images:
+  - name: vpcni/vpcni
+    newName: %s
+    newTag: %s
+patches:
+  - path: daemonset-paths.yaml
+  - target: {kind: Deployment, name: vpcni-controller}
+    patch: |-
+      - op: replace
+        path: /spec/template/spec/containers/0/command
+        value: [/usr/local/bin/vpcni-controller, --release-grace=%s, --lease-duration=6s]
+`, name, tag, controllerGrace),
+		"daemonset-paths.yaml": fmt.Sprintf(`apiVersion: apps/v1
+kind: DaemonSet
+metadata:
+  name: vpcnid
+spec:
+  template:
+    spec:
+      volumes:
+        - name: cni-bin
+          hostPath: {path: %s, type: DirectoryOrCreate}
+        - name: cni-conf
+          hostPath: {path: %s, type: DirectoryOrCreate}
+        - name: socket-dir
+          hostPath: {path: %s, type: DirectoryOrCreate}
+        - name: state-dir
+          hostPath: {path: %s, type: DirectoryOrCreate}
+`, n.env["VPCNI_K8S_CNI_BIN_DIR"], n.env["VPCNI_K8S_CNI_CONF_DIR"], hostSocketDir, hostStateDir),
+		"vpcnid.yaml": fmt.Sprintf(`socketPath: /run/vpcni/vpcnid.sock
+stateDir: /var/lib/vpcni
+metricsAddr: 127.0.0.1:19695
+cooldown: 5s
+kubernetes:
+  mode: "on"
+pool:
+  warmTarget: 4
+  batchSize: 4
+  maxFree: 6
+  surplusGrace: 8s
+  addWait: 3s
+provider:
+  type: openstack
+  openstack:
+    endpoint: http://%s/
+    subnetID: %s
+`, proxyAddr, n.lab.SubnetID),
+		"10-vpcni.conflist": fmt.Sprintf(`{"cniVersion": "1.0.0", "name": "vpcni", "plugins": [{"type": "vpcni", "socket": "%s/vpcnid.sock"}]}
+`, hostSocketDir),
+	}
+	for f, body := range files {
+		if err := os.WriteFile(filepath.Join(ov, f), []byte(body), 0o644); err != nil {
+			n.t.Fatal(err)
+		}
+	}
+	return ov
+}
+
+type podList struct {
+	Items []pod `json:"items"`
+}
+
+type pod struct {
+	Metadata struct {
+		Name              string            `json:"name"`
+		Namespace         string            `json:"namespace"`
+		UID               string            `json:"uid"`
+		Annotations       map[string]string `json:"annotations"`
+		DeletionTimestamp *string           `json:"deletionTimestamp"`
+	} `json:"metadata"`
+	Status struct {
+		PodIP      string `json:"podIP"`
+		Phase      string `json:"phase"`
+		Conditions []struct {
+			Type   string `json:"type"`
+			Status string `json:"status"`
+		} `json:"conditions"`
+	} `json:"status"`
+}
+
+func (p pod) ready() bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == "Ready" {
+			return c.Status == "True" && p.Metadata.DeletionTimestamp == nil
+		}
+	}
+	return false
+}
+
+func (n *node) pods(ns, selector string) []pod {
+	var l podList
+	if err := n.getJSON(&l, "-n", ns, "get", "pods", "-l", selector); err != nil {
+		n.t.Fatal(err)
+	}
+	sort.Slice(l.Items, func(i, j int) bool { return l.Items[i].Metadata.Name < l.Items[j].Metadata.Name })
+	return l.Items
+}
+
+func (n *node) waitReady(ns, selector string, want int, d time.Duration) []pod {
+	var ps []pod
+	eventually(n.t, d, fmt.Sprintf("%d ready pods %s in %s", want, selector, ns), func() (bool, string) {
+		ps = n.pods(ns, selector)
+		ready := 0
+		for _, p := range ps {
+			if p.ready() {
+				ready++
+			}
+		}
+		return ready == want && len(ps) == want, fmt.Sprintf("%d pods, %d ready", len(ps), ready)
+	})
+	return ps
+}
+
+// podAddresses lists the PodAddress objects by pod namespace/name.
+func (n *node) podAddresses() map[string]k8s.PodAddressSpec {
+	var l struct {
+		Items []struct {
+			Spec k8s.PodAddressSpec `json:"spec"`
+		} `json:"items"`
+	}
+	if err := n.getJSON(&l, "get", "podaddresses"); err != nil {
+		n.t.Fatal(err)
+	}
+	m := map[string]k8s.PodAddressSpec{}
+	for _, it := range l.Items {
+		m[it.Spec.PodNamespace+"/"+it.Spec.PodName] = it.Spec
+	}
+	return m
+}
+
+// agentState asks the agent through its socket, as an operator would.
+func (n *node) agentState() (*api.State, error) {
+	out, err := run(n.t, nil, "nsenter", "--net=/run/netns/"+nodeNS, "--", filepath.Join(binDir, "vpcnictl"), "status", "--socket", hostSocketDir+"/vpcnid.sock", "-o", "json")
+	if err != nil {
+		return nil, err
+	}
+	st := &api.State{}
+	return st, json.Unmarshal([]byte(out), st)
+}
+
+// portIPs are the addresses on the node's VM port in the cloud.
+func (n *node) portIPs() map[string]bool {
+	var body struct {
+		Port struct {
+			FixedIPs []struct {
+				IP string `json:"ip_address"`
+			} `json:"fixed_ips"`
+		} `json:"port"`
+	}
+	out, err := run(n.t, nil, "curl", "-fsS", n.lab.URL+"v2.0/ports/"+n.lab.Nodes[0].PortID)
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	if err := json.Unmarshal([]byte(out), &body); err != nil {
+		n.t.Fatal(err)
+	}
+	m := map[string]bool{}
+	for _, f := range body.Port.FixedIPs {
+		m[f.IP] = true
+	}
+	return m
+}
+
+const webManifest = `apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: web
+spec:
+  replicas: %d
+  selector:
+    matchLabels: {app: web}
+  template:
+    metadata:
+      labels: {app: web}
+    spec:
+      terminationGracePeriodSeconds: 1
+      containers:
+        - name: web
+          image: %s
+          imagePullPolicy: Never
+          command: [/bin/sh, -c, 'mkdir -p /www && hostname > /www/index.html && exec httpd -f -p 8080 -h /www']
+          readinessProbe:
+            tcpSocket: {port: 8080}
+            periodSeconds: 1
+---
+apiVersion: v1
+kind: Service
+metadata:
+  name: web
+spec:
+  selector: {app: web}
+  ports:
+    - {port: 80, targetPort: 8080}
+`
+
+func (n *node) apply(manifest string) {
+	n.t.Helper()
+	f := filepath.Join(n.t.TempDir(), "m.yaml")
+	if err := os.WriteFile(f, []byte(manifest), 0o644); err != nil {
+		n.t.Fatal(err)
+	}
+	n.mustKubectl("apply", "-f", f)
+}
+
+func (n *node) exec(pod string, cmd ...string) (string, error) {
+	return n.kubectl(append([]string{"exec", pod, "--"}, cmd...)...)
+}
+
+func TestKubernetesNode(t *testing.T) {
+	n := upNode(t)
+	conflist := filepath.Join(n.env["VPCNI_K8S_CNI_CONF_DIR"], "10-vpcni.conflist")
+
+	// No CNI yet: the node must not be Ready.
+	time.Sleep(3 * time.Second)
+	if n.nodeReady() {
+		t.Fatal("the node is Ready before any CNI was installed")
+	}
+	t.Log("vpcni-test: node NotReady without a CNI conflist, as it should be")
+
+	n.overlay = n.writeOverlay("5s")
+	applied := time.Now()
+	n.mustKubectl("apply", "-k", n.overlay)
+	eventually(t, 3*time.Minute, "node Ready after vpcni is installed", func() (bool, string) {
+		if !n.nodeReady() {
+			return false, "node NotReady"
+		}
+		if _, err := os.Stat(conflist); err != nil {
+			t.Fatalf("the node turned Ready without vpcni's conflist: %v", err)
+		}
+		return true, ""
+	})
+	t.Logf("vpcni-test: node Ready %s after kubectl apply -k deploy (conflist %s installed)", time.Since(applied).Round(100*time.Millisecond), conflist)
+	n.waitReady("vpcni-system", "app.kubernetes.io/name=vpcnid", 1, 2*time.Minute)
+	// The controller runs on the pod network: vpcni wires it too.
+	n.waitReady("vpcni-system", "app.kubernetes.io/name=vpcni-controller", 2, 2*time.Minute)
+
+	busybox := n.env["VPCNI_K8S_BUSYBOX_IMAGE"]
+	start := time.Now()
+	n.apply(fmt.Sprintf(webManifest, 10, busybox))
+	web := n.waitReady("default", "app=web", 10, 3*time.Minute)
+	t.Logf("vpcni-test: 10-pod Deployment Ready in %s", time.Since(start).Round(100*time.Millisecond))
+
+	t.Run("addresses", func(t *testing.T) { checkAddresses(t, n, web) })
+	t.Run("pod-to-pod", func(t *testing.T) { checkPodToPod(t, n, web) })
+	t.Run("service", func(t *testing.T) { checkService(t, n, web) })
+	t.Run("legacy-vm-to-pod", func(t *testing.T) {
+		for _, p := range web[:3] {
+			ip := netip.MustParseAddr(p.Status.PodIP)
+			if got, err := fetch(legacyNS, netip.AddrPortFrom(ip, 8080), 3*time.Second); err != nil || got != p.Metadata.Name {
+				t.Errorf("legacy VM -> %s (%s): %q %v", p.Metadata.Name, ip, got, err)
+			}
+		}
+	})
+	t.Run("delete-releases", func(t *testing.T) { checkDeleteReleases(t, n) })
+	t.Run("agent-restart", func(t *testing.T) { checkAgentRestart(t, n) })
+	t.Run("setup-failure-event", func(t *testing.T) { checkFailureEvent(t, n) })
+	t.Run("controller-releases-orphans", func(t *testing.T) { checkOrphans(t, n) })
+}
+
+func checkAddresses(t *testing.T, n *node, web []pod) {
+	pas := n.podAddresses()
+	onPort := n.portIPs()
+	st, err := n.agentState()
+	if err != nil {
+		t.Fatal(err)
+	}
+	allocated := map[string]string{}
+	for _, a := range st.Allocations {
+		allocated[a.Address] = a.PodNamespace + "/" + a.PodName
+	}
+	seen := map[string]bool{}
+	for _, p := range web {
+		key := p.Metadata.Namespace + "/" + p.Metadata.Name
+		ip := p.Status.PodIP
+		if seen[ip] {
+			t.Errorf("%s: address %s given twice", key, ip)
+		}
+		seen[ip] = true
+		if got := p.Metadata.Annotations[k8s.AnnotationIP]; got != ip {
+			t.Errorf("%s: annotation %s=%q, pod IP %s", key, k8s.AnnotationIP, got, ip)
+		}
+		if p.Metadata.Annotations[k8s.AnnotationMAC] == "" || p.Metadata.Annotations[k8s.AnnotationGateway] != "169.254.1.1" ||
+			p.Metadata.Annotations[k8s.AnnotationInterface] != "eth0" || p.Metadata.Annotations[k8s.AnnotationProviderPort] != n.lab.Nodes[0].PortID {
+			t.Errorf("%s: annotations %v", key, p.Metadata.Annotations)
+		}
+		if pa, ok := pas[key]; !ok || pa.Address != ip || pa.PodUID != p.Metadata.UID {
+			t.Errorf("%s: PodAddress %+v (present %v), want address %s uid %s", key, pa, ok, ip, p.Metadata.UID)
+		}
+		if !onPort[ip] {
+			t.Errorf("%s: %s is not on the node's VM port in the cloud", key, ip)
+		}
+		if allocated[ip] != key {
+			t.Errorf("%s: the agent's store gives %s to %q", key, ip, allocated[ip])
+		}
+	}
+	var node struct {
+		Metadata struct {
+			Annotations map[string]string `json:"annotations"`
+		} `json:"metadata"`
+	}
+	eventually(t, 30*time.Second, "node pool annotations", func() (bool, string) {
+		if err := n.getJSON(&node, "get", "node", n.env["VPCNI_K8S_NODE"]); err != nil {
+			return false, err.Error()
+		}
+		a := node.Metadata.Annotations
+		alloc, _ := strconv.Atoi(a[k8s.AnnotationPoolAllocated])
+		capacity, _ := strconv.Atoi(a[k8s.AnnotationPoolCapacity])
+		return alloc >= 12 && capacity > alloc, fmt.Sprintf("%v", a)
+	})
+	t.Logf("vpcni-test: 10 pods: annotations, PodAddresses, agent store and cloud port agree; node: %s=%s %s=%s",
+		k8s.AnnotationPoolAllocated, node.Metadata.Annotations[k8s.AnnotationPoolAllocated], k8s.AnnotationPoolCapacity, node.Metadata.Annotations[k8s.AnnotationPoolCapacity])
+}
+
+func checkPodToPod(t *testing.T, n *node, web []pod) {
+	for i, p := range web {
+		q := web[(i+3)%len(web)]
+		out, err := n.exec(p.Metadata.Name, "wget", "-qO-", "-T", "3", "http://"+q.Status.PodIP+":8080/")
+		if err != nil || strings.TrimSpace(out) != q.Metadata.Name {
+			t.Errorf("%s -> %s (%s): %q %v", p.Metadata.Name, q.Metadata.Name, q.Status.PodIP, out, err)
+		}
+	}
+	t.Logf("vpcni-test: pod -> pod by IP: %d pairs answered with the right hostname", len(web))
+}
+
+func checkService(t *testing.T, n *node, web []pod) {
+	clusterIP := strings.TrimSpace(n.mustKubectl("get", "svc", "web", "-o", "jsonpath={.spec.clusterIP}"))
+	names := map[string]bool{}
+	for _, p := range web {
+		names[p.Metadata.Name] = true
+	}
+	answered := map[string]bool{}
+	for i := 0; i < 12; i++ {
+		out, err := n.exec(web[0].Metadata.Name, "wget", "-qO-", "-T", "3", "http://"+clusterIP+"/")
+		if err != nil {
+			t.Fatalf("pod -> Service %s: %v", clusterIP, err)
+		}
+		name := strings.TrimSpace(out)
+		if !names[name] {
+			t.Fatalf("Service %s answered %q, not a web pod", clusterIP, name)
+		}
+		answered[name] = true
+	}
+	t.Logf("vpcni-test: pod -> ClusterIP %s through kube-proxy: 12 requests, %d different pods answered", clusterIP, len(answered))
+}
+
+func checkDeleteReleases(t *testing.T, n *node) {
+	before := n.pods("default", "app=web")
+	n.mustKubectl("scale", "deploy/web", "--replicas=4")
+	kept := n.waitReady("default", "app=web", 4, 2*time.Minute)
+	keptIPs := map[string]bool{}
+	for _, p := range kept {
+		keptIPs[p.Status.PodIP] = true
+	}
+	var gone []string
+	for _, p := range before {
+		if !keptIPs[p.Status.PodIP] {
+			gone = append(gone, p.Status.PodIP)
+		}
+	}
+	if len(gone) != 6 {
+		t.Fatalf("%d addresses of deleted pods, want 6", len(gone))
+	}
+	eventually(t, 30*time.Second, "PodAddresses of deleted pods removed", func() (bool, string) {
+		web := 0
+		for k := range n.podAddresses() {
+			if strings.HasPrefix(k, "default/web-") {
+				web++
+			}
+		}
+		return web == 4, fmt.Sprintf("%d web PodAddresses", web)
+	})
+	st, err := n.agentState()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range st.Allocations {
+		if slices.Contains(gone, a.Address) {
+			t.Errorf("the store still allocates %s to %s/%s", a.Address, a.PodNamespace, a.PodName)
+		}
+	}
+	// The cloud: after the cooldown and the surplus grace, the node gives
+	// back what it holds beyond maxFree (6) free addresses.
+	eventually(t, 90*time.Second, "surplus addresses back in the cloud", func() (bool, string) {
+		st, err := n.agentState()
+		if err != nil {
+			return false, err.Error()
+		}
+		held := len(n.portIPs()) - 1 // the node's own address
+		return held <= st.Pool.Allocated+6, fmt.Sprintf("port holds %d pod addresses, %d allocated, pool %+v", held, st.Pool.Allocated, st.Pool)
+	})
+	t.Logf("vpcni-test: scaled 10 -> 4: 6 addresses released (store, PodAddresses), cloud port back to allocated+maxFree")
+}
+
+func checkAgentRestart(t *testing.T, n *node) {
+	web := n.pods("default", "app=web")
+	before, err := n.agentState()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Traffic from the legacy VM to a pod, all through the restart.
+	target := netip.AddrPortFrom(netip.MustParseAddr(web[0].Status.PodIP), 8080)
+	stop := make(chan struct{})
+	result := make(chan [2]int, 1)
+	go func() {
+		ok, failed := 0, 0
+		for {
+			select {
+			case <-stop:
+				result <- [2]int{ok, failed}
+				return
+			default:
+			}
+			if _, err := fetch(legacyNS, target, time.Second); err == nil {
+				ok++
+			} else {
+				failed++
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}()
+	old := n.pods("vpcni-system", "app.kubernetes.io/name=vpcnid")[0].Metadata.Name
+	n.mustKubectl("-n", "vpcni-system", "delete", "pod", old, "--wait=true")
+	eventually(t, 2*time.Minute, "a new agent pod Ready", func() (bool, string) {
+		ps := n.pods("vpcni-system", "app.kubernetes.io/name=vpcnid")
+		return len(ps) == 1 && ps[0].Metadata.Name != old && ps[0].ready(), fmt.Sprintf("%d agent pods", len(ps))
+	})
+	time.Sleep(2 * time.Second)
+	close(stop)
+	r := <-result
+	if r[1] > 0 || r[0] == 0 {
+		t.Errorf("legacy VM -> pod during the agent restart: %d ok, %d failed", r[0], r[1])
+	}
+	after, err := n.agentState()
+	if err != nil {
+		t.Fatal(err)
+	}
+	addrs := func(st *api.State) []string {
+		var s []string
+		for _, a := range st.Allocations {
+			s = append(s, a.Address+"="+a.ContainerID)
+		}
+		sort.Strings(s)
+		return s
+	}
+	if !slices.Equal(addrs(before), addrs(after)) {
+		t.Errorf("the restarted agent holds other allocations:\nbefore %v\nafter  %v", addrs(before), addrs(after))
+	}
+	for i, p := range web {
+		q := web[(i+1)%len(web)]
+		if out, err := n.exec(p.Metadata.Name, "wget", "-qO-", "-T", "3", "http://"+q.Status.PodIP+":8080/"); err != nil || strings.TrimSpace(out) != q.Metadata.Name {
+			t.Errorf("after the restart %s -> %s: %q %v", p.Metadata.Name, q.Metadata.Name, out, err)
+		}
+	}
+	t.Logf("vpcni-test: agent pod deleted and restarted: %d probes from the legacy VM, 0 failed; %d allocations adopted", r[0], len(after.Allocations))
+}
+
+// checkFailureEvent makes the cloud fail while the pool is empty: new pods
+// cannot get an address, and the pod says why in an event. Once the cloud
+// answers again, they start.
+func checkFailureEvent(t *testing.T, n *node) {
+	eventually(t, 30*time.Second, "the agent ready with its pool filled", func() (bool, string) {
+		st, err := n.agentState()
+		return err == nil && st.Pool.Free > 0, fmt.Sprintf("%v", err)
+	})
+	n.proxy.SetFaults(faultproxy.Faults{ServerError: 1})
+	defer n.proxy.SetFaults(faultproxy.Faults{})
+	n.mustKubectl("scale", "deploy/web", "--replicas=14")
+	var msg string
+	eventually(t, 2*time.Minute, "a VpcniSetupFailed event on a pod", func() (bool, string) {
+		var l struct {
+			Items []struct {
+				Reason         string `json:"reason"`
+				Message        string `json:"message"`
+				Type           string `json:"type"`
+				InvolvedObject struct {
+					Kind string `json:"kind"`
+					Name string `json:"name"`
+				} `json:"involvedObject"`
+			} `json:"items"`
+		}
+		if err := n.getJSON(&l, "-n", "default", "get", "events", "--field-selector", "reason=VpcniSetupFailed"); err != nil {
+			return false, err.Error()
+		}
+		for _, e := range l.Items {
+			if e.Type == "Warning" && e.InvolvedObject.Kind == "Pod" && strings.HasPrefix(e.InvolvedObject.Name, "web-") {
+				msg = e.InvolvedObject.Name + ": " + e.Message
+				return true, ""
+			}
+		}
+		return false, fmt.Sprintf("%d events", len(l.Items))
+	})
+	if !strings.Contains(msg, "try again later") || !strings.Contains(msg, "provider") {
+		t.Errorf("the event does not say what failed and what to do: %s", msg)
+	}
+	t.Logf("vpcni-test: event on the pod: %s", msg)
+	n.proxy.SetFaults(faultproxy.Faults{})
+	n.waitReady("default", "app=web", 14, 3*time.Minute)
+	t.Log("vpcni-test: the cloud answers again: all 14 pods Ready")
+}
+
+// checkOrphans: with the agent gone, a pod is force-deleted (the runtime's
+// DEL cannot reach vpcni); vpcni-controller deletes its PodAddress, and
+// the agent releases the address when it is back.
+func checkOrphans(t *testing.T, n *node) {
+	victim := n.pods("default", "app=web")[0]
+	ip := victim.Status.PodIP
+	key := "default/" + victim.Metadata.Name
+	if _, ok := n.podAddresses()[key]; !ok {
+		t.Fatalf("no PodAddress for %s", key)
+	}
+	n.mustKubectl("-n", "vpcni-system", "patch", "daemonset", "vpcnid", "--type=merge", "-p", `{"spec":{"template":{"spec":{"nodeSelector":{"vpcni.io/e2e-agent":"off"}}}}}`)
+	eventually(t, 2*time.Minute, "the agent gone", func() (bool, string) {
+		ps := n.pods("vpcni-system", "app.kubernetes.io/name=vpcnid")
+		return len(ps) == 0, fmt.Sprintf("%d agent pods", len(ps))
+	})
+	n.mustKubectl("delete", "pod", victim.Metadata.Name, "--grace-period=0", "--force")
+	eventually(t, time.Minute, "vpcni-controller deletes the PodAddress of the gone pod", func() (bool, string) {
+		_, ok := n.podAddresses()[key]
+		return !ok, "still there"
+	})
+	t.Logf("vpcni-test: agent down, %s force-deleted: the controller deleted its PodAddress", key)
+	n.mustKubectl("-n", "vpcni-system", "patch", "daemonset", "vpcnid", "--type=json", "-p", `[{"op":"remove","path":"/spec/template/spec/nodeSelector"}]`)
+	n.waitReady("vpcni-system", "app.kubernetes.io/name=vpcnid", 1, 2*time.Minute)
+	eventually(t, 2*time.Minute, "the address of the gone pod released", func() (bool, string) {
+		st, err := n.agentState()
+		if err != nil {
+			return false, err.Error()
+		}
+		for _, a := range st.Allocations {
+			if a.Address == ip && a.PodName == victim.Metadata.Name {
+				return false, "still allocated to " + a.PodName
+			}
+		}
+		return true, ""
+	})
+	n.waitReady("default", "app=web", 14, 3*time.Minute)
+	t.Logf("vpcni-test: the agent is back: %s (of %s) released; the Deployment is whole again", ip, key)
+}
