@@ -11,7 +11,7 @@ LDFLAGS   := -s -w -X main.version=$(VERSION)
 GOBUILD   := CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)"
 PKG_TEST_TIMEOUT ?= 15m
 
-.PHONY: all build image k8s-build deps test unit fuzz integration e2e-neutron-agents e2e-k8s chaos lint demo bench clean
+.PHONY: all build image k8s-build k8s-fixture deps test unit fuzz integration e2e-neutron-agents e2e-k8s chaos lint demo bench clean
 
 all: build
 
@@ -28,9 +28,13 @@ image:
 	$(GO) run ./tools/mkimage -name $(IMAGE) -out $(BIN)/vpcni-image.tar -tree $(BIN)/image:/usr/local/bin -dir /tmp:1777 -entrypoint /usr/local/bin/vpcnid
 	echo $(IMAGE) > $(BIN)/vpcni-image.name
 
-# Kubernetes for the end-to-end tests on a real node (cached in /var/cache/vpcni-k8s).
+# Kubernetes for the end-to-end tests on a real node (cached in /var/cache/vpcni-k8s),
+# and the fixture's own test with Debian's bridge plugin (docs/k8s-node.md).
 k8s-build:
 	bash scripts/k8s-node.sh build
+
+k8s-fixture: k8s-build image
+	VPCNI_REQUIRE_ROOT=1 $(GO) test -count=1 -timeout 10m -v ./test/k8s 2>&1 | $(TESTFILTER) ; exit $${PIPESTATUS[0]}
 
 deps:
 	bash scripts/install-deps.sh

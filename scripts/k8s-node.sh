@@ -487,6 +487,7 @@ cmd_up() {
 	wait_for 30 "containerd socket" ctr_ version
 	ctr_ images import "$CACHE/images/pause.tar" >/dev/null
 	ctr_ images import "$CACHE/images/busybox.tar" >/dev/null
+	for f in ${IMAGES:-}; do ctr_ images import "$f" >/dev/null; done
 	log "containerd up, pause and busybox imported"
 	wait_for 90 "kube-apiserver ready" apiserver_ready
 	log "kube-apiserver ready"
@@ -547,14 +548,19 @@ EOE
 
 # ---- down
 
-# The pods' network namespaces containerd created (in /run/netns), read
-# before the sandboxes go.
+# The pods' network namespaces containerd created (/var/run/netns/cni-…),
+# read before the sandboxes go: from a live containerd, and from its
+# metadata store, which also names those of a containerd that crashed.
 pod_netns_paths() {
-	[ -x "$CACHE/bin/crictl" ] && [ -S "$CTRD_SOCK" ] || return 0
-	local id
-	for id in $(crictl_ pods -q 2>/dev/null); do
-		crictl_ inspectp "$id" 2>/dev/null | sed -n 's|.*"path": "\(/var/run/netns/[^"]*\)".*|\1|p; s|.*"path": "\(/run/netns/[^"]*\)".*|\1|p'
-	done | sort -u
+	local id db=$CTRD/root/io.containerd.metadata.v1.bolt/meta.db
+	{
+		if [ -x "$CACHE/bin/crictl" ] && [ -n "$(pid_of containerd)" ]; then
+			for id in $(crictl_ pods -q 2>/dev/null); do
+				crictl_ inspectp "$id" 2>/dev/null | sed -n 's|.*"path": "\(/var/run/netns/cni-[^"]*\)".*|\1|p'
+			done
+		fi
+		[ ! -f "$db" ] || grep -aoE '/var/run/netns/cni-[0-9a-f-]{36}' "$db" || true
+	} | sort -u
 }
 
 # kube_iptables_cleanup removes the KUBE-* chains that remain in the node's
@@ -601,8 +607,15 @@ cmd_down() {
 	fi
 	# Shims started by our containerd (they outlive it) and anything left in
 	# the kubelet's cgroups: all of it ours, stopped by PID.
+	# A shim listens on /run/containerd/s/<sha256 of address/namespace/id>
+	# and leaves it behind when killed.
+	local shim_exe id
+	shim_exe=$(readlink -f "$(command -v containerd-shim-runc-v2)")
 	for pid in $(grep -lsF -- "$CTRD_SOCK" /proc/[0-9]*/cmdline | cut -d/ -f3); do
-		[ "$(readlink "/proc/$pid/exe" 2>/dev/null)" = "$(readlink -f "$(command -v containerd-shim-runc-v2)")" ] && stop_pid "$pid" 5
+		[ "$(readlink "/proc/$pid/exe" 2>/dev/null)" = "$shim_exe" ] || continue
+		id=$(tr '\0' '\n' <"/proc/$pid/cmdline" | sed -n '/^-id$/{n;p}')
+		stop_pid "$pid" 5
+		[ -z "$id" ] || rm -f "/run/containerd/s/$(printf '%s' "$CTRD_SOCK/k8s.io/$id" | sha256sum | cut -c1-64)"
 	done
 	for pid in $(find /sys/fs/cgroup/pids/kubepods -name cgroup.procs -exec cat {} + 2>/dev/null); do
 		kill -9 "$pid" 2>/dev/null || true
@@ -671,7 +684,7 @@ usage: scripts/k8s-node.sh build|up|down|status|env|cni bridge|import …|kubect
   build    install Debian packages if missing; build Kubernetes (one binary: kube-apiserver,
            kubelet, kube-controller-manager, kube-scheduler, kube-proxy, kubectl), crictl,
            the pause and busybox images. Cached in /var/cache/vpcni-k8s/<version>.
-  up       NETNS=<existing netns> [CNI=bridge] [NODE_NAME=…] [NODE_IP=…] [WAIT_READY=1]
+  up       NETNS=<existing netns> [CNI=bridge] [IMAGES="a.tar b.tar"] [NODE_NAME=…] [NODE_IP=…] [WAIT_READY=1]
            run etcd, the control plane, containerd, kubelet and kube-proxy (iptables) in
            that network namespace; state in /var/tmp/vpcni-k8s. No CNI conflist unless
            CNI=bridge: the node stays NotReady until a CNI installs one.
