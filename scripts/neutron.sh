@@ -1,23 +1,39 @@
 #!/usr/bin/env bash
 # A real OpenStack Neutron (Debian's neutron-server, Zed) for vpcni's tests,
-# on loopback only: API mode (no agents), noauth or Keystone, schema from the
-# models, a private MariaDB on a unix socket.
+# on loopback only: noauth or Keystone, schema from the models, a private
+# MariaDB on a unix socket.
 #
 #   scripts/neutron.sh up      install (if missing) and start; idempotent
 #   scripts/neutron.sh down    stop what `up` started, by recorded PID
 #   scripts/neutron.sh status  say whether it answers
 #
-#   KEYSTONE=1       also run Keystone on 127.0.0.1:$KEYSTONE_PORT and make
-#                    Neutron require tokens; writes $NQ/keystone.json with an
-#                    application credential for a member user
-#   NQ=dir           state directory (default /var/tmp/vpcni-neutron)
-#   NEUTRON_PORT     default 19696; KEYSTONE_PORT default 15000
+#   MODE=api         (default) neutron-server alone, in-process RPC, no agents
+#   MODE=agents      also RabbitMQ, neutron-linuxbridge-agent and
+#                    neutron-l3-agent: real brq bridges and taps, iptables and
+#                    ebtables port security, qrouter- namespaces with floating
+#                    IPs. Its own state, ports and names, so it runs beside an
+#                    API-mode server; see scripts/neutron-agents.sh
+#   KEYSTONE=1       (API mode) also run Keystone on 127.0.0.1:$KEYSTONE_PORT
+#                    and make Neutron require tokens; writes $NQ/keystone.json
+#                    with an application credential for a member user
+#   NQ=dir           state directory (default /var/tmp/vpcni-neutron, with
+#                    agents /var/tmp/vpcni-neutron-agents)
+#   NEUTRON_PORT     default 19696 (agents 19697); KEYSTONE_PORT default 15000
 set -euo pipefail
 cmd=${1:-up}
-NQ=${NQ:-/var/tmp/vpcni-neutron}
-NEUTRON_PORT=${NEUTRON_PORT:-19696}
+MODE=${MODE:-api}
+case $MODE in
+api)
+  NQ=${NQ:-/var/tmp/vpcni-neutron}
+  NEUTRON_PORT=${NEUTRON_PORT:-19696} ;;
+agents)
+  NQ=${NQ:-/var/tmp/vpcni-neutron-agents}
+  NEUTRON_PORT=${NEUTRON_PORT:-19697} ;;
+*) echo "MODE must be api or agents" >&2; exit 2 ;;
+esac
 KEYSTONE_PORT=${KEYSTONE_PORT:-15000}
 KEYSTONE=${KEYSTONE:-0}
+PHYSNET=provider   # the flat physical network's name (agents: the external network)
 PY=/usr/bin/python3
 export DEBIAN_FRONTEND=noninteractive
 C=$NQ/conf
@@ -28,46 +44,62 @@ waitfor() { local n=$(( $1 * 10 )); shift
   for _ in $(seq 1 $n); do "$@" >/dev/null 2>&1 && return 0; sleep 0.1; done
   echo "timed out waiting for: $*" >&2; return 1; }
 
-# stop_recorded kills the processes whose PIDs `up` recorded, if they still
-# run what was recorded (a recycled PID is left alone).
+# stop_pid stops the process whose PID `up` recorded in file $1, if it
+# still runs what was recorded (a recycled PID is left alone).
+stop_pid() {
+  local f=$1 pid what
+  [ -e "$f" ] || return 0
+  pid=$(cut -d' ' -f1 "$f"); what=$(cut -d' ' -f2- "$f")
+  if [ -n "$pid" ] && [ -r /proc/$pid/cmdline ] && tr '\0' ' ' < /proc/$pid/cmdline | grep -q -- "$what"; then
+    kill "$pid" 2>/dev/null || true
+    for _ in $(seq 1 100); do [ -e /proc/$pid ] || break; sleep 0.1; done
+    [ -e /proc/$pid ] && kill -9 "$pid" 2>/dev/null || true
+  fi
+  rm -f "$f"
+}
+# stop_recorded stops the named recorded processes, or all of them.
 stop_recorded() {
-  for f in "$NQ"/pids/*; do
-    [ -e "$f" ] || continue
-    pid=$(cut -d' ' -f1 "$f"); what=$(cut -d' ' -f2- "$f")
-    if [ -n "$pid" ] && [ -r /proc/$pid/cmdline ] && tr '\0' ' ' < /proc/$pid/cmdline | grep -q -- "$what"; then
-      kill "$pid" 2>/dev/null || true
-      for _ in $(seq 1 100); do [ -e /proc/$pid ] || break; sleep 0.1; done
-      [ -e /proc/$pid ] && kill -9 "$pid" 2>/dev/null || true
-    fi
-    rm -f "$f"
-  done
+  local f
+  if [ $# -gt 0 ]; then for f in "$@"; do stop_pid "$NQ/pids/$f"; done; return 0; fi
+  for f in "$NQ"/pids/*; do stop_pid "$f"; done
 }
 record() { echo "$1 $3" > "$NQ/pids/$2"; }
+[ "$MODE" = agents ] && . "$(dirname "$0")/neutron-agents.sh"
 
-answers() { c=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$NEUTRON_PORT/v2.0/networks" 2>/dev/null); [ "$c" = 200 ] || [ "$c" = 401 ]; }
+answers() { c=$(curl -s -m 10 -o /dev/null -w '%{http_code}' "http://127.0.0.1:$NEUTRON_PORT/v2.0/networks" 2>/dev/null); [ "$c" = 200 ] || [ "$c" = 401 ]; }
 
 case $cmd in
 down)
-  stop_recorded
+  # Teardown is best effort: whatever is already gone is fine.
+  if [ "$MODE" = agents ]; then agents_down || true; else stop_recorded; fi
   say "stopped"
   exit 0 ;;
 status)
-  if answers; then echo "neutron answers on 127.0.0.1:$NEUTRON_PORT"; else echo "neutron is not running"; exit 1; fi
+  if ! answers; then echo "neutron is not running"; exit 1; fi
+  if [ "$MODE" = agents ] && ! agents_alive; then echo "neutron answers on 127.0.0.1:$NEUTRON_PORT, its agents do not"; exit 1; fi
+  echo "neutron ($MODE) answers on 127.0.0.1:$NEUTRON_PORT"
   exit 0 ;;
 up) ;;
 *) echo "usage: $0 up|down|status" >&2; exit 2 ;;
 esac
 
 mode=noauth; [ "$KEYSTONE" = 1 ] && mode=keystone
-if answers && [ "$(cat "$NQ/mode" 2>/dev/null)" = "$mode" ]; then
+if [ "$MODE" = agents ]; then
+  [ "$KEYSTONE" = 1 ] && { echo "KEYSTONE=1 is for MODE=api" >&2; exit 2; }
+  mode=agents
+fi
+if answers && [ "$(cat "$NQ/mode" 2>/dev/null)" = "$mode" ] && { [ "$MODE" != agents ] || agents_alive; }; then
   say "already up ($mode) on 127.0.0.1:$NEUTRON_PORT"
   exit 0
 fi
 mkdir -p "$NQ"/{conf,log,state,lock,pids}
-stop_recorded   # leftovers of a crashed or differently configured run
+# Leftovers of a crashed or differently configured run (with agents, also
+# the kernel objects its database names).
+if [ "$MODE" = agents ]; then agents_down keep || true; else stop_recorded; fi
 
 pk="neutron-server mariadb-server curl"
 [ "$KEYSTONE" = 1 ] && pk="$pk keystone"
+[ "$MODE" = agents ] && pk="$pk $AGENT_PACKAGES"
 missing=""; for p in $pk; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
 if [ -n "$missing" ]; then
   say "installing$missing"
@@ -95,6 +127,10 @@ DBURL="mysql+pymysql://root@localhost/neutron?unix_socket=$SOCK&charset=utf8mb4"
 say "mariadb up"
 
 # ------------------------------------------------------------ Neutron config
+TRANSPORT=fake:// MECH=linuxbridge VNI_RANGE=1:1000
+if [ "$MODE" = agents ]; then
+  TRANSPORT="rabbit://guest:guest@127.0.0.1:$RABBIT_PORT/" MECH=linuxbridge,l2population VNI_RANGE=$AGENT_VNIS
+fi
 cat > $C/neutron.conf <<EOF
 [DEFAULT]
 bind_host = 127.0.0.1
@@ -105,7 +141,7 @@ service_plugins = router
 notify_nova_on_port_status_changes = false
 notify_nova_on_port_data_changes = false
 dhcp_agent_notification = false
-transport_url = fake://
+transport_url = $TRANSPORT
 api_workers = 0
 rpc_workers = 0
 rpc_state_report_workers = 0
@@ -122,16 +158,27 @@ lock_path = $NQ/lock
 
 [experimental]
 linuxbridge = true
+
+[agent]
+# root already: no sudo or rootwrap in front of the agents' commands
+root_helper =
 EOF
 cat > $C/ml2_conf.ini <<EOF
 [ml2]
 type_drivers = flat,vxlan
 tenant_network_types = vxlan
-mechanism_drivers = linuxbridge
+mechanism_drivers = $MECH
 extension_drivers = port_security
 
+[ml2_type_flat]
+flat_networks = $PHYSNET
+
 [ml2_type_vxlan]
-vni_ranges = 1:1000
+vni_ranges = $VNI_RANGE
+
+[securitygroup]
+enable_security_group = true
+enable_ipset = true
 EOF
 # Debian's generated api-paste.ini (no package owns the file).
 cat > $C/api-paste.ini <<'EOF'
@@ -271,9 +318,12 @@ EOF
   say "keystone seeded"
 fi
 
+if [ "$MODE" = agents ]; then rabbit_up; fi
+
 # ------------------------------------------------------------ neutron-server
 neutron-server $SRVARGS > "$NQ/log/neutron-server.stdout" 2>&1 &
 record $! neutron-server "neutron-server --config-file $C/neutron.conf"
 waitfor 120 answers
-echo "$mode" > "$NQ/mode"
 say "neutron-server up ($mode) on http://127.0.0.1:$NEUTRON_PORT"
+if [ "$MODE" = agents ]; then agents_up; fi
+echo "$mode" > "$NQ/mode"
