@@ -1,0 +1,58 @@
+package k8s
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"k8s.io/client-go/rest"
+
+	"github.com/vpcni/vpcni/internal/agent"
+)
+
+// noAgent holds nothing: the node side's view of an agent without pods.
+type noAgent struct{}
+
+func (noAgent) Attachment(string, string) (*agent.Attachment, error) { return nil, nil }
+func (noAgent) Attachments() ([]*agent.Attachment, error)            { return nil, nil }
+func (noAgent) Release(string, string, string) error                 { return nil }
+func (noAgent) Pool() agent.PoolFigures                              { return agent.PoolFigures{} }
+
+// An API server that cannot be reached makes the node side not ready, and
+// says so (the agent's STATUS carries this reason).
+func TestNodeNotReadyWithoutAPIServer(t *testing.T) {
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close() // nothing listens there any more
+	n, err := NewNode(&rest.Config{Host: "https://" + addr, Timeout: time.Second}, "n1", noAgent{},
+		slog.New(slog.NewTextHandler(io.Discard, nil)), NodeOptions{ProbeEvery: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Ready(); err == nil {
+		t.Fatal("ready before anything was reached")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { n.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		err := n.Ready()
+		if err != nil && strings.Contains(err.Error(), "cannot reach the Kubernetes API server https://"+addr) && strings.Contains(err.Error(), "refused") {
+			t.Logf("STATUS reason: %v", err)
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Ready() = %v, want the unreachable API server named", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
