@@ -32,15 +32,17 @@ func TestK8sBench(t *testing.T) {
 
 	bridgeConf := strings.TrimSpace(mustRun(t, nil, "bash", script, "cni", "bridge"))
 	eventually(t, 2*time.Minute, "node Ready with the bridge plugin", func() (bool, string) { return n.nodeReady(), "NotReady" })
+	t.Log("Debian's bridge plugin:")
 	bridge := n.readyRounds(rounds, busybox)
 	if err := os.Remove(bridgeConf); err != nil {
 		t.Fatal(err)
 	}
 
-	n.overlay = n.writeOverlay("30s")
+	n.overlay = n.writeOverlay("30s", 128, false) // 100 pods and the controllers on one node
 	n.mustKubectl("apply", "-k", n.overlay)
 	n.waitReady("vpcni-system", "app.kubernetes.io/name=vpcnid", 1, 3*time.Minute)
 	n.waitReady("vpcni-system", "app.kubernetes.io/name=vpcni-controller", 2, 3*time.Minute)
+	t.Log("vpcni:")
 	vpcni := n.readyRounds(rounds, busybox)
 
 	start := time.Now()
@@ -63,6 +65,7 @@ func (n *node) readyRounds(rounds int, image string) []float64 {
 		n.apply(fmt.Sprintf(webManifest, 10, image))
 		n.waitReady("default", "app=web", 10, 5*time.Minute)
 		secs = append(secs, time.Since(start).Seconds())
+		n.t.Logf("round %d: 10 pods Ready %.2fs after kubectl apply", i+1, secs[len(secs)-1])
 		n.mustKubectl("delete", "deploy/web", "svc/web", "--wait=true")
 		eventually(n.t, 3*time.Minute, "web pods gone", func() (bool, string) {
 			ps := n.pods("default", "app=web")

@@ -254,9 +254,21 @@ func eventually(t testing.TB, d time.Duration, what string, cond func() (bool, s
 
 // writeOverlay copies deploy/ and puts an overlay on it that points vpcni at
 // this node: its CNI dirs, host paths away from the machine's own, the
-// lab's subnet through the fault proxy, a small pool so the test sees it
-// refill and shrink, and a short release grace for the controller.
-func (n *node) writeOverlay(controllerGrace string) string {
+// lab's subnet through the fault proxy, and the controller's release grace.
+// The e2e uses a small pool (smallPool) so that it sees the pool refill and
+// shrink in seconds; the benchmark keeps vpcnid's defaults.
+func (n *node) writeOverlay(controllerGrace string, maxAddresses int, smallPool bool) string {
+	pool := ""
+	if smallPool {
+		pool = `cooldown: 5s
+pool:
+  warmTarget: 4
+  batchSize: 4
+  maxFree: 6
+  surplusGrace: 8s
+  addWait: 3s
+`
+	}
 	dir := n.t.TempDir()
 	mustRun(n.t, nil, "cp", "-r", filepath.Join(repo, "deploy"), filepath.Join(dir, "deploy"))
 	ov := filepath.Join(dir, "overlay")
@@ -311,21 +323,15 @@ spec:
 		"vpcnid.yaml": fmt.Sprintf(`socketPath: /run/vpcni/vpcnid.sock
 stateDir: /var/lib/vpcni
 metricsAddr: 127.0.0.1:19695
-cooldown: 5s
-kubernetes:
+%skubernetes:
   mode: "on"
-pool:
-  warmTarget: 4
-  batchSize: 4
-  maxFree: 6
-  surplusGrace: 8s
-  addWait: 3s
 provider:
   type: openstack
   openstack:
     endpoint: http://%s/
     subnetID: %s
-`, proxyAddr, n.lab.SubnetID),
+    maxAddresses: %d
+`, pool, proxyAddr, n.lab.SubnetID, maxAddresses),
 		"10-vpcni.conflist": fmt.Sprintf(`{"cniVersion": "1.0.0", "name": "vpcni", "plugins": [{"type": "vpcni", "socket": "%s/vpcnid.sock"}]}
 `, hostSocketDir),
 	}
@@ -513,7 +519,7 @@ func TestKubernetesNode(t *testing.T) {
 	}
 	t.Log("vpcni-test: node NotReady without a CNI conflist, as it should be")
 
-	n.overlay = n.writeOverlay("5s")
+	n.overlay = n.writeOverlay("5s", 64, true)
 	applied := time.Now()
 	n.mustKubectl("apply", "-k", n.overlay)
 	eventually(t, 3*time.Minute, "node Ready after vpcni is installed", func() (bool, string) {

@@ -1,6 +1,7 @@
 package openstack
 
 import (
+	"encoding/base64"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -14,6 +15,12 @@ import (
 // is "[vpcni:a,c-f]": the addresses' offsets from the subnet's first
 // address in base 36, runs as ranges. Whatever else the description holds
 // is kept as it is.
+//
+// Where it is shorter, the marks are a bitmap of the whole subnet instead:
+// "[vpcni:=" and the subnet's bits (bit i = offset i, most significant
+// first) in unpadded base64url. A /24 then takes 43 characters whatever
+// the addresses, so a node may mark every address of a subnet up to /22
+// (171 characters); larger subnets fall back to the list.
 
 const (
 	markOpen  = "[vpcni:"
@@ -38,6 +45,18 @@ func splitMarks(desc string, subnet netip.Prefix) (rest string, marked map[netip
 	rest = strings.TrimSpace(desc[:i] + desc[i+j+len(markClose):])
 	base := subnet.Masked().Addr()
 	size := uint64(1) << (32 - subnet.Bits())
+	if bm, ok := strings.CutPrefix(body, bitmapMark); ok {
+		bits, err := base64.RawURLEncoding.DecodeString(bm)
+		if err != nil || uint64(len(bits)) != (size+7)/8 {
+			return rest, marked, fmt.Errorf("bad vpcni bitmap marks %q for subnet %s in port description", bm, subnet)
+		}
+		for o := range size {
+			if bits[o/8]&(0x80>>(o%8)) != 0 {
+				marked[addrAt(base, o)] = true
+			}
+		}
+		return rest, marked, nil
+	}
 	for _, item := range strings.Split(body, ",") {
 		if item == "" {
 			continue
@@ -90,7 +109,11 @@ func joinMarks(rest string, addrs map[netip.Addr]bool, subnet netip.Prefix) (str
 		}
 		i = j + 1
 	}
-	marks := markOpen + strings.Join(items, ",") + markClose
+	list := strings.Join(items, ",")
+	if bm := bitmapOf(offs, subnet); len(bm) < len(list) {
+		list = bm
+	}
+	marks := markOpen + list + markClose
 	desc := marks
 	if rest != "" {
 		desc = rest + " " + marks
@@ -116,10 +139,31 @@ func be32(b [4]byte) uint32 {
 	return uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3])
 }
 
+// bitmapMark starts the bitmap form of the marks.
+const bitmapMark = "="
+
+// bitmapOf is the bitmap form of the marks for these offsets.
+func bitmapOf(offs []uint64, subnet netip.Prefix) string {
+	size := uint64(1) << (32 - subnet.Bits())
+	if size > 1<<16 {
+		return strings.Repeat("x", maxDescription+1) // never shorter
+	}
+	bits := make([]byte, (size+7)/8)
+	for _, o := range offs {
+		bits[o/8] |= 0x80 >> (o % 8)
+	}
+	return bitmapMark + base64.RawURLEncoding.EncodeToString(bits)
+}
+
 // marksFit is how many scattered addresses of subnet the marks can always
-// hold in a description (each takes its offset's digits and a comma).
+// hold in a description: the whole subnet when its bitmap fits, else the
+// list's worst case (each address takes its offset's digits and a comma).
 func marksFit(subnet netip.Prefix) int {
 	size := uint64(1) << (32 - subnet.Bits())
+	room := maxDescription - len(markOpen) - len(markClose)
+	if size <= 1<<16 && len(bitmapMark)+base64.RawURLEncoding.EncodedLen(int((size+7)/8)) <= room {
+		return int(size)
+	}
 	digits := len(strconv.FormatUint(size-1, 36))
-	return min((maxDescription-len(markOpen)-len(markClose))/(digits+1), int(size))
+	return min(room/(digits+1), int(size))
 }

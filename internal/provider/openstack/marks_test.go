@@ -51,10 +51,10 @@ func TestMarksCompactAndBounded(t *testing.T) {
 	for i := 0; i < 250; i += 2 {
 		scattered[addrAt(subnet.Addr(), uint64(i))] = true
 	}
-	if _, err := joinMarks(strings.Repeat("x", 200), scattered, subnet); err == nil || !strings.Contains(err.Error(), "no longer fit") {
+	if _, err := joinMarks(strings.Repeat("x", 210), scattered, subnet); err == nil || !strings.Contains(err.Error(), "no longer fit") {
 		t.Fatalf("overlong marks: %v", err)
 	}
-	for _, bad := range []string{"[vpcni:zz-a]", "[vpcni:%%]", "[vpcni:1", "[vpcni:zzzzz]"} {
+	for _, bad := range []string{"[vpcni:zz-a]", "[vpcni:%%]", "[vpcni:1", "[vpcni:zzzzz]", "[vpcni:=AAAA]", "[vpcni:=!!]"} {
 		if _, _, err := splitMarks(bad, subnet); err == nil {
 			t.Errorf("splitMarks(%q) accepted it", bad)
 		}
@@ -76,6 +76,35 @@ func TestMarksFitIsSafe(t *testing.T) {
 		}
 		if n < 10 {
 			t.Errorf("/%d: only %d addresses fit", bits, n)
+		}
+	}
+}
+
+// Scattered addresses switch to the bitmap: every address of a /24 fits.
+func TestMarksBitmap(t *testing.T) {
+	subnet := netip.MustParsePrefix("10.0.0.0/24")
+	all := map[netip.Addr]bool{}
+	for i := range 256 {
+		all[addrAt(subnet.Addr(), uint64(i))] = true
+	}
+	if desc, err := joinMarks("", all, subnet); err != nil || desc != "[vpcni:0-73]" {
+		t.Fatalf("a whole /24 is one range: %q %v", desc, err)
+	}
+	scattered := map[netip.Addr]bool{}
+	for i := 1; i < 256; i += 2 {
+		scattered[addrAt(subnet.Addr(), uint64(i))] = true
+	}
+	desc, err := joinMarks("web VM", scattered, subnet)
+	if err != nil || !strings.HasPrefix(desc, "web VM [vpcni:=") || len(desc) != len("web VM [vpcni:=]")+43 {
+		t.Fatalf("128 scattered addresses: %q (%d characters) %v", desc, len(desc), err)
+	}
+	rest, got, err := splitMarks(desc, subnet)
+	if err != nil || rest != "web VM" || len(got) != 128 || !got[addrAt(subnet.Addr(), 255)] || got[addrAt(subnet.Addr(), 254)] {
+		t.Fatalf("bitmap back: %q %d %v", rest, len(got), err)
+	}
+	for bits, want := range map[int]int{24: 256, 23: 512, 22: 1024, 21: 61, 16: 49, 28: 16} {
+		if got := marksFit(netip.PrefixFrom(subnet.Addr(), bits)); got != want {
+			t.Errorf("marksFit(/%d) = %d, want %d", bits, got, want)
 		}
 	}
 }
