@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"runtime"
@@ -146,9 +147,17 @@ func (s *EchoServer) Close() error { return s.l.Close() }
 // Probe connects from the namespace at path to addr, sends a line and
 // checks it comes back.
 func Probe(ctx context.Context, path, addr string) error {
+	return ProbeFrom(ctx, path, netip.Addr{}, addr)
+}
+
+// ProbeFrom is Probe from the source address src (any when not valid).
+func ProbeFrom(ctx context.Context, path string, src netip.Addr, addr string) error {
 	var c net.Conn
 	err := Do(path, func() (err error) {
 		var d net.Dialer
+		if src.IsValid() {
+			d.LocalAddr = &net.TCPAddr{IP: src.AsSlice()}
+		}
 		c, err = d.DialContext(ctx, "tcp4", addr)
 		return err
 	})

@@ -22,6 +22,7 @@ import (
 
 	"github.com/vpcni/vpcni/internal/lab"
 	"github.com/vpcni/vpcni/internal/netnsutil"
+	"github.com/vpcni/vpcni/internal/testbed"
 )
 
 const (
@@ -33,13 +34,7 @@ const (
 var repo, _ = filepath.Abs("../..")
 
 func TestMain(m *testing.M) {
-	if os.Geteuid() != 0 {
-		fmt.Println("vpcni-test: the k8s fixture tests need root (network namespaces, containerd); NOT RUN")
-		if os.Getenv("VPCNI_REQUIRE_ROOT") != "" {
-			os.Exit(1)
-		}
-		os.Exit(0)
-	}
+	testbed.RequireRoot("the k8s fixture tests")
 	os.Exit(m.Run())
 }
 

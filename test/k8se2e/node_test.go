@@ -27,6 +27,7 @@ import (
 	"github.com/vpcni/vpcni/internal/faultproxy"
 	"github.com/vpcni/vpcni/internal/k8s"
 	"github.com/vpcni/vpcni/internal/netnsutil"
+	"github.com/vpcni/vpcni/internal/testbed"
 )
 
 const (
@@ -49,13 +50,7 @@ var (
 )
 
 func TestMain(m *testing.M) {
-	if os.Geteuid() != 0 {
-		fmt.Println("vpcni-test: the Kubernetes node test needs root; NOT RUN")
-		if os.Getenv("VPCNI_REQUIRE_ROOT") != "" {
-			os.Exit(1)
-		}
-		os.Exit(0)
-	}
+	testbed.RequireRoot("the Kubernetes node tests")
 	wd, _ := os.Getwd()
 	repo = filepath.Clean(filepath.Join(wd, "../.."))
 	binDir = os.Getenv("VPCNI_BIN")

@@ -25,6 +25,7 @@ import (
 	"github.com/vpcni/vpcni/internal/config"
 	"github.com/vpcni/vpcni/internal/provider"
 	"github.com/vpcni/vpcni/internal/provider/openstack"
+	"github.com/vpcni/vpcni/internal/testbed"
 )
 
 const state = "/var/tmp/vpcni-neutron"
@@ -36,13 +37,7 @@ var creds struct {
 }
 
 func TestMain(m *testing.M) {
-	if os.Geteuid() != 0 {
-		fmt.Println("vpcni-test: the Keystone tests need root (they install and run keystone and neutron-server); NOT RUN")
-		if os.Getenv("VPCNI_REQUIRE_ROOT") != "" {
-			os.Exit(1)
-		}
-		os.Exit(0)
-	}
+	testbed.RequireRoot("the Keystone tests")
 	up := exec.Command("bash", "../../scripts/neutron.sh", "up")
 	up.Env = append(os.Environ(), "KEYSTONE=1", "NQ="+state)
 	up.Stdout, up.Stderr = os.Stdout, os.Stderr

@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -33,23 +32,11 @@ import (
 var binDir string
 
 func TestMain(m *testing.M) {
-	if os.Geteuid() != 0 {
-		fmt.Println("vpcni-test: the lab tests need root (network namespaces); NOT RUN")
-		if os.Getenv("VPCNI_REQUIRE_ROOT") != "" {
-			os.Exit(1)
-		}
-		os.Exit(0)
-	}
-	binDir = os.Getenv("VPCNI_BIN")
-	if binDir == "" {
-		dir, _ := os.MkdirTemp("", "vpcni-bin-")
-		cmd := exec.Command("go", "build", "-o", dir+"/", "../../cmd/vpcni", "../../cmd/vpcnid")
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			fmt.Printf("vpcni-test: build: %v\n%s", err, out)
-			os.Exit(1)
-		}
-		binDir = dir
+	testbed.RequireRoot("the lab tests")
+	var err error
+	if binDir, err = testbed.Binaries(); err != nil {
+		fmt.Println("vpcni-test:", err)
+		os.Exit(1)
 	}
 	os.Exit(m.Run())
 }

@@ -9,11 +9,9 @@
 package labagents
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/netip"
 	"os"
@@ -52,23 +50,11 @@ var (
 )
 
 func TestMain(m *testing.M) {
-	if os.Geteuid() != 0 {
-		fmt.Println("vpcni-test: the real-Neutron agents e2e needs root (namespaces, neutron agents); NOT RUN")
-		if os.Getenv("VPCNI_REQUIRE_ROOT") != "" {
-			os.Exit(1)
-		}
-		os.Exit(0)
-	}
-	binDir = os.Getenv("VPCNI_BIN")
-	if binDir == "" {
-		dir, _ := os.MkdirTemp("", "vpcni-bin-")
-		cmd := exec.Command("go", "build", "-o", dir+"/", "../../cmd/vpcni", "../../cmd/vpcnid")
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			fmt.Printf("vpcni-test: build: %v\n%s", err, out)
-			os.Exit(1)
-		}
-		binDir = dir
+	testbed.RequireRoot("the real-Neutron agents e2e tests")
+	var err error
+	if binDir, err = testbed.Binaries(); err != nil {
+		fmt.Println("vpcni-test:", err)
+		os.Exit(1)
 	}
 	started := false
 	if neutron("status").Run() != nil {
@@ -347,33 +333,7 @@ func serve(t *testing.T, path string, ip netip.Addr) {
 func probe(ctx context.Context, path string, src, to netip.Addr) error {
 	ctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
-	var conn net.Conn
-	err := netnsutil.Do(path, func() (err error) {
-		d := net.Dialer{}
-		if src.IsValid() {
-			d.LocalAddr = &net.TCPAddr{IP: src.AsSlice()}
-		}
-		conn, err = d.DialContext(ctx, "tcp4", netip.AddrPortFrom(to, echoPort).String())
-		return err
-	})
-	if err != nil {
-		return err
-	}
-	defer conn.Close()
-	dl, _ := ctx.Deadline()
-	_ = conn.SetDeadline(dl)
-	const msg = "vpcni-lagt\n"
-	if _, err := io.WriteString(conn, msg); err != nil {
-		return err
-	}
-	line, err := bufio.NewReader(conn).ReadString('\n')
-	if err != nil {
-		return err
-	}
-	if line != msg {
-		return fmt.Errorf("echo returned %q", line)
-	}
-	return nil
+	return netnsutil.ProbeFrom(ctx, path, src, netip.AddrPortFrom(to, echoPort).String())
 }
 
 // dropped waits until probe times out — the agent dropped the traffic; a

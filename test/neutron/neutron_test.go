@@ -24,6 +24,7 @@ import (
 	"github.com/vpcni/vpcni/internal/provider/openstack"
 	"github.com/vpcni/vpcni/internal/provider/openstack/neutronep"
 	"github.com/vpcni/vpcni/internal/provider/providertest"
+	"github.com/vpcni/vpcni/internal/testbed"
 )
 
 const endpoint = "http://127.0.0.1:19696/"
@@ -31,13 +32,7 @@ const endpoint = "http://127.0.0.1:19696/"
 var nc *gophercloud.ServiceClient
 
 func TestMain(m *testing.M) {
-	if os.Geteuid() != 0 {
-		fmt.Println("vpcni-test: the real-Neutron tests need root (they install and run neutron-server); NOT RUN")
-		if os.Getenv("VPCNI_REQUIRE_ROOT") != "" {
-			os.Exit(1)
-		}
-		os.Exit(0)
-	}
+	testbed.RequireRoot("the real-Neutron tests")
 	started := false
 	if exec.Command("bash", "../../scripts/neutron.sh", "status").Run() != nil {
 		cmd := exec.Command("bash", "../../scripts/neutron.sh", "up")
