@@ -8,10 +8,12 @@ import (
 	"fmt"
 	"io"
 	"net/netip"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
+	"strings"
 	"time"
 
 	types100 "github.com/containernetworking/cni/pkg/types/100"
@@ -103,6 +105,7 @@ func benchDatapath(args []string, out io.Writer) (err error) {
 	}
 	time.Sleep(500 * time.Millisecond) // the servers bind
 
+	load0 := loadAvg()
 	tput := map[string][]float64{}
 	rtt := map[string][]float64{}
 	pairs := map[string][2]end{"pod": {pods[0], pods[1]}, "node": {nodes[0], nodes[1]}}
@@ -128,12 +131,25 @@ func benchDatapath(args []string, out io.Writer) (err error) {
 	pt, nt := median(tput["pod"]), median(tput["node"])
 	pr, nr := median(rtt["pod"]), median(rtt["node"])
 	fmt.Fprintf(out, "datapath-bench: lab VPC segment (bridge with port security), pod on n1 -> pod on n2 vs node n1 -> node n2; iperf3 TCP %d s and sockperf TCP ping-pong %d s per round, %d alternating rounds, client on CPU 0, server on CPU 1; medians\n", *secs, *secs, *rounds)
+	// Both paths are CPU-bound on CPU 0 (sender and every softirq hop of
+	// the data), so anything else running there moves the numbers; the
+	// load average says how busy the machine was.
+	fmt.Fprintf(out, "load average at start %s, at end %s (above ~1.5 the rounds scatter by several Gbit/s)\n", load0, loadAvg())
 	fmt.Fprintf(out, "pod->pod   %.2f Gbit/s  RTT %.1f us  (rounds: %v Gbit/s)\n", pt/1e9, pr, gbits(tput["pod"]))
 	fmt.Fprintf(out, "node->node %.2f Gbit/s  RTT %.1f us  (rounds: %v Gbit/s)\n", nt/1e9, nr, gbits(tput["node"]))
 	ratio, overhead := pt/nt, pr-nr
 	fmt.Fprintf(out, "targets: throughput %.2fx node (>= 0.95: %s), RTT %+.1f us (<= +3: %s)\n", ratio, met(ratio >= 0.95), overhead, met(overhead <= 3))
 	fmt.Fprintf(out, "datapath-bench: tput_ratio=%.2f rtt_overhead_us=%.1f\n", ratio, overhead)
 	return nil
+}
+
+// loadAvg is the 1-minute load average ("?" if unreadable).
+func loadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if f := strings.Fields(string(b)); err == nil && len(f) > 0 {
+		return f[0]
+	}
+	return "?"
 }
 
 func gbits(v []float64) []string {
