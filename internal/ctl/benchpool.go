@@ -28,14 +28,16 @@ func benchPool(args []string, out io.Writer) (err error) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
-	b, err := newNeutronBed(ctx, *endpoint, "vpcni-pbench", "10.82.0.0/20")
+	// A /22: the port marks hold every address of it, so the node may hold
+	// the 400 addresses the churn asks for (a /20's marks cap it at 61).
+	b, err := newNeutronBed(ctx, *endpoint, "vpcni-pbench", "10.82.0.0/22")
 	if err != nil {
 		return err
 	}
 	defer func() { err = errors.Join(err, b.close()) }()
 
 	// The yardstick: one batched update of a batch's worth of addresses.
-	vmIP := netip.MustParseAddr("10.82.15.250")
+	vmIP := netip.MustParseAddr("10.82.3.250")
 	if err := b.newPort(ctx, vmIP); err != nil {
 		return err
 	}
