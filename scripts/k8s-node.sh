@@ -103,7 +103,11 @@ build_images() {
 	(cd "$REPO" && CGO_ENABLED=0 "$GO" build -trimpath -ldflags "-s -w" -o "$CACHE/bin/" ./tools/pause ./tools/mkimage)
 	"$CACHE/bin/mkimage" -name "$PAUSE_IMAGE" -out "$img/pause.tar" -entrypoint /pause -file "$CACHE/bin/pause:/pause:0755" >/dev/null
 	tmp=$(mktemp -d)
-	(cd "$tmp" && apt-get download -qq busybox-static >/dev/null 2>&1) || { rm -rf "$tmp"; die "apt-get download busybox-static failed"; }
+	# A machine whose package lists were never fetched has nothing to
+	# download from: fetch them once and retry.
+	(cd "$tmp" && apt-get download -qq busybox-static >/dev/null 2>&1) ||
+		{ apt-get update -qq >/dev/null && (cd "$tmp" && apt-get download -qq busybox-static >/dev/null 2>&1); } ||
+		{ rm -rf "$tmp"; die "apt-get download busybox-static failed"; }
 	dpkg-deb -x "$tmp"/busybox-static_*.deb "$tmp/root"
 	local args=(-name "$BUSYBOX_IMAGE" -out "$img/busybox.tar" -cmd sh -file "$tmp/root/bin/busybox:/bin/busybox:0755" -dir /tmp:1777 -dir /etc -dir /root -dir /var)
 	for applet in $("$tmp/root/bin/busybox" --list); do
