@@ -22,10 +22,13 @@ build:
 # /usr/local/bin; a docker-save tarball (no registry) for
 # `ctr -n k8s.io images import`. Its name is in $(BIN)/vpcni-image.name.
 IMAGE     ?= vpcni/vpcni:dev
+# The CA bundle the image trusts for HTTPS clouds (Keystone, Neutron).
+CA_BUNDLE ?= /etc/ssl/certs/ca-certificates.crt
 image:
 	rm -rf $(BIN)/image && mkdir -p $(BIN)/image
 	$(GOBUILD) -o $(BIN)/image/ ./cmd/...
-	$(GO) run ./tools/mkimage -name $(IMAGE) -out $(BIN)/vpcni-image.tar -tree $(BIN)/image:/usr/local/bin -dir /tmp:1777 -entrypoint /usr/local/bin/vpcnid
+	$(GO) run ./tools/mkimage -name $(IMAGE) -out $(BIN)/vpcni-image.tar -tree $(BIN)/image:/usr/local/bin -dir /tmp:1777 -entrypoint /usr/local/bin/vpcnid \
+		$$([ -f $(CA_BUNDLE) ] && echo -file $(CA_BUNDLE):/etc/ssl/certs/ca-certificates.crt:0644)
 	echo $(IMAGE) > $(BIN)/vpcni-image.name
 
 # Kubernetes for the end-to-end tests on a real node (cached in /var/cache/vpcni-k8s),

@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -84,13 +85,27 @@ func run(o options, log *slog.Logger) error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
+	// /healthz fails for a leader that stopped renewing its lease or whose
+	// reconciler failed: the kubelet restarts it and another replica leads.
+	leaderHealth := leaderelection.NewLeaderHealthzAdaptor(20 * time.Second)
+	var runErr atomic.Value
 	if o.healthAddr != "" {
 		ln, err := net.Listen("tcp", o.healthAddr)
 		if err != nil {
 			return fmt.Errorf("health endpoint: %w", err)
 		}
 		mux := http.NewServeMux()
-		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+		mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
+			if err := leaderHealth.Check(r); err != nil {
+				http.Error(w, err.Error(), http.StatusServiceUnavailable)
+				return
+			}
+			if err, _ := runErr.Load().(error); err != nil {
+				http.Error(w, err.Error(), http.StatusServiceUnavailable)
+				return
+			}
+			fmt.Fprintln(w, "ok")
+		})
 		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 		go func() { _ = srv.Serve(ln) }()
 		defer srv.Close()
@@ -103,6 +118,7 @@ func run(o options, log *slog.Logger) error {
 	log.Info("vpcni-controller starting", "version", version, "id", o.identity, "lease", o.namespace+"/"+o.lease)
 	leaderelection.RunOrDie(ctx, leaderelection.LeaderElectionConfig{
 		Lock:            lock,
+		WatchDog:        leaderHealth,
 		ReleaseOnCancel: true,
 		LeaseDuration:   o.leaseDuration,
 		RenewDeadline:   o.leaseDuration * 2 / 3,
@@ -112,13 +128,11 @@ func run(o options, log *slog.Logger) error {
 			OnStartedLeading: func(ctx context.Context) {
 				log.Info("leading: reconcilers start", "id", o.identity)
 				orphans, err := k8s.NewOrphans(cfg, o.grace, log)
-				if err != nil {
-					log.Error("orphans reconciler", "err", err)
-					stop()
-					return
+				if err == nil {
+					err = orphans.Run(ctx)
 				}
-				if err := orphans.Run(ctx); err != nil && ctx.Err() == nil {
-					log.Error("orphans reconciler stopped", "err", err)
+				if err != nil && ctx.Err() == nil {
+					runErr.Store(fmt.Errorf("orphans reconciler: %w", err))
 					stop()
 				}
 			},
@@ -135,5 +149,8 @@ func run(o options, log *slog.Logger) error {
 			},
 		},
 	})
+	if err, _ := runErr.Load().(error); err != nil {
+		return err
+	}
 	return nil
 }

@@ -10,19 +10,26 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"syscall"
 	"time"
 
 	"github.com/vpcni/vpcni/internal/agent"
+	"github.com/vpcni/vpcni/internal/cniinstall"
 	"github.com/vpcni/vpcni/internal/config"
 	"github.com/vpcni/vpcni/internal/k8s"
 )
 
-var version = "dev"
+var (
+	version                     = "dev"
+	installConflist, cniConfDir string
+)
 
 func main() {
 	configPath := flag.String("config", "/etc/vpcni/vpcnid.yaml", "agent configuration file (YAML or JSON)")
 	showVersion := flag.Bool("version", false, "print the version and exit")
+	flag.StringVar(&installConflist, "install-conflist", "", "once serving, install this CNI network configuration list into -cni-conf-dir (the node turns Ready then)")
+	flag.StringVar(&cniConfDir, "cni-conf-dir", "/host/etc/cni/net.d", "the runtime's CNI conf dir, for -install-conflist")
 	flag.Parse()
 	if *showVersion {
 		fmt.Println("vpcnid", version)
@@ -73,13 +80,29 @@ func run(configPath string) error {
 			return fmt.Errorf("kubernetes: %w", err)
 		}
 		a.SetCluster(node)
-		go node.Run(ctx)
+		nodeDone := make(chan struct{})
+		go func() { node.Run(ctx); close(nodeDone) }()
+		// The store closes only after the Kubernetes side stopped using it.
+		defer func() {
+			select {
+			case <-nodeDone:
+			case <-time.After(10 * time.Second):
+				log.Warn("the Kubernetes side did not stop within 10s")
+			}
+		}()
 	}
 	srv := &http.Server{Handler: a.Handler(), ReadHeaderTimeout: 5 * time.Second}
 	go a.Run(ctx)
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(l) }()
 	log.Info("vpcnid ready", "version", version, "node", cfg.NodeName, "socket", cfg.SocketPath, "provider", cfg.Provider.Type)
+	if installConflist != "" {
+		name := filepath.Base(installConflist)
+		if _, err := cniinstall.Conflist(installConflist, cniConfDir, name); err != nil {
+			return err
+		}
+		log.Info("CNI network configuration installed", "file", filepath.Join(cniConfDir, name))
+	}
 
 	select {
 	case <-ctx.Done():

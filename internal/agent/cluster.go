@@ -72,12 +72,14 @@ func attachmentView(r *store.Record) *Attachment {
 }
 
 // Release frees an attachment the runtime will not delete any more (its
-// pod is gone and vpcni-controller said so): the same as a DEL.
-func (a *Agent) Release(containerID, ifName, why string) error {
+// pod is gone and vpcni-controller said so): the same as a DEL. created is
+// the record the decision was made on: a newer record of the same
+// attachment is left alone.
+func (a *Agent) Release(containerID, ifName string, created time.Time, why string) error {
 	unlock := a.locks.Lock(store.Key(containerID, ifName))
 	defer unlock()
 	rec, err := a.store.Get(containerID, ifName)
-	if err != nil || rec == nil {
+	if err != nil || rec == nil || !rec.Created.Equal(created) {
 		return err
 	}
 	if err := a.release(rec); err != nil {

@@ -56,7 +56,7 @@ func TestInstallCNIRefusesBadInput(t *testing.T) {
 	} {
 		list := filepath.Join(dir, "l.conflist")
 		os.WriteFile(list, []byte(c.list), 0o644)
-		err := installCNI([]string{"--plugin", plugin, "--conflist", list, "--bin-dir", filepath.Join(dir, "nope"), "--conf-dir", filepath.Join(dir, "nope2")}, &bytes.Buffer{})
+		err := installCNI([]string{"--plugin", plugin, "--conflist", list, "--bin-dir", dir, "--conf-dir", filepath.Join(dir, "nope2")}, &bytes.Buffer{})
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: got %v, want an error containing %q", name, err, c.want)
 		}

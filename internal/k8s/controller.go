@@ -58,6 +58,16 @@ func NewOrphans(cfg *rest.Config, grace time.Duration, log *slog.Logger) (*Orpha
 		goneSince: map[string]time.Time{}}
 	o.pods = metadatainformer.NewSharedInformerFactory(md, 10*time.Minute).
 		ForResource(schema.GroupVersionResource{Version: "v1", Resource: "pods"}).Informer()
+	// Only namespace, name and UID are compared: the rest of each pod's
+	// metadata (managed fields, annotations, labels) is not kept.
+	if err := o.pods.SetTransform(func(obj any) (any, error) {
+		if m, ok := obj.(*metav1.PartialObjectMetadata); ok {
+			m.ObjectMeta = metav1.ObjectMeta{Namespace: m.Namespace, Name: m.Name, UID: m.UID, ResourceVersion: m.ResourceVersion}
+		}
+		return obj, nil
+	}); err != nil {
+		return nil, err
+	}
 	o.addrs = dynamicinformer.NewDynamicSharedInformerFactory(dyn, 5*time.Minute).ForResource(PodAddressResource).Informer()
 	if err := o.addrs.AddIndexers(cache.Indexers{IndexPod: podIndex}); err != nil {
 		return nil, err

@@ -34,7 +34,7 @@ import (
 type Agent interface {
 	Attachment(containerID, ifName string) (*agent.Attachment, error)
 	Attachments() ([]*agent.Attachment, error)
-	Release(containerID, ifName, why string) error
+	Release(containerID, ifName string, created time.Time, why string) error
 	Pool() agent.PoolFigures
 }
 
@@ -81,6 +81,7 @@ type Node struct {
 
 	mu       sync.Mutex
 	probeErr error
+	nodeErr  error
 	synced   bool
 }
 
@@ -106,7 +107,7 @@ func NewNode(cfg *rest.Config, nodeName string, a Agent, log *slog.Logger, opts 
 	}))
 	n.pods = pf.Core().V1().Pods().Informer()
 	af := dynamicinformer.NewFilteredDynamicSharedInformerFactory(dyn, 10*time.Minute, metav1.NamespaceAll, func(o *metav1.ListOptions) {
-		o.LabelSelector = LabelNode + "=" + nodeName
+		o.LabelSelector = LabelNode + "=" + NodeLabel(nodeName)
 	})
 	n.addrs = af.ForResource(PodAddressResource).Informer()
 	_, _ = n.addrs.AddEventHandler(cache.ResourceEventHandlerFuncs{
@@ -155,10 +156,19 @@ func (n *Node) enqueuePod(obj any) {
 func (n *Node) Run(ctx context.Context) {
 	n.events.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: n.cs.CoreV1().Events("")})
 	defer n.events.Shutdown()
-	defer n.queue.ShutDown()
+	go func() {
+		<-ctx.Done()
+		n.queue.ShutDown()
+	}()
+	go n.probe(ctx)
+	// A node name Kubernetes does not know (a host name that is not the
+	// node's name) would make every pod look gone: nothing is reconciled
+	// until the node exists.
+	if !n.waitNode(ctx) {
+		return
+	}
 	go n.pods.Run(ctx.Done())
 	go n.addrs.Run(ctx.Done())
-	go n.probe(ctx)
 	if !cache.WaitForCacheSync(ctx.Done(), n.pods.HasSynced, n.addrs.HasSynced) {
 		return
 	}
@@ -176,6 +186,33 @@ func (n *Node) Run(ctx context.Context) {
 	}
 	go n.poolLoop(ctx)
 	for n.work(ctx) {
+	}
+}
+
+// waitNode waits until the Node object of this agent's node exists.
+func (n *Node) waitNode(ctx context.Context) bool {
+	for {
+		c, cancel := context.WithTimeout(ctx, 10*time.Second)
+		_, err := n.cs.CoreV1().Nodes().Get(c, n.name, metav1.GetOptions{})
+		cancel()
+		n.mu.Lock()
+		n.nodeErr = nil
+		if apierrors.IsNotFound(err) {
+			n.nodeErr = fmt.Errorf("Kubernetes has no node %q: set nodeName (or $VPCNI_NODE_NAME) to this node's name", n.name)
+		}
+		nodeErr := n.nodeErr
+		n.mu.Unlock()
+		if err == nil {
+			return true
+		}
+		if nodeErr != nil {
+			n.log.Error("not reconciling pods", "err", nodeErr)
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(10 * time.Second):
+		}
 	}
 }
 
@@ -237,7 +274,13 @@ func (n *Node) reconcile(ctx context.Context, k attKey) (again time.Duration, er
 			if age := time.Since(att.Created); age < n.opts.Orphaned {
 				return n.opts.Orphaned - age, nil
 			}
-			return 0, n.agent.Release(k.containerID, k.ifName, "its pod "+att.PodNamespace+"/"+att.PodName+" no longer exists and its PodAddress was deleted")
+			// The caches may lag or be wrong: only the API server's own
+			// answer, no such pod and no such PodAddress, releases.
+			gone, err := n.confirmGone(ctx, att, name)
+			if err != nil || !gone {
+				return n.opts.Orphaned, err
+			}
+			return 0, n.agent.Release(k.containerID, k.ifName, att.Created, "its pod "+att.PodNamespace+"/"+att.PodName+" no longer exists and its PodAddress was deleted")
 		}
 		spec := n.spec(att, pod)
 		if _, err := padrs.Create(ctx, spec.ToUnstructured(), metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
@@ -251,22 +294,54 @@ func (n *Node) reconcile(ctx context.Context, k attKey) (again time.Duration, er
 }
 
 // pod is the attachment's pod, nil if the informer has no such pod (or a
-// pod of that name with another UID).
+// pod of that name that is another pod).
 func (n *Node) pod(att *agent.Attachment) *corev1.Pod {
 	obj, ok, err := n.pods.GetIndexer().GetByKey(att.PodNamespace + "/" + att.PodName)
 	if err != nil || !ok {
 		return nil
 	}
-	pod := obj.(*corev1.Pod)
-	if att.PodUID != "" && string(pod.UID) != att.PodUID {
-		return nil
+	if pod := obj.(*corev1.Pod); isPodOf(pod, att) {
+		return pod
 	}
-	return pod
+	return nil
 }
 
+// isPodOf says whether pod is the pod the attachment was made for: the
+// runtime's UID, which for a static pod is the kubelet's own (its mirror
+// pod in the API names it in an annotation); without a UID (records from
+// before vpcni kept it), a pod created before the attachment.
+func isPodOf(pod *corev1.Pod, att *agent.Attachment) bool {
+	if att.PodUID != "" {
+		return string(pod.UID) == att.PodUID || pod.Annotations[corev1.MirrorPodAnnotationKey] == att.PodUID
+	}
+	return !pod.CreationTimestamp.Time.After(att.Created.Add(time.Minute))
+}
+
+// confirmGone asks the API server itself whether the attachment's pod and
+// its PodAddress are both gone.
+func (n *Node) confirmGone(ctx context.Context, att *agent.Attachment, name string) (bool, error) {
+	pod, err := n.cs.CoreV1().Pods(att.PodNamespace).Get(ctx, att.PodName, metav1.GetOptions{})
+	switch {
+	case err == nil && isPodOf(pod, att):
+		return false, nil
+	case err != nil && !apierrors.IsNotFound(err):
+		return false, fmt.Errorf("check pod %s/%s: %w", att.PodNamespace, att.PodName, err)
+	}
+	_, err = n.dyn.Resource(PodAddressResource).Get(ctx, name, metav1.GetOptions{})
+	switch {
+	case err == nil:
+		return false, nil
+	case !apierrors.IsNotFound(err):
+		return false, fmt.Errorf("check PodAddress %s: %w", name, err)
+	}
+	return true, nil
+}
+
+// spec is the attachment's PodAddress. Its pod UID is the API's (for a
+// static pod, its mirror pod's), which vpcni-controller compares.
 func (n *Node) spec(att *agent.Attachment, pod *corev1.Pod) PodAddressSpec {
 	uid := att.PodUID
-	if uid == "" && pod != nil {
+	if pod != nil {
 		uid = string(pod.UID)
 	}
 	return PodAddressSpec{
@@ -330,6 +405,9 @@ func (n *Node) Ready() error {
 	defer n.mu.Unlock()
 	if n.probeErr != nil {
 		return fmt.Errorf("cannot reach the Kubernetes API server %s: %w", n.host, n.probeErr)
+	}
+	if n.nodeErr != nil {
+		return n.nodeErr
 	}
 	if !n.synced {
 		return fmt.Errorf("still reading this node's pods from the Kubernetes API server %s", n.host)

@@ -18,6 +18,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"regexp"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -68,6 +69,18 @@ func PodAddressName(node, containerID, ifName string) string {
 	return "pa-" + hex.EncodeToString(sum[:10])
 }
 
+// NodeLabel is the LabelNode value of a node: its name, or a hash of it
+// where the name is no valid label value (longer than 63 characters).
+func NodeLabel(node string) string {
+	if len(node) <= 63 && labelValue.MatchString(node) {
+		return node
+	}
+	sum := sha256.Sum256([]byte(node))
+	return "h-" + hex.EncodeToString(sum[:16])
+}
+
+var labelValue = regexp.MustCompile(`^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$`)
+
 // ToUnstructured builds the object.
 func (s PodAddressSpec) ToUnstructured() *unstructured.Unstructured {
 	data, _ := json.Marshal(s)
@@ -78,7 +91,7 @@ func (s PodAddressSpec) ToUnstructured() *unstructured.Unstructured {
 		"kind":       "PodAddress",
 		"metadata": map[string]any{
 			"name":   PodAddressName(s.Node, s.ContainerID, s.IfName),
-			"labels": map[string]any{LabelNode: s.Node},
+			"labels": map[string]any{LabelNode: NodeLabel(s.Node)},
 		},
 		"spec": spec,
 	}}

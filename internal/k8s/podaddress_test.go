@@ -2,7 +2,15 @@ package k8s
 
 import (
 	"regexp"
+	"strings"
 	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/vpcni/vpcni/internal/agent"
 )
 
 func TestPodAddressRoundTrip(t *testing.T) {
@@ -36,5 +44,45 @@ func TestPodAddressNameIsValidAndDistinct(t *testing.T) {
 			t.Fatalf("%v collides", c)
 		}
 		seen[n] = true
+	}
+}
+
+func TestNodeLabel(t *testing.T) {
+	if got := NodeLabel("node-1.example"); got != "node-1.example" {
+		t.Fatalf("a valid name is its own label: %q", got)
+	}
+	long := strings.Repeat("a", 64)
+	got := NodeLabel(long)
+	if got == long || len(got) > 63 || NodeLabel(long) != got || NodeLabel(long+"b") == got {
+		t.Fatalf("a 64-character name: %q", got)
+	}
+}
+
+func TestIsPodOf(t *testing.T) {
+	created := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	pod := func(uid string, mirror string, at time.Time) *corev1.Pod {
+		p := &corev1.Pod{}
+		p.UID = types.UID(uid)
+		p.CreationTimestamp = metav1.NewTime(at)
+		if mirror != "" {
+			p.Annotations = map[string]string{corev1.MirrorPodAnnotationKey: mirror}
+		}
+		return p
+	}
+	for _, c := range []struct {
+		name string
+		pod  *corev1.Pod
+		uid  string
+		want bool
+	}{
+		{"same UID", pod("u1", "", created), "u1", true},
+		{"another pod of that name", pod("u2", "", created), "u1", false},
+		{"static pod: the mirror names the kubelet's UID", pod("api-uid", "u1", created), "u1", true},
+		{"no UID recorded, pod older than the attachment", pod("u9", "", created.Add(-time.Hour)), "", true},
+		{"no UID recorded, pod made after it", pod("u9", "", created.Add(time.Hour)), "", false},
+	} {
+		if got := isPodOf(c.pod, &agent.Attachment{PodUID: c.uid, Created: created}); got != c.want {
+			t.Errorf("%s: %v, want %v", c.name, got, c.want)
+		}
 	}
 }
