@@ -11,6 +11,7 @@ import (
 	"math/rand/v2"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"sync"
 	"time"
 
@@ -289,6 +290,13 @@ func (a *Agent) syncProvider(ctx context.Context, prov provider.Provider) error 
 func (a *Agent) repair(r *store.Record) {
 	att := attachmentOf(r)
 	if _, err := os.Stat(r.Netns); errors.Is(err, os.ErrNotExist) {
+		// An empty or missing namespace directory is more likely a mount
+		// the agent does not see (a DaemonSet without the runtime's netns
+		// dir) than every pod gone: keep the record and say so.
+		if entries, derr := os.ReadDir(filepath.Dir(r.Netns)); derr != nil || len(entries) == 0 {
+			a.log.Error("pod namespace not found, and its directory is empty or missing: is the runtime's netns directory mounted? keeping the pod", "container", r.ContainerID, "netns", r.Netns, "address", r.Address)
+			return
+		}
 		a.log.Info("pod namespace gone while the agent was down; releasing", "container", r.ContainerID, "address", r.Address)
 		if err := a.release(r); err != nil {
 			a.log.Error("release of a gone pod failed", "container", r.ContainerID, "err", err)
