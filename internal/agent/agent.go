@@ -40,9 +40,6 @@ type Agent struct {
 	pool        *ipam.Pool
 	capacity    int
 	providerErr error // last failure to obtain addresses, for STATUS
-	// providerPort is the cloud port the node's addresses live on ("" for
-	// providers without one).
-	providerPort string
 
 	refillMu sync.Mutex // one provider refill at a time
 	kick     chan struct{}
@@ -147,10 +144,6 @@ func (a *Agent) connect(ctx context.Context) error {
 	default:
 		err = fmt.Errorf("provider %q is not supported", a.cfg.Provider.Type)
 	}
-	port := ""
-	if p, ok := prov.(interface{ PortID() string }); ok && err == nil {
-		port = p.PortID()
-	}
 	if err == nil {
 		prov = a.metrics.Instrument(prov)
 		err = a.syncProvider(ctx, prov)
@@ -161,7 +154,7 @@ func (a *Agent) connect(ctx context.Context) error {
 		a.mu.Unlock()
 		return a.providerErr
 	}
-	a.prov, a.providerErr, a.providerPort = prov, nil, port
+	a.prov, a.providerErr = prov, nil
 	a.mu.Unlock()
 	a.sweep()
 	return nil

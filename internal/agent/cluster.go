@@ -113,7 +113,12 @@ func (a *Agent) ProviderPort() string {
 	return a.providerPortLocked()
 }
 
-func (a *Agent) providerPortLocked() string { return a.providerPort }
+func (a *Agent) providerPortLocked() string {
+	if p, ok := a.prov.(interface{ PortID() string }); ok {
+		return p.PortID()
+	}
+	return ""
+}
 
 func (a *Agent) changed(rec *store.Record) {
 	if a.cluster != nil && rec.PodName != "" {

@@ -165,3 +165,11 @@ func (i *instrumented) Calls() map[string]int64 {
 	}
 	return nil
 }
+
+// PortID passes through the wrapped provider's cloud port, if it has one.
+func (i *instrumented) PortID() string {
+	if p, ok := i.Provider.(interface{ PortID() string }); ok {
+		return p.PortID()
+	}
+	return ""
+}
