@@ -130,7 +130,7 @@ func (a *Agent) failed(req *api.CNIRequest, aerr *api.Error) {
 	if a.cluster == nil || aerr == nil || req == nil {
 		return
 	}
-	if ns, name := k8sArgs(req.Args); name != "" {
+	if ns, name, _ := k8sPod(req.Args); name != "" {
 		a.cluster.Failed(ns, name, aerr)
 	}
 }

@@ -66,13 +66,8 @@ func parseRequest(req *api.CNIRequest, withAttachment, withNetns bool) (*netConf
 	return conf, nil
 }
 
-// k8sArgs picks the pod's identity out of CNI_ARGS.
-func k8sArgs(args string) (namespace, name string) {
-	namespace, name, _ = k8sPod(args)
-	return namespace, name
-}
-
-// k8sPod also returns the pod's UID, which runtimes may send.
+// k8sPod picks the pod's identity out of CNI_ARGS: namespace, name, and
+// the UID runtimes may send.
 func k8sPod(args string) (namespace, name, uid string) {
 	for _, kv := range strings.Split(args, ";") {
 		k, v, _ := strings.Cut(kv, "=")
@@ -96,9 +91,7 @@ func (a *Agent) Add(ctx context.Context, req *api.CNIRequest) (*types100.Result,
 	if aerr != nil {
 		a.failed(req, aerr)
 	} else if a.cluster != nil {
-		if _, name := k8sArgs(req.Args); name != "" {
-			a.cluster.Changed(req.ContainerID, req.IfName)
-		}
+		a.cluster.Changed(req.ContainerID, req.IfName) // a queue add; pods only are worked on
 	}
 	return res, aerr
 }

@@ -36,6 +36,7 @@ type Agent interface {
 	Attachments() ([]*agent.Attachment, error)
 	Release(containerID, ifName string, created time.Time, why string) error
 	Pool() agent.PoolFigures
+	ProviderPort() string
 }
 
 // NodeOptions tunes the node side.
@@ -138,7 +139,12 @@ func (n *Node) enqueueAddr(obj any) {
 
 func (n *Node) enqueuePod(obj any) {
 	pod, ok := obj.(*corev1.Pod)
-	if !ok {
+	n.mu.Lock()
+	synced := n.synced
+	n.mu.Unlock()
+	// The initial list is covered by Run, which queues every attachment
+	// once the caches are synced: no store scan per listed pod.
+	if !ok || !synced {
 		return
 	}
 	atts, err := n.agent.Attachments()
@@ -347,7 +353,7 @@ func (n *Node) spec(att *agent.Attachment, pod *corev1.Pod) PodAddressSpec {
 	return PodAddressSpec{
 		Node: n.name, PodNamespace: att.PodNamespace, PodName: att.PodName, PodUID: uid,
 		ContainerID: att.ContainerID, IfName: att.IfName, Address: att.Address.String(),
-		MAC: att.MAC, Gateway: att.Gateway.String(), ProviderPort: n.agent.Pool().ProviderPort,
+		MAC: att.MAC, Gateway: att.Gateway.String(), ProviderPort: n.agent.ProviderPort(),
 	}
 }
 
@@ -359,7 +365,7 @@ func (n *Node) annotate(ctx context.Context, pod *corev1.Pod, att *agent.Attachm
 		AnnotationGateway:   att.Gateway.String(),
 		AnnotationInterface: att.IfName,
 	}
-	if port := n.agent.Pool().ProviderPort; port != "" {
+	if port := n.agent.ProviderPort(); port != "" {
 		want[AnnotationProviderPort] = port
 	}
 	same := true

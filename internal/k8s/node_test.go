@@ -20,6 +20,7 @@ type noAgent struct{}
 func (noAgent) Attachment(string, string) (*agent.Attachment, error) { return nil, nil }
 func (noAgent) Attachments() ([]*agent.Attachment, error)            { return nil, nil }
 func (noAgent) Release(string, string, time.Time, string) error      { return nil }
+func (noAgent) ProviderPort() string                                 { return "" }
 func (noAgent) Pool() agent.PoolFigures                              { return agent.PoolFigures{} }
 
 // An API server that cannot be reached makes the node side not ready, and
