@@ -15,7 +15,6 @@ import (
 	"github.com/vpcni/vpcni/internal/config"
 	"github.com/vpcni/vpcni/internal/netnsutil"
 	"github.com/vpcni/vpcni/internal/provider"
-	"github.com/vpcni/vpcni/internal/provider/openstack"
 	"github.com/vpcni/vpcni/internal/testbed"
 )
 
@@ -40,11 +39,7 @@ func benchNeutron(args []string, out io.Writer) (err error) {
 	defer func() { err = errors.Join(err, b.close()) }()
 
 	// 1. One batched update of K addresses vs K single ones, alternating.
-	vmIP := netip.MustParseAddr("10.81.3.250")
-	if err := b.newPort(ctx, vmIP); err != nil {
-		return err
-	}
-	prov, err := openstack.New(ctx, b.osCfg, vmIP)
+	prov, err := b.vmProvider(ctx, netip.MustParseAddr("10.81.3.250"))
 	if err != nil {
 		return err
 	}

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/vpcni/vpcni/internal/config"
-	"github.com/vpcni/vpcni/internal/provider/openstack"
 )
 
 // benchPool measures the pool policy against a real Neutron: cloud calls
@@ -37,11 +36,7 @@ func benchPool(args []string, out io.Writer) (err error) {
 	defer func() { err = errors.Join(err, b.close()) }()
 
 	// The yardstick: one batched update of a batch's worth of addresses.
-	vmIP := netip.MustParseAddr("10.82.3.250")
-	if err := b.newPort(ctx, vmIP); err != nil {
-		return err
-	}
-	prov, err := openstack.New(ctx, b.osCfg, vmIP)
+	prov, err := b.vmProvider(ctx, netip.MustParseAddr("10.82.3.250"))
 	if err != nil {
 		return err
 	}

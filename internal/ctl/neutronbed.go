@@ -17,6 +17,7 @@ import (
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/subnets"
 
 	"github.com/vpcni/vpcni/internal/config"
+	"github.com/vpcni/vpcni/internal/provider/openstack"
 	"github.com/vpcni/vpcni/internal/testbed"
 )
 
@@ -135,4 +136,13 @@ func (b *neutronBed) close() error {
 	}
 	errs = append(errs, networks.Delete(c, b.nc, b.netID).ExtractErr())
 	return errors.Join(errs...)
+}
+
+// vmProvider makes a VM port with ip and the openstack provider on it,
+// with no agent: the benchmarks' yardstick for direct Neutron updates.
+func (b *neutronBed) vmProvider(ctx context.Context, ip netip.Addr) (*openstack.Provider, error) {
+	if err := b.newPort(ctx, ip); err != nil {
+		return nil, err
+	}
+	return openstack.New(ctx, b.osCfg, ip)
 }

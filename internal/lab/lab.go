@@ -129,11 +129,7 @@ func Up(ctx context.Context, cfg Config) (_ *Lab, err error) {
 		}
 		l.Nodes = append(l.Nodes, h)
 		// Each node reaches the endpoint on its own loopback.
-		var nl net.Listener
-		err = netnsutil.Do(netnsutil.Path(h.NS), func() (err error) {
-			nl, err = net.Listen("tcp4", fmt.Sprintf("127.0.0.1:%d", EndpointPort))
-			return err
-		})
+		nl, err := netnsutil.Listen(netnsutil.Path(h.NS), fmt.Sprintf("127.0.0.1:%d", EndpointPort))
 		if err != nil {
 			return nil, err
 		}

@@ -115,13 +115,20 @@ func Do(path string, f func() error) error {
 // lives in the namespace it was opened in.
 type EchoServer struct{ l net.Listener }
 
-// ServeEcho opens a TCP echo server on addr inside the namespace at path.
-func ServeEcho(path, addr string) (*EchoServer, error) {
+// Listen opens a TCP listener on addr inside the namespace at path; it
+// serves from any goroutine.
+func Listen(path, addr string) (net.Listener, error) {
 	var l net.Listener
 	err := Do(path, func() (err error) {
 		l, err = net.Listen("tcp4", addr)
 		return err
 	})
+	return l, err
+}
+
+// ServeEcho opens a TCP echo server on addr inside the namespace at path.
+func ServeEcho(path, addr string) (*EchoServer, error) {
+	l, err := Listen(path, addr)
 	if err != nil {
 		return nil, err
 	}

@@ -13,11 +13,7 @@ import (
 // without anything being added to the root namespace. Close the returned
 // listener to stop.
 func Forward(ns, addr, target string) (net.Listener, error) {
-	var l net.Listener
-	err := netnsutil.Do(netnsutil.Path(ns), func() (err error) {
-		l, err = net.Listen("tcp4", addr)
-		return err
-	})
+	l, err := netnsutil.Listen(netnsutil.Path(ns), addr)
 	if err != nil {
 		return nil, err
 	}
