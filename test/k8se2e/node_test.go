@@ -507,8 +507,7 @@ func TestKubernetesNode(t *testing.T) {
 	n := upNode(t)
 	conflist := filepath.Join(n.env["VPCNI_K8S_CNI_CONF_DIR"], "10-vpcni.conflist")
 
-	// No CNI yet: the node must stay NotReady (watched for a few seconds:
-	// the kubelet reports its status every second here).
+	// No CNI yet: the node must stay NotReady, watched for a few seconds.
 	for end := time.Now().Add(3 * time.Second); time.Now().Before(end); time.Sleep(250 * time.Millisecond) {
 		if n.nodeReady() {
 			t.Fatal("the node is Ready before any CNI was installed")
