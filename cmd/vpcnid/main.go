@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/vpcni/vpcni/internal/agent"
+	_ "github.com/vpcni/vpcni/internal/builtin" // every mode and provider
 	"github.com/vpcni/vpcni/internal/cniinstall"
 	"github.com/vpcni/vpcni/internal/config"
 	"github.com/vpcni/vpcni/internal/k8s"
@@ -92,7 +93,10 @@ func run(configPath string) error {
 		}()
 	}
 	srv := &http.Server{Handler: a.Handler(), ReadHeaderTimeout: 5 * time.Second}
-	go a.Run(ctx)
+	// The store closes (deferred above) only after Run has stopped using it.
+	runDone := make(chan struct{})
+	go func() { a.Run(ctx); close(runDone) }()
+	defer func() { stop(); <-runDone }()
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(l) }()
 	log.Info("vpcnid ready", "version", version, "node", cfg.NodeName, "socket", cfg.SocketPath, "provider", cfg.Provider.Type)

@@ -16,9 +16,10 @@ import (
 	types100 "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/cni/pkg/version"
 
+	"github.com/vpcni/vpcni/internal/addresses"
+	"github.com/vpcni/vpcni/internal/alloc"
 	"github.com/vpcni/vpcni/internal/api"
 	"github.com/vpcni/vpcni/internal/datapath"
-	"github.com/vpcni/vpcni/internal/provider"
 	"github.com/vpcni/vpcni/internal/store"
 )
 
@@ -47,7 +48,10 @@ func parseRequest(req *api.CNIRequest, withAttachment, withNetns bool) (*netConf
 		return conf, nil
 	}
 	var bad []string
-	if !containerIDRe.MatchString(req.ContainerID) {
+	switch {
+	case len(req.ContainerID) > alloc.MaxContainerID:
+		bad = append(bad, fmt.Sprintf("CNI_CONTAINERID is %d bytes; vpcni takes at most %d (it marks the pod's node-side links with it)", len(req.ContainerID), alloc.MaxContainerID))
+	case !containerIDRe.MatchString(req.ContainerID):
 		bad = append(bad, fmt.Sprintf("CNI_CONTAINERID %q is empty or has characters other than letters, digits, '_', '.', '-'", req.ContainerID))
 	}
 	if req.IfName == "" || len(req.IfName) > 15 || strings.ContainsAny(req.IfName, "/: \t\n") || req.IfName == "." || req.IfName == ".." {
@@ -107,38 +111,44 @@ func (a *Agent) add(ctx context.Context, req *api.CNIRequest) (*types100.Result,
 	}
 	defer unlock()
 	if rec != nil {
-		return a.readd(rec, req, conf)
+		return a.readd(ctx, rec, req, conf)
 	}
 
 	start := time.Now()
-	ip, aerr := a.allocate(ctx, store.Key(req.ContainerID, req.IfName))
-	if aerr != nil {
-		return nil, aerr
+	lease, err := a.addrs.Take(ctx, alloc.Key(req.ContainerID, req.IfName))
+	if err != nil {
+		var s *addresses.Shortage
+		if errors.As(err, &s) {
+			return nil, api.Errorf(api.CodeTryAgainLater, s.Msg, s.Details)
+		}
+		return nil, api.Errorf(api.CodeInternal, "could not allocate an address", err.Error())
 	}
 	allocated := time.Now()
 	podNS, podName, podUID := k8sPod(req.Args)
-	rec = &store.Record{
-		ContainerID: req.ContainerID, IfName: req.IfName, Network: conf.Name, Netns: req.Netns,
-		Address: ip, HostIf: datapath.HostIfName(req.ContainerID, req.IfName),
+	rec = &alloc.Allocation{
+		ContainerID: req.ContainerID, IfName: req.IfName, Network: conf.Name, Netns: req.Netns, Lease: lease,
 		PodNamespace: podNS, PodName: podName, PodUID: podUID, Created: time.Now().UTC(),
 	}
+	a.wiring.RLock()
+	defer a.wiring.RUnlock()
 	// The record and the wiring go in parallel; both are done before the
-	// answer. A crash in between leaves a record without wiring (re-wired
-	// at start) or wiring without a record (an orphan link, removed at
-	// start, its address still free in the pool): nothing leaks either way.
+	// answer. The record is written unready: a crash in between leaves a
+	// record without wiring (checked and re-wired at start) or wiring
+	// without a record (an orphan link, removed at start, its address
+	// still free in the pool): nothing leaks either way.
 	putErr := make(chan error, 1)
 	var recorded time.Time
 	go func() { err := a.store.Put(rec); recorded = time.Now(); putErr <- err }()
-	wired, err := a.dp.Setup(attachmentOf(rec))
+	wired, err := a.dp.Setup(ctx, rec)
 	wiredAt := time.Now()
 	perr := <-putErr
 	a.log.Debug("add timing", "container", rec.ContainerID, "allocate_ms", msBetween(start, allocated),
 		"wire_ms", msBetween(allocated, wiredAt), "record_ms", msBetween(allocated, recorded))
 	if perr != nil {
 		if err == nil {
-			_ = a.dp.Teardown(attachmentOf(rec))
+			_ = a.dp.Teardown(ctx, rec)
 		}
-		a.unallocate(ip)
+		a.addrs.Untake(rec.Address)
 		return nil, api.Errorf(api.CodeIOFailure, "could not record the allocation; the pod was not wired", perr.Error())
 	}
 	if err != nil {
@@ -147,17 +157,26 @@ func (a *Agent) add(ctx context.Context, req *api.CNIRequest) (*types100.Result,
 			a.log.Error("could not drop the record of a failed ADD", "container", rec.ContainerID, "err", derr)
 			return nil, setupError(err)
 		}
-		a.unallocate(ip)
+		a.addrs.Untake(rec.Address)
 		return nil, setupError(err)
 	}
-	a.log.Info("pod added", "container", rec.ContainerID, "ifName", rec.IfName, "address", ip, "pod", podNS+"/"+podName)
+	rec.Wiring, rec.Ready = &wired, true
+	// Marking the record ready is not waited for: it only changes the
+	// record if it is still this one (a DEL may follow at once), and a
+	// crash before it lands leaves an unready record, checked at start.
+	go func(r alloc.Allocation) {
+		if err := a.store.MarkReady(&r); err != nil && !errors.Is(err, store.ErrClosed) {
+			a.log.Warn("could not mark the record ready; the next start checks it again", "container", r.ContainerID, "err", err)
+		}
+	}(*rec)
+	a.log.Info("pod added", "container", rec.ContainerID, "ifName", rec.IfName, "address", rec.Address, "pod", podNS+"/"+podName)
 	return result(rec, wired, conf), nil
 }
 
 // lockRecord serialises work on the request's attachment and reads its
 // record (nil if none). The caller must call unlock.
-func (a *Agent) lockRecord(req *api.CNIRequest) (rec *store.Record, unlock func(), aerr *api.Error) {
-	unlock = a.locks.Lock(store.Key(req.ContainerID, req.IfName))
+func (a *Agent) lockRecord(req *api.CNIRequest) (rec *alloc.Allocation, unlock func(), aerr *api.Error) {
+	unlock = a.locks.Lock(alloc.Key(req.ContainerID, req.IfName))
 	rec, err := a.store.Get(req.ContainerID, req.IfName)
 	if err != nil {
 		unlock()
@@ -168,29 +187,26 @@ func (a *Agent) lockRecord(req *api.CNIRequest) (rec *store.Record, unlock func(
 
 // readd answers an ADD for an attachment already recorded: the same address,
 // re-wired if the kernel lost any of it.
-func (a *Agent) readd(rec *store.Record, req *api.CNIRequest, conf *netConf) (*types100.Result, *api.Error) {
-	att := attachmentOf(rec)
+func (a *Agent) readd(ctx context.Context, rec *alloc.Allocation, req *api.CNIRequest, conf *netConf) (*types100.Result, *api.Error) {
 	if rec.Netns != req.Netns {
 		// Same container and interface, new namespace (a restarted sandbox
 		// that kept its ID): move the address there.
-		if err := a.dp.Teardown(att); err != nil {
+		a.wiring.RLock()
+		err := a.dp.Teardown(ctx, rec)
+		a.wiring.RUnlock()
+		if err != nil {
 			return nil, api.Errorf(api.CodeInternal, "could not take down the previous wiring", err.Error())
 		}
-		rec.Netns = req.Netns
+		rec.Netns, rec.Wiring, rec.Ready = req.Netns, nil, false
 		if err := a.store.Put(rec); err != nil {
 			return nil, api.Errorf(api.CodeIOFailure, "could not update the allocation record", err.Error())
 		}
-		att = attachmentOf(rec)
 	}
-	if a.dp.Check(att) != nil {
-		if err := a.dp.Teardown(att); err != nil {
-			return nil, api.Errorf(api.CodeInternal, "could not take down broken wiring", err.Error())
-		}
-		if _, err := a.dp.Setup(att); err != nil {
-			return nil, setupError(err)
-		}
+	w, err := a.ensureWired(ctx, rec)
+	if err != nil {
+		return nil, setupError(err)
 	}
-	return result(rec, datapath.Wired{HostIf: rec.HostIf, HostMAC: datapath.HostMAC(att), PodMAC: datapath.PodMAC(att)}, conf), nil
+	return result(rec, w, conf), nil
 }
 
 func setupError(err error) *api.Error {
@@ -201,106 +217,36 @@ func setupError(err error) *api.Error {
 	return api.Errorf(api.CodeInternal, "wiring the pod failed, nothing was left behind", err.Error())
 }
 
-func result(rec *store.Record, w datapath.Wired, conf *netConf) *types100.Result {
-	podIf := 1
-	return &types100.Result{
-		CNIVersion: types100.ImplementedSpecVersion,
-		Interfaces: []*types100.Interface{
-			{Name: w.HostIf, Mac: w.HostMAC.String()},
-			{Name: rec.IfName, Mac: w.PodMAC.String(), Sandbox: rec.Netns},
-		},
-		IPs: []*types100.IPConfig{{
-			Interface: &podIf,
-			Address:   net.IPNet{IP: rec.Address.AsSlice(), Mask: net.CIDRMask(32, 32)},
-			Gateway:   datapath.Gateway.AsSlice(),
-		}},
-		Routes: []*types.Route{{Dst: net.IPNet{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)}, GW: datapath.Gateway.AsSlice()}},
-		DNS:    conf.DNS,
+// result is the CNI result of a wired allocation.
+func result(rec *alloc.Allocation, w alloc.Wiring, conf *netConf) *types100.Result {
+	res := &types100.Result{CNIVersion: types100.ImplementedSpecVersion, DNS: conf.DNS}
+	for _, i := range w.Interfaces {
+		res.Interfaces = append(res.Interfaces, &types100.Interface{Name: i.Name, Mac: i.MAC, Sandbox: i.Sandbox})
 	}
-}
-
-// allocate takes a free address. With the pool empty it asks the provider
-// for more, and waits — for a refill that failed to succeed on a retry, or
-// for a cooldown to end — up to pool.addWait before "try again later".
-// Every round either obtains addresses, waits, or ends.
-func (a *Agent) allocate(ctx context.Context, owner string) (netip.Addr, *api.Error) {
-	deadline := time.Now().Add(a.cfg.Pool.AddWait.Duration)
-	pause := 100 * time.Millisecond
-	for {
-		if ip, ok := a.take(owner); ok {
-			a.kickRefill()
-			return ip, nil
+	for _, ip := range w.IPs {
+		c := &types100.IPConfig{Interface: types100.Int(ip.Interface), Address: ipNet(ip.Address)}
+		if ip.Gateway.IsValid() {
+			c.Gateway = ip.Gateway.AsSlice()
 		}
-		a.refillMu.Lock()
-		// Another ADD may have refilled while this one waited.
-		if ip, ok := a.take(owner); ok {
-			a.refillMu.Unlock()
-			return ip, nil
-		}
-		// An empty pool asks for a whole batch: one cloud call for the
-		// pods that follow this one.
-		n := a.want(max(a.cfg.Pool.WarmTarget, a.cfg.Pool.BatchSize))
-		got, err := 0, error(nil)
-		if n > 0 {
-			got, err = a.obtain(ctx, n)
-		}
-		a.refillMu.Unlock()
-		if got > 0 {
-			continue
-		}
-		// Nothing obtained: wait if something may change in time.
-		wait := pause
-		if errors.Is(err, provider.ErrExhausted) || n == 0 {
-			a.mu.Lock()
-			next, cooling := a.pool.NextCooled()
-			a.mu.Unlock()
-			if !cooling {
-				return netip.Addr{}, a.exhausted()
-			}
-			wait = time.Until(next)
-		}
-		if time.Now().Add(wait).After(deadline) || ctx.Err() != nil {
-			if err != nil && !errors.Is(err, provider.ErrExhausted) {
-				return netip.Addr{}, api.Errorf(api.CodeTryAgainLater,
-					fmt.Sprintf("no free address and the provider could not be reached for more within %s; try again later", a.cfg.Pool.AddWait), err.Error())
-			}
-			return netip.Addr{}, a.exhausted()
-		}
-		select {
-		case <-ctx.Done():
-		case <-time.After(max(wait, time.Millisecond)):
-		}
-		pause = min(pause*2, 2*time.Second)
+		res.IPs = append(res.IPs, c)
 	}
-}
-
-func (a *Agent) take(owner string) (netip.Addr, bool) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.pool.Take(owner, time.Now())
-}
-
-func (a *Agent) exhausted() *api.Error {
-	a.mu.Lock()
-	c, capacity := a.pool.Counts(), a.capacity
-	a.mu.Unlock()
-	msg := fmt.Sprintf("no free address on node %s: %d allocated, %d cooling down (%s), capacity %d",
-		a.cfg.NodeName, c.Allocated, c.Cooling, a.pool.Cooldown(), capacity)
-	return api.Errorf(api.CodeTryAgainLater, msg+"; try again later",
-		"free addresses by deleting pods, wait for the cooldown, or give the node more addresses")
-}
-
-func (a *Agent) unallocate(ip netip.Addr) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if err := a.pool.Unallocate(ip); err != nil {
-		a.log.Error("return unused address", "address", ip, "err", err)
+	for _, r := range w.Routes {
+		rt := &types.Route{Dst: ipNet(r.Dst)}
+		if r.GW.IsValid() {
+			rt.GW = r.GW.AsSlice()
+		}
+		res.Routes = append(res.Routes, rt)
 	}
+	return res
+}
+
+func ipNet(p netip.Prefix) net.IPNet {
+	return net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
 }
 
 // Del takes the attachment's datapath down, then frees its address. It
 // succeeds for attachments the agent never saw.
-func (a *Agent) Del(_ context.Context, req *api.CNIRequest) *api.Error {
+func (a *Agent) Del(ctx context.Context, req *api.CNIRequest) *api.Error {
 	if _, aerr := parseRequest(req, true, false); aerr != nil {
 		return aerr
 	}
@@ -312,42 +258,34 @@ func (a *Agent) Del(_ context.Context, req *api.CNIRequest) *api.Error {
 	if rec == nil {
 		return nil
 	}
-	if err := a.release(rec); err != nil {
+	if err := a.release(ctx, rec); err != nil {
 		return api.Errorf(api.CodeInternal, "could not remove the pod's wiring; the address stays allocated until a retry succeeds", err.Error())
 	}
 	a.log.Info("pod deleted", "container", rec.ContainerID, "ifName", rec.IfName, "address", rec.Address)
 	a.changed(rec)
-	a.kickRefill() // surplus may go back to the provider
 	return nil
 }
 
-// release undoes one allocation: datapath, then record, then pool.
-func (a *Agent) release(rec *store.Record) error {
-	if err := a.dp.Release(attachmentOf(rec)); err != nil {
+// release undoes one allocation: datapath, then record, then pool. The
+// caller holds the attachment's lock.
+func (a *Agent) release(ctx context.Context, rec *alloc.Allocation) error {
+	a.wiring.RLock()
+	defer a.wiring.RUnlock()
+	if err := a.dp.Teardown(ctx, rec); err != nil {
 		return err
 	}
 	now := time.Now()
-	var until time.Time
-	if cd := a.pool.Cooldown(); cd > 0 {
-		until = now.Add(cd)
-	}
-	if err := a.store.Release(rec, until); err != nil {
+	if err := a.store.Release(rec, a.addrs.CoolUntil(now)); err != nil {
 		return fmt.Errorf("update allocation store: %w", err)
 	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if owner := a.pool.Owner(rec.Address); owner != rec.Key() {
-		a.log.Error("pool gives this address to another attachment; leaving it", "address", rec.Address, "record", rec.Key(), "owner", owner)
-		return nil
-	}
-	if _, err := a.pool.Release(rec.Address, now); err != nil {
-		a.log.Error("pool disagrees with store", "address", rec.Address, "err", err)
+	if err := a.addrs.Release(rec.Key(), rec.Address, now); err != nil {
+		a.log.Error("address not returned to the pool", "address", rec.Address, "record", rec.Key(), "err", err)
 	}
 	return nil
 }
 
 // Check verifies the attachment's record and wiring.
-func (a *Agent) Check(_ context.Context, req *api.CNIRequest) *api.Error {
+func (a *Agent) Check(ctx context.Context, req *api.CNIRequest) *api.Error {
 	conf, aerr := parseRequest(req, true, true)
 	if aerr != nil {
 		return aerr
@@ -368,13 +306,13 @@ func (a *Agent) Check(_ context.Context, req *api.CNIRequest) *api.Error {
 	if rec.Netns != req.Netns {
 		return api.Errorf(api.CodeInternal, "check failed", fmt.Sprintf("recorded netns %s, runtime says %s", rec.Netns, req.Netns))
 	}
-	if err := a.dp.Check(attachmentOf(rec)); err != nil {
+	if _, err := a.dp.Check(ctx, rec); err != nil {
 		return api.Errorf(api.CodeInternal, "check failed: the pod's wiring is not as vpcni left it", err.Error())
 	}
 	return nil
 }
 
-func checkPrevResult(prev any, rec *store.Record) error {
+func checkPrevResult(prev any, rec *alloc.Allocation) error {
 	data, err := json.Marshal(prev)
 	if err != nil {
 		return err
@@ -403,14 +341,14 @@ func checkPrevResult(prev any, rec *store.Record) error {
 
 // GC releases every allocation of this network that is not among the
 // runtime's valid attachments.
-func (a *Agent) GC(_ context.Context, req *api.CNIRequest) *api.Error {
+func (a *Agent) GC(ctx context.Context, req *api.CNIRequest) *api.Error {
 	conf, aerr := parseRequest(req, false, false)
 	if aerr != nil {
 		return aerr
 	}
 	valid := map[string]bool{}
 	for _, v := range conf.ValidAttachments {
-		valid[store.Key(v.ContainerID, v.IfName)] = true
+		valid[alloc.Key(v.ContainerID, v.IfName)] = true
 	}
 	records, err := a.store.List()
 	if err != nil {
@@ -424,7 +362,7 @@ func (a *Agent) GC(_ context.Context, req *api.CNIRequest) *api.Error {
 		unlock := a.locks.Lock(r.Key())
 		cur, err := a.store.Get(r.ContainerID, r.IfName)
 		if err == nil && cur != nil {
-			err = a.release(cur)
+			err = a.release(ctx, cur)
 		}
 		unlock()
 		if err != nil {
@@ -442,7 +380,8 @@ func (a *Agent) GC(_ context.Context, req *api.CNIRequest) *api.Error {
 
 // Status says whether an ADD could be served now.
 func (a *Agent) Status(_ context.Context, _ *api.CNIRequest) *api.Error {
-	ready, reason := a.readiness()
+	st := a.addrs.Status(time.Now())
+	ready, reason := st.Ready, st.Reason
 	if ready && a.cluster != nil {
 		if err := a.cluster.Ready(); err != nil {
 			ready, reason = false, err.Error()
@@ -453,25 +392,3 @@ func (a *Agent) Status(_ context.Context, _ *api.CNIRequest) *api.Error {
 	}
 	return nil
 }
-
-func (a *Agent) readiness() (bool, string) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	a.pool.Promote(time.Now())
-	c := a.pool.Counts()
-	if c.Free > 0 {
-		if a.degradedLocked() {
-			return true, fmt.Sprintf("degraded: serving %d free addresses from the pool while the provider fails: %v", c.Free, a.providerErr)
-		}
-		return true, ""
-	}
-	if a.capacity > 0 && c.Held() >= a.capacity {
-		return false, fmt.Sprintf("no free address and none obtainable: all %d addresses are allocated (%d) or cooling down (%d)", a.capacity, c.Allocated, c.Cooling)
-	}
-	if a.providerErr != nil {
-		return false, "no free address and the provider fails: " + a.providerErr.Error()
-	}
-	return true, ""
-}
-
-func msBetween(a, b time.Time) float64 { return float64(b.Sub(a).Microseconds()) / 1000 }

@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/vpcni/vpcni/internal/alloc"
 	"github.com/vpcni/vpcni/internal/api"
 )
 
@@ -154,42 +155,30 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	_, _ = w.Write(data)
 }
 
-// State describes the agent for vpcnictl status.
+// State describes the agent for vpcnictl status. It changes nothing.
 func (a *Agent) State() (*api.State, error) {
 	records, err := a.store.List()
 	if err != nil {
 		return nil, err
 	}
-	ready, reason := a.readiness()
-	a.mu.Lock()
-	c, capacity := a.pool.Counts(), a.capacity
+	s := a.addrs.Status(time.Now())
 	byState := map[string][]string{}
-	for _, ip := range a.pool.Held() {
-		s := a.pool.State(ip).String()
-		byState[s] = append(byState[s], ip.String())
+	for st, ips := range s.Addresses {
+		for _, ip := range ips {
+			byState[st] = append(byState[st], ip.String())
+		}
 	}
-	prov := a.prov
-	a.mu.Unlock()
-	var calls map[string]int64
-	if counter, ok := prov.(interface{ Calls() map[string]int64 }); ok {
-		calls = counter.Calls()
-	}
-	a.mu.Lock()
-	degraded := a.degradedLocked()
-	a.mu.Unlock()
+	dp := a.dp.Info()
 	st := &api.State{
-		Node: a.cfg.NodeName, Ready: ready, Reason: reason, Degraded: degraded,
-		Provider: a.cfg.Provider.Type, Datapath: a.cfg.Datapath, Uplink: a.dp.Uplink, MTU: a.dp.MTU,
-		Pool:        api.PoolState{Free: c.Free, Cooling: c.Cooling, Allocated: c.Allocated, Capacity: capacity, Addresses: byState, ProviderCalls: calls},
-		Allocations: make([]api.Allocation, 0, len(records)),
+		Node: a.cfg.NodeName, Ready: s.Ready, Reason: s.Reason, Degraded: s.Degraded,
+		Provider: a.cfg.Provider.Type, ProviderPort: s.Provider.Port, Datapath: dp.Mode, Uplink: dp.Uplink, MTU: dp.MTU,
+		Pool: api.PoolState{Free: s.Free, Cooling: s.Cooling, Allocated: s.Allocated, Capacity: s.Provider.Capacity,
+			CapacityReason: s.Provider.CapacityReason, Addresses: byState, ProviderCalls: s.Provider.Calls},
+		Allocations: make([]alloc.Allocation, 0, len(records)),
 		StartedAt:   a.started.UTC().Format(time.RFC3339),
 	}
 	for _, r := range records {
-		st.Allocations = append(st.Allocations, api.Allocation{
-			ContainerID: r.ContainerID, IfName: r.IfName, Network: r.Network, Address: r.Address.String(),
-			HostIf: r.HostIf, Netns: r.Netns, PodNamespace: r.PodNamespace, PodName: r.PodName,
-			Created: r.Created.Format(time.RFC3339),
-		})
+		st.Allocations = append(st.Allocations, *r)
 	}
 	return st, nil
 }

@@ -1,11 +1,15 @@
 // Package api holds the wire types spoken between the vpcni CNI plugin (and
 // vpcnictl) and the vpcnid node agent over the agent's unix socket.
 //
-// It imports only the standard library: the plugin runs on every pod's
-// critical path and must stay small.
+// It imports only the standard library (and internal/alloc, which does
+// too): the plugin runs on every pod's critical path and must stay small.
 package api
 
-import "encoding/json"
+import (
+	"encoding/json"
+
+	"github.com/vpcni/vpcni/internal/alloc"
+)
 
 // Version is the path prefix of the current API. A future incompatible API
 // gets a new prefix; the agent keeps serving the old one while plugins roll.
@@ -79,14 +83,16 @@ type State struct {
 	Ready  bool   `json:"ready"`
 	Reason string `json:"reason,omitempty"`
 	// Degraded: the provider fails; the agent serves from its pool only.
-	Degraded    bool         `json:"degraded,omitempty"`
-	Provider    string       `json:"provider"`
-	Datapath    string       `json:"datapath"`
-	Uplink      string       `json:"uplink"`
-	MTU         int          `json:"mtu"`
-	Pool        PoolState    `json:"pool"`
-	Allocations []Allocation `json:"allocations"`
-	StartedAt   string       `json:"startedAt"`
+	Degraded bool   `json:"degraded,omitempty"`
+	Provider string `json:"provider"`
+	// ProviderPort is the cloud port the node's pod addresses live on.
+	ProviderPort string             `json:"providerPort,omitempty"`
+	Datapath     string             `json:"datapath"`
+	Uplink       string             `json:"uplink"`
+	MTU          int                `json:"mtu"`
+	Pool         PoolState          `json:"pool"`
+	Allocations  []alloc.Allocation `json:"allocations"`
+	StartedAt    string             `json:"startedAt"`
 }
 
 // PoolState counts the addresses the node holds, by state.
@@ -97,22 +103,11 @@ type PoolState struct {
 	// Capacity is how many addresses the provider could hold for this node
 	// at most (0: unknown).
 	Capacity int `json:"capacity"`
+	// CapacityReason says what bounds Capacity.
+	CapacityReason string `json:"capacityReason,omitempty"`
 	// Addresses lists every held address by state: free, cooling, allocated.
 	Addresses map[string][]string `json:"addresses,omitempty"`
 	// ProviderCalls counts the provider's cloud requests by method, if it
 	// counts them.
 	ProviderCalls map[string]int64 `json:"providerCalls,omitempty"`
-}
-
-// Allocation is one address given to one container interface.
-type Allocation struct {
-	ContainerID  string `json:"containerID"`
-	IfName       string `json:"ifName"`
-	Network      string `json:"network"`
-	Address      string `json:"address"`
-	HostIf       string `json:"hostIf"`
-	Netns        string `json:"netns"`
-	PodNamespace string `json:"podNamespace,omitempty"`
-	PodName      string `json:"podName,omitempty"`
-	Created      string `json:"created"`
 }

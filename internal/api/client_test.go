@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -17,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vpcni/vpcni/internal/alloc"
 	"github.com/vpcni/vpcni/internal/api"
 )
 
@@ -88,7 +90,7 @@ func TestDoPostDecodesAnswer(t *testing.T) {
 		Config: json.RawMessage(`{"cniVersion":"1.0.0","name":"vpcni","type":"vpcni"}`),
 	}
 	want := api.State{Node: "node-1", Ready: true, Provider: "static", MTU: 1500, Pool: api.PoolState{Free: 3, Capacity: 250},
-		Allocations: []api.Allocation{{ContainerID: "c0ffee", IfName: "eth0", Address: "10.0.0.5"}}}
+		Allocations: []alloc.Allocation{{ContainerID: "c0ffee", IfName: "eth0", Lease: alloc.Lease{Address: netip.MustParseAddr("10.0.0.5")}}}}
 	sock := serve(t, func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodPost || r.URL.Path != api.PathAdd {
 			http.Error(w, "wrong method or path: "+r.Method+" "+r.URL.Path, http.StatusTeapot)

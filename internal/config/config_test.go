@@ -8,13 +8,26 @@ import (
 	"testing"
 	"time"
 
+	_ "github.com/vpcni/vpcni/internal/builtin"
 	"github.com/vpcni/vpcni/internal/config"
+	"github.com/vpcni/vpcni/internal/datapath/veth"
+	"github.com/vpcni/vpcni/internal/provider/openstack"
+	"github.com/vpcni/vpcni/internal/provider/static"
 )
 
-func staticRanges(cidrs ...string) *config.Static {
-	s := &config.Static{}
+func staticRanges(cidrs ...string) config.Provider {
+	s := &static.Config{}
 	for _, c := range cidrs {
-		s.Ranges = append(s.Ranges, config.Range{CIDR: c})
+		s.Ranges = append(s.Ranges, static.Range{CIDR: c})
+	}
+	return config.Provider{Type: "static", Settings: s}
+}
+
+func staticOf(t *testing.T, cfg config.Config) *static.Config {
+	t.Helper()
+	s, ok := cfg.Provider.Settings.(*static.Config)
+	if !ok {
+		t.Fatalf("provider settings are %T, want *static.Config", cfg.Provider.Settings)
 	}
 	return s
 }
@@ -33,7 +46,7 @@ func TestDefaultsValidateOnceARangeIsSet(t *testing.T) {
 	if msg := err.Error(); !strings.HasPrefix(msg, "provider.static.ranges:") || strings.Contains(msg, "\n") {
 		t.Fatalf("Defaults should miss only the ranges, got:\n%s", msg)
 	}
-	cfg.Provider.Static = staticRanges("10.0.0.0/24")
+	cfg.Provider = staticRanges("10.0.0.0/24")
 	if err := cfg.Validate(); err != nil {
 		t.Fatalf("Defaults with a range: %v", err)
 	}
@@ -46,11 +59,11 @@ func TestValidateNamesEveryBadField(t *testing.T) {
 		StateDir:   "var/lib/vpcni",
 		Uplink:     "eth0 with spaces",
 		MTU:        100,
-		Datapath:   "ipvlan",
+		Datapath:   config.Datapath{Mode: "ipvlan"},
 		Cooldown:   config.Duration{Duration: -time.Second},
 		LogLevel:   "verbose",
 		Pool:       config.Pool{WarmTarget: -1, BatchSize: 0},
-		Provider: config.Provider{Type: "static", Static: &config.Static{Ranges: []config.Range{
+		Provider: config.Provider{Type: "static", Settings: &static.Config{Ranges: []static.Range{
 			{CIDR: "10.0.0.0/24"}, // fine
 			{CIDR: "10.0.1.7/24", Gateway: "10.9.9.9", Exclude: []string{"10.0.1.5", "bogus", "10.0.1.0/28"}},
 			{CIDR: "not-a-cidr"},
@@ -113,7 +126,7 @@ func TestValidateNamesEveryBadField(t *testing.T) {
 func validConfig() config.Config {
 	cfg := config.Defaults()
 	cfg.NodeName = "node-1"
-	cfg.Provider.Static = staticRanges("10.0.0.0/24")
+	cfg.Provider = staticRanges("10.0.0.0/24")
 	return cfg
 }
 
@@ -127,7 +140,7 @@ func TestValidateSingleFields(t *testing.T) {
 		{"mtu", func(c *config.Config) { c.MTU = 65536 }},
 		{"cooldown", func(c *config.Config) { c.Cooldown.Duration = time.Hour + time.Second }},
 		{"provider.type", func(c *config.Config) { c.Provider.Type = "aws" }},
-		{"provider.static.ranges", func(c *config.Config) { c.Provider.Static = &config.Static{} }},
+		{"provider.static.ranges", func(c *config.Config) { c.Provider.Settings = &static.Config{} }},
 	} {
 		cfg := validConfig()
 		tc.mutate(&cfg)
@@ -139,7 +152,7 @@ func TestValidateSingleFields(t *testing.T) {
 	// Edges that are allowed.
 	cfg := validConfig()
 	cfg.MTU, cfg.Cooldown.Duration, cfg.Pool.WarmTarget, cfg.Uplink = 576, 0, 0, "eth0"
-	cfg.Provider.Static.Ranges[0] = config.Range{CIDR: "10.0.0.0/16", Gateway: "10.0.255.254", Exclude: []string{"10.0.0.5", "10.0.1.0/24"}}
+	staticOf(t, cfg).Ranges[0] = static.Range{CIDR: "10.0.0.0/16", Gateway: "10.0.255.254", Exclude: []string{"10.0.0.5", "10.0.1.0/24"}}
 	if err := cfg.Validate(); err != nil {
 		t.Errorf("edge values rejected: %v", err)
 	}
@@ -185,14 +198,14 @@ provider:
 	// Fields the file omits keep their defaults, even inside a section the
 	// file sets.
 	d := config.Defaults()
-	if cfg.Pool.BatchSize != d.Pool.BatchSize || cfg.SocketPath != d.SocketPath || cfg.StateDir != d.StateDir || cfg.Datapath != d.Datapath {
+	if cfg.Pool.BatchSize != d.Pool.BatchSize || cfg.SocketPath != d.SocketPath || cfg.StateDir != d.StateDir || cfg.Datapath.Mode != d.Datapath.Mode {
 		t.Errorf("defaults lost: %+v", cfg)
 	}
-	want := config.Range{CIDR: "10.20.0.0/24", Gateway: "10.20.0.254", Exclude: []string{"10.20.0.5", "10.20.0.16/28"}}
-	if cfg.Provider.Static == nil || len(cfg.Provider.Static.Ranges) != 1 ||
-		cfg.Provider.Static.Ranges[0].CIDR != want.CIDR || cfg.Provider.Static.Ranges[0].Gateway != want.Gateway ||
-		strings.Join(cfg.Provider.Static.Ranges[0].Exclude, ",") != strings.Join(want.Exclude, ",") {
-		t.Errorf("ranges = %+v, want [%+v]", cfg.Provider.Static, want)
+	want := static.Range{CIDR: "10.20.0.0/24", Gateway: "10.20.0.254", Exclude: []string{"10.20.0.5", "10.20.0.16/28"}}
+	if s := staticOf(t, cfg); len(s.Ranges) != 1 ||
+		s.Ranges[0].CIDR != want.CIDR || s.Ranges[0].Gateway != want.Gateway ||
+		strings.Join(s.Ranges[0].Exclude, ",") != strings.Join(want.Exclude, ",") {
+		t.Errorf("ranges = %+v, want [%+v]", s, want)
 	}
 }
 
@@ -293,13 +306,13 @@ func TestParseAddrOrPrefix(t *testing.T) {
 		"10.0.0.0/28":  "10.0.0.0/28",
 		"10.0.0.13/28": "10.0.0.0/28", // host bits dropped
 	} {
-		p, err := config.ParseAddrOrPrefix(in)
+		p, err := static.ParseAddrOrPrefix(in)
 		if err != nil || p.String() != want {
 			t.Errorf("ParseAddrOrPrefix(%q) = %s, %v; want %s", in, p, err, want)
 		}
 	}
 	for _, bad := range []string{"", "10.0.0", "10.0.0.0/33", "host.example"} {
-		if p, err := config.ParseAddrOrPrefix(bad); err == nil {
+		if p, err := static.ParseAddrOrPrefix(bad); err == nil {
 			t.Errorf("ParseAddrOrPrefix(%q) = %s, want an error", bad, p)
 		}
 	}
@@ -317,5 +330,63 @@ func TestLoadEmptyNodeNameMeansHostName(t *testing.T) {
 	}
 	if cfg.NodeName != host {
 		t.Errorf("nodeName = %q, want the host name %q", cfg.NodeName, host)
+	}
+}
+
+// The sections belong to their packages: the file names one provider and
+// one mode, a section for another is refused (it would be ignored), each
+// section is read strictly, and both write back as they were read.
+func TestSections(t *testing.T) {
+	cfg, err := config.Load(writeFile(t, "vpcnid.yaml", `
+nodeName: n
+datapath:
+  mode: veth
+  veth: {garp: false}
+provider:
+  type: openstack
+  openstack: {endpoint: "http://127.0.0.1:9696/", subnetID: s1, maxAddresses: 12}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	os, ok := cfg.Provider.Settings.(*openstack.Config)
+	if !ok || os.SubnetID != "s1" || os.MaxAddresses != 12 || os.Mode != "fixed-ips" {
+		t.Fatalf("openstack section = %+v (defaults filled?)", cfg.Provider.Settings)
+	}
+	v, ok := cfg.Datapath.Settings.(*veth.Settings)
+	if !ok || v.GARP == nil || *v.GARP {
+		t.Fatalf("veth section = %+v, want garp false", cfg.Datapath.Settings)
+	}
+	// The short form picks the mode with its defaults.
+	cfg, err = config.Load(writeFile(t, "vpcnid.yaml", "nodeName: n\ndatapath: veth\nprovider: {static: {ranges: [{cidr: 10.0.0.0/24}]}}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v, ok := cfg.Datapath.Settings.(*veth.Settings); !ok || v.GARP == nil || !*v.GARP {
+		t.Fatalf("datapath: veth gave %+v, want veth's defaults", cfg.Datapath.Settings)
+	}
+	// What the config writes loads again to the same thing.
+	data, err := json.Marshal(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := config.Load(writeFile(t, "again.json", string(data)))
+	if err != nil {
+		t.Fatalf("load what Marshal wrote (%s): %v", data, err)
+	}
+	if staticOf(t, again).Ranges[0].CIDR != "10.0.0.0/24" || again.Datapath.Mode != "veth" {
+		t.Fatalf("round trip lost the sections: %s", data)
+	}
+	for _, tc := range []struct{ yaml, want string }{
+		{"nodeName: n\nprovider: {type: static, openstack: {subnetID: x}}\n", `section "openstack" is for another type`},
+		{"nodeName: n\nprovider: {type: static, static: {ranges: [{cidr: 10.0.0.0/24}], extra: 1}}\n", `"extra"`},
+		{"nodeName: n\ndatapath: {mode: veth, veth: {garp: true, arp: 1}}\nprovider: {static: {ranges: [{cidr: 10.0.0.0/24}]}}\n", `"arp"`},
+		{"nodeName: n\nprovider: {type: openstack, openstack: {subnetID: x, maxAddresses: 0, endpoint: ftp://x}}\n", "provider.openstack.endpoint:"},
+		{"nodeName: n\ndatapath: {mode: macvlan}\nprovider: {static: {ranges: [{cidr: 10.0.0.0/24}]}}\n", `"macvlan" is not a datapath mode this build knows (known: [veth])`},
+	} {
+		_, err := config.Load(writeFile(t, "vpcnid.yaml", tc.yaml))
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%q: Load = %v, want an error with %s", tc.yaml, err, tc.want)
+		}
 	}
 }

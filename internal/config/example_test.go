@@ -1,14 +1,20 @@
-package config
+package config_test
 
-import "testing"
+import (
+	"testing"
+
+	_ "github.com/vpcni/vpcni/internal/builtin"
+	"github.com/vpcni/vpcni/internal/config"
+	"github.com/vpcni/vpcni/internal/provider/static"
+)
 
 // The example shipped in deploy/ must load as it is.
 func TestShippedExampleLoads(t *testing.T) {
-	cfg, err := Load("../../deploy/examples/vpcnid.yaml")
+	cfg, err := config.Load("../../deploy/examples/vpcnid.yaml")
 	if err != nil {
 		t.Fatalf("deploy/examples/vpcnid.yaml: %v", err)
 	}
-	if cfg.Provider.Static == nil || len(cfg.Provider.Static.Ranges) != 1 || cfg.Cooldown.Seconds() != 30 {
+	if s, ok := cfg.Provider.Settings.(*static.Config); !ok || len(s.Ranges) != 1 || cfg.Cooldown.Seconds() != 30 || cfg.Datapath.Mode != "veth" {
 		t.Fatalf("example loaded wrong: %+v", cfg)
 	}
 }

@@ -89,7 +89,7 @@ func batchVsSingle(ctx context.Context, prov provider.Provider, k, rounds int) (
 			return nil, nil, err
 		}
 		batch = append(batch, time.Since(start))
-		if err := prov.Release(ctx, got); err != nil {
+		if err := prov.Release(ctx, provider.Addresses(got)); err != nil {
 			return nil, nil, err
 		}
 		start = time.Now()
@@ -99,7 +99,7 @@ func batchVsSingle(ctx context.Context, prov provider.Provider, k, rounds int) (
 			if err != nil {
 				return nil, nil, err
 			}
-			all = append(all, got...)
+			all = append(all, provider.Addresses(got)...)
 		}
 		single = append(single, time.Since(start))
 		if err := prov.Release(ctx, all); err != nil {

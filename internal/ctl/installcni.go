@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 
+	_ "github.com/vpcni/vpcni/internal/builtin" // the modes and providers a config may name
 	"github.com/vpcni/vpcni/internal/cniinstall"
 	"github.com/vpcni/vpcni/internal/config"
 	"github.com/vpcni/vpcni/internal/datapath"
@@ -32,10 +33,16 @@ func installCNI(args []string, out io.Writer) error {
 		if err != nil {
 			return err
 		}
-		if err := datapath.PrepareNode(cfg.Uplink); err != nil {
-			return fmt.Errorf("prepare the node: %w", err)
+		mode, err := datapath.Lookup(cfg.Datapath.Mode)
+		if err != nil {
+			return err
 		}
-		fmt.Fprintln(out, "node sysctls set: net.ipv4.ip_forward=1, proxy_delay=0 on the uplink")
+		if mode.Prepare != nil {
+			if err := mode.Prepare(datapath.Node{Uplink: cfg.Uplink, MTU: cfg.MTU}, cfg.Datapath.Settings); err != nil {
+				return fmt.Errorf("prepare the node for datapath %s: %w", cfg.Datapath.Mode, err)
+			}
+			fmt.Fprintf(out, "node prepared for datapath %s (sysctls set)\n", cfg.Datapath.Mode)
+		}
 	}
 	bin, err := os.ReadFile(*plugin)
 	if err != nil {

@@ -19,6 +19,7 @@ import (
 
 	"github.com/vpcni/vpcni/internal/config"
 	"github.com/vpcni/vpcni/internal/lab"
+	"github.com/vpcni/vpcni/internal/provider/openstack"
 	"github.com/vpcni/vpcni/internal/testbed"
 )
 
@@ -166,7 +167,7 @@ func labServe(prefix string, nodes int, subnet string, agents bool) error {
 		cfg.NodeName = n.Name
 		cfg.SocketPath = filepath.Join(dir, n.Name, "vpcnid.sock")
 		cfg.StateDir = filepath.Join(dir, n.Name, "state")
-		cfg.Provider = config.Provider{Type: "openstack", OpenStack: &config.OpenStack{Endpoint: fmt.Sprintf("http://127.0.0.1:%d/", lab.EndpointPort), SubnetID: l.SubnetID}}
+		cfg.Provider = config.Provider{Type: "openstack", Settings: &openstack.Config{Endpoint: fmt.Sprintf("http://127.0.0.1:%d/", lab.EndpointPort), SubnetID: l.SubnetID}}
 		a, err := testbed.StartAgentIn(dir, n.NS, bin, cfg)
 		if err != nil {
 			return fmt.Errorf("vpcnid on %s: %w", n.Name, err)

@@ -29,7 +29,7 @@ type neutronBed struct {
 	endpoint string
 	netID    string
 	subnetID string
-	osCfg    config.OpenStack
+	osCfg    openstack.Config
 	tb       *testbed.Topology
 	fwd      net.Listener
 	bin      string
@@ -60,8 +60,8 @@ func newNeutronBed(ctx context.Context, endpoint, prefix, cidr string) (b *neutr
 		return nil, err
 	}
 	b.subnetID = sn.ID
-	b.osCfg = config.OpenStack{Endpoint: endpoint, SubnetID: sn.ID}
-	b.osCfg.ApplyDefaults()
+	b.osCfg = openstack.Config{Endpoint: endpoint, SubnetID: sn.ID}
+	b.osCfg.Defaults()
 	p := netip.MustParsePrefix(cidr).Masked().Addr().As4()
 	b.tb = testbed.New(prefix, netip.PrefixFrom(netip.AddrFrom4(p), 24))
 	if err := b.newPort(ctx, b.tb.NodeIP); err != nil {
@@ -95,7 +95,7 @@ func (b *neutronBed) agent(name string, pool config.Pool, maxAddresses int) (*te
 	os := b.osCfg
 	os.Endpoint = "http://127.0.0.1:19696/"
 	os.MaxAddresses = maxAddresses
-	cfg.Provider = config.Provider{Type: "openstack", OpenStack: &os}
+	cfg.Provider = config.Provider{Type: "openstack", Settings: &os}
 	cfg.Pool = pool
 	a, err := b.tb.StartAgent(b.bin, cfg)
 	if err != nil {

@@ -110,7 +110,7 @@ func printState(out io.Writer, st *api.State) {
 		if a.PodName == "" {
 			pod = "-"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%.12s\t%s\t%s\t%s\t%s\n", a.Address, pod, a.ContainerID, a.IfName, a.HostIf, filepath.Base(a.Netns), a.Created)
+		fmt.Fprintf(tw, "%s\t%s\t%.12s\t%s\t%s\t%s\t%s\n", a.Address, pod, a.ContainerID, a.IfName, a.HostIf(), filepath.Base(a.Netns), a.Created.Format(time.RFC3339))
 	}
 	tw.Flush()
 }

@@ -98,9 +98,10 @@ func (p *Pool) RestoreCooling(a netip.Addr, until time.Time) error {
 	return nil
 }
 
-// Take allocates the longest-rested free address to owner.
-func (p *Pool) Take(owner string, now time.Time) (netip.Addr, bool) {
-	p.Promote(now)
+// Take allocates the longest-rested free address to owner. It does not
+// promote cooled addresses: the caller does (Promote), so that it learns
+// which ones stopped cooling and can forget them where it persists them.
+func (p *Pool) Take(owner string) (netip.Addr, bool) {
 	if len(p.free) == 0 {
 		return netip.Addr{}, false
 	}
@@ -200,6 +201,18 @@ func (p *Pool) Held() []netip.Addr {
 	}
 	slices.SortFunc(out, netip.Addr.Compare)
 	return out
+}
+
+// Due counts the cooling addresses whose rest is over at now: free once
+// promoted. It changes nothing (readers such as STATUS use it).
+func (p *Pool) Due(now time.Time) int {
+	n := 0
+	for _, until := range p.coolUntil {
+		if !now.Before(until) {
+			n++
+		}
+	}
+	return n
 }
 
 // NextCooled is when the earliest cooling address becomes free (ok=false

@@ -128,8 +128,7 @@ func (m *poolModel) Take(t *rapid.T) {
 	// What was cooling before the call, to prove Take never hands out an
 	// address whose rest is not over.
 	coolingBefore := maps.Clone(m.until)
-	a, ok := m.pool.Take(owner, m.now)
-	m.promote()
+	a, ok := m.pool.Take(owner)
 	if len(m.free) == 0 {
 		if ok {
 			t.Fatalf("Take returned %s with nothing free", a)
@@ -318,7 +317,7 @@ func TestPoolZeroCooldownFreesAtOnce(t *testing.T) {
 	if err := p.AddFree(addrA); err != nil {
 		t.Fatal(err)
 	}
-	a, ok := p.Take("pod-1", t0)
+	a, ok := p.Take("pod-1")
 	if !ok || a != addrA {
 		t.Fatalf("Take = %s, %v; want %s", a, ok, addrA)
 	}
@@ -336,7 +335,7 @@ func TestPoolZeroCooldownFreesAtOnce(t *testing.T) {
 		t.Error("NextCooled reports a cooling address")
 	}
 	// Same instant: no time has to pass.
-	if a, ok := p.Take("pod-2", t0); !ok || a != addrA {
+	if a, ok := p.Take("pod-2"); !ok || a != addrA {
 		t.Fatalf("Take after release = %s, %v; want %s at once", a, ok, addrA)
 	}
 	if o := p.Owner(addrA); o != "pod-2" {
@@ -349,7 +348,7 @@ func TestPoolCooldownDelaysReuse(t *testing.T) {
 	if err := p.AddFree(addrA); err != nil {
 		t.Fatal(err)
 	}
-	a, _ := p.Take("pod-1", t0)
+	a, _ := p.Take("pod-1")
 	until, err := p.Release(a, t0)
 	if err != nil {
 		t.Fatal(err)
@@ -357,10 +356,22 @@ func TestPoolCooldownDelaysReuse(t *testing.T) {
 	if want := t0.Add(30 * time.Second); !until.Equal(want) {
 		t.Fatalf("until = %s, want %s", until, want)
 	}
-	if a, ok := p.Take("pod-2", until.Add(-time.Nanosecond)); ok {
+	if got := p.Promote(until.Add(-time.Nanosecond)); len(got) != 0 || p.Due(until.Add(-time.Nanosecond)) != 0 {
+		t.Fatalf("1ns before the cooldown ends, Promote freed %v", got)
+	}
+	if a, ok := p.Take("pod-2"); ok {
 		t.Fatalf("Take 1ns before the cooldown ends returned %s", a)
 	}
-	if a, ok := p.Take("pod-2", until); !ok || a != addrA {
+	if due := p.Due(until); due != 1 {
+		t.Fatalf("Due when the cooldown ends = %d, want 1", due)
+	}
+	if p.Counts().Cooling != 1 {
+		t.Fatal("Due changed the pool")
+	}
+	if got := p.Promote(until); len(got) != 1 || got[0] != addrA {
+		t.Fatalf("Promote when the cooldown ends = %v, want [%s]", got, addrA)
+	}
+	if a, ok := p.Take("pod-2"); !ok || a != addrA {
 		t.Fatalf("Take when the cooldown ends = %s, %v; want %s", a, ok, addrA)
 	}
 }
@@ -370,7 +381,7 @@ func TestPoolRemoveAllocatedFails(t *testing.T) {
 	if err := p.AddFree(addrA, addrB); err != nil {
 		t.Fatal(err)
 	}
-	a, _ := p.Take("pod-1", t0)
+	a, _ := p.Take("pod-1")
 	if err := p.Remove(a); err == nil {
 		t.Fatalf("Remove of allocated %s succeeded", a)
 	}
@@ -393,11 +404,11 @@ func TestPoolUnallocateGoesFirst(t *testing.T) {
 	if err := p.AddFree(addrA, addrB, addrC); err != nil {
 		t.Fatal(err)
 	}
-	a, _ := p.Take("pod-1", t0) // addrA
+	a, _ := p.Take("pod-1") // addrA
 	if err := p.Unallocate(a); err != nil {
 		t.Fatal(err)
 	}
-	if got, _ := p.Take("pod-2", t0); got != addrA {
+	if got, _ := p.Take("pod-2"); got != addrA {
 		t.Fatalf("Take after Unallocate = %s, want %s back first (no cooldown)", got, addrA)
 	}
 }
@@ -431,7 +442,7 @@ func TestPoolCooledAddressesQueueInReleaseOrder(t *testing.T) {
 		t.Fatal(err)
 	}
 	for range addrs {
-		if _, ok := p.Take("pod", t0); !ok {
+		if _, ok := p.Take("pod"); !ok {
 			t.Fatal("Take found nothing")
 		}
 	}
@@ -449,7 +460,7 @@ func TestPoolCooledAddressesQueueInReleaseOrder(t *testing.T) {
 		t.Fatalf("Promote = %v, want release order %v", got, order)
 	}
 	for i, want := range order {
-		if got, _ := p.Take("pod", later); got != want {
+		if got, _ := p.Take("pod"); got != want {
 			t.Fatalf("Take #%d = %s, want %s (the longest-rested)", i, got, want)
 		}
 	}

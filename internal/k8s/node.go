@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"strconv"
 	"sync"
 	"time"
@@ -27,13 +28,14 @@ import (
 	"k8s.io/client-go/util/workqueue"
 
 	"github.com/vpcni/vpcni/internal/agent"
+	"github.com/vpcni/vpcni/internal/alloc"
 	"github.com/vpcni/vpcni/internal/api"
 )
 
 // Agent is what the node side needs of vpcnid.
 type Agent interface {
-	Attachment(containerID, ifName string) (*agent.Attachment, error)
-	Attachments() ([]*agent.Attachment, error)
+	Allocation(containerID, ifName string) (*alloc.Allocation, error)
+	Allocations() ([]*alloc.Allocation, error)
 	Release(containerID, ifName string, created time.Time, why string) error
 	Pool() agent.PoolFigures
 	ProviderPort() string
@@ -147,7 +149,7 @@ func (n *Node) enqueuePod(obj any) {
 	if !ok || !synced {
 		return
 	}
-	atts, err := n.agent.Attachments()
+	atts, err := n.agent.Allocations()
 	if err != nil {
 		return
 	}
@@ -185,7 +187,7 @@ func (n *Node) Run(ctx context.Context) {
 	// Everything the agent holds is checked once: a PodAddress missing
 	// (published late, or deleted by vpcni-controller while the agent was
 	// down) or left over.
-	if atts, err := n.agent.Attachments(); err == nil {
+	if atts, err := n.agent.Allocations(); err == nil {
 		for _, a := range atts {
 			n.queue.Add(attKey{a.ContainerID, a.IfName})
 		}
@@ -247,7 +249,7 @@ func (n *Node) work(ctx context.Context) bool {
 // PodAddress once it is gone, and a release when vpcni-controller found
 // its pod gone.
 func (n *Node) reconcile(ctx context.Context, k attKey) (again time.Duration, err error) {
-	att, err := n.agent.Attachment(k.containerID, k.ifName)
+	att, err := n.agent.Allocation(k.containerID, k.ifName)
 	if err != nil {
 		return 0, err
 	}
@@ -301,7 +303,7 @@ func (n *Node) reconcile(ctx context.Context, k attKey) (again time.Duration, er
 
 // pod is the attachment's pod, nil if the informer has no such pod (or a
 // pod of that name that is another pod).
-func (n *Node) pod(att *agent.Attachment) *corev1.Pod {
+func (n *Node) pod(att *alloc.Allocation) *corev1.Pod {
 	obj, ok, err := n.pods.GetIndexer().GetByKey(att.PodNamespace + "/" + att.PodName)
 	if err != nil || !ok {
 		return nil
@@ -316,7 +318,7 @@ func (n *Node) pod(att *agent.Attachment) *corev1.Pod {
 // runtime's UID, which for a static pod is the kubelet's own (its mirror
 // pod in the API names it in an annotation); without a UID (records from
 // before vpcni kept it), a pod created before the attachment.
-func isPodOf(pod *corev1.Pod, att *agent.Attachment) bool {
+func isPodOf(pod *corev1.Pod, att *alloc.Allocation) bool {
 	if att.PodUID != "" {
 		return string(pod.UID) == att.PodUID || pod.Annotations[corev1.MirrorPodAnnotationKey] == att.PodUID
 	}
@@ -325,7 +327,7 @@ func isPodOf(pod *corev1.Pod, att *agent.Attachment) bool {
 
 // confirmGone asks the API server itself whether the attachment's pod and
 // its PodAddress are both gone.
-func (n *Node) confirmGone(ctx context.Context, att *agent.Attachment, name string) (bool, error) {
+func (n *Node) confirmGone(ctx context.Context, att *alloc.Allocation, name string) (bool, error) {
 	pod, err := n.cs.CoreV1().Pods(att.PodNamespace).Get(ctx, att.PodName, metav1.GetOptions{})
 	switch {
 	case err == nil && isPodOf(pod, att):
@@ -345,7 +347,7 @@ func (n *Node) confirmGone(ctx context.Context, att *agent.Attachment, name stri
 
 // spec is the attachment's PodAddress. Its pod UID is the API's (for a
 // static pod, its mirror pod's), which vpcni-controller compares.
-func (n *Node) spec(att *agent.Attachment, pod *corev1.Pod) PodAddressSpec {
+func (n *Node) spec(att *alloc.Allocation, pod *corev1.Pod) PodAddressSpec {
 	uid := att.PodUID
 	if pod != nil {
 		uid = string(pod.UID)
@@ -353,16 +355,16 @@ func (n *Node) spec(att *agent.Attachment, pod *corev1.Pod) PodAddressSpec {
 	return PodAddressSpec{
 		Node: n.name, PodNamespace: att.PodNamespace, PodName: att.PodName, PodUID: uid,
 		ContainerID: att.ContainerID, IfName: att.IfName, Address: att.Address.String(),
-		MAC: att.MAC, Gateway: att.Gateway.String(), ProviderPort: n.agent.ProviderPort(),
+		MAC: att.PodMAC(), Gateway: addrString(att.PodGateway()), ProviderPort: n.agent.ProviderPort(),
 	}
 }
 
 // annotate writes the pod's network facts, if they differ.
-func (n *Node) annotate(ctx context.Context, pod *corev1.Pod, att *agent.Attachment) error {
+func (n *Node) annotate(ctx context.Context, pod *corev1.Pod, att *alloc.Allocation) error {
 	want := map[string]string{
 		AnnotationIP:        att.Address.String(),
-		AnnotationMAC:       att.MAC,
-		AnnotationGateway:   att.Gateway.String(),
+		AnnotationMAC:       att.PodMAC(),
+		AnnotationGateway:   addrString(att.PodGateway()),
 		AnnotationInterface: att.IfName,
 	}
 	if port := n.agent.ProviderPort(); port != "" {
@@ -490,4 +492,12 @@ func sameMap(a, b map[string]string) bool {
 		}
 	}
 	return true
+}
+
+// addrString is an address as annotations write it; "" when unknown.
+func addrString(a netip.Addr) string {
+	if !a.IsValid() {
+		return ""
+	}
+	return a.String()
 }

@@ -12,13 +12,14 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/vpcni/vpcni/internal/agent"
+	"github.com/vpcni/vpcni/internal/alloc"
 )
 
 // noAgent holds nothing: the node side's view of an agent without pods.
 type noAgent struct{}
 
-func (noAgent) Attachment(string, string) (*agent.Attachment, error) { return nil, nil }
-func (noAgent) Attachments() ([]*agent.Attachment, error)            { return nil, nil }
+func (noAgent) Allocation(string, string) (*alloc.Allocation, error) { return nil, nil }
+func (noAgent) Allocations() ([]*alloc.Allocation, error)            { return nil, nil }
 func (noAgent) Release(string, string, time.Time, string) error      { return nil }
 func (noAgent) ProviderPort() string                                 { return "" }
 func (noAgent) Pool() agent.PoolFigures                              { return agent.PoolFigures{} }

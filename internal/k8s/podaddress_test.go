@@ -10,7 +10,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/vpcni/vpcni/internal/agent"
+	"github.com/vpcni/vpcni/internal/alloc"
 )
 
 func TestPodAddressRoundTrip(t *testing.T) {
@@ -81,7 +81,7 @@ func TestIsPodOf(t *testing.T) {
 		{"no UID recorded, pod older than the attachment", pod("u9", "", created.Add(-time.Hour)), "", true},
 		{"no UID recorded, pod made after it", pod("u9", "", created.Add(time.Hour)), "", false},
 	} {
-		if got := isPodOf(c.pod, &agent.Attachment{PodUID: c.uid, Created: created}); got != c.want {
+		if got := isPodOf(c.pod, &alloc.Allocation{PodUID: c.uid, Created: created}); got != c.want {
 			t.Errorf("%s: %v, want %v", c.name, got, c.want)
 		}
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/vpcni/vpcni/internal/alloc"
 	"github.com/vpcni/vpcni/internal/provider"
 )
 
@@ -112,7 +113,8 @@ func (m *Metrics) Serve(ctx context.Context, addr string) (net.Addr, error) {
 	return l.Addr(), nil
 }
 
-// Instrument wraps a provider so every operation is counted and timed.
+// Instrument wraps a provider so every operation is counted and timed;
+// Info passes through as it is.
 func (m *Metrics) Instrument(p provider.Provider) provider.Provider { return &instrumented{p, m} }
 
 type instrumented struct {
@@ -137,7 +139,7 @@ func (i *instrumented) observe(op string, start time.Time, err error) {
 	i.m.CloudLatency.WithLabelValues(op).Observe(time.Since(start).Seconds())
 }
 
-func (i *instrumented) Assign(ctx context.Context, req provider.AssignRequest) ([]netip.Addr, error) {
+func (i *instrumented) Assign(ctx context.Context, req provider.AssignRequest) ([]alloc.Lease, error) {
 	start := time.Now()
 	got, err := i.Provider.Assign(ctx, req)
 	i.observe("assign", start, err)
@@ -151,25 +153,9 @@ func (i *instrumented) Release(ctx context.Context, addrs []netip.Addr) error {
 	return err
 }
 
-func (i *instrumented) Held(ctx context.Context) ([]netip.Addr, error) {
+func (i *instrumented) Held(ctx context.Context) ([]alloc.Lease, error) {
 	start := time.Now()
 	got, err := i.Provider.Held(ctx)
 	i.observe("held", start, err)
 	return got, err
-}
-
-// Calls passes through the wrapped provider's HTTP call counts, if any.
-func (i *instrumented) Calls() map[string]int64 {
-	if c, ok := i.Provider.(interface{ Calls() map[string]int64 }); ok {
-		return c.Calls()
-	}
-	return nil
-}
-
-// PortID passes through the wrapped provider's cloud port, if it has one.
-func (i *instrumented) PortID() string {
-	if p, ok := i.Provider.(interface{ PortID() string }); ok {
-		return p.PortID()
-	}
-	return ""
 }

@@ -1,12 +1,19 @@
 // Package provider is where a node's pod addresses come from: a cloud
 // (Neutron fixed IPs, EC2 secondary IPs) or a static range. The agent owns
-// this interface; each implementation passes the same contract tests.
+// this interface; each implementation lives in a package of its own,
+// registers itself by name with its own config section, and passes the
+// same contract tests.
 package provider
 
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"net/netip"
+	"slices"
+
+	"github.com/vpcni/vpcni/internal/alloc"
+	"github.com/vpcni/vpcni/internal/registry"
 )
 
 // Provider obtains addresses for this node and gives them back.
@@ -14,20 +21,35 @@ import (
 // Implementations serialise their own writes per node (one writer per VM
 // port) and never touch addresses they did not assign (ownership marks).
 type Provider interface {
-	// Name is the provider's type, e.g. "static", "openstack".
-	Name() string
 	// Assign obtains Count addresses of the provider's choosing plus every
 	// address in Addresses, in as few cloud calls as it can. On partial
 	// success it returns what it got and an error.
-	Assign(ctx context.Context, req AssignRequest) ([]netip.Addr, error)
+	Assign(ctx context.Context, req AssignRequest) ([]alloc.Lease, error)
 	// Release gives addresses back. Releasing an address the node does not
 	// hold is not an error.
 	Release(ctx context.Context, addrs []netip.Addr) error
 	// Held lists every address the provider holds for this node on vpcni's
 	// behalf (not addresses a person added by hand).
-	Held(ctx context.Context) ([]netip.Addr, error)
-	// Capacity is the most addresses this node may hold (0: unknown).
-	Capacity(ctx context.Context) (int, error)
+	Held(ctx context.Context) ([]alloc.Lease, error)
+	// Info describes the provider as it is now.
+	Info() Info
+}
+
+// Info is what a provider tells about itself: what the agent reports,
+// the node's annotations, and the pool's ceiling.
+type Info struct {
+	// Name is the provider's registered type, e.g. "static", "openstack".
+	Name string
+	// Port is the cloud port (or NIC, ENI) the node's pod addresses live
+	// on; "" for providers without one.
+	Port string
+	// Capacity is the most addresses this node may hold (0: unknown), and
+	// CapacityReason what bounds it, for a person reading why.
+	Capacity       int
+	CapacityReason string
+	// Calls counts the provider's cloud requests by method (nil: it does
+	// not count them).
+	Calls map[string]int64
 }
 
 // AssignRequest asks for addresses.
@@ -45,3 +67,51 @@ var (
 	// ErrUnavailable: the provider's endpoint cannot be reached right now.
 	ErrUnavailable = errors.New("provider endpoint unavailable")
 )
+
+// Settings is a provider's own section of vpcnid.yaml
+// (provider.<type>). Defaults fills what the file left out; Validate names
+// every bad field at once, relative to the section ("subnetID: ...").
+type Settings interface {
+	Defaults()
+	Validate() error
+}
+
+// Node is what a provider learns of the node it serves.
+type Node struct {
+	Name string
+	// IP is the node's address on the pods' network (the uplink's), by
+	// which a cloud finds the node's port; invalid if it has none.
+	IP       netip.Addr
+	StateDir string
+	Log      *slog.Logger
+}
+
+// Registration is one provider type.
+type Registration struct {
+	Name string
+	// NewSettings returns the provider's config section, empty.
+	NewSettings func() Settings
+	// New connects a provider with its validated settings.
+	New func(ctx context.Context, node Node, s Settings) (Provider, error)
+}
+
+var providers = registry.New[Registration]("provider")
+
+// Register adds a provider; its package calls it from init.
+func Register(r Registration) { providers.Register(r.Name, r) }
+
+// Lookup finds a registered provider.
+func Lookup(name string) (Registration, error) { return providers.Lookup(name) }
+
+// Names lists the registered providers, sorted.
+func Names() []string { return providers.Names() }
+
+// Addresses lists the addresses of leases.
+func Addresses(leases []alloc.Lease) []netip.Addr {
+	out := make([]netip.Addr, len(leases))
+	for i, l := range leases {
+		out[i] = l.Address
+	}
+	slices.SortFunc(out, netip.Addr.Compare)
+	return out
+}

@@ -1,7 +1,9 @@
-// Package store keeps the agent's allocation records in a bbolt file: one
-// record per container interface, written before ADD answers and removed
-// only after DEL has taken the datapath down, plus the addresses cooling
-// down after release.
+// Package store keeps the agent's allocation records (alloc.Allocation,
+// as JSON) in a bbolt file: one record per container interface, written
+// before ADD answers and removed only after DEL has taken the datapath
+// down, plus the addresses cooling down after release. Records written by
+// earlier versions (without lease or wiring) read as allocations without
+// them; the agent checks and completes them at start.
 package store
 
 import (
@@ -15,6 +17,8 @@ import (
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+
+	"github.com/vpcni/vpcni/internal/alloc"
 )
 
 var (
@@ -22,30 +26,8 @@ var (
 	bucketCooling = []byte("cooling")
 )
 
-// Record is one address given to one container interface.
-type Record struct {
-	ContainerID  string     `json:"containerID"`
-	IfName       string     `json:"ifName"`
-	Network      string     `json:"network"`
-	Netns        string     `json:"netns"`
-	Address      netip.Addr `json:"address"`
-	HostIf       string     `json:"hostIf"`
-	HostMAC      string     `json:"hostMAC"`
-	PodMAC       string     `json:"podMAC"`
-	PodNamespace string     `json:"podNamespace,omitempty"`
-	PodName      string     `json:"podName,omitempty"`
-	PodUID       string     `json:"podUID,omitempty"`
-	// Ready is false while the datapath is being wired: a record found
-	// unready after a crash is wired again or torn down, never trusted.
-	Ready   bool      `json:"ready"`
-	Created time.Time `json:"created"`
-}
-
-// Key identifies a record: the CNI attachment (container ID, interface).
-func (r *Record) Key() string { return Key(r.ContainerID, r.IfName) }
-
-// Key of an attachment. Container IDs never hold '/' (CNI spec).
-func Key(containerID, ifName string) string { return containerID + "/" + ifName }
+// Key of an attachment, as records are filed.
+func Key(containerID, ifName string) string { return alloc.Key(containerID, ifName) }
 
 // Store is the bbolt-backed record store.
 type Store struct {
@@ -170,7 +152,7 @@ func (s *Store) commit(group []write) {
 }
 
 // Put writes a record durably.
-func (s *Store) Put(r *Record) error {
+func (s *Store) Put(r *alloc.Allocation) error {
 	data, err := json.Marshal(r)
 	if err != nil {
 		return err
@@ -184,26 +166,48 @@ func (s *Store) Put(r *Record) error {
 	})
 }
 
+// MarkReady writes a record again — ready, with its wiring — only if the
+// store still holds this very record (same attachment, same creation
+// time): a DEL or a newer ADD that came first wins.
+func (s *Store) MarkReady(r *alloc.Allocation) error {
+	data, err := json.Marshal(r)
+	if err != nil {
+		return err
+	}
+	return s.update(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bucketAllocs)
+		cur := b.Get([]byte(r.Key()))
+		if cur == nil {
+			return nil
+		}
+		var was alloc.Allocation
+		if err := json.Unmarshal(cur, &was); err != nil || !was.Created.Equal(r.Created) || was.Address != r.Address {
+			return nil
+		}
+		return b.Put([]byte(r.Key()), data)
+	})
+}
+
 // Get returns the record for an attachment, if any.
-func (s *Store) Get(containerID, ifName string) (*Record, error) {
-	var rec *Record
+func (s *Store) Get(containerID, ifName string) (*alloc.Allocation, error) {
+	var rec *alloc.Allocation
 	err := s.db.View(func(tx *bolt.Tx) error {
 		data := tx.Bucket(bucketAllocs).Get([]byte(Key(containerID, ifName)))
 		if data == nil {
 			return nil
 		}
-		rec = &Record{}
+		rec = &alloc.Allocation{}
 		return json.Unmarshal(data, rec)
 	})
 	return rec, err
 }
 
 // List returns every record.
-func (s *Store) List() ([]*Record, error) {
-	var out []*Record
+func (s *Store) List() ([]*alloc.Allocation, error) {
+	var out []*alloc.Allocation
 	err := s.db.View(func(tx *bolt.Tx) error {
 		return tx.Bucket(bucketAllocs).ForEach(func(k, v []byte) error {
-			r := &Record{}
+			r := &alloc.Allocation{}
 			if err := json.Unmarshal(v, r); err != nil {
 				return fmt.Errorf("record %s: %w", k, err)
 			}
@@ -216,7 +220,7 @@ func (s *Store) List() ([]*Record, error) {
 
 // Release removes a record and, in the same transaction, marks its address
 // cooling until the given time (none when until is zero).
-func (s *Store) Release(r *Record, until time.Time) error {
+func (s *Store) Release(r *alloc.Allocation, until time.Time) error {
 	return s.update(func(tx *bolt.Tx) error {
 		if err := tx.Bucket(bucketAllocs).Delete([]byte(r.Key())); err != nil {
 			return err

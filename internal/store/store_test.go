@@ -5,6 +5,10 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/vpcni/vpcni/internal/alloc"
 )
 
 func TestRecordsAndCooling(t *testing.T) {
@@ -14,7 +18,7 @@ func TestRecordsAndCooling(t *testing.T) {
 		t.Fatal(err)
 	}
 	a := netip.MustParseAddr("10.0.0.5")
-	rec := &Record{ContainerID: "c1", IfName: "eth0", Network: "n", Address: a, Created: time.Now().UTC()}
+	rec := &alloc.Allocation{ContainerID: "c1", IfName: "eth0", Network: "n", Lease: alloc.Lease{Address: a}, Created: time.Now().UTC()}
 	if err := s.Put(rec); err != nil {
 		t.Fatal(err)
 	}
@@ -37,7 +41,7 @@ func TestRecordsAndCooling(t *testing.T) {
 		t.Fatalf("cooling %v, %v; want %s until %s", cooling, err, a, until)
 	}
 	// Handing the address out again ends its cooldown in the same write.
-	if err := s.Put(&Record{ContainerID: "c2", IfName: "eth0", Address: a}); err != nil {
+	if err := s.Put(&alloc.Allocation{ContainerID: "c2", IfName: "eth0", Lease: alloc.Lease{Address: a}}); err != nil {
 		t.Fatal(err)
 	}
 	if cooling, _ := s.Cooling(); len(cooling) != 0 {
@@ -61,7 +65,7 @@ func TestRecordsAndCooling(t *testing.T) {
 	if err := s.Delete("c2", "eth0"); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Release(&Record{ContainerID: "c3", IfName: "eth0", Address: netip.MustParseAddr("10.0.0.6")}, time.Time{}); err != nil {
+	if err := s.Release(&alloc.Allocation{ContainerID: "c3", IfName: "eth0", Lease: alloc.Lease{Address: netip.MustParseAddr("10.0.0.6")}}, time.Time{}); err != nil {
 		t.Fatal(err)
 	}
 	if cooling, _ := s.Cooling(); len(cooling) != 0 {
@@ -70,4 +74,76 @@ func TestRecordsAndCooling(t *testing.T) {
 	if err := s.Uncool(nil); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// MarkReady rewrites only the very record it was given: after a DEL, or a
+// newer ADD of the same attachment, it changes nothing.
+func TestMarkReadyOnlyTheSameRecord(t *testing.T) {
+	s, err := Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	t0 := time.Now().UTC()
+	rec := &alloc.Allocation{ContainerID: "c1", IfName: "eth0", Lease: alloc.Lease{Address: netip.MustParseAddr("10.0.0.5")}, Created: t0}
+	if err := s.Put(rec); err != nil {
+		t.Fatal(err)
+	}
+	ready := *rec
+	ready.Ready, ready.Wiring = true, &alloc.Wiring{Interfaces: []alloc.Interface{{Name: "eth0", MAC: "02:00:00:00:00:01", Sandbox: "/run/netns/p"}}}
+	if err := s.MarkReady(&ready); err != nil {
+		t.Fatal(err)
+	}
+	got, _ := s.Get("c1", "eth0")
+	if got == nil || !got.Ready || got.PodMAC() != "02:00:00:00:00:01" {
+		t.Fatalf("after MarkReady: %+v", got)
+	}
+	// A newer record of the same attachment wins over a late mark.
+	newer := *rec
+	newer.Created = t0.Add(time.Second)
+	if err := s.Put(&newer); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.MarkReady(&ready); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := s.Get("c1", "eth0"); got.Ready || !got.Created.Equal(newer.Created) {
+		t.Fatalf("a late mark overwrote the newer record: %+v", got)
+	}
+	// After the release, a late mark does not bring the record back.
+	if err := s.Release(&newer, time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	newerReady := newer
+	newerReady.Ready = true
+	if err := s.MarkReady(&newerReady); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := s.Get("c1", "eth0"); got != nil {
+		t.Fatalf("a mark after the release resurrected the record: %+v", got)
+	}
+}
+
+// A record written by the previous release (no lease fields, no wiring,
+// hostIf/hostMAC/podMAC fields) reads as an allocation without them.
+func TestReadsRecordsOfThePreviousRelease(t *testing.T) {
+	dir := t.TempDir()
+	s, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := `{"containerID":"c9","ifName":"eth0","network":"vpcni","netns":"/run/netns/p9","address":"10.0.0.9","hostIf":"vpc0123456789a","hostMAC":"","podMAC":"","podNamespace":"default","podName":"web","ready":false,"created":"2026-11-01T10:00:00Z"}`
+	if err := s.db.Update(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketAllocs).Put([]byte("c9/eth0"), []byte(old))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.Get("c9", "eth0")
+	if err != nil || got == nil {
+		t.Fatalf("Get: %v, %v", got, err)
+	}
+	if got.Address != netip.MustParseAddr("10.0.0.9") || got.Netns != "/run/netns/p9" || got.PodName != "web" || got.Wiring != nil || got.Ready || got.Prefix.IsValid() {
+		t.Fatalf("old record read as %+v", got)
+	}
+	s.Close()
 }

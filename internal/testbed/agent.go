@@ -15,7 +15,9 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/vpcni/vpcni/internal/api"
+	_ "github.com/vpcni/vpcni/internal/builtin" // the modes and providers cfg names
 	"github.com/vpcni/vpcni/internal/config"
+	"github.com/vpcni/vpcni/internal/provider/static"
 )
 
 // Process is a program the testbed started inside a namespace, with its
@@ -104,7 +106,7 @@ func (t *Topology) AgentConfig(dir string, cidr string, exclude ...string) confi
 	cfg.SocketPath = filepath.Join(dir, "vpcnid.sock")
 	cfg.StateDir = filepath.Join(dir, "state")
 	// Uplink left empty: the agent takes the default route's interface, eth0.
-	cfg.Provider.Static = &config.Static{Ranges: []config.Range{{CIDR: cidr, Gateway: t.Gateway.String(), Exclude: exclude}}}
+	cfg.Provider = config.Provider{Type: "static", Settings: &static.Config{Ranges: []static.Range{{CIDR: cidr, Gateway: t.Gateway.String(), Exclude: exclude}}}}
 	return cfg
 }
 

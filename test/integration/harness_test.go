@@ -26,8 +26,9 @@ import (
 
 	"github.com/vpcni/vpcni/internal/api"
 	"github.com/vpcni/vpcni/internal/config"
-	"github.com/vpcni/vpcni/internal/datapath"
+	"github.com/vpcni/vpcni/internal/datapath/veth"
 	"github.com/vpcni/vpcni/internal/netnsutil"
+	"github.com/vpcni/vpcni/internal/provider/static"
 	"github.com/vpcni/vpcni/internal/testbed"
 )
 
@@ -93,7 +94,7 @@ func withCooldown(d time.Duration) envOpt { return func(c *config.Config) { c.Co
 
 func withRange(cidr string, exclude ...string) envOpt {
 	return func(c *config.Config) {
-		c.Provider.Static.Ranges = []config.Range{{CIDR: cidr, Exclude: exclude}}
+		c.Provider.Settings = &static.Config{Ranges: []static.Range{{CIDR: cidr, Exclude: exclude}}}
 	}
 }
 
@@ -258,11 +259,11 @@ func (e *env) kernelOnce() (kernelState, error) {
 		return ks, err
 	}
 	for _, l := range links {
-		if strings.HasPrefix(l.Attrs().Alias, datapath.AliasPrefix) || strings.HasPrefix(l.Attrs().Name, "vpc") {
+		if strings.HasPrefix(l.Attrs().Alias, veth.AliasPrefix) || strings.HasPrefix(l.Attrs().Name, "vpc") {
 			ks.Links = append(ks.Links, l.Attrs().Name)
 		}
 	}
-	routes, err := h.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Protocol: datapath.RouteProtocol}, netlink.RT_FILTER_PROTOCOL)
+	routes, err := h.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Protocol: veth.RouteProtocol}, netlink.RT_FILTER_PROTOCOL)
 	if err != nil {
 		return ks, err
 	}

@@ -10,7 +10,8 @@ import (
 
 	"github.com/vishvananda/netlink"
 
-	"github.com/vpcni/vpcni/internal/datapath"
+	"github.com/vpcni/vpcni/internal/alloc"
+	"github.com/vpcni/vpcni/internal/datapath/veth"
 	"github.com/vpcni/vpcni/internal/netnsutil"
 	"github.com/vpcni/vpcni/internal/testbed"
 )
@@ -58,7 +59,7 @@ func TestLifecycle(t *testing.T) {
 				t.Errorf("pod routes %v: want default via 169.254.1.1 and 169.254.1.1 scope link", routes)
 			}
 			neighs, _ := pod.NeighList(eth0.Attrs().Index, netlink.FAMILY_V4)
-			hostIf := datapath.HostIfName(id, "eth0")
+			hostIf := veth.HostIfName(id, "eth0")
 			host, err := e.node().LinkByName(hostIf)
 			if err != nil {
 				t.Fatalf("host veth %s: %v", hostIf, err)
@@ -76,7 +77,7 @@ func TestLifecycle(t *testing.T) {
 				t.Errorf("node state %+v, want link %s, route and proxy entry for %s", ks, hostIf, ip)
 			}
 			st := e.state()
-			if len(st.Allocations) != 1 || st.Allocations[0].Address != ip.String() || st.Allocations[0].PodName != id {
+			if len(st.Allocations) != 1 || st.Allocations[0].Address != ip || st.Allocations[0].PodName != id {
 				t.Errorf("agent allocations %+v", st.Allocations)
 			}
 
@@ -143,7 +144,7 @@ func TestRepeatedAddDel(t *testing.T) {
 				t.Errorf("%d allocations after repeated ADD, want 1", n)
 			}
 			// ADD repairs what someone broke by hand.
-			if err := e.node().RouteDel(&netlink.Route{Dst: netlink.NewIPNet(first.AsSlice()), LinkIndex: mustLink(t, e, datapath.HostIfName("rep-"+v, "eth0")), Protocol: datapath.RouteProtocol, Scope: netlink.SCOPE_LINK}); err != nil {
+			if err := e.node().RouteDel(&netlink.Route{Dst: netlink.NewIPNet(first.AsSlice()), LinkIndex: mustLink(t, e, veth.HostIfName("rep-"+v, "eth0")), Protocol: veth.RouteProtocol, Scope: netlink.SCOPE_LINK}); err != nil {
 				t.Fatalf("delete route by hand: %v", err)
 			}
 			if err := c.Check(ctx(t), rt); err == nil {
@@ -291,7 +292,7 @@ func TestAgentRestart(t *testing.T) {
 		}
 		e.startAgent()
 		st := e.state()
-		if len(st.Allocations) != 1 || st.Allocations[0].Address != ip.String() {
+		if len(st.Allocations) != 1 || st.Allocations[0].Address != ip {
 			t.Fatalf("after %s and restart the agent has %+v, want the pod's %s", how, st.Allocations, ip)
 		}
 		if err := c.Check(ctx(t), testbed.Runtime("restart", podNS, "eth0", nil)); err != nil {
@@ -327,18 +328,18 @@ func TestRestartRepairsAndCleans(t *testing.T) {
 	}
 	h := e.node()
 	// Damage: the pod's host veth is gone (and its pod end with it).
-	if err := h.LinkDel(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: datapath.HostIfName("repair", "eth0")}}); err != nil {
+	if err := h.LinkDel(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: veth.HostIfName("repair", "eth0")}}); err != nil {
 		t.Fatal(err)
 	}
 	// An orphan: a vpcni-made link no record knows.
 	orphanNS := e.pod(2)
 	dp := netnsutil.Do(netnsutil.Path(e.tb.NodeNS()), func() error {
-		v, err := datapath.NewVeth("eth0", 0)
+		v, err := veth.NewVeth("eth0", 0, false)
 		if err != nil {
 			return err
 		}
 		defer v.Close()
-		_, err = v.Setup(&datapath.Attachment{ContainerID: "orphan", IfName: "eth0", Netns: orphanNS, Address: netip.MustParseAddr("10.78.0.250")})
+		_, err = v.Setup(ctx(t), &alloc.Allocation{ContainerID: "orphan", IfName: "eth0", Netns: orphanNS, Lease: alloc.Lease{Address: netip.MustParseAddr("10.78.0.250")}})
 		return err
 	})
 	if dp != nil {
@@ -347,7 +348,7 @@ func TestRestartRepairsAndCleans(t *testing.T) {
 	e.startAgent()
 	waitFor(t, 5*time.Second, "repair and orphan removal", func() bool {
 		ks := e.kernel()
-		return slices.Equal(ks.Links, []string{datapath.HostIfName("repair", "eth0")}) && slices.Equal(ks.Proxies, []netip.Addr{ip})
+		return slices.Equal(ks.Links, []string{veth.HostIfName("repair", "eth0")}) && slices.Equal(ks.Proxies, []netip.Addr{ip})
 	})
 	if err := c.Check(ctx(t), testbed.Runtime("repair", podNS, "eth0", nil)); err != nil {
 		t.Errorf("CHECK after repair: %v", err)

@@ -17,7 +17,7 @@ import (
 	types100 "github.com/containernetworking/cni/pkg/types/100"
 
 	"github.com/vpcni/vpcni/internal/config"
-	"github.com/vpcni/vpcni/internal/datapath"
+	"github.com/vpcni/vpcni/internal/datapath/veth"
 	"github.com/vpcni/vpcni/internal/netnsutil"
 	"github.com/vpcni/vpcni/internal/testbed"
 )
@@ -52,7 +52,7 @@ func TestGC(t *testing.T) {
 	st := e.state()
 	got := map[string]string{}
 	for _, a := range st.Allocations {
-		got[a.ContainerID] = a.Address
+		got[a.ContainerID] = a.Address.String()
 	}
 	want := map[string]string{"gc-0": ips[0].String(), "gc-other": otherIP.String()}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
@@ -63,7 +63,7 @@ func TestGC(t *testing.T) {
 		return len(ks.Links) == 2 && len(ks.Routes) == 2 && len(ks.Proxies) == 2
 	})
 	for _, id := range []string{"gc-1", "gc-2"} {
-		if _, err := e.node().LinkByName(datapath.HostIfName(id, "eth0")); err == nil {
+		if _, err := e.node().LinkByName(veth.HostIfName(id, "eth0")); err == nil {
 			t.Errorf("link of GC'd %s is still there", id)
 		}
 	}
@@ -153,7 +153,7 @@ func TestChainPortmapBandwidth(t *testing.T) {
 			}
 			ip := resultIP(t, res)
 			r, _ := types100.GetResult(res)
-			hostIf := datapath.HostIfName(id, "eth0")
+			hostIf := veth.HostIfName(id, "eth0")
 			if len(r.Interfaces) < 2 || r.Interfaces[0].Name != hostIf || r.Interfaces[1].Sandbox != podNS {
 				t.Fatalf("chained result lost vpcni's interfaces: %+v", r.Interfaces)
 			}
@@ -244,7 +244,7 @@ func TestNodeSettings(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			hostLink, err := e.node().LinkByName(datapath.HostIfName("mtu", "eth0"))
+			hostLink, err := e.node().LinkByName(veth.HostIfName("mtu", "eth0"))
 			if err != nil {
 				t.Fatal(err)
 			}

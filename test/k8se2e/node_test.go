@@ -564,7 +564,7 @@ func checkAddresses(t *testing.T, n *node, web []pod) {
 	}
 	allocated := map[string]string{}
 	for _, a := range st.Allocations {
-		allocated[a.Address] = a.PodNamespace + "/" + a.PodName
+		allocated[a.Address.String()] = a.PodNamespace + "/" + a.PodName
 	}
 	seen := map[string]bool{}
 	for _, p := range web {
@@ -672,7 +672,7 @@ func checkDeleteReleases(t *testing.T, n *node) {
 		t.Fatal(err)
 	}
 	for _, a := range st.Allocations {
-		if slices.Contains(gone, a.Address) {
+		if slices.Contains(gone, a.Address.String()) {
 			t.Errorf("the store still allocates %s to %s/%s", a.Address, a.PodNamespace, a.PodName)
 		}
 	}
@@ -735,7 +735,7 @@ func checkAgentRestart(t *testing.T, n *node) {
 	addrs := func(st *api.State) []string {
 		var s []string
 		for _, a := range st.Allocations {
-			s = append(s, a.Address+"="+a.ContainerID)
+			s = append(s, a.Address.String()+"="+a.ContainerID)
 		}
 		sort.Strings(s)
 		return s
@@ -825,7 +825,7 @@ func checkOrphans(t *testing.T, n *node) {
 			return false, err.Error()
 		}
 		for _, a := range st.Allocations {
-			if a.Address == ip && a.PodName == victim.Metadata.Name {
+			if a.Address.String() == ip && a.PodName == victim.Metadata.Name {
 				return false, "still allocated to " + a.PodName
 			}
 		}

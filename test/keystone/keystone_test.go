@@ -22,7 +22,6 @@ import (
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/ports"
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/subnets"
 
-	"github.com/vpcni/vpcni/internal/config"
 	"github.com/vpcni/vpcni/internal/provider"
 	"github.com/vpcni/vpcni/internal/provider/openstack"
 	"github.com/vpcni/vpcni/internal/testbed"
@@ -97,8 +96,8 @@ func TestApplicationCredential(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	cfg := config.OpenStack{SubnetID: sn.ID, Auth: config.OpenStackAuth{AuthURL: creds.AuthURL, ApplicationCredentialID: creds.ID, ApplicationCredentialSecret: creds.Secret}}
-	cfg.ApplyDefaults()
+	cfg := openstack.Config{SubnetID: sn.ID, Auth: openstack.Auth{AuthURL: creds.AuthURL, ApplicationCredentialID: creds.ID, ApplicationCredentialSecret: creds.Secret}}
+	cfg.Defaults()
 	p, err := openstack.New(c, cfg, netip.MustParseAddr("10.198.0.10"))
 	if err != nil {
 		t.Fatalf("provider through Keystone: %v", err)
@@ -114,7 +113,7 @@ func TestApplicationCredential(t *testing.T) {
 	if err != nil || !slices.Equal(held, got) {
 		t.Fatalf("Held = %v, %v; want %v", held, err, got)
 	}
-	if err := p.Release(c, got); err != nil {
+	if err := p.Release(c, provider.Addresses(got)); err != nil {
 		t.Fatal(err)
 	}
 	if held, _ := p.Held(c); len(held) != 0 {
@@ -127,8 +126,8 @@ func TestApplicationCredential(t *testing.T) {
 	if err := os.WriteFile(file, []byte(body), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	fcfg := config.OpenStack{SubnetID: sn.ID, CredentialsFile: file}
-	fcfg.ApplyDefaults()
+	fcfg := openstack.Config{SubnetID: sn.ID, CredentialsFile: file}
+	fcfg.Defaults()
 	if _, err := openstack.New(c, fcfg, netip.MustParseAddr("10.198.0.10")); err != nil {
 		t.Fatalf("provider with a credentials file: %v", err)
 	}
@@ -139,8 +138,8 @@ func TestApplicationCredential(t *testing.T) {
 func TestWrongCredentials(t *testing.T) {
 	c, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	cfg := config.OpenStack{SubnetID: "any", Auth: config.OpenStackAuth{AuthURL: creds.AuthURL, ApplicationCredentialID: creds.ID, ApplicationCredentialSecret: "wrong"}}
-	cfg.ApplyDefaults()
+	cfg := openstack.Config{SubnetID: "any", Auth: openstack.Auth{AuthURL: creds.AuthURL, ApplicationCredentialID: creds.ID, ApplicationCredentialSecret: "wrong"}}
+	cfg.Defaults()
 	_, err := openstack.New(c, cfg, netip.MustParseAddr("10.198.0.10"))
 	if err == nil || !strings.Contains(err.Error(), "Keystone refused the credentials") || errors.Is(err, provider.ErrUnavailable) {
 		t.Fatalf("wrong secret: %v", err)

@@ -25,6 +25,7 @@ import (
 	"github.com/vpcni/vpcni/internal/config"
 	"github.com/vpcni/vpcni/internal/lab"
 	"github.com/vpcni/vpcni/internal/netnsutil"
+	"github.com/vpcni/vpcni/internal/provider/openstack"
 	"github.com/vpcni/vpcni/internal/provider/openstack/neutronep"
 	"github.com/vpcni/vpcni/internal/testbed"
 )
@@ -71,7 +72,7 @@ func TestLegacyVMReachesPods(t *testing.T) {
 		cfg.StateDir = filepath.Join(runDir, node.Name, "state")
 		cfg.MetricsAddr = ""
 		cfg.Pool = config.Pool{WarmTarget: 2, BatchSize: 2, MaxFree: 4}
-		cfg.Provider = config.Provider{Type: "openstack", OpenStack: &config.OpenStack{Endpoint: fmt.Sprintf("http://127.0.0.1:%d/", lab.EndpointPort), SubnetID: l.SubnetID}}
+		cfg.Provider = config.Provider{Type: "openstack", Settings: &openstack.Config{Endpoint: fmt.Sprintf("http://127.0.0.1:%d/", lab.EndpointPort), SubnetID: l.SubnetID}}
 		agent, err := testbed.StartAgentIn(runDir, node.NS, binDir, cfg)
 		if err != nil {
 			t.Fatalf("vpcnid on %s: %v", node.Name, err)

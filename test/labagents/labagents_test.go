@@ -26,6 +26,7 @@ import (
 
 	"github.com/vpcni/vpcni/internal/config"
 	"github.com/vpcni/vpcni/internal/netnsutil"
+	"github.com/vpcni/vpcni/internal/provider/openstack"
 	"github.com/vpcni/vpcni/internal/provider/openstack/neutronep"
 	"github.com/vpcni/vpcni/internal/testbed"
 )
@@ -168,7 +169,7 @@ func TestRealNeutronAgents(t *testing.T) {
 		cfg.Cooldown = config.Duration{}
 		cfg.Resync = config.Duration{Duration: 10 * time.Minute}
 		cfg.Pool = config.Pool{WarmTarget: 0, BatchSize: 1, MaxFree: 0, AddWait: config.Duration{Duration: 30 * time.Second}}
-		cfg.Provider = config.Provider{Type: "openstack", OpenStack: &config.OpenStack{Endpoint: endpoint, SubnetID: w.subnetID}}
+		cfg.Provider = config.Provider{Type: "openstack", Settings: &openstack.Config{Endpoint: endpoint, SubnetID: w.subnetID}}
 		agent, err := testbed.StartAgentIn(runDir, node.ns, binDir, cfg)
 		if err != nil {
 			t.Fatalf("vpcnid on %s: %v", node.name, err)

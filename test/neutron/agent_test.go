@@ -22,6 +22,7 @@ import (
 	"github.com/vpcni/vpcni/internal/config"
 	"github.com/vpcni/vpcni/internal/faultproxy"
 	"github.com/vpcni/vpcni/internal/netnsutil"
+	"github.com/vpcni/vpcni/internal/provider/openstack"
 	"github.com/vpcni/vpcni/internal/testbed"
 )
 
@@ -74,7 +75,7 @@ func TestAgentAgainstNeutron(t *testing.T) {
 	cfg.Cooldown.Duration = 0
 	cfg.Pool = config.Pool{WarmTarget: 0, BatchSize: 4, MaxFree: 0} // surplus back at once
 	cfg.Resync.Duration = time.Second
-	cfg.Provider = config.Provider{Type: "openstack", OpenStack: &config.OpenStack{Endpoint: "http://127.0.0.1:19696/", SubnetID: sn.ID}}
+	cfg.Provider = config.Provider{Type: "openstack", Settings: &openstack.Config{Endpoint: "http://127.0.0.1:19696/", SubnetID: sn.ID}}
 	agent, err := tb.StartAgent(binDir, cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -210,10 +211,10 @@ func checkInvariant(t *testing.T, a *testbed.Agent, onPort func() []netip.Addr, 
 	}
 	seen := map[string]string{}
 	for _, al := range st.Allocations {
-		if other, dup := seen[al.Address]; dup {
+		if other, dup := seen[al.Address.String()]; dup {
 			t.Fatalf("%s is given to %s and %s", al.Address, other, al.ContainerID)
 		}
-		seen[al.Address] = al.ContainerID
+		seen[al.Address.String()] = al.ContainerID
 	}
 	if len(st.Allocations) != wantAllocated {
 		t.Fatalf("%d allocations, want %d", len(st.Allocations), wantAllocated)
@@ -254,7 +255,7 @@ func TestAgentWithoutNeutron(t *testing.T) {
 	t.Cleanup(func() { _ = tb.Down() })
 	dir := t.TempDir()
 	cfg := tb.AgentConfig(dir, "10.78.0.0/24")
-	cfg.Provider = config.Provider{Type: "openstack", OpenStack: &config.OpenStack{Endpoint: "http://127.0.0.1:19696/", SubnetID: sn.ID, Timeout: config.Duration{Duration: 2 * time.Second}, Retries: 2}}
+	cfg.Provider = config.Provider{Type: "openstack", Settings: &openstack.Config{Endpoint: "http://127.0.0.1:19696/", SubnetID: sn.ID, Timeout: config.Duration{Duration: 2 * time.Second}, Retries: 2}}
 	// No forwarder yet: inside the node, nothing listens on 19696.
 	agent, err := tb.StartAgent(binDir, cfg)
 	if err != nil {
@@ -348,7 +349,7 @@ func TestDegradedMode(t *testing.T) {
 	cfg := tb.AgentConfig(dir, "10.78.0.0/24")
 	cfg.Cooldown.Duration = 0
 	cfg.Pool = config.Pool{WarmTarget: 4, BatchSize: 4, MaxFree: 4}
-	cfg.Provider = config.Provider{Type: "openstack", OpenStack: &config.OpenStack{Endpoint: "http://127.0.0.1:19696/", SubnetID: sn.ID,
+	cfg.Provider = config.Provider{Type: "openstack", Settings: &openstack.Config{Endpoint: "http://127.0.0.1:19696/", SubnetID: sn.ID,
 		Timeout: config.Duration{Duration: 2 * time.Second}, Retries: 2}}
 	agent, err := tb.StartAgent(binDir, cfg)
 	if err != nil {

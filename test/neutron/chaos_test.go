@@ -15,9 +15,10 @@ import (
 	"time"
 
 	"github.com/vpcni/vpcni/internal/config"
-	"github.com/vpcni/vpcni/internal/datapath"
+	"github.com/vpcni/vpcni/internal/datapath/veth"
 	"github.com/vpcni/vpcni/internal/faultproxy"
 	"github.com/vpcni/vpcni/internal/netnsutil"
+	"github.com/vpcni/vpcni/internal/provider"
 	"github.com/vpcni/vpcni/internal/provider/openstack"
 	"github.com/vpcni/vpcni/internal/testbed"
 )
@@ -73,7 +74,7 @@ func TestChaos(t *testing.T) {
 	cfg.Cooldown.Duration = 2 * time.Second
 	cfg.Resync.Duration = 2 * time.Second
 	cfg.Pool = config.Pool{WarmTarget: 3, BatchSize: 3, MaxFree: 6, AddWait: config.Duration{Duration: 4 * time.Second}}
-	cfg.Provider = config.Provider{Type: "openstack", OpenStack: &config.OpenStack{
+	cfg.Provider = config.Provider{Type: "openstack", Settings: &openstack.Config{
 		Endpoint: "http://127.0.0.1:19696/", SubnetID: sn.ID, MaxAddresses: 40,
 		Timeout: config.Duration{Duration: 3 * time.Second}, Retries: 4,
 	}}
@@ -86,8 +87,8 @@ func TestChaos(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The truth from Neutron, read directly (not through the proxy).
-	truthCfg := config.OpenStack{Endpoint: endpoint, SubnetID: sn.ID}
-	truthCfg.ApplyDefaults()
+	truthCfg := openstack.Config{Endpoint: endpoint, SubnetID: sn.ID}
+	truthCfg.Defaults()
 	truth, err := openstack.New(ctx(t), truthCfg, nodeIP)
 	if err != nil {
 		t.Fatal(err)
@@ -219,7 +220,8 @@ func checkChaosInvariant(t *testing.T, round int, nodeNS string, agent *testbed.
 	for {
 		leaked, doubled, orphans, lastErr = 0, 0, 0, ""
 		st, err := agent.State()
-		held, herr := truth.Held(ctx(t))
+		heldLeases, herr := truth.Held(ctx(t))
+		held := provider.Addresses(heldLeases)
 		if err != nil || herr != nil {
 			lastErr = fmt.Sprintf("state %v, neutron %v", err, herr)
 		} else {
@@ -245,11 +247,11 @@ func checkChaosInvariant(t *testing.T, round int, nodeNS string, agent *testbed.
 			byIP := map[string]string{}
 			records := map[string]bool{}
 			for _, al := range st.Allocations {
-				if other, dup := byIP[al.Address]; dup {
+				if other, dup := byIP[al.Address.String()]; dup {
 					doubled++
 					lastErr += fmt.Sprintf(" %s on %s and %s;", al.Address, other, al.ContainerID)
 				}
-				byIP[al.Address] = al.ContainerID
+				byIP[al.Address.String()] = al.ContainerID
 				records[al.ContainerID] = true
 			}
 			for i, isLive := range live {
@@ -264,7 +266,7 @@ func checkChaosInvariant(t *testing.T, round int, nodeNS string, agent *testbed.
 				want := map[string]bool{}
 				for i, isLive := range live {
 					if isLive {
-						want[datapath.HostIfName(id(i), "eth0")] = true
+						want[veth.HostIfName(id(i), "eth0")] = true
 					}
 				}
 				have := vpcLinks(links)

@@ -19,7 +19,6 @@ import (
 	"github.com/gophercloud/gophercloud/v2"
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/ports"
 
-	"github.com/vpcni/vpcni/internal/config"
 	"github.com/vpcni/vpcni/internal/provider"
 	"github.com/vpcni/vpcni/internal/provider/openstack"
 	"github.com/vpcni/vpcni/internal/provider/openstack/neutronep"
@@ -112,7 +111,7 @@ func TestAddressPairLimit(t *testing.T) {
 		t.Fatalf("Assign(12) with 2 foreign pairs: %d addresses, %v; want 8 and a clear pair-limit error", len(got), err)
 	}
 	t.Logf("vpcni-test: pair limit says: %v", err)
-	if err := n.Provider.Release(ctx(t), got); err != nil {
+	if err := n.Provider.Release(ctx(t), provider.Addresses(got)); err != nil {
 		t.Fatal(err)
 	}
 	after, err := ports.Get(ctx(t), nc, vm[0].ID).Extract()
@@ -129,8 +128,8 @@ func TestAddressPairLimit(t *testing.T) {
 // what to check.
 func TestPortNotFound(t *testing.T) {
 	sn := realNeutron{}.NewSubnet(t, "10.201.251.0/24", 50)
-	cfg := config.OpenStack{Endpoint: endpoint, SubnetID: sn.ID}
-	cfg.ApplyDefaults()
+	cfg := openstack.Config{Endpoint: endpoint, SubnetID: sn.ID}
+	cfg.Defaults()
 	_, err := openstack.New(ctx(t), cfg, netip.MustParseAddr("10.201.251.99"))
 	if err == nil || !strings.Contains(err.Error(), "no Neutron port") || !strings.Contains(err.Error(), "10.201.251.99") {
 		t.Fatalf("node IP without a port: %v", err)

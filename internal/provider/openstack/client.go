@@ -9,13 +9,11 @@ import (
 	"github.com/gophercloud/gophercloud/v2"
 	gcos "github.com/gophercloud/gophercloud/v2/openstack"
 	"sigs.k8s.io/yaml"
-
-	"github.com/vpcni/vpcni/internal/config"
 )
 
 // client builds a Neutron client: noauth against Endpoint, or through
 // Keystone.
-func client(ctx context.Context, cfg config.OpenStack, rt http.RoundTripper) (*gophercloud.ServiceClient, error) {
+func client(ctx context.Context, cfg Config, rt http.RoundTripper) (*gophercloud.ServiceClient, error) {
 	httpc := http.Client{Transport: rt, Timeout: cfg.Timeout.Duration}
 	if cfg.Endpoint != "" {
 		ep := cfg.Endpoint

@@ -28,14 +28,14 @@ import (
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/ports"
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/subnets"
 
-	"github.com/vpcni/vpcni/internal/config"
+	"github.com/vpcni/vpcni/internal/alloc"
 	"github.com/vpcni/vpcni/internal/provider"
 )
 
 // Provider is one node's view of Neutron.
 type Provider struct {
 	nc      *gophercloud.ServiceClient
-	cfg     config.OpenStack
+	cfg     Config
 	calls   *callCounter
 	subnet  netip.Prefix
 	gateway netip.Addr
@@ -51,8 +51,19 @@ type Provider struct {
 
 var _ provider.Provider = (*Provider)(nil)
 
-// New logs in, finds the subnet and this node's VM port.
-func New(ctx context.Context, cfg config.OpenStack, nodeIP netip.Addr) (*Provider, error) {
+func init() {
+	provider.Register(provider.Registration{
+		Name:        "openstack",
+		NewSettings: func() provider.Settings { return &Config{} },
+		New: func(ctx context.Context, node provider.Node, s provider.Settings) (provider.Provider, error) {
+			return New(ctx, *s.(*Config), node.IP)
+		},
+	})
+}
+
+// New logs in, finds the subnet and this node's VM port. cfg has had its
+// Defaults.
+func New(ctx context.Context, cfg Config, nodeIP netip.Addr) (*Provider, error) {
 	calls := &callCounter{next: http.DefaultTransport}
 	nc, err := client(ctx, cfg, calls)
 	if err != nil {
@@ -95,7 +106,13 @@ func (p *Provider) findPort(ctx context.Context, networkID string, nodeIP netip.
 		what = "device_id " + p.cfg.InstanceID
 	default:
 		if p.cfg.NodeIP != "" {
-			nodeIP = netip.MustParseAddr(p.cfg.NodeIP)
+			// Validate checks it, but callers that build a Config in code
+			// may not have run it: an error, never a panic.
+			ip, err := netip.ParseAddr(p.cfg.NodeIP)
+			if err != nil {
+				return fmt.Errorf("nodeIP %q is not an IP address", p.cfg.NodeIP)
+			}
+			nodeIP = ip
 		}
 		if !nodeIP.IsValid() {
 			return errors.New("no node IP to find the VM port by: set provider.openstack.nodeIP or instanceID")
@@ -126,26 +143,47 @@ func (p *Provider) findPort(ctx context.Context, networkID string, nodeIP netip.
 	}
 }
 
-// Name implements provider.Provider.
-func (p *Provider) Name() string { return "openstack" }
-
 // PortID is the VM port the provider writes to.
 func (p *Provider) PortID() string { return p.portID }
 
-// Calls says how many HTTP requests the provider has made, by method.
-func (p *Provider) Calls() map[string]int64 { return p.calls.snapshot() }
-
-// Capacity implements provider.Provider.
-func (p *Provider) Capacity(context.Context) (int, error) {
+// Info implements provider.Provider: the VM port, what bounds the
+// addresses it may hold, and the HTTP requests made so far by method.
+func (p *Provider) Info() provider.Info {
+	i := provider.Info{Name: "openstack", Port: p.portID, Calls: p.calls.snapshot()}
+	limit, why := p.cfg.MaxAddresses, fmt.Sprintf("maxAddresses %d", p.cfg.MaxAddresses)
 	if p.cfg.Mode == "address-pairs" {
-		return min(p.cfg.MaxAddresses, p.cfg.MaxAddressPairs), nil
+		if p.cfg.MaxAddressPairs < limit {
+			limit, why = p.cfg.MaxAddressPairs, fmt.Sprintf("Neutron's max_allowed_address_pair %d (maxAddressPairs)", p.cfg.MaxAddressPairs)
+		}
+	} else if fit := marksFit(p.subnet); fit < limit {
+		limit, why = fit, fmt.Sprintf("the ownership marks of %d addresses that fit the port's description on subnet %s", fit, p.subnet)
 	}
-	return min(p.cfg.MaxAddresses, marksFit(p.subnet)), nil
+	i.Capacity, i.CapacityReason = limit, why
+	return i
+}
+
+// lease says where an address of the node lives: the subnet, its gateway,
+// and the VM port (in address-pairs mode too: the pair is on the VM port).
+func (p *Provider) lease(a netip.Addr) alloc.Lease {
+	return alloc.Lease{Address: a, Prefix: p.subnet, Gateway: p.gateway, Interface: p.portID}
+}
+
+func (p *Provider) leases(addrs []netip.Addr) []alloc.Lease {
+	out := make([]alloc.Lease, len(addrs))
+	for i, a := range addrs {
+		out[i] = p.lease(a)
+	}
+	return out
 }
 
 // Held implements provider.Provider: the port's fixed IPs on the subnet
 // that carry vpcni's mark.
-func (p *Provider) Held(ctx context.Context) ([]netip.Addr, error) {
+func (p *Provider) Held(ctx context.Context) ([]alloc.Lease, error) {
+	addrs, err := p.held(ctx)
+	return p.leases(addrs), err
+}
+
+func (p *Provider) held(ctx context.Context) ([]netip.Addr, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if err := p.refresh(ctx); err != nil {
@@ -233,7 +271,12 @@ func (p *Provider) refreshUsed(ctx context.Context) error {
 // Assign implements provider.Provider: new addresses are named
 // explicitly and written in one batch per attempt; an address someone else
 // took meanwhile (409) is skipped for another.
-func (p *Provider) Assign(ctx context.Context, req provider.AssignRequest) ([]netip.Addr, error) {
+func (p *Provider) Assign(ctx context.Context, req provider.AssignRequest) ([]alloc.Lease, error) {
+	got, err := p.assign(ctx, req)
+	return p.leases(got), err
+}
+
+func (p *Provider) assign(ctx context.Context, req provider.AssignRequest) ([]netip.Addr, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	var m mode = fixedIPs{p}

@@ -217,7 +217,10 @@ func (p *Provider) releasePairs(ctx context.Context, addrs []netip.Addr) error {
 	dropRes := map[netip.Addr]string{}
 	var foreign []netip.Addr
 	pairs := p.pairs()
-	_, _, on, _ := p.state()
+	_, _, on, err := p.state()
+	if err != nil {
+		return err
+	}
 	for _, a := range addrs {
 		switch id, ours := res[a]; {
 		case ours:

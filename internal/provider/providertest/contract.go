@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vpcni/vpcni/internal/alloc"
 	"github.com/vpcni/vpcni/internal/provider"
 )
 
@@ -38,6 +39,8 @@ type Subnet struct {
 // Node is one VM port and the ways to look at it.
 type Node struct {
 	Provider provider.Provider
+	// PortID is the port the node's leases must name ("" : not checked).
+	PortID string
 	// Reopen builds a new provider for the same port (an agent restart).
 	Reopen func(t *testing.T) provider.Provider
 	// PortIPs reads from the endpoint every address the port holds: its
@@ -100,7 +103,7 @@ func assignReleaseOne(t *testing.T, ep Endpoint) {
 	sn := ep.NewSubnet(t, nextCIDR(24), 200)
 	nodeIP := at(sn, 10)
 	n := ep.NewNode(t, sn, nodeIP)
-	got, err := n.Provider.Assign(ctx(t), provider.AssignRequest{Count: 1})
+	got, err := assign(t, sn, n, provider.AssignRequest{Count: 1})
 	if err != nil || len(got) != 1 {
 		t.Fatalf("Assign(1) = %v, %v", got, err)
 	}
@@ -111,9 +114,9 @@ func assignReleaseOne(t *testing.T, ep Endpoint) {
 	if on := podIPs(t, n, nodeIP); !slices.Equal(on, []netip.Addr{a}) {
 		t.Fatalf("port holds %v, want %s", on, a)
 	}
-	held, err := n.Provider.Held(ctx(t))
-	if err != nil || !slices.Equal(held, []netip.Addr{a}) {
-		t.Fatalf("Held = %v, %v; want %s", held, err, a)
+	h, err := held(t, sn, n)
+	if err != nil || !slices.Equal(h, []netip.Addr{a}) {
+		t.Fatalf("Held = %v, %v; want %s", h, err, a)
 	}
 	if err := n.Provider.Release(ctx(t), []netip.Addr{a}); err != nil {
 		t.Fatalf("Release: %v", err)
@@ -121,8 +124,8 @@ func assignReleaseOne(t *testing.T, ep Endpoint) {
 	if on := podIPs(t, n, nodeIP); len(on) != 0 {
 		t.Fatalf("port still holds %v after Release", on)
 	}
-	if held, _ := n.Provider.Held(ctx(t)); len(held) != 0 {
-		t.Fatalf("Held after Release = %v", held)
+	if h, _ := held(t, sn, n); len(h) != 0 {
+		t.Fatalf("Held after Release = %v", h)
 	}
 	// Releasing what the node does not hold is not an error.
 	if err := n.Provider.Release(ctx(t), []netip.Addr{a}); err != nil {
@@ -130,14 +133,43 @@ func assignReleaseOne(t *testing.T, ep Endpoint) {
 	}
 }
 
-// callCounter is what providers that count their cloud calls offer.
-type callCounter interface{ Calls() map[string]int64 }
-
+// totalCalls is how many cloud calls of method the provider made (-1: it
+// does not count them).
 func totalCalls(p provider.Provider, method string) int64 {
-	if c, ok := p.(callCounter); ok {
-		return c.Calls()[method]
+	if c := p.Info().Calls; c != nil {
+		return c[method]
 	}
 	return -1
+}
+
+// assign asks the node's provider for addresses; every lease must say
+// where its address lives.
+func assign(t *testing.T, sn Subnet, n Node, req provider.AssignRequest) ([]netip.Addr, error) {
+	t.Helper()
+	got, err := n.Provider.Assign(ctx(t), req)
+	return leased(t, sn, n, got), err
+}
+
+// held lists what the node's provider holds; every lease must say where
+// its address lives.
+func held(t *testing.T, sn Subnet, n Node) ([]netip.Addr, error) {
+	t.Helper()
+	got, err := n.Provider.Held(ctx(t))
+	return leased(t, sn, n, got), err
+}
+
+// leased checks that each lease names the subnet's prefix and gateway and
+// the node's port, and returns the addresses.
+func leased(t *testing.T, sn Subnet, n Node, leases []alloc.Lease) []netip.Addr {
+	t.Helper()
+	out := make([]netip.Addr, len(leases))
+	for i, l := range leases {
+		if l.Prefix != sn.CIDR || l.Gateway != sn.Gateway || n.PortID != "" && l.Interface != n.PortID {
+			t.Errorf("lease %+v: want prefix %s, gateway %s, interface %q", l, sn.CIDR, sn.Gateway, n.PortID)
+		}
+		out[i] = l.Address
+	}
+	return out
 }
 
 func assignMany(t *testing.T, ep Endpoint) {
@@ -145,7 +177,7 @@ func assignMany(t *testing.T, ep Endpoint) {
 	nodeIP := at(sn, 10)
 	n := ep.NewNode(t, sn, nodeIP)
 	puts := totalCalls(n.Provider, "PUT")
-	got, err := n.Provider.Assign(ctx(t), provider.AssignRequest{Count: 8})
+	got, err := assign(t, sn, n, provider.AssignRequest{Count: 8})
 	if err != nil || len(got) != 8 {
 		t.Fatalf("Assign(8) = %v, %v", got, err)
 	}
@@ -169,15 +201,15 @@ func explicit(t *testing.T, ep Endpoint) {
 	sn := ep.NewSubnet(t, nextCIDR(24), 200)
 	a, b := ep.NewNode(t, sn, at(sn, 10)), ep.NewNode(t, sn, at(sn, 11))
 	want := at(sn, 77)
-	got, err := a.Provider.Assign(ctx(t), provider.AssignRequest{Addresses: []netip.Addr{want}})
+	got, err := assign(t, sn, a, provider.AssignRequest{Addresses: []netip.Addr{want}})
 	if err != nil || !slices.Equal(got, []netip.Addr{want}) {
 		t.Fatalf("Assign(%s) = %v, %v", want, got, err)
 	}
 	// Asking again for an address the node holds is idempotent.
-	if got, err := a.Provider.Assign(ctx(t), provider.AssignRequest{Addresses: []netip.Addr{want}}); err != nil || !slices.Equal(got, []netip.Addr{want}) {
+	if got, err := assign(t, sn, a, provider.AssignRequest{Addresses: []netip.Addr{want}}); err != nil || !slices.Equal(got, []netip.Addr{want}) {
 		t.Fatalf("repeated Assign(%s) = %v, %v", want, got, err)
 	}
-	got, err = b.Provider.Assign(ctx(t), provider.AssignRequest{Addresses: []netip.Addr{want}, Count: 1})
+	got, err = assign(t, sn, b, provider.AssignRequest{Addresses: []netip.Addr{want}, Count: 1})
 	if !errors.Is(err, provider.ErrTaken) {
 		t.Fatalf("another node asking for %s: %v, want ErrTaken", want, err)
 	}
@@ -197,7 +229,7 @@ func twoNodes(t *testing.T, ep Endpoint) {
 			// Two callers per node and two nodes at once (8 addresses a
 			// node: within even address-pairs mode's 10).
 			for range 2 {
-				got, err := nodes[i%2].Provider.Assign(ctx(t), provider.AssignRequest{Count: 2})
+				got, err := assign(t, sn, nodes[i%2], provider.AssignRequest{Count: 2})
 				results[i] = append(results[i], got...)
 				errs[i] = errors.Join(errs[i], err)
 			}
@@ -239,7 +271,7 @@ func outsideWriter(t *testing.T, ep Endpoint) {
 	var assignErr error
 	wg.Go(func() {
 		for range 3 {
-			got, err := n.Provider.Assign(ctx(t), provider.AssignRequest{Count: 2})
+			got, err := assign(t, sn, n, provider.AssignRequest{Count: 2})
 			mine = append(mine, got...)
 			assignErr = errors.Join(assignErr, err)
 		}
@@ -257,9 +289,9 @@ func outsideWriter(t *testing.T, ep Endpoint) {
 	if on := podIPs(t, n, nodeIP); !slices.Equal(on, sorted(append(slices.Clone(mine), hand...))) {
 		t.Fatalf("lost update: port holds %v, want vpcni's %v and the hand-added %v", on, mine, hand)
 	}
-	held, err := n.Provider.Held(ctx(t))
-	if err != nil || !slices.Equal(held, sorted(mine)) {
-		t.Fatalf("Held = %v, %v; want only vpcni's %v", held, err, mine)
+	h, err := held(t, sn, n)
+	if err != nil || !slices.Equal(h, sorted(mine)) {
+		t.Fatalf("Held = %v, %v; want only vpcni's %v", h, err, mine)
 	}
 }
 
@@ -267,14 +299,14 @@ func exhaustion(t *testing.T, ep Endpoint) {
 	sn := ep.NewSubnet(t, nextCIDR(28), 6) // .2-.7; the node takes one
 	nodeIP := at(sn, 2)
 	n := ep.NewNode(t, sn, nodeIP)
-	got, err := n.Provider.Assign(ctx(t), provider.AssignRequest{Count: 8})
+	got, err := assign(t, sn, n, provider.AssignRequest{Count: 8})
 	if !errors.Is(err, provider.ErrExhausted) || len(got) != 5 {
 		t.Fatalf("Assign(8) on a pool of 5 free: %v, %v; want the 5 and ErrExhausted", got, err)
 	}
 	if on := podIPs(t, n, nodeIP); !slices.Equal(on, sorted(got)) {
 		t.Fatalf("port holds %v, Assign said %v", on, got)
 	}
-	got, err = n.Provider.Assign(ctx(t), provider.AssignRequest{Count: 1})
+	got, err = assign(t, sn, n, provider.AssignRequest{Count: 1})
 	if !errors.Is(err, provider.ErrExhausted) || len(got) != 0 {
 		t.Fatalf("Assign on a full subnet: %v, %v; want ErrExhausted", got, err)
 	}
@@ -289,15 +321,15 @@ func restartOwnership(t *testing.T, ep Endpoint) {
 	n := ep.NewNode(t, sn, nodeIP)
 	hand := at(sn, 150)
 	n.AddByHand(t, hand)
-	got, err := n.Provider.Assign(ctx(t), provider.AssignRequest{Count: 3})
+	got, err := assign(t, sn, n, provider.AssignRequest{Count: 3})
 	if err != nil || len(got) != 3 {
 		t.Fatalf("Assign(3) = %v, %v", got, err)
 	}
 	// A new agent process finds what the node holds, and only that.
 	p2 := n.Reopen(t)
-	held, err := p2.Held(ctx(t))
-	if err != nil || !slices.Equal(held, sorted(got)) {
-		t.Fatalf("after restart Held = %v, %v; want %v (not the hand-added %s)", held, err, sorted(got), hand)
+	h, err := held(t, sn, Node{Provider: p2, PortID: n.PortID})
+	if err != nil || !slices.Equal(h, sorted(got)) {
+		t.Fatalf("after restart Held = %v, %v; want %v (not the hand-added %s)", h, err, sorted(got), hand)
 	}
 	// Releasing everything, the hand-added address included, leaves it.
 	err = p2.Release(ctx(t), append(slices.Clone(got), hand))
@@ -314,17 +346,17 @@ func restartOwnership(t *testing.T, ep Endpoint) {
 func othersGaveBack(t *testing.T, ep Endpoint) {
 	sn := ep.NewSubnet(t, nextCIDR(28), 6) // .2-.7
 	a, b := ep.NewNode(t, sn, at(sn, 2)), ep.NewNode(t, sn, at(sn, 3))
-	got, err := b.Provider.Assign(ctx(t), provider.AssignRequest{Count: 4})
+	got, err := assign(t, sn, b, provider.AssignRequest{Count: 4})
 	if err != nil || len(got) != 4 {
 		t.Fatalf("node b takes the last 4: %v, %v", got, err)
 	}
-	if _, err := a.Provider.Assign(ctx(t), provider.AssignRequest{Count: 1}); !errors.Is(err, provider.ErrExhausted) {
+	if _, err := assign(t, sn, a, provider.AssignRequest{Count: 1}); !errors.Is(err, provider.ErrExhausted) {
 		t.Fatalf("node a on a full subnet: %v, want ErrExhausted", err)
 	}
 	if err := b.Provider.Release(ctx(t), got[:2]); err != nil {
 		t.Fatal(err)
 	}
-	mine, err := a.Provider.Assign(ctx(t), provider.AssignRequest{Count: 1})
+	mine, err := assign(t, sn, a, provider.AssignRequest{Count: 1})
 	if err != nil || len(mine) != 1 || !slices.Contains(got[:2], mine[0]) {
 		t.Fatalf("node a after b gave %v back: %v, %v", got[:2], mine, err)
 	}

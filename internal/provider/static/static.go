@@ -14,7 +14,7 @@ import (
 	"slices"
 	"sync"
 
-	"github.com/vpcni/vpcni/internal/config"
+	"github.com/vpcni/vpcni/internal/alloc"
 	"github.com/vpcni/vpcni/internal/ipam"
 	"github.com/vpcni/vpcni/internal/provider"
 )
@@ -32,12 +32,22 @@ type Provider struct {
 
 var _ provider.Provider = (*Provider)(nil)
 
+func init() {
+	provider.Register(provider.Registration{
+		Name:        "static",
+		NewSettings: func() provider.Settings { return &Config{} },
+		New: func(_ context.Context, node provider.Node, s provider.Settings) (provider.Provider, error) {
+			return New(s.(*Config), node.StateDir)
+		},
+	})
+}
+
 type stateFile struct {
 	Held []netip.Addr `json:"held"`
 }
 
 // New builds the provider from config; its state lives in stateDir.
-func New(cfg *config.Static, stateDir string) (*Provider, error) {
+func New(cfg *Config, stateDir string) (*Provider, error) {
 	p := &Provider{path: filepath.Join(stateDir, "static-provider.json"), held: map[netip.Addr]bool{}}
 	for i, r := range cfg.Ranges {
 		prefix, err := netip.ParsePrefix(r.CIDR)
@@ -52,7 +62,7 @@ func New(cfg *config.Static, stateDir string) (*Provider, error) {
 		}
 		var ex []netip.Prefix
 		for _, e := range r.Exclude {
-			pe, err := config.ParseAddrOrPrefix(e)
+			pe, err := ParseAddrOrPrefix(e)
 			if err != nil {
 				return nil, fmt.Errorf("ranges[%d].exclude: %w", i, err)
 			}
@@ -84,11 +94,8 @@ func New(cfg *config.Static, stateDir string) (*Provider, error) {
 	return p, nil
 }
 
-// Name implements provider.Provider.
-func (p *Provider) Name() string { return "static" }
-
 // Assign implements provider.Provider.
-func (p *Provider) Assign(_ context.Context, req provider.AssignRequest) ([]netip.Addr, error) {
+func (p *Provider) Assign(_ context.Context, req provider.AssignRequest) ([]alloc.Lease, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	var got []netip.Addr
@@ -129,7 +136,7 @@ func (p *Provider) Assign(_ context.Context, req provider.AssignRequest) ([]neti
 			return nil, err
 		}
 	}
-	return got, errors.Join(errs...)
+	return p.leases(got), errors.Join(errs...)
 }
 
 // Release implements provider.Provider.
@@ -153,7 +160,7 @@ func (p *Provider) Release(_ context.Context, addrs []netip.Addr) error {
 }
 
 // Held implements provider.Provider.
-func (p *Provider) Held(context.Context) ([]netip.Addr, error) {
+func (p *Provider) Held(context.Context) ([]alloc.Lease, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	out := make([]netip.Addr, 0, len(p.held))
@@ -161,12 +168,30 @@ func (p *Provider) Held(context.Context) ([]netip.Addr, error) {
 		out = append(out, a)
 	}
 	slices.SortFunc(out, netip.Addr.Compare)
-	return out, nil
+	return p.leases(out), nil
 }
 
-// Capacity implements provider.Provider.
-func (p *Provider) Capacity(context.Context) (int, error) {
-	return p.size, nil
+// leases says where each address lives: the range's subnet and gateway.
+// An address the ranges no longer cover (held from an older config) has
+// neither.
+func (p *Provider) leases(addrs []netip.Addr) []alloc.Lease {
+	out := make([]alloc.Lease, len(addrs))
+	for i, a := range addrs {
+		out[i] = alloc.Lease{Address: a}
+		for _, r := range p.ranges {
+			if r.Prefix.Contains(a) {
+				out[i].Prefix, out[i].Gateway = r.Prefix, r.Gateway
+				break
+			}
+		}
+	}
+	return out
+}
+
+// Info implements provider.Provider.
+func (p *Provider) Info() provider.Info {
+	return provider.Info{Name: "static", Capacity: p.size,
+		CapacityReason: fmt.Sprintf("%d usable addresses in the configured ranges", p.size)}
 }
 
 func (p *Provider) capacity() int { return p.size }

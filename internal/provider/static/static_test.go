@@ -11,15 +11,15 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/vpcni/vpcni/internal/config"
+	"github.com/vpcni/vpcni/internal/alloc"
 	"github.com/vpcni/vpcni/internal/provider"
 	"github.com/vpcni/vpcni/internal/provider/static"
 )
 
 // testRanges: 10.0.0.0/28 with gateway .1 and .2 and .8-.11 excluded leaves
 // .3-.7 and .12-.14; 10.0.1.0/30 adds .2 (.1 is its gateway).
-func testRanges() *config.Static {
-	return &config.Static{Ranges: []config.Range{
+func testRanges() *static.Config {
+	return &static.Config{Ranges: []static.Range{
 		{CIDR: "10.0.0.0/28", Exclude: []string{"10.0.0.2", "10.0.0.8/30"}},
 		{CIDR: "10.0.1.0/30"},
 	}}
@@ -50,23 +50,42 @@ func held(t *testing.T, p *static.Provider) []netip.Addr {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return h
+	return leased(t, h)
+}
+
+// assign asks p for addresses; every lease must name its range's subnet
+// and gateway.
+func assign(t *testing.T, p *static.Provider, req provider.AssignRequest) ([]netip.Addr, error) {
+	t.Helper()
+	got, err := p.Assign(context.Background(), req)
+	return leased(t, got), err
+}
+
+func leased(t *testing.T, leases []alloc.Lease) []netip.Addr {
+	t.Helper()
+	out := make([]netip.Addr, len(leases))
+	for i, l := range leases {
+		if !l.Prefix.IsValid() || !l.Prefix.Contains(l.Address) || !l.Prefix.Contains(l.Gateway) || l.Gateway == l.Address {
+			t.Errorf("lease %+v does not say where its address lives", l)
+		}
+		out[i] = l.Address
+	}
+	return out
 }
 
 func TestAssignCountGivesLowestUsableInOrder(t *testing.T) {
-	ctx := context.Background()
 	p := newProvider(t, t.TempDir())
-	if n, _ := p.Capacity(ctx); n != len(usable) {
+	if n := p.Info().Capacity; n != len(usable) {
 		t.Fatalf("Capacity = %d, want %d", n, len(usable))
 	}
-	got, err := p.Assign(ctx, provider.AssignRequest{Count: 3})
+	got, err := assign(t, p, provider.AssignRequest{Count: 3})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !slices.Equal(got, usable[:3]) {
 		t.Fatalf("first Assign = %v, want %v", got, usable[:3])
 	}
-	got, err = p.Assign(ctx, provider.AssignRequest{Count: 5})
+	got, err = assign(t, p, provider.AssignRequest{Count: 5})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,7 +97,7 @@ func TestAssignCountGivesLowestUsableInOrder(t *testing.T) {
 		t.Fatalf("Held = %v, want %v", h, usable[:8])
 	}
 	for _, n := range []int{0, -1} {
-		if got, err := p.Assign(ctx, provider.AssignRequest{Count: n}); len(got) != 0 {
+		if got, err := assign(t, p, provider.AssignRequest{Count: n}); len(got) != 0 {
 			t.Fatalf("Assign of Count %d = %v, %v; want nothing", n, got, err)
 		}
 	}
@@ -88,21 +107,20 @@ func TestAssignCountGivesLowestUsableInOrder(t *testing.T) {
 }
 
 func TestAssignSpecificAddresses(t *testing.T) {
-	ctx := context.Background()
 	p := newProvider(t, t.TempDir())
 	want := addrs("10.0.0.13", "10.0.1.2")
-	got, err := p.Assign(ctx, provider.AssignRequest{Addresses: want})
+	got, err := assign(t, p, provider.AssignRequest{Addresses: want})
 	if err != nil || !slices.Equal(got, want) {
 		t.Fatalf("Assign of %v = %v, %v", want, got, err)
 	}
 	// Taken now: ErrTaken, and nothing else is given.
-	got, err = p.Assign(ctx, provider.AssignRequest{Addresses: addrs("10.0.0.13")})
+	got, err = assign(t, p, provider.AssignRequest{Addresses: addrs("10.0.0.13")})
 	if !errors.Is(err, provider.ErrTaken) || len(got) != 0 {
 		t.Fatalf("second Assign of 10.0.0.13 = %v, %v; want ErrTaken", got, err)
 	}
 	// Never the gateway, the network, an exclusion or a foreign address.
 	for _, a := range addrs("10.0.0.1", "10.0.0.0", "10.0.0.15", "10.0.0.2", "10.0.0.9", "10.0.1.1", "192.168.0.3") {
-		got, err := p.Assign(ctx, provider.AssignRequest{Addresses: []netip.Addr{a}})
+		got, err := assign(t, p, provider.AssignRequest{Addresses: []netip.Addr{a}})
 		if err == nil || len(got) != 0 {
 			t.Errorf("Assign of %s = %v, %v; want an error", a, got, err)
 		} else if !strings.Contains(err.Error(), a.String()) {
@@ -111,7 +129,7 @@ func TestAssignSpecificAddresses(t *testing.T) {
 	}
 	// Mixed: the good one is given even though the bad one is refused, and
 	// a Count skips what is already held.
-	got, err = p.Assign(ctx, provider.AssignRequest{Addresses: addrs("10.0.0.1", "10.0.0.14"), Count: 1})
+	got, err = assign(t, p, provider.AssignRequest{Addresses: addrs("10.0.0.1", "10.0.0.14"), Count: 1})
 	if err == nil || !slices.Equal(got, addrs("10.0.0.14", "10.0.0.3")) {
 		t.Fatalf("mixed Assign = %v, %v; want [10.0.0.14 10.0.0.3] and an error", got, err)
 	}
@@ -121,12 +139,11 @@ func TestAssignSpecificAddresses(t *testing.T) {
 }
 
 func TestAssignExhausted(t *testing.T) {
-	ctx := context.Background()
 	p := newProvider(t, t.TempDir())
-	if _, err := p.Assign(ctx, provider.AssignRequest{Count: 2}); err != nil {
+	if _, err := assign(t, p, provider.AssignRequest{Count: 2}); err != nil {
 		t.Fatal(err)
 	}
-	got, err := p.Assign(ctx, provider.AssignRequest{Count: 100})
+	got, err := assign(t, p, provider.AssignRequest{Count: 100})
 	if !errors.Is(err, provider.ErrExhausted) {
 		t.Fatalf("Assign beyond capacity: err = %v, want ErrExhausted", err)
 	}
@@ -136,7 +153,7 @@ func TestAssignExhausted(t *testing.T) {
 	if h := held(t, p); !slices.Equal(h, usable) {
 		t.Fatalf("Held = %v, want everything", h)
 	}
-	got, err = p.Assign(ctx, provider.AssignRequest{Count: 1})
+	got, err = assign(t, p, provider.AssignRequest{Count: 1})
 	if !errors.Is(err, provider.ErrExhausted) || len(got) != 0 {
 		t.Fatalf("Assign when full = %v, %v; want nothing and ErrExhausted", got, err)
 	}
@@ -145,7 +162,7 @@ func TestAssignExhausted(t *testing.T) {
 func TestReleaseThenHeld(t *testing.T) {
 	ctx := context.Background()
 	p := newProvider(t, t.TempDir())
-	if _, err := p.Assign(ctx, provider.AssignRequest{Count: 4}); err != nil {
+	if _, err := assign(t, p, provider.AssignRequest{Count: 4}); err != nil {
 		t.Fatal(err)
 	}
 	if err := p.Release(ctx, addrs("10.0.0.4", "10.0.0.6", "10.0.0.14" /* not held */, "8.8.8.8")); err != nil {
@@ -155,7 +172,7 @@ func TestReleaseThenHeld(t *testing.T) {
 		t.Fatalf("Held after release = %v", h)
 	}
 	// Released addresses are the lowest free again.
-	got, err := p.Assign(ctx, provider.AssignRequest{Count: 2})
+	got, err := assign(t, p, provider.AssignRequest{Count: 2})
 	if err != nil || !slices.Equal(got, addrs("10.0.0.4", "10.0.0.6")) {
 		t.Fatalf("Assign after release = %v, %v", got, err)
 	}
@@ -168,10 +185,10 @@ func TestStateSurvivesRestart(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()
 	p := newProvider(t, dir)
-	if _, err := p.Assign(ctx, provider.AssignRequest{Count: 3}); err != nil {
+	if _, err := assign(t, p, provider.AssignRequest{Count: 3}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := p.Assign(ctx, provider.AssignRequest{Addresses: addrs("10.0.1.2")}); err != nil {
+	if _, err := assign(t, p, provider.AssignRequest{Addresses: addrs("10.0.1.2")}); err != nil {
 		t.Fatal(err)
 	}
 	if err := p.Release(ctx, addrs("10.0.0.4")); err != nil {
@@ -191,22 +208,28 @@ func TestStateSurvivesRestart(t *testing.T) {
 	if h := held(t, p2); !slices.Equal(h, want) {
 		t.Fatalf("Held after restart = %v, want %v", h, want)
 	}
-	got, err := p2.Assign(ctx, provider.AssignRequest{Count: 2})
+	got, err := assign(t, p2, provider.AssignRequest{Count: 2})
 	if err != nil || !slices.Equal(got, addrs("10.0.0.4", "10.0.0.6")) {
 		t.Fatalf("Assign after restart = %v, %v; want the lowest not held", got, err)
 	}
-	if _, err := p2.Assign(ctx, provider.AssignRequest{Addresses: addrs("10.0.1.2")}); !errors.Is(err, provider.ErrTaken) {
+	if _, err := assign(t, p2, provider.AssignRequest{Addresses: addrs("10.0.1.2")}); !errors.Is(err, provider.ErrTaken) {
 		t.Fatalf("re-assigning an address held before the restart: %v, want ErrTaken", err)
 	}
 
 	// An address the ranges no longer cover stays held.
-	narrower := &config.Static{Ranges: []config.Range{{CIDR: "10.0.0.0/28", Exclude: []string{"10.0.0.2", "10.0.0.8/30"}}}}
+	narrower := &static.Config{Ranges: []static.Range{{CIDR: "10.0.0.0/28", Exclude: []string{"10.0.0.2", "10.0.0.8/30"}}}}
 	p3, err := static.New(narrower, dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if h := held(t, p3); !slices.Contains(h, netip.MustParseAddr("10.0.1.2")) {
+	h, err := p3.Held(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if i := slices.IndexFunc(h, func(l alloc.Lease) bool { return l.Address == netip.MustParseAddr("10.0.1.2") }); i < 0 {
 		t.Fatalf("Held after dropping a range = %v; 10.0.1.2 was dropped silently", h)
+	} else if h[i].Prefix.IsValid() {
+		t.Fatalf("10.0.1.2 is in no range now, but its lease names %s", h[i].Prefix)
 	}
 	// No temp files left behind by the atomic writes.
 	entries, _ := os.ReadDir(dir)
@@ -238,11 +261,10 @@ func TestCorruptStateFile(t *testing.T) {
 }
 
 func TestFailedSaveAssignsNothing(t *testing.T) {
-	ctx := context.Background()
 	// A state dir that does not exist: the state cannot be written, so the
 	// assignment must not count either.
 	p := newProvider(t, filepath.Join(t.TempDir(), "missing"))
-	got, err := p.Assign(ctx, provider.AssignRequest{Count: 2})
+	got, err := assign(t, p, provider.AssignRequest{Count: 2})
 	if err == nil || len(got) != 0 {
 		t.Fatalf("Assign without a writable state = %v, %v; want nothing and an error", got, err)
 	}
@@ -252,22 +274,21 @@ func TestFailedSaveAssignsNothing(t *testing.T) {
 }
 
 func TestNewRejectsBadRanges(t *testing.T) {
-	for _, r := range []config.Range{
+	for _, r := range []static.Range{
 		{CIDR: "bogus"},
 		{CIDR: "10.0.0.0/24", Gateway: "10.0.1.1"},
 		{CIDR: "10.0.0.0/24", Gateway: "x"},
 		{CIDR: "10.0.0.0/24", Exclude: []string{"nope"}},
 	} {
-		if _, err := static.New(&config.Static{Ranges: []config.Range{r}}, t.TempDir()); err == nil {
+		if _, err := static.New(&static.Config{Ranges: []static.Range{r}}, t.TempDir()); err == nil {
 			t.Errorf("New accepted %+v", r)
 		}
 	}
 }
 
 func TestConcurrentAssignNeverDuplicates(t *testing.T) {
-	ctx := context.Background()
 	dir := t.TempDir()
-	cfg := &config.Static{Ranges: []config.Range{{CIDR: "10.1.0.0/24"}}} // 253 usable
+	cfg := &static.Config{Ranges: []static.Range{{CIDR: "10.1.0.0/24"}}} // 253 usable
 	p, err := static.New(cfg, dir)
 	if err != nil {
 		t.Fatal(err)
@@ -284,7 +305,7 @@ func TestConcurrentAssignNeverDuplicates(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for i := range calls {
-				got, err := p.Assign(ctx, provider.AssignRequest{Count: 1 + (w+i)%3})
+				got, err := assign(t, p, provider.AssignRequest{Count: 1 + (w+i)%3})
 				if err != nil && !errors.Is(err, provider.ErrExhausted) {
 					t.Errorf("Assign: %v", err)
 				}
@@ -305,7 +326,7 @@ func TestConcurrentAssignNeverDuplicates(t *testing.T) {
 		}
 		seen[a] = true
 	}
-	capacity, _ := p.Capacity(ctx)
+	capacity := p.Info().Capacity
 	if len(all) != capacity || exhausted == 0 {
 		t.Fatalf("assigned %d of %d with %d exhausted answers; want all of them and some ErrExhausted", len(all), capacity, exhausted)
 	}

@@ -19,7 +19,6 @@ import (
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/ports"
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/subnets"
 
-	"github.com/vpcni/vpcni/internal/config"
 	"github.com/vpcni/vpcni/internal/provider"
 	"github.com/vpcni/vpcni/internal/provider/openstack"
 	"github.com/vpcni/vpcni/internal/provider/providertest"
@@ -98,8 +97,8 @@ func (e Endpoint) NewNode(t *testing.T, sn providertest.Subnet, nodeIP netip.Add
 		t.Fatalf("create VM port: %v", err)
 	}
 	open := func(t *testing.T) provider.Provider {
-		cfg := config.OpenStack{Endpoint: e.URL, SubnetID: sn.ID, Mode: e.Mode}
-		cfg.ApplyDefaults()
+		cfg := openstack.Config{Endpoint: e.URL, SubnetID: sn.ID, Mode: e.Mode}
+		cfg.Defaults()
 		p, err := openstack.New(ctx(t), cfg, nodeIP)
 		if err != nil {
 			t.Fatalf("openstack provider: %v", err)
@@ -111,6 +110,7 @@ func (e Endpoint) NewNode(t *testing.T, sn providertest.Subnet, nodeIP netip.Add
 	}
 	return providertest.Node{
 		Provider: open(t),
+		PortID:   port.ID,
 		Reopen:   open,
 		PortIPs: func(t *testing.T) []netip.Addr {
 			p, err := ports.Get(ctx(t), e.NC, port.ID).Extract()

@@ -1,4 +1,4 @@
-// Package datapath wires pods into the node's kernel. The routed veth mode:
+// Package veth is the routed veth datapath mode ("veth", the default):
 //
 //	pod:  eth0 (veth) <ip>/32, 169.254.1.1 scope link, default via
 //	      169.254.1.1, permanent neighbour 169.254.1.1 -> host veth MAC
@@ -9,9 +9,13 @@
 // The pod end is created inside the pod's namespace (moving a link between
 // namespaces costs ~25 ms). The host end carries the alias
 // "vpcni:<container>/<ifname>" so vpcni never touches a link it did not make.
-package datapath
+//
+// A pod has one routed interface: a second one (a Multus net1 on the same
+// network) is refused, since the pod's default route is vpcni's already.
+package veth
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -26,7 +30,40 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+
+	"github.com/vpcni/vpcni/internal/alloc"
+	"github.com/vpcni/vpcni/internal/datapath"
 )
+
+func init() {
+	datapath.Register(datapath.Registration{
+		Name:        "veth",
+		NewSettings: func() datapath.Settings { return &Settings{} },
+		New: func(node datapath.Node, s datapath.Settings) (datapath.Datapath, error) {
+			return NewVeth(node.Uplink, node.MTU, *s.(*Settings).GARP)
+		},
+		Prepare: func(node datapath.Node, _ datapath.Settings) error { return PrepareNode(node.Uplink) },
+	})
+}
+
+// Settings is the mode's section of vpcnid.yaml (datapath.veth).
+type Settings struct {
+	// GARP: announce a pod's address on the uplink with a gratuitous ARP
+	// when it is wired, so neighbours that knew the address elsewhere
+	// learn its new home at once (default true).
+	GARP *bool `json:"garp,omitempty"`
+}
+
+// Defaults implements datapath.Settings.
+func (s *Settings) Defaults() {
+	if s.GARP == nil {
+		on := true
+		s.GARP = &on
+	}
+}
+
+// Validate implements datapath.Settings: nothing can be wrong yet.
+func (s *Settings) Validate() error { return nil }
 
 // Gateway is the link-local next hop every pod routes through.
 var Gateway = netip.MustParseAddr("169.254.1.1")
@@ -35,25 +72,10 @@ var Gateway = netip.MustParseAddr("169.254.1.1")
 const RouteProtocol netlink.RouteProtocol = 0xa7
 
 // AliasPrefix starts the alias of every host link vpcni creates.
-const AliasPrefix = "vpcni:"
+const AliasPrefix = datapath.AliasPrefix
 
-// Attachment is one pod interface to wire.
-type Attachment struct {
-	ContainerID string
-	IfName      string
-	Netns       string
-	Address     netip.Addr
-}
-
-// Key is the attachment's identity, as in the allocation store.
-func (a *Attachment) Key() string { return a.ContainerID + "/" + a.IfName }
-
-// Wired says what Setup created.
-type Wired struct {
-	HostIf  string
-	HostMAC net.HardwareAddr
-	PodMAC  net.HardwareAddr
-}
+// SetupError is the datapath's: which step failed, and whose fault.
+type SetupError = datapath.SetupError
 
 // Veth is the routed veth datapath of one node.
 type Veth struct {
@@ -61,7 +83,7 @@ type Veth struct {
 	uplinkIdx int
 	uplinkMAC net.HardwareAddr
 	MTU       int
-	garp      *arpSender
+	garp      *arpSender // nil: gratuitous ARP disabled
 	reap      chan reapItem
 	reaped    chan struct{}
 
@@ -78,7 +100,7 @@ type reapItem struct {
 
 // NewVeth finds the uplink (the default route's interface when name is
 // empty), settles the MTU and prepares the node's sysctls.
-func NewVeth(uplink string, mtu int) (*Veth, error) {
+func NewVeth(uplink string, mtu int, garp bool) (*Veth, error) {
 	if uplink == "" {
 		name, err := defaultRouteLink()
 		if err != nil {
@@ -97,8 +119,10 @@ func NewVeth(uplink string, mtu int) (*Veth, error) {
 	if err := v.prepareNode(); err != nil {
 		return nil, err
 	}
-	if v.garp, err = newARPSender(v.uplinkIdx, v.uplinkMAC); err != nil {
-		return nil, err
+	if garp {
+		if v.garp, err = newARPSender(v.uplinkIdx, v.uplinkMAC); err != nil {
+			return nil, err
+		}
 	}
 	v.reap, v.reaped = make(chan reapItem, 4096), make(chan struct{})
 	v.pending = map[string][]reapItem{}
@@ -118,7 +142,15 @@ func (v *Veth) Close() error {
 	close(v.reap)
 	v.mu.Unlock()
 	<-v.reaped
+	if v.garp == nil {
+		return nil
+	}
 	return v.garp.Close()
+}
+
+// Info implements datapath.Datapath.
+func (v *Veth) Info() datapath.Info {
+	return datapath.Info{Mode: "veth", Uplink: v.Uplink, MTU: v.MTU, NodeIP: v.UplinkIP()}
 }
 
 func defaultRouteLink() (string, error) {
@@ -195,28 +227,37 @@ func macFor(key, side string) net.HardwareAddr {
 	return net.HardwareAddr{0x02, h[0], h[1], h[2], h[3], h[4]}
 }
 
-// SetupError says which step of the wiring failed and whether the cause is
-// the caller's input (the pod namespace) rather than the node.
-type SetupError struct {
-	Step       string
-	BadRequest bool
-	Err        error
+// wiring is what Setup makes for a: the host veth, the pod's interface
+// with its /32, the default route via the link-local gateway.
+func wiring(a *alloc.Allocation) alloc.Wiring {
+	return alloc.Wiring{
+		Interfaces: []alloc.Interface{
+			{Name: HostIfName(a.ContainerID, a.IfName), MAC: macFor(a.Key(), "host").String()},
+			{Name: a.IfName, MAC: macFor(a.Key(), "pod").String(), Sandbox: a.Netns},
+		},
+		IPs:    []alloc.IPConfig{{Interface: 1, Address: netip.PrefixFrom(a.Address, 32), Gateway: Gateway}},
+		Routes: []alloc.Route{{Dst: netip.PrefixFrom(netip.IPv4Unspecified(), 0), GW: Gateway}},
+	}
 }
 
-func (e *SetupError) Error() string { return e.Step + ": " + e.Err.Error() }
-func (e *SetupError) Unwrap() error { return e.Err }
+// hostEnd names the attachment's host veth and its MACs.
+type hostEnd struct {
+	HostIf          string
+	HostMAC, PodMAC net.HardwareAddr
+}
 
-// Setup wires an attachment. On failure it removes whatever it created.
-func (v *Veth) Setup(a *Attachment) (w Wired, err error) {
-	w = Wired{HostIf: HostIfName(a.ContainerID, a.IfName), HostMAC: macFor(a.Key(), "host"), PodMAC: macFor(a.Key(), "pod")}
+// Setup implements datapath.Datapath. On failure it removes whatever it
+// created.
+func (v *Veth) Setup(_ context.Context, a *alloc.Allocation) (_ alloc.Wiring, err error) {
+	w := hostEnd{HostIf: HostIfName(a.ContainerID, a.IfName), HostMAC: macFor(a.Key(), "host"), PodMAC: macFor(a.Key(), "pod")}
 	podNs, err := netns.GetFromPath(a.Netns)
 	if err != nil {
-		return w, &SetupError{Step: "open pod netns " + a.Netns, BadRequest: true, Err: err}
+		return alloc.Wiring{}, &SetupError{Step: "open pod netns " + a.Netns, BadRequest: true, Err: err}
 	}
 	defer podNs.Close()
 	pod, err := netlink.NewHandleAt(podNs)
 	if err != nil {
-		return w, &SetupError{Step: "netlink in pod netns", Err: err}
+		return alloc.Wiring{}, &SetupError{Step: "netlink in pod netns", Err: err}
 	}
 	defer pod.Close()
 	veth := &netlink.Veth{
@@ -230,67 +271,67 @@ func (v *Veth) Setup(a *Attachment) (w Wired, err error) {
 	}
 	if err := netlink.LinkAdd(veth); errors.Is(err, syscall.EEXIST) {
 		if err := v.clearWay(a, w.HostIf, pod); err != nil {
-			return w, err
+			return alloc.Wiring{}, err
 		}
 		veth.Index = 0
 		if err := netlink.LinkAdd(veth); err != nil {
-			return w, &SetupError{Step: "create veth " + w.HostIf, Err: err}
+			return alloc.Wiring{}, &SetupError{Step: "create veth " + w.HostIf, Err: err}
 		}
 	} else if err != nil {
-		return w, &SetupError{Step: "create veth " + w.HostIf, Err: err}
+		return alloc.Wiring{}, &SetupError{Step: "create veth " + w.HostIf, Err: err}
 	}
 	defer func() {
 		if err != nil {
-			_ = v.Teardown(a)
+			_ = v.undo(a)
 		}
 	}()
 	// The kernel ignores an alias given at creation; it marks the link ours.
 	if err = netlink.LinkSetAlias(veth, AliasPrefix+a.Key()); err != nil {
-		return w, &SetupError{Step: "mark host end " + w.HostIf, Err: err}
+		return alloc.Wiring{}, &SetupError{Step: "mark host end " + w.HostIf, Err: err}
 	}
 
 	podIP := &net.IPNet{IP: a.Address.AsSlice(), Mask: net.CIDRMask(32, 32)}
 	gw := Gateway.AsSlice()
 	podLink, err := pod.LinkByName(a.IfName)
 	if err != nil {
-		return w, &SetupError{Step: "find pod end " + a.IfName, Err: err}
+		return alloc.Wiring{}, &SetupError{Step: "find pod end " + a.IfName, Err: err}
 	}
 	idx := podLink.Attrs().Index
 	if err = pod.AddrAdd(podLink, &netlink.Addr{IPNet: podIP}); err != nil {
-		return w, &SetupError{Step: "pod address", Err: err}
+		return alloc.Wiring{}, &SetupError{Step: "pod address", Err: err}
 	}
 	if err = pod.LinkSetUp(podLink); err != nil {
-		return w, &SetupError{Step: "pod link up", Err: err}
+		return alloc.Wiring{}, &SetupError{Step: "pod link up", Err: err}
 	}
 	if err = pod.RouteAdd(&netlink.Route{LinkIndex: idx, Scope: netlink.SCOPE_LINK, Dst: &net.IPNet{IP: gw, Mask: net.CIDRMask(32, 32)}}); err != nil {
-		return w, routeError("pod route to gateway", err)
+		return alloc.Wiring{}, routeError("pod route to gateway", err)
 	}
 	if err = pod.RouteAdd(&netlink.Route{LinkIndex: idx, Gw: gw, Dst: &net.IPNet{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)}}); err != nil {
-		return w, routeError("pod default route", err)
+		return alloc.Wiring{}, routeError("pod default route", err)
 	}
 	if err = pod.NeighSet(&netlink.Neigh{LinkIndex: idx, Family: netlink.FAMILY_V4, State: netlink.NUD_PERMANENT, IP: gw, HardwareAddr: w.HostMAC}); err != nil {
-		return w, &SetupError{Step: "pod gateway neighbour", Err: err}
+		return alloc.Wiring{}, &SetupError{Step: "pod gateway neighbour", Err: err}
 	}
 
 	// LinkAdd created the host end up and looked up its index.
 	if err = netlink.RouteReplace(v.hostRoute(veth.Attrs().Index, a.Address)); err != nil {
-		return w, &SetupError{Step: "host route to pod", Err: err}
+		return alloc.Wiring{}, &SetupError{Step: "host route to pod", Err: err}
 	}
 	if err = netlink.NeighSet(v.proxyEntry(a.Address)); err != nil {
-		return w, &SetupError{Step: "proxy ARP entry on " + v.Uplink, Err: err}
+		return alloc.Wiring{}, &SetupError{Step: "proxy ARP entry on " + v.Uplink, Err: err}
 	}
 	// Neighbours that knew this address elsewhere learn its new home now.
 	// Best effort: a lost announcement only delays them until their ARP
 	// entry ages, it does not break the pod.
 	_ = v.garp.Announce(a.Address)
-	return w, nil
+	return alloc.Wiring{}, nil
 }
 
 // clearWay handles a name clash when creating the veth pair: a leftover
 // host end of this very attachment (an ADD cut short) is removed; a pod end
 // of a pod just released from this namespace is reaped at once; anything
 // else is the caller's problem.
-func (v *Veth) clearWay(a *Attachment, hostIf string, pod *netlink.Handle) error {
+func (v *Veth) clearWay(a *alloc.Allocation, hostIf string, pod *netlink.Handle) error {
 	if _, err := netlink.LinkByName(hostIf); err == nil {
 		if err := v.deleteHostLink(hostIf, a.Key()); err != nil {
 			return &SetupError{Step: "replace leftover " + hostIf, Err: err}
@@ -330,12 +371,13 @@ func (v *Veth) proxyEntry(ip netip.Addr) *netlink.Neigh {
 	return &netlink.Neigh{LinkIndex: v.uplinkIdx, Family: netlink.FAMILY_V4, Flags: netlink.NTF_PROXY, IP: ip.AsSlice()}
 }
 
-// Release takes a deleted pod off the network at once — its route and its
-// proxy ARP entry go now — and deletes its veth pair in the background.
+// Teardown implements datapath.Datapath: it takes a deleted pod off the
+// network at once — its route and its proxy ARP entry go now — and deletes
+// its veth pair in the background.
 // Deleting a link waits for an RCU grace period in the kernel (12-35 ms
 // here); the pod's DEL need not. The address cools down before reuse, and a
 // link a crash leaves behind is an orphan the next start removes.
-func (v *Veth) Release(a *Attachment) error {
+func (v *Veth) Teardown(_ context.Context, a *alloc.Allocation) error {
 	name, alias := HostIfName(a.ContainerID, a.IfName), AliasPrefix+a.Key()
 	var errs []error
 	link, err := netlink.LinkByName(name)
@@ -407,9 +449,9 @@ func (v *Veth) reapNow(netns string) bool {
 	return len(items) > 0
 }
 
-// Teardown removes what Setup created for the attachment, and nothing else.
-// It is idempotent: what is already gone is fine.
-func (v *Veth) Teardown(a *Attachment) error {
+// undo removes at once what Setup created for the attachment, and nothing
+// else: a failed Setup's rollback. Idempotent: what is gone is fine.
+func (v *Veth) undo(a *alloc.Allocation) error {
 	var errs []error
 	if err := v.deleteHostLink(HostIfName(a.ContainerID, a.IfName), a.Key()); err != nil {
 		errs = append(errs, err)
@@ -442,8 +484,12 @@ func (v *Veth) deleteHostLink(name, key string) error {
 	return nil
 }
 
-// Check verifies that the attachment is wired as Setup left it.
-func (v *Veth) Check(a *Attachment) error {
+// Check implements datapath.Datapath.
+func (v *Veth) Check(_ context.Context, a *alloc.Allocation) (alloc.Wiring, error) {
+	return wiring(a), v.check(a)
+}
+
+func (v *Veth) check(a *alloc.Allocation) error {
 	hostIf := HostIfName(a.ContainerID, a.IfName)
 	hostMAC := macFor(a.Key(), "host")
 	link, err := netlink.LinkByName(hostIf)
@@ -467,7 +513,7 @@ func (v *Veth) Check(a *Attachment) error {
 	return errors.Join(problems...)
 }
 
-func (v *Veth) checkPod(a *Attachment, hostMAC net.HardwareAddr) []error {
+func (v *Veth) checkPod(a *alloc.Allocation, hostMAC net.HardwareAddr) []error {
 	podNs, err := netns.GetFromPath(a.Netns)
 	if err != nil {
 		return []error{fmt.Errorf("pod netns %s: %w", a.Netns, err)}
@@ -559,50 +605,6 @@ func (v *Veth) hasProxyEntry(ip netip.Addr) bool {
 	return false
 }
 
-// HostLinks lists the host veths vpcni made: name -> attachment key.
-func (v *Veth) HostLinks() (map[string]string, error) {
-	links, err := retryDump(netlink.LinkList)
-	if err != nil {
-		return nil, fmt.Errorf("list links: %w", err)
-	}
-	out := map[string]string{}
-	for _, l := range links {
-		if key, ok := strings.CutPrefix(l.Attrs().Alias, AliasPrefix); ok {
-			out[l.Attrs().Name] = key
-		}
-	}
-	return out, nil
-}
-
-// RemoveOrphan deletes a host veth vpcni made for an attachment it no longer
-// knows, with the proxy entries of the addresses routed to it.
-func (v *Veth) RemoveOrphan(name, key string) error {
-	link, err := netlink.LinkByName(name)
-	if err != nil {
-		if isNotFound(err) {
-			return nil
-		}
-		return err
-	}
-	routes, _ := retryDump(func() ([]netlink.Route, error) {
-		return netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{LinkIndex: link.Attrs().Index}, netlink.RT_FILTER_OIF)
-	})
-	var errs []error
-	for _, r := range routes {
-		if r.Protocol == RouteProtocol && r.Dst != nil && isHostMask(r.Dst.Mask) {
-			if ip, ok := netip.AddrFromSlice(r.Dst.IP.To4()); ok {
-				if err := netlink.NeighDel(v.proxyEntry(ip)); err != nil && !isNotFound(err) {
-					errs = append(errs, err)
-				}
-			}
-		}
-	}
-	if err := v.deleteHostLink(name, key); err != nil {
-		errs = append(errs, err)
-	}
-	return errors.Join(errs...)
-}
-
 func isNotFound(err error) bool {
 	var lnf netlink.LinkNotFoundError
 	return errors.As(err, &lnf) || errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ENODEV) || errors.Is(err, syscall.ESRCH)
@@ -622,12 +624,6 @@ func retryDump[T any](dump func() ([]T, error)) ([]T, error) {
 	return out, err
 }
 
-// HostMAC is the MAC of the attachment's host veth.
-func HostMAC(a *Attachment) net.HardwareAddr { return macFor(a.Key(), "host") }
-
-// PodMAC is the MAC of the attachment's pod interface.
-func PodMAC(a *Attachment) net.HardwareAddr { return macFor(a.Key(), "pod") }
-
 // UplinkIP is the uplink's first IPv4 address (invalid if it has none): the
 // node's address on the pods' network, by which a cloud finds its port.
 func (v *Veth) UplinkIP() netip.Addr {
@@ -645,32 +641,4 @@ func (v *Veth) UplinkIP() netip.Addr {
 		}
 	}
 	return netip.Addr{}
-}
-
-// Forget removes the proxy ARP entry and any vpcni route of an address no
-// pod holds, and says whether there was any.
-func (v *Veth) Forget(ip netip.Addr) (bool, error) {
-	removed := false
-	err := netlink.NeighDel(v.proxyEntry(ip))
-	switch {
-	case err == nil:
-		removed = true
-	case !isNotFound(err):
-		return false, fmt.Errorf("delete proxy ARP entry %s: %w", ip, err)
-	}
-	routes, err := retryDump(func() ([]netlink.Route, error) {
-		return netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Protocol: RouteProtocol}, netlink.RT_FILTER_PROTOCOL)
-	})
-	if err != nil {
-		return removed, err
-	}
-	for _, r := range routes {
-		if r.Dst != nil && isHostMask(r.Dst.Mask) && r.Dst.IP.Equal(ip.AsSlice()) {
-			if err := netlink.RouteDel(&r); err != nil && !isNotFound(err) {
-				return removed, err
-			}
-			removed = true
-		}
-	}
-	return removed, nil
 }

@@ -1,4 +1,4 @@
-package datapath
+package veth
 
 import (
 	"encoding/binary"

@@ -1,0 +1,632 @@
+// Package addresses is the node's address manager: the warm pool of
+// leases a provider holds for the node (free, allocated, cooling down),
+// the policy that keeps it topped up and gives surplus back, and what the
+// node does while the cloud fails (degraded: serve from the pool, release
+// nothing). It knows no CNI and no kernel; the agent records allocations
+// and wires them.
+package addresses
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/vpcni/vpcni/internal/alloc"
+	"github.com/vpcni/vpcni/internal/ipam"
+	"github.com/vpcni/vpcni/internal/provider"
+)
+
+// Policy sizes the pool and paces the manager.
+type Policy struct {
+	// WarmTarget free addresses are kept ready.
+	WarmTarget int
+	// BatchSize bounds one provider call.
+	BatchSize int
+	// MaxFree: free addresses above it go back to the provider after
+	// SurplusGrace (±25% jitter), never below MinHeld held.
+	MaxFree      int
+	MinHeld      int
+	SurplusGrace time.Duration
+	// AddWait bounds how long Take waits with the pool empty.
+	AddWait time.Duration
+	// Cooldown is how long a released address rests before reuse.
+	Cooldown time.Duration
+	// Resync is how often the pool is compared with what the provider
+	// holds.
+	Resync time.Duration
+	// Tick is how often Run looks at the pool without being kicked
+	// (default 5s).
+	Tick time.Duration
+}
+
+// Connect builds the provider; the cloud may not answer yet.
+type Connect func(ctx context.Context) (provider.Provider, error)
+
+// Store persists the cooling addresses (the agent writes them with each
+// release); the manager forgets those whose rest is over.
+type Store interface {
+	Uncool(addrs []netip.Addr) error
+}
+
+// Manager is one node's address manager. Its methods are safe for
+// concurrent use.
+type Manager struct {
+	policy  Policy
+	node    string
+	connect Connect
+	store   Store
+	log     *slog.Logger
+	// Synced, if set, is called after every successful reconciliation with
+	// the provider (the set of idle addresses may have changed).
+	Synced func()
+
+	mu          sync.Mutex // guards everything below but the refill state
+	pool        *ipam.Pool
+	leases      map[netip.Addr]alloc.Lease
+	prov        provider.Provider
+	info        provider.Info
+	providerErr error        // last failure to reach or use the provider
+	uncool      []netip.Addr // promoted, still in the store's cooling list
+
+	refillMu     sync.Mutex // one provider refill, resync or trim at a time
+	surplusSince time.Time  // when free first went above MaxFree (zero: not above)
+	surplusAfter time.Duration
+	kick         chan struct{}
+}
+
+// New returns a manager with an empty pool and no provider yet: Restore
+// fills it from the store, Run connects.
+func New(policy Policy, node string, connect Connect, store Store, log *slog.Logger) *Manager {
+	if policy.Tick == 0 {
+		policy.Tick = 5 * time.Second
+	}
+	return &Manager{
+		policy: policy, node: node, connect: connect, store: store, log: log,
+		pool: ipam.NewPool(policy.Cooldown), leases: map[netip.Addr]alloc.Lease{},
+		providerErr: errors.New("not connected to the provider yet"),
+		kick:        make(chan struct{}, 1),
+	}
+}
+
+// Restore puts the store's allocations and cooling addresses into the
+// pool, before anything else happens. An allocation whose address another
+// one holds already is returned and left out: wiring or releasing it would
+// touch the other's pod, so a person resolves it. Cooling entries whose
+// rest is over are forgotten.
+func (m *Manager) Restore(allocs []*alloc.Allocation, cooling map[netip.Addr]time.Time, now time.Time) (conflicts []*alloc.Allocation, err error) {
+	var expired []netip.Addr
+	m.mu.Lock()
+	for _, a := range allocs {
+		if err := m.pool.Restore(a.Address, a.Key()); err != nil {
+			conflicts = append(conflicts, a)
+			continue
+		}
+		m.leases[a.Address] = a.Lease
+	}
+	for ip, until := range cooling {
+		if !now.Before(until) || m.pool.State(ip) != ipam.Unknown {
+			expired = append(expired, ip)
+			continue
+		}
+		_ = m.pool.RestoreCooling(ip, until)
+		m.leases[ip] = alloc.Lease{Address: ip}
+	}
+	m.mu.Unlock()
+	return conflicts, m.store.Uncool(expired)
+}
+
+// Shortage is Take's failure: no address now, and why. A retry later may
+// succeed (CNI "try again later").
+type Shortage struct {
+	Msg, Details string
+}
+
+func (s *Shortage) Error() string { return s.Msg + ": " + s.Details }
+
+// Take allocates a free lease to owner. With the pool empty it asks the
+// provider for a whole batch, and waits — for a failed refill to succeed
+// on a retry, for the provider to connect, or for a cooldown to end — up
+// to AddWait. Every round either obtains addresses, waits, or ends.
+func (m *Manager) Take(ctx context.Context, owner string) (alloc.Lease, error) {
+	deadline := time.Now().Add(m.policy.AddWait)
+	pause := 100 * time.Millisecond
+	for {
+		if l, ok := m.take(owner); ok {
+			m.Kick()
+			return l, nil
+		}
+		m.refillMu.Lock()
+		// Another ADD may have refilled while this one waited.
+		if l, ok := m.take(owner); ok {
+			m.refillMu.Unlock()
+			return l, nil
+		}
+		// An empty pool asks for a whole batch: one cloud call for the
+		// pods that follow this one.
+		n := m.want(max(m.policy.WarmTarget, m.policy.BatchSize))
+		got, err := 0, error(nil)
+		if n > 0 {
+			got, err = m.obtain(ctx, n)
+		}
+		m.refillMu.Unlock()
+		if got > 0 {
+			continue
+		}
+		// Nothing obtained: wait if something may change in time.
+		wait := pause
+		if errors.Is(err, provider.ErrExhausted) || n == 0 && err == nil {
+			m.mu.Lock()
+			next, cooling := m.pool.NextCooled()
+			m.mu.Unlock()
+			if !cooling {
+				return alloc.Lease{}, m.exhausted()
+			}
+			wait = time.Until(next)
+		}
+		if time.Now().Add(wait).After(deadline) || ctx.Err() != nil {
+			if err != nil && !errors.Is(err, provider.ErrExhausted) {
+				return alloc.Lease{}, &Shortage{
+					Msg:     fmt.Sprintf("no free address and the provider could not be reached for more within %s; try again later", m.policy.AddWait),
+					Details: err.Error()}
+			}
+			return alloc.Lease{}, m.exhausted()
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(max(wait, time.Millisecond)):
+		}
+		pause = min(pause*2, 2*time.Second)
+	}
+}
+
+// take promotes what has cooled and takes the longest-rested free lease.
+func (m *Manager) take(owner string) (alloc.Lease, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.promoteLocked(time.Now())
+	ip, ok := m.pool.Take(owner)
+	if !ok {
+		return alloc.Lease{}, false
+	}
+	return m.leases[ip], true
+}
+
+// promoteLocked frees the addresses whose rest is over; Run forgets them
+// in the store (an ADD does not wait for that write, and an address handed
+// out again leaves the store's cooling list with its record anyway).
+func (m *Manager) promoteLocked(now time.Time) {
+	if done := m.pool.Promote(now); len(done) > 0 {
+		m.uncool = append(m.uncool, done...)
+		select {
+		case m.kick <- struct{}{}:
+		default:
+		}
+	}
+}
+
+func (m *Manager) exhausted() *Shortage {
+	m.mu.Lock()
+	c, capacity := m.pool.Counts(), m.info.Capacity
+	m.mu.Unlock()
+	return &Shortage{
+		Msg: fmt.Sprintf("no free address on node %s: %d allocated, %d cooling down (%s), capacity %d; try again later",
+			m.node, c.Allocated, c.Cooling, m.policy.Cooldown, capacity),
+		Details: "free addresses by deleting pods, wait for the cooldown, or give the node more addresses"}
+}
+
+// Untake puts back a lease that never reached a pod (its ADD failed),
+// first in line and without a cooldown.
+func (m *Manager) Untake(ip netip.Addr) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if err := m.pool.Unallocate(ip); err != nil {
+		m.log.Error("return unused address", "address", ip, "err", err)
+	}
+}
+
+// CoolUntil is when an address released at now may be reused (zero: at
+// once), for the store's record of the release.
+func (m *Manager) CoolUntil(now time.Time) time.Time {
+	if m.policy.Cooldown <= 0 {
+		return time.Time{}
+	}
+	return now.Add(m.policy.Cooldown)
+}
+
+// Release puts an owner's address to rest after its pod is gone and the
+// store recorded that. An address the pool gives to another owner is left
+// alone (and said so).
+func (m *Manager) Release(owner string, ip netip.Addr, now time.Time) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if cur := m.pool.Owner(ip); cur != owner {
+		return fmt.Errorf("pool gives %s to %q, not %q: left alone", ip, cur, owner)
+	}
+	if _, err := m.pool.Release(ip, now); err != nil {
+		return fmt.Errorf("pool disagrees with store: %w", err)
+	}
+	m.Kick() // surplus may go back to the provider
+	return nil
+}
+
+// Owns says whether the pool gives ip to owner.
+func (m *Manager) Owns(owner string, ip netip.Addr) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.pool.State(ip) == ipam.Allocated && m.pool.Owner(ip) == owner
+}
+
+// Idle lists the addresses the node holds that no pod uses (free and
+// cooling): anything wired for them is stale.
+func (m *Manager) Idle() []netip.Addr {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []netip.Addr
+	for _, ip := range m.pool.Held() {
+		if s := m.pool.State(ip); s == ipam.Free || s == ipam.Cooling {
+			out = append(out, ip)
+		}
+	}
+	return out
+}
+
+// Status is the pool as it stands, for STATUS, the agent's state, metrics
+// and node annotations.
+type Status struct {
+	Free, Cooling, Allocated int
+	// Ready: an ADD could be served now; Reason says why not, or what is
+	// wrong while it still can (degraded).
+	Ready  bool
+	Reason string
+	// Degraded: the provider is connected but failing (not merely out of
+	// addresses), so the node serves from its pool and releases nothing.
+	Degraded bool
+	Provider provider.Info
+	// Addresses lists every held address by state name.
+	Addresses map[string][]netip.Addr
+}
+
+// Status reads the pool without changing it: addresses whose cooldown is
+// over count as free.
+func (m *Manager) Status(now time.Time) Status {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	c, due := m.pool.Counts(), m.pool.Due(now)
+	s := Status{Free: c.Free + due, Cooling: c.Cooling - due, Allocated: c.Allocated, Provider: m.info,
+		Degraded: m.degradedLocked(), Addresses: map[string][]netip.Addr{}}
+	if m.prov != nil {
+		s.Provider = m.prov.Info()
+	}
+	for _, ip := range m.pool.Held() {
+		st := m.pool.State(ip).String()
+		s.Addresses[st] = append(s.Addresses[st], ip)
+	}
+	switch {
+	case s.Free > 0 && s.Degraded:
+		s.Ready, s.Reason = true, fmt.Sprintf("degraded: serving %d free addresses from the pool while the provider fails: %v", s.Free, m.providerErr)
+	case s.Free > 0:
+		s.Ready = true
+	case s.Provider.Capacity > 0 && c.Held() >= s.Provider.Capacity:
+		s.Reason = fmt.Sprintf("no free address and none obtainable: all %d addresses are allocated (%d) or cooling down (%d)", s.Provider.Capacity, s.Allocated, s.Cooling)
+	case m.providerErr != nil:
+		s.Reason = "no free address and the provider fails: " + m.providerErr.Error()
+	default:
+		s.Ready = true
+	}
+	return s
+}
+
+func (m *Manager) degradedLocked() bool {
+	return m.prov != nil && m.providerErr != nil && !errors.Is(m.providerErr, provider.ErrExhausted)
+}
+
+// Provider is the connected provider's description (Name empty before it
+// connects).
+func (m *Manager) Provider() provider.Info {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.prov != nil {
+		return m.prov.Info()
+	}
+	return m.info
+}
+
+// Kick wakes Run now.
+func (m *Manager) Kick() {
+	select {
+	case m.kick <- struct{}{}:
+	default:
+	}
+}
+
+// provider is the connected provider, or nil.
+func (m *Manager) provider() provider.Provider {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.prov
+}
+
+// Run connects the provider (retrying with backoff while it cannot be
+// reached), keeps the pool topped up, forgets cooled addresses in the
+// store, gives surplus back and compares the pool with the provider every
+// Resync, until ctx ends.
+func (m *Manager) Run(ctx context.Context) {
+	tick := time.NewTicker(m.policy.Tick)
+	defer tick.Stop()
+	retry := time.Second
+	lastSync := time.Now()
+	for {
+		if m.provider() == nil {
+			if err := m.tryConnect(ctx); err != nil {
+				m.log.Warn("provider not ready; retrying", "err", err, "retry_in", retry)
+				select {
+				case <-ctx.Done():
+					return
+				case <-time.After(retry):
+				}
+				retry = min(retry*2, 30*time.Second)
+				continue
+			}
+			m.log.Info("provider ready", "provider", m.Provider().Name)
+			lastSync = time.Now()
+		}
+		if time.Since(lastSync) >= m.policy.Resync {
+			m.resync(ctx)
+			lastSync = time.Now()
+		}
+		m.mu.Lock()
+		m.promoteLocked(time.Now())
+		cooled := m.uncool
+		m.uncool = nil
+		m.mu.Unlock()
+		if err := m.store.Uncool(cooled); err != nil {
+			m.log.Warn("forget cooled addresses; they stay in the store until the next start", "err", err)
+		}
+		m.topUp(ctx)
+		m.trimSurplus(ctx)
+		m.probe(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		case <-m.kick:
+		}
+	}
+}
+
+// tryConnect builds the provider and reconciles the pool with what it
+// holds.
+func (m *Manager) tryConnect(ctx context.Context) error {
+	prov, err := m.connect(ctx)
+	if err == nil {
+		m.refillMu.Lock()
+		err = m.sync(ctx, prov)
+		m.refillMu.Unlock()
+	}
+	m.mu.Lock()
+	if err != nil {
+		m.providerErr = err
+		m.mu.Unlock()
+		return err
+	}
+	m.prov, m.info, m.providerErr = prov, prov.Info(), nil
+	m.mu.Unlock()
+	if m.Synced != nil {
+		m.Synced()
+	}
+	return nil
+}
+
+// resync reconciles the pool with the provider again (level-triggered: an
+// address someone removed by hand is asked for again if a pod uses it, or
+// forgotten if not; one the agent did not know is adopted).
+func (m *Manager) resync(ctx context.Context) {
+	prov := m.provider()
+	if prov == nil {
+		return
+	}
+	m.refillMu.Lock()
+	err := m.sync(ctx, prov)
+	m.refillMu.Unlock()
+	if err != nil {
+		m.log.Warn("periodic provider resync failed", "err", err)
+		return
+	}
+	if m.Synced != nil {
+		m.Synced()
+	}
+}
+
+// sync reconciles the pool with what the provider holds: allocated
+// addresses stay (one the provider lost is asked for again by name), held
+// addresses nobody uses become free, free or cooling addresses the
+// provider no longer holds are forgotten. The caller holds refillMu.
+func (m *Manager) sync(ctx context.Context, prov provider.Provider) error {
+	held, err := prov.Held(ctx)
+	if err != nil {
+		return fmt.Errorf("holdings: %w", err)
+	}
+	heldSet := map[netip.Addr]alloc.Lease{}
+	for _, l := range held {
+		heldSet[l.Address] = l
+	}
+	m.mu.Lock()
+	var lost, gone []netip.Addr
+	for _, ip := range m.pool.Held() {
+		if l, ok := heldSet[ip]; ok {
+			if m.pool.State(ip) != ipam.Allocated {
+				m.leases[ip] = l // where it lives now; a pod's keeps what it was wired with
+			}
+			continue
+		}
+		switch m.pool.State(ip) {
+		case ipam.Allocated:
+			lost = append(lost, ip)
+		default:
+			gone = append(gone, ip)
+			_ = m.pool.Remove(ip)
+			delete(m.leases, ip)
+		}
+	}
+	for _, l := range held {
+		if m.pool.State(l.Address) == ipam.Unknown {
+			_ = m.pool.AddFree(l.Address)
+			m.leases[l.Address] = l
+		}
+	}
+	m.mu.Unlock()
+	if err := m.store.Uncool(gone); err != nil {
+		return err
+	}
+	if len(lost) > 0 {
+		if _, err := prov.Assign(ctx, provider.AssignRequest{Addresses: lost}); err != nil {
+			m.log.Error("provider no longer holds addresses of running pods and could not get them back", "addresses", lost, "err", err)
+		} else {
+			m.log.Warn("provider had lost addresses of running pods; got them back", "addresses", lost)
+		}
+	}
+	return nil
+}
+
+// probe clears a standing provider error once the provider answers again,
+// so STATUS does not stay "not ready" on an old failure.
+func (m *Manager) probe(ctx context.Context) {
+	m.mu.Lock()
+	prov, perr := m.prov, m.providerErr
+	m.mu.Unlock()
+	if prov == nil || perr == nil || errors.Is(perr, provider.ErrExhausted) {
+		return
+	}
+	if _, err := prov.Held(ctx); err != nil {
+		return
+	}
+	m.mu.Lock()
+	if m.providerErr == perr {
+		m.providerErr = nil
+	}
+	m.mu.Unlock()
+}
+
+// topUp asks the provider for addresses until WarmTarget are free, in
+// batches of at most BatchSize, never beyond capacity.
+func (m *Manager) topUp(ctx context.Context) {
+	m.refillMu.Lock()
+	defer m.refillMu.Unlock()
+	for {
+		n := m.want(m.policy.WarmTarget)
+		if n == 0 {
+			return
+		}
+		if got, _ := m.obtain(ctx, n); got == 0 {
+			return
+		}
+	}
+}
+
+// want is how many addresses to ask for to have target free ones.
+func (m *Manager) want(target int) int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	c := m.pool.Counts()
+	n := min(target-c.Free, m.policy.BatchSize)
+	if m.info.Capacity > 0 {
+		n = min(n, m.info.Capacity-c.Held())
+	}
+	return max(n, 0)
+}
+
+// obtain asks the provider for n addresses, puts them in the pool and says
+// how many it got. The caller holds refillMu.
+func (m *Manager) obtain(ctx context.Context, n int) (int, error) {
+	prov := m.provider()
+	if prov == nil {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		return 0, fmt.Errorf("provider not ready: %w", m.providerErr)
+	}
+	got, err := prov.Assign(ctx, provider.AssignRequest{Count: n})
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	added := 0
+	for _, l := range got {
+		if s := m.pool.State(l.Address); s != ipam.Unknown {
+			m.log.Error("provider returned an address the pool already has", "address", l.Address, "state", s)
+			continue
+		}
+		_ = m.pool.AddFree(l.Address)
+		m.leases[l.Address] = l
+		added++
+	}
+	m.providerErr = err
+	m.info = prov.Info()
+	return added, err
+}
+
+// surplusDue says whether free addresses have stayed above MaxFree for
+// the grace period (with ±25% jitter, so nodes do not release in step).
+// The caller holds refillMu.
+func (m *Manager) surplusDue(now time.Time) bool {
+	m.mu.Lock()
+	free := m.pool.Counts().Free
+	m.mu.Unlock()
+	if free <= m.policy.MaxFree {
+		m.surplusSince = time.Time{}
+		return false
+	}
+	if m.surplusSince.IsZero() {
+		m.surplusSince = now
+		g := m.policy.SurplusGrace
+		m.surplusAfter = g*3/4 + rand.N(g/2+1)
+		time.AfterFunc(m.surplusAfter, m.Kick)
+	}
+	if now.Sub(m.surplusSince) < m.surplusAfter {
+		return false
+	}
+	m.surplusSince = time.Time{}
+	return true
+}
+
+// trimSurplus gives free addresses above MaxFree back to the provider.
+// They leave the pool before the call, so no ADD can take one meanwhile.
+// A failed call does not put them back: the cloud may have acted before
+// it failed, and the next resync adopts those the provider still holds.
+func (m *Manager) trimSurplus(ctx context.Context) {
+	m.mu.Lock()
+	prov, degraded := m.prov, m.degradedLocked()
+	m.mu.Unlock()
+	if prov == nil || degraded {
+		return // degraded: keep everything until the cloud answers again
+	}
+	m.refillMu.Lock()
+	defer m.refillMu.Unlock()
+	if !m.surplusDue(time.Now()) {
+		return
+	}
+	m.mu.Lock()
+	var surplus []netip.Addr
+	c := m.pool.Counts()
+	for range min(c.Free-m.policy.MaxFree, c.Held()-m.policy.MinHeld) {
+		ip, ok := m.pool.Take("surplus")
+		if !ok {
+			break
+		}
+		_ = m.pool.Unallocate(ip)
+		_ = m.pool.Remove(ip)
+		delete(m.leases, ip)
+		surplus = append(surplus, ip)
+	}
+	m.mu.Unlock()
+	if len(surplus) == 0 {
+		return
+	}
+	if err := prov.Release(ctx, surplus); err != nil {
+		m.log.Warn("giving surplus addresses back failed; the next resync adopts what is still held", "addresses", surplus, "err", err)
+		return
+	}
+	m.log.Info("gave surplus addresses back to the provider", "addresses", surplus)
+}

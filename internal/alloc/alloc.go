@@ -1,0 +1,132 @@
+// Package alloc holds the one type of an allocation — an address given to
+// one pod interface — as the store keeps it, the datapath wires it, the
+// agent reports it on its API and the cluster side publishes it, and the
+// lease it was made from. Standard library only: the CNI plugin and
+// vpcnictl read it through the agent's API.
+package alloc
+
+import (
+	"net/netip"
+	"time"
+)
+
+// Lease is one address a provider holds for the node, with where it lives:
+// L2 modes route via the subnet's own gateway, and addresses on a secondary
+// NIC or ENI need that NIC's route table.
+type Lease struct {
+	Address netip.Addr `json:"address"`
+	// Prefix is the subnet the address belongs to (invalid: unknown).
+	Prefix netip.Prefix `json:"prefix,omitzero"`
+	// Gateway is the subnet's router (invalid: none known).
+	Gateway netip.Addr `json:"gateway,omitzero"`
+	// Interface is the cloud port, NIC or ENI that holds the address (""
+	// for the node's primary one, or a provider without ports).
+	Interface string `json:"interface,omitempty"`
+}
+
+// MaxContainerID bounds a container ID. Every mode marks the node-side
+// links it makes with the alias "vpcni:<container>/<ifname>", and the
+// kernel caps an alias at 255 bytes: 255 - len("vpcni:/") - 15 (the
+// longest interface name) = 233. Runtimes use 64 hex digits.
+const MaxContainerID = 233
+
+// Allocation is one lease given to one container interface, and what the
+// datapath made of it.
+type Allocation struct {
+	ContainerID string `json:"containerID"`
+	IfName      string `json:"ifName"`
+	// Network is the CNI network name (GC is per network).
+	Network string `json:"network"`
+	Netns   string `json:"netns"`
+	Lease
+	PodNamespace string `json:"podNamespace,omitempty"`
+	PodName      string `json:"podName,omitempty"`
+	PodUID       string `json:"podUID,omitempty"`
+	// Wiring is what the datapath made (nil until a wiring was recorded:
+	// the ADD is in flight, or the record predates wirings).
+	Wiring *Wiring `json:"wiring,omitempty"`
+	// Ready: the ADD answered with this allocation wired. A record found
+	// unready at start (the agent stopped mid-ADD) is checked and re-wired
+	// or released, never trusted.
+	Ready   bool      `json:"ready"`
+	Created time.Time `json:"created"`
+}
+
+// Key identifies an allocation: the CNI attachment (container ID,
+// interface). Container IDs never hold '/' (CNI spec).
+func (a *Allocation) Key() string { return Key(a.ContainerID, a.IfName) }
+
+// Key of an attachment.
+func Key(containerID, ifName string) string { return containerID + "/" + ifName }
+
+// PodMAC is the MAC of the pod's interface, as wired ("" if not known).
+func (a *Allocation) PodMAC() string {
+	if a.Wiring == nil {
+		return ""
+	}
+	for _, i := range a.Wiring.Interfaces {
+		if i.Sandbox != "" && i.Name == a.IfName {
+			return i.MAC
+		}
+	}
+	return ""
+}
+
+// PodGateway is the next hop the pod's address routes through, as wired
+// (invalid if not known).
+func (a *Allocation) PodGateway() netip.Addr {
+	if a.Wiring == nil {
+		return netip.Addr{}
+	}
+	for _, ip := range a.Wiring.IPs {
+		if ip.Address.Addr() == a.Address {
+			return ip.Gateway
+		}
+	}
+	return netip.Addr{}
+}
+
+// HostIf is the node-side interface of the wiring ("" if the mode has
+// none).
+func (a *Allocation) HostIf() string {
+	if a.Wiring == nil {
+		return ""
+	}
+	for _, i := range a.Wiring.Interfaces {
+		if i.Sandbox == "" {
+			return i.Name
+		}
+	}
+	return ""
+}
+
+// Wiring is what a datapath made for an allocation, shaped like a CNI
+// result: the interfaces (node side without a sandbox), the pod's
+// addresses on them and its routes.
+type Wiring struct {
+	Interfaces []Interface `json:"interfaces"`
+	IPs        []IPConfig  `json:"ips"`
+	Routes     []Route     `json:"routes,omitempty"`
+}
+
+// Interface is one link the datapath made or moved.
+type Interface struct {
+	Name string `json:"name"`
+	MAC  string `json:"mac,omitempty"`
+	// Sandbox is the pod's netns path; empty for a node-side link.
+	Sandbox string `json:"sandbox,omitempty"`
+}
+
+// IPConfig is an address on one of the wiring's interfaces.
+type IPConfig struct {
+	// Interface indexes Wiring.Interfaces.
+	Interface int          `json:"interface"`
+	Address   netip.Prefix `json:"address"`
+	Gateway   netip.Addr   `json:"gateway,omitzero"`
+}
+
+// Route is a route in the pod.
+type Route struct {
+	Dst netip.Prefix `json:"dst"`
+	GW  netip.Addr   `json:"gw,omitzero"`
+}

@@ -1,0 +1,130 @@
+// Package datapath is how pods are wired into the node's kernel, as the
+// agent needs it: wire one allocation and say what the CNI result reports,
+// take it down, check it, bring the whole node in line with what should be
+// there. Each mode (routed veth, macvlan, bridge, ...) is a package of its
+// own that registers itself by name with its own config section;
+// `datapath:` in vpcnid.yaml picks one. The agent never names a mode.
+package datapath
+
+import (
+	"context"
+	"log/slog"
+	"net/netip"
+
+	"github.com/vpcni/vpcni/internal/alloc"
+	"github.com/vpcni/vpcni/internal/registry"
+)
+
+// AliasPrefix starts the alias of every node-side link a mode creates:
+// "vpcni:<container>/<ifname>". vpcni never touches a link without it.
+const AliasPrefix = "vpcni:"
+
+// Datapath wires the pods of one node.
+type Datapath interface {
+	// Setup wires an allocation and returns what it made. On failure it
+	// removes whatever it created; a *SetupError says which step failed
+	// and whether the request (not the node) is at fault.
+	Setup(ctx context.Context, a *alloc.Allocation) (alloc.Wiring, error)
+	// Check verifies the allocation is wired as Setup left it, and returns
+	// the wiring it verified (also when it finds problems, as far as the
+	// mode can tell).
+	Check(ctx context.Context, a *alloc.Allocation) (alloc.Wiring, error)
+	// Teardown takes a deleted pod off the network. Idempotent: what is
+	// already gone is fine; anything vpcni did not make is left alone.
+	Teardown(ctx context.Context, a *alloc.Allocation) error
+	// Reconcile brings the node side in line with what should be there,
+	// in one pass over the kernel's state: the node-side pieces of every
+	// desired allocation put back, vpcni's pieces of anything else
+	// removed. It does not enter pod namespaces (Check does, per pod).
+	// The caller keeps Setup and Teardown from running meanwhile.
+	Reconcile(ctx context.Context, want Desired) (Report, error)
+	// Info describes the mode as configured on this node.
+	Info() Info
+	// Close releases the datapath's own resources; pods stay wired.
+	Close() error
+}
+
+// Desired is what the node should hold.
+type Desired struct {
+	// Allocations should be wired.
+	Allocations []*alloc.Allocation
+	// Idle are addresses the node holds that no pod uses (free, cooling):
+	// anything wired for them is stale.
+	Idle []netip.Addr
+	// Leave are allocations to leave exactly as they are, neither repaired
+	// nor removed (records in conflict, for a person to resolve).
+	Leave []*alloc.Allocation
+}
+
+// Report says what a Reconcile changed, one line per item, for the log.
+type Report struct {
+	// Repaired: node-side pieces of desired allocations put back.
+	Repaired []string
+	// Removed: vpcni's pieces of what is not desired.
+	Removed []string
+	// Broken: the keys of desired allocations the node side cannot repair
+	// alone (their link is gone): the caller re-wires them from their pod.
+	Broken []string
+}
+
+// Info describes a datapath.
+type Info struct {
+	Mode   string
+	Uplink string
+	MTU    int
+	// NodeIP is the uplink's first IPv4 address: the node's address on the
+	// pods' network, by which a cloud finds its port (invalid: none).
+	NodeIP netip.Addr
+}
+
+// SetupError says which step of the wiring failed and whether the cause is
+// the caller's input (the pod namespace) rather than the node.
+type SetupError struct {
+	Step       string
+	BadRequest bool
+	Err        error
+}
+
+func (e *SetupError) Error() string { return e.Step + ": " + e.Err.Error() }
+func (e *SetupError) Unwrap() error { return e.Err }
+
+// Settings is a mode's own section of vpcnid.yaml (datapath.<mode>).
+// Defaults fills what the file left out; Validate names every bad field
+// at once, relative to the section.
+type Settings interface {
+	Defaults()
+	Validate() error
+}
+
+// Node is what a mode learns of the node: the uplink pods reach the
+// network through ("" = the default route's interface) and the pods' MTU
+// (0 = the uplink's).
+type Node struct {
+	Uplink string
+	MTU    int
+	Log    *slog.Logger
+}
+
+// Registration is one datapath mode.
+type Registration struct {
+	Name string
+	// NewSettings returns the mode's config section, empty.
+	NewSettings func() Settings
+	// New opens the mode on this node with its validated settings.
+	New func(node Node, s Settings) (Datapath, error)
+	// Prepare sets what the mode needs of the node's kernel (sysctls),
+	// from a privileged step (vpcnictl install-cni) so that the agent
+	// itself need not be privileged. Nil: nothing to prepare.
+	Prepare func(node Node, s Settings) error
+}
+
+var modes = registry.New[Registration]("datapath mode")
+
+// Register adds a datapath mode; its package calls it from init.
+func Register(r Registration) { modes.Register(r.Name, r) }
+
+// Lookup finds a registered datapath mode.
+func Lookup(name string) (Registration, error) { return modes.Lookup(name) }
+
+// Names lists the registered datapath modes, sorted.
+func Names() []string { return modes.Names() }

@@ -1,0 +1,164 @@
+package veth
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"strings"
+
+	"github.com/vishvananda/netlink"
+
+	"github.com/vpcni/vpcni/internal/datapath"
+)
+
+// Reconcile implements datapath.Datapath. It reads the node's links, its
+// vpcni routes and the uplink's proxy entries once each — not once per
+// pod: per-pod dumps made an agent with 166 pods take seconds to start —
+// and then:
+//   - a desired allocation whose host veth is there gets its route, its
+//     proxy ARP entry and its link state back; one whose host veth is gone
+//     is reported Broken (only a Setup inside the pod can bring it back);
+//   - a host veth of vpcni's that no desired allocation names is deleted,
+//     with the proxy entries of the addresses routed to it;
+//   - a vpcni route to an address no desired allocation has is deleted,
+//     and so is the proxy entry of an idle address.
+//
+// Proxy entries carry no mark of their own, so only those of addresses the
+// node holds (desired or idle) are ever touched.
+func (v *Veth) Reconcile(_ context.Context, want datapath.Desired) (rep datapath.Report, err error) {
+	links, err := retryDump(netlink.LinkList)
+	if err != nil {
+		return rep, fmt.Errorf("list links: %w", err)
+	}
+	routes, err := retryDump(func() ([]netlink.Route, error) {
+		return netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Protocol: RouteProtocol}, netlink.RT_FILTER_PROTOCOL)
+	})
+	if err != nil {
+		return rep, fmt.Errorf("list vpcni routes: %w", err)
+	}
+	proxies, err := retryDump(func() ([]netlink.Neigh, error) { return netlink.NeighProxyList(v.uplinkIdx, netlink.FAMILY_V4) })
+	if err != nil {
+		return rep, fmt.Errorf("list proxy ARP entries on %s: %w", v.Uplink, err)
+	}
+
+	ours := map[string]netlink.Link{} // host veths vpcni made, by name
+	for _, l := range links {
+		if strings.HasPrefix(l.Attrs().Alias, AliasPrefix) {
+			ours[l.Attrs().Name] = l
+		}
+	}
+	routed := map[netip.Addr]netlink.Route{} // vpcni /32 routes by destination
+	for _, r := range routes {
+		if ip, ok := hostRouteDst(r); ok {
+			routed[ip] = r
+		}
+	}
+	proxied := map[netip.Addr]bool{}
+	for _, n := range proxies {
+		if ip, ok := netip.AddrFromSlice(n.IP.To4()); ok {
+			proxied[ip] = true
+		}
+	}
+
+	var errs []error
+	wanted := map[string]bool{}           // host veth names of desired allocations
+	wantedAddr := map[netip.Addr]string{} // address -> its host veth
+	for _, a := range want.Allocations {
+		name := HostIfName(a.ContainerID, a.IfName)
+		wanted[name] = true
+		wantedAddr[a.Address] = name
+		link, ok := ours[name]
+		if !ok || link.Attrs().Alias != AliasPrefix+a.Key() {
+			rep.Broken = append(rep.Broken, a.Key())
+			continue
+		}
+		if link.Attrs().Flags&net.FlagUp == 0 {
+			if err := netlink.LinkSetUp(link); err != nil {
+				errs = append(errs, fmt.Errorf("set %s up: %w", name, err))
+			} else {
+				rep.Repaired = append(rep.Repaired, fmt.Sprintf("%s: host veth %s was down", a.Key(), name))
+			}
+		}
+		if r, ok := routed[a.Address]; !ok || r.LinkIndex != link.Attrs().Index {
+			if err := netlink.RouteReplace(v.hostRoute(link.Attrs().Index, a.Address)); err != nil {
+				errs = append(errs, fmt.Errorf("route %s/32 dev %s: %w", a.Address, name, err))
+			} else {
+				rep.Repaired = append(rep.Repaired, fmt.Sprintf("%s: route %s/32 dev %s", a.Key(), a.Address, name))
+			}
+		}
+		if !proxied[a.Address] {
+			if err := netlink.NeighSet(v.proxyEntry(a.Address)); err != nil {
+				errs = append(errs, fmt.Errorf("proxy ARP entry %s on %s: %w", a.Address, v.Uplink, err))
+			} else {
+				rep.Repaired = append(rep.Repaired, fmt.Sprintf("%s: proxy ARP entry %s on %s", a.Key(), a.Address, v.Uplink))
+			}
+		}
+	}
+
+	for _, a := range want.Leave {
+		wanted[HostIfName(a.ContainerID, a.IfName)] = true
+		wantedAddr[a.Address] = HostIfName(a.ContainerID, a.IfName)
+	}
+
+	// Orphan host veths: their routes' addresses lose their proxy entries
+	// too, unless a desired allocation has the address now.
+	deleted := map[int]bool{} // link indexes: their routes went with them
+	for name, link := range ours {
+		if wanted[name] {
+			continue
+		}
+		for ip, r := range routed {
+			if r.LinkIndex != link.Attrs().Index {
+				continue
+			}
+			if _, live := wantedAddr[ip]; !live && proxied[ip] {
+				if err := netlink.NeighDel(v.proxyEntry(ip)); err != nil && !isNotFound(err) {
+					errs = append(errs, fmt.Errorf("delete proxy ARP entry %s: %w", ip, err))
+				}
+				delete(proxied, ip)
+			}
+		}
+		key := strings.TrimPrefix(link.Attrs().Alias, AliasPrefix)
+		if err := v.deleteHostLink(name, key); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		deleted[link.Attrs().Index] = true
+		rep.Removed = append(rep.Removed, fmt.Sprintf("orphan host veth %s (%s)", name, key))
+	}
+	// Stale routes (the link deleted above takes its routes with it; these
+	// point elsewhere) and proxy entries of idle addresses.
+	for ip, r := range routed {
+		if _, live := wantedAddr[ip]; live || deleted[r.LinkIndex] {
+			continue // kept or replaced above, or gone with its link
+		}
+		if err := netlink.RouteDel(&r); err != nil && !isNotFound(err) {
+			errs = append(errs, fmt.Errorf("delete stale route %s: %w", ip, err))
+			continue
+		}
+		rep.Removed = append(rep.Removed, fmt.Sprintf("stale route %s/32", ip))
+	}
+	for _, ip := range want.Idle {
+		if _, live := wantedAddr[ip]; live || !proxied[ip] {
+			continue
+		}
+		if err := netlink.NeighDel(v.proxyEntry(ip)); err != nil && !isNotFound(err) {
+			errs = append(errs, fmt.Errorf("delete proxy ARP entry %s: %w", ip, err))
+			continue
+		}
+		rep.Removed = append(rep.Removed, fmt.Sprintf("proxy ARP entry of idle address %s", ip))
+	}
+	return rep, errors.Join(errs...)
+}
+
+// hostRouteDst is the destination of a /32 route (ok=false otherwise).
+func hostRouteDst(r netlink.Route) (netip.Addr, bool) {
+	if r.Dst == nil || !isHostMask(r.Dst.Mask) {
+		return netip.Addr{}, false
+	}
+	return netip.AddrFromSlice(r.Dst.IP.To4())
+}
+
+var _ datapath.Datapath = (*Veth)(nil)

@@ -1,0 +1,150 @@
+package openstack
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/vpcni/vpcni/internal/config"
+)
+
+// Config is the openstack provider's section of vpcnid.yaml
+// (provider.openstack): pod addresses from Neutron.
+type Config struct {
+	// Endpoint is a Neutron endpoint used without Keystone (noauth test
+	// clouds and labs), e.g. http://127.0.0.1:9696/. Leave empty with auth.
+	Endpoint string `json:"endpoint,omitempty"`
+	// Auth is how to log in to Keystone; CredentialsFile, if set, is read
+	// for the same fields (a mounted Secret), over what Auth says.
+	Auth            Auth   `json:"auth,omitempty"`
+	CredentialsFile string `json:"credentialsFile,omitempty"`
+	// SubnetID is the Neutron subnet pods take addresses from.
+	SubnetID string `json:"subnetID"`
+	// PortLookup: "ip" finds this node's VM port by NodeIP (default: the
+	// uplink's address); "instance" by InstanceID (the Nova server ID).
+	PortLookup string `json:"portLookup,omitempty"`
+	NodeIP     string `json:"nodeIP,omitempty"`
+	InstanceID string `json:"instanceID,omitempty"`
+	// Mode: "fixed-ips" (pod IPs are extra fixed IPs on the VM port) or
+	// "address-pairs" (each pod IP is reserved by a port of its own and
+	// allowed on the VM port as an allowed address pair).
+	Mode string `json:"mode,omitempty"`
+	// DeviceOwner marks the reservation ports of address-pairs mode.
+	DeviceOwner string `json:"deviceOwner,omitempty"`
+	// MaxAddressPairs is Neutron's max_allowed_address_pair (default 10).
+	MaxAddressPairs int `json:"maxAddressPairs,omitempty"`
+	// MaxAddresses caps how many pod addresses this node holds.
+	MaxAddresses int `json:"maxAddresses,omitempty"`
+	// Timeout of one Neutron call; Retries of a failed or conflicting one.
+	Timeout config.Duration `json:"timeout,omitempty"`
+	Retries int             `json:"retries,omitempty"`
+}
+
+// Auth is a Keystone login: an application credential, or a user
+// with a password and a project.
+type Auth struct {
+	AuthURL                     string `json:"authURL,omitempty"`
+	Region                      string `json:"region,omitempty"`
+	ApplicationCredentialID     string `json:"applicationCredentialID,omitempty"`
+	ApplicationCredentialSecret string `json:"applicationCredentialSecret,omitempty"`
+	Username                    string `json:"username,omitempty"`
+	Password                    string `json:"password,omitempty"`
+	UserDomainName              string `json:"userDomainName,omitempty"`
+	ProjectID                   string `json:"projectID,omitempty"`
+	ProjectName                 string `json:"projectName,omitempty"`
+	ProjectDomainName           string `json:"projectDomainName,omitempty"`
+}
+
+// Defaults implements provider.Settings: what the section leaves out.
+func (o *Config) Defaults() {
+	if o.PortLookup == "" {
+		o.PortLookup = "ip"
+	}
+	if o.Mode == "" {
+		o.Mode = "fixed-ips"
+	}
+	if o.MaxAddresses == 0 {
+		o.MaxAddresses = 64
+	}
+	if o.DeviceOwner == "" {
+		o.DeviceOwner = "network:vpcni"
+	}
+	if o.MaxAddressPairs == 0 {
+		o.MaxAddressPairs = 10
+	}
+	if o.Timeout.Duration == 0 {
+		o.Timeout.Duration = 15 * time.Second
+	}
+	if o.Retries == 0 {
+		o.Retries = 6
+	}
+}
+
+// Validate implements provider.Settings: every bad field at once.
+func (o *Config) Validate() error {
+	var errs []error
+	bad := func(field, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%s: "+format, append([]any{field}, args...)...))
+	}
+	if o.SubnetID == "" {
+		bad("subnetID", "is required: the Neutron subnet pods take addresses from")
+	}
+	hasAuth := o.Auth.AuthURL != "" || o.CredentialsFile != ""
+	switch {
+	case o.Endpoint == "" && !hasAuth:
+		bad("auth", "set auth.authURL with credentials (or credentialsFile), or endpoint for a Neutron without Keystone")
+	case o.Endpoint != "" && hasAuth:
+		bad("endpoint", "is for a Neutron without Keystone; leave it empty when auth is set")
+	}
+	if o.Endpoint != "" && !strings.HasPrefix(o.Endpoint, "http://") && !strings.HasPrefix(o.Endpoint, "https://") {
+		bad("endpoint", "%q is not an http(s) URL", o.Endpoint)
+	}
+	if a := o.Auth; a.AuthURL != "" && o.CredentialsFile == "" {
+		appCred := a.ApplicationCredentialID != "" || a.ApplicationCredentialSecret != ""
+		user := a.Username != "" || a.Password != ""
+		switch {
+		case appCred && (a.ApplicationCredentialID == "" || a.ApplicationCredentialSecret == ""):
+			bad("auth", "an application credential needs both applicationCredentialID and applicationCredentialSecret")
+		case user && (a.Username == "" || a.Password == "" || a.ProjectID == "" && a.ProjectName == ""):
+			bad("auth", "a password login needs username, password and projectID or projectName")
+		case !appCred && !user:
+			bad("auth", "give an application credential or a username and password")
+		}
+	}
+	if o.CredentialsFile != "" && !filepath.IsAbs(o.CredentialsFile) {
+		bad("credentialsFile", "%q must be an absolute path", o.CredentialsFile)
+	}
+	switch o.PortLookup {
+	case "ip":
+		if o.NodeIP != "" {
+			if _, err := netip.ParseAddr(o.NodeIP); err != nil {
+				bad("nodeIP", "%q is not an IP address", o.NodeIP)
+			}
+		}
+	case "instance":
+		if o.InstanceID == "" {
+			bad("instanceID", "is required with portLookup: instance")
+		}
+	default:
+		bad("portLookup", "%q is not one of ip, instance", o.PortLookup)
+	}
+	if o.Mode != "fixed-ips" && o.Mode != "address-pairs" {
+		bad("mode", "%q is not one of fixed-ips, address-pairs", o.Mode)
+	}
+	if o.MaxAddressPairs < 1 || o.MaxAddressPairs > 1000 {
+		bad("maxAddressPairs", "%d is outside 1..1000", o.MaxAddressPairs)
+	}
+	if o.MaxAddresses < 1 || o.MaxAddresses > 4096 {
+		bad("maxAddresses", "%d is outside 1..4096", o.MaxAddresses)
+	}
+	if o.Timeout.Duration < time.Second || o.Timeout.Duration > 5*time.Minute {
+		bad("timeout", "%s is outside 1s..5m", o.Timeout)
+	}
+	if o.Retries < 1 || o.Retries > 50 {
+		bad("retries", "%d is outside 1..50", o.Retries)
+	}
+	return errors.Join(errs...)
+}
