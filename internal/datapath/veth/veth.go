@@ -323,8 +323,10 @@ func (v *Veth) Setup(_ context.Context, a *alloc.Allocation) (_ alloc.Wiring, er
 	// Neighbours that knew this address elsewhere learn its new home now.
 	// Best effort: a lost announcement only delays them until their ARP
 	// entry ages, it does not break the pod.
-	_ = v.garp.Announce(a.Address)
-	return alloc.Wiring{}, nil
+	if v.garp != nil {
+		_ = v.garp.Announce(a.Address)
+	}
+	return wiring(a), nil
 }
 
 // clearWay handles a name clash when creating the veth pair: a leftover
