@@ -5,6 +5,7 @@ package ctl
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -44,10 +45,21 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	}
 	if err != nil {
 		fmt.Fprintln(stderr, "vpcnictl:", err)
+		var ue usageError
+		if errors.As(err, &ue) {
+			usage(stderr)
+			return 2
+		}
 		return 1
 	}
 	return 0
 }
+
+// usageError is a command line vpcnictl does not understand: Main prints
+// the usage with it and exits 2, as it does for an unknown command.
+type usageError struct{ msg string }
+
+func (e usageError) Error() string { return e.msg }
 
 func usage(w io.Writer) {
 	fmt.Fprint(w, `vpcnictl — operate vpcni
@@ -69,6 +81,9 @@ func status(args []string, out io.Writer) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	if *format != "table" && *format != "json" {
+		return usageError{fmt.Sprintf("status: unknown output format %q (table or json)", *format)}
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	var st api.State
@@ -78,9 +93,14 @@ func status(args []string, out io.Writer) error {
 	if *format == "json" {
 		enc := json.NewEncoder(out)
 		enc.SetIndent("", "  ")
-		return enc.Encode(st)
+		if err := enc.Encode(st); err != nil {
+			return fmt.Errorf("write the status: %w", err)
+		}
+	} else {
+		printState(out, &st)
 	}
-	printState(out, &st)
+	// Both forms exit non-zero while the agent is not ready, so a script or
+	// probe can rely on the exit code whichever it parses.
 	if !st.Ready {
 		return fmt.Errorf("agent not ready: %s", st.Reason)
 	}
