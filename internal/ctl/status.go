@@ -62,16 +62,29 @@ type usageError struct{ msg string }
 func (e usageError) Error() string { return e.msg }
 
 func usage(w io.Writer) {
-	fmt.Fprint(w, `vpcnictl — operate vpcni
+	fmt.Fprint(w, `vpcnictl — operate vpcni, and try it out on this machine
 
-  vpcnictl status [--socket PATH] [-o json]   agent health, pool and allocations
-  vpcnictl demo [--keep|--down]               one node, three pods, a neighbour: connectivity matrix
-  vpcnictl lab up|down|status|exec [--nodes N]  a whole OpenStack-style VPC on this machine (namespaces only)
-  vpcnictl install-cni [flags]                copy the plugin and write the conflist atomically (the DaemonSet's init step)
-  vpcnictl bench cni [flags]                  CNI ADD/DEL latency and burst vs Debian's ptp+host-local
-  vpcnictl bench neutron [flags]              Neutron calls per pod, batched vs single updates (real neutron-server)
-  vpcnictl bench pool [flags]                 pool policy: calls per pod under churn, cold and warm ADD p99 (real neutron-server)
+On a node:
+  vpcnictl status [--socket PATH] [-o table|json]
+      the agent's health, pool and allocations; exits 1 while the agent is not ready
+  vpcnictl install-cni [--plugin F] [--bin-dir D] [--conf-dir D] [--conflist F] [--name N] [--agent-config F]
+      copy the plugin and write the conflist atomically (the DaemonSet's init step);
+      with --agent-config also set the node's sysctls for that config's uplink
+
+On this machine, as root, in network namespaces only:
+  vpcnictl lab up|down|status [--prefix P] [--nodes N] [--subnet CIDR] [--agents=false]
+      an OpenStack-style VPC: a segment with port security, a router, N nodes running
+      vpcnid against the lab's Neutron endpoint (none with --agents=false), a legacy VM
+  vpcnictl lab exec [--prefix P] HOST COMMAND...
+      run a command in a lab host's namespace (router, legacy, n1, n2, ...)
+  vpcnictl demo [--nodes N] [--keep|--down]
+      the lab with a pod on every node through the plugin, then TCP by the target's own IP
+      between every pair with a pod in it: pod and pod across nodes, pod and node, pod and
+      the legacy VM; --keep leaves it all up, --down removes it
 `)
+	for _, b := range benches {
+		fmt.Fprintf(w, "  vpcnictl bench %s [flags]\n      %s\n", b.name, b.what)
+	}
 }
 
 func status(args []string, out io.Writer) error {

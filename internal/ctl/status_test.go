@@ -93,3 +93,28 @@ func TestStatusUnknownFormat(t *testing.T) {
 		t.Errorf("asked the agent %d times for a command line that is wrong", n)
 	}
 }
+
+func TestUsageErrorsExit2(t *testing.T) {
+	for _, args := range [][]string{{}, {"nope"}, {"bench"}, {"bench", "nope"}, {"lab"}, {"lab", "nope"}, {"lab", "exec", "n1"}} {
+		var stdout, stderr bytes.Buffer
+		if code := Main(args, &stdout, &stderr); code != 2 {
+			t.Errorf("vpcnictl %v: exit %d, want 2; stderr: %s", args, code, stderr.String())
+		}
+		if stdout.Len() != 0 || !strings.Contains(stderr.String(), "vpcnictl bench datapath") {
+			t.Errorf("vpcnictl %v: want the usage on stderr only; stdout %q, stderr %q", args, stdout.String(), stderr.String())
+		}
+	}
+}
+
+func TestHelpListsEveryBenchmark(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	if code := Main([]string{"help"}, &stdout, &stderr); code != 0 || stderr.Len() != 0 {
+		t.Fatalf("help: exit %d, stderr %q", code, stderr.String())
+	}
+	// bench dispatches on the same table; this catches a lost loop.
+	for _, b := range benches {
+		if !strings.Contains(stdout.String(), "vpcnictl bench "+b.name+" ") {
+			t.Errorf("help does not list bench %s:\n%s", b.name, stdout.String())
+		}
+	}
+}
