@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -19,20 +20,27 @@ import (
 	"github.com/vpcni/vpcni/internal/testbed"
 )
 
+// benches are vpcnictl's benchmarks: bench runs them by name and the help
+// lists them, so a new one cannot be missing from either.
+var benches = []struct {
+	name, what string
+	run        func(args []string, out io.Writer) error
+}{
+	{"cni", "CNI ADD/DEL latency and bursts of concurrent ADDs on a one-node testbed, vpcni vs Debian's ptp+host-local", benchCNI},
+	{"datapath", "on a two-node lab, pod to pod vs node to node: iperf3 throughput and sockperf latency", benchDatapath},
+	{"neutron", "Neutron calls per pod through vpcnid, one batched update vs single ones (a real neutron-server at --endpoint)", benchNeutron},
+	{"pool", "the pool policy on a real neutron-server: calls per pod under churn, cold and warm ADD p99", benchPool},
+}
+
 func bench(args []string, out io.Writer) error {
-	if len(args) > 0 {
-		switch args[0] {
-		case "cni":
-			return benchCNI(args[1:], out)
-		case "neutron":
-			return benchNeutron(args[1:], out)
-		case "pool":
-			return benchPool(args[1:], out)
-		case "datapath":
-			return benchDatapath(args[1:], out)
+	names := make([]string, len(benches))
+	for i, b := range benches {
+		if len(args) > 0 && args[0] == b.name {
+			return b.run(args[1:], out)
 		}
+		names[i] = b.name
 	}
-	return errors.New("usage: vpcnictl bench cni|neutron|pool|datapath [flags]")
+	return usageError{"bench: name one of " + strings.Join(names, "|")}
 }
 
 // plugin is one CNI plugin under benchmark.

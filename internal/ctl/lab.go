@@ -42,7 +42,7 @@ func labDir(prefix string) string { return filepath.Join("/run/vpcni-lab", prefi
 
 func labCmd(args []string, out io.Writer) error {
 	if len(args) == 0 {
-		return errors.New("usage: vpcnictl lab up|down|status|exec")
+		return usageError{"lab: name one of up|down|status|exec"}
 	}
 	fs := flag.NewFlagSet("lab "+args[0], flag.ContinueOnError)
 	prefix := fs.String("prefix", "vpcni-lab", "namespace prefix")
@@ -63,13 +63,13 @@ func labCmd(args []string, out io.Writer) error {
 		return labStatus(*prefix, out)
 	case "exec":
 		if fs.NArg() < 2 {
-			return errors.New("usage: vpcnictl lab exec [--prefix P] <host: router|legacy|n1…> <command…>")
+			return usageError{"lab exec: name a host (router, legacy, n1, ...) and a command"}
 		}
 		cmd := exec.Command("ip", append([]string{"netns", "exec", *prefix + "-" + fs.Arg(0)}, fs.Args()[1:]...)...)
 		cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, out, os.Stderr
 		return cmd.Run()
 	}
-	return fmt.Errorf("unknown lab command %q", args[0])
+	return usageError{fmt.Sprintf("lab: unknown command %q", args[0])}
 }
 
 // labUp starts `lab serve` in the background and waits until the lab is up.

@@ -42,9 +42,7 @@ func newNeutronBed(ctx context.Context, endpoint, prefix, cidr string) (b *neutr
 	if err != nil {
 		return nil, err
 	}
-	pc := &gophercloud.ProviderClient{HTTPClient: http.Client{Timeout: 30 * time.Second}}
-	b = &neutronBed{endpoint: endpoint, bin: bin,
-		nc: &gophercloud.ServiceClient{ProviderClient: pc, Endpoint: endpoint, ResourceBase: endpoint + "v2.0/", Type: "network"}}
+	b = &neutronBed{endpoint: endpoint, bin: bin, nc: openstack.NoAuthClient(endpoint, http.Client{Timeout: 30 * time.Second})}
 	n, err := networks.Create(ctx, b.nc, networks.CreateOpts{Name: prefix}).Extract()
 	if err != nil {
 		return nil, fmt.Errorf("Neutron at %s: %w (start it with scripts/neutron.sh up)", endpoint, err)

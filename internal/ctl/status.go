@@ -5,6 +5,7 @@ package ctl
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -44,22 +45,46 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	}
 	if err != nil {
 		fmt.Fprintln(stderr, "vpcnictl:", err)
+		var ue usageError
+		if errors.As(err, &ue) {
+			usage(stderr)
+			return 2
+		}
 		return 1
 	}
 	return 0
 }
 
-func usage(w io.Writer) {
-	fmt.Fprint(w, `vpcnictl — operate vpcni
+// usageError is a command line vpcnictl does not understand: Main prints
+// the usage with it and exits 2, as it does for an unknown command.
+type usageError struct{ msg string }
 
-  vpcnictl status [--socket PATH] [-o json]   agent health, pool and allocations
-  vpcnictl demo [--keep|--down]               one node, three pods, a neighbour: connectivity matrix
-  vpcnictl lab up|down|status|exec [--nodes N]  a whole OpenStack-style VPC on this machine (namespaces only)
-  vpcnictl install-cni [flags]                copy the plugin and write the conflist atomically (the DaemonSet's init step)
-  vpcnictl bench cni [flags]                  CNI ADD/DEL latency and burst vs Debian's ptp+host-local
-  vpcnictl bench neutron [flags]              Neutron calls per pod, batched vs single updates (real neutron-server)
-  vpcnictl bench pool [flags]                 pool policy: calls per pod under churn, cold and warm ADD p99 (real neutron-server)
+func (e usageError) Error() string { return e.msg }
+
+func usage(w io.Writer) {
+	fmt.Fprint(w, `vpcnictl — operate vpcni, and try it out on this machine
+
+On a node:
+  vpcnictl status [--socket PATH] [-o table|json]
+      the agent's health, pool and allocations; exits 1 while the agent is not ready
+  vpcnictl install-cni [--plugin F] [--bin-dir D] [--conf-dir D] [--conflist F] [--name N] [--agent-config F]
+      copy the plugin and write the conflist atomically (the DaemonSet's init step);
+      with --agent-config also set the node's sysctls for that config's uplink
+
+On this machine, as root, in network namespaces only:
+  vpcnictl lab up|down|status [--prefix P] [--nodes N] [--subnet CIDR] [--agents=false]
+      an OpenStack-style VPC: a segment with port security, a router, N nodes running
+      vpcnid against the lab's Neutron endpoint (none with --agents=false), a legacy VM
+  vpcnictl lab exec [--prefix P] HOST COMMAND...
+      run a command in a lab host's namespace (router, legacy, n1, n2, ...)
+  vpcnictl demo [--nodes N] [--keep|--down]
+      the lab with a pod on every node through the plugin, then TCP by the target's own IP
+      between every pair with a pod in it: pod and pod across nodes, pod and node, pod and
+      the legacy VM; --keep leaves it all up, --down removes it
 `)
+	for _, b := range benches {
+		fmt.Fprintf(w, "  vpcnictl bench %s [flags]\n      %s\n", b.name, b.what)
+	}
 }
 
 func status(args []string, out io.Writer) error {
@@ -68,6 +93,9 @@ func status(args []string, out io.Writer) error {
 	format := fs.String("o", "table", "output: table or json")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if *format != "table" && *format != "json" {
+		return usageError{fmt.Sprintf("status: unknown output format %q (table or json)", *format)}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -78,9 +106,14 @@ func status(args []string, out io.Writer) error {
 	if *format == "json" {
 		enc := json.NewEncoder(out)
 		enc.SetIndent("", "  ")
-		return enc.Encode(st)
+		if err := enc.Encode(st); err != nil {
+			return fmt.Errorf("write the status: %w", err)
+		}
+	} else {
+		printState(out, &st)
 	}
-	printState(out, &st)
+	// Both forms exit non-zero while the agent is not ready, so a script or
+	// probe can rely on the exit code whichever it parses.
 	if !st.Ready {
 		return fmt.Errorf("agent not ready: %s", st.Reason)
 	}

@@ -28,7 +28,7 @@ import (
 
 	"github.com/vpcni/vpcni/internal/lab/neutronapi"
 	"github.com/vpcni/vpcni/internal/netnsutil"
-	"github.com/vpcni/vpcni/internal/provider/openstack/neutronep"
+	"github.com/vpcni/vpcni/internal/provider/openstack"
 )
 
 // Config is the lab's topology.
@@ -102,7 +102,7 @@ func Up(ctx context.Context, cfg Config) (_ *Lab, err error) {
 	}
 	l.serve(ln)
 	l.URL = "http://" + ln.Addr().String() + "/"
-	l.nc = neutronep.Client(l.URL)
+	l.nc = openstack.NoAuthClient(l.URL, http.Client{Timeout: 30 * time.Second})
 
 	n, err := networks.Create(ctx, l.nc, networks.CreateOpts{Name: cfg.Prefix}).Extract()
 	if err != nil {

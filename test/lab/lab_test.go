@@ -26,7 +26,6 @@ import (
 	"github.com/vpcni/vpcni/internal/lab"
 	"github.com/vpcni/vpcni/internal/netnsutil"
 	"github.com/vpcni/vpcni/internal/provider/openstack"
-	"github.com/vpcni/vpcni/internal/provider/openstack/neutronep"
 	"github.com/vpcni/vpcni/internal/testbed"
 )
 
@@ -145,7 +144,7 @@ func TestLegacyVMReachesPods(t *testing.T) {
 
 	// A floating IP for pod 0: the external host reaches the pod through it,
 	// and the pod reaches the external host (SNAT to the floating IP).
-	nc := neutronep.Client(l.URL)
+	nc := openstack.NoAuthClient(l.URL, http.Client{Timeout: 30 * time.Second})
 	fip, err := floatingips.Create(c, nc, floatingips.CreateOpts{FloatingNetworkID: l.ExtNetID, PortID: l.Nodes[0].PortID, FixedIP: pods[0].ip.String()}).Extract()
 	if err != nil {
 		t.Fatalf("floating IP for %s: %v", pods[0].ip, err)
@@ -189,7 +188,7 @@ func TestLegacyVMReachesPods(t *testing.T) {
 // setOnPort adds or removes an address on a port as a person would.
 func setOnPort(t *testing.T, l *lab.Lab, portID string, ip netip.Addr, on bool) {
 	t.Helper()
-	nc := neutronep.Client(l.URL)
+	nc := openstack.NoAuthClient(l.URL, http.Client{Timeout: 30 * time.Second})
 	c, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	for range 10 {

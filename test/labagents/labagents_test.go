@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -27,7 +28,6 @@ import (
 	"github.com/vpcni/vpcni/internal/config"
 	"github.com/vpcni/vpcni/internal/netnsutil"
 	"github.com/vpcni/vpcni/internal/provider/openstack"
-	"github.com/vpcni/vpcni/internal/provider/openstack/neutronep"
 	"github.com/vpcni/vpcni/internal/testbed"
 )
 
@@ -101,7 +101,7 @@ type pod struct {
 func TestRealNeutronAgents(t *testing.T) {
 	c, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
-	nc := neutronep.Client(endpoint)
+	nc := openstack.NoAuthClient(endpoint, http.Client{Timeout: 30 * time.Second})
 	if err := sweep(c, nc); err != nil {
 		t.Fatalf("clearing an earlier run: %v", err)
 	}

@@ -261,26 +261,28 @@ func checkChaosInvariant(t *testing.T, round int, nodeNS string, agent *testbed.
 				}
 			}
 			// The kernel: exactly the live containers' links.
+			// Without the list the orphan check would pass vacuously.
 			links, lerr := netnsutil.Output(nodeNS, "ip", "-o", "link", "show")
-			if lerr == nil {
-				want := map[string]bool{}
-				for i, isLive := range live {
-					if isLive {
-						want[veth.HostIfName(id(i), "eth0")] = true
-					}
+			if lerr != nil {
+				t.Fatalf("round %d: list the node's links: %v\n%s", round, lerr, links)
+			}
+			want := map[string]bool{}
+			for i, isLive := range live {
+				if isLive {
+					want[veth.HostIfName(id(i), "eth0")] = true
 				}
-				have := vpcLinks(links)
-				for name := range want {
-					if !slices.Contains(have, name) {
-						orphans++
-						lastErr += fmt.Sprintf(" live container's link %s is missing;", name)
-					}
+			}
+			have := vpcLinks(links)
+			for name := range want {
+				if !slices.Contains(have, name) {
+					orphans++
+					lastErr += fmt.Sprintf(" live container's link %s is missing;", name)
 				}
-				for _, name := range have {
-					if !want[name] {
-						orphans++
-						lastErr += fmt.Sprintf(" link %s has no live container;", name)
-					}
+			}
+			for _, name := range have {
+				if !want[name] {
+					orphans++
+					lastErr += fmt.Sprintf(" link %s has no live container;", name)
 				}
 			}
 		}

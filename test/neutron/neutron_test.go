@@ -43,8 +43,7 @@ func TestMain(m *testing.M) {
 		}
 		started = true
 	}
-	pc := &gophercloud.ProviderClient{HTTPClient: http.Client{Timeout: 30 * time.Second}}
-	nc = &gophercloud.ServiceClient{ProviderClient: pc, Endpoint: endpoint, ResourceBase: endpoint + "v2.0/", Type: "network"}
+	nc = openstack.NoAuthClient(endpoint, http.Client{Timeout: 30 * time.Second})
 	code := m.Run()
 	if started {
 		cmd := exec.Command("bash", "../../scripts/neutron.sh", "down")

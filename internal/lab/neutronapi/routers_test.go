@@ -4,8 +4,10 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"net/http"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/gophercloud/gophercloud/v2"
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/extensions/layer3/extraroutes"
@@ -15,7 +17,7 @@ import (
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/ports"
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/subnets"
 
-	"github.com/vpcni/vpcni/internal/provider/openstack/neutronep"
+	"github.com/vpcni/vpcni/internal/provider/openstack"
 )
 
 func serve(t *testing.T) *gophercloud.ServiceClient {
@@ -25,7 +27,7 @@ func serve(t *testing.T) *gophercloud.ServiceClient {
 	}
 	go New().Serve(l)
 	t.Cleanup(func() { l.Close() })
-	return neutronep.Client("http://" + l.Addr().String() + "/")
+	return openstack.NoAuthClient("http://"+l.Addr().String()+"/", http.Client{Timeout: 30 * time.Second})
 }
 
 func mustNet(t *testing.T, nc *gophercloud.ServiceClient, cidr string) (string, string) {

@@ -5,23 +5,31 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"strings"
 
 	"github.com/gophercloud/gophercloud/v2"
 	gcos "github.com/gophercloud/gophercloud/v2/openstack"
 	"sigs.k8s.io/yaml"
 )
 
+// NoAuthClient is a Neutron client for an endpoint without Keystone (a
+// neutron-server with auth_strategy noauth, the lab's endpoint): requests
+// carry no token and go to endpoint's v2.0/. A missing trailing slash is
+// added, since gophercloud appends resource paths to the endpoint as is.
+func NoAuthClient(endpoint string, httpClient http.Client) *gophercloud.ServiceClient {
+	if !strings.HasSuffix(endpoint, "/") {
+		endpoint += "/"
+	}
+	pc := &gophercloud.ProviderClient{HTTPClient: httpClient}
+	return &gophercloud.ServiceClient{ProviderClient: pc, Endpoint: endpoint, ResourceBase: endpoint + "v2.0/", Type: "network"}
+}
+
 // client builds a Neutron client: noauth against Endpoint, or through
 // Keystone.
 func client(ctx context.Context, cfg Config, rt http.RoundTripper) (*gophercloud.ServiceClient, error) {
 	httpc := http.Client{Transport: rt, Timeout: cfg.Timeout.Duration}
 	if cfg.Endpoint != "" {
-		ep := cfg.Endpoint
-		if ep[len(ep)-1] != '/' {
-			ep += "/"
-		}
-		pc := &gophercloud.ProviderClient{HTTPClient: httpc}
-		return &gophercloud.ServiceClient{ProviderClient: pc, Endpoint: ep, ResourceBase: ep + "v2.0/", Type: "network"}, nil
+		return NoAuthClient(cfg.Endpoint, httpc), nil
 	}
 	a := cfg.Auth
 	if cfg.CredentialsFile != "" {

@@ -33,12 +33,6 @@ type Endpoint struct {
 	Mode string
 }
 
-// Client is a noauth client for url.
-func Client(url string) *gophercloud.ServiceClient {
-	pc := &gophercloud.ProviderClient{HTTPClient: http.Client{Timeout: 30 * time.Second}}
-	return &gophercloud.ServiceClient{ProviderClient: pc, Endpoint: url, ResourceBase: url + "v2.0/", Type: "network"}
-}
-
 func ctx(t *testing.T) context.Context {
 	c, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	t.Cleanup(cancel)

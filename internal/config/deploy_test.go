@@ -1,0 +1,57 @@
+package config_test
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	_ "github.com/vpcni/vpcni/internal/builtin"
+	"github.com/vpcni/vpcni/internal/config"
+	"github.com/vpcni/vpcni/internal/provider/openstack"
+)
+
+// deploy/vpcnid.yaml must load as shipped, and after the change it and
+// deploy/secret.yaml tell the user of a Neutron without Keystone to make:
+// endpoint instead of credentialsFile, never both.
+func TestShippedDeployConfigLoads(t *testing.T) {
+	t.Setenv("VPCNI_NODE_NAME", "node-a") // the DaemonSet sets it
+	data, err := os.ReadFile("../../deploy/vpcnid.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const credLine = "    credentialsFile: /etc/vpcni/cloud/credentials.yaml\n"
+	const endpointLine = "    # endpoint: http://neutron.example:9696/\n"
+	shipped := string(data)
+	if !strings.Contains(shipped, credLine) || !strings.Contains(shipped, endpointLine) {
+		t.Fatalf("deploy/vpcnid.yaml no longer has the lines its comments tell the user to change:\n%s", shipped)
+	}
+	load := func(body string) (config.Config, error) {
+		path := filepath.Join(t.TempDir(), "vpcnid.yaml")
+		if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return config.Load(path)
+	}
+	uncommented := strings.Replace(shipped, endpointLine, strings.Replace(endpointLine, "# ", "", 1), 1)
+
+	cfg, err := load(shipped)
+	if err != nil {
+		t.Fatalf("as shipped: %v", err)
+	}
+	if o, ok := cfg.Provider.Settings.(*openstack.Config); !ok || o.CredentialsFile == "" || o.Endpoint != "" {
+		t.Fatalf("as shipped: want credentialsFile and no endpoint, got %+v", o)
+	}
+
+	cfg, err = load(strings.Replace(uncommented, credLine, "", 1))
+	if err != nil {
+		t.Fatalf("endpoint instead of credentialsFile: %v", err)
+	}
+	if o, ok := cfg.Provider.Settings.(*openstack.Config); !ok || o.Endpoint != "http://neutron.example:9696/" || o.CredentialsFile != "" {
+		t.Fatalf("endpoint instead of credentialsFile: got %+v", o)
+	}
+
+	if _, err := load(uncommented); err == nil || !strings.Contains(err.Error(), "provider.openstack.endpoint") {
+		t.Fatalf("endpoint with credentialsFile: got %v, want the endpoint refused", err)
+	}
+}

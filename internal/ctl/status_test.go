@@ -1,0 +1,122 @@
+package ctl
+
+import (
+	"bytes"
+	"encoding/json"
+	"net"
+	"net/http"
+	"net/netip"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/vpcni/vpcni/internal/alloc"
+	"github.com/vpcni/vpcni/internal/api"
+)
+
+// fakeAgent serves st at the agent's state path on a unix socket in a temp
+// dir and counts the requests it gets.
+func fakeAgent(t *testing.T, st api.State) (socket string, requests *atomic.Int64) {
+	t.Helper()
+	socket = filepath.Join(t.TempDir(), "vpcnid.sock")
+	l, err := net.Listen("unix", socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	requests = &atomic.Int64{}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET "+api.PathState, func(w http.ResponseWriter, _ *http.Request) {
+		requests.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(st)
+	})
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = srv.Serve(l) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	return socket, requests
+}
+
+func TestStatusExitCode(t *testing.T) {
+	ready := api.State{Node: "node-a", Ready: true, Provider: "static", Datapath: "veth", Uplink: "eth0", MTU: 1500,
+		Allocations: []alloc.Allocation{{Lease: alloc.Lease{Address: netip.MustParseAddr("10.77.0.64")}, PodNamespace: "default", PodName: "p0", ContainerID: "c0", IfName: "eth0"}}}
+	notReady := api.State{Node: "node-a", Reason: "restoring allocations", Provider: "static"}
+	for name, c := range map[string]struct {
+		st       api.State
+		format   []string
+		wantCode int
+	}{
+		"table ready":     {ready, nil, 0},
+		"table not ready": {notReady, nil, 1},
+		"json ready":      {ready, []string{"-o", "json"}, 0},
+		"json not ready":  {notReady, []string{"-o", "json"}, 1},
+	} {
+		t.Run(name, func(t *testing.T) {
+			socket, _ := fakeAgent(t, c.st)
+			var stdout, stderr bytes.Buffer
+			code := Main(append([]string{"status", "--socket", socket}, c.format...), &stdout, &stderr)
+			if code != c.wantCode {
+				t.Fatalf("exit %d, want %d; stderr: %s", code, c.wantCode, stderr.String())
+			}
+			if c.wantCode != 0 && !strings.Contains(stderr.String(), "agent not ready: restoring allocations") {
+				t.Errorf("stderr does not say why: %q", stderr.String())
+			}
+			// Whatever the exit code, the state is printed in the form asked for.
+			if len(c.format) > 0 {
+				var got api.State
+				if err := json.Unmarshal(stdout.Bytes(), &got); err != nil {
+					t.Fatalf("stdout is not the state as JSON: %v\n%s", err, stdout.String())
+				}
+				if got.Node != c.st.Node || got.Ready != c.st.Ready || len(got.Allocations) != len(c.st.Allocations) {
+					t.Errorf("JSON state %+v, want %+v", got, c.st)
+				}
+			} else if !strings.HasPrefix(stdout.String(), "node      node-a\n") {
+				t.Errorf("table output: %q", stdout.String())
+			}
+		})
+	}
+}
+
+func TestStatusUnknownFormat(t *testing.T) {
+	socket, requests := fakeAgent(t, api.State{Node: "node-a", Ready: true})
+	var stdout, stderr bytes.Buffer
+	code := Main([]string{"status", "--socket", socket, "-o", "yaml"}, &stdout, &stderr)
+	if code != 2 {
+		t.Fatalf("exit %d, want 2; stderr: %s", code, stderr.String())
+	}
+	if stdout.Len() != 0 {
+		t.Errorf("printed something for an unknown format: %q", stdout.String())
+	}
+	if !strings.Contains(stderr.String(), `unknown output format "yaml"`) || !strings.Contains(stderr.String(), "vpcnictl status") {
+		t.Errorf("stderr lacks the error or the usage: %q", stderr.String())
+	}
+	if n := requests.Load(); n != 0 {
+		t.Errorf("asked the agent %d times for a command line that is wrong", n)
+	}
+}
+
+func TestUsageErrorsExit2(t *testing.T) {
+	for _, args := range [][]string{{}, {"nope"}, {"bench"}, {"bench", "nope"}, {"lab"}, {"lab", "nope"}, {"lab", "exec", "n1"}} {
+		var stdout, stderr bytes.Buffer
+		if code := Main(args, &stdout, &stderr); code != 2 {
+			t.Errorf("vpcnictl %v: exit %d, want 2; stderr: %s", args, code, stderr.String())
+		}
+		if stdout.Len() != 0 || !strings.Contains(stderr.String(), "vpcnictl bench datapath") {
+			t.Errorf("vpcnictl %v: want the usage on stderr only; stdout %q, stderr %q", args, stdout.String(), stderr.String())
+		}
+	}
+}
+
+func TestHelpListsEveryBenchmark(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	if code := Main([]string{"help"}, &stdout, &stderr); code != 0 || stderr.Len() != 0 {
+		t.Fatalf("help: exit %d, stderr %q", code, stderr.String())
+	}
+	// bench dispatches on the same table; this catches a lost loop.
+	for _, b := range benches {
+		if !strings.Contains(stdout.String(), "vpcnictl bench "+b.name+" ") {
+			t.Errorf("help does not list bench %s:\n%s", b.name, stdout.String())
+		}
+	}
+}

@@ -1,0 +1,95 @@
+package deptest
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// The binaries vpcni ships (make build, the image).
+var binaries = []string{
+	"github.com/vpcni/vpcni/cmd/vpcni",
+	"github.com/vpcni/vpcni/cmd/vpcnid",
+	"github.com/vpcni/vpcni/cmd/vpcnictl",
+	"github.com/vpcni/vpcni/cmd/vpcni-controller",
+}
+
+// A test helper that imports testing (the provider contract): the walk must
+// find testing from it, or the check below could pass without looking.
+const knownTestingUser = "github.com/vpcni/vpcni/internal/provider/providertest"
+
+// Shipped binaries never link "testing": a package that does is test code
+// (a fake, a contract suite) that has leaked into production, with its
+// flags and helpers. The failure names the import chain to cut.
+func TestBinariesDoNotLinkTesting(t *testing.T) {
+	imports := importGraph(t, append(slices.Clone(binaries), knownTestingUser)...)
+	if chain := pathTo(imports, knownTestingUser, "testing"); chain == nil {
+		t.Fatalf("the walk does not find testing from %s, which imports it: the check is broken", knownTestingUser)
+	}
+	for _, bin := range binaries {
+		if _, ok := imports[bin]; !ok {
+			t.Fatalf("go list did not list %s", bin)
+		}
+		if chain := pathTo(imports, bin, "testing"); chain != nil {
+			t.Errorf("%s links testing: %s", bin, strings.Join(chain, " -> "))
+		}
+	}
+}
+
+// importGraph maps every package the roots depend on (and the roots) to
+// its direct imports, from one `go list -deps`.
+func importGraph(t *testing.T, roots ...string) map[string][]string {
+	t.Helper()
+	goBin := filepath.Join(runtime.GOROOT(), "bin", "go")
+	if _, err := os.Stat(goBin); err != nil {
+		if goBin, err = exec.LookPath("go"); err != nil {
+			t.Fatal("no go command to list the binaries' dependencies with")
+		}
+	}
+	args := append([]string{"list", "-deps", "-f", `{{.ImportPath}}{{range .Imports}} {{.}}{{end}}`}, roots...)
+	out, err := exec.Command(goBin, args...).Output()
+	if err != nil {
+		var stderr string
+		if ee, ok := err.(*exec.ExitError); ok {
+			stderr = string(ee.Stderr)
+		}
+		t.Fatalf("go list -deps: %v\n%s", err, stderr)
+	}
+	g := map[string][]string{}
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 0 {
+			g[f[0]] = f[1:]
+		}
+	}
+	return g
+}
+
+// pathTo is the shortest import chain from one package to another, or nil.
+func pathTo(imports map[string][]string, from, to string) []string {
+	parent := map[string]string{from: ""}
+	queue := []string{from}
+	for len(queue) > 0 {
+		p := queue[0]
+		queue = queue[1:]
+		if p == to {
+			var chain []string
+			for ; p != ""; p = parent[p] {
+				chain = append(chain, p)
+			}
+			slices.Reverse(chain)
+			return chain
+		}
+		for _, q := range imports[p] {
+			if _, seen := parent[q]; !seen {
+				parent[q] = p
+				queue = append(queue, q)
+			}
+		}
+	}
+	return nil
+}
