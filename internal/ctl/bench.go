@@ -30,9 +30,11 @@ func bench(args []string, out io.Writer) error {
 			return benchPool(args[1:], out)
 		case "datapath":
 			return benchDatapath(args[1:], out)
+		case "restart":
+			return benchRestart(args[1:], out)
 		}
 	}
-	return errors.New("usage: vpcnictl bench cni|neutron|pool|datapath [flags]")
+	return errors.New("usage: vpcnictl bench cni|neutron|pool|datapath|restart [flags]")
 }
 
 // plugin is one CNI plugin under benchmark.

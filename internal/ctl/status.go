@@ -59,6 +59,8 @@ func usage(w io.Writer) {
   vpcnictl bench cni [flags]                  CNI ADD/DEL latency and burst vs Debian's ptp+host-local
   vpcnictl bench neutron [flags]              Neutron calls per pod, batched vs single updates (real neutron-server)
   vpcnictl bench pool [flags]                 pool policy: calls per pod under churn, cold and warm ADD p99 (real neutron-server)
+  vpcnictl bench datapath [flags]             pod-to-pod vs node-to-node throughput and RTT on the lab
+  vpcnictl bench restart [-pods N]            agent restart with N pods: time until it serves, first ADD, restore
 `)
 }
 
