@@ -93,6 +93,7 @@ bench: build
 	@started=0; bash scripts/neutron.sh status >/dev/null 2>&1 || { bash scripts/neutron.sh up && started=1; }; \
 	$(BIN)/vpcnictl bench neutron && $(BIN)/vpcnictl bench pool; rc=$$?; \
 	[ $$started = 1 ] && bash scripts/neutron.sh down; exit $$rc
+	$(BIN)/vpcnictl bench restart
 	$(MAKE) image k8s-build
 	VPCNI_K8S_BENCH=1 VPCNI_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 40m -v -run 'TestK8sBench' ./test/k8se2e 2>&1 | tee /tmp/vpcni-k8s-bench.log | grep -E '^(--- |FAIL|ok|bench:|k8s-bench:)|node_test|bench_test' ; exit $${PIPESTATUS[0]}
 

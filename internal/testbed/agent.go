@@ -121,10 +121,35 @@ func (t *Topology) StartAgent(binDir string, cfg config.Config) (*Agent, error) 
 	return a, nil
 }
 
+// LaunchAgent is StartAgent without the wait: it returns as soon as vpcnid
+// runs, so the caller can time its start-up.
+func (t *Topology) LaunchAgent(binDir string, cfg config.Config) (*Agent, error) {
+	a, err := LaunchAgentIn(t.RunDir, t.NodeNS(), binDir, cfg)
+	if err != nil {
+		return nil, err
+	}
+	t.Track(a.Process)
+	return a, nil
+}
+
 // StartAgentIn starts vpcnid from binDir in namespace ns (its PID recorded
 // in runDir), with cfg written next to its socket, and waits until it
 // answers. The caller stops it.
 func StartAgentIn(runDir, ns, binDir string, cfg config.Config) (*Agent, error) {
+	a, err := LaunchAgentIn(runDir, ns, binDir, cfg)
+	if err != nil {
+		return nil, err
+	}
+	if err := a.WaitReady(20 * time.Second); err != nil {
+		_ = a.Kill()
+		return nil, err
+	}
+	return a, nil
+}
+
+// LaunchAgentIn is StartAgentIn without the wait. Its log is appended to,
+// so an earlier run's lines stay before the new ones.
+func LaunchAgentIn(runDir, ns, binDir string, cfg config.Config) (*Agent, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -141,10 +166,6 @@ func StartAgentIn(runDir, ns, binDir string, cfg config.Config) (*Agent, error) 
 		return nil, err
 	}
 	if a.Process, err = Start(runDir, "vpcnid-"+ns, ns, a.LogPath, filepath.Join(binDir, "vpcnid"), "-config", a.ConfigPath); err != nil {
-		return nil, err
-	}
-	if err := a.WaitReady(20 * time.Second); err != nil {
-		_ = a.Kill()
 		return nil, err
 	}
 	return a, nil
