@@ -1,0 +1,245 @@
+// Package fake is a stateful datapath for tests without root: it keeps
+// what a node's kernel would hold — a link per wired allocation, its
+// node-side pieces (route, neighbour entry) and stale pieces of idle
+// addresses — and lets a test damage it as a person or a crash would. It
+// obeys the same rules as a real mode: Setup refuses a pod namespace that
+// does not exist, Teardown is idempotent, Reconcile repairs node-side
+// pieces, reports missing links and removes what nothing wants.
+package fake
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"slices"
+	"sync"
+
+	"github.com/vpcni/vpcni/internal/alloc"
+	"github.com/vpcni/vpcni/internal/datapath"
+)
+
+// Datapath is the fake node. The zero value is not usable: call New.
+type Datapath struct {
+	mu    sync.Mutex
+	links map[string]link     // by allocation key
+	stale map[netip.Addr]bool // node-side pieces of addresses no link has
+	fail  map[string]error    // the next Setup of a key fails so
+	calls map[string]int      // by method
+}
+
+type link struct {
+	netns   string
+	address netip.Addr
+	// route: the node-side piece Reconcile can put back alone.
+	route bool
+}
+
+// New returns an empty node.
+func New() *Datapath {
+	return &Datapath{links: map[string]link{}, stale: map[netip.Addr]bool{}, fail: map[string]error{},
+		calls: map[string]int{}}
+}
+
+var _ datapath.Datapath = (*Datapath)(nil)
+
+// The fake registers as mode "fake", so a test's config can name it; only
+// test binaries import this package.
+func init() {
+	datapath.Register(datapath.Registration{
+		Name:        "fake",
+		NewSettings: func() datapath.Settings { return &Settings{} },
+		New:         func(datapath.Node, datapath.Settings) (datapath.Datapath, error) { return New(), nil },
+	})
+}
+
+// Settings is the fake's (empty) config section.
+type Settings struct{}
+
+// Defaults implements datapath.Settings.
+func (*Settings) Defaults() {}
+
+// Validate implements datapath.Settings.
+func (*Settings) Validate() error { return nil }
+
+func wiring(a *alloc.Allocation) alloc.Wiring {
+	return alloc.Wiring{
+		Interfaces: []alloc.Interface{{Name: "fake-" + a.IfName}, {Name: a.IfName, MAC: "02:00:00:00:00:01", Sandbox: a.Netns}},
+		IPs:        []alloc.IPConfig{{Interface: 1, Address: netip.PrefixFrom(a.Address, 32), Gateway: a.Gateway}},
+	}
+}
+
+// Setup implements datapath.Datapath.
+func (d *Datapath) Setup(_ context.Context, a *alloc.Allocation) (alloc.Wiring, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.calls["Setup"]++
+	if err := d.fail[a.Key()]; err != nil {
+		delete(d.fail, a.Key())
+		return alloc.Wiring{}, &datapath.SetupError{Step: "fake setup", Err: err}
+	}
+	if _, err := os.Stat(a.Netns); err != nil {
+		return alloc.Wiring{}, &datapath.SetupError{Step: "open pod netns " + a.Netns, BadRequest: true, Err: err}
+	}
+	for k, l := range d.links {
+		if l.address == a.Address && k != a.Key() {
+			return alloc.Wiring{}, fmt.Errorf("address %s is wired for %s already", a.Address, k)
+		}
+	}
+	d.links[a.Key()] = link{netns: a.Netns, address: a.Address, route: true}
+	delete(d.stale, a.Address)
+	return wiring(a), nil
+}
+
+// Check implements datapath.Datapath.
+func (d *Datapath) Check(_ context.Context, a *alloc.Allocation) (alloc.Wiring, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.calls["Check"]++
+	l, ok := d.links[a.Key()]
+	switch {
+	case !ok:
+		return wiring(a), fmt.Errorf("%s has no link", a.Key())
+	case l.netns != a.Netns || l.address != a.Address:
+		return wiring(a), fmt.Errorf("%s is wired to %s in %s", a.Key(), l.address, l.netns)
+	case !l.route:
+		return wiring(a), fmt.Errorf("%s has no route", a.Key())
+	}
+	return wiring(a), nil
+}
+
+// Teardown implements datapath.Datapath.
+func (d *Datapath) Teardown(_ context.Context, a *alloc.Allocation) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.calls["Teardown"]++
+	if l, ok := d.links[a.Key()]; ok && l.address == a.Address {
+		delete(d.links, a.Key())
+	}
+	return nil
+}
+
+// Reconcile implements datapath.Datapath.
+func (d *Datapath) Reconcile(_ context.Context, want datapath.Desired) (datapath.Report, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.calls["Reconcile"]++
+	var rep datapath.Report
+	keep := map[string]bool{}
+	for _, a := range want.Leave {
+		keep[a.Key()] = true
+	}
+	for _, a := range want.Allocations {
+		keep[a.Key()] = true
+		l, ok := d.links[a.Key()]
+		if !ok {
+			rep.Broken = append(rep.Broken, a.Key())
+			continue
+		}
+		if !l.route {
+			l.route = true
+			d.links[a.Key()] = l
+			rep.Repaired = append(rep.Repaired, a.Key()+": route")
+		}
+	}
+	for k := range d.links {
+		if !keep[k] {
+			delete(d.links, k)
+			rep.Removed = append(rep.Removed, "orphan link "+k)
+		}
+	}
+	for _, ip := range want.Idle {
+		if d.stale[ip] {
+			delete(d.stale, ip)
+			rep.Removed = append(rep.Removed, "stale piece of "+ip.String())
+		}
+	}
+	return rep, nil
+}
+
+// Info implements datapath.Datapath.
+func (d *Datapath) Info() datapath.Info {
+	return datapath.Info{Mode: "fake", Uplink: "fake0", MTU: 1500, NodeIP: netip.MustParseAddr("10.0.0.2")}
+}
+
+// Close implements datapath.Datapath.
+func (d *Datapath) Close() error { return nil }
+
+// FailNextSetup makes the next Setup of key fail with err.
+func (d *Datapath) FailNextSetup(key string, err error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.fail[key] = err
+}
+
+// DropRoute removes a wired allocation's node-side piece (a person
+// deleting its route).
+func (d *Datapath) DropRoute(key string) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	l, ok := d.links[key]
+	if !ok {
+		return errors.New("no link " + key)
+	}
+	l.route = false
+	d.links[key] = l
+	return nil
+}
+
+// DropLink removes a wired allocation's link (its pod end with it).
+func (d *Datapath) DropLink(key string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	delete(d.links, key)
+}
+
+// Orphan adds a link of vpcni's that no record knows (a crash between
+// wiring and recording).
+func (d *Datapath) Orphan(key, netns string, ip netip.Addr) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.links[key] = link{netns: netns, address: ip, route: true}
+}
+
+// Stale leaves a node-side piece for ip (a proxy entry of an address no
+// pod holds).
+func (d *Datapath) Stale(ip netip.Addr) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.stale[ip] = true
+}
+
+// Links lists the wired keys, sorted.
+func (d *Datapath) Links() []string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var out []string
+	for k := range d.links {
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// Wired says whether key is wired with ip, its route included.
+func (d *Datapath) Wired(key string, ip netip.Addr) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	l, ok := d.links[key]
+	return ok && l.address == ip && l.route
+}
+
+// HasStale says whether a stale piece of ip is left.
+func (d *Datapath) HasStale(ip netip.Addr) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.stale[ip]
+}
+
+// Calls counts calls by method name.
+func (d *Datapath) Calls(method string) int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.calls[method]
+}
