@@ -12,6 +12,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -44,9 +45,28 @@ func (e *UnreachableError) Error() string {
 
 func (e *UnreachableError) Unwrap() error { return e.Err }
 
+// HangupError says the agent closed or reset the connection before its
+// answer was complete: it stopped, restarted or crashed while the request
+// waited on its socket or was being served. The agent may have acted on the
+// request, and repeating it is still safe: every verb it serves is
+// idempotent (an ADD for a container and interface it already wired
+// returns the same address).
+type HangupError struct {
+	Socket string
+	Op     string // "send request" or "read answer"
+	Err    error
+}
+
+func (e *HangupError) Error() string {
+	return fmt.Sprintf("vpcnid at %s closed the connection before answering (%s): %v", e.Socket, e.Op, e.Err)
+}
+
+func (e *HangupError) Unwrap() error { return e.Err }
+
 // Do POSTs in (or GETs when in is nil) to path and decodes the answer into
 // out (a *json.RawMessage keeps it raw). A CNI error from the agent comes
-// back as *Error; failing to connect as *UnreachableError.
+// back as *Error; failing to connect as *UnreachableError; the agent going
+// away before it answered as *HangupError.
 func (c *Client) Do(ctx context.Context, path string, in, out any) error {
 	method, body := "GET", []byte(nil)
 	if in != nil {
@@ -116,8 +136,19 @@ func (c *Client) ioError(ctx context.Context, what string, err error) error {
 		// The socket's deadline is the context's, and may pass a moment
 		// before the context's own timer marks it done.
 		err = context.DeadlineExceeded
+	} else if hungUp(err) {
+		return &HangupError{Socket: c.Socket, Op: what, Err: err}
 	}
 	return fmt.Errorf("vpcnid at %s: %s: %w", c.Socket, what, err)
+}
+
+// hungUp says whether err is the peer going away: the end of the stream
+// before a whole answer (the agent closed the connection), ECONNRESET (it
+// closed with our request unread, or its listener closed with the
+// connection still in the backlog), or EPIPE (it was gone while we wrote).
+func hungUp(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
 }
 
 func asOpError(err error, target **net.OpError) bool {

@@ -378,3 +378,74 @@ func TestDoMalformedAnswers(t *testing.T) {
 		}
 	}
 }
+
+// serveConn hands every connection to a real unix socket server to handle.
+func serveConn(t *testing.T, handle func(net.Conn)) string {
+	t.Helper()
+	sock := filepath.Join(t.TempDir(), "vpcnid.sock")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l.Close() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+				handle(c)
+			}()
+		}
+	}()
+	return sock
+}
+
+// readRequest reads one whole request, body included.
+func readRequest(c net.Conn) {
+	if req, err := http.ReadRequest(bufio.NewReader(c)); err == nil {
+		_, _ = io.Copy(io.Discard, req.Body)
+	}
+}
+
+// An agent that goes away after it took the connection — closing it with
+// or without reading the request, or halfway through its answer — is a
+// hangup: safe to retry, and not mistaken for an agent that never got the
+// request.
+func TestDoHangup(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		handle func(net.Conn)
+		is     error
+	}{
+		{"closed after reading the request", readRequest, io.EOF},
+		// Closing with the request unread makes the kernel reset the
+		// connection.
+		{"closed with the request unread", func(c net.Conn) { _, _ = c.Read(make([]byte, 1)) }, syscall.ECONNRESET},
+		{"closed halfway through the answer", func(c net.Conn) {
+			readRequest(c)
+			_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{\"node\":")
+		}, io.ErrUnexpectedEOF},
+	} {
+		sock := serveConn(t, tc.handle)
+		err := api.NewClient(sock).Do(ctx(t), api.PathAdd, &api.CNIRequest{Config: json.RawMessage(`{}`)}, &api.State{})
+		var h *api.HangupError
+		if !errors.As(err, &h) {
+			t.Errorf("%s: error %v (%T) is not an *api.HangupError", tc.name, err, err)
+			continue
+		}
+		if !errors.Is(err, tc.is) {
+			t.Errorf("%s: %v does not wrap %v", tc.name, err, tc.is)
+		}
+		var u *api.UnreachableError
+		if errors.As(err, &u) {
+			t.Errorf("%s: reported as unreachable, though the agent took the connection: %v", tc.name, err)
+		}
+		if h.Socket != sock || !strings.Contains(err.Error(), sock) {
+			t.Errorf("%s: error %q does not name the socket %s", tc.name, err, sock)
+		}
+	}
+}
