@@ -4,15 +4,20 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/vpcni/vpcni/internal/api"
 )
 
 const okRequest = "POST /v1/status HTTP/1.1\r\nHost: vpcnid\r\nConnection: close\r\nContent-Length: 2\r\n\r\n{}"
@@ -151,6 +156,41 @@ func TestDrainWhileServing(t *testing.T) {
 	}
 	if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("socket path after the stop: %v, want it gone", err)
+	}
+}
+
+// A body over the limit, sent to the real handler over a unix socket: the
+// client gets the agent's answer naming the limit, though the agent stops
+// reading and closes while the client is still sending.
+func TestOversizedBodyAnsweredOverSocket(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "vpcnid.sock")
+	sock, err := OpenSocket(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: (&Agent{log: slog.New(slog.DiscardHandler)}).Handler()}
+	go func() { _ = srv.Serve(sock) }()
+	t.Cleanup(func() { srv.Close() })
+
+	body := `{"config":{"name":"` + strings.Repeat("x", 2*api.MaxRequestBytes) + `"}}`
+	c, err := net.Dial("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	go func() {
+		// Fails with EPIPE or ECONNRESET once the agent closes: expected.
+		_, _ = fmt.Fprintf(c, "POST %s HTTP/1.1\r\nHost: vpcnid\r\nContent-Length: %d\r\n\r\n%s", api.PathAdd, len(body), body)
+	}()
+	res, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatalf("no answer to an oversized body: %v", err)
+	}
+	defer res.Body.Close()
+	data, _ := io.ReadAll(res.Body)
+	if res.StatusCode != http.StatusBadRequest || !strings.Contains(string(data), `"code":7`) || !strings.Contains(string(data), fmt.Sprint(api.MaxRequestBytes)) {
+		t.Fatalf("answer %d %s, want 400 with CNI code 7 naming the %d-byte limit", res.StatusCode, data, api.MaxRequestBytes)
 	}
 }
 

@@ -63,10 +63,22 @@ func (e *HangupError) Error() string {
 
 func (e *HangupError) Unwrap() error { return e.Err }
 
+// TooLargeError says the request is over MaxRequestBytes, the most the
+// agent reads. It was not sent: the agent would only refuse it, and the
+// caller learns the size and the limit instead of a broken pipe.
+type TooLargeError struct {
+	Size, Limit int
+}
+
+func (e *TooLargeError) Error() string {
+	return fmt.Sprintf("request of %d bytes is over vpcnid's limit of %d bytes", e.Size, e.Limit)
+}
+
 // Do POSTs in (or GETs when in is nil) to path and decodes the answer into
 // out (a *json.RawMessage keeps it raw). A CNI error from the agent comes
 // back as *Error; failing to connect as *UnreachableError; the agent going
-// away before it answered as *HangupError.
+// away before it answered as *HangupError; a body over MaxRequestBytes, not
+// sent, as *TooLargeError.
 func (c *Client) Do(ctx context.Context, path string, in, out any) error {
 	method, body := "GET", []byte(nil)
 	if in != nil {
@@ -75,6 +87,9 @@ func (c *Client) Do(ctx context.Context, path string, in, out any) error {
 			return fmt.Errorf("encode request: %w", err)
 		}
 		method, body = "POST", b
+	}
+	if len(body) > MaxRequestBytes {
+		return &TooLargeError{Size: len(body), Limit: MaxRequestBytes}
 	}
 	d := net.Dialer{Timeout: 2 * time.Second}
 	conn, err := d.DialContext(ctx, "unix", c.Socket)
@@ -102,11 +117,18 @@ func (c *Client) Do(ctx context.Context, path string, in, out any) error {
 	}
 	req.WriteString("\r\n")
 	req.Write(body)
-	if _, err := conn.Write(req.Bytes()); err != nil {
-		return c.ioError(ctx, "send request", err)
-	}
-	status, data, err := readResponse(bufio.NewReader(conn))
-	if err != nil {
+	status, data, err := 0, []byte(nil), error(nil)
+	if _, werr := conn.Write(req.Bytes()); werr != nil {
+		// An agent that stops reading a body it refuses (over its limit,
+		// which may differ from ours during an upgrade) answers first, then
+		// closes: its answer says more than the broken pipe.
+		if !hungUp(werr) {
+			return c.ioError(ctx, "send request", werr)
+		}
+		if status, data, err = readResponse(bufio.NewReader(conn)); err != nil {
+			return c.ioError(ctx, "send request", werr)
+		}
+	} else if status, data, err = readResponse(bufio.NewReader(conn)); err != nil {
 		return c.ioError(ctx, "read answer", err)
 	}
 	if status != 200 {

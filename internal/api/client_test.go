@@ -13,6 +13,7 @@ import (
 	"reflect"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -447,5 +448,48 @@ func TestDoHangup(t *testing.T) {
 		if h.Socket != sock || !strings.Contains(err.Error(), sock) {
 			t.Errorf("%s: error %q does not name the socket %s", tc.name, err, sock)
 		}
+	}
+}
+
+// A body over MaxRequestBytes is refused before any connection: the agent
+// would only cut it off.
+func TestDoTooLargeNotSent(t *testing.T) {
+	var accepted atomic.Int32
+	sock := serveConn(t, func(c net.Conn) { accepted.Add(1) })
+	big := &api.CNIRequest{Config: json.RawMessage(`{"pad":"` + strings.Repeat("x", api.MaxRequestBytes) + `"}`)}
+	err := api.NewClient(sock).Do(ctx(t), api.PathAdd, big, nil)
+	var tl *api.TooLargeError
+	if !errors.As(err, &tl) {
+		t.Fatalf("error %v (%T), want *api.TooLargeError", err, err)
+	}
+	if tl.Limit != api.MaxRequestBytes || tl.Size <= api.MaxRequestBytes {
+		t.Errorf("size %d, limit %d: want the body's size over the limit %d", tl.Size, tl.Limit, api.MaxRequestBytes)
+	}
+	// A small request goes through: its connection proves
+	// the server was reachable all along.
+	small := &api.CNIRequest{Config: json.RawMessage(`{}`)}
+	_ = api.NewClient(sock).Do(ctx(t), api.PathAdd, small, nil)
+	if n := accepted.Load(); n != 1 {
+		t.Errorf("server accepted %d connections, want 1 (only the small request's)", n)
+	}
+}
+
+// An agent with a smaller limit (another version, mid-upgrade) answers and
+// closes while the client still sends: the client reports the agent's
+// answer, not the broken pipe.
+func TestDoAnswerAfterAgentStopsReading(t *testing.T) {
+	const limit = 64 << 10
+	sock := serve(t, func(w http.ResponseWriter, r *http.Request) {
+		if _, err := io.Copy(io.Discard, http.MaxBytesReader(w, r.Body, limit)); err != nil {
+			writeJSON(w, http.StatusBadRequest, api.Error{Code: api.CodeInvalidConfig, Msg: "request too large"})
+			return
+		}
+		writeJSON(w, http.StatusOK, struct{}{})
+	})
+	body := &api.CNIRequest{Config: json.RawMessage(`{"pad":"` + strings.Repeat("x", 8*limit) + `"}`)}
+	err := api.NewClient(sock).Do(ctx(t), api.PathAdd, body, nil)
+	var e *api.Error
+	if !errors.As(err, &e) || e.Code != api.CodeInvalidConfig {
+		t.Fatalf("error %v (%T), want the agent's CNI error 7", err, err)
 	}
 }

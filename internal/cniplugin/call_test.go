@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -15,6 +16,7 @@ import (
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 
+	"github.com/vpcni/vpcni/internal/api"
 	"github.com/vpcni/vpcni/internal/cniplugin"
 )
 
@@ -139,6 +141,19 @@ func TestCallErrorCodes(t *testing.T) {
 			if tc.code == types.ErrTryAgainLater && !strings.Contains(e.Msg, "try again later") {
 				t.Errorf("%s, %s: %q does not say to try again later", tc.name, verb, e.Msg)
 			}
+		}
+	}
+}
+
+// A configuration over the agent's limit is refused by the plugin, naming
+// size and limit, before it calls the agent: with no agent at all the
+// answer is still 7, not 11.
+func TestCallRefusesConfigOverLimit(t *testing.T) {
+	pad := `,"pad":"` + strings.Repeat("x", api.MaxRequestBytes) + `"`
+	for verb, err := range verbs(t, conf(filepath.Join(t.TempDir(), "none.sock"), pad)) {
+		e := cniError(t, err)
+		if e.Code != types.ErrInvalidNetworkConfig || !strings.Contains(e.Msg, "too large") || !strings.Contains(e.Msg, strconv.Itoa(api.MaxRequestBytes)) {
+			t.Errorf("%s: code %d %q; want %d naming the %d-byte limit", verb, e.Code, e.Error(), types.ErrInvalidNetworkConfig, api.MaxRequestBytes)
 		}
 	}
 }

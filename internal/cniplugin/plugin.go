@@ -195,6 +195,14 @@ func call(conf *NetConf, path string, req *api.CNIRequest, out any) error {
 			"vpcnid closed the connection before answering (it is stopping, restarting or crashed); try again later",
 			hangup.Error()+"; if it keeps happening, see the vpcnid log on this node")
 	}
+	var tooLarge *api.TooLargeError
+	if errors.As(err, &tooLarge) {
+		// 7, not 4: the bulk of the request is the network configuration
+		// from stdin, not the CNI_* variables; no retry makes it fit.
+		return types.NewError(types.ErrInvalidNetworkConfig,
+			fmt.Sprintf("network configuration too large: the request to vpcnid would be %d bytes, over its limit of %d bytes", tooLarge.Size, tooLarge.Limit),
+			"the agent reads at most 1 MiB per request; shorten the network configuration (nothing was sent)")
+	}
 	if errors.Is(err, context.DeadlineExceeded) {
 		return types.NewError(types.ErrTryAgainLater,
 			fmt.Sprintf("vpcnid did not answer %s within %s; try again later", path, conf.timeout()), err.Error())
