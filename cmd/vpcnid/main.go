@@ -3,7 +3,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -60,7 +59,7 @@ func run(configPath string) error {
 		return err
 	}
 	defer a.Close()
-	l, err := agent.Listen(cfg.SocketPath)
+	sock, err := agent.OpenSocket(cfg.SocketPath)
 	if err != nil {
 		return err
 	}
@@ -98,7 +97,7 @@ func run(configPath string) error {
 	go func() { a.Run(ctx); close(runDone) }()
 	defer func() { stop(); <-runDone }()
 	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(l) }()
+	go func() { errc <- srv.Serve(sock) }()
 	log.Info("vpcnid ready", "version", version, "node", cfg.NodeName, "socket", cfg.SocketPath, "provider", cfg.Provider.Type)
 	if installConflist != "" {
 		name := filepath.Base(installConflist)
@@ -111,14 +110,18 @@ func run(configPath string) error {
 	select {
 	case <-ctx.Done():
 	case err := <-errc:
-		if !errors.Is(err, http.ErrServerClosed) {
-			return err
-		}
+		os.Remove(cfg.SocketPath)
+		return fmt.Errorf("serve %s: %w", cfg.SocketPath, err)
 	}
+	// Every request already on the socket is answered: Drain takes the
+	// socket's path away and accepts what is queued (a plain close would
+	// reset it), then Shutdown waits for the answers.
 	shutdown, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
+	if err := sock.Drain(shutdown); err != nil {
+		log.Warn("socket not drained; requests still queued on it are reset", "err", err)
+	}
 	err = srv.Shutdown(shutdown)
-	os.Remove(cfg.SocketPath)
 	log.Info("vpcnid stopped; pods keep running")
 	return err
 }

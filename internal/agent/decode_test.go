@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -69,14 +70,21 @@ func TestDecodeRequestRejects(t *testing.T) {
 }
 
 func TestDecodeRequestOversized(t *testing.T) {
-	// The server reads the body through the same limit.
-	big := `{"config":{"name":"` + strings.Repeat("x", api.MaxRequestBytes) + `"}}`
-	req, aerr := DecodeRequest(http.MaxBytesReader(nil, io.NopCloser(strings.NewReader(big)), api.MaxRequestBytes))
-	if aerr == nil {
-		t.Fatalf("a %d-byte request was accepted (config of %d bytes)", len(big), len(req.Config))
-	}
-	if aerr.Code != api.CodeDecodingFailure || !strings.Contains(aerr.Details, "too large") {
-		t.Fatalf("got %+v, want a decoding failure saying the body is too large", aerr)
+	// The server reads the body through the same limit. Over it is too
+	// large wherever the limit falls: inside the object, or in data after
+	// an object that fits.
+	for name, big := range map[string]string{
+		"config":         `{"config":{"name":"` + strings.Repeat("x", api.MaxRequestBytes) + `"}}`,
+		"trailing space": `{"config":{}}` + strings.Repeat(" ", api.MaxRequestBytes),
+	} {
+		req, aerr := DecodeRequest(http.MaxBytesReader(nil, io.NopCloser(strings.NewReader(big)), api.MaxRequestBytes))
+		if aerr == nil {
+			t.Errorf("%s: a %d-byte request was accepted (config of %d bytes)", name, len(big), len(req.Config))
+			continue
+		}
+		if aerr.Code != api.CodeInvalidConfig || !strings.Contains(aerr.Msg, "too large") || !strings.Contains(aerr.Msg, strconv.Itoa(api.MaxRequestBytes)) {
+			t.Errorf("%s: got %+v, want invalid config (7) saying the request is over %d bytes", name, aerr, api.MaxRequestBytes)
+		}
 	}
 }
 
@@ -85,14 +93,17 @@ func TestDecodeRequestOversized(t *testing.T) {
 func TestHandlerRejectsBadBodies(t *testing.T) {
 	a := &Agent{log: slog.New(slog.DiscardHandler)}
 	h := a.Handler()
-	for name, body := range map[string]string{
-		"oversized":     `{"config":{"name":"` + strings.Repeat("x", api.MaxRequestBytes) + `"}}`,
-		"unknown field": `{"config":{},"bogus":true}`,
-		"garbage":       "\xff\xfe",
+	for name, tc := range map[string]struct {
+		body string
+		code uint
+	}{
+		"oversized":     {`{"config":{"name":"` + strings.Repeat("x", api.MaxRequestBytes) + `"}}`, api.CodeInvalidConfig},
+		"unknown field": {`{"config":{},"bogus":true}`, api.CodeDecodingFailure},
+		"garbage":       {"\xff\xfe", api.CodeDecodingFailure},
 	} {
 		for _, path := range []string{api.PathAdd, api.PathDel, api.PathCheck, api.PathGC, api.PathStatus} {
 			rec := httptest.NewRecorder()
-			h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, path, strings.NewReader(body)))
+			h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, path, strings.NewReader(tc.body)))
 			if rec.Code != http.StatusBadRequest {
 				t.Errorf("%s %s: status %d, want 400", name, path, rec.Code)
 				continue
@@ -101,8 +112,8 @@ func TestHandlerRejectsBadBodies(t *testing.T) {
 				t.Errorf("%s %s: answer without Content-Length", name, path)
 			}
 			var e api.Error
-			if err := json.Unmarshal(rec.Body.Bytes(), &e); err != nil || e.Code != api.CodeDecodingFailure {
-				t.Errorf("%s %s: body %q, want a CNI error with code %d", name, path, rec.Body, api.CodeDecodingFailure)
+			if err := json.Unmarshal(rec.Body.Bytes(), &e); err != nil || e.Code != tc.code {
+				t.Errorf("%s %s: body %q, want a CNI error with code %d", name, path, rec.Body, tc.code)
 			}
 		}
 	}

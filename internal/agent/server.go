@@ -101,16 +101,34 @@ func (a *Agent) serveCNI(verb string, f func(context.Context, *api.CNIRequest) (
 }
 
 // DecodeRequest reads one API request strictly: unknown fields, trailing
-// data and a missing config are errors.
+// data and a missing config are errors. A body cut off by
+// http.MaxBytesReader is refused as too large, naming the limit.
 func DecodeRequest(body io.Reader) (*api.CNIRequest, *api.Error) {
+	// Invalid config (7), not a decoding failure: nearly all of a request
+	// is the network configuration, and no retry makes it fit.
+	tooLarge := func(err error) *api.Error {
+		var mbe *http.MaxBytesError
+		if !errors.As(err, &mbe) {
+			return nil
+		}
+		return api.Errorf(api.CodeInvalidConfig,
+			fmt.Sprintf("vpcnid request too large: over the limit of %d bytes", mbe.Limit),
+			"the network configuration is too big; shorten it")
+	}
 	dec := json.NewDecoder(body)
 	dec.DisallowUnknownFields()
 	req := &api.CNIRequest{}
 	if err := dec.Decode(req); err != nil {
+		if aerr := tooLarge(err); aerr != nil {
+			return nil, aerr
+		}
 		return nil, api.Errorf(api.CodeDecodingFailure, "malformed vpcnid request", err.Error())
 	}
 	// More() misses a stray '}' or ']': only the end of the input will do.
 	if _, err := dec.Token(); err != io.EOF {
+		if aerr := tooLarge(err); aerr != nil {
+			return nil, aerr
+		}
 		return nil, api.Errorf(api.CodeDecodingFailure, "malformed vpcnid request", "data after the request object")
 	}
 	if len(req.Config) == 0 || string(req.Config) == "null" {

@@ -12,6 +12,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -44,9 +45,40 @@ func (e *UnreachableError) Error() string {
 
 func (e *UnreachableError) Unwrap() error { return e.Err }
 
+// HangupError says the agent closed or reset the connection before its
+// answer was complete: it stopped, restarted or crashed while the request
+// waited on its socket or was being served. The agent may have acted on the
+// request, and repeating it is still safe: every verb it serves is
+// idempotent (an ADD for a container and interface it already wired
+// returns the same address).
+type HangupError struct {
+	Socket string
+	Op     string // "send request" or "read answer"
+	Err    error
+}
+
+func (e *HangupError) Error() string {
+	return fmt.Sprintf("vpcnid at %s closed the connection before answering (%s): %v", e.Socket, e.Op, e.Err)
+}
+
+func (e *HangupError) Unwrap() error { return e.Err }
+
+// TooLargeError says the request is over MaxRequestBytes, the most the
+// agent reads. It was not sent: the agent would only refuse it, and the
+// caller learns the size and the limit instead of a broken pipe.
+type TooLargeError struct {
+	Size, Limit int
+}
+
+func (e *TooLargeError) Error() string {
+	return fmt.Sprintf("request of %d bytes is over vpcnid's limit of %d bytes", e.Size, e.Limit)
+}
+
 // Do POSTs in (or GETs when in is nil) to path and decodes the answer into
 // out (a *json.RawMessage keeps it raw). A CNI error from the agent comes
-// back as *Error; failing to connect as *UnreachableError.
+// back as *Error; failing to connect as *UnreachableError; the agent going
+// away before it answered as *HangupError; a body over MaxRequestBytes, not
+// sent, as *TooLargeError.
 func (c *Client) Do(ctx context.Context, path string, in, out any) error {
 	method, body := "GET", []byte(nil)
 	if in != nil {
@@ -55,6 +87,9 @@ func (c *Client) Do(ctx context.Context, path string, in, out any) error {
 			return fmt.Errorf("encode request: %w", err)
 		}
 		method, body = "POST", b
+	}
+	if len(body) > MaxRequestBytes {
+		return &TooLargeError{Size: len(body), Limit: MaxRequestBytes}
 	}
 	d := net.Dialer{Timeout: 2 * time.Second}
 	conn, err := d.DialContext(ctx, "unix", c.Socket)
@@ -82,11 +117,18 @@ func (c *Client) Do(ctx context.Context, path string, in, out any) error {
 	}
 	req.WriteString("\r\n")
 	req.Write(body)
-	if _, err := conn.Write(req.Bytes()); err != nil {
-		return c.ioError(ctx, "send request", err)
-	}
-	status, data, err := readResponse(bufio.NewReader(conn))
-	if err != nil {
+	status, data, err := 0, []byte(nil), error(nil)
+	if _, werr := conn.Write(req.Bytes()); werr != nil {
+		// An agent that stops reading a body it refuses (over its limit,
+		// which may differ from ours during an upgrade) answers first, then
+		// closes: its answer says more than the broken pipe.
+		if !hungUp(werr) {
+			return c.ioError(ctx, "send request", werr)
+		}
+		if status, data, err = readResponse(bufio.NewReader(conn)); err != nil {
+			return c.ioError(ctx, "send request", werr)
+		}
+	} else if status, data, err = readResponse(bufio.NewReader(conn)); err != nil {
 		return c.ioError(ctx, "read answer", err)
 	}
 	if status != 200 {
@@ -116,8 +158,19 @@ func (c *Client) ioError(ctx context.Context, what string, err error) error {
 		// The socket's deadline is the context's, and may pass a moment
 		// before the context's own timer marks it done.
 		err = context.DeadlineExceeded
+	} else if hungUp(err) {
+		return &HangupError{Socket: c.Socket, Op: what, Err: err}
 	}
 	return fmt.Errorf("vpcnid at %s: %s: %w", c.Socket, what, err)
+}
+
+// hungUp says whether err is the peer going away: the end of the stream
+// before a whole answer (the agent closed the connection), ECONNRESET (it
+// closed with our request unread, or its listener closed with the
+// connection still in the backlog), or EPIPE (it was gone while we wrote).
+func hungUp(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
 }
 
 func asOpError(err error, target **net.OpError) bool {

@@ -14,6 +14,7 @@ import (
 	"reflect"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -378,5 +379,119 @@ func TestDoMalformedAnswers(t *testing.T) {
 		if err := api.NewClient(sock).Do(ctx(t), api.PathState, nil, &st); err == nil {
 			t.Errorf("%s: accepted, decoded %+v", name, st)
 		}
+	}
+}
+
+// serveConn hands every connection to a real unix socket server to handle.
+func serveConn(t *testing.T, handle func(net.Conn)) string {
+	t.Helper()
+	sock := filepath.Join(t.TempDir(), "vpcnid.sock")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l.Close() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+				handle(c)
+			}()
+		}
+	}()
+	return sock
+}
+
+// readRequest reads one whole request, body included.
+func readRequest(c net.Conn) {
+	if req, err := http.ReadRequest(bufio.NewReader(c)); err == nil {
+		_, _ = io.Copy(io.Discard, req.Body)
+	}
+}
+
+// An agent that goes away after it took the connection — closing it with
+// or without reading the request, or halfway through its answer — is a
+// hangup: safe to retry, and not mistaken for an agent that never got the
+// request.
+func TestDoHangup(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		handle func(net.Conn)
+		is     error
+	}{
+		{"closed after reading the request", readRequest, io.EOF},
+		// Closing with the request unread makes the kernel reset the
+		// connection.
+		{"closed with the request unread", func(c net.Conn) { _, _ = c.Read(make([]byte, 1)) }, syscall.ECONNRESET},
+		{"closed halfway through the answer", func(c net.Conn) {
+			readRequest(c)
+			_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{\"node\":")
+		}, io.ErrUnexpectedEOF},
+	} {
+		sock := serveConn(t, tc.handle)
+		err := api.NewClient(sock).Do(ctx(t), api.PathAdd, &api.CNIRequest{Config: json.RawMessage(`{}`)}, &api.State{})
+		var h *api.HangupError
+		if !errors.As(err, &h) {
+			t.Errorf("%s: error %v (%T) is not an *api.HangupError", tc.name, err, err)
+			continue
+		}
+		if !errors.Is(err, tc.is) {
+			t.Errorf("%s: %v does not wrap %v", tc.name, err, tc.is)
+		}
+		var u *api.UnreachableError
+		if errors.As(err, &u) {
+			t.Errorf("%s: reported as unreachable, though the agent took the connection: %v", tc.name, err)
+		}
+		if h.Socket != sock || !strings.Contains(err.Error(), sock) {
+			t.Errorf("%s: error %q does not name the socket %s", tc.name, err, sock)
+		}
+	}
+}
+
+// A body over MaxRequestBytes is refused before any connection: the agent
+// would only cut it off.
+func TestDoTooLargeNotSent(t *testing.T) {
+	var accepted atomic.Int32
+	sock := serveConn(t, func(c net.Conn) { accepted.Add(1) })
+	big := &api.CNIRequest{Config: json.RawMessage(`{"pad":"` + strings.Repeat("x", api.MaxRequestBytes) + `"}`)}
+	err := api.NewClient(sock).Do(ctx(t), api.PathAdd, big, nil)
+	var tl *api.TooLargeError
+	if !errors.As(err, &tl) {
+		t.Fatalf("error %v (%T), want *api.TooLargeError", err, err)
+	}
+	if tl.Limit != api.MaxRequestBytes || tl.Size <= api.MaxRequestBytes {
+		t.Errorf("size %d, limit %d: want the body's size over the limit %d", tl.Size, tl.Limit, api.MaxRequestBytes)
+	}
+	// A small request goes through: its connection proves
+	// the server was reachable all along.
+	small := &api.CNIRequest{Config: json.RawMessage(`{}`)}
+	_ = api.NewClient(sock).Do(ctx(t), api.PathAdd, small, nil)
+	if n := accepted.Load(); n != 1 {
+		t.Errorf("server accepted %d connections, want 1 (only the small request's)", n)
+	}
+}
+
+// An agent with a smaller limit (another version, mid-upgrade) answers and
+// closes while the client still sends: the client reports the agent's
+// answer, not the broken pipe.
+func TestDoAnswerAfterAgentStopsReading(t *testing.T) {
+	const limit = 64 << 10
+	sock := serve(t, func(w http.ResponseWriter, r *http.Request) {
+		if _, err := io.Copy(io.Discard, http.MaxBytesReader(w, r.Body, limit)); err != nil {
+			writeJSON(w, http.StatusBadRequest, api.Error{Code: api.CodeInvalidConfig, Msg: "request too large"})
+			return
+		}
+		writeJSON(w, http.StatusOK, struct{}{})
+	})
+	body := &api.CNIRequest{Config: json.RawMessage(`{"pad":"` + strings.Repeat("x", 8*limit) + `"}`)}
+	err := api.NewClient(sock).Do(ctx(t), api.PathAdd, body, nil)
+	var e *api.Error
+	if !errors.As(err, &e) || e.Code != api.CodeInvalidConfig {
+		t.Fatalf("error %v (%T), want the agent's CNI error 7", err, err)
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"syscall"
 	"time"
 
 	"github.com/containernetworking/cni/pkg/skel"
@@ -167,7 +168,11 @@ func checkNetns(path string) error {
 	return nil
 }
 
-// call forwards one verb and turns every failure into a CNI error.
+// call forwards one verb and turns every failure into a CNI error. What a
+// retry can cure — no agent on the socket, the agent going away while it
+// answered, no answer in time — is 11, "try again later": the runtime
+// retries, and every verb is idempotent in the agent, so a retry is safe
+// even when the agent acted before the connection broke.
 func call(conf *NetConf, path string, req *api.CNIRequest, out any) error {
 	ctx, cancel := context.WithTimeout(context.Background(), conf.timeout())
 	defer cancel()
@@ -181,13 +186,41 @@ func call(conf *NetConf, path string, req *api.CNIRequest, out any) error {
 	}
 	var unreachable *api.UnreachableError
 	if errors.As(err, &unreachable) {
-		return types.NewError(types.ErrTryAgainLater,
-			fmt.Sprintf("vpcnid is not running on this node (no agent at %s); try again later", conf.Socket),
+		return types.NewError(types.ErrTryAgainLater, unreachableMsg(conf.Socket, unreachable.Err),
 			unreachable.Err.Error()+"; check the vpcnid DaemonSet pod on this node")
+	}
+	var hangup *api.HangupError
+	if errors.As(err, &hangup) {
+		return types.NewError(types.ErrTryAgainLater,
+			"vpcnid closed the connection before answering (it is stopping, restarting or crashed); try again later",
+			hangup.Error()+"; if it keeps happening, see the vpcnid log on this node")
+	}
+	var tooLarge *api.TooLargeError
+	if errors.As(err, &tooLarge) {
+		// 7, not 4: the bulk of the request is the network configuration
+		// from stdin, not the CNI_* variables; no retry makes it fit.
+		return types.NewError(types.ErrInvalidNetworkConfig,
+			fmt.Sprintf("network configuration too large: the request to vpcnid would be %d bytes, over its limit of %d bytes", tooLarge.Size, tooLarge.Limit),
+			"the agent reads at most 1 MiB per request; shorten the network configuration (nothing was sent)")
 	}
 	if errors.Is(err, context.DeadlineExceeded) {
 		return types.NewError(types.ErrTryAgainLater,
 			fmt.Sprintf("vpcnid did not answer %s within %s; try again later", path, conf.timeout()), err.Error())
 	}
 	return types.NewError(types.ErrInternal, "vpcnid call failed", err.Error())
+}
+
+// unreachableMsg says why no agent took the connection.
+func unreachableMsg(socket string, err error) string {
+	switch {
+	case errors.Is(err, syscall.ENOENT):
+		// Also an agent that is stopping: it unlinks its socket first.
+		return fmt.Sprintf("vpcnid is not running on this node (no socket at %s: it is stopping, restarting or not started); try again later", socket)
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return fmt.Sprintf("vpcnid is not running on this node (nothing listens on %s: it died or is restarting); try again later", socket)
+	case errors.Is(err, syscall.EAGAIN):
+		// A non-blocking connect to a unix socket whose backlog is full.
+		return fmt.Sprintf("vpcnid is running but too busy to take the connection (the backlog of %s is full); try again later", socket)
+	}
+	return fmt.Sprintf("vpcnid is not reachable at %s; try again later", socket)
 }
