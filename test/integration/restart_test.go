@@ -15,7 +15,7 @@ import (
 
 	"github.com/containernetworking/cni/pkg/types"
 
-	"github.com/vpcni/vpcni/internal/api"
+	"github.com/vpcni/vpcni/internal/alloc"
 	"github.com/vpcni/vpcni/internal/testbed"
 )
 
@@ -138,7 +138,7 @@ func TestRestartDuringAddBurst(t *testing.T) {
 		st := e.state()
 		recorded := map[string]string{}
 		for _, a := range st.Allocations {
-			recorded[a.ContainerID] = a.Address
+			recorded[a.ContainerID] = a.Address.String()
 		}
 		owner := map[netip.Addr]int{}
 		for i, ip := range ips {
@@ -155,7 +155,7 @@ func TestRestartDuringAddBurst(t *testing.T) {
 			t.Errorf("%s: %d records, pool counts %d allocated (%d listed); want %d each", how, len(st.Allocations), st.Pool.Allocated, len(held), n)
 		}
 		for _, a := range held {
-			if !slices.ContainsFunc(st.Allocations, func(r api.Allocation) bool { return r.Address == a }) {
+			if !slices.ContainsFunc(st.Allocations, func(r alloc.Allocation) bool { return r.Address.String() == a }) {
 				t.Errorf("%s: the pool holds %s as allocated, no record has it (leaked)", how, a)
 			}
 		}
