@@ -11,7 +11,7 @@ LDFLAGS   := -s -w -X main.version=$(VERSION)
 GOBUILD   := CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)"
 PKG_TEST_TIMEOUT ?= 15m
 
-.PHONY: all build image k8s-build k8s-fixture deps test unit fuzz integration e2e-neutron-agents e2e-k8s chaos lint demo bench clean
+.PHONY: all build image k8s-build k8s-fixture deps generate verify-generate test unit fuzz integration e2e-neutron-agents e2e-k8s chaos lint demo bench clean
 
 all: build
 
@@ -45,6 +45,21 @@ deps:
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed: $$out"; exit 1; fi
 	$(GO) vet ./...
+
+# The PodAddress API's deep copies and its CRD (deploy/vpcni.io_podaddresses.yaml)
+# are generated from the Go types in internal/apis by controller-gen, pinned in
+# the //go:generate line there and fetched through the Go module proxy.
+generate:
+	$(GO) generate ./internal/apis/...
+
+# Fails when a generated file differs from what the generator writes now. It
+# generates into a copy of the module, so the work tree is left as it is.
+verify-generate:
+	@set -e; tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
+	cp -r go.mod go.sum internal deploy "$$tmp"/; \
+	(cd "$$tmp" && $(GO) generate ./internal/apis/...) || { echo "verify-generate: the generator did not run (it needs the Go module proxy once)"; exit 1; }; \
+	{ diff -ru internal/apis "$$tmp"/internal/apis && diff -ru deploy "$$tmp"/deploy; } || \
+	{ echo "verify-generate: generated files are stale: run make generate and commit the result"; exit 1; }
 
 unit:
 	$(GO) test -count=1 $$($(GO) list ./... | grep -v /test/)
@@ -82,7 +97,7 @@ CHAOS_ROUNDS ?= 20
 chaos: build
 	VPCNI_REQUIRE_ROOT=1 VPCNI_BIN=$(CURDIR)/$(BIN) VPCNI_CHAOS_ROUNDS=$(CHAOS_ROUNDS) $(GO) test -count=1 -timeout 60m -v -run 'TestChaos' ./test/neutron 2>&1 | $(TESTFILTER) ; exit $${PIPESTATUS[0]}
 
-test: deps lint unit fuzz integration e2e-neutron-agents e2e-k8s
+test: deps lint verify-generate unit fuzz integration e2e-neutron-agents e2e-k8s
 
 demo: build
 	$(BIN)/vpcnictl demo

@@ -10,15 +10,14 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/metadata/metadatainformer"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/workqueue"
+
+	"github.com/vpcni/vpcni/internal/apis/vpcni/v1alpha1"
 )
 
 // Orphans is vpcni-controller's reconciler: it deletes the PodAddress of
@@ -29,7 +28,7 @@ import (
 type Orphans struct {
 	Grace time.Duration
 
-	dyn   dynamic.Interface
+	pas   *podAddresses
 	log   *slog.Logger
 	pods  cache.SharedIndexInformer // metadata only: the controller needs no pod specs
 	addrs cache.SharedIndexInformer
@@ -45,7 +44,7 @@ type Orphans struct {
 func NewOrphans(cfg *rest.Config, grace time.Duration, log *slog.Logger) (*Orphans, error) {
 	cfg = rest.CopyConfig(cfg)
 	cfg.UserAgent = "vpcni-controller"
-	dyn, err := dynamic.NewForConfig(cfg)
+	pas, err := newPodAddresses(cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -53,7 +52,7 @@ func NewOrphans(cfg *rest.Config, grace time.Duration, log *slog.Logger) (*Orpha
 	if err != nil {
 		return nil, err
 	}
-	o := &Orphans{Grace: grace, dyn: dyn, log: log.With("reconciler", "orphans"),
+	o := &Orphans{Grace: grace, pas: pas, log: log.With("reconciler", "orphans"),
 		queue:     workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]()),
 		goneSince: map[string]time.Time{}}
 	o.pods = metadatainformer.NewSharedInformerFactory(md, 10*time.Minute).
@@ -68,16 +67,13 @@ func NewOrphans(cfg *rest.Config, grace time.Duration, log *slog.Logger) (*Orpha
 	}); err != nil {
 		return nil, err
 	}
-	o.addrs = dynamicinformer.NewDynamicSharedInformerFactory(dyn, 5*time.Minute).ForResource(PodAddressResource).Informer()
-	if err := o.addrs.AddIndexers(cache.Indexers{IndexPod: podIndex}); err != nil {
-		return nil, err
-	}
+	o.addrs = pas.informer("", 5*time.Minute, cache.Indexers{IndexPod: podIndex})
 	enqueue := func(obj any) {
 		if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 			obj = d.Obj
 		}
-		if u, ok := obj.(*unstructured.Unstructured); ok {
-			o.queue.Add(u.GetName())
+		if pa, ok := obj.(*v1alpha1.PodAddress); ok {
+			o.queue.Add(pa.Name)
 		}
 	}
 	_, _ = o.addrs.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: enqueue, UpdateFunc: func(_, n any) { enqueue(n) }})
@@ -103,35 +99,15 @@ func (o *Orphans) Released() int64 { return o.released.Load() }
 
 // Run reconciles until ctx ends.
 func (o *Orphans) Run(ctx context.Context) error {
-	defer o.queue.ShutDown()
+	defer o.queue.ShutDown() // also when the caches never sync
 	go o.pods.Run(ctx.Done())
 	go o.addrs.Run(ctx.Done())
 	if !cache.WaitForCacheSync(ctx.Done(), o.pods.HasSynced, o.addrs.HasSynced) {
 		return fmt.Errorf("caches did not sync: %w", ctx.Err())
 	}
 	o.log.Info("reconciling PodAddresses of pods that are gone", "grace", o.Grace)
-	go func() {
-		<-ctx.Done()
-		o.queue.ShutDown()
-	}()
-	for {
-		name, quit := o.queue.Get()
-		if quit {
-			return nil
-		}
-		again, err := o.reconcile(ctx, name)
-		switch {
-		case err != nil:
-			o.log.Warn("reconcile failed; retrying", "podaddress", name, "err", err)
-			o.queue.AddRateLimited(name)
-		case again > 0:
-			o.queue.Forget(name)
-			o.queue.AddAfter(name, again)
-		default:
-			o.queue.Forget(name)
-		}
-		o.queue.Done(name)
-	}
+	runQueue(ctx, o.queue, o.reconcile, o.log)
+	return nil
 }
 
 func (o *Orphans) reconcile(ctx context.Context, name string) (time.Duration, error) {
@@ -143,12 +119,8 @@ func (o *Orphans) reconcile(ctx context.Context, name string) (time.Duration, er
 		o.forget(name)
 		return 0, nil
 	}
-	u := obj.(*unstructured.Unstructured)
-	s, err := SpecOf(u)
-	if err != nil {
-		o.log.Warn("unreadable PodAddress left alone", "podaddress", name, "err", err)
-		return 0, nil
-	}
+	pa := obj.(*v1alpha1.PodAddress)
+	s := pa.Spec
 	if o.podExists(s) {
 		o.forget(name)
 		return 0, nil
@@ -163,10 +135,10 @@ func (o *Orphans) reconcile(ctx context.Context, name string) (time.Duration, er
 	if wait := o.Grace - time.Since(since); wait > 0 {
 		return wait, nil
 	}
-	uid := u.GetUID()
-	err = o.dyn.Resource(PodAddressResource).Delete(ctx, name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}})
+	uid := pa.UID // only this object: not one recreated under its name since
+	err = o.pas.Delete(ctx, name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}})
 	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
-		return 0, fmt.Errorf("delete PodAddress: %w", err)
+		return 0, fmt.Errorf("delete PodAddress %s: %w", name, err)
 	}
 	o.forget(name)
 	if err == nil {
@@ -177,7 +149,7 @@ func (o *Orphans) reconcile(ctx context.Context, name string) (time.Duration, er
 	return 0, nil
 }
 
-func (o *Orphans) podExists(s PodAddressSpec) bool {
+func (o *Orphans) podExists(s v1alpha1.PodAddressSpec) bool {
 	obj, ok, err := o.pods.GetIndexer().GetByKey(s.PodNamespace + "/" + s.PodName)
 	if err != nil || !ok {
 		return false

@@ -16,8 +16,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
@@ -30,6 +28,7 @@ import (
 	"github.com/vpcni/vpcni/internal/agent"
 	"github.com/vpcni/vpcni/internal/alloc"
 	"github.com/vpcni/vpcni/internal/api"
+	"github.com/vpcni/vpcni/internal/apis/vpcni/v1alpha1"
 )
 
 // Agent is what the node side needs of vpcnid.
@@ -66,12 +65,17 @@ func (o *NodeOptions) defaults() {
 
 type attKey struct{ containerID, ifName string }
 
+// LogValue names the attachment in the queue's log lines.
+func (k attKey) LogValue() slog.Value {
+	return slog.GroupValue(slog.String("container", k.containerID), slog.String("ifName", k.ifName))
+}
+
 // Node is the agent's Kubernetes side; it implements agent.Cluster.
 type Node struct {
 	name  string
 	opts  NodeOptions
 	cs    kubernetes.Interface
-	dyn   dynamic.Interface
+	pas   *podAddresses
 	agent Agent
 	log   *slog.Logger
 	host  string
@@ -97,11 +101,11 @@ func NewNode(cfg *rest.Config, nodeName string, a Agent, log *slog.Logger, opts 
 	if err != nil {
 		return nil, err
 	}
-	dyn, err := dynamic.NewForConfig(cfg)
+	pas, err := newPodAddresses(cfg)
 	if err != nil {
 		return nil, err
 	}
-	n := &Node{name: nodeName, opts: opts, cs: cs, dyn: dyn, agent: a, log: log.With("component", "kubernetes"), host: cfg.Host,
+	n := &Node{name: nodeName, opts: opts, cs: cs, pas: pas, agent: a, log: log.With("component", "kubernetes"), host: cfg.Host,
 		queue:    workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[attKey]()),
 		probeErr: errors.New("the Kubernetes API server was not reached yet")}
 	// Only this node's pods: the agent never holds the cluster's.
@@ -109,10 +113,7 @@ func NewNode(cfg *rest.Config, nodeName string, a Agent, log *slog.Logger, opts 
 		o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", nodeName).String()
 	}))
 	n.pods = pf.Core().V1().Pods().Informer()
-	af := dynamicinformer.NewFilteredDynamicSharedInformerFactory(dyn, 10*time.Minute, metav1.NamespaceAll, func(o *metav1.ListOptions) {
-		o.LabelSelector = LabelNode + "=" + NodeLabel(nodeName)
-	})
-	n.addrs = af.ForResource(PodAddressResource).Informer()
+	n.addrs = pas.informer(LabelNode+"="+NodeLabel(nodeName), 10*time.Minute, nil)
 	_, _ = n.addrs.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    n.enqueueAddr,
 		UpdateFunc: func(_, o any) { n.enqueueAddr(o) },
@@ -132,11 +133,11 @@ func (n *Node) enqueueAddr(obj any) {
 	if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 		obj = d.Obj
 	}
-	s, err := SpecOf(obj)
-	if err != nil || s.Node != n.name {
+	pa, ok := obj.(*v1alpha1.PodAddress)
+	if !ok || pa.Spec.Node != n.name {
 		return
 	}
-	n.queue.Add(attKey{s.ContainerID, s.IfName})
+	n.queue.Add(attKey{pa.Spec.ContainerID, pa.Spec.IfName})
 }
 
 func (n *Node) enqueuePod(obj any) {
@@ -164,10 +165,9 @@ func (n *Node) enqueuePod(obj any) {
 func (n *Node) Run(ctx context.Context) {
 	n.events.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: n.cs.CoreV1().Events("")})
 	defer n.events.Shutdown()
-	go func() {
-		<-ctx.Done()
-		n.queue.ShutDown()
-	}()
+	// Changed queues keys from the start; the queue's own goroutine (for
+	// AddAfter) ends only when it is shut down.
+	defer n.queue.ShutDown()
 	go n.probe(ctx)
 	// A node name Kubernetes does not know (a host name that is not the
 	// node's name) would make every pod look gone: nothing is reconciled
@@ -193,8 +193,7 @@ func (n *Node) Run(ctx context.Context) {
 		}
 	}
 	go n.poolLoop(ctx)
-	for n.work(ctx) {
-	}
+	runQueue(ctx, n.queue, n.reconcile, n.log)
 }
 
 // waitNode waits until the Node object of this agent's node exists.
@@ -224,26 +223,6 @@ func (n *Node) waitNode(ctx context.Context) bool {
 	}
 }
 
-func (n *Node) work(ctx context.Context) bool {
-	k, quit := n.queue.Get()
-	if quit {
-		return false
-	}
-	defer n.queue.Done(k)
-	again, err := n.reconcile(ctx, k)
-	switch {
-	case err != nil:
-		n.log.Warn("kubernetes sync failed; retrying", "container", k.containerID, "ifName", k.ifName, "err", err)
-		n.queue.AddRateLimited(k)
-	case again > 0:
-		n.queue.Forget(k)
-		n.queue.AddAfter(k, again)
-	default:
-		n.queue.Forget(k)
-	}
-	return true
-}
-
 // reconcile brings one attachment's Kubernetes side in line with the
 // agent's record: PodAddress and annotations while it exists, no
 // PodAddress once it is gone, and a release when vpcni-controller found
@@ -258,16 +237,15 @@ func (n *Node) reconcile(ctx context.Context, k attKey) (again time.Duration, er
 	if err != nil {
 		return 0, err
 	}
-	padrs := n.dyn.Resource(PodAddressResource)
 	if att == nil {
 		if !published {
 			return 0, nil
 		}
-		err := padrs.Delete(ctx, name, metav1.DeleteOptions{})
-		if apierrors.IsNotFound(err) {
-			err = nil
+		err := n.pas.Delete(ctx, name, metav1.DeleteOptions{})
+		if err != nil && !apierrors.IsNotFound(err) {
+			return 0, fmt.Errorf("delete PodAddress %s: %w", name, err)
 		}
-		return 0, err
+		return 0, nil
 	}
 	if att.PodName == "" {
 		return 0, nil // not a Kubernetes pod
@@ -290,9 +268,8 @@ func (n *Node) reconcile(ctx context.Context, k attKey) (again time.Duration, er
 			}
 			return 0, n.agent.Release(k.containerID, k.ifName, att.Created, "its pod "+att.PodNamespace+"/"+att.PodName+" no longer exists and its PodAddress was deleted")
 		}
-		spec := n.spec(att, pod)
-		if _, err := padrs.Create(ctx, spec.ToUnstructured(), metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-			return 0, fmt.Errorf("create PodAddress: %w", err)
+		if err := n.pas.Create(ctx, newPodAddress(n.spec(att, pod))); err != nil && !apierrors.IsAlreadyExists(err) {
+			return 0, fmt.Errorf("create PodAddress %s: %w", name, err)
 		}
 	}
 	if pod == nil {
@@ -335,7 +312,7 @@ func (n *Node) confirmGone(ctx context.Context, att *alloc.Allocation, name stri
 	case err != nil && !apierrors.IsNotFound(err):
 		return false, fmt.Errorf("check pod %s/%s: %w", att.PodNamespace, att.PodName, err)
 	}
-	_, err = n.dyn.Resource(PodAddressResource).Get(ctx, name, metav1.GetOptions{})
+	_, err = n.pas.Get(ctx, name)
 	switch {
 	case err == nil:
 		return false, nil
@@ -347,12 +324,12 @@ func (n *Node) confirmGone(ctx context.Context, att *alloc.Allocation, name stri
 
 // spec is the attachment's PodAddress. Its pod UID is the API's (for a
 // static pod, its mirror pod's), which vpcni-controller compares.
-func (n *Node) spec(att *alloc.Allocation, pod *corev1.Pod) PodAddressSpec {
+func (n *Node) spec(att *alloc.Allocation, pod *corev1.Pod) v1alpha1.PodAddressSpec {
 	uid := att.PodUID
 	if pod != nil {
 		uid = string(pod.UID)
 	}
-	return PodAddressSpec{
+	return v1alpha1.PodAddressSpec{
 		Node: n.name, PodNamespace: att.PodNamespace, PodName: att.PodName, PodUID: uid,
 		ContainerID: att.ContainerID, IfName: att.IfName, Address: att.Address.String(),
 		MAC: att.PodMAC(), Gateway: addrString(att.PodGateway()), ProviderPort: n.agent.ProviderPort(),

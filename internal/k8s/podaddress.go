@@ -3,27 +3,27 @@
 // address) and vpcni-controller's reconciler, which releases the addresses
 // of pods that are gone.
 //
-// A PodAddress (vpcni.io/v1alpha1, cluster-scoped) is the agent's public
-// record of one allocation. The agent creates it after a pod's ADD and
-// deletes it after the DEL. vpcni-controller deletes the PodAddress of a
-// pod that no longer exists; the agent then releases the address — at once
-// when it runs, or at its next start when it was down. The agent stays the
-// only writer to its node's cloud port, so the controller never races it
-// there.
+// A PodAddress (vpcni.io/v1alpha1, cluster-scoped; its Go types are in
+// internal/apis/vpcni/v1alpha1) is the agent's public record of one
+// allocation. The agent creates it after a pod's ADD and deletes it after
+// the DEL. vpcni-controller deletes the PodAddress of a pod that no longer
+// exists; the agent then releases the address — at once when it runs, or
+// at its next start when it was down. The agent stays the only writer to
+// its node's cloud port, so the controller never races it there.
 package k8s
 
 import (
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"fmt"
 	"os"
 	"regexp"
 
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime/schema"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/vpcni/vpcni/internal/apis/vpcni/v1alpha1"
 )
 
 // Annotations the agent writes on pods (like kube-ovn's) and nodes.
@@ -45,23 +45,6 @@ const (
 	IndexPod = "pod"
 )
 
-// PodAddressResource is the PodAddress API resource.
-var PodAddressResource = schema.GroupVersionResource{Group: "vpcni.io", Version: "v1alpha1", Resource: "podaddresses"}
-
-// PodAddressSpec is one pod address as the agent recorded it.
-type PodAddressSpec struct {
-	Node         string `json:"node"`
-	PodNamespace string `json:"podNamespace"`
-	PodName      string `json:"podName"`
-	PodUID       string `json:"podUID,omitempty"`
-	ContainerID  string `json:"containerID"`
-	IfName       string `json:"ifName"`
-	Address      string `json:"address"`
-	MAC          string `json:"mac,omitempty"`
-	Gateway      string `json:"gateway,omitempty"`
-	ProviderPort string `json:"providerPort,omitempty"`
-}
-
 // PodAddressName names the object of one attachment on one node: stable,
 // short, and a valid object name whatever the container ID looks like.
 func PodAddressName(node, containerID, ifName string) string {
@@ -81,47 +64,27 @@ func NodeLabel(node string) string {
 
 var labelValue = regexp.MustCompile(`^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$`)
 
-// ToUnstructured builds the object.
-func (s PodAddressSpec) ToUnstructured() *unstructured.Unstructured {
-	data, _ := json.Marshal(s)
-	spec := map[string]any{}
-	_ = json.Unmarshal(data, &spec)
-	u := &unstructured.Unstructured{Object: map[string]any{
-		"apiVersion": PodAddressResource.GroupVersion().String(),
-		"kind":       "PodAddress",
-		"metadata": map[string]any{
-			"name":   PodAddressName(s.Node, s.ContainerID, s.IfName),
-			"labels": map[string]any{LabelNode: NodeLabel(s.Node)},
+// newPodAddress is the object of one attachment, as the agent creates it.
+func newPodAddress(s v1alpha1.PodAddressSpec) *v1alpha1.PodAddress {
+	return &v1alpha1.PodAddress{
+		TypeMeta: metav1.TypeMeta{APIVersion: v1alpha1.SchemeGroupVersion.String(), Kind: v1alpha1.Kind},
+		ObjectMeta: metav1.ObjectMeta{
+			Name:   PodAddressName(s.Node, s.ContainerID, s.IfName),
+			Labels: map[string]string{LabelNode: NodeLabel(s.Node)},
 		},
-		"spec": spec,
-	}}
-	return u
+		Spec: s,
+	}
 }
 
-// SpecOf reads a PodAddress's spec.
-func SpecOf(obj any) (PodAddressSpec, error) {
-	var s PodAddressSpec
-	u, ok := obj.(*unstructured.Unstructured)
-	if !ok {
-		return s, fmt.Errorf("not a PodAddress: %T", obj)
-	}
-	data, err := json.Marshal(u.Object["spec"])
-	if err != nil {
-		return s, err
-	}
-	if err := json.Unmarshal(data, &s); err != nil {
-		return s, fmt.Errorf("PodAddress %s: %w", u.GetName(), err)
-	}
-	return s, nil
-}
-
-// podIndex indexes PodAddresses by their pod.
+// podIndex indexes PodAddresses by their pod. The informers hold nothing
+// else; another object gets no index entry rather than an error, which
+// the informer's store would turn into a panic.
 func podIndex(obj any) ([]string, error) {
-	s, err := SpecOf(obj)
-	if err != nil {
+	pa, ok := obj.(*v1alpha1.PodAddress)
+	if !ok {
 		return nil, nil
 	}
-	return []string{s.PodNamespace + "/" + s.PodName}, nil
+	return []string{pa.Spec.PodNamespace + "/" + pa.Spec.PodName}, nil
 }
 
 // RestConfig is the kubeconfig's cluster, or the pod's own service account

@@ -1,6 +1,8 @@
 package k8s
 
 import (
+	"encoding/json"
+	"reflect"
 	"regexp"
 	"strings"
 	"testing"
@@ -11,24 +13,58 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/vpcni/vpcni/internal/alloc"
+	"github.com/vpcni/vpcni/internal/apis/vpcni/v1alpha1"
 )
 
-func TestPodAddressRoundTrip(t *testing.T) {
-	s := PodAddressSpec{Node: "n1", PodNamespace: "default", PodName: "web-0", PodUID: "u1",
+// The typed object goes on the wire exactly as the unstructured one vpcni
+// wrote before there were Go types, and reads back what the API server
+// returns for objects already stored: existing PodAddresses keep working.
+func TestPodAddressWireShape(t *testing.T) {
+	spec := v1alpha1.PodAddressSpec{Node: "n1", PodNamespace: "default", PodName: "web-0", PodUID: "u1",
 		ContainerID: "abc", IfName: "eth0", Address: "10.0.0.5", MAC: "02:00:00:00:00:01", Gateway: "169.254.1.1"}
-	u := s.ToUnstructured()
-	if u.GetName() != PodAddressName("n1", "abc", "eth0") || u.GetLabels()[LabelNode] != "n1" {
-		t.Fatalf("object meta: %v %v", u.GetName(), u.GetLabels())
+	// The object the agent wrote before, spelled out: the name is the hash
+	// of node, container ID and interface, so it must never change.
+	old := map[string]any{
+		"apiVersion": "vpcni.io/v1alpha1",
+		"kind":       "PodAddress",
+		"metadata": map[string]any{
+			"name":   "pa-819016393d299432cace",
+			"labels": map[string]any{"vpcni.io/node": "n1"},
+		},
+		"spec": map[string]any{"node": "n1", "podNamespace": "default", "podName": "web-0", "podUID": "u1",
+			"containerID": "abc", "ifName": "eth0", "address": "10.0.0.5", "mac": "02:00:00:00:00:01", "gateway": "169.254.1.1"},
 	}
-	got, err := SpecOf(u)
-	if err != nil || got != s {
-		t.Fatalf("round trip: %+v, %v", got, err)
+	data, err := json.Marshal(newPodAddress(spec))
+	if err != nil {
+		t.Fatal(err)
 	}
-	if keys, _ := podIndex(u); len(keys) != 1 || keys[0] != "default/web-0" {
+	var got map[string]any
+	if err := json.Unmarshal(data, &got); err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got, old) {
+		t.Fatalf("on the wire:\n got %s\nwant %v", data, old)
+	}
+
+	// As stored: the server's own metadata added, and a provider port.
+	stored := `{"apiVersion":"vpcni.io/v1alpha1","kind":"PodAddress","metadata":{"name":"pa-819016393d299432cace",
+		"uid":"9c1d","resourceVersion":"42","creationTimestamp":"2026-01-01T00:00:00Z","labels":{"vpcni.io/node":"n1"}},
+		"spec":{"node":"n1","podNamespace":"default","podName":"web-0","podUID":"u1","containerID":"abc","ifName":"eth0",
+		"address":"10.0.0.5","mac":"02:00:00:00:00:01","gateway":"169.254.1.1","providerPort":"port-1"}}`
+	var pa v1alpha1.PodAddress
+	if err := json.Unmarshal([]byte(stored), &pa); err != nil {
+		t.Fatal(err)
+	}
+	want := spec
+	want.ProviderPort = "port-1"
+	if pa.Spec != want || pa.Name != PodAddressName("n1", "abc", "eth0") || pa.UID != "9c1d" || pa.Labels[LabelNode] != "n1" {
+		t.Fatalf("read back: %+v", pa)
+	}
+	if keys, _ := podIndex(&pa); len(keys) != 1 || keys[0] != "default/web-0" {
 		t.Fatalf("pod index: %v", keys)
 	}
-	if _, err := SpecOf("not an object"); err == nil {
-		t.Fatal("SpecOf accepted a string")
+	if keys, err := podIndex(&corev1.Pod{}); len(keys) != 0 || err != nil {
+		t.Fatalf("pod index of a pod: %v, %v", keys, err)
 	}
 }
 

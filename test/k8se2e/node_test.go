@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/vpcni/vpcni/internal/api"
+	"github.com/vpcni/vpcni/internal/apis/vpcni/v1alpha1"
 	"github.com/vpcni/vpcni/internal/faultproxy"
 	"github.com/vpcni/vpcni/internal/k8s"
 	"github.com/vpcni/vpcni/internal/netnsutil"
@@ -394,16 +395,12 @@ func (n *node) waitReady(ns, selector string, want int, d time.Duration) []pod {
 }
 
 // podAddresses lists the PodAddress objects by pod namespace/name.
-func (n *node) podAddresses() map[string]k8s.PodAddressSpec {
-	var l struct {
-		Items []struct {
-			Spec k8s.PodAddressSpec `json:"spec"`
-		} `json:"items"`
-	}
+func (n *node) podAddresses() map[string]v1alpha1.PodAddressSpec {
+	var l v1alpha1.PodAddressList
 	if err := n.getJSON(&l, "get", "podaddresses"); err != nil {
 		n.t.Fatal(err)
 	}
-	m := map[string]k8s.PodAddressSpec{}
+	m := map[string]v1alpha1.PodAddressSpec{}
 	for _, it := range l.Items {
 		m[it.Spec.PodNamespace+"/"+it.Spec.PodName] = it.Spec
 	}

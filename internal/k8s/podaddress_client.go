@@ -1,0 +1,96 @@
+package k8s
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/vpcni/vpcni/internal/apis/vpcni/v1alpha1"
+)
+
+// podAddresses is a typed client of the PodAddress resource, with the
+// calls the node side and vpcni-controller make and no others. It speaks
+// JSON: the API server serves custom resources as JSON (or CBOR), never
+// protobuf, whatever the rest.Config it is built from prefers.
+type podAddresses struct {
+	rc     rest.Interface
+	params runtime.ParameterCodec
+}
+
+func newPodAddresses(cfg *rest.Config) (*podAddresses, error) {
+	s := runtime.NewScheme()
+	if err := v1alpha1.AddToScheme(s); err != nil {
+		return nil, fmt.Errorf("register %s: %w", v1alpha1.SchemeGroupVersion, err)
+	}
+	cfg = rest.CopyConfig(cfg)
+	cfg.APIPath = "/apis"
+	cfg.GroupVersion = &v1alpha1.SchemeGroupVersion
+	cfg.ContentType = runtime.ContentTypeJSON
+	cfg.AcceptContentTypes = runtime.ContentTypeJSON
+	cfg.NegotiatedSerializer = serializer.NewCodecFactory(s).WithoutConversion()
+	rc, err := rest.RESTClientFor(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("%s client: %w", v1alpha1.Resource, err)
+	}
+	return &podAddresses{rc: rc, params: runtime.NewParameterCodec(s)}, nil
+}
+
+func (c *podAddresses) Get(ctx context.Context, name string) (*v1alpha1.PodAddress, error) {
+	pa := &v1alpha1.PodAddress{}
+	err := c.rc.Get().Resource(v1alpha1.Resource.Resource).Name(name).Do(ctx).Into(pa)
+	return pa, err
+}
+
+func (c *podAddresses) Create(ctx context.Context, pa *v1alpha1.PodAddress) error {
+	return c.rc.Post().Resource(v1alpha1.Resource.Resource).Body(pa).Do(ctx).Error()
+}
+
+func (c *podAddresses) Delete(ctx context.Context, name string, opts metav1.DeleteOptions) error {
+	return c.rc.Delete().Resource(v1alpha1.Resource.Resource).Name(name).Body(&opts).Do(ctx).Error()
+}
+
+func (c *podAddresses) List(ctx context.Context, opts metav1.ListOptions) (*v1alpha1.PodAddressList, error) {
+	l := &v1alpha1.PodAddressList{}
+	err := c.rc.Get().Resource(v1alpha1.Resource.Resource).VersionedParams(&opts, c.params).
+		Timeout(timeoutOf(opts)).Do(ctx).Into(l)
+	return l, err
+}
+
+func (c *podAddresses) Watch(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
+	opts.Watch = true
+	return c.rc.Get().Resource(v1alpha1.Resource.Resource).VersionedParams(&opts, c.params).
+		Timeout(timeoutOf(opts)).Watch(ctx)
+}
+
+// timeoutOf is the client-side timeout of a list or watch: the one the
+// reflector asked the server for, none otherwise (as generated clients do).
+func timeoutOf(opts metav1.ListOptions) time.Duration {
+	if opts.TimeoutSeconds == nil {
+		return 0
+	}
+	return time.Duration(*opts.TimeoutSeconds) * time.Second
+}
+
+// informer caches the PodAddresses that labelSelector matches ("" for
+// all). Every stored object decodes into v1alpha1.PodAddress: the CRD's
+// structural schema has the API server refuse other field types and drop
+// unknown fields, so no single object can fail a whole list.
+func (c *podAddresses) informer(labelSelector string, resync time.Duration, indexers cache.Indexers) cache.SharedIndexInformer {
+	return cache.NewSharedIndexInformer(&cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			o.LabelSelector = labelSelector
+			return c.List(ctx, o)
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			o.LabelSelector = labelSelector
+			return c.Watch(ctx, o)
+		},
+	}, &v1alpha1.PodAddress{}, resync, indexers)
+}
