@@ -131,7 +131,9 @@ func (s *Shortage) Error() string { return s.Msg + ": " + s.Details }
 // Take allocates a free lease to owner. With the pool empty it asks the
 // provider for a whole batch, and waits — for a failed refill to succeed
 // on a retry, for the provider to connect, or for a cooldown to end — up
-// to AddWait. Every round either obtains addresses, waits, or ends.
+// to AddWait; it ends at once when nothing can change in time (capacity
+// used up, no cooldown ending before the deadline). Every round either
+// obtains addresses, waits, or ends.
 func (m *Manager) Take(ctx context.Context, owner string) (alloc.Lease, error) {
 	deadline := time.Now().Add(m.policy.AddWait)
 	pause := 100 * time.Millisecond
@@ -157,9 +159,12 @@ func (m *Manager) Take(ctx context.Context, owner string) (alloc.Lease, error) {
 		if got > 0 {
 			continue
 		}
-		// Nothing obtained: wait if something may change in time.
+		// Nothing obtained: wait if something may change in time — a
+		// cooldown that ends before the deadline, or a provider that may
+		// answer on a retry (tried until the deadline, backing off).
 		wait := pause
-		if errors.Is(err, provider.ErrExhausted) || n == 0 && err == nil {
+		exhausted := errors.Is(err, provider.ErrExhausted) || n == 0 && err == nil
+		if exhausted {
 			m.mu.Lock()
 			next, cooling := m.pool.NextCooled()
 			m.mu.Unlock()
@@ -168,7 +173,8 @@ func (m *Manager) Take(ctx context.Context, owner string) (alloc.Lease, error) {
 			}
 			wait = time.Until(next)
 		}
-		if time.Now().Add(wait).After(deadline) || ctx.Err() != nil {
+		late := time.Now().Add(wait).After(deadline)
+		if ctx.Err() != nil || !time.Now().Before(deadline) || exhausted && late {
 			if err != nil && !errors.Is(err, provider.ErrExhausted) {
 				return alloc.Lease{}, &Shortage{
 					Msg:     fmt.Sprintf("no free address and the provider could not be reached for more within %s; try again later", m.policy.AddWait),
@@ -178,7 +184,7 @@ func (m *Manager) Take(ctx context.Context, owner string) (alloc.Lease, error) {
 		}
 		select {
 		case <-ctx.Done():
-		case <-time.After(max(wait, time.Millisecond)):
+		case <-time.After(max(min(wait, time.Until(deadline)), time.Millisecond)):
 		}
 		pause = min(pause*2, 2*time.Second)
 	}
