@@ -48,6 +48,7 @@ func TestBadInput(t *testing.T) {
 		{"missing CNI_CONTAINERID", env(map[string]string{"CNI_CONTAINERID": ""}), good, 4, "CNI_CONTAINERID"},
 		{"interface name over 15 bytes", env(map[string]string{"CNI_IFNAME": "eth0123456789012"}), good, 4, "interface name is too long"},
 		{"interface name with a slash", env(map[string]string{"CNI_IFNAME": "eth/0"}), good, 4, "interface name"},
+		{"container ID over 233 bytes", env(map[string]string{"CNI_CONTAINERID": strings.Repeat("c", 250)}), good, 4, "at most 233"},
 		{"config over the agent's 1 MiB limit", env(nil), `{"cniVersion":"1.0.0","name":"n","type":"vpcni","socket":"` + e.cfg.SocketPath + `","pad":"` + strings.Repeat("x", api.MaxRequestBytes) + `"}`, 7, "too large"},
 		{"agent socket missing", env(nil), `{"cniVersion":"1.0.0","name":"n","type":"vpcni","socket":"/run/vpcni-no-such/vpcnid.sock"}`, 11, "try again later"},
 		{"CHECK of an unknown container", env(map[string]string{"CNI_COMMAND": "CHECK"}), good, 3, "no allocation"},

@@ -4,6 +4,8 @@ import (
 	"context"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
+	"strings"
 	"testing"
 	"time"
 
@@ -38,5 +40,26 @@ func TestNoAuthClientPaths(t *testing.T) {
 		if gotPath != "/neutron/v2.0/networks" || gotToken != "" {
 			t.Errorf("%s: request to %q with token %q, want /neutron/v2.0/networks and none", ep, gotPath, gotToken)
 		}
+	}
+}
+
+// A nodeIP that is no address, in a Config built in code (where Validate
+// may not have run), is an error from New, not a panic.
+func TestNewWithABadNodeIP(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		if r.URL.Path != "/v2.0/subnets/s1" {
+			http.NotFound(w, r)
+			return
+		}
+		_, _ = w.Write([]byte(`{"subnet":{"id":"s1","network_id":"n1","cidr":"10.0.0.0/24","gateway_ip":"10.0.0.1","ip_version":4,
+			"allocation_pools":[{"start":"10.0.0.2","end":"10.0.0.254"}]}}`))
+	}))
+	t.Cleanup(srv.Close)
+	cfg := openstack.Config{Endpoint: srv.URL, SubnetID: "s1", NodeIP: "not-an-ip"}
+	cfg.Defaults()
+	_, err := openstack.New(context.Background(), cfg, netip.Addr{})
+	if err == nil || !strings.Contains(err.Error(), `nodeIP "not-an-ip" is not an IP address`) {
+		t.Fatalf("New with nodeIP not-an-ip = %v, want an error naming it", err)
 	}
 }
