@@ -167,7 +167,10 @@ func (a *Agent) restore(ctx context.Context) error {
 	for _, r := range records {
 		a.pending[r.Key()] = true
 	}
-	return a.reconcileNode(ctx)
+	// What the node side cannot repair alone is re-wired by Run's check of
+	// every pending pod.
+	_, err = a.reconcileNode(ctx)
+	return err
 }
 
 // Run serves the background work until ctx ends, and returns only when all
@@ -185,8 +188,15 @@ func (a *Agent) Run(ctx context.Context) {
 				return
 			case <-a.reconcileKick:
 			}
-			if err := a.reconcileNode(ctx); err != nil {
+			broken, err := a.reconcileNode(ctx)
+			if err != nil {
 				a.log.Warn("node reconcile failed; the next sync retries", "err", err)
+			}
+			for _, key := range broken {
+				if ctx.Err() != nil {
+					return
+				}
+				a.repairKey(ctx, key)
 			}
 		}
 	})
@@ -201,15 +211,16 @@ func (a *Agent) kickReconcile() {
 }
 
 // reconcileNode brings the datapath's node side in line with the store:
-// every recorded allocation wired (one the node side cannot repair alone
-// is re-wired from inside its pod), nothing of vpcni's left for anything
-// else. Conflicting records are left as they are.
-func (a *Agent) reconcileNode(ctx context.Context) error {
+// every recorded allocation's node-side pieces there, nothing of vpcni's
+// left for anything else. It returns the keys of allocations the node
+// side cannot repair alone, for re-wiring from inside their pods.
+// Conflicting records are left as they are.
+func (a *Agent) reconcileNode(ctx context.Context) (broken []string, err error) {
 	a.wiring.Lock()
 	records, err := a.store.List()
 	if err != nil {
 		a.wiring.Unlock()
-		return err
+		return nil, err
 	}
 	want := datapath.Desired{Idle: a.addrs.Idle()}
 	for _, r := range records {
@@ -231,20 +242,8 @@ func (a *Agent) reconcileNode(ctx context.Context) error {
 	a.log.Debug("node reconciled", "allocations", len(want.Allocations), "idle", len(want.Idle), "ms", msBetween(start, time.Now()))
 	if len(rep.Broken) > 0 {
 		a.log.Info("allocations to re-wire from inside their pods", "count", len(rep.Broken))
-		go a.repairPods(ctx, rep.Broken)
 	}
-	return err
-}
-
-// repairPods re-wires the given allocations (by key), each under its
-// attachment's lock.
-func (a *Agent) repairPods(ctx context.Context, keys []string) {
-	for _, key := range keys {
-		if ctx.Err() != nil {
-			return
-		}
-		a.repairKey(ctx, key)
-	}
+	return rep.Broken, err
 }
 
 // checkRestored checks, after the socket already serves, every pod
@@ -327,6 +326,7 @@ func (a *Agent) ensureWired(ctx context.Context, r *alloc.Allocation) (alloc.Wir
 		if err := a.store.MarkReady(r); err != nil {
 			a.log.Warn("could not mark the record ready; the next start checks it again", "container", r.ContainerID, "err", err)
 		}
+		a.changed(r) // the cluster side can now publish its MAC and gateway
 	}
 	return w, nil
 }

@@ -469,3 +469,52 @@ func TestStatusReadsWithoutChanging(t *testing.T) {
 		t.Fatalf("ADD after the cooldown got %s, want the rested %s", got, ips[0])
 	}
 }
+
+// clusterLog is a Cluster that records what it hears, and what the agent
+// said of the allocation at that moment.
+type clusterLog struct {
+	a       *Agent
+	mu      sync.Mutex
+	changed []string
+	macs    []string
+}
+
+func (c *clusterLog) Changed(containerID, ifName string) {
+	r, _ := c.a.Allocation(containerID, ifName)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.changed = append(c.changed, containerID)
+	if r != nil {
+		c.macs = append(c.macs, r.PodMAC())
+	} else {
+		c.macs = append(c.macs, "")
+	}
+}
+func (c *clusterLog) Failed(string, string, *api.Error) {}
+func (c *clusterLog) Ready() error                     { return nil }
+
+// The cluster hears of a new pod once its record holds the wiring (the
+// pod's MAC goes into its annotations), and of its release after the DEL.
+func TestClusterHearsAfterTheWiringIsRecorded(t *testing.T) {
+	n := newNode(t, "10.9.8.0/24")
+	a := n.start()
+	c := &clusterLog{a: a.Agent}
+	a.SetCluster(c)
+	ns := n.pod("p1")
+	a.add(t, "c1", ns)
+	waitFor(t, "the cluster told", func() bool { c.mu.Lock(); defer c.mu.Unlock(); return len(c.changed) == 1 })
+	c.mu.Lock()
+	mac := c.macs[0]
+	c.mu.Unlock()
+	if mac == "" {
+		t.Fatal("the cluster was told before the record held the pod's MAC")
+	}
+	if aerr := a.Del(context.Background(), req("c1", ns)); aerr != nil {
+		t.Fatal(aerr)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.changed) != 2 || c.macs[1] != "" {
+		t.Fatalf("after DEL the cluster heard %v (records %v), want the release with no record left", c.changed, c.macs)
+	}
+}

@@ -89,13 +89,12 @@ func k8sPod(args string) (namespace, name, uid string) {
 
 // Add gives the attachment an address and wires it, and records it before
 // answering. A repeated ADD returns the same result. The cluster hears of
-// the outcome afterwards: the pod's annotations, or an event saying why.
+// the outcome afterwards: the pod's annotations (once the record holds its
+// wiring), or an event saying why.
 func (a *Agent) Add(ctx context.Context, req *api.CNIRequest) (*types100.Result, *api.Error) {
 	res, aerr := a.add(ctx, req)
 	if aerr != nil {
 		a.failed(req, aerr)
-	} else if a.cluster != nil {
-		a.cluster.Changed(req.ContainerID, req.IfName) // a queue add; pods only are worked on
 	}
 	return res, aerr
 }
@@ -164,10 +163,13 @@ func (a *Agent) add(ctx context.Context, req *api.CNIRequest) (*types100.Result,
 	// Marking the record ready is not waited for: it only changes the
 	// record if it is still this one (a DEL may follow at once), and a
 	// crash before it lands leaves an unready record, checked at start.
+	// The cluster hears of the pod once the record holds its wiring (its
+	// MAC and gateway go into the pod's annotations).
 	go func(r alloc.Allocation) {
 		if err := a.store.MarkReady(&r); err != nil && !errors.Is(err, store.ErrClosed) {
 			a.log.Warn("could not mark the record ready; the next start checks it again", "container", r.ContainerID, "err", err)
 		}
+		a.changed(&r)
 	}(*rec)
 	a.log.Info("pod added", "container", rec.ContainerID, "ifName", rec.IfName, "address", rec.Address, "pod", podNS+"/"+podName)
 	return result(rec, wired, conf), nil
@@ -206,6 +208,7 @@ func (a *Agent) readd(ctx context.Context, rec *alloc.Allocation, req *api.CNIRe
 	if err != nil {
 		return nil, setupError(err)
 	}
+	a.changed(rec)
 	return result(rec, w, conf), nil
 }
 

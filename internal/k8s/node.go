@@ -339,13 +339,19 @@ func (n *Node) spec(att *alloc.Allocation, pod *corev1.Pod) v1alpha1.PodAddressS
 // annotate writes the pod's network facts, if they differ.
 func (n *Node) annotate(ctx context.Context, pod *corev1.Pod, att *alloc.Allocation) error {
 	want := map[string]string{
-		AnnotationIP:        att.Address.String(),
-		AnnotationMAC:       att.PodMAC(),
-		AnnotationGateway:   addrString(att.PodGateway()),
-		AnnotationInterface: att.IfName,
+		AnnotationIP:           att.Address.String(),
+		AnnotationMAC:          att.PodMAC(),
+		AnnotationGateway:      addrString(att.PodGateway()),
+		AnnotationInterface:    att.IfName,
+		AnnotationProviderPort: n.agent.ProviderPort(),
 	}
-	if port := n.agent.ProviderPort(); port != "" {
-		want[AnnotationProviderPort] = port
+	// What is not known yet (a record whose wiring is still being
+	// written, a provider not connected) is left as the pod has it: the
+	// agent queues the pod again once it knows.
+	for k, v := range want {
+		if v == "" {
+			delete(want, k)
+		}
 	}
 	same := true
 	for k, v := range want {
