@@ -491,7 +491,7 @@ func (c *clusterLog) Changed(containerID, ifName string) {
 	}
 }
 func (c *clusterLog) Failed(string, string, *api.Error) {}
-func (c *clusterLog) Ready() error                     { return nil }
+func (c *clusterLog) Ready() error                      { return nil }
 
 // The cluster hears of a new pod once its record holds the wiring (the
 // pod's MAC goes into its annotations), and of its release after the DEL.
