@@ -21,6 +21,7 @@ import (
 
 	"github.com/vpcni/vpcni/internal/alloc"
 	"github.com/vpcni/vpcni/internal/api"
+	"github.com/vpcni/vpcni/internal/api/apitest"
 )
 
 // serve runs a real net/http server on a unix socket in a temp dir.
@@ -40,32 +41,14 @@ func serve(t *testing.T, h http.HandlerFunc) string {
 // serveRaw answers every connection with exactly the bytes given, after
 // reading the request, then closes it.
 func serveRaw(t *testing.T, answer string) string {
-	t.Helper()
-	sock := filepath.Join(t.TempDir(), "vpcnid.sock")
-	l, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = l.Close() })
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				_ = c.SetDeadline(time.Now().Add(5 * time.Second))
-				req, err := http.ReadRequest(bufio.NewReader(c))
-				if err != nil {
-					return
-				}
-				_, _ = io.Copy(io.Discard, req.Body)
-				_, _ = io.WriteString(c, answer)
-			}()
+	return apitest.ServeConn(t, func(c net.Conn) {
+		req, err := http.ReadRequest(bufio.NewReader(c))
+		if err != nil {
+			return
 		}
-	}()
-	return sock
+		_, _ = io.Copy(io.Discard, req.Body)
+		_, _ = io.WriteString(c, answer)
+	})
 }
 
 // writeJSON answers the way the agent does: always with a Content-Length.
@@ -382,31 +365,6 @@ func TestDoMalformedAnswers(t *testing.T) {
 	}
 }
 
-// serveConn hands every connection to a real unix socket server to handle.
-func serveConn(t *testing.T, handle func(net.Conn)) string {
-	t.Helper()
-	sock := filepath.Join(t.TempDir(), "vpcnid.sock")
-	l, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = l.Close() })
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				_ = c.SetDeadline(time.Now().Add(5 * time.Second))
-				handle(c)
-			}()
-		}
-	}()
-	return sock
-}
-
 // readRequest reads one whole request, body included.
 func readRequest(c net.Conn) {
 	if req, err := http.ReadRequest(bufio.NewReader(c)); err == nil {
@@ -433,7 +391,7 @@ func TestDoHangup(t *testing.T) {
 			_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{\"node\":")
 		}, io.ErrUnexpectedEOF},
 	} {
-		sock := serveConn(t, tc.handle)
+		sock := apitest.ServeConn(t, tc.handle)
 		err := api.NewClient(sock).Do(ctx(t), api.PathAdd, &api.CNIRequest{Config: json.RawMessage(`{}`)}, &api.State{})
 		var h *api.HangupError
 		if !errors.As(err, &h) {
@@ -457,7 +415,7 @@ func TestDoHangup(t *testing.T) {
 // would only cut it off.
 func TestDoTooLargeNotSent(t *testing.T) {
 	var accepted atomic.Int32
-	sock := serveConn(t, func(c net.Conn) { accepted.Add(1) })
+	sock := apitest.ServeConn(t, func(c net.Conn) { accepted.Add(1) })
 	big := &api.CNIRequest{Config: json.RawMessage(`{"pad":"` + strings.Repeat("x", api.MaxRequestBytes) + `"}`)}
 	err := api.NewClient(sock).Do(ctx(t), api.PathAdd, big, nil)
 	var tl *api.TooLargeError

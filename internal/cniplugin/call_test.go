@@ -11,40 +11,14 @@ import (
 	"strings"
 	"syscall"
 	"testing"
-	"time"
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 
 	"github.com/vpcni/vpcni/internal/api"
+	"github.com/vpcni/vpcni/internal/api/apitest"
 	"github.com/vpcni/vpcni/internal/cniplugin"
 )
-
-// agentThat runs a real unix socket server that treats every connection
-// with handle, standing in for a vpcnid that misbehaves that way.
-func agentThat(t *testing.T, handle func(net.Conn)) string {
-	t.Helper()
-	sock := filepath.Join(t.TempDir(), "vpcnid.sock")
-	l, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { l.Close() })
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				_ = c.SetDeadline(time.Now().Add(5 * time.Second))
-				handle(c)
-			}()
-		}
-	}()
-	return sock
-}
 
 // staleSocket is what a killed agent leaves: the socket file, no listener.
 func staleSocket(t *testing.T) string {
@@ -122,13 +96,13 @@ func TestCallErrorCodes(t *testing.T) {
 		{"no socket", filepath.Join(t.TempDir(), "none.sock"), types.ErrTryAgainLater, "not running on this node (no socket"},
 		{"socket of a dead agent", staleSocket(t), types.ErrTryAgainLater, "not running on this node (nothing listens"},
 		{"backlog full", fullBacklog(t), types.ErrTryAgainLater, "too busy"},
-		{"closed after reading the request", agentThat(t, readRequest), types.ErrTryAgainLater, "closed the connection before answering"},
-		{"closed with the request unread (reset)", agentThat(t, func(c net.Conn) { _, _ = c.Read(make([]byte, 1)) }), types.ErrTryAgainLater, "closed the connection before answering"},
-		{"closed halfway through the answer", agentThat(t, func(c net.Conn) {
+		{"closed after reading the request", apitest.ServeConn(t, readRequest), types.ErrTryAgainLater, "closed the connection before answering"},
+		{"closed with the request unread (reset)", apitest.ServeConn(t, func(c net.Conn) { _, _ = c.Read(make([]byte, 1)) }), types.ErrTryAgainLater, "closed the connection before answering"},
+		{"closed halfway through the answer", apitest.ServeConn(t, func(c net.Conn) {
 			readRequest(c)
 			_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{")
 		}), types.ErrTryAgainLater, "closed the connection before answering"},
-		{"not an HTTP peer", agentThat(t, func(c net.Conn) {
+		{"not an HTTP peer", apitest.ServeConn(t, func(c net.Conn) {
 			readRequest(c)
 			_, _ = io.WriteString(c, "SSH-2.0-OpenSSH\r\n")
 		}), types.ErrInternal, "vpcnid call failed"},
