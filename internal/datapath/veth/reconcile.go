@@ -103,10 +103,13 @@ func (v *Veth) Reconcile(_ context.Context, want datapath.Desired) (rep datapath
 	}
 
 	// Orphan host veths: their routes' addresses lose their proxy entries
-	// too, unless a desired allocation has the address now.
+	// too, unless a desired allocation has the address now. Links released
+	// by a DEL and waiting for the reaper are not orphans: deleting them
+	// here would only hold up the verbs waiting for this reconcile.
+	reaping := v.reaping()
 	deleted := map[int]bool{} // link indexes: their routes went with them
 	for name, link := range ours {
-		if wanted[name] {
+		if wanted[name] || reaping[link.Attrs().Index] {
 			continue
 		}
 		for ip, r := range routed {
@@ -151,6 +154,20 @@ func (v *Veth) Reconcile(_ context.Context, want datapath.Desired) (rep datapath
 		rep.Removed = append(rep.Removed, fmt.Sprintf("proxy ARP entry of idle address %s", ip))
 	}
 	return rep, errors.Join(errs...)
+}
+
+// reaping lists the indexes of released links the reaper has yet to
+// delete.
+func (v *Veth) reaping() map[int]bool {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	out := map[int]bool{}
+	for _, items := range v.pending {
+		for _, it := range items {
+			out[it.index] = true
+		}
+	}
+	return out
 }
 
 // hostRouteDst is the destination of a /32 route (ok=false otherwise).
