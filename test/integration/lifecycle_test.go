@@ -315,20 +315,43 @@ func TestAgentRestart(t *testing.T) {
 }
 
 // TestRestartRepairsAndCleans: a pod whose wiring vanished while the agent
-// was down is re-wired at start; a vpcni link without a record (a crash
-// between the kernel and the store) is removed.
+// was down is re-wired at start; a pod whose route and proxy ARP entry
+// were deleted gets them back from the node reconcile (its veth stays);
+// a vpcni link without a record (a crash between the kernel and the
+// store) is removed with its proxy entry; a proxy entry of a free address
+// goes once the provider says the node holds it.
 func TestRestartRepairsAndCleans(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	c := e.cni("1.0.0")
-	podNS := e.pod(1)
+	podNS, routeNS := e.pod(1), e.pod(3)
 	ip := e.add(c, "repair", podNS)
+	routeIP := e.add(c, "noroute", routeNS)
+	st := e.state()
+	if len(st.Pool.Addresses["free"]) == 0 {
+		t.Fatalf("no free address in the pool to leave stale state for: %+v", st.Pool)
+	}
+	idle := netip.MustParseAddr(st.Pool.Addresses["free"][len(st.Pool.Addresses["free"])-1])
 	if err := e.agent.Kill(); err != nil {
 		t.Fatal(err)
 	}
 	h := e.node()
 	// Damage: the pod's host veth is gone (and its pod end with it).
 	if err := h.LinkDel(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: veth.HostIfName("repair", "eth0")}}); err != nil {
+		t.Fatal(err)
+	}
+	// Damage: another pod's route and proxy entry deleted by hand.
+	routeLink := mustLink(t, e, veth.HostIfName("noroute", "eth0"))
+	if err := h.RouteDel(&netlink.Route{Dst: netlink.NewIPNet(routeIP.AsSlice()), LinkIndex: routeLink, Protocol: veth.RouteProtocol, Scope: netlink.SCOPE_LINK}); err != nil {
+		t.Fatal(err)
+	}
+	uplink := mustLink(t, e, "eth0")
+	if err := h.NeighDel(&netlink.Neigh{LinkIndex: uplink, Family: netlink.FAMILY_V4, Flags: netlink.NTF_PROXY, IP: routeIP.AsSlice()}); err != nil {
+		t.Fatal(err)
+	}
+	// Stale: a proxy entry for a free address (a crash between a DEL's
+	// steps).
+	if err := h.NeighAdd(&netlink.Neigh{LinkIndex: uplink, Family: netlink.FAMILY_V4, Flags: netlink.NTF_PROXY, IP: idle.AsSlice()}); err != nil {
 		t.Fatal(err)
 	}
 	// An orphan: a vpcni-made link no record knows.
@@ -346,13 +369,28 @@ func TestRestartRepairsAndCleans(t *testing.T) {
 		t.Fatalf("make orphan: %v", dp)
 	}
 	e.startAgent()
+	want := []string{veth.HostIfName("noroute", "eth0"), veth.HostIfName("repair", "eth0")}
+	slices.Sort(want)
+	wantIPs := []netip.Addr{ip, routeIP}
+	slices.SortFunc(wantIPs, netip.Addr.Compare)
 	waitFor(t, 5*time.Second, "repair and orphan removal", func() bool {
 		ks := e.kernel()
-		return slices.Equal(ks.Links, []string{veth.HostIfName("repair", "eth0")}) && slices.Equal(ks.Proxies, []netip.Addr{ip})
+		slices.Sort(ks.Links)
+		slices.SortFunc(ks.Proxies, netip.Addr.Compare)
+		slices.SortFunc(ks.Routes, netip.Addr.Compare)
+		return slices.Equal(ks.Links, want) && slices.Equal(ks.Proxies, wantIPs) && slices.Equal(ks.Routes, wantIPs)
 	})
-	if err := c.Check(ctx(t), testbed.Runtime("repair", podNS, "eth0", nil)); err != nil {
-		t.Errorf("CHECK after repair: %v", err)
+	// The node reconcile put the route back without touching the veth.
+	if got := mustLink(t, e, veth.HostIfName("noroute", "eth0")); got != routeLink {
+		t.Errorf("the pod whose route was deleted got a new veth (index %d, was %d): it should only get its route back", got, routeLink)
+	}
+	for id, ns := range map[string]string{"repair": podNS, "noroute": routeNS} {
+		if err := c.Check(ctx(t), testbed.Runtime(id, ns, "eth0", nil)); err != nil {
+			t.Errorf("CHECK of %s after repair: %v", id, err)
+		}
 	}
 	echo(t, podNS, ip)
+	echo(t, routeNS, routeIP)
 	reach(t, netnsutil.Path(e.tb.NbrNS()), testbed.HostPort(ip, 7777))
+	reach(t, netnsutil.Path(e.tb.NbrNS()), testbed.HostPort(routeIP, 7777))
 }
