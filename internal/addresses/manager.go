@@ -77,6 +77,11 @@ type Manager struct {
 	surplusSince time.Time  // when free first went above MaxFree (zero: not above)
 	surplusAfter time.Duration
 	kick         chan struct{}
+	// tried is closed once Run's first attempt to connect has ended, either
+	// way: an ADD that comes while the agent is starting waits for it
+	// rather than failing for want of a provider it is about to have.
+	tried     chan struct{}
+	triedOnce sync.Once
 }
 
 // New returns a manager with an empty pool and no provider yet: Restore
@@ -90,6 +95,7 @@ func New(policy Policy, node string, connect Connect, store Store, log *slog.Log
 		pool: ipam.NewPool(policy.Cooldown), leases: map[netip.Addr]alloc.Lease{},
 		providerErr: errors.New("not connected to the provider yet"),
 		kick:        make(chan struct{}, 1),
+		tried:       make(chan struct{}),
 	}
 }
 
@@ -128,13 +134,27 @@ type Shortage struct {
 
 func (s *Shortage) Error() string { return s.Msg + ": " + s.Details }
 
-// Take allocates a free lease to owner. With the pool empty it asks the
-// provider for a whole batch, and waits — for a failed refill to succeed
+// Take allocates a free lease to owner. While the agent is starting, an
+// empty pool first waits for Run's first attempt to connect the provider
+// (bounded by the provider's own timeouts, and ctx). With the pool empty it
+// asks the provider for a whole batch, and waits — for a failed refill to succeed
 // on a retry, for the provider to connect, or for a cooldown to end — up
 // to AddWait; it ends at once when nothing can change in time (capacity
 // used up, no cooldown ending before the deadline). Every round either
 // obtains addresses, waits, or ends.
 func (m *Manager) Take(ctx context.Context, owner string) (alloc.Lease, error) {
+	select {
+	case <-m.tried:
+	default:
+		if l, ok := m.take(owner); ok { // restored or left free: no need to wait
+			m.Kick()
+			return l, nil
+		}
+		select {
+		case <-m.tried:
+		case <-ctx.Done():
+		}
+	}
 	deadline := time.Now().Add(m.policy.AddWait)
 	pause := 100 * time.Millisecond
 	for {
@@ -368,7 +388,9 @@ func (m *Manager) Run(ctx context.Context) {
 	lastSync := time.Now()
 	for {
 		if m.provider() == nil {
-			if err := m.tryConnect(ctx); err != nil {
+			err := m.tryConnect(ctx)
+			m.triedOnce.Do(func() { close(m.tried) })
+			if err != nil {
 				m.log.Warn("provider not ready; retrying", "err", err, "retry_in", retry)
 				select {
 				case <-ctx.Done():

@@ -363,3 +363,33 @@ func TestRestore(t *testing.T) {
 		t.Fatalf("Idle %v lacks the cooling .4", idle)
 	}
 }
+
+// An ADD that comes while the agent is still connecting its provider waits
+// for that first attempt, even with addWait 0, rather than failing for
+// want of a provider it is about to have.
+func TestTakeWaitsForTheFirstConnect(t *testing.T) {
+	c := newCloud(t, "10.7.0.0/24")
+	p := policy()
+	p.AddWait, p.WarmTarget = 0, 0
+	m := addresses.New(p, "n", func(context.Context) (provider.Provider, error) {
+		time.Sleep(200 * time.Millisecond) // a slow Keystone login
+		return c, nil
+	}, &memStore{cooling: map[netip.Addr]bool{}}, logger())
+	run(t, m)
+	l, err := m.Take(context.Background(), "a")
+	if err != nil || !l.Address.IsValid() {
+		t.Fatalf("Take during the first connect = %+v, %v; want it to wait for the provider", l, err)
+	}
+	// Once the first attempt failed, addWait 0 means no waiting at all.
+	c2 := newCloud(t, "10.8.0.0/24")
+	c2.down.Store(true)
+	m2 := addresses.New(p, "n", func(context.Context) (provider.Provider, error) { return nil, errDown }, &memStore{cooling: map[netip.Addr]bool{}}, logger())
+	run(t, m2)
+	start := time.Now()
+	if _, err := m2.Take(context.Background(), "a"); err == nil {
+		t.Fatal("Take with the provider down and addWait 0 succeeded")
+	}
+	if d := time.Since(start); d > 500*time.Millisecond {
+		t.Fatalf("Take with addWait 0 took %s after a failed first connect", d)
+	}
+}
