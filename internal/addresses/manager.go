@@ -72,6 +72,10 @@ type Manager struct {
 	info        provider.Info
 	providerErr error        // last failure to reach or use the provider
 	uncool      []netip.Addr // promoted, still in the store's cooling list
+	// synced: the pool has been compared with the provider once. Until
+	// then addresses restored as cooling stay cooling: the provider may
+	// have taken them back while the agent was away.
+	synced bool
 
 	refillMu     sync.Mutex // one provider refill, resync or trim at a time
 	surplusSince time.Time  // when free first went above MaxFree (zero: not above)
@@ -93,7 +97,7 @@ func New(policy Policy, node string, connect Connect, store Store, log *slog.Log
 	return &Manager{
 		policy: policy, node: node, connect: connect, store: store, log: log,
 		pool: ipam.NewPool(policy.Cooldown), leases: map[netip.Addr]alloc.Lease{},
-		providerErr: errors.New("not connected to the provider yet"),
+		providerErr: errConnecting,
 		kick:        make(chan struct{}, 1),
 		tried:       make(chan struct{}),
 	}
@@ -125,6 +129,10 @@ func (m *Manager) Restore(allocs []*alloc.Allocation, cooling map[netip.Addr]tim
 	m.mu.Unlock()
 	return conflicts, m.store.Uncool(expired)
 }
+
+// errConnecting is the provider's state until Run's first attempt to
+// connect ends.
+var errConnecting = errors.New("not connected to the provider yet")
 
 // Shortage is Take's failure: no address now, and why. A retry later may
 // succeed (CNI "try again later").
@@ -226,6 +234,9 @@ func (m *Manager) take(owner string) (alloc.Lease, bool) {
 // in the store (an ADD does not wait for that write, and an address handed
 // out again leaves the store's cooling list with its record anyway).
 func (m *Manager) promoteLocked(now time.Time) {
+	if !m.synced {
+		return
+	}
 	if done := m.pool.Promote(now); len(done) > 0 {
 		m.uncool = append(m.uncool, done...)
 		select {
@@ -318,11 +329,16 @@ type Status struct {
 }
 
 // Status reads the pool without changing it: addresses whose cooldown is
-// over count as free.
+// over count as free (once the pool has been compared with the provider).
+// While the first connect is under way the node counts as ready: an ADD
+// waits for it.
 func (m *Manager) Status(now time.Time) Status {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	c, due := m.pool.Counts(), m.pool.Due(now)
+	c, due := m.pool.Counts(), 0
+	if m.synced {
+		due = m.pool.Due(now)
+	}
 	s := Status{Free: c.Free + due, Cooling: c.Cooling - due, Allocated: c.Allocated, Provider: m.info,
 		Degraded: m.degradedLocked(), Addresses: map[string][]netip.Addr{}}
 	if m.prov != nil {
@@ -337,6 +353,8 @@ func (m *Manager) Status(now time.Time) Status {
 		s.Ready, s.Reason = true, fmt.Sprintf("degraded: serving %d free addresses from the pool while the provider fails: %v", s.Free, m.providerErr)
 	case s.Free > 0:
 		s.Ready = true
+	case errors.Is(m.providerErr, errConnecting):
+		s.Ready, s.Reason = true, "connecting to the provider; an ADD waits for it"
 	case s.Provider.Capacity > 0 && c.Held() >= s.Provider.Capacity:
 		s.Reason = fmt.Sprintf("no free address and none obtainable: all %d addresses are allocated (%d) or cooling down (%d)", s.Provider.Capacity, s.Allocated, s.Cooling)
 	case m.providerErr != nil:
@@ -507,6 +525,7 @@ func (m *Manager) sync(ctx context.Context, prov provider.Provider) error {
 			m.leases[l.Address] = l
 		}
 	}
+	m.synced = true
 	m.mu.Unlock()
 	if err := m.store.Uncool(gone); err != nil {
 		return err

@@ -393,3 +393,54 @@ func TestTakeWaitsForTheFirstConnect(t *testing.T) {
 		t.Fatalf("Take with addWait 0 took %s after a failed first connect", d)
 	}
 }
+
+// While the first connect is under way STATUS says ready (an ADD waits for
+// it); an address restored as cooling is not handed out before the pool
+// was compared with the provider, and one the provider no longer holds is
+// forgotten then.
+func TestBeforeTheFirstSync(t *testing.T) {
+	c := newCloud(t, "10.9.0.0/24")
+	got, err := c.Assign(context.Background(), provider.AssignRequest{Count: 1}) // .2, held
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := got[0].Address
+	gone := netip.MustParseAddr("10.9.0.77") // cooling in the store, not held any more
+	p := policy()
+	p.WarmTarget, p.Cooldown = 0, time.Minute
+	release := make(chan struct{})
+	m := addresses.New(p, "n", func(context.Context) (provider.Provider, error) {
+		<-release
+		return c, nil
+	}, &memStore{cooling: map[netip.Addr]bool{held: true, gone: true}}, logger())
+	now := time.Now()
+	// Both restored with their rest already over by the time anyone asks.
+	if _, err := m.Restore(nil, map[netip.Addr]time.Time{held: now.Add(10 * time.Millisecond), gone: now.Add(10 * time.Millisecond)}, now); err != nil {
+		t.Fatal(err)
+	}
+	run(t, m)
+	time.Sleep(20 * time.Millisecond)
+	s := m.Status(time.Now())
+	if !s.Ready || !strings.Contains(s.Reason, "connecting") {
+		t.Fatalf("STATUS while connecting: ready=%v %q, want ready (an ADD waits)", s.Ready, s.Reason)
+	}
+	if s.Free != 0 {
+		t.Fatalf("before the first sync %d restored cooling addresses count as free", s.Free)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if l, err := m.Take(ctx, "a"); err == nil {
+		t.Fatalf("Take before the first sync handed out %s", l.Address)
+	}
+	close(release)
+	l, err := m.Take(context.Background(), "b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.Address == gone {
+		t.Fatalf("handed out %s, which the provider no longer holds", gone)
+	}
+	if slices.Contains(m.Idle(), gone) {
+		t.Fatalf("%s is still in the pool after the sync", gone)
+	}
+}

@@ -37,18 +37,19 @@ type Agent struct {
 	cluster Cluster // nil: no orchestrator
 
 	locks keyedMutex // one ADD/DEL/CHECK at a time per attachment
-	// wiring is held shared by every change to the datapath and the store
-	// (ADD, DEL, re-wiring) and exclusively by the node reconcile, so that
-	// the store it reads and the kernel it compares agree: a link whose
-	// record is still being written is never taken for an orphan.
+	// wiring is held shared by every change to the datapath together with
+	// its record (ADD, DEL, GC, re-wiring) and exclusively by the node
+	// reconcile, so that the store it reads and the kernel it compares
+	// agree: a link whose record is still being written is never taken for
+	// an orphan. (Marking a record ready, or moving it to a new namespace
+	// before its re-wiring, changes no link; those run outside it.)
 	wiring sync.RWMutex
 
 	reconcileKick chan struct{}
-	// restored is closed once start-up has checked every recorded pod.
-	restored chan struct{}
-	// pending are the allocations start-up has not checked yet, by key.
-	pendingMu sync.Mutex
-	pending   map[string]bool
+	// restoredKeys are the allocations recorded at start, for Run to check
+	// inside their pods; restored is closed once it has.
+	restoredKeys []string
+	restored     chan struct{}
 }
 
 // Store is the allocation store as the agent uses it (internal/store).
@@ -100,7 +101,7 @@ func New(ctx context.Context, cfg config.Config, log *slog.Logger) (_ *Agent, er
 // newAgent joins the parts; tests give it a fake datapath.
 func newAgent(ctx context.Context, cfg config.Config, log *slog.Logger, st Store, dp datapath.Datapath) (*Agent, error) {
 	a := &Agent{cfg: cfg, log: log, store: st, dp: dp, started: time.Now(), metrics: metrics.New(),
-		reconcileKick: make(chan struct{}, 1), restored: make(chan struct{}), pending: map[string]bool{}}
+		reconcileKick: make(chan struct{}, 1), restored: make(chan struct{})}
 	prov, err := provider.Lookup(cfg.Provider.Type)
 	if err != nil {
 		return nil, err
@@ -143,8 +144,8 @@ func (a *Agent) snapshot() metrics.Snapshot {
 func (a *Agent) Close() error { return errors.Join(a.dp.Close(), a.store.Close()) }
 
 // restore puts the store's allocations and cooling addresses into the pool
-// and reconciles the node side once. Every recorded allocation is then
-// pending: Run checks each inside its pod.
+// and reconciles the node side once; Run then checks each recorded
+// allocation inside its pod.
 func (a *Agent) restore(ctx context.Context) error {
 	records, err := a.store.List()
 	if err != nil {
@@ -165,7 +166,7 @@ func (a *Agent) restore(ctx context.Context) error {
 			"container", c.ContainerID, "ifName", c.IfName, "address", c.Address)
 	}
 	for _, r := range records {
-		a.pending[r.Key()] = true
+		a.restoredKeys = append(a.restoredKeys, r.Key())
 	}
 	// What the node side cannot repair alone is re-wired by Run's check of
 	// every pending pod.
@@ -239,6 +240,9 @@ func (a *Agent) reconcileNode(ctx context.Context) (broken []string, err error) 
 	for _, s := range rep.Removed {
 		a.log.Info("removed stale datapath state", "what", s)
 	}
+	for _, s := range rep.Failed {
+		a.log.Warn("could not repair or remove; the next reconcile tries again", "what", s)
+	}
 	a.log.Debug("node reconciled", "allocations", len(want.Allocations), "idle", len(want.Idle), "ms", msBetween(start, time.Now()))
 	if len(rep.Broken) > 0 {
 		a.log.Info("allocations to re-wire from inside their pods", "count", len(rep.Broken))
@@ -251,24 +255,15 @@ func (a *Agent) reconcileNode(ctx context.Context) (broken []string, err error) 
 // DEL done if its namespace is gone.
 func (a *Agent) checkRestored(ctx context.Context) {
 	defer close(a.restored)
-	a.pendingMu.Lock()
-	keys := make([]string, 0, len(a.pending))
-	for k := range a.pending {
-		keys = append(keys, k)
-	}
-	a.pendingMu.Unlock()
 	start := time.Now()
-	for _, key := range keys {
+	for _, key := range a.restoredKeys {
 		if ctx.Err() != nil {
 			return
 		}
 		a.repairKey(ctx, key)
-		a.pendingMu.Lock()
-		delete(a.pending, key)
-		a.pendingMu.Unlock()
 	}
-	if len(keys) > 0 {
-		a.log.Info("checked every pod recorded at start", "pods", len(keys), "ms", msBetween(start, time.Now()))
+	if len(a.restoredKeys) > 0 {
+		a.log.Info("checked every pod recorded at start", "pods", len(a.restoredKeys), "ms", msBetween(start, time.Now()))
 	}
 }
 

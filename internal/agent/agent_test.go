@@ -9,6 +9,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/netip"
@@ -370,11 +371,14 @@ func TestConflictingRecordLeftAlone(t *testing.T) {
 	if owner == "" || !n.dp.Wired(owner, ip) || len(n.dp.Links()) != 1 {
 		t.Fatalf("owner %q, links %v: want exactly the pool's owner wired", owner, n.dp.Links())
 	}
-	for range 5 {
-		if got := a.add(t, "x"+time.Now().Format("150405.000000"), n.pod("x")); got == ip {
+	for i := range 5 {
+		id := fmt.Sprintf("x%d", i)
+		if got := a.add(t, id, n.pod(id)); got == ip {
 			t.Fatalf("%s handed out while two records hold it", ip)
 		}
-		_ = a.Del(context.Background(), req("x", n.pod("x")))
+		if aerr := a.Del(context.Background(), req(id, n.pod(id))); aerr != nil {
+			t.Fatal(aerr)
+		}
 	}
 }
 

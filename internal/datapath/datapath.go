@@ -36,7 +36,10 @@ type Datapath interface {
 	// in one pass over the kernel's state: the node-side pieces of every
 	// desired allocation put back, vpcni's pieces of anything else
 	// removed. It does not enter pod namespaces (Check does, per pod).
-	// The caller keeps Setup and Teardown from running meanwhile.
+	// The caller keeps Setup and Teardown from running meanwhile. The
+	// error says the kernel's state could not be read (nothing was done);
+	// an item that could not be repaired or removed is in Report.Failed,
+	// for the next pass.
 	Reconcile(ctx context.Context, want Desired) (Report, error)
 	// Info describes the mode as configured on this node.
 	Info() Info
@@ -65,6 +68,8 @@ type Report struct {
 	// Broken: the keys of desired allocations the node side cannot repair
 	// alone (their link is gone): the caller re-wires them from their pod.
 	Broken []string
+	// Failed: items that could not be repaired or removed, and why.
+	Failed []string
 }
 
 // Info describes a datapath.

@@ -250,6 +250,12 @@ func (n *Node) reconcile(ctx context.Context, k attKey) (again time.Duration, er
 	if att.PodName == "" {
 		return 0, nil // not a Kubernetes pod
 	}
+	if att.Wiring == nil {
+		// The ADD is in flight, or the record predates wirings: its MAC
+		// and gateway are not known yet. The agent queues the attachment
+		// again once the record holds them.
+		return 0, nil
+	}
 	pod := n.pod(att)
 	if !published {
 		if pod == nil {

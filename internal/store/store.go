@@ -29,6 +29,19 @@ var (
 // Key of an attachment, as records are filed.
 func Key(containerID, ifName string) string { return alloc.Key(containerID, ifName) }
 
+// record is an allocation as the file holds it. It also writes "hostIf",
+// the field the previous release (routed veth only) read to tell its pods'
+// links from orphans: rolled back to it, an agent would otherwise take
+// every pod's link for an orphan and delete it.
+type record struct {
+	*alloc.Allocation
+	HostIf string `json:"hostIf,omitempty"`
+}
+
+func encode(a *alloc.Allocation) ([]byte, error) {
+	return json.Marshal(record{Allocation: a, HostIf: a.HostIf()})
+}
+
 // Store is the bbolt-backed record store.
 type Store struct {
 	db      *bolt.DB
@@ -153,7 +166,7 @@ func (s *Store) commit(group []write) {
 
 // Put writes a record durably.
 func (s *Store) Put(r *alloc.Allocation) error {
-	data, err := json.Marshal(r)
+	data, err := encode(r)
 	if err != nil {
 		return err
 	}
@@ -167,10 +180,11 @@ func (s *Store) Put(r *alloc.Allocation) error {
 }
 
 // MarkReady writes a record again — ready, with its wiring — only if the
-// store still holds this very record (same attachment, same creation
-// time): a DEL or a newer ADD that came first wins.
+// store still holds this very record (same attachment, creation time,
+// address and namespace): a DEL, a newer ADD, or a repeated ADD that moved
+// the attachment to a new namespace, if it came first, wins.
 func (s *Store) MarkReady(r *alloc.Allocation) error {
-	data, err := json.Marshal(r)
+	data, err := encode(r)
 	if err != nil {
 		return err
 	}
@@ -181,7 +195,7 @@ func (s *Store) MarkReady(r *alloc.Allocation) error {
 			return nil
 		}
 		var was alloc.Allocation
-		if err := json.Unmarshal(cur, &was); err != nil || !was.Created.Equal(r.Created) || was.Address != r.Address {
+		if err := json.Unmarshal(cur, &was); err != nil || !was.Created.Equal(r.Created) || was.Address != r.Address || was.Netns != r.Netns {
 			return nil
 		}
 		return b.Put([]byte(r.Key()), data)

@@ -147,3 +147,45 @@ func TestReadsRecordsOfThePreviousRelease(t *testing.T) {
 	}
 	s.Close()
 }
+
+// A ready record carries "hostIf" as the previous release wrote it, so an
+// agent rolled back to that release knows its pods' links; a late mark of
+// a record that a repeated ADD moved to another namespace changes nothing.
+func TestRecordsForTheRollbackAndTheMove(t *testing.T) {
+	s, err := Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	rec := &alloc.Allocation{ContainerID: "c1", IfName: "eth0", Netns: "/run/netns/a", Lease: alloc.Lease{Address: netip.MustParseAddr("10.0.0.7")}, Created: time.Now().UTC()}
+	if err := s.Put(rec); err != nil {
+		t.Fatal(err)
+	}
+	late := *rec
+	late.Ready, late.Wiring = true, &alloc.Wiring{Interfaces: []alloc.Interface{{Name: "vpc0123456789a"}, {Name: "eth0", Sandbox: "/run/netns/a"}}}
+	moved := *rec
+	moved.Netns = "/run/netns/b"
+	if err := s.Put(&moved); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.MarkReady(&late); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := s.Get("c1", "eth0"); got.Netns != "/run/netns/b" || got.Ready {
+		t.Fatalf("a late mark undid the move: %+v", got)
+	}
+	moved.Ready, moved.Wiring = true, late.Wiring
+	if err := s.MarkReady(&moved); err != nil {
+		t.Fatal(err)
+	}
+	var raw string
+	if err := s.db.View(func(tx *bolt.Tx) error {
+		raw = string(tx.Bucket(bucketAllocs).Get([]byte("c1/eth0")))
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(raw, `"hostIf":"vpc0123456789a"`) || !strings.Contains(raw, `"address":"10.0.0.7"`) {
+		t.Fatalf("record as stored: %s; want the previous release's hostIf and address fields", raw)
+	}
+}

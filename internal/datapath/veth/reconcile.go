@@ -2,7 +2,6 @@ package veth
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -62,7 +61,7 @@ func (v *Veth) Reconcile(_ context.Context, want datapath.Desired) (rep datapath
 		}
 	}
 
-	var errs []error
+	fail := func(err error) { rep.Failed = append(rep.Failed, err.Error()) }
 	wanted := map[string]bool{}           // host veth names of desired allocations
 	wantedAddr := map[netip.Addr]string{} // address -> its host veth
 	for _, a := range want.Allocations {
@@ -76,21 +75,21 @@ func (v *Veth) Reconcile(_ context.Context, want datapath.Desired) (rep datapath
 		}
 		if link.Attrs().Flags&net.FlagUp == 0 {
 			if err := netlink.LinkSetUp(link); err != nil {
-				errs = append(errs, fmt.Errorf("set %s up: %w", name, err))
+				fail(fmt.Errorf("set %s up: %w", name, err))
 			} else {
 				rep.Repaired = append(rep.Repaired, fmt.Sprintf("%s: host veth %s was down", a.Key(), name))
 			}
 		}
 		if r, ok := routed[a.Address]; !ok || r.LinkIndex != link.Attrs().Index {
 			if err := netlink.RouteReplace(v.hostRoute(link.Attrs().Index, a.Address)); err != nil {
-				errs = append(errs, fmt.Errorf("route %s/32 dev %s: %w", a.Address, name, err))
+				fail(fmt.Errorf("route %s/32 dev %s: %w", a.Address, name, err))
 			} else {
 				rep.Repaired = append(rep.Repaired, fmt.Sprintf("%s: route %s/32 dev %s", a.Key(), a.Address, name))
 			}
 		}
 		if !proxied[a.Address] {
 			if err := netlink.NeighSet(v.proxyEntry(a.Address)); err != nil {
-				errs = append(errs, fmt.Errorf("proxy ARP entry %s on %s: %w", a.Address, v.Uplink, err))
+				fail(fmt.Errorf("proxy ARP entry %s on %s: %w", a.Address, v.Uplink, err))
 			} else {
 				rep.Repaired = append(rep.Repaired, fmt.Sprintf("%s: proxy ARP entry %s on %s", a.Key(), a.Address, v.Uplink))
 			}
@@ -118,14 +117,14 @@ func (v *Veth) Reconcile(_ context.Context, want datapath.Desired) (rep datapath
 			}
 			if _, live := wantedAddr[ip]; !live && proxied[ip] {
 				if err := netlink.NeighDel(v.proxyEntry(ip)); err != nil && !isNotFound(err) {
-					errs = append(errs, fmt.Errorf("delete proxy ARP entry %s: %w", ip, err))
+					fail(fmt.Errorf("delete proxy ARP entry %s: %w", ip, err))
 				}
 				delete(proxied, ip)
 			}
 		}
 		key := strings.TrimPrefix(link.Attrs().Alias, AliasPrefix)
 		if err := v.deleteHostLink(name, key); err != nil {
-			errs = append(errs, err)
+			fail(err)
 			continue
 		}
 		deleted[link.Attrs().Index] = true
@@ -138,7 +137,7 @@ func (v *Veth) Reconcile(_ context.Context, want datapath.Desired) (rep datapath
 			continue // kept or replaced above, or gone with its link
 		}
 		if err := netlink.RouteDel(&r); err != nil && !isNotFound(err) {
-			errs = append(errs, fmt.Errorf("delete stale route %s: %w", ip, err))
+			fail(fmt.Errorf("delete stale route %s: %w", ip, err))
 			continue
 		}
 		rep.Removed = append(rep.Removed, fmt.Sprintf("stale route %s/32", ip))
@@ -148,12 +147,12 @@ func (v *Veth) Reconcile(_ context.Context, want datapath.Desired) (rep datapath
 			continue
 		}
 		if err := netlink.NeighDel(v.proxyEntry(ip)); err != nil && !isNotFound(err) {
-			errs = append(errs, fmt.Errorf("delete proxy ARP entry %s: %w", ip, err))
+			fail(fmt.Errorf("delete proxy ARP entry %s: %w", ip, err))
 			continue
 		}
 		rep.Removed = append(rep.Removed, fmt.Sprintf("proxy ARP entry of idle address %s", ip))
 	}
-	return rep, errors.Join(errs...)
+	return rep, nil
 }
 
 // reaping lists the indexes of released links the reaper has yet to
