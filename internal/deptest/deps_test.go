@@ -93,3 +93,28 @@ func pathTo(imports map[string][]string, from, to string) []string {
 	}
 	return nil
 }
+
+// Every package of the module that imports testing outside its _test.go
+// files is a test helper, named for it ("…test", like net/http/httptest):
+// testing never creeps into a package a binary might import next.
+func TestOnlyTestHelpersImportTesting(t *testing.T) {
+	goBin := filepath.Join(runtime.GOROOT(), "bin", "go")
+	out, err := exec.Command(goBin, "list", "-f", `{{.ImportPath}} {{.Name}}{{range .Imports}} {{.}}{{end}}`, "github.com/vpcni/vpcni/...").Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	found := false
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 2 || !slices.Contains(f[2:], "testing") {
+			continue
+		}
+		found = found || f[0] == knownTestingUser
+		if !strings.HasSuffix(f[1], "test") && !strings.Contains(f[0], "/test/") {
+			t.Errorf("%s (package %s) imports testing but is no test helper: move that code into a _test.go file or a …test package", f[0], f[1])
+		}
+	}
+	if !found {
+		t.Fatalf("go list did not show %s importing testing: the check is broken", knownTestingUser)
+	}
+}

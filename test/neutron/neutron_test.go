@@ -21,7 +21,7 @@ import (
 
 	"github.com/vpcni/vpcni/internal/provider"
 	"github.com/vpcni/vpcni/internal/provider/openstack"
-	"github.com/vpcni/vpcni/internal/provider/openstack/neutronep"
+	"github.com/vpcni/vpcni/internal/provider/openstack/neutrontest"
 	"github.com/vpcni/vpcni/internal/provider/providertest"
 	"github.com/vpcni/vpcni/internal/testbed"
 )
@@ -62,8 +62,8 @@ func ctx(t *testing.T) context.Context {
 // realNeutron is the contract's endpoint on the real neutron-server.
 type realNeutron struct{ mode string }
 
-func (r realNeutron) ep() neutronep.Endpoint {
-	return neutronep.Endpoint{NC: nc, URL: endpoint, Mode: r.mode}
+func (r realNeutron) ep() neutrontest.Endpoint {
+	return neutrontest.Endpoint{NC: nc, URL: endpoint, Mode: r.mode}
 }
 
 // NewSubnet implements providertest.Endpoint.

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/vpcni/vpcni/internal/provider/openstack"
-	"github.com/vpcni/vpcni/internal/provider/openstack/neutronep"
+	"github.com/vpcni/vpcni/internal/provider/openstack/neutrontest"
 	"github.com/vpcni/vpcni/internal/provider/providertest"
 )
 
@@ -25,7 +25,7 @@ func TestProviderContract(t *testing.T) {
 	for _, mode := range []string{"fixed-ips", "address-pairs"} {
 		t.Run(mode, func(t *testing.T) {
 			t.Parallel()
-			providertest.Run(t, neutronep.Endpoint{NC: openstack.NoAuthClient(url, http.Client{Timeout: 30 * time.Second}), URL: url, Mode: mode})
+			providertest.Run(t, neutrontest.Endpoint{NC: openstack.NoAuthClient(url, http.Client{Timeout: 30 * time.Second}), URL: url, Mode: mode})
 		})
 	}
 }

@@ -1,7 +1,7 @@
-// Package neutronep runs the provider contract against any Neutron API —
+// Package neutrontest runs the provider contract against any Neutron API —
 // the real neutron-server in tests, the lab's endpoint — through the same
 // calls, so both are held to one standard.
-package neutronep
+package neutrontest
 
 import (
 	"context"
