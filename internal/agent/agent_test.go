@@ -135,16 +135,6 @@ func (r *running) add(t *testing.T, id, netns string) netip.Addr {
 	return ip
 }
 
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
 
 // The invariant every test checks: the store, the pool and the "kernel"
 // agree, and no address is given twice.
@@ -199,7 +189,7 @@ func TestAddDelAndRepeat(t *testing.T) {
 		t.Fatalf("repeated ADD = %+v, %v (setups %d -> %d)", again, aerr, setups, n.dp.Calls("Setup"))
 	}
 	// The record becomes ready with its wiring (written after the answer).
-	waitFor(t, "the record marked ready", func() bool {
+	waitUntil(t, "the record marked ready", func() bool {
 		r, _ := a.store.Get("c1", "eth0")
 		return r != nil && r.Ready && r.PodMAC() != "" && r.Prefix == netip.MustParsePrefix("10.9.0.0/24") && r.Gateway == netip.MustParseAddr("10.9.0.1")
 	})
@@ -276,7 +266,7 @@ func TestRestartRestores(t *testing.T) {
 	for _, id := range []string{"keep", "gone", "broken", "noroute"} {
 		ips[id] = a.add(t, id, n.pod(id))
 	}
-	waitFor(t, "every record ready", func() bool {
+	waitUntil(t, "every record ready", func() bool {
 		recs, _ := a.store.List()
 		for _, r := range recs {
 			if !r.Ready {
@@ -309,7 +299,7 @@ func TestRestartRestores(t *testing.T) {
 			t.Fatalf("ADD during restore got %s, which %s holds", fresh, id)
 		}
 	}
-	waitFor(t, "the restore", func() bool {
+	waitUntil(t, "the restore", func() bool {
 		select {
 		case <-b.restored:
 			return true
@@ -317,7 +307,7 @@ func TestRestartRestores(t *testing.T) {
 			return false
 		}
 	})
-	waitFor(t, "the stale piece of a free address removed", func() bool { return !n.dp.HasStale(free) })
+	waitUntil(t, "the stale piece of a free address removed", func() bool { return !n.dp.HasStale(free) })
 	if slices.Contains(b.addrs.Idle(), free) == false {
 		t.Fatalf("%s is not idle: the test would not show the sweep", free)
 	}
@@ -351,7 +341,7 @@ func TestConflictingRecordLeftAlone(t *testing.T) {
 	}
 	st.Close()
 	a := n.start()
-	waitFor(t, "the restore", func() bool {
+	waitUntil(t, "the restore", func() bool {
 		select {
 		case <-a.restored:
 			return true
@@ -468,7 +458,7 @@ func TestStatusReadsWithoutChanging(t *testing.T) {
 	}
 	// The manager's loop promotes it and forgets the store's row.
 	a.addrs.Kick()
-	waitFor(t, "the cooling row forgotten", func() bool { c, _ := a.store.Cooling(); return len(c) == 0 })
+	waitUntil(t, "the cooling row forgotten", func() bool { c, _ := a.store.Cooling(); return len(c) == 0 })
 	if got := a.add(t, "f", n.pod("f")); got != ips[0] {
 		t.Fatalf("ADD after the cooldown got %s, want the rested %s", got, ips[0])
 	}
@@ -506,7 +496,7 @@ func TestClusterHearsAfterTheWiringIsRecorded(t *testing.T) {
 	a.SetCluster(c)
 	ns := n.pod("p1")
 	a.add(t, "c1", ns)
-	waitFor(t, "the cluster told", func() bool { c.mu.Lock(); defer c.mu.Unlock(); return len(c.changed) == 1 })
+	waitUntil(t, "the cluster told", func() bool { c.mu.Lock(); defer c.mu.Unlock(); return len(c.changed) == 1 })
 	c.mu.Lock()
 	mac := c.macs[0]
 	c.mu.Unlock()
