@@ -135,7 +135,6 @@ func (r *running) add(t *testing.T, id, netns string) netip.Addr {
 	return ip
 }
 
-
 // The invariant every test checks: the store, the pool and the "kernel"
 // agree, and no address is given twice.
 func (r *running) checkInvariant(t *testing.T, n *node) {
