@@ -132,8 +132,7 @@ func (e Endpoint) networkOf(t *testing.T, subnetID string) string {
 	return sn.NetworkID
 }
 
-// addByHand is a well-behaved outside writer: read, modify, If-Match, retry.
-// AddByHand is a well-behaved outside writer.
+// AddByHand is a well-behaved outside writer: read, modify, If-Match, retry.
 func (e Endpoint) AddByHand(t *testing.T, portID, subnetID string, ip netip.Addr) {
 	for attempt := 0; attempt < 30; attempt++ {
 		p, err := ports.Get(ctx(t), e.NC, portID).Extract()
