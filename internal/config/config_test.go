@@ -365,10 +365,19 @@ provider:
 	if v, ok := cfg.Datapath.Settings.(*veth.Settings); !ok || v.GARP == nil || !*v.GARP {
 		t.Fatalf("datapath: veth gave %+v, want veth's defaults", cfg.Datapath.Settings)
 	}
-	// What the config writes loads again to the same thing.
+	// What the config writes loads again to the same thing; a mode with
+	// nothing but its defaults is written in the short form.
 	data, err := json.Marshal(cfg)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if !strings.Contains(string(data), `"datapath":"veth"`) {
+		t.Errorf("defaults-only datapath written as %s, want the short form", data)
+	}
+	off := false
+	long := config.Datapath{Mode: "veth", Settings: &veth.Settings{GARP: &off}}
+	if b, _ := json.Marshal(long); string(b) != `{"mode":"veth","veth":{"garp":false}}` {
+		t.Errorf("a datapath with its own settings written as %s", b)
 	}
 	again, err := config.Load(writeFile(t, "again.json", string(data)))
 	if err != nil {

@@ -63,8 +63,25 @@ func (d *Datapath) UnmarshalJSON(b []byte) error {
 	})
 }
 
-// MarshalJSON writes {"mode": M, "<M>": {...}}.
-func (d Datapath) MarshalJSON() ([]byte, error) { return encodeSection("mode", d.Mode, d.Settings) }
+// MarshalJSON writes {"mode": M, "<M>": {...}}, or just "M" when the
+// mode's section holds nothing but its defaults: the short form is what
+// the previous release reads, so a config written by this one (the
+// testbed's, a tool's) still starts that release's vpcnid.
+func (d Datapath) MarshalJSON() ([]byte, error) {
+	if d.Settings == nil {
+		return json.Marshal(d.Mode)
+	}
+	if r, err := datapath.Lookup(d.Mode); err == nil {
+		def := r.NewSettings()
+		def.Defaults()
+		a, err1 := json.Marshal(def)
+		b, err2 := json.Marshal(d.Settings)
+		if err1 == nil && err2 == nil && bytes.Equal(a, b) {
+			return json.Marshal(d.Mode)
+		}
+	}
+	return encodeSection("mode", d.Mode, d.Settings)
+}
 
 // decodeSection reads a selector key and at most one section, named after
 // the selected implementation, strictly (an unknown field is an error, as
