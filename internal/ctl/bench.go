@@ -65,7 +65,7 @@ func benchCNI(args []string, out io.Writer) (err error) {
 	p := fs.Int("burst", 50, "concurrent ADDs in one burst")
 	rounds := fs.Int("rounds", 5, "alternating rounds")
 	burstRounds := fs.Int("burst-rounds", 3, "rounds that include a burst")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	bin, err := binDir()

@@ -31,7 +31,7 @@ func benchDatapath(args []string, out io.Writer) (err error) {
 	fs := flag.NewFlagSet("bench datapath", flag.ContinueOnError)
 	rounds := fs.Int("rounds", 5, "alternating rounds")
 	secs := fs.Int("seconds", 3, "seconds per measurement")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	for _, tool := range []string{"iperf3", "sockperf", "taskset"} {

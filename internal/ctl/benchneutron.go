@@ -27,7 +27,7 @@ func benchNeutron(args []string, out io.Writer) (err error) {
 	k := fs.Int("k", 8, "addresses in the batched update")
 	rounds := fs.Int("rounds", 3, "alternating rounds of batched vs single updates")
 	churn := fs.Int("churn", 40, "pods added and deleted one after another")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)

@@ -22,7 +22,7 @@ func benchPool(args []string, out io.Writer) (err error) {
 	ramp := fs.Duration("ramp", 35*time.Second, "churn before counting: the pool grows to the churn rate times the cooldown")
 	churnFor := fs.Duration("churn", 60*time.Second, "how long churn is counted after the ramp")
 	n := fs.Int("n", 40, "sequential ADDs for the cold and warm latency")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)

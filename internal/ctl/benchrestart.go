@@ -65,7 +65,7 @@ func benchRestart(args []string, out io.Writer) (err error) {
 	agentBin := fs.String("agent-bin", "", "directory of the vpcnid to restart (default: beside vpcnictl)")
 	keepLog := fs.String("keep-log", "", "copy the agent's log to this file at the end")
 	broken := fs.Int("break", 3, "pods whose wiring is damaged before each start, spread over the store's key order (at least 1)")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if *n < 1 || *n > 900 {

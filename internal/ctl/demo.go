@@ -32,7 +32,7 @@ func demo(args []string, out io.Writer) (err error) {
 	keep := fs.Bool("keep", false, "leave the lab and the pods up and say how to look around")
 	down := fs.Bool("down", false, "remove a demo left up by --keep (or by a crash)")
 	nodes := fs.Int("nodes", 3, "lab nodes (one pod on each)")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if os.Geteuid() != 0 {

@@ -25,7 +25,7 @@ func installCNI(args []string, out io.Writer) error {
 	conflist := fs.String("conflist", "/etc/vpcni/10-vpcni.conflist", "the network configuration list to install (empty: none)")
 	name := fs.String("name", "10-vpcni.conflist", "its file name in the conf dir")
 	agentConfig := fs.String("agent-config", "", "also set the node's sysctls for the uplink of this vpcnid config (needs a writable /proc/sys)")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if *agentConfig != "" {

@@ -49,7 +49,7 @@ func labCmd(args []string, out io.Writer) error {
 	nodes := fs.Int("nodes", 3, "cluster nodes")
 	subnet := fs.String("subnet", "10.90.0.0/24", "the tenant subnet")
 	agents := fs.Bool("agents", true, "run vpcnid on every node (false: none, e.g. for a real Kubernetes node whose DaemonSet runs it)")
-	if err := fs.Parse(args[1:]); err != nil {
+	if err := parseFlags(fs, args[1:]); err != nil {
 		return err
 	}
 	switch args[0] {

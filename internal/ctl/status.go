@@ -43,6 +43,9 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		usage(stderr)
 		return 2
 	}
+	if errors.Is(err, errHelp) {
+		return 0 // the subcommand printed its flags
+	}
 	if err != nil {
 		fmt.Fprintln(stderr, "vpcnictl:", err)
 		var ue usageError
@@ -53,6 +56,23 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// errHelp: a subcommand's -h printed its flags; not a failure.
+var errHelp = errors.New("help requested")
+
+// parseFlags parses a subcommand's flags: a flag it does not know or a bad
+// value is a usage error (exit 2), -h prints the flags (exit 0).
+func parseFlags(fs *flag.FlagSet, args []string) error {
+	err := fs.Parse(args)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, flag.ErrHelp):
+		return errHelp
+	default:
+		return usageError{err.Error()}
+	}
 }
 
 // usageError is a command line vpcnictl does not understand: Main prints
@@ -91,7 +111,7 @@ func status(args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("status", flag.ContinueOnError)
 	socket := fs.String("socket", api.DefaultSocket, "vpcnid socket")
 	format := fs.String("o", "table", "output: table or json")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if *format != "table" && *format != "json" {

@@ -97,7 +97,8 @@ func TestStatusUnknownFormat(t *testing.T) {
 }
 
 func TestUsageErrorsExit2(t *testing.T) {
-	for _, args := range [][]string{{}, {"nope"}, {"bench"}, {"bench", "nope"}, {"lab"}, {"lab", "nope"}, {"lab", "exec", "n1"}} {
+	for _, args := range [][]string{{}, {"nope"}, {"bench"}, {"bench", "nope"}, {"lab"}, {"lab", "nope"}, {"lab", "exec", "n1"},
+		{"status", "-bogus"}, {"bench", "cni", "-rounds", "many"}, {"install-cni", "-nope"}} {
 		var stdout, stderr bytes.Buffer
 		if code := Main(args, &stdout, &stderr); code != 2 {
 			t.Errorf("vpcnictl %v: exit %d, want 2; stderr: %s", args, code, stderr.String())
@@ -117,6 +118,16 @@ func TestHelpListsEveryBenchmark(t *testing.T) {
 	for _, b := range benches {
 		if !strings.Contains(stdout.String(), "vpcnictl bench "+b.name+" ") {
 			t.Errorf("help does not list bench %s:\n%s", b.name, stdout.String())
+		}
+	}
+}
+
+// A subcommand's -h prints its flags and is no failure.
+func TestSubcommandHelpExits0(t *testing.T) {
+	for _, args := range [][]string{{"status", "-h"}, {"bench", "restart", "-h"}, {"install-cni", "-h"}} {
+		var stdout, stderr bytes.Buffer
+		if code := Main(args, &stdout, &stderr); code != 0 {
+			t.Errorf("vpcnictl %v: exit %d, want 0", args, code)
 		}
 	}
 }
