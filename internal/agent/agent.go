@@ -10,9 +10,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/netip"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -29,7 +29,7 @@ import (
 type Agent struct {
 	cfg     config.Config
 	log     *slog.Logger
-	store   Store
+	store   *store.Store
 	addrs   *addresses.Manager
 	dp      datapath.Datapath
 	started time.Time
@@ -50,19 +50,6 @@ type Agent struct {
 	// inside their pods; restored is closed once it has.
 	restoredKeys []string
 	restored     chan struct{}
-}
-
-// Store is the allocation store as the agent uses it (internal/store).
-type Store interface {
-	Put(a *alloc.Allocation) error
-	MarkReady(a *alloc.Allocation) error
-	Get(containerID, ifName string) (*alloc.Allocation, error)
-	List() ([]*alloc.Allocation, error)
-	Release(a *alloc.Allocation, until time.Time) error
-	Delete(containerID, ifName string) error
-	Cooling() (map[netip.Addr]time.Time, error)
-	Uncool(addrs []netip.Addr) error
-	Close() error
 }
 
 // New opens the store, the datapath mode and the address manager, puts
@@ -99,7 +86,7 @@ func New(ctx context.Context, cfg config.Config, log *slog.Logger) (_ *Agent, er
 }
 
 // newAgent joins the parts; tests give it a fake datapath.
-func newAgent(ctx context.Context, cfg config.Config, log *slog.Logger, st Store, dp datapath.Datapath) (*Agent, error) {
+func newAgent(ctx context.Context, cfg config.Config, log *slog.Logger, st *store.Store, dp datapath.Datapath) (*Agent, error) {
 	a := &Agent{cfg: cfg, log: log, store: st, dp: dp, started: time.Now(), metrics: metrics.New(),
 		reconcileKick: make(chan struct{}, 1), restored: make(chan struct{})}
 	prov, err := provider.Lookup(cfg.Provider.Type)
@@ -271,7 +258,7 @@ func (a *Agent) checkRestored(ctx context.Context) {
 // namespace is gone was deleted while the agent was away: its DEL is done
 // now.
 func (a *Agent) repairKey(ctx context.Context, key string) {
-	cid, ifName := splitKey(key)
+	cid, ifName, _ := strings.Cut(key, "/") // container IDs hold no '/'
 	unlock := a.locks.Lock(key)
 	defer unlock()
 	r, err := a.store.Get(cid, ifName)
@@ -324,17 +311,6 @@ func (a *Agent) ensureWired(ctx context.Context, r *alloc.Allocation) (alloc.Wir
 		a.changed(r) // the cluster side can now publish its MAC and gateway
 	}
 	return w, nil
-}
-
-func splitKey(key string) (containerID, ifName string) {
-	i := len(key) - 1
-	for i >= 0 && key[i] != '/' {
-		i--
-	}
-	if i < 0 {
-		return key, ""
-	}
-	return key[:i], key[i+1:]
 }
 
 // keyedMutex serialises work per attachment key.

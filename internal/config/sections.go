@@ -33,13 +33,7 @@ type settings interface {
 
 // UnmarshalJSON reads {"type": T, "<T>": {...}} on top of what p holds.
 func (p *Provider) UnmarshalJSON(b []byte) error {
-	return decodeSection(b, "type", &p.Type, &p.Settings, func(name string) (provider.Settings, error) {
-		r, err := provider.Lookup(name)
-		if err != nil {
-			return nil, err
-		}
-		return r.NewSettings(), nil
-	})
+	return decodeSection(b, "type", &p.Type, &p.Settings, provider.NewSettings)
 }
 
 // MarshalJSON writes {"type": T, "<T>": {...}}.
@@ -54,13 +48,7 @@ func (d *Datapath) UnmarshalJSON(b []byte) error {
 		}
 		return nil
 	}
-	return decodeSection(b, "mode", &d.Mode, &d.Settings, func(name string) (datapath.Settings, error) {
-		r, err := datapath.Lookup(name)
-		if err != nil {
-			return nil, err
-		}
-		return r.NewSettings(), nil
-	})
+	return decodeSection(b, "mode", &d.Mode, &d.Settings, datapath.NewSettings)
 }
 
 // MarshalJSON writes {"mode": M, "<M>": {...}}, or just "M" when the
@@ -71,8 +59,7 @@ func (d Datapath) MarshalJSON() ([]byte, error) {
 	if d.Settings == nil {
 		return json.Marshal(d.Mode)
 	}
-	if r, err := datapath.Lookup(d.Mode); err == nil {
-		def := r.NewSettings()
+	if def, err := datapath.NewSettings(d.Mode); err == nil {
 		def.Defaults()
 		a, err1 := json.Marshal(def)
 		b, err2 := json.Marshal(d.Settings)
@@ -133,24 +120,24 @@ func encodeSection(key, name string, s settings) ([]byte, error) {
 
 // validate fills the provider's defaults and names its bad fields.
 func (p *Provider) validate() []error {
-	r, err := provider.Lookup(p.Type)
+	empty, err := provider.NewSettings(p.Type)
 	if err != nil {
 		return []error{fmt.Errorf("provider.type: %w", err)}
 	}
 	if p.Settings == nil {
-		p.Settings = r.NewSettings()
+		p.Settings = empty
 	}
 	return validateSection("provider."+p.Type, p.Settings)
 }
 
 // validate fills the mode's defaults and names its bad fields.
 func (d *Datapath) validate() []error {
-	r, err := datapath.Lookup(d.Mode)
+	empty, err := datapath.NewSettings(d.Mode)
 	if err != nil {
 		return []error{fmt.Errorf("datapath: %w", err)}
 	}
 	if d.Settings == nil {
-		d.Settings = r.NewSettings()
+		d.Settings = empty
 	}
 	return validateSection("datapath."+d.Mode, d.Settings)
 }

@@ -131,5 +131,14 @@ func Register(r Registration) { modes.Register(r.Name, r) }
 // Lookup finds a registered datapath mode.
 func Lookup(name string) (Registration, error) { return modes.Lookup(name) }
 
+// NewSettings returns the empty config section of a registered datapath mode.
+func NewSettings(name string) (Settings, error) {
+	r, err := Lookup(name)
+	if err != nil {
+		return nil, err
+	}
+	return r.NewSettings(), nil
+}
+
 // Names lists the registered datapath modes, sorted.
 func Names() []string { return modes.Names() }

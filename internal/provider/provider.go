@@ -103,6 +103,15 @@ func Register(r Registration) { providers.Register(r.Name, r) }
 // Lookup finds a registered provider.
 func Lookup(name string) (Registration, error) { return providers.Lookup(name) }
 
+// NewSettings returns the empty config section of a registered provider.
+func NewSettings(name string) (Settings, error) {
+	r, err := Lookup(name)
+	if err != nil {
+		return nil, err
+	}
+	return r.NewSettings(), nil
+}
+
 // Names lists the registered providers, sorted.
 func Names() []string { return providers.Names() }
 
