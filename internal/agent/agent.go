@@ -94,7 +94,8 @@ func newAgent(ctx context.Context, cfg config.Config, log *slog.Logger, st *stor
 		return nil, err
 	}
 	connect := func(ctx context.Context) (provider.Provider, error) {
-		node := provider.Node{Name: cfg.NodeName, IP: dp.Info().NodeIP, StateDir: cfg.StateDir, Log: log}
+		info := dp.Info()
+		node := provider.Node{Name: cfg.NodeName, IP: info.NodeIP, PodMACs: info.OwnMACs, StateDir: cfg.StateDir, Log: log}
 		p, err := prov.New(ctx, node, cfg.Provider.Settings)
 		if err != nil {
 			return nil, fmt.Errorf("provider %s: %w", cfg.Provider.Type, err)

@@ -6,6 +6,7 @@
 package alloc
 
 import (
+	"fmt"
 	"net/netip"
 	"time"
 )
@@ -22,6 +23,29 @@ type Lease struct {
 	// Interface is the cloud port, NIC or ENI that holds the address (""
 	// for the node's primary one, or a provider without ports).
 	Interface string `json:"interface,omitempty"`
+	// NIC is set when the address lives on a network interface of its own
+	// that the provider attached to the node (a passthrough NIC, a
+	// secondary NIC): how the datapath finds it and routes through it.
+	NIC *NIC `json:"nic,omitempty"`
+}
+
+// NIC is a cloud port attached to the node as a network interface.
+type NIC struct {
+	// MAC is the port's MAC: the interface carries it, whatever its name.
+	MAC string `json:"mac"`
+	// Address is the NIC's own address (its port's first fixed IP), the
+	// source of its ARP; for a passthrough NIC it is the pod's address.
+	Address netip.Addr `json:"address,omitzero"`
+}
+
+// AddressMAC is the MAC of a pod in a datapath mode where pods send with
+// MACs of their own (macvlan, bridge): 0a:58 and the four bytes of the
+// IPv4 address. It is unique on the segment as the address is, and known
+// before the pod exists, so a cloud port can allow it while the address
+// waits in the warm pool.
+func AddressMAC(ip netip.Addr) string {
+	b := ip.As4()
+	return fmt.Sprintf("0a:58:%02x:%02x:%02x:%02x", b[0], b[1], b[2], b[3])
 }
 
 // MaxContainerID bounds a container ID. Every mode marks the node-side

@@ -80,6 +80,10 @@ type Info struct {
 	// NodeIP is the uplink's first IPv4 address: the node's address on the
 	// pods' network, by which a cloud finds its port (invalid: none).
 	NodeIP netip.Addr
+	// OwnMACs: pods send on the network with MACs of their own,
+	// alloc.AddressMAC(address), not the node's: the cloud's port security
+	// must allow them (macvlan, bridge).
+	OwnMACs bool
 }
 
 // SetupError says which step of the wiring failed and whether the cause is

@@ -81,7 +81,12 @@ type Node struct {
 	Name string
 	// IP is the node's address on the pods' network (the uplink's), by
 	// which a cloud finds the node's port; invalid if it has none.
-	IP       netip.Addr
+	IP netip.Addr
+	// PodMACs: the datapath sends each pod's traffic from a MAC of its
+	// own, alloc.AddressMAC(address): every address the provider holds
+	// must be allowed on the network with that MAC, or the provider
+	// refuses to start and says why.
+	PodMACs  bool
 	StateDir string
 	Log      *slog.Logger
 }
