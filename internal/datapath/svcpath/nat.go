@@ -47,8 +47,11 @@ func natRule(t *nftables.Table, c *nftables.Chain) *nftables.Rule {
 // network namespace unless it is there as made, and says whether it had
 // to. Idempotent: the table is replaced whole in one transaction, so the
 // rule is never there twice nor missing meanwhile.
-func EnsureNAT() (changed bool, err error) {
-	conn, err := nftables.New()
+func EnsureNAT() (changed bool, err error) { return ensureNAT() }
+
+// ensureNAT is EnsureNAT with the connection's options (a test's netns).
+func ensureNAT(opts ...nftables.ConnOption) (changed bool, err error) {
+	conn, err := nftables.New(opts...)
 	if err != nil {
 		return false, fmt.Errorf("nftables: %w", err)
 	}
@@ -102,8 +105,10 @@ func natInPlace(conn *nftables.Conn) (bool, error) {
 
 // RemoveNAT deletes the service path's NAT table (when the node leaves the
 // mode). Idempotent.
-func RemoveNAT() error {
-	conn, err := nftables.New()
+func RemoveNAT() error { return removeNAT() }
+
+func removeNAT(opts ...nftables.ConnOption) error {
+	conn, err := nftables.New(opts...)
 	if err != nil {
 		return fmt.Errorf("nftables: %w", err)
 	}
