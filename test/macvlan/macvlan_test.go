@@ -223,8 +223,9 @@ func TestMacvlanService(t *testing.T) {
 }
 
 // TestMacvlanRestart: pods keep their traffic while the agent is down; the
-// restarted agent puts back a deleted node route, removes an orphan
-// service veth, and CHECK and DEL work after it.
+// restarted agent puts back a deleted node route, re-wires a pod whose
+// service veth was deleted (Reconcile reports it Broken), removes an
+// orphan service veth, and CHECK and DEL work after it.
 func TestMacvlanRestart(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, macvlan.MACVLAN)
@@ -242,9 +243,12 @@ func TestMacvlanRestart(t *testing.T) {
 	reach(t, p1, testbed.HostPort(ip2, 7777))
 	reach(t, nodeNS, testbed.HostPort(ip1, 7777))
 	reach(t, p2, testbed.HostPort(e.tb.NodeIP, 7777))
-	// Damage: pod 1's node route goes; an orphan service veth appears.
+	// Damage: pod 1's node route goes; pod 2's service veth goes (its pod
+	// end with it: only a re-wiring from the pod brings it back); an orphan
+	// service veth appears.
 	host1 := svcpath.HostIfName("rs-1", "eth0")
 	run(t, e.tb.NodeNS(), "ip", "route", "del", ip1.String()+"/32", "dev", host1)
+	run(t, e.tb.NodeNS(), "ip", "link", "del", svcpath.HostIfName("rs-2", "eth0"))
 	run(t, e.tb.NodeNS(), "ip", "link", "add", "vsvdeadbeef0000", "type", "veth", "peer", "name", "vpcnitmp0")
 	run(t, e.tb.NodeNS(), "ip", "link", "set", "vsvdeadbeef0000", "alias", "vpcni:gone/eth0")
 	if err := probe(nodeNS, testbed.HostPort(ip1, 7777)); err == nil {
@@ -252,11 +256,12 @@ func TestMacvlanRestart(t *testing.T) {
 	}
 
 	e.startAgent()
-	waitFor(t, 10*time.Second, "the route back and the orphan gone", func() bool {
+	waitFor(t, 10*time.Second, "the routes and pod 2's service veth back, the orphan gone", func() bool {
 		s := e.node()
-		return len(s.Routes) == 2 && !slices.Contains(s.Links, "vsvdeadbeef0000")
+		return len(s.Routes) == 2 && len(s.Links) == 2 && !slices.Contains(s.Links, "vsvdeadbeef0000")
 	})
 	reach(t, nodeNS, testbed.HostPort(ip1, 7777))
+	reach(t, p2, testbed.HostPort(e.tb.NodeIP, 7777))
 	reach(t, p1, testbed.HostPort(ip2, 7777))
 	for _, p := range []struct{ id, ns string }{{"rs-1", p1}, {"rs-2", p2}} {
 		if err := c.Check(ctx(t), testbed.Runtime(p.id, p.ns, "eth0", nil)); err != nil {

@@ -1,6 +1,7 @@
-// Package macvlan is two datapath modes sharing one code path, "macvlan"
-// and "ipvlan" (L2): the pod's interface is a sub-interface of a node NIC
-// on the pods' network, so the pod sits on the subnet itself:
+// Package macvlan is the "macvlan" datapath mode and the code path of
+// "ipvlan" (L2) too, which package ipvlan registers: the pod's interface
+// is a sub-interface of a node NIC on the pods' network, so the pod sits
+// on the subnet itself:
 //
 //	pod:  eth0 (macvlan, mode bridge, MAC 0a:58:<ip>; or ipvlan L2 with
 //	      the parent's MAC), <ip>/<subnet prefix>, default via the
