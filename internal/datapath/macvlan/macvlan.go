@@ -51,6 +51,7 @@ import (
 
 	"github.com/vpcni/vpcni/internal/alloc"
 	"github.com/vpcni/vpcni/internal/datapath"
+	"github.com/vpcni/vpcni/internal/datapath/nlutil"
 	"github.com/vpcni/vpcni/internal/datapath/svcpath"
 )
 
@@ -95,7 +96,7 @@ type Mode struct {
 func New(kind Kind, node datapath.Node, s *Settings) (*Mode, error) {
 	uplink := node.Uplink
 	if uplink == "" {
-		name, err := defaultRouteLink()
+		name, err := nlutil.DefaultRouteLink()
 		if err != nil {
 			return nil, err
 		}
@@ -116,7 +117,7 @@ func New(kind Kind, node datapath.Node, s *Settings) (*Mode, error) {
 	if mtu > pl.Attrs().MTU {
 		return nil, fmt.Errorf("mtu %d is larger than parent %s's %d: a %s sub-interface cannot exceed its parent", mtu, parent, pl.Attrs().MTU, kind)
 	}
-	m := &Mode{kind: kind, uplink: uplink, parent: parent, parentIdx: pl.Attrs().Index, mtu: mtu, nodeIP: linkIP(uplink)}
+	m := &Mode{kind: kind, uplink: uplink, parent: parent, parentIdx: pl.Attrs().Index, mtu: mtu, nodeIP: nlutil.LinkIPv4(uplink)}
 	m.svc = svcpath.New(s.cidrs(), m.nodeIP, mtu)
 	if err := prepareNode(); err != nil {
 		return nil, err
@@ -144,7 +145,7 @@ func prepareNode() error {
 
 // Info implements datapath.Datapath.
 func (m *Mode) Info() datapath.Info {
-	return datapath.Info{Mode: string(m.kind), Uplink: m.uplink, MTU: m.mtu, NodeIP: linkIP(m.uplink), OwnMACs: m.kind == MACVLAN}
+	return datapath.Info{Mode: string(m.kind), Uplink: m.uplink, MTU: m.mtu, NodeIP: nlutil.LinkIPv4(m.uplink), OwnMACs: m.kind == MACVLAN}
 }
 
 // Close implements datapath.Datapath: the mode holds nothing open.
@@ -297,7 +298,7 @@ func (m *Mode) ownPodLink(pod *netlink.Handle, a *alloc.Allocation) bool {
 	if m.kind == MACVLAN {
 		return l.Attrs().HardwareAddr.String() == m.podMAC(a.Address).String()
 	}
-	addrs, err := retryDump(func() ([]netlink.Addr, error) { return pod.AddrList(l, netlink.FAMILY_V4) })
+	addrs, err := nlutil.RetryDump(func() ([]netlink.Addr, error) { return pod.AddrList(l, netlink.FAMILY_V4) })
 	if err != nil {
 		return false
 	}
@@ -318,7 +319,7 @@ func (m *Mode) deletePodLink(pod *netlink.Handle, a *alloc.Allocation) error {
 	if err != nil {
 		return nil
 	}
-	if err := pod.LinkDel(l); err != nil && !isNotFound(err) {
+	if err := pod.LinkDel(l); err != nil && !nlutil.IsNotFound(err) {
 		return fmt.Errorf("delete pod interface %s: %w", a.IfName, err)
 	}
 	return nil
@@ -388,7 +389,7 @@ func (m *Mode) checkPodLink(pod *netlink.Handle, link netlink.Link, a *alloc.All
 	if link.Attrs().ParentIndex != m.parentIdx {
 		problems = append(problems, fmt.Errorf("pod interface %s hangs off link %d, not %s", a.IfName, link.Attrs().ParentIndex, m.parent))
 	}
-	addrs, err := retryDump(func() ([]netlink.Addr, error) { return pod.AddrList(link, netlink.FAMILY_V4) })
+	addrs, err := nlutil.RetryDump(func() ([]netlink.Addr, error) { return pod.AddrList(link, netlink.FAMILY_V4) })
 	if err != nil {
 		return append(problems, fmt.Errorf("pod addresses: %w", err))
 	}
@@ -401,7 +402,7 @@ func (m *Mode) checkPodLink(pod *netlink.Handle, link netlink.Link, a *alloc.All
 	if !found {
 		problems = append(problems, fmt.Errorf("pod interface %s lacks %s", a.IfName, want))
 	}
-	routes, err := retryDump(func() ([]netlink.Route, error) {
+	routes, err := nlutil.RetryDump(func() ([]netlink.Route, error) {
 		return pod.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{LinkIndex: link.Attrs().Index}, netlink.RT_FILTER_OIF)
 	})
 	if err != nil {

@@ -7,6 +7,8 @@ import (
 	"github.com/google/nftables"
 	"github.com/google/nftables/binaryutil"
 	"github.com/google/nftables/expr"
+
+	"github.com/vpcni/vpcni/internal/datapath/nlutil"
 )
 
 // NATTable is the nftables table (family ip) of the service path: one
@@ -78,7 +80,7 @@ func ensureNAT(opts ...nftables.ConnOption) (changed bool, err error) {
 func natInPlace(conn *nftables.Conn) (bool, error) {
 	t, err := conn.ListTableOfFamily(NATTable, nftables.TableFamilyIPv4)
 	if err != nil {
-		if isNotFound(err) {
+		if nlutil.IsNotFound(err) {
 			return false, nil
 		}
 		return false, fmt.Errorf("list nftables table ip %s: %w", NATTable, err)
@@ -113,13 +115,13 @@ func removeNAT(opts ...nftables.ConnOption) error {
 		return fmt.Errorf("nftables: %w", err)
 	}
 	if _, err := conn.ListTableOfFamily(NATTable, nftables.TableFamilyIPv4); err != nil {
-		if isNotFound(err) {
+		if nlutil.IsNotFound(err) {
 			return nil
 		}
 		return fmt.Errorf("list nftables table ip %s: %w", NATTable, err)
 	}
 	conn.DelTable(&nftables.Table{Name: NATTable, Family: nftables.TableFamilyIPv4})
-	if err := conn.Flush(); err != nil && !isNotFound(err) {
+	if err := conn.Flush(); err != nil && !nlutil.IsNotFound(err) {
 		return fmt.Errorf("delete nftables table ip %s: %w", NATTable, err)
 	}
 	return nil

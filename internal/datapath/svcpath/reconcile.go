@@ -10,6 +10,7 @@ import (
 
 	"github.com/vpcni/vpcni/internal/alloc"
 	"github.com/vpcni/vpcni/internal/datapath"
+	"github.com/vpcni/vpcni/internal/datapath/nlutil"
 )
 
 // Reconcile brings the node side of the service path in line with want,
@@ -24,11 +25,11 @@ import (
 // It never enters a pod namespace, and touches only links named "vsv..."
 // with a vpcni alias.
 func (p *Path) Reconcile(want, leave []*alloc.Allocation) (rep datapath.Report, err error) {
-	links, err := retryDump(netlink.LinkList)
+	links, err := nlutil.RetryDump(netlink.LinkList)
 	if err != nil {
 		return rep, fmt.Errorf("list links: %w", err)
 	}
-	routes, err := retryDump(func() ([]netlink.Route, error) {
+	routes, err := nlutil.RetryDump(func() ([]netlink.Route, error) {
 		return netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Protocol: RouteProtocol}, netlink.RT_FILTER_PROTOCOL)
 	})
 	if err != nil {

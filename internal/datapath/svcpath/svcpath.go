@@ -38,6 +38,7 @@ import (
 
 	"github.com/vpcni/vpcni/internal/alloc"
 	"github.com/vpcni/vpcni/internal/datapath"
+	"github.com/vpcni/vpcni/internal/datapath/nlutil"
 )
 
 // PodIfName is the service veth's name in the pod. A CNI interface of the
@@ -216,7 +217,7 @@ func (p *Path) Detach(a *alloc.Allocation) error {
 func deleteHostLink(name, key string) error {
 	link, err := netlink.LinkByName(name)
 	if err != nil {
-		if isNotFound(err) {
+		if nlutil.IsNotFound(err) {
 			return nil
 		}
 		return fmt.Errorf("look up %s: %w", name, err)
@@ -224,7 +225,7 @@ func deleteHostLink(name, key string) error {
 	if alias := link.Attrs().Alias; alias != datapath.AliasPrefix+key && (alias != "" || link.Type() != "veth") {
 		return fmt.Errorf("%s belongs to %q, not to %s: left alone", name, alias, key)
 	}
-	if err := netlink.LinkDel(link); err != nil && !isNotFound(err) {
+	if err := netlink.LinkDel(link); err != nil && !nlutil.IsNotFound(err) {
 		return fmt.Errorf("delete %s: %w", name, err)
 	}
 	return nil
@@ -261,7 +262,7 @@ func (p *Path) Check(pod *netlink.Handle, a *alloc.Allocation) []error {
 	if !hasRoutes(pod, podLink.Attrs().Index, want) {
 		problems = append(problems, fmt.Errorf("pod lacks a route of %v via %s dev %s", want, Gateway, PodIfName))
 	}
-	neighs, err := retryDump(func() ([]netlink.Neigh, error) { return pod.NeighList(podLink.Attrs().Index, netlink.FAMILY_V4) })
+	neighs, err := nlutil.RetryDump(func() ([]netlink.Neigh, error) { return pod.NeighList(podLink.Attrs().Index, netlink.FAMILY_V4) })
 	if err != nil {
 		return append(problems, fmt.Errorf("pod neighbours: %w", err))
 	}
@@ -279,7 +280,7 @@ func (p *Path) Check(pod *netlink.Handle, a *alloc.Allocation) []error {
 // hasRoutes says whether every prefix in want is routed out of linkIdx in
 // the handle's namespace (zero Handle: the node's).
 func hasRoutes(h *netlink.Handle, linkIdx int, want []netip.Prefix) bool {
-	routes, err := retryDump(func() ([]netlink.Route, error) {
+	routes, err := nlutil.RetryDump(func() ([]netlink.Route, error) {
 		return h.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{LinkIndex: linkIdx}, netlink.RT_FILTER_OIF)
 	})
 	if err != nil {
@@ -302,22 +303,4 @@ func hasRoutes(h *netlink.Handle, linkIdx int, want []netip.Prefix) bool {
 		}
 	}
 	return true
-}
-
-func isNotFound(err error) bool {
-	var lnf netlink.LinkNotFoundError
-	return errors.As(err, &lnf) || errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ENODEV) || errors.Is(err, syscall.ESRCH)
-}
-
-// retryDump repeats a netlink dump the kernel interrupted.
-func retryDump[T any](dump func() ([]T, error)) ([]T, error) {
-	var out []T
-	var err error
-	for range 5 {
-		out, err = dump()
-		if !errors.Is(err, netlink.ErrDumpInterrupted) {
-			return out, err
-		}
-	}
-	return out, err
 }
