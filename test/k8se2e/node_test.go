@@ -23,6 +23,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vpcni/vpcni/internal/alloc"
 	"github.com/vpcni/vpcni/internal/api"
 	"github.com/vpcni/vpcni/internal/apis/vpcni/v1alpha1"
 	"github.com/vpcni/vpcni/internal/faultproxy"
@@ -254,7 +255,13 @@ func eventually(t testing.TB, d time.Duration, what string, cond func() (bool, s
 // The e2e uses a small pool (smallPool) so that it sees the pool refill and
 // shrink in seconds; the benchmark keeps vpcnid's defaults.
 func (n *node) writeOverlay(controllerGrace string, maxAddresses int, smallPool bool) string {
-	pool := ""
+	return n.writeOverlayWith(controllerGrace, maxAddresses, smallPool, "")
+}
+
+// writeOverlayWith is writeOverlay with extra vpcnid.yaml (a datapath
+// section, say).
+func (n *node) writeOverlayWith(controllerGrace string, maxAddresses int, smallPool bool, extra string) string {
+	pool := extra
 	if smallPool {
 		pool = `cooldown: 5s
 pool:
@@ -550,6 +557,63 @@ func TestKubernetesNode(t *testing.T) {
 	t.Run("agent-restart", func(t *testing.T) { checkAgentRestart(t, n) })
 	t.Run("setup-failure-event", func(t *testing.T) { checkFailureEvent(t, n) })
 	t.Run("controller-releases-orphans", func(t *testing.T) { checkOrphans(t, n) })
+	// Last: it drains the node and switches its datapath.
+	t.Run("macvlan-mode", func(t *testing.T) { checkMacvlanMode(t, n) })
+}
+
+// checkMacvlanMode proves the DaemonSet path in a second datapath mode: the
+// node is drained of pods on the pod network (a mode is chosen per node
+// and not switched under running pods), its VM port's port security is
+// turned off (macvlan pods send from MACs of their own; fixed-ips mode
+// cannot allow them otherwise), the ConfigMap selects macvlan, and the
+// DaemonSet rolls. Then pods are wired as macvlan sub-interfaces, reach
+// each other, a Service through the service veth, and are reached from
+// the legacy VM.
+func checkMacvlanMode(t *testing.T, n *node) {
+	n.mustKubectl("-n", "vpcni-system", "scale", "deployment/vpcni-controller", "--replicas=0")
+	n.mustKubectl("delete", "deployment", "web", "--wait=true")
+	eventually(t, 2*time.Minute, "no pod on the pod network", func() (bool, string) {
+		st, err := n.agentState()
+		if err != nil {
+			return false, err.Error()
+		}
+		return st.Pool.Allocated == 0, fmt.Sprintf("%d allocated", st.Pool.Allocated)
+	})
+	off := false
+	body, _ := json.Marshal(map[string]any{"port": map[string]any{"port_security_enabled": off, "allowed_address_pairs": []any{}, "security_groups": []any{}}})
+	mustRun(t, nil, "curl", "-fsS", "-X", "PUT", "-H", "Content-Type: application/json", "-d", string(body), n.lab.URL+"v2.0/ports/"+n.lab.Nodes[0].PortID)
+
+	n.overlay = n.writeOverlayWith("5s", 64, true, fmt.Sprintf("datapath:\n  mode: macvlan\n  macvlan:\n    serviceCIDRs: [%s]\n", n.env["VPCNI_K8S_SERVICE_CIDR"]))
+	n.mustKubectl("apply", "-k", n.overlay)
+	eventually(t, 3*time.Minute, "vpcnid in macvlan mode", func() (bool, string) {
+		st, err := n.agentState()
+		if err != nil {
+			return false, err.Error()
+		}
+		return st.Datapath == "macvlan" && st.Ready, fmt.Sprintf("datapath %q ready %v", st.Datapath, st.Ready)
+	})
+	n.mustKubectl("-n", "vpcni-system", "scale", "deployment/vpcni-controller", "--replicas=2")
+	n.apply(fmt.Sprintf(webManifest, 4, n.env["VPCNI_K8S_BUSYBOX_IMAGE"]))
+	web := n.waitReady("default", "app=web", 4, 3*time.Minute)
+	for _, p := range web {
+		out, err := n.exec(p.Metadata.Name, "cat", "/sys/class/net/eth0/address")
+		want := alloc.AddressMAC(netip.MustParseAddr(p.Status.PodIP))
+		if err != nil || strings.TrimSpace(out) != want {
+			t.Errorf("%s: eth0 MAC %q %v, want the macvlan pod MAC %s", p.Metadata.Name, out, err, want)
+		}
+		if out, err := n.exec(p.Metadata.Name, "ls", "/sys/class/net"); err != nil || !strings.Contains(out, "vpcni-svc") {
+			t.Errorf("%s: interfaces %q %v, want eth0 and the service veth vpcni-svc", p.Metadata.Name, out, err)
+		}
+	}
+	checkPodToPod(t, n, web)
+	checkService(t, n, web)
+	for _, p := range web {
+		ip := netip.MustParseAddr(p.Status.PodIP)
+		if got, err := fetch(legacyNS, netip.AddrPortFrom(ip, 8080), 3*time.Second); err != nil || got != p.Metadata.Name {
+			t.Errorf("legacy VM -> %s (%s): %q %v", p.Metadata.Name, ip, got, err)
+		}
+	}
+	t.Logf("vpcni-test: macvlan mode through the DaemonSet: %d pods with their own MACs, pod->pod, pod->ClusterIP and legacy VM->pod answered", len(web))
 }
 
 func checkAddresses(t *testing.T, n *node, web []pod) {
