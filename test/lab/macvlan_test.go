@@ -18,6 +18,7 @@ import (
 	"github.com/vpcni/vpcni/internal/alloc"
 	"github.com/vpcni/vpcni/internal/config"
 	"github.com/vpcni/vpcni/internal/datapath/macvlan"
+	"github.com/vpcni/vpcni/internal/datapath/svcpath"
 	"github.com/vpcni/vpcni/internal/lab"
 	"github.com/vpcni/vpcni/internal/netnsutil"
 	"github.com/vpcni/vpcni/internal/provider/openstack"
@@ -55,7 +56,7 @@ func TestMacvlanLab(t *testing.T) {
 		cfg.Pool = config.Pool{WarmTarget: 2, BatchSize: 2, MaxFree: 4}
 		cfg.Provider = config.Provider{Type: "openstack", Settings: &openstack.Config{
 			Endpoint: fmt.Sprintf("http://127.0.0.1:%d/", lab.EndpointPort), SubnetID: l.SubnetID, Mode: "address-pairs"}}
-		cfg.Datapath = config.Datapath{Mode: "macvlan", Settings: &macvlan.Settings{ServiceCIDRs: []string{"10.96.0.0/12"}}}
+		cfg.Datapath = config.Datapath{Mode: "macvlan", Settings: &macvlan.Settings{Settings: svcpath.Settings{ServiceCIDRs: []string{"10.96.0.0/12"}}}}
 		agent, err := testbed.StartAgentIn(runDir, node.NS, binDir, cfg)
 		if err != nil {
 			t.Fatalf("vpcnid on %s: %v", node.Name, err)

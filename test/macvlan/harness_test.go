@@ -85,7 +85,7 @@ func newEnv(t *testing.T, mode macvlan.Kind) *env {
 	})
 	e.cfg = tb.AgentConfig(e.dir, "10.79.0.0/24", "10.79.0.0/26")
 	e.cfg.Cooldown.Duration = 0
-	e.cfg.Datapath = config.Datapath{Mode: string(mode), Settings: &macvlan.Settings{ServiceCIDRs: []string{serviceCIDR}}}
+	e.cfg.Datapath = config.Datapath{Mode: string(mode), Settings: &macvlan.Settings{Settings: svcpath.Settings{ServiceCIDRs: []string{serviceCIDR}}}}
 	e.startAgent()
 	return e
 }

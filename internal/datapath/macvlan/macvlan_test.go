@@ -23,7 +23,7 @@ func TestSettings(t *testing.T) {
 	if err := s.Validate(); err != nil {
 		t.Fatalf("defaults invalid: %v", err)
 	}
-	bad := Settings{ServiceCIDRs: []string{"10.96.0.0/12", "nope", "10.96.0.1/12", "fd00::/108", "0.0.0.0/0"}, Parent: "eth0/1"}
+	bad := Settings{Settings: svcpath.Settings{ServiceCIDRs: []string{"10.96.0.0/12", "nope", "10.96.0.1/12", "fd00::/108", "0.0.0.0/0"}}, Parent: "eth0/1"}
 	err := bad.Validate()
 	if err == nil {
 		t.Fatal("bad settings accepted")

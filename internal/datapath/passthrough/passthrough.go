@@ -1,0 +1,461 @@
+// Package passthrough is the "passthrough" datapath mode (seed 000's
+// host-device with a service veth): each pod owns a whole NIC — a cloud
+// port the provider attached to the VM for it — moved into the pod's
+// namespace as its interface:
+//
+//	pod:  eth0 = the NIC (the port's MAC), <ip>/<subnet prefix>, default
+//	      via the subnet's gateway
+//	      + the service path (package svcpath): vpcni-svc (veth) for the
+//	      Service CIDRs and the node's own address via 169.254.1.1
+//	node: the NIC is gone from it while the pod runs; vsv<hash> with
+//	      <ip>/32 for the service path, one masquerade rule for DNATed
+//	      traffic from it
+//
+// The provider (openstack, mode passthrough) creates a Neutron port per
+// pod address and attaches it through Nova's os-interface; the lease names
+// the NIC by its MAC (Lease.NIC), which is how the mode finds it: a
+// hot-plugged NIC comes up under any name. DEL gives the NIC back to the
+// node under the name it had, down and bare, so the provider can detach it
+// and delete its port.
+//
+// When to choose it: the pod needs the cloud's whole port — its own port
+// security, security groups and floating IP, the wire's speed with no
+// bridge or sub-interface in the way — or the network is a shared
+// provider network where a project member may create ports but not add
+// addresses to its VM's port (NEUTRON-FACTS "Who may do what"). Caveats:
+// the VM takes a limited number of NICs (the provider reports it as
+// capacity); an ADD without a warm NIC waits for Nova's attach (~1 s);
+// Services go through the service veth and are masqueraded as in macvlan.
+package passthrough
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"slices"
+	"strings"
+	"syscall"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+
+	"github.com/vpcni/vpcni/internal/alloc"
+	"github.com/vpcni/vpcni/internal/datapath"
+	"github.com/vpcni/vpcni/internal/datapath/nlutil"
+	"github.com/vpcni/vpcni/internal/datapath/svcpath"
+)
+
+func init() {
+	datapath.Register(datapath.Registration{
+		Name:        "passthrough",
+		NewSettings: func() datapath.Settings { return &Settings{} },
+		New: func(node datapath.Node, s datapath.Settings) (datapath.Datapath, error) {
+			return New(node, s.(*Settings))
+		},
+		Prepare: func(datapath.Node, datapath.Settings) error { return prepareNode() },
+	})
+}
+
+// Settings is the mode's section of vpcnid.yaml (datapath.passthrough).
+type Settings struct {
+	svcpath.Settings
+}
+
+// Mode is one node's passthrough datapath.
+type Mode struct {
+	uplink string
+	mtu    int
+	svc    *svcpath.Path
+}
+
+// New opens the mode on this node and puts the service path's NAT rule in
+// place.
+func New(node datapath.Node, s *Settings) (*Mode, error) {
+	uplink := node.Uplink
+	if uplink == "" {
+		name, err := nlutil.DefaultRouteLink()
+		if err != nil {
+			return nil, err
+		}
+		uplink = name
+	}
+	ul, err := netlink.LinkByName(uplink)
+	if err != nil {
+		return nil, fmt.Errorf("uplink %q: %w", uplink, err)
+	}
+	mtu := node.MTU
+	if mtu == 0 {
+		mtu = ul.Attrs().MTU
+	}
+	m := &Mode{uplink: uplink, mtu: mtu, svc: svcpath.New(s.CIDRs(), nlutil.LinkIPv4(uplink), mtu)}
+	if err := prepareNode(); err != nil {
+		return nil, err
+	}
+	if _, err := svcpath.EnsureNAT(); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// prepareNode sets what the service path needs: forwarding.
+func prepareNode() error {
+	const path = "/proc/sys/net/ipv4/ip_forward"
+	if cur, err := os.ReadFile(path); err == nil && strings.TrimSpace(string(cur)) == "1" {
+		return nil
+	}
+	if err := os.WriteFile(path, []byte("1"), 0o644); err != nil {
+		return fmt.Errorf("sysctl net.ipv4.ip_forward=1: %w", err)
+	}
+	return nil
+}
+
+// Info implements datapath.Datapath: pods send from their own port's MAC,
+// which its port security allows already.
+func (m *Mode) Info() datapath.Info {
+	return datapath.Info{Mode: "passthrough", Uplink: m.uplink, MTU: m.mtu, NodeIP: nlutil.LinkIPv4(m.uplink)}
+}
+
+// Close implements datapath.Datapath: the mode holds nothing open.
+func (m *Mode) Close() error { return nil }
+
+// checkLease says what the lease lacks: a NIC of its own that carries the
+// address, its subnet and gateway.
+func checkLease(l alloc.Lease) error {
+	switch {
+	case l.NIC == nil || l.NIC.Address != l.Address:
+		return fmt.Errorf("the lease of %s names no NIC of its own: datapath passthrough needs a provider that attaches a port per pod (openstack mode: passthrough)", l.Address)
+	case !l.Prefix.IsValid() || !l.Prefix.Contains(l.Address):
+		return fmt.Errorf("the lease of %s has no subnet prefix that holds it", l.Address)
+	case !l.Gateway.IsValid():
+		return fmt.Errorf("the lease of %s has no gateway", l.Address)
+	}
+	return nil
+}
+
+// nodeName is the name the NIC goes back under when its recorded name is
+// not known (an ADD cut short before its wiring was recorded): "vpn" and
+// the MAC's hex digits, stable and unique per port.
+func nodeName(mac string) string {
+	h := sha256.Sum256([]byte(strings.ToLower(mac)))
+	return "vpn" + hex.EncodeToString(h[:])[:11]
+}
+
+// findByMAC finds the link with mac in h's namespace.
+func findByMAC(h *netlink.Handle, mac string) (netlink.Link, error) {
+	links, err := nlutil.RetryDump(h.LinkList)
+	if err != nil {
+		return nil, fmt.Errorf("list links: %w", err)
+	}
+	for _, l := range links {
+		if strings.EqualFold(l.Attrs().HardwareAddr.String(), mac) && l.Type() != "bridge" && l.Attrs().MasterIndex == 0 {
+			return l, nil
+		}
+	}
+	return nil, nil
+}
+
+// wiring is what Setup makes for a: the service veth's node end, the NIC
+// as the pod's interface, the service veth's pod end, and last the NIC's
+// name on the node (a node-side entry: DEL gives the NIC back under it).
+func (m *Mode) wiring(a *alloc.Allocation, nodeIf string) alloc.Wiring {
+	host, svc := svcpath.Interfaces(a)
+	return alloc.Wiring{
+		Interfaces: []alloc.Interface{host, {Name: a.IfName, MAC: strings.ToLower(a.NIC.MAC), Sandbox: a.Netns}, svc, {Name: nodeIf, MAC: strings.ToLower(a.NIC.MAC)}},
+		IPs:        []alloc.IPConfig{{Interface: 1, Address: netip.PrefixFrom(a.Address, a.Prefix.Bits()), Gateway: a.Gateway}},
+		Routes:     append([]alloc.Route{{Dst: netip.PrefixFrom(netip.IPv4Unspecified(), 0), GW: a.Gateway}}, m.svc.Routes()...),
+	}
+}
+
+// nodeIfName is the NIC's name on the node as the wiring recorded it.
+func nodeIfName(a *alloc.Allocation) string {
+	if a.Wiring != nil && len(a.Wiring.Interfaces) == 4 && a.Wiring.Interfaces[3].Sandbox == "" {
+		return a.Wiring.Interfaces[3].Name
+	}
+	return nodeName(a.NIC.MAC)
+}
+
+// Setup implements datapath.Datapath: the NIC moves into the pod as its
+// interface. On failure the NIC goes back to the node as it was.
+func (m *Mode) Setup(_ context.Context, a *alloc.Allocation) (_ alloc.Wiring, err error) {
+	if err := checkLease(a.Lease); err != nil {
+		return alloc.Wiring{}, &datapath.SetupError{Step: "lease", Err: err}
+	}
+	if a.IfName == svcpath.PodIfName {
+		return alloc.Wiring{}, &datapath.SetupError{Step: "pod interface", BadRequest: true,
+			Err: fmt.Errorf("interface name %s is vpcni's service veth; choose another", svcpath.PodIfName)}
+	}
+	podNs, err := netns.GetFromPath(a.Netns)
+	if err != nil {
+		return alloc.Wiring{}, &datapath.SetupError{Step: "open pod netns " + a.Netns, BadRequest: true, Err: err}
+	}
+	defer podNs.Close()
+	pod, err := netlink.NewHandleAt(podNs)
+	if err != nil {
+		return alloc.Wiring{}, &datapath.SetupError{Step: "netlink in pod netns", Err: err}
+	}
+	defer pod.Close()
+	node := &netlink.Handle{}
+
+	nic, err := findByMAC(node, a.NIC.MAC)
+	if err != nil {
+		return alloc.Wiring{}, &datapath.SetupError{Step: "find NIC " + a.NIC.MAC, Err: err}
+	}
+	nodeIf := nodeIfName(a)
+	if nic == nil {
+		// Moved into this pod already (an ADD cut short after the move)?
+		if in, _ := findByMAC(pod, a.NIC.MAC); in == nil || in.Attrs().Alias != datapath.AliasPrefix+a.Key() {
+			return alloc.Wiring{}, &datapath.SetupError{Step: "find NIC " + a.NIC.MAC,
+				Err: fmt.Errorf("no interface with MAC %s on the node: the provider attached its port but the NIC has not appeared", a.NIC.MAC)}
+		}
+	} else {
+		if l, err := pod.LinkByName(a.IfName); err == nil && !strings.EqualFold(l.Attrs().HardwareAddr.String(), a.NIC.MAC) {
+			return alloc.Wiring{}, &datapath.SetupError{Step: "pod interface", BadRequest: true,
+				Err: fmt.Errorf("%s already exists in %s", a.IfName, a.Netns)}
+		}
+		if a.Wiring == nil {
+			nodeIf = nic.Attrs().Name
+		}
+		if err := m.moveIn(nic, podNs, a); err != nil {
+			return alloc.Wiring{}, err
+		}
+	}
+	defer func() {
+		if err != nil {
+			_ = m.giveBack(pod, a, nodeIf)
+			_ = m.svc.Detach(a)
+		}
+	}()
+	link, err := pod.LinkByName(a.IfName)
+	if err != nil {
+		return alloc.Wiring{}, &datapath.SetupError{Step: "find pod interface " + a.IfName, Err: err}
+	}
+	addr := &netlink.Addr{IPNet: &net.IPNet{IP: a.Address.AsSlice(), Mask: net.CIDRMask(a.Prefix.Bits(), 32)}}
+	if err = pod.AddrReplace(link, addr); err != nil {
+		return alloc.Wiring{}, &datapath.SetupError{Step: "pod address", Err: err}
+	}
+	if err = pod.LinkSetUp(link); err != nil {
+		return alloc.Wiring{}, &datapath.SetupError{Step: "pod link up", Err: err}
+	}
+	def := &netlink.Route{LinkIndex: link.Attrs().Index, Gw: a.Gateway.AsSlice(), Dst: &net.IPNet{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)}}
+	if err = pod.RouteReplace(def); err != nil {
+		return alloc.Wiring{}, &datapath.SetupError{Step: "pod default route via " + a.Gateway.String(), Err: err}
+	}
+	if err = m.svc.Attach(podNs, pod, a); err != nil {
+		return alloc.Wiring{}, err
+	}
+	return m.wiring(a, nodeIf), nil
+}
+
+// moveIn marks the NIC as a's and moves it into the pod under a's
+// interface name.
+func (m *Mode) moveIn(nic netlink.Link, podNs netns.NsHandle, a *alloc.Allocation) error {
+	if len(a.IfName) > 15 {
+		return &datapath.SetupError{Step: "pod interface", BadRequest: true, Err: fmt.Errorf("interface name %q is longer than 15 bytes", a.IfName)}
+	}
+	if err := netlink.LinkSetDown(nic); err != nil {
+		return &datapath.SetupError{Step: "set NIC " + nic.Attrs().Name + " down", Err: err}
+	}
+	if err := netlink.LinkSetAlias(nic, datapath.AliasPrefix+a.Key()); err != nil {
+		return &datapath.SetupError{Step: "mark NIC " + nic.Attrs().Name, Err: err}
+	}
+	if err := netlink.LinkSetNsFd(nic, int(podNs)); err != nil {
+		_ = netlink.LinkSetAlias(nic, "")
+		return &datapath.SetupError{Step: "move NIC " + nic.Attrs().Name + " into the pod", Err: err}
+	}
+	pod, err := netlink.NewHandleAt(podNs)
+	if err != nil {
+		return &datapath.SetupError{Step: "netlink in pod netns", Err: err}
+	}
+	defer pod.Close()
+	in, err := findByMAC(pod, a.NIC.MAC)
+	if err != nil || in == nil {
+		return &datapath.SetupError{Step: "find NIC in the pod", Err: fmt.Errorf("moved, then not found: %v", err)}
+	}
+	if err := pod.LinkSetName(in, a.IfName); err != nil {
+		if errors.Is(err, syscall.EEXIST) {
+			return &datapath.SetupError{Step: "pod interface", BadRequest: true, Err: fmt.Errorf("%s already exists in %s", a.IfName, a.Netns)}
+		}
+		return &datapath.SetupError{Step: "name the NIC " + a.IfName + " in the pod", Err: err}
+	}
+	return nil
+}
+
+// giveBack returns a's NIC from the pod (if it is there) to the node: down,
+// without addresses or mark, under its node name (nodeName(MAC) if that
+// name is taken meanwhile).
+func (m *Mode) giveBack(pod *netlink.Handle, a *alloc.Allocation, nodeIf string) error {
+	nic, err := findByMAC(pod, a.NIC.MAC)
+	if err != nil || nic == nil || nic.Attrs().Alias != datapath.AliasPrefix+a.Key() {
+		return err // not there, or not ours to give back
+	}
+	node, err := netns.Get()
+	if err != nil {
+		return fmt.Errorf("the node's netns: %w", err)
+	}
+	defer node.Close()
+	_ = pod.LinkSetDown(nic)
+	if addrs, err := pod.AddrList(nic, netlink.FAMILY_ALL); err == nil {
+		for _, ad := range addrs {
+			_ = pod.AddrDel(nic, &ad)
+		}
+	}
+	if err := pod.LinkSetAlias(nic, ""); err != nil {
+		return fmt.Errorf("unmark NIC %s: %w", a.NIC.MAC, err)
+	}
+	for _, name := range []string{nodeIf, nodeName(a.NIC.MAC)} {
+		if err := pod.LinkSetName(nic, name); err != nil {
+			continue
+		}
+		if err := pod.LinkSetNsFd(nic, int(node)); err == nil {
+			return nil
+		} else if !errors.Is(err, syscall.EEXIST) {
+			return fmt.Errorf("move NIC %s back to the node: %w", a.NIC.MAC, err)
+		}
+	}
+	return fmt.Errorf("move NIC %s back to the node: its names %s and %s are taken there", a.NIC.MAC, nodeIf, nodeName(a.NIC.MAC))
+}
+
+// Teardown implements datapath.Datapath: the NIC goes back to the node
+// under its name, down and bare, and the service veth goes. Idempotent. A
+// NIC whose pod namespace is gone is back on the node already, or gone
+// with the namespace (a virtual one): either way nothing is left in a pod.
+func (m *Mode) Teardown(_ context.Context, a *alloc.Allocation) error {
+	var errs []error
+	if a.NIC != nil && a.Netns != "" {
+		if podNs, err := netns.GetFromPath(a.Netns); err == nil {
+			if pod, err := netlink.NewHandleAt(podNs); err == nil {
+				errs = append(errs, m.giveBack(pod, a, nodeIfName(a)))
+				pod.Close()
+			} else {
+				errs = append(errs, fmt.Errorf("netlink in pod netns: %w", err))
+			}
+			podNs.Close()
+		}
+	}
+	if a.NIC != nil {
+		errs = append(errs, unmarkOnNode(a))
+	}
+	errs = append(errs, m.svc.Detach(a))
+	return errors.Join(errs...)
+}
+
+// unmarkOnNode clears a NIC of a's that came back to the node by itself (a
+// physical NIC returns to the initial namespace when the pod's is
+// destroyed): down, bare, unmarked.
+func unmarkOnNode(a *alloc.Allocation) error {
+	nic, err := findByMAC(&netlink.Handle{}, a.NIC.MAC)
+	if err != nil || nic == nil || nic.Attrs().Alias != datapath.AliasPrefix+a.Key() {
+		return err
+	}
+	_ = netlink.LinkSetDown(nic)
+	if addrs, err := netlink.AddrList(nic, netlink.FAMILY_ALL); err == nil {
+		for _, ad := range addrs {
+			_ = netlink.AddrDel(nic, &ad)
+		}
+	}
+	if err := netlink.LinkSetAlias(nic, ""); err != nil {
+		return fmt.Errorf("unmark NIC %s: %w", a.NIC.MAC, err)
+	}
+	return nil
+}
+
+// Check implements datapath.Datapath.
+func (m *Mode) Check(_ context.Context, a *alloc.Allocation) (alloc.Wiring, error) {
+	if err := checkLease(a.Lease); err != nil {
+		return alloc.Wiring{}, err
+	}
+	return m.wiring(a, nodeIfName(a)), m.check(a)
+}
+
+func (m *Mode) check(a *alloc.Allocation) error {
+	podNs, err := netns.GetFromPath(a.Netns)
+	if err != nil {
+		return fmt.Errorf("pod netns %s: %w", a.Netns, err)
+	}
+	defer podNs.Close()
+	pod, err := netlink.NewHandleAt(podNs)
+	if err != nil {
+		return fmt.Errorf("netlink in pod netns: %w", err)
+	}
+	defer pod.Close()
+	var problems []error
+	link, err := pod.LinkByName(a.IfName)
+	switch {
+	case err != nil:
+		problems = append(problems, fmt.Errorf("pod interface %s: %w", a.IfName, err))
+	case !strings.EqualFold(link.Attrs().HardwareAddr.String(), a.NIC.MAC):
+		problems = append(problems, fmt.Errorf("pod interface %s has MAC %s, not its NIC's %s", a.IfName, link.Attrs().HardwareAddr, a.NIC.MAC))
+	default:
+		if link.Attrs().Flags&net.FlagUp == 0 {
+			problems = append(problems, fmt.Errorf("pod interface %s is down", a.IfName))
+		}
+		if !hasAddr(pod, link, netip.PrefixFrom(a.Address, a.Prefix.Bits())) {
+			problems = append(problems, fmt.Errorf("pod interface %s lacks %s/%d", a.IfName, a.Address, a.Prefix.Bits()))
+		}
+	}
+	problems = append(problems, m.svc.Check(pod, a)...)
+	return errors.Join(problems...)
+}
+
+func hasAddr(h *netlink.Handle, link netlink.Link, want netip.Prefix) bool {
+	addrs, err := nlutil.RetryDump(func() ([]netlink.Addr, error) { return h.AddrList(link, netlink.FAMILY_V4) })
+	if err != nil {
+		return false
+	}
+	for _, ad := range addrs {
+		ip, _ := netip.AddrFromSlice(ad.IP.To4())
+		ones, _ := ad.Mask.Size()
+		if netip.PrefixFrom(ip, ones) == want {
+			return true
+		}
+	}
+	return false
+}
+
+// Reconcile implements datapath.Datapath: the service path's node side,
+// and a NIC vpcni marked that is back on the node (its pod went without a
+// DEL): a desired allocation's is reported Broken, to be wired into its
+// pod again; any other is cleared for the provider to take back.
+func (m *Mode) Reconcile(_ context.Context, want datapath.Desired) (datapath.Report, error) {
+	rep, err := m.svc.Reconcile(want.Allocations, want.Leave)
+	if err != nil {
+		return rep, err
+	}
+	links, err := nlutil.RetryDump(netlink.LinkList)
+	if err != nil {
+		return rep, fmt.Errorf("list links: %w", err)
+	}
+	byKey := map[string]*alloc.Allocation{}
+	for _, a := range append(want.Allocations, want.Leave...) {
+		byKey[a.Key()] = a
+	}
+	for _, l := range links {
+		key, ok := strings.CutPrefix(l.Attrs().Alias, datapath.AliasPrefix)
+		if !ok || strings.HasPrefix(l.Attrs().Name, svcpath.HostPrefix) {
+			continue
+		}
+		if a, ok := byKey[key]; ok && a.NIC != nil && strings.EqualFold(a.NIC.MAC, l.Attrs().HardwareAddr.String()) {
+			if !slices.Contains(rep.Broken, key) {
+				rep.Broken = append(rep.Broken, key)
+			}
+			continue
+		}
+		if l.Type() == "veth" && strings.HasPrefix(l.Attrs().Name, "vpc") {
+			continue // a routed veth's host end (the node ran mode veth): not a NIC
+		}
+		_ = netlink.LinkSetDown(l)
+		if err := netlink.LinkSetAlias(l, ""); err != nil {
+			rep.Failed = append(rep.Failed, fmt.Sprintf("unmark NIC %s: %v", l.Attrs().Name, err))
+			continue
+		}
+		rep.Removed = append(rep.Removed, fmt.Sprintf("NIC %s (%s) of %s back on the node: cleared", l.Attrs().Name, l.Attrs().HardwareAddr, key))
+	}
+	return rep, nil
+}
+
+var _ datapath.Datapath = (*Mode)(nil)

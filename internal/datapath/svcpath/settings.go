@@ -1,0 +1,57 @@
+package svcpath
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+)
+
+// DefaultServiceCIDR is Kubernetes' default Service range (kube-apiserver
+// --service-cluster-ip-range).
+const DefaultServiceCIDR = "10.96.0.0/12"
+
+// Settings is the part of a mode's section of vpcnid.yaml that the service
+// path reads; modes embed it.
+type Settings struct {
+	// ServiceCIDRs are routed through the node's stack (the service veth),
+	// so kube-proxy's rules apply to them: the cluster's Service ranges
+	// (default [10.96.0.0/12]).
+	ServiceCIDRs []string `json:"serviceCIDRs,omitempty"`
+}
+
+// Defaults fills what the section left out.
+func (s *Settings) Defaults() {
+	if len(s.ServiceCIDRs) == 0 {
+		s.ServiceCIDRs = []string{DefaultServiceCIDR}
+	}
+}
+
+// Validate names every bad Service CIDR.
+func (s *Settings) Validate() error {
+	var errs []error
+	for i, c := range s.ServiceCIDRs {
+		p, err := netip.ParsePrefix(c)
+		switch {
+		case err != nil:
+			errs = append(errs, fmt.Errorf("serviceCIDRs[%d]: %q is not a CIDR", i, c))
+		case !p.Addr().Is4():
+			errs = append(errs, fmt.Errorf("serviceCIDRs[%d]: %q: only IPv4 is supported so far", i, c))
+		case p.Masked() != p:
+			errs = append(errs, fmt.Errorf("serviceCIDRs[%d]: %q has host bits set (did you mean %s?)", i, c, p.Masked()))
+		case p.Bits() == 0:
+			errs = append(errs, fmt.Errorf("serviceCIDRs[%d]: %q would send all of the pod's traffic through the node", i, c))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// CIDRs are the validated Service CIDRs.
+func (s *Settings) CIDRs() []netip.Prefix {
+	var out []netip.Prefix
+	for _, c := range s.ServiceCIDRs {
+		if p, err := netip.ParsePrefix(c); err == nil {
+			out = append(out, p)
+		}
+	}
+	return out
+}
