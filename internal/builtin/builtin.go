@@ -4,6 +4,7 @@
 package builtin
 
 import (
+	_ "github.com/vpcni/vpcni/internal/datapath/bridge"
 	_ "github.com/vpcni/vpcni/internal/datapath/veth"
 	_ "github.com/vpcni/vpcni/internal/provider/openstack"
 	_ "github.com/vpcni/vpcni/internal/provider/static"
