@@ -41,7 +41,10 @@
 // a VM's bridge), which is what made seed 001's colleagues advise against
 // it. The DNAT'ed frame is re-routed by br_netfilter, bridged to a backend
 // on the segment or on the node, and conntrack un-DNATs the reply on the
-// bridge's post-routing hook. Without br_netfilter in the kernel the option
+// bridge's post-routing hook. That re-routing needs IPv4 forwarding on
+// (measured on this 6.18 kernel: with net.ipv4.ip_forward=0 the DNAT'ed SYN
+// is dropped, the rule counts it and conntrack never confirms it), so the
+// mode turns it on as Kubernetes nodes have it. Without br_netfilter in the kernel the option
 // does nothing: New refuses to start then (no /proc/sys/net/bridge), since
 // Services would silently break.
 //
@@ -74,6 +77,7 @@ func init() {
 		New: func(node datapath.Node, s datapath.Settings) (datapath.Datapath, error) {
 			return New(node, *s.(*Settings))
 		},
+		Prepare: func(datapath.Node, datapath.Settings) error { return Prepare() },
 		Uninstall: func(node datapath.Node, s datapath.Settings) error {
 			return Uninstall(node.Uplink, *s.(*Settings))
 		},
@@ -132,7 +136,7 @@ type Bridge struct {
 // datapath. A restarted agent finds the move done and changes nothing.
 func New(node datapath.Node, s Settings) (*Bridge, error) {
 	s.Defaults()
-	if err := checkBrNetfilter(); err != nil {
+	if err := Prepare(); err != nil {
 		return nil, err
 	}
 	uplink, err := findUplink(node.Uplink, s.Bridge)

@@ -1,6 +1,7 @@
 package bridge
 
 import (
+	"errors"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -50,6 +51,19 @@ func TestLeaseError(t *testing.T) {
 		if err := leaseError(&alloc.Allocation{Lease: c.l}); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: got %v, want %q", name, err, c.want)
 		}
+	}
+}
+
+// TestSetupRefusesBadLease: a lease bridge mode cannot wire is refused
+// before anything is made, with the reason.
+func TestSetupRefusesBadLease(t *testing.T) {
+	b := &Bridge{name: "vpcni-none", uplink: "none", mtu: 1500}
+	a := &alloc.Allocation{ContainerID: "c", IfName: "eth0", Netns: "/nonexistent",
+		Lease: alloc.Lease{Address: netip.MustParseAddr("10.1.0.5"), Prefix: netip.MustParsePrefix("10.1.0.0/24")}}
+	_, err := b.Setup(t.Context(), a)
+	var se *SetupError
+	if !errors.As(err, &se) || se.Step != "lease" || se.BadRequest || !strings.Contains(err.Error(), "no gateway") {
+		t.Fatalf("got %v, want a SetupError at step lease naming the gateway", err)
 	}
 }
 

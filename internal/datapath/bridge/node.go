@@ -13,6 +13,29 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// Prepare sets and checks what the mode needs of the node's kernel:
+// IPv4 forwarding (br_netfilter re-routes DNAT'ed bridged packets, and
+// drops them with forwarding off), and br_netfilter itself. It writes a
+// sysctl only when it differs, so an agent without a writable /proc/sys
+// starts once a privileged step (vpcnictl install-cni) ran this.
+func Prepare() error {
+	if err := checkBrNetfilter(); err != nil {
+		return err
+	}
+	return writeSysctl("net/ipv4/ip_forward", "1")
+}
+
+func writeSysctl(key, value string) error {
+	path := "/proc/sys/" + key
+	if cur, err := os.ReadFile(path); err == nil && strings.TrimSpace(string(cur)) == value {
+		return nil
+	}
+	if err := os.WriteFile(path, []byte(value), 0o644); err != nil {
+		return fmt.Errorf("sysctl %s=%s: %w", strings.ReplaceAll(key, "/", "."), value, err)
+	}
+	return nil
+}
+
 // checkBrNetfilter: without br_netfilter the bridge's nf_call_iptables
 // option is accepted and does nothing, and pods silently lose Services.
 // The kernel shows net.bridge only when it has br_netfilter (per network
