@@ -11,9 +11,9 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 
 	"github.com/vpcni/vpcni/internal/alloc"
-		"github.com/vpcni/vpcni/internal/lab"
+	"github.com/vpcni/vpcni/internal/lab"
 	"github.com/vpcni/vpcni/internal/netnsutil"
-		"github.com/vpcni/vpcni/internal/testbed"
+	"github.com/vpcni/vpcni/internal/testbed"
 )
 
 // TestBridgeTakesUplink: vpcnid's start moves the node's address, routes
