@@ -5,6 +5,8 @@ package builtin
 
 import (
 	_ "github.com/vpcni/vpcni/internal/datapath/bridge"
+	_ "github.com/vpcni/vpcni/internal/datapath/ipvlan"
+	_ "github.com/vpcni/vpcni/internal/datapath/macvlan"
 	_ "github.com/vpcni/vpcni/internal/datapath/veth"
 	_ "github.com/vpcni/vpcni/internal/provider/openstack"
 	_ "github.com/vpcni/vpcni/internal/provider/static"

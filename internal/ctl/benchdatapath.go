@@ -7,11 +7,13 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -44,7 +46,7 @@ func benchDatapath(args []string, out io.Writer) (err error) {
 		return err
 	}
 	const prefix = "vpcni-dpbench"
-	if err := labUp(prefix, 2, "10.91.0.0/24", true, io.Discard); err != nil {
+	if err := labUp(prefix, 2, "10.91.0.0/24", true, labNodeConfig{}, io.Discard); err != nil {
 		return err
 	}
 	defer func() { err = errors.Join(err, labDown(prefix, io.Discard)) }()
@@ -56,10 +58,6 @@ func benchDatapath(args []string, out io.Writer) (err error) {
 	defer cancel()
 
 	// One pod on each node.
-	type end struct {
-		ns string
-		ip netip.Addr
-	}
 	var pods []end
 	for i, n := range st.Nodes {
 		cni, err := testbed.NewCNIIn(n.NS, []string{bin}, filepath.Join(labDir(prefix), n.Name, "cni-cache"), testbed.VpcniConfList("1.0.0", "vpcni-bench", n.Socket))
@@ -82,51 +80,10 @@ func benchDatapath(args []string, out io.Writer) (err error) {
 		pods = append(pods, end{ns: name, ip: ip})
 	}
 	nodes := []end{{ns: st.Nodes[0].NS, ip: st.Nodes[0].IP}, {ns: st.Nodes[1].NS, ip: st.Nodes[1].IP}}
-
-	// Servers on CPU 1, in the pod on n2 and on n2 itself.
-	var servers []*exec.Cmd
-	defer func() {
-		for _, s := range servers {
-			_ = s.Process.Kill()
-			_ = s.Wait()
-		}
-	}()
-	for _, e := range []end{pods[1], nodes[1]} {
-		for _, argv := range [][]string{
-			{"iperf3", "-s", "-B", e.ip.String()},
-			{"sockperf", "sr", "--tcp", "-i", e.ip.String(), "-p", "11111"},
-		} {
-			cmd := exec.Command("ip", append([]string{"netns", "exec", e.ns, "taskset", "-c", "1"}, argv...)...)
-			if err := cmd.Start(); err != nil {
-				return err
-			}
-			servers = append(servers, cmd)
-		}
-	}
-	time.Sleep(500 * time.Millisecond) // the servers bind
-
 	load0 := loadAvg()
-	tput := map[string][]float64{}
-	rtt := map[string][]float64{}
-	pairs := map[string][2]end{"pod": {pods[0], pods[1]}, "node": {nodes[0], nodes[1]}}
-	for r := range *rounds {
-		order := []string{"pod", "node"}
-		if r%2 == 1 {
-			order = []string{"node", "pod"}
-		}
-		for _, k := range order {
-			from, to := pairs[k][0], pairs[k][1]
-			bps, err := iperf(ctx, from.ns, to.ip, *secs)
-			if err != nil {
-				return fmt.Errorf("%s iperf3: %w", k, err)
-			}
-			us, err := sockperfRTT(ctx, from.ns, to.ip, *secs)
-			if err != nil {
-				return fmt.Errorf("%s sockperf: %w", k, err)
-			}
-			tput[k] = append(tput[k], bps)
-			rtt[k] = append(rtt[k], us)
-		}
+	tput, rtt, err := comparePaths(ctx, map[string][2]end{"pod": {pods[0], pods[1]}, "node": {nodes[0], nodes[1]}}, *rounds, *secs)
+	if err != nil {
+		return err
 	}
 	pt, nt := median(tput["pod"]), median(tput["node"])
 	pr, nr := median(rtt["pod"]), median(rtt["node"])
@@ -141,6 +98,62 @@ func benchDatapath(args []string, out io.Writer) (err error) {
 	fmt.Fprintf(out, "targets: throughput %.2fx node (>= 0.95: %s), RTT %+.1f us (<= +3: %s)\n", ratio, met(ratio >= 0.95), overhead, met(overhead <= 3))
 	fmt.Fprintf(out, "datapath-bench: tput_ratio=%.2f rtt_overhead_us=%.1f\n", ratio, overhead)
 	return nil
+}
+
+// end is one side of a measured path: a namespace and its address.
+type end struct {
+	ns string
+	ip netip.Addr
+}
+
+// comparePaths measures each path (client -> server) with iperf3 and a
+// sockperf TCP ping-pong, in rounds that alternate the paths' order,
+// servers on CPU 1 and clients on CPU 0; it returns bits per second and
+// round trips in µs per path and round.
+func comparePaths(ctx context.Context, paths map[string][2]end, rounds, secs int) (tput, rtt map[string][]float64, err error) {
+	var servers []*exec.Cmd
+	defer func() {
+		for _, s := range servers {
+			_ = s.Process.Kill()
+			_ = s.Wait()
+		}
+	}()
+	names := slices.Sorted(maps.Keys(paths))
+	for _, k := range names {
+		e := paths[k][1]
+		for _, argv := range [][]string{
+			{"iperf3", "-s", "-B", e.ip.String()},
+			{"sockperf", "sr", "--tcp", "-i", e.ip.String(), "-p", "11111"},
+		} {
+			cmd := exec.Command("ip", append([]string{"netns", "exec", e.ns, "taskset", "-c", "1"}, argv...)...)
+			if err := cmd.Start(); err != nil {
+				return nil, nil, err
+			}
+			servers = append(servers, cmd)
+		}
+	}
+	time.Sleep(500 * time.Millisecond) // the servers bind
+	tput, rtt = map[string][]float64{}, map[string][]float64{}
+	for r := range rounds {
+		order := slices.Clone(names)
+		if r%2 == 1 {
+			slices.Reverse(order)
+		}
+		for _, k := range order {
+			from, to := paths[k][0], paths[k][1]
+			bps, err := iperf(ctx, from.ns, to.ip, secs)
+			if err != nil {
+				return nil, nil, fmt.Errorf("%s iperf3: %w", k, err)
+			}
+			us, err := sockperfRTT(ctx, from.ns, to.ip, secs)
+			if err != nil {
+				return nil, nil, fmt.Errorf("%s sockperf: %w", k, err)
+			}
+			tput[k] = append(tput[k], bps)
+			rtt[k] = append(rtt[k], us)
+		}
+	}
+	return tput, rtt, nil
 }
 
 // loadAvg is the 1-minute load average ("?" if unreadable).

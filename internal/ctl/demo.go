@@ -47,7 +47,7 @@ func demo(args []string, out io.Writer) (err error) {
 		return err
 	}
 	fmt.Fprintf(out, "building the lab: a VPC segment with port security, a router, %d nodes running vpcnid against the lab's Neutron endpoint, a legacy VM (namespaces %s-*)\n", *nodes, prefix)
-	if err := labUp(prefix, *nodes, "10.77.0.0/24", true, io.Discard); err != nil {
+	if err := labUp(prefix, *nodes, "10.77.0.0/24", true, labNodeConfig{}, io.Discard); err != nil {
 		return err
 	}
 	defer func() {

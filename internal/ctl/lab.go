@@ -1,6 +1,7 @@
 package ctl
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -49,14 +50,17 @@ func labCmd(args []string, out io.Writer) error {
 	nodes := fs.Int("nodes", 3, "cluster nodes")
 	subnet := fs.String("subnet", "10.90.0.0/24", "the tenant subnet")
 	agents := fs.Bool("agents", true, "run vpcnid on every node (false: none, e.g. for a real Kubernetes node whose DaemonSet runs it)")
+	var nc labNodeConfig
+	fs.StringVar(&nc.Datapath, "datapath", "veth", "the agents' datapath mode")
+	fs.StringVar(&nc.ProviderMode, "provider-mode", "fixed-ips", "the agents' openstack provider mode (macvlan and bridge need address-pairs)")
 	if err := parseFlags(fs, args[1:]); err != nil {
 		return err
 	}
 	switch args[0] {
 	case "up":
-		return labUp(*prefix, *nodes, *subnet, *agents, out)
+		return labUp(*prefix, *nodes, *subnet, *agents, nc, out)
 	case "serve":
-		return labServe(*prefix, *nodes, *subnet, *agents)
+		return labServe(*prefix, *nodes, *subnet, *agents, nc)
 	case "down":
 		return labDown(*prefix, out)
 	case "status":
@@ -72,8 +76,18 @@ func labCmd(args []string, out io.Writer) error {
 	return usageError{fmt.Sprintf("lab: unknown command %q", args[0])}
 }
 
+// labNodeConfig is how the lab's agents run.
+type labNodeConfig struct {
+	Datapath     string
+	ProviderMode string
+}
+
+func (c labNodeConfig) args() []string {
+	return []string{"--datapath", cmp.Or(c.Datapath, "veth"), "--provider-mode", cmp.Or(c.ProviderMode, "fixed-ips")}
+}
+
 // labUp starts `lab serve` in the background and waits until the lab is up.
-func labUp(prefix string, nodes int, subnet string, agents bool, out io.Writer) error {
+func labUp(prefix string, nodes int, subnet string, agents bool, nc labNodeConfig, out io.Writer) error {
 	if os.Geteuid() != 0 {
 		return errors.New("the lab builds network namespaces: run it as root")
 	}
@@ -94,7 +108,7 @@ func labUp(prefix string, nodes int, subnet string, agents bool, out io.Writer) 
 		return err
 	}
 	defer logf.Close()
-	cmd := exec.Command(self, "lab", "serve", "--prefix", prefix, "--nodes", strconv.Itoa(nodes), "--subnet", subnet, "--agents="+strconv.FormatBool(agents))
+	cmd := exec.Command(self, append([]string{"lab", "serve", "--prefix", prefix, "--nodes", strconv.Itoa(nodes), "--subnet", subnet, "--agents=" + strconv.FormatBool(agents)}, nc.args()...)...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {
@@ -140,7 +154,7 @@ func readLabState(prefix string) (*labState, error) {
 
 // labServe builds the lab, runs vpcnid on every node (unless !agents) and
 // serves the endpoint until SIGTERM; then it takes everything down.
-func labServe(prefix string, nodes int, subnet string, agents bool) error {
+func labServe(prefix string, nodes int, subnet string, agents bool, nc labNodeConfig) error {
 	bin, err := binDir()
 	if err != nil {
 		return err
@@ -167,7 +181,8 @@ func labServe(prefix string, nodes int, subnet string, agents bool) error {
 		cfg.NodeName = n.Name
 		cfg.SocketPath = filepath.Join(dir, n.Name, "vpcnid.sock")
 		cfg.StateDir = filepath.Join(dir, n.Name, "state")
-		cfg.Provider = config.Provider{Type: "openstack", Settings: &openstack.Config{Endpoint: fmt.Sprintf("http://127.0.0.1:%d/", lab.EndpointPort), SubnetID: l.SubnetID}}
+		cfg.Datapath = config.Datapath{Mode: cmp.Or(nc.Datapath, "veth")}
+		cfg.Provider = config.Provider{Type: "openstack", Settings: &openstack.Config{Endpoint: fmt.Sprintf("http://127.0.0.1:%d/", lab.EndpointPort), SubnetID: l.SubnetID, Mode: nc.ProviderMode}}
 		a, err := testbed.StartAgentIn(dir, n.NS, bin, cfg)
 		if err != nil {
 			return fmt.Errorf("vpcnid on %s: %w", n.Name, err)

@@ -68,6 +68,7 @@ import (
 
 	"github.com/vpcni/vpcni/internal/alloc"
 	"github.com/vpcni/vpcni/internal/datapath"
+	"github.com/vpcni/vpcni/internal/datapath/nlutil"
 )
 
 func init() {
@@ -162,7 +163,7 @@ func New(node datapath.Node, s Settings) (*Bridge, error) {
 func (b *Bridge) Info() datapath.Info {
 	ip := netip.Addr{}
 	if br, err := netlink.LinkByName(b.name); err == nil {
-		ip = firstIPv4(br)
+		ip = nlutil.LinkIPv4(br.Attrs().Name)
 	}
 	return datapath.Info{Mode: "bridge", Uplink: b.name + " (port " + b.uplink + ")", MTU: b.mtu, NodeIP: ip, OwnMACs: true}
 }
@@ -307,7 +308,7 @@ func (b *Bridge) Teardown(_ context.Context, a *alloc.Allocation) error {
 func deleteHostLink(name, key string) error {
 	link, err := netlink.LinkByName(name)
 	if err != nil {
-		if isNotFound(err) {
+		if nlutil.IsNotFound(err) {
 			return nil
 		}
 		return fmt.Errorf("look up %s: %w", name, err)
@@ -315,7 +316,7 @@ func deleteHostLink(name, key string) error {
 	if alias := link.Attrs().Alias; alias != AliasPrefix+key && (alias != "" || link.Type() != "veth") {
 		return fmt.Errorf("%s belongs to %q, not to %s: left alone", name, alias, key)
 	}
-	if err := netlink.LinkDel(link); err != nil && !isNotFound(err) {
+	if err := netlink.LinkDel(link); err != nil && !nlutil.IsNotFound(err) {
 		return fmt.Errorf("delete %s: %w", name, err)
 	}
 	return nil
@@ -377,7 +378,7 @@ func (b *Bridge) checkPod(a *alloc.Allocation) error {
 	if mac := alloc.AddressMAC(a.Address); link.Attrs().HardwareAddr.String() != mac {
 		problems = append(problems, fmt.Errorf("pod interface %s has MAC %s, not %s (the cloud port allows only that one)", a.IfName, link.Attrs().HardwareAddr, mac))
 	}
-	addrs, err := retryDump(func() ([]netlink.Addr, error) { return pod.AddrList(link, netlink.FAMILY_V4) })
+	addrs, err := nlutil.RetryDump(func() ([]netlink.Addr, error) { return pod.AddrList(link, netlink.FAMILY_V4) })
 	if err != nil {
 		return errors.Join(append(problems, fmt.Errorf("pod addresses: %w", err))...)
 	}
@@ -391,7 +392,7 @@ func (b *Bridge) checkPod(a *alloc.Allocation) error {
 	if !found {
 		problems = append(problems, fmt.Errorf("pod interface %s lacks %s", a.IfName, want))
 	}
-	routes, err := retryDump(func() ([]netlink.Route, error) {
+	routes, err := nlutil.RetryDump(func() ([]netlink.Route, error) {
 		return pod.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{LinkIndex: link.Attrs().Index}, netlink.RT_FILTER_OIF)
 	})
 	if err != nil {
@@ -424,25 +425,6 @@ func prefixOf(n *net.IPNet) (netip.Prefix, bool) {
 func isZeroMask(m net.IPMask) bool {
 	ones, _ := m.Size()
 	return ones == 0
-}
-
-func isNotFound(err error) bool {
-	var lnf netlink.LinkNotFoundError
-	return errors.As(err, &lnf) || errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ENODEV) || errors.Is(err, syscall.ESRCH)
-}
-
-// retryDump repeats a netlink dump the kernel interrupted (its result would
-// be inconsistent).
-func retryDump[T any](dump func() ([]T, error)) ([]T, error) {
-	var out []T
-	var err error
-	for range 5 {
-		out, err = dump()
-		if !errors.Is(err, netlink.ErrDumpInterrupted) {
-			return out, err
-		}
-	}
-	return out, err
 }
 
 var _ datapath.Datapath = (*Bridge)(nil)

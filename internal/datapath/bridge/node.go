@@ -4,13 +4,14 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/netip"
 	"os"
 	"strings"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
+
+	"github.com/vpcni/vpcni/internal/datapath/nlutil"
 )
 
 // Prepare sets and checks what the mode needs of the node's kernel:
@@ -53,7 +54,7 @@ func checkBrNetfilter() error {
 func findUplink(name, bridge string) (string, error) {
 	if name == "" {
 		var err error
-		if name, err = defaultRouteLink(); err != nil {
+		if name, err = nlutil.DefaultRouteLink(); err != nil {
 			return "", err
 		}
 	}
@@ -81,7 +82,7 @@ func bridgePort(br netlink.Link) (string, error) {
 	if br.Attrs().Alias != BridgeAlias {
 		return "", fmt.Errorf("%s is not a bridge vpcni made (alias %q)", br.Attrs().Name, br.Attrs().Alias)
 	}
-	links, err := retryDump(netlink.LinkList)
+	links, err := nlutil.RetryDump(netlink.LinkList)
 	if err != nil {
 		return "", fmt.Errorf("list links: %w", err)
 	}
@@ -138,7 +139,7 @@ func takeUplink(uplink, name string) (netlink.Link, error) {
 // port would stop working, so such a node is refused before anything
 // changes.
 func refuseIPv6(up netlink.Link) error {
-	addrs, err := retryDump(func() ([]netlink.Addr, error) { return netlink.AddrList(up, netlink.FAMILY_V6) })
+	addrs, err := nlutil.RetryDump(func() ([]netlink.Addr, error) { return netlink.AddrList(up, netlink.FAMILY_V6) })
 	if err != nil {
 		return fmt.Errorf("list %s's IPv6 addresses: %w", up.Attrs().Name, err)
 	}
@@ -155,7 +156,7 @@ func refuseIPv6(up netlink.Link) error {
 func ensureBridge(name string, up netlink.Link) (netlink.Link, error) {
 	br, err := netlink.LinkByName(name)
 	switch {
-	case isNotFound(err):
+	case nlutil.IsNotFound(err):
 		attrs := netlink.NewLinkAttrs()
 		attrs.Name, attrs.MTU, attrs.HardwareAddr = name, up.Attrs().MTU, up.Attrs().HardwareAddr
 		if err := netlink.LinkAdd(&netlink.Bridge{LinkAttrs: attrs}); err != nil {
@@ -199,17 +200,17 @@ func ensureBridge(name string, up netlink.Link) (netlink.Link, error) {
 // kernel's own prefix and local routes follow the addresses), and its
 // permanent neighbours. Nothing to move: nothing done.
 func moveIPv4(from, to netlink.Link) error {
-	addrs, err := retryDump(func() ([]netlink.Addr, error) { return netlink.AddrList(from, netlink.FAMILY_V4) })
+	addrs, err := nlutil.RetryDump(func() ([]netlink.Addr, error) { return netlink.AddrList(from, netlink.FAMILY_V4) })
 	if err != nil {
 		return fmt.Errorf("list addresses: %w", err)
 	}
-	all, err := retryDump(func() ([]netlink.Route, error) {
+	all, err := nlutil.RetryDump(func() ([]netlink.Route, error) {
 		return netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Table: unix.RT_TABLE_UNSPEC}, netlink.RT_FILTER_TABLE)
 	})
 	if err != nil {
 		return fmt.Errorf("list routes: %w", err)
 	}
-	neighs, err := retryDump(func() ([]netlink.Neigh, error) { return netlink.NeighList(from.Attrs().Index, netlink.FAMILY_V4) })
+	neighs, err := nlutil.RetryDump(func() ([]netlink.Neigh, error) { return netlink.NeighList(from.Attrs().Index, netlink.FAMILY_V4) })
 	if err != nil {
 		return fmt.Errorf("list neighbours: %w", err)
 	}
@@ -267,7 +268,7 @@ func moveIPv4(from, to netlink.Link) error {
 	}
 	for _, n := range neighs {
 		if n.State&netlink.NUD_PERMANENT != 0 {
-			if err := netlink.NeighDel(&n); err != nil && !isNotFound(err) {
+			if err := netlink.NeighDel(&n); err != nil && !nlutil.IsNotFound(err) {
 				return fmt.Errorf("remove neighbour %s from %s: %w", n.IP, from.Attrs().Name, err)
 			}
 		}
@@ -372,7 +373,7 @@ func setBridgeOpt(index, opt int, v byte) error {
 func Uninstall(uplink string, s Settings) error {
 	s.Defaults()
 	br, err := netlink.LinkByName(s.Bridge)
-	if isNotFound(err) {
+	if nlutil.IsNotFound(err) {
 		return nil
 	}
 	if err != nil {
@@ -401,53 +402,20 @@ func Uninstall(uplink string, s Settings) error {
 	if err := netlink.LinkSetNoMaster(up); err != nil {
 		return fmt.Errorf("release %s from %s: %w", uplink, s.Bridge, err)
 	}
-	links, err := retryDump(netlink.LinkList)
+	links, err := nlutil.RetryDump(netlink.LinkList)
 	if err != nil {
 		return fmt.Errorf("list links: %w", err)
 	}
 	var errs []error
 	for _, l := range links {
 		if l.Attrs().MasterIndex == br.Attrs().Index && strings.HasPrefix(l.Attrs().Alias, AliasPrefix) {
-			if err := netlink.LinkDel(l); err != nil && !isNotFound(err) {
+			if err := netlink.LinkDel(l); err != nil && !nlutil.IsNotFound(err) {
 				errs = append(errs, fmt.Errorf("delete pod link %s: %w", l.Attrs().Name, err))
 			}
 		}
 	}
-	if err := netlink.LinkDel(br); err != nil && !isNotFound(err) {
+	if err := netlink.LinkDel(br); err != nil && !nlutil.IsNotFound(err) {
 		errs = append(errs, fmt.Errorf("delete bridge %s: %w", s.Bridge, err))
 	}
 	return errors.Join(errs...)
-}
-
-func defaultRouteLink() (string, error) {
-	routes, err := retryDump(func() ([]netlink.Route, error) {
-		return netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_TABLE)
-	})
-	if err != nil {
-		return "", fmt.Errorf("list routes: %w", err)
-	}
-	for _, r := range routes {
-		if r.LinkIndex != 0 && (r.Dst == nil || isZeroMask(r.Dst.Mask)) {
-			l, err := netlink.LinkByIndex(r.LinkIndex)
-			if err != nil {
-				return "", fmt.Errorf("default route's interface %d: %w", r.LinkIndex, err)
-			}
-			return l.Attrs().Name, nil
-		}
-	}
-	return "", errors.New("no IPv4 default route to take the uplink from; set uplink in the config")
-}
-
-// firstIPv4 is a link's first global IPv4 address (invalid: none).
-func firstIPv4(link netlink.Link) netip.Addr {
-	addrs, err := retryDump(func() ([]netlink.Addr, error) { return netlink.AddrList(link, netlink.FAMILY_V4) })
-	if err != nil {
-		return netip.Addr{}
-	}
-	for _, a := range addrs {
-		if ip, ok := netip.AddrFromSlice(a.IP.To4()); ok && a.Scope == int(netlink.SCOPE_UNIVERSE) {
-			return ip
-		}
-	}
-	return netip.Addr{}
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/vpcni/vpcni/internal/datapath"
+	"github.com/vpcni/vpcni/internal/datapath/nlutil"
 )
 
 // Reconcile implements datapath.Datapath, from one read of the node's
@@ -24,7 +25,7 @@ import (
 // Bridge mode holds nothing per address on the node (no routes, no proxy
 // entries): idle addresses need nothing.
 func (b *Bridge) Reconcile(_ context.Context, want datapath.Desired) (rep datapath.Report, err error) {
-	links, err := retryDump(netlink.LinkList)
+	links, err := nlutil.RetryDump(netlink.LinkList)
 	if err != nil {
 		return rep, fmt.Errorf("list links: %w", err)
 	}
@@ -102,7 +103,7 @@ func (b *Bridge) repairNode(byName map[string]netlink.Link, rep *datapath.Report
 			off = append(off, b.uplink+" not a port of "+b.name)
 		}
 	}
-	if up != nil && firstIPv4(up).IsValid() {
+	if up != nil && nlutil.LinkIPv4(up.Attrs().Name).IsValid() {
 		off = append(off, b.uplink+" holds IPv4 addresses")
 	}
 	if len(off) == 0 {

@@ -7,6 +7,8 @@ import (
 	"net/netip"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/vpcni/vpcni/internal/alloc"
 )
 
 // arpSender sends gratuitous ARP on one link from one long-lived packet
@@ -60,3 +62,23 @@ func (s *arpSender) Announce(ip netip.Addr) error {
 func (s *arpSender) Close() error { return unix.Close(s.fd) }
 
 func htons(v uint16) uint16 { return v<<8 | v>>8 }
+
+// announceOn sends one gratuitous ARP for a pod's address on a NIC other
+// than the uplink, from a socket of its own (pods on secondary NICs are
+// few; the uplink's sender stays long-lived). Best effort, as on the
+// uplink.
+func (v *Veth) announceOn(linkIdx int, a *alloc.Allocation) {
+	if v.garp == nil {
+		return
+	}
+	mac, err := net.ParseMAC(a.NIC.MAC)
+	if err != nil {
+		return
+	}
+	s, err := newARPSender(linkIdx, mac)
+	if err != nil {
+		return
+	}
+	defer s.Close()
+	_ = s.Announce(a.Address)
+}

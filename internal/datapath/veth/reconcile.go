@@ -61,7 +61,8 @@ func (v *Veth) Reconcile(_ context.Context, want datapath.Desired) (rep datapath
 		}
 	}
 
-	fail := func(err error) { rep.Failed = append(rep.Failed, err.Error()) }
+	rb := &reportBuilder{rep: &rep}
+	fail := rb.fail
 	wanted := map[string]bool{}           // host veth names of desired allocations
 	wantedAddr := map[netip.Addr]string{} // address -> its host veth
 	for _, a := range want.Allocations {
@@ -86,6 +87,9 @@ func (v *Veth) Reconcile(_ context.Context, want datapath.Desired) (rep datapath
 			} else {
 				rep.Repaired = append(rep.Repaired, fmt.Sprintf("%s: route %s/32 dev %s", a.Key(), a.Address, name))
 			}
+		}
+		if a.NIC != nil {
+			continue // routed by its NIC: reconcileNICs
 		}
 		if !proxied[a.Address] {
 			if err := netlink.NeighSet(v.proxyEntry(a.Address)); err != nil {
@@ -152,7 +156,19 @@ func (v *Veth) Reconcile(_ context.Context, want datapath.Desired) (rep datapath
 		}
 		rep.Removed = append(rep.Removed, fmt.Sprintf("proxy ARP entry of idle address %s", ip))
 	}
-	return rep, nil
+	err = v.reconcileNICs(links, want.Allocations, want.Idle, wantedAddr, rb)
+	return rep, err
+}
+
+// reportBuilder adds lines to a Report.
+type reportBuilder struct{ rep *datapath.Report }
+
+func (b *reportBuilder) fail(err error) { b.rep.Failed = append(b.rep.Failed, err.Error()) }
+func (b *reportBuilder) repaired(format string, args ...any) {
+	b.rep.Repaired = append(b.rep.Repaired, fmt.Sprintf(format, args...))
+}
+func (b *reportBuilder) removed(format string, args ...any) {
+	b.rep.Removed = append(b.rep.Removed, fmt.Sprintf(format, args...))
 }
 
 // reaping lists the indexes of released links the reaper has yet to

@@ -317,6 +317,19 @@ func (v *Veth) Setup(_ context.Context, a *alloc.Allocation) (_ alloc.Wiring, er
 	if err = netlink.RouteReplace(v.hostRoute(veth.Attrs().Index, a.Address)); err != nil {
 		return alloc.Wiring{}, &SetupError{Step: "host route to pod", Err: err}
 	}
+	if a.NIC != nil {
+		// The address lives on a secondary NIC: it is routed by it, and
+		// the node answers ARP for it there (nic.go).
+		nicIdx, err := v.wireNIC(a)
+		if err != nil {
+			return alloc.Wiring{}, &SetupError{Step: "route by NIC " + a.NIC.MAC, Err: err}
+		}
+		if err = netlink.NeighSet(proxyOn(nicIdx, a.Address)); err != nil {
+			return alloc.Wiring{}, &SetupError{Step: "proxy ARP entry on NIC " + a.NIC.MAC, Err: err}
+		}
+		v.announceOn(nicIdx, a)
+		return wiring(a), nil
+	}
 	if err = netlink.NeighSet(v.proxyEntry(a.Address)); err != nil {
 		return alloc.Wiring{}, &SetupError{Step: "proxy ARP entry on " + v.Uplink, Err: err}
 	}
@@ -369,9 +382,7 @@ func (v *Veth) hostRoute(linkIdx int, ip netip.Addr) *netlink.Route {
 	}
 }
 
-func (v *Veth) proxyEntry(ip netip.Addr) *netlink.Neigh {
-	return &netlink.Neigh{LinkIndex: v.uplinkIdx, Family: netlink.FAMILY_V4, Flags: netlink.NTF_PROXY, IP: ip.AsSlice()}
-}
+func (v *Veth) proxyEntry(ip netip.Addr) *netlink.Neigh { return proxyOn(v.uplinkIdx, ip) }
 
 // Teardown implements datapath.Datapath: it takes a deleted pod off the
 // network at once — its route and its proxy ARP entry go now — and deletes
@@ -409,7 +420,9 @@ func (v *Veth) Teardown(_ context.Context, a *alloc.Allocation) error {
 			v.reapOne(item) // delete in line
 		}
 	}
-	if err := netlink.NeighDel(v.proxyEntry(a.Address)); err != nil && !isNotFound(err) {
+	if a.NIC != nil {
+		errs = append(errs, v.unwireNIC(a))
+	} else if err := netlink.NeighDel(v.proxyEntry(a.Address)); err != nil && !isNotFound(err) {
 		errs = append(errs, fmt.Errorf("delete proxy ARP entry %s on %s: %w", a.Address, v.Uplink, err))
 	}
 	return errors.Join(errs...)
@@ -458,7 +471,9 @@ func (v *Veth) undo(a *alloc.Allocation) error {
 	if err := v.deleteHostLink(HostIfName(a.ContainerID, a.IfName), a.Key()); err != nil {
 		errs = append(errs, err)
 	}
-	if a.Address.IsValid() {
+	if a.Address.IsValid() && a.NIC != nil {
+		errs = append(errs, v.unwireNIC(a))
+	} else if a.Address.IsValid() {
 		if err := netlink.NeighDel(v.proxyEntry(a.Address)); err != nil && !isNotFound(err) {
 			errs = append(errs, fmt.Errorf("delete proxy ARP entry %s on %s: %w", a.Address, v.Uplink, err))
 		}
@@ -508,7 +523,9 @@ func (v *Veth) check(a *alloc.Allocation) error {
 	if !v.hasRoute(&netlink.Handle{}, link.Attrs().Index, a.Address, nil) {
 		problems = append(problems, fmt.Errorf("node has no route %s/32 dev %s", a.Address, hostIf))
 	}
-	if !v.hasProxyEntry(a.Address) {
+	if a.NIC != nil {
+		problems = append(problems, v.checkNIC(a)...)
+	} else if !v.hasProxyEntry(a.Address) {
 		problems = append(problems, fmt.Errorf("no proxy ARP entry for %s on %s", a.Address, v.Uplink))
 	}
 	problems = append(problems, v.checkPod(a, hostMAC)...)
@@ -592,20 +609,7 @@ func isHostMask(m net.IPMask) bool {
 	return ones == bits
 }
 
-func (v *Veth) hasProxyEntry(ip netip.Addr) bool {
-	neighs, err := retryDump(func() ([]netlink.Neigh, error) {
-		return netlink.NeighProxyList(v.uplinkIdx, netlink.FAMILY_V4)
-	})
-	if err != nil {
-		return false
-	}
-	for _, n := range neighs {
-		if n.IP.Equal(ip.AsSlice()) {
-			return true
-		}
-	}
-	return false
-}
+func (v *Veth) hasProxyEntry(ip netip.Addr) bool { return v.hasProxyOn(v.uplinkIdx, ip) }
 
 func isNotFound(err error) bool {
 	var lnf netlink.LinkNotFoundError

@@ -3,6 +3,7 @@ package static
 import (
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"strings"
 )
@@ -22,6 +23,20 @@ type Range struct {
 	// Exclude lists addresses or CIDRs inside the subnet never handed out
 	// (nodes, routers, DHCP servers ...).
 	Exclude []string `json:"exclude,omitempty"`
+	// NIC, when set, says the range lives on a network interface of the
+	// node other than the uplink (a second NIC on the same segment):
+	// pods with these addresses send and receive through it, by policy
+	// routing (see the veth datapath).
+	NIC *NIC `json:"nic,omitempty"`
+}
+
+// NIC is a second network interface of the node.
+type NIC struct {
+	// MAC finds the interface, whatever its name.
+	MAC string `json:"mac"`
+	// Address is the interface's own address in the range's subnet (the
+	// source of its ARP); it is never handed to a pod.
+	Address string `json:"address"`
 }
 
 // Defaults implements provider.Settings: nothing to fill.
@@ -62,6 +77,17 @@ func (r Range) validate(field string) []error {
 	for j, e := range r.Exclude {
 		if _, err := ParseAddrOrPrefix(e); err != nil {
 			errs = append(errs, fmt.Errorf("%s.exclude[%d]: %w", field, j, err))
+		}
+	}
+	if r.NIC != nil {
+		if _, err := net.ParseMAC(r.NIC.MAC); err != nil || len(r.NIC.MAC) != len("00:00:00:00:00:00") {
+			errs = append(errs, fmt.Errorf("%s.nic.mac: %q is not a MAC address", field, r.NIC.MAC))
+		}
+		if a, err := netip.ParseAddr(r.NIC.Address); err != nil || !p.Contains(a) {
+			errs = append(errs, fmt.Errorf("%s.nic.address: %q is not an address inside %s", field, r.NIC.Address, r.CIDR))
+		}
+		if r.Gateway == "" {
+			errs = append(errs, fmt.Errorf("%s.gateway: a range on a NIC of its own needs its subnet's gateway (the NIC's default route)", field))
 		}
 	}
 	return errs

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -22,6 +23,7 @@ import (
 // Provider hands out addresses from static ranges.
 type Provider struct {
 	ranges []ipam.Range
+	nics   []*alloc.NIC // per range: the NIC it lives on (nil: the uplink)
 	path   string
 
 	size int // usable addresses in all ranges
@@ -60,7 +62,24 @@ func New(cfg *Config, stateDir string) (*Provider, error) {
 				return nil, fmt.Errorf("ranges[%d].gateway: %w", i, err)
 			}
 		}
+		var nic *alloc.NIC
+		if r.NIC != nil {
+			hw, err := net.ParseMAC(r.NIC.MAC)
+			if err != nil {
+				return nil, fmt.Errorf("ranges[%d].nic.mac: %w", i, err)
+			}
+			a, err := netip.ParseAddr(r.NIC.Address)
+			if err != nil {
+				return nil, fmt.Errorf("ranges[%d].nic.address: %w", i, err)
+			}
+			nic = &alloc.NIC{MAC: hw.String(), Address: a}
+		}
 		var ex []netip.Prefix
+		for _, other := range cfg.Ranges { // a NIC's own address is never a pod's
+			if a, err := netip.ParseAddr(nicAddress(other)); err == nil {
+				ex = append(ex, netip.PrefixFrom(a, 32))
+			}
+		}
 		for _, e := range r.Exclude {
 			pe, err := ParseAddrOrPrefix(e)
 			if err != nil {
@@ -73,6 +92,7 @@ func New(cfg *Config, stateDir string) (*Provider, error) {
 			return nil, err
 		}
 		p.ranges = append(p.ranges, rg)
+		p.nics = append(p.nics, nic)
 		p.size += rg.Size()
 	}
 	data, err := os.ReadFile(p.path)
@@ -92,6 +112,13 @@ func New(cfg *Config, stateDir string) (*Provider, error) {
 		}
 	}
 	return p, nil
+}
+
+func nicAddress(r Range) string {
+	if r.NIC == nil {
+		return ""
+	}
+	return r.NIC.Address
 }
 
 // Assign implements provider.Provider.
@@ -171,18 +198,22 @@ func (p *Provider) Held(context.Context) ([]alloc.Lease, error) {
 	return p.leases(out), nil
 }
 
-// leases says where each address lives: the range's subnet and gateway.
-// An address the ranges no longer cover (held from an older config) has
-// neither.
+// leases says where each address lives: the range's subnet, gateway and
+// NIC. An address the ranges no longer cover (held from an older config)
+// has none of them.
 func (p *Provider) leases(addrs []netip.Addr) []alloc.Lease {
 	out := make([]alloc.Lease, len(addrs))
 	for i, a := range addrs {
 		out[i] = alloc.Lease{Address: a}
-		for _, r := range p.ranges {
-			if r.Prefix.Contains(a) {
-				out[i].Prefix, out[i].Gateway = r.Prefix, r.Gateway
-				break
-			}
+		// The range that hands the address out, else one whose subnet
+		// has it (ranges may share a subnet and split it by excludes).
+		j := slices.IndexFunc(p.ranges, func(r ipam.Range) bool { return r.Usable(a) })
+		if j < 0 {
+			j = slices.IndexFunc(p.ranges, func(r ipam.Range) bool { return r.Prefix.Contains(a) })
+		}
+		if j >= 0 {
+			r := p.ranges[j]
+			out[i].Prefix, out[i].Gateway, out[i].NIC = r.Prefix, r.Gateway, p.nics[j]
 		}
 	}
 	return out

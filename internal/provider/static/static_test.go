@@ -343,3 +343,48 @@ func TestConcurrentAssignNeverDuplicates(t *testing.T) {
 		t.Fatalf("saved state (%d) differs from what was assigned (%d)", len(h), len(all))
 	}
 }
+
+// A range on a NIC of its own: its leases name the NIC (MAC, own address),
+// the NIC's address is never handed out, and a bad NIC is named.
+func TestRangeOnNIC(t *testing.T) {
+	cfg := &static.Config{Ranges: []static.Range{
+		{CIDR: "10.0.0.0/29"},
+		// Shares its subnet with the range before it, split by excludes.
+		{CIDR: "10.0.2.0/29", Gateway: "10.0.2.1", Exclude: []string{"10.0.2.4/30"}},
+		{CIDR: "10.0.2.0/29", Gateway: "10.0.2.1", Exclude: []string{"10.0.2.0/30"}, NIC: &static.NIC{MAC: "02:AA:00:00:00:02", Address: "10.0.2.2"}},
+	}}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	p, err := static.New(cfg, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := p.Assign(context.Background(), provider.AssignRequest{Count: 20})
+	if !errors.Is(err, provider.ErrExhausted) {
+		t.Fatalf("Assign(20) of 9 usable: %v", err)
+	}
+	if len(got) != 9 || slices.Contains(provider.Addresses(got), netip.MustParseAddr("10.0.2.2")) {
+		t.Errorf("got %v: want 9 addresses, never the NIC's own 10.0.2.2", provider.Addresses(got))
+	}
+	var onNIC []netip.Addr
+	for _, l := range got {
+		if l.NIC == nil {
+			continue
+		}
+		onNIC = append(onNIC, l.Address)
+		if l.NIC.MAC != "02:aa:00:00:00:02" || l.NIC.Address != netip.MustParseAddr("10.0.2.2") || l.Gateway != netip.MustParseAddr("10.0.2.1") {
+			t.Errorf("lease %s: NIC %+v gateway %s", l.Address, *l.NIC, l.Gateway)
+		}
+	}
+	if want := addrs("10.0.2.4", "10.0.2.5", "10.0.2.6"); !slices.Equal(onNIC, want) {
+		t.Errorf("addresses on the NIC: %v, want %v", onNIC, want)
+	}
+	bad := &static.Config{Ranges: []static.Range{{CIDR: "10.0.2.0/29", NIC: &static.NIC{MAC: "nope", Address: "10.9.9.9"}}}}
+	err = bad.Validate()
+	for _, want := range []string{"ranges[0].nic.mac", "ranges[0].nic.address", "ranges[0].gateway"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("bad NIC: %v; want it to name %s", err, want)
+		}
+	}
+}

@@ -1,0 +1,79 @@
+// Package nlutil holds the few netlink helpers every datapath mode needs:
+// a dump the kernel interrupted is retried, "already gone" is one test,
+// and the node's uplink and address are found the same way in each mode.
+package nlutil
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"syscall"
+
+	"github.com/vishvananda/netlink"
+)
+
+// RetryDump repeats a netlink dump the kernel interrupted (its result
+// would be inconsistent).
+func RetryDump[T any](dump func() ([]T, error)) ([]T, error) {
+	var out []T
+	var err error
+	for range 5 {
+		out, err = dump()
+		if !errors.Is(err, netlink.ErrDumpInterrupted) {
+			return out, err
+		}
+	}
+	return out, err
+}
+
+// IsNotFound says whether err means the link, route, neighbour or
+// namespace is not there (any more).
+func IsNotFound(err error) bool {
+	var lnf netlink.LinkNotFoundError
+	return errors.As(err, &lnf) || errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ENODEV) || errors.Is(err, syscall.ESRCH)
+}
+
+// DefaultRouteLink names the interface of the node's IPv4 default route
+// in the main table.
+func DefaultRouteLink() (string, error) {
+	routes, err := RetryDump(func() ([]netlink.Route, error) {
+		return netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Table: 254}, netlink.RT_FILTER_TABLE)
+	})
+	if err != nil {
+		return "", fmt.Errorf("list routes: %w", err)
+	}
+	for _, r := range routes {
+		if r.Dst == nil || prefixLen(r) == 0 {
+			l, err := netlink.LinkByIndex(r.LinkIndex)
+			if err != nil {
+				return "", fmt.Errorf("default route's interface %d: %w", r.LinkIndex, err)
+			}
+			return l.Attrs().Name, nil
+		}
+	}
+	return "", errors.New("no IPv4 default route to take the uplink from; set uplink in the config")
+}
+
+func prefixLen(r netlink.Route) int {
+	ones, _ := r.Dst.Mask.Size()
+	return ones
+}
+
+// LinkIPv4 is a link's first global IPv4 address (invalid: none, or no
+// such link).
+func LinkIPv4(name string) netip.Addr {
+	link, err := netlink.LinkByName(name)
+	if err != nil {
+		return netip.Addr{}
+	}
+	addrs, err := RetryDump(func() ([]netlink.Addr, error) { return netlink.AddrList(link, netlink.FAMILY_V4) })
+	if err != nil {
+		return netip.Addr{}
+	}
+	for _, ad := range addrs {
+		if ip, ok := netip.AddrFromSlice(ad.IP.To4()); ok && ad.Scope == int(netlink.SCOPE_UNIVERSE) {
+			return ip
+		}
+	}
+	return netip.Addr{}
+}

@@ -1,0 +1,359 @@
+package veth
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"strings"
+	"syscall"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/vpcni/vpcni/internal/alloc"
+)
+
+// Addresses on a secondary NIC (seed 002). When the node's primary port is
+// full the provider attaches more ports, and an address that lives on one
+// (Lease.NIC) must leave the node by that NIC: the cloud's port security
+// allows it there and nowhere else. So each such NIC gets a route table of
+// its own — its subnet on-link and a default route via the subnet's
+// gateway, out of that NIC — and the node's rules say:
+//
+//	512:  lookup main suppress_prefixlength 31
+//	      traffic for any pod of this node (its /32 route in main)
+//	      reaches the pod's veth, also from a pod on a NIC;
+//	1536: from <pod> lookup <NIC's table>
+//	      a pod on a NIC leaves by it (one rule per such pod, and one
+//	      for the NIC's own address, from which it ARPs).
+//
+// The seed gives every pod a "to <pod> lookup main" rule at 512; the one
+// rule that accepts only /32 answers from main does the same for every
+// local pod, without a rule per pod for each packet to walk. The node
+// answers ARP for a NIC's pod on that NIC, not on the uplink. The NIC is
+// found by its MAC: a hot-plugged NIC comes up under any name.
+const (
+	ruleLocalPods = 512
+	ruleFromPod   = 1536
+	// nicTableBase + the NIC's ifindex is its route table: stable while
+	// the NIC is attached, recomputed from the kernel after a restart.
+	nicTableBase = 28000
+)
+
+// nicTable is the route table of a NIC.
+func nicTable(link netlink.Link) int { return nicTableBase + link.Attrs().Index }
+
+// findNIC finds the node's interface with the lease's NIC MAC among links
+// (not one of vpcni's own veths).
+func findNIC(links []netlink.Link, nic *alloc.NIC) (netlink.Link, error) {
+	for _, l := range links {
+		if strings.EqualFold(l.Attrs().HardwareAddr.String(), nic.MAC) && !strings.HasPrefix(l.Attrs().Alias, AliasPrefix) {
+			return l, nil
+		}
+	}
+	return nil, fmt.Errorf("no interface with MAC %s on the node: the provider attached its port but the NIC has not appeared", nic.MAC)
+}
+
+func (v *Veth) nicOf(a *alloc.Allocation) (netlink.Link, error) {
+	links, err := retryDump(netlink.LinkList)
+	if err != nil {
+		return nil, fmt.Errorf("list links: %w", err)
+	}
+	return findNIC(links, a.NIC)
+}
+
+// prepareNIC makes a NIC ready to carry pods: up, its own address without
+// a prefix route (the subnet stays routed by the uplink in the main
+// table), loose reverse-path filtering (replies to the pod arrive on the
+// NIC while the main table would route their source by the uplink), proxy
+// ARP without delay, and its route table. Idempotent.
+func (v *Veth) prepareNIC(link netlink.Link, a *alloc.Allocation) error {
+	if !a.Prefix.IsValid() || !a.Gateway.IsValid() || !a.NIC.Address.IsValid() {
+		return fmt.Errorf("address %s on NIC %s: the provider gave no subnet, gateway or NIC address to route it by", a.Address, a.NIC.MAC)
+	}
+	name := link.Attrs().Name
+	if link.Attrs().Flags&net.FlagUp == 0 {
+		if err := netlink.LinkSetUp(link); err != nil {
+			return fmt.Errorf("set NIC %s up: %w", name, err)
+		}
+	}
+	own := &netlink.Addr{IPNet: &net.IPNet{IP: a.NIC.Address.AsSlice(), Mask: net.CIDRMask(a.Prefix.Bits(), 32)}, Flags: unix.IFA_F_NOPREFIXROUTE}
+	if err := netlink.AddrReplace(link, own); err != nil {
+		return fmt.Errorf("address %s on NIC %s: %w", a.NIC.Address, name, err)
+	}
+	if err := errors.Join(
+		writeSysctl("net/ipv4/conf/"+name+"/rp_filter", "2"),
+		writeSysctl("net/ipv4/neigh/"+name+"/proxy_delay", "0"),
+	); err != nil {
+		return err
+	}
+	table, idx := nicTable(link), link.Attrs().Index
+	subnet := &net.IPNet{IP: a.Prefix.Masked().Addr().AsSlice(), Mask: net.CIDRMask(a.Prefix.Bits(), 32)}
+	for _, r := range []*netlink.Route{
+		{LinkIndex: idx, Table: table, Dst: subnet, Scope: netlink.SCOPE_LINK, Src: a.NIC.Address.AsSlice(), Protocol: RouteProtocol},
+		{LinkIndex: idx, Table: table, Dst: &net.IPNet{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)}, Gw: a.Gateway.AsSlice(), Protocol: RouteProtocol},
+	} {
+		if err := netlink.RouteReplace(r); err != nil {
+			return fmt.Errorf("route %s in table %d of NIC %s: %w", r.Dst, table, name, err)
+		}
+	}
+	return errors.Join(addRule(localPodsRule()), addRule(fromRule(a.NIC.Address, table)))
+}
+
+func hostNet(ip netip.Addr) *net.IPNet {
+	return &net.IPNet{IP: ip.AsSlice(), Mask: net.CIDRMask(32, 32)}
+}
+
+// localPodsRule sends traffic for any local pod by main's /32 routes.
+func localPodsRule() *netlink.Rule {
+	r := netlink.NewRule()
+	r.Priority, r.Table, r.SuppressPrefixlen, r.Protocol = ruleLocalPods, unix.RT_TABLE_MAIN, 31, uint8(RouteProtocol)
+	return r
+}
+
+func fromRule(ip netip.Addr, table int) *netlink.Rule {
+	r := netlink.NewRule()
+	r.Priority, r.Table, r.Src, r.Protocol = ruleFromPod, table, hostNet(ip), uint8(RouteProtocol)
+	return r
+}
+
+func addRule(r *netlink.Rule) error {
+	if err := netlink.RuleAdd(r); err != nil && !errors.Is(err, syscall.EEXIST) {
+		return fmt.Errorf("rule %s: %w", r, err)
+	}
+	return nil
+}
+
+func delRule(r *netlink.Rule) error {
+	if err := netlink.RuleDel(r); err != nil && !isNotFound(err) {
+		return fmt.Errorf("delete rule %s: %w", r, err)
+	}
+	return nil
+}
+
+// wireNIC routes a pod's address through its NIC and has the node answer
+// ARP for it there; it returns the NIC's index for the proxy entry.
+func (v *Veth) wireNIC(a *alloc.Allocation) (int, error) {
+	link, err := v.nicOf(a)
+	if err != nil {
+		return 0, err
+	}
+	if err := v.prepareNIC(link, a); err != nil {
+		return 0, err
+	}
+	if err := addRule(fromRule(a.Address, nicTable(link))); err != nil {
+		return 0, err
+	}
+	return link.Attrs().Index, nil
+}
+
+// unwireNIC removes a pod's rule and its proxy entry on its NIC; the
+// NIC's own table and rules stay while the NIC is attached (the next pod
+// on it needs them; a detached NIC takes its routes with it).
+func (v *Veth) unwireNIC(a *alloc.Allocation) error {
+	var errs []error
+	link, err := v.nicOf(a)
+	if err != nil {
+		// The NIC is gone: its table went with it; the from-rule names a
+		// table that no longer exists, so any table of ours will do.
+		errs = append(errs, v.delFromRules(a.Address))
+		return errors.Join(errs...)
+	}
+	errs = append(errs, delRule(fromRule(a.Address, nicTable(link))))
+	if err := netlink.NeighDel(proxyOn(link.Attrs().Index, a.Address)); err != nil && !isNotFound(err) {
+		errs = append(errs, fmt.Errorf("delete proxy ARP entry %s on %s: %w", a.Address, link.Attrs().Name, err))
+	}
+	return errors.Join(errs...)
+}
+
+// delFromRules deletes vpcni's from-rules of ip, whatever their table.
+func (v *Veth) delFromRules(ip netip.Addr) error {
+	rules, err := retryDump(func() ([]netlink.Rule, error) { return netlink.RuleList(netlink.FAMILY_V4) })
+	if err != nil {
+		return fmt.Errorf("list rules: %w", err)
+	}
+	var errs []error
+	for _, r := range rules {
+		if ours(r) && r.Priority == ruleFromPod && r.Src != nil && r.Src.IP.Equal(ip.AsSlice()) {
+			errs = append(errs, delRule(&r))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// ours says whether a rule is one vpcni made.
+func ours(r netlink.Rule) bool {
+	return r.Protocol == uint8(RouteProtocol) && (r.Priority == ruleLocalPods || r.Priority == ruleFromPod)
+}
+
+func proxyOn(linkIdx int, ip netip.Addr) *netlink.Neigh {
+	return &netlink.Neigh{LinkIndex: linkIdx, Family: netlink.FAMILY_V4, Flags: netlink.NTF_PROXY, IP: ip.AsSlice()}
+}
+
+// checkNIC reports what is missing of a NIC pod's node-side wiring.
+func (v *Veth) checkNIC(a *alloc.Allocation) []error {
+	link, err := v.nicOf(a)
+	if err != nil {
+		return []error{err}
+	}
+	rules, err := retryDump(func() ([]netlink.Rule, error) { return netlink.RuleList(netlink.FAMILY_V4) })
+	if err != nil {
+		return []error{fmt.Errorf("list rules: %w", err)}
+	}
+	var problems []error
+	table := nicTable(link)
+	if !hasLocalPodsRule(rules) {
+		problems = append(problems, fmt.Errorf("no rule %d: lookup main suppress_prefixlength 31", ruleLocalPods))
+	}
+	if !hasRule(rules, a.Address, table) {
+		problems = append(problems, fmt.Errorf("no rule %d: from %s lookup %d (NIC %s)", ruleFromPod, a.Address, table, link.Attrs().Name))
+	}
+	if !v.hasProxyOn(link.Attrs().Index, a.Address) {
+		problems = append(problems, fmt.Errorf("no proxy ARP entry for %s on NIC %s", a.Address, link.Attrs().Name))
+	}
+	return problems
+}
+
+// hasRule finds vpcni's from-rule of ip pointing at table.
+func hasRule(rules []netlink.Rule, ip netip.Addr, table int) bool {
+	for _, r := range rules {
+		if ours(r) && r.Priority == ruleFromPod && r.Table == table && r.Src != nil && r.Src.IP.Equal(ip.AsSlice()) && isHostMask(r.Src.Mask) {
+			return true
+		}
+	}
+	return false
+}
+
+func hasLocalPodsRule(rules []netlink.Rule) bool {
+	for _, r := range rules {
+		if ours(r) && r.Priority == ruleLocalPods && r.SuppressPrefixlen == 31 && r.Table == unix.RT_TABLE_MAIN {
+			return true
+		}
+	}
+	return false
+}
+
+func (v *Veth) hasProxyOn(linkIdx int, ip netip.Addr) bool {
+	neighs, err := retryDump(func() ([]netlink.Neigh, error) { return netlink.NeighProxyList(linkIdx, netlink.FAMILY_V4) })
+	if err != nil {
+		return false
+	}
+	for _, n := range neighs {
+		if n.IP.Equal(ip.AsSlice()) {
+			return true
+		}
+	}
+	return false
+}
+
+// reconcileNICs is Reconcile's part for secondary NICs, in one rule dump:
+// the NIC tables, rules and proxy entries of desired allocations on NICs
+// put back; vpcni's rules of addresses no allocation has removed (a NIC's
+// own rule stays while the NIC carries that address); proxy entries of
+// idle addresses on the NICs removed.
+func (v *Veth) reconcileNICs(links []netlink.Link, want []*alloc.Allocation, idle []netip.Addr, live map[netip.Addr]string, rep *reportBuilder) error {
+	rules, err := retryDump(func() ([]netlink.Rule, error) { return netlink.RuleList(netlink.FAMILY_V4) })
+	if err != nil {
+		return fmt.Errorf("list rules: %w", err)
+	}
+	nics := map[int]netlink.Link{} // by index: NICs vpcni routes by
+	for _, a := range want {
+		if a.NIC == nil {
+			continue
+		}
+		link, err := findNIC(links, a.NIC)
+		if err != nil {
+			rep.fail(fmt.Errorf("%s: %w", a.Key(), err))
+			continue
+		}
+		nics[link.Attrs().Index] = link
+		table := nicTable(link)
+		if !hasRule(rules, a.NIC.Address, table) {
+			if err := v.prepareNIC(link, a); err != nil {
+				rep.fail(fmt.Errorf("%s: %w", a.Key(), err))
+				continue
+			}
+			rep.repaired("%s: NIC %s table %d", a.Key(), link.Attrs().Name, table)
+		}
+		if !hasLocalPodsRule(rules) {
+			if err := addRule(localPodsRule()); err != nil {
+				rep.fail(err)
+			} else {
+				rules = append(rules, *localPodsRule())
+				rep.repaired("rule %d to local pods", ruleLocalPods)
+			}
+		}
+		if !hasRule(rules, a.Address, table) {
+			if err := addRule(fromRule(a.Address, table)); err != nil {
+				rep.fail(fmt.Errorf("%s: %w", a.Key(), err))
+			} else {
+				rep.repaired("%s: rule %d from %s lookup %d", a.Key(), ruleFromPod, a.Address, table)
+			}
+		}
+		if !v.hasProxyOn(link.Attrs().Index, a.Address) {
+			if err := netlink.NeighSet(proxyOn(link.Attrs().Index, a.Address)); err != nil {
+				rep.fail(fmt.Errorf("proxy ARP entry %s on %s: %w", a.Address, link.Attrs().Name, err))
+			} else {
+				rep.repaired("%s: proxy ARP entry %s on NIC %s", a.Key(), a.Address, link.Attrs().Name)
+			}
+		}
+	}
+	byIndex := map[int]netlink.Link{}
+	for _, l := range links {
+		byIndex[l.Attrs().Index] = l
+	}
+	for _, r := range rules {
+		if !ours(r) || r.Priority != ruleFromPod || r.Src == nil {
+			continue
+		}
+		ip, _ := netip.AddrFromSlice(r.Src.IP.To4())
+		if _, ok := live[ip]; ok {
+			continue
+		}
+		if nic, ok := byIndex[r.Table-nicTableBase]; ok && r.Priority == ruleFromPod && hasAddr(nic, ip) {
+			nics[nic.Attrs().Index] = nic // a NIC's own rule
+			continue
+		}
+		if err := delRule(&r); err != nil {
+			rep.fail(err)
+			continue
+		}
+		rep.removed("stale rule %d of %s", r.Priority, ip)
+	}
+	// The rule to local pods goes with the last NIC vpcni routes by.
+	if len(nics) == 0 && hasLocalPodsRule(rules) {
+		if err := delRule(localPodsRule()); err != nil {
+			rep.fail(err)
+		} else {
+			rep.removed("rule %d to local pods: no NIC left", ruleLocalPods)
+		}
+	}
+	for idx, nic := range nics {
+		for _, ip := range idle {
+			if _, ok := live[ip]; ok || !v.hasProxyOn(idx, ip) {
+				continue
+			}
+			if err := netlink.NeighDel(proxyOn(idx, ip)); err != nil && !isNotFound(err) {
+				rep.fail(fmt.Errorf("delete proxy ARP entry %s on %s: %w", ip, nic.Attrs().Name, err))
+				continue
+			}
+			rep.removed("proxy ARP entry of idle address %s on NIC %s", ip, nic.Attrs().Name)
+		}
+	}
+	return nil
+}
+
+// hasAddr says whether link carries ip.
+func hasAddr(link netlink.Link, ip netip.Addr) bool {
+	addrs, err := retryDump(func() ([]netlink.Addr, error) { return netlink.AddrList(link, netlink.FAMILY_V4) })
+	if err != nil {
+		return true // unreadable: keep the rule rather than guess
+	}
+	for _, a := range addrs {
+		if a.IP.Equal(ip.AsSlice()) {
+			return true
+		}
+	}
+	return false
+}

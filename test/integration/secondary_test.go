@@ -1,0 +1,162 @@
+package integration
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netlink"
+
+	"github.com/vpcni/vpcni/internal/config"
+	"github.com/vpcni/vpcni/internal/netnsutil"
+	"github.com/vpcni/vpcni/internal/provider/static"
+	"github.com/vpcni/vpcni/internal/testbed"
+)
+
+// The node's second NIC in the testbed: a veth from the segment's bridge
+// (port node1) into the node (eth1), down and without an address, as a
+// hot-plugged NIC arrives.
+const (
+	nicMAC  = "02:aa:bb:00:00:11"
+	nicAddr = "10.78.0.11"
+)
+
+// TestSecondaryNIC (seed 002): addresses of a range on a second NIC leave
+// the node by that NIC and arrive by it. The segment enforces it the way a
+// cloud's port security would: the uplink's port drops the NIC range's
+// sources, the NIC's port drops anything else, and a counter on the NIC's
+// port proves the pod's packets took it. A pod on the uplink and a pod on
+// the NIC reach each other (rule 512), and both the neighbour; DEL leaves
+// no rule of the pod or proxy entry; an agent restart puts back a rule
+// removed by hand.
+func TestSecondaryNIC(t *testing.T) {
+	e := newEnv(t, func(c *config.Config) {
+		c.Provider.Settings = &static.Config{Ranges: []static.Range{
+			// One address on the uplink, the rest of the pool on the NIC.
+			{CIDR: "10.78.0.0/24", Gateway: "10.78.0.1", Exclude: []string{"10.78.0.0/26", "10.78.0.65/32", "10.78.0.66/31", "10.78.0.68/30", "10.78.0.72/29", "10.78.0.80/28", "10.78.0.96/27", "10.78.0.128/25"}},
+			{CIDR: "10.78.0.0/24", Gateway: "10.78.0.1", Exclude: []string{"10.78.0.0/25"}, NIC: &static.NIC{MAC: nicMAC, Address: nicAddr}},
+		}}
+	})
+	seg, node := e.tb.SegNS(), e.tb.NodeNS()
+	mac, _ := net.ParseMAC(nicMAC)
+	if err := netnsutil.VethBetween(seg, "node1", node, "eth1", mac); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range [][]string{{"ip", "link", "set", "node1", "master", "br0"}, {"ip", "link", "set", "node1", "up"}} {
+		if err := netnsutil.Exec(seg, c...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	portSecurity := `table bridge vpcni_portsec {
+ chain portsec {
+  type filter hook forward priority 0; policy accept;
+  iifname "node0" ip saddr 10.78.0.128/25 drop
+  iifname "node0" arp saddr ip 10.78.0.128/25 drop
+  iifname "node1" ether saddr != ` + nicMAC + ` drop
+  iifname "node1" ip saddr != { ` + nicAddr + `, 10.78.0.128/25 } drop
+  iifname "node1" arp saddr ip != { ` + nicAddr + `, 10.78.0.128/25 } drop
+  iifname "node1" ip saddr 10.78.0.128/25 counter
+ }
+}
+`
+	cmd := exec.Command("ip", "netns", "exec", seg, "nft", "-f", "-")
+	cmd.Stdin = strings.NewReader(portSecurity)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("segment port security: %v: %s", err, out)
+	}
+
+	c := e.cni("1.0.0")
+	var onUplink, onNIC netip.Addr
+	var uplinkNS, nicNS, nicID string
+	for i := range 3 {
+		ns := e.pod(i)
+		id := fmt.Sprintf("nic-%d", i)
+		ip := e.add(c, id, ns)
+		if ip.As4()[3] >= 128 {
+			onNIC, nicNS, nicID = ip, ns, id
+		} else {
+			onUplink, uplinkNS = ip, ns
+		}
+		if onNIC.IsValid() && onUplink.IsValid() {
+			break
+		}
+	}
+	if !onNIC.IsValid() || !onUplink.IsValid() {
+		t.Fatalf("want one pod on the uplink and one on the NIC, got %v and %v", onUplink, onNIC)
+	}
+	nbr := netnsutil.Path(e.tb.NbrNS())
+	echo(t, nbr, e.tb.NbrIP)
+	echo(t, nicNS, onNIC)
+	echo(t, uplinkNS, onUplink)
+	t.Cleanup(func() {
+		if t.Failed() {
+			for _, c := range [][]string{{node, "ip", "rule"}, {node, "ip", "route", "show", "table", "all"}, {node, "ip", "neigh", "show", "proxy"},
+				{node, "ip", "addr"}, {node, "sysctl", "net.ipv4.conf.all.rp_filter", "net.ipv4.conf.eth1.rp_filter"}, {seg, "nft", "list", "ruleset"}, {e.tb.NbrNS(), "ip", "neigh"}} {
+				out, err := netnsutil.Output(c[0], c[1:]...)
+				t.Logf("%s: %v\n%s", strings.Join(c[1:], " "), err, out)
+			}
+		}
+	})
+	for _, p := range []struct {
+		from string
+		to   netip.Addr
+	}{{nicNS, e.tb.NbrIP}, {nbr, onNIC}, {uplinkNS, e.tb.NbrIP}, {nicNS, onUplink}, {uplinkNS, onNIC}} {
+		if err := probe(p.from, testbed.HostPort(p.to, 7777)); err != nil {
+			t.Errorf("%s cannot reach %s: %v", p.from, p.to, err)
+		}
+	}
+	out, err := netnsutil.Output(seg, "nft", "list", "chain", "bridge", "vpcni_portsec", "portsec")
+	if err != nil || !strings.Contains(out, "counter packets") || strings.Contains(out, "counter packets 0 ") {
+		t.Fatalf("no packet of the NIC's pod passed the NIC's port: %v\n%s", err, out)
+	}
+	rules, _ := netnsutil.Output(node, "ip", "rule")
+	for _, want := range []string{"512:\tfrom all lookup main suppress_prefixlength 31", "1536:\tfrom " + onNIC.String() + " lookup", "1536:\tfrom " + nicAddr + " lookup"} {
+		if !strings.Contains(rules, want) {
+			t.Errorf("node rules lack %q:\n%s", want, rules)
+		}
+	}
+	if t.Failed() {
+		t.FailNow()
+	}
+
+	// A rule removed by hand comes back with the agent's restart.
+	if err := netnsutil.Exec(node, "ip", "rule", "del", "priority", "1536", "from", onNIC.String()); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.agent.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	e.startAgent()
+	waitFor(t, 10*time.Second, "the NIC pod's rule back", func() bool {
+		r, _ := netnsutil.Output(node, "ip", "rule")
+		return strings.Contains(r, "1536:\tfrom "+onNIC.String()+" lookup")
+	})
+	reach(t, nbr, testbed.HostPort(onNIC, 7777))
+
+	// DEL: the pod's rules and its proxy entry on the NIC go.
+	if err := c.Del(ctx(t), testbed.Runtime(nicID, nicNS, "eth0", nil)); err != nil {
+		t.Fatal(err)
+	}
+	rules, _ = netnsutil.Output(node, "ip", "rule")
+	if strings.Contains(rules, onNIC.String()) {
+		t.Errorf("rules of %s left after DEL:\n%s", onNIC, rules)
+	}
+	h := e.node()
+	eth1, err := h.LinkByName("eth1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxies, err := h.NeighProxyList(eth1.Attrs().Index, netlink.FAMILY_V4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range proxies {
+		if n.IP.Equal(onNIC.AsSlice()) {
+			t.Errorf("proxy ARP entry of %s left on eth1 after DEL", onNIC)
+		}
+	}
+}
