@@ -62,3 +62,50 @@ func TestInstallCNIRefusesBadInput(t *testing.T) {
 		}
 	}
 }
+
+func TestUninstallCNI(t *testing.T) {
+	dir := t.TempDir()
+	bin, conf := filepath.Join(dir, "bin"), filepath.Join(dir, "net.d")
+	os.Mkdir(bin, 0o755)
+	os.Mkdir(conf, 0o755)
+	os.WriteFile(filepath.Join(bin, "vpcni"), []byte("x"), 0o755)
+	os.WriteFile(filepath.Join(bin, "other"), []byte("x"), 0o755)
+	os.WriteFile(filepath.Join(conf, "10-vpcni.conflist"), []byte("{}"), 0o644)
+	os.WriteFile(filepath.Join(conf, "20-other.conflist"), []byte("{}"), 0o644)
+	args := []string{"uninstall-cni", "--bin-dir", bin, "--conf-dir", conf}
+	var stdout, stderr bytes.Buffer
+	if code := Main(args, &stdout, &stderr); code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr.String())
+	}
+	for _, gone := range []string{filepath.Join(bin, "vpcni"), filepath.Join(conf, "10-vpcni.conflist")} {
+		if _, err := os.Stat(gone); err == nil || !strings.Contains(stdout.String(), "removed "+gone) {
+			t.Errorf("%s not removed (or not said): %v\n%s", gone, err, stdout.String())
+		}
+	}
+	for _, kept := range []string{filepath.Join(bin, "other"), filepath.Join(conf, "20-other.conflist")} {
+		if _, err := os.Stat(kept); err != nil {
+			t.Errorf("%s is not vpcni's and must stay: %v", kept, err)
+		}
+	}
+	// Again: nothing left to remove is no failure.
+	stdout.Reset()
+	if code := Main(args, &stdout, &stderr); code != 0 || stdout.Len() != 0 {
+		t.Fatalf("second run: exit %d, output %q, stderr %s", code, stdout.String(), stderr.String())
+	}
+	// A mode without an undo says so.
+	cfg := filepath.Join(dir, "vpcnid.yaml")
+	os.WriteFile(cfg, []byte("nodeName: n\ndatapath: veth\nsocketPath: "+filepath.Join(dir, "none.sock")+"\nprovider: {type: static, static: {ranges: [{cidr: 10.1.0.0/24}]}}\n"), 0o644)
+	stdout.Reset()
+	if code := Main(append(args, "--agent-config", cfg), &stdout, &stderr); code != 0 || !strings.Contains(stdout.String(), "datapath veth changed nothing") {
+		t.Fatalf("veth: exit %d, output %q, stderr %s", code, stdout.String(), stderr.String())
+	}
+	// A bad config is a failure (1), a bad flag a usage error (2).
+	stderr.Reset()
+	if code := Main(append(args, "--agent-config", filepath.Join(dir, "missing.yaml")), &stdout, &stderr); code != 1 || !strings.Contains(stderr.String(), "read config") {
+		t.Fatalf("missing config: exit %d, stderr %s", code, stderr.String())
+	}
+	stderr.Reset()
+	if code := Main([]string{"uninstall-cni", "--nope"}, &stdout, &stderr); code != 2 {
+		t.Fatalf("bad flag: exit %d, stderr %s", code, stderr.String())
+	}
+}

@@ -35,6 +35,8 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		err = labCmd(args[1:], stdout)
 	case "install-cni":
 		err = installCNI(args[1:], stdout)
+	case "uninstall-cni":
+		err = uninstallCNI(args[1:], stdout)
 	case "help", "-h", "--help":
 		usage(stdout)
 		return 0
@@ -90,6 +92,10 @@ On a node:
   vpcnictl install-cni [--plugin F] [--bin-dir D] [--conf-dir D] [--conflist F] [--name N] [--agent-config F]
       copy the plugin and write the conflist atomically (the DaemonSet's init step);
       with --agent-config also set the node's sysctls for that config's uplink
+  vpcnictl uninstall-cni [--bin-dir D] [--conf-dir D] [--name N] [--agent-config F]
+      remove the conflist and the plugin; with --agent-config (vpcnid stopped) also give
+      the node back what that config's datapath changed (bridge: the uplink's addresses,
+      routes, neighbours and MTU)
 
 On this machine, as root, in network namespaces only:
   vpcnictl lab up|down|status [--prefix P] [--nodes N] [--subnet CIDR] [--agents=false]

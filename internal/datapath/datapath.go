@@ -125,6 +125,12 @@ type Registration struct {
 	// from a privileged step (vpcnictl install-cni) so that the agent
 	// itself need not be privileged. Nil: nothing to prepare.
 	Prepare func(node Node, s Settings) error
+	// Uninstall undoes what New changed on the node itself beyond the
+	// pods' own links (bridge mode: the uplink taken into a bridge), from
+	// a privileged step (vpcnictl uninstall-cni) once the agent is
+	// stopped for good. Idempotent: nothing to undo is no error. Nil: the
+	// mode changes nothing that outlives its pods.
+	Uninstall func(node Node, s Settings) error
 }
 
 var modes = registry.New[Registration]("datapath mode")

@@ -1,0 +1,421 @@
+package bridge
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strings"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
+	"golang.org/x/sys/unix"
+
+	"github.com/vpcni/vpcni/internal/datapath/nlutil"
+)
+
+// Prepare sets and checks what the mode needs of the node's kernel:
+// IPv4 forwarding (br_netfilter re-routes DNAT'ed bridged packets, and
+// drops them with forwarding off), and br_netfilter itself. It writes a
+// sysctl only when it differs, so an agent without a writable /proc/sys
+// starts once a privileged step (vpcnictl install-cni) ran this.
+func Prepare() error {
+	if err := checkBrNetfilter(); err != nil {
+		return err
+	}
+	return writeSysctl("net/ipv4/ip_forward", "1")
+}
+
+func writeSysctl(key, value string) error {
+	path := "/proc/sys/" + key
+	if cur, err := os.ReadFile(path); err == nil && strings.TrimSpace(string(cur)) == value {
+		return nil
+	}
+	if err := os.WriteFile(path, []byte(value), 0o644); err != nil {
+		return fmt.Errorf("sysctl %s=%s: %w", strings.ReplaceAll(key, "/", "."), value, err)
+	}
+	return nil
+}
+
+// checkBrNetfilter: without br_netfilter the bridge's nf_call_iptables
+// option is accepted and does nothing, and pods silently lose Services.
+// The kernel shows net.bridge only when it has br_netfilter (per network
+// namespace).
+func checkBrNetfilter() error {
+	if _, err := os.Stat("/proc/sys/net/bridge"); err != nil {
+		return errors.New("the kernel has no br_netfilter (no /proc/sys/net/bridge): bridged pod traffic would bypass iptables and pods could not reach Services; load it (modprobe br_netfilter) or choose another datapath mode")
+	}
+	return nil
+}
+
+// findUplink names the interface the bridge takes: the configured one, or
+// the default route's — which, once the bridge holds the uplink, is the
+// bridge itself: then its one port vpcni did not make.
+func findUplink(name, bridge string) (string, error) {
+	if name == "" {
+		var err error
+		if name, err = nlutil.DefaultRouteLink(); err != nil {
+			return "", err
+		}
+	}
+	link, err := netlink.LinkByName(name)
+	if err != nil {
+		return "", fmt.Errorf("uplink %q: %w", name, err)
+	}
+	if name == bridge || link.Attrs().Alias == BridgeAlias {
+		return bridgePort(link)
+	}
+	if m := link.Attrs().MasterIndex; m != 0 {
+		master, err := netlink.LinkByIndex(m)
+		if err != nil {
+			return "", fmt.Errorf("uplink %s has master %d: %w", name, m, err)
+		}
+		if master.Attrs().Name != bridge {
+			return "", fmt.Errorf("uplink %s is already a port of %s: bridge mode needs it free (or set datapath.bridge.bridge to %s if vpcni made it)", name, master.Attrs().Name, master.Attrs().Name)
+		}
+	}
+	return name, nil
+}
+
+// bridgePort is the bridge's uplink: its one port without a vpcni alias.
+func bridgePort(br netlink.Link) (string, error) {
+	if br.Attrs().Alias != BridgeAlias {
+		return "", fmt.Errorf("%s is not a bridge vpcni made (alias %q)", br.Attrs().Name, br.Attrs().Alias)
+	}
+	links, err := nlutil.RetryDump(netlink.LinkList)
+	if err != nil {
+		return "", fmt.Errorf("list links: %w", err)
+	}
+	var found []string
+	for _, l := range links {
+		if l.Attrs().MasterIndex == br.Attrs().Index && !strings.HasPrefix(l.Attrs().Alias, AliasPrefix) {
+			found = append(found, l.Attrs().Name)
+		}
+	}
+	if len(found) != 1 {
+		return "", fmt.Errorf("bridge %s should hold exactly one uplink, holds %v: set uplink in the config", br.Attrs().Name, found)
+	}
+	return found[0], nil
+}
+
+// takeUplink makes the bridge hold the uplink and the node's IPv4 life.
+// Every step is skipped when already done, so a restart changes nothing
+// and a move cut short is finished. The order keeps the node reachable:
+//
+//  1. the bridge is made, with the uplink's MAC and MTU, passing bridged
+//     IPv4 to iptables, up;
+//  2. the uplink becomes its port: frames now arrive on the bridge, but
+//     the kernel still answers ARP and delivers to the node's address,
+//     which is local on any interface, and replies leave through the
+//     uplink's routes (sending on a port is fine);
+//  3. the addresses are added to the bridge, each route is replaced by
+//     the same route through the bridge (one atomic replace each), the
+//     permanent neighbours are copied;
+//  4. only then do the uplink's addresses and neighbours go.
+func takeUplink(uplink, name string) (netlink.Link, error) {
+	up, err := netlink.LinkByName(uplink)
+	if err != nil {
+		return nil, fmt.Errorf("uplink %q: %w", uplink, err)
+	}
+	if err := refuseIPv6(up); err != nil {
+		return nil, err
+	}
+	br, err := ensureBridge(name, up)
+	if err != nil {
+		return nil, err
+	}
+	if up.Attrs().MasterIndex != br.Attrs().Index {
+		if err := netlink.LinkSetMasterByIndex(up, br.Attrs().Index); err != nil {
+			return nil, fmt.Errorf("make %s a port of %s: %w", uplink, name, err)
+		}
+	}
+	if err := moveIPv4(up, br); err != nil {
+		return nil, fmt.Errorf("move the node's IPv4 from %s to %s: %w", uplink, name, err)
+	}
+	return br, nil
+}
+
+// refuseIPv6: only IPv4 moves; a global IPv6 address left on a bridge
+// port would stop working, so such a node is refused before anything
+// changes.
+func refuseIPv6(up netlink.Link) error {
+	addrs, err := nlutil.RetryDump(func() ([]netlink.Addr, error) { return netlink.AddrList(up, netlink.FAMILY_V6) })
+	if err != nil {
+		return fmt.Errorf("list %s's IPv6 addresses: %w", up.Attrs().Name, err)
+	}
+	for _, a := range addrs {
+		if a.Scope == int(netlink.SCOPE_UNIVERSE) {
+			return fmt.Errorf("uplink %s has the global IPv6 address %s: bridge mode moves IPv4 only and would break it; choose another datapath mode", up.Attrs().Name, a.IPNet)
+		}
+	}
+	return nil
+}
+
+// ensureBridge finds or makes vpcni's bridge, with the uplink's MAC so the
+// cloud port's MAC stays the node's source MAC, and nf_call_iptables on.
+func ensureBridge(name string, up netlink.Link) (netlink.Link, error) {
+	br, err := netlink.LinkByName(name)
+	switch {
+	case nlutil.IsNotFound(err):
+		attrs := netlink.NewLinkAttrs()
+		attrs.Name, attrs.MTU, attrs.HardwareAddr = name, up.Attrs().MTU, up.Attrs().HardwareAddr
+		if err := netlink.LinkAdd(&netlink.Bridge{LinkAttrs: attrs}); err != nil {
+			return nil, fmt.Errorf("create bridge %s: %w", name, err)
+		}
+		if br, err = netlink.LinkByName(name); err != nil {
+			return nil, fmt.Errorf("find new bridge %s: %w", name, err)
+		}
+		// The kernel ignores an alias given at creation.
+		if err := netlink.LinkSetAlias(br, BridgeAlias); err != nil {
+			return nil, fmt.Errorf("mark bridge %s: %w", name, err)
+		}
+	case err != nil:
+		return nil, fmt.Errorf("look up bridge %s: %w", name, err)
+	case br.Type() != "bridge" || br.Attrs().Alias != BridgeAlias:
+		return nil, fmt.Errorf("%s exists and is not a bridge vpcni made (type %s, alias %q): set datapath.bridge.bridge to a free name", name, br.Type(), br.Attrs().Alias)
+	}
+	if br.Attrs().HardwareAddr.String() != up.Attrs().HardwareAddr.String() {
+		if err := netlink.LinkSetHardwareAddr(br, up.Attrs().HardwareAddr); err != nil {
+			return nil, fmt.Errorf("give %s the uplink's MAC: %w", name, err)
+		}
+	}
+	if on, err := nfCallIptables(br.Attrs().Index); err != nil {
+		return nil, err
+	} else if !on {
+		if err := setNFCallIptables(br.Attrs().Index); err != nil {
+			return nil, err
+		}
+	}
+	if br.Attrs().Flags&net.FlagUp == 0 {
+		if err := netlink.LinkSetUp(br); err != nil {
+			return nil, fmt.Errorf("set %s up: %w", name, err)
+		}
+	}
+	return netlink.LinkByName(name)
+}
+
+// moveIPv4 moves what the node's IPv4 needs of one interface to another:
+// its addresses (with their flags, scope, lifetimes and labels), its
+// routes in every table (metric, protocol, scope, source, type kept; the
+// kernel's own prefix and local routes follow the addresses), and its
+// permanent neighbours. Nothing to move: nothing done.
+func moveIPv4(from, to netlink.Link) error {
+	addrs, err := nlutil.RetryDump(func() ([]netlink.Addr, error) { return netlink.AddrList(from, netlink.FAMILY_V4) })
+	if err != nil {
+		return fmt.Errorf("list addresses: %w", err)
+	}
+	all, err := nlutil.RetryDump(func() ([]netlink.Route, error) {
+		return netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Table: unix.RT_TABLE_UNSPEC}, netlink.RT_FILTER_TABLE)
+	})
+	if err != nil {
+		return fmt.Errorf("list routes: %w", err)
+	}
+	neighs, err := nlutil.RetryDump(func() ([]netlink.Neigh, error) { return netlink.NeighList(from.Attrs().Index, netlink.FAMILY_V4) })
+	if err != nil {
+		return fmt.Errorf("list neighbours: %w", err)
+	}
+	fromIdx, toIdx := from.Attrs().Index, to.Attrs().Index
+	for _, a := range addrs {
+		moved := a
+		moved.LinkIndex = toIdx
+		moved.Label = relabel(a.Label, from.Attrs().Name, to.Attrs().Name)
+		if moved.Broadcast == nil {
+			// The library would invent one; 0.0.0.0 tells it to send none.
+			moved.Broadcast = net.IPv4zero
+		}
+		if err := netlink.AddrAdd(to, &moved); err != nil && !errors.Is(err, unix.EEXIST) {
+			return fmt.Errorf("add %s to %s: %w", a.IPNet, to.Attrs().Name, err)
+		}
+	}
+	for _, r := range all {
+		if !movable(r, fromIdx) {
+			continue
+		}
+		moved := r
+		moved.Flags &^= unix.RTNH_F_DEAD | unix.RTNH_F_LINKDOWN // state, refused as input
+		if moved.LinkIndex == fromIdx {
+			moved.LinkIndex = toIdx
+		}
+		moved.MultiPath = nil
+		for _, nh := range r.MultiPath {
+			n := *nh
+			if n.LinkIndex == fromIdx {
+				n.LinkIndex = toIdx
+			}
+			n.Flags &^= unix.RTNH_F_DEAD | unix.RTNH_F_LINKDOWN
+			moved.MultiPath = append(moved.MultiPath, &n)
+		}
+		if err := netlink.RouteReplace(&moved); err != nil {
+			return fmt.Errorf("move route %s: %w", r, err)
+		}
+	}
+	for _, n := range neighs {
+		if n.State&netlink.NUD_PERMANENT == 0 {
+			continue // learnt, not configured
+		}
+		moved := n
+		moved.LinkIndex = toIdx
+		if err := netlink.NeighSet(&moved); err != nil {
+			return fmt.Errorf("add neighbour %s to %s: %w", n.IP, to.Attrs().Name, err)
+		}
+	}
+	// Secondaries first: deleting a primary takes its secondaries with it
+	// unless the kernel promotes one.
+	for i := len(addrs) - 1; i >= 0; i-- {
+		if err := netlink.AddrDel(from, &addrs[i]); err != nil && !errors.Is(err, unix.EADDRNOTAVAIL) {
+			return fmt.Errorf("remove %s from %s: %w", addrs[i].IPNet, from.Attrs().Name, err)
+		}
+	}
+	for _, n := range neighs {
+		if n.State&netlink.NUD_PERMANENT != 0 {
+			if err := netlink.NeighDel(&n); err != nil && !nlutil.IsNotFound(err) {
+				return fmt.Errorf("remove neighbour %s from %s: %w", n.IP, from.Attrs().Name, err)
+			}
+		}
+	}
+	return nil
+}
+
+// movable: a route through link that is not the kernel's own (local
+// table, prefix routes of addresses: they follow the addresses).
+func movable(r netlink.Route, link int) bool {
+	if r.Table == unix.RT_TABLE_LOCAL || r.Protocol == unix.RTPROT_KERNEL {
+		return false
+	}
+	if r.LinkIndex == link {
+		return true
+	}
+	for _, nh := range r.MultiPath {
+		if nh.LinkIndex == link {
+			return true
+		}
+	}
+	return false
+}
+
+// relabel carries an address label ("eth0", "eth0:1") to another
+// interface: the kernel wants a label to start with its interface's name.
+func relabel(label, from, to string) string {
+	if rest, ok := strings.CutPrefix(label, from); ok {
+		return to + rest
+	}
+	return label
+}
+
+// nfCallIptables reads the bridge's own nf_call_iptables option.
+func nfCallIptables(index int) (bool, error) {
+	req := nl.NewNetlinkRequest(unix.RTM_GETLINK, unix.NLM_F_ACK)
+	msg := nl.NewIfInfomsg(unix.AF_UNSPEC)
+	msg.Index = int32(index)
+	req.AddData(msg)
+	msgs, err := req.Execute(unix.NETLINK_ROUTE, unix.RTM_NEWLINK)
+	if err != nil {
+		return false, fmt.Errorf("read bridge %d: %w", index, err)
+	}
+	for _, m := range msgs {
+		attrs, err := nl.ParseRouteAttr(m[unix.SizeofIfInfomsg:])
+		if err != nil {
+			return false, err
+		}
+		for _, a := range attrs {
+			if a.Attr.Type != unix.IFLA_LINKINFO {
+				continue
+			}
+			info, err := nl.ParseRouteAttr(a.Value)
+			if err != nil {
+				return false, err
+			}
+			for _, i := range info {
+				if i.Attr.Type != nl.IFLA_INFO_DATA {
+					continue
+				}
+				data, err := nl.ParseRouteAttr(i.Value)
+				if err != nil {
+					return false, err
+				}
+				for _, d := range data {
+					if d.Attr.Type == unix.IFLA_BR_NF_CALL_IPTABLES && len(d.Value) > 0 {
+						return d.Value[0] == 1, nil
+					}
+				}
+			}
+		}
+	}
+	return false, fmt.Errorf("bridge %d reports no nf_call_iptables option", index)
+}
+
+// setNFCallIptables turns on the bridge's own nf_call_iptables option
+// (IFLA_BR_NF_CALL_IPTABLES), not the node-wide sysctl.
+func setNFCallIptables(index int) error {
+	return setBridgeOpt(index, unix.IFLA_BR_NF_CALL_IPTABLES, 1)
+}
+
+func setBridgeOpt(index, opt int, v byte) error {
+	req := nl.NewNetlinkRequest(unix.RTM_NEWLINK, unix.NLM_F_ACK)
+	msg := nl.NewIfInfomsg(unix.AF_UNSPEC)
+	msg.Index = int32(index)
+	req.AddData(msg)
+	info := nl.NewRtAttr(unix.IFLA_LINKINFO, nil)
+	info.AddRtAttr(nl.IFLA_INFO_KIND, nl.NonZeroTerminated("bridge"))
+	data := info.AddRtAttr(nl.IFLA_INFO_DATA, nil)
+	data.AddRtAttr(opt, []byte{v})
+	req.AddData(info)
+	if _, err := req.Execute(unix.NETLINK_ROUTE, 0); err != nil {
+		return fmt.Errorf("set bridge option %d on link %d: %w", opt, index, err)
+	}
+	return nil
+}
+
+// Uninstall gives the uplink back what the bridge took: its addresses,
+// routes and permanent neighbours move back, it leaves the bridge, its MTU
+// is the bridge's (the node's MTU, as the uplink had it), and the bridge
+// goes with any pod link still on it. No bridge: nothing to undo.
+func Uninstall(uplink string, s Settings) error {
+	s.Defaults()
+	br, err := netlink.LinkByName(s.Bridge)
+	if nlutil.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("look up bridge %s: %w", s.Bridge, err)
+	}
+	if br.Type() != "bridge" || br.Attrs().Alias != BridgeAlias {
+		return fmt.Errorf("%s is not a bridge vpcni made (type %s, alias %q): left alone", s.Bridge, br.Type(), br.Attrs().Alias)
+	}
+	if uplink == "" || uplink == s.Bridge {
+		if uplink, err = bridgePort(br); err != nil {
+			return err
+		}
+	}
+	up, err := netlink.LinkByName(uplink)
+	if err != nil {
+		return fmt.Errorf("uplink %q: %w", uplink, err)
+	}
+	if up.Attrs().MTU != br.Attrs().MTU {
+		if err := netlink.LinkSetMTU(up, br.Attrs().MTU); err != nil {
+			return fmt.Errorf("give %s its MTU %d back: %w", uplink, br.Attrs().MTU, err)
+		}
+	}
+	if err := moveIPv4(br, up); err != nil {
+		return fmt.Errorf("move the node's IPv4 back from %s to %s: %w", s.Bridge, uplink, err)
+	}
+	if err := netlink.LinkSetNoMaster(up); err != nil {
+		return fmt.Errorf("release %s from %s: %w", uplink, s.Bridge, err)
+	}
+	links, err := nlutil.RetryDump(netlink.LinkList)
+	if err != nil {
+		return fmt.Errorf("list links: %w", err)
+	}
+	var errs []error
+	for _, l := range links {
+		if l.Attrs().MasterIndex == br.Attrs().Index && strings.HasPrefix(l.Attrs().Alias, AliasPrefix) {
+			if err := netlink.LinkDel(l); err != nil && !nlutil.IsNotFound(err) {
+				errs = append(errs, fmt.Errorf("delete pod link %s: %w", l.Attrs().Name, err))
+			}
+		}
+	}
+	if err := netlink.LinkDel(br); err != nil && !nlutil.IsNotFound(err) {
+		errs = append(errs, fmt.Errorf("delete bridge %s: %w", s.Bridge, err))
+	}
+	return errors.Join(errs...)
+}

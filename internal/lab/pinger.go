@@ -1,0 +1,176 @@
+package lab
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/vpcni/vpcni/internal/netnsutil"
+)
+
+// Pinger probes an address with ICMP echo from inside a namespace at a
+// fixed interval and records which probes were answered: how long a change
+// on the path (bridge mode taking a node's uplink) cut it off.
+type Pinger struct {
+	fd    int
+	id    uint16
+	dst   [4]byte
+	every time.Duration
+
+	mu     sync.Mutex
+	sent   []time.Time // by sequence number
+	answer map[uint16]bool
+	stop   chan struct{}
+	done   sync.WaitGroup
+}
+
+// PingStats is what a Pinger saw.
+type PingStats struct {
+	Sent, Lost int
+	// Gap is the longest time between the sending of two answered probes
+	// with only unanswered ones between them: about the interval when
+	// nothing was lost.
+	Gap time.Duration
+}
+
+func (s PingStats) String() string {
+	return fmt.Sprintf("gap_ms=%d lost=%d sent=%d", s.Gap.Milliseconds(), s.Lost, s.Sent)
+}
+
+// StartPinger probes dst from the namespace at nsPath every interval. Its
+// raw socket is opened inside that namespace and stays there.
+func StartPinger(nsPath string, dst netip.Addr, every time.Duration) (*Pinger, error) {
+	if !dst.Is4() {
+		return nil, fmt.Errorf("pinger: %s is not IPv4", dst)
+	}
+	p := &Pinger{id: uint16(os.Getpid()) ^ uint16(time.Now().UnixNano()), dst: dst.As4(), every: every,
+		answer: map[uint16]bool{}, stop: make(chan struct{})}
+	err := netnsutil.Do(nsPath, func() error {
+		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.IPPROTO_ICMP)
+		p.fd = fd
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("pinger socket in %s: %w", nsPath, err)
+	}
+	tv := unix.NsecToTimeval((50 * time.Millisecond).Nanoseconds())
+	if err := unix.SetsockoptTimeval(p.fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
+		unix.Close(p.fd)
+		return nil, err
+	}
+	p.done.Add(2)
+	go p.send()
+	go p.receive()
+	return p, nil
+}
+
+func (p *Pinger) send() {
+	defer p.done.Done()
+	t := time.NewTicker(p.every)
+	defer t.Stop()
+	for {
+		p.mu.Lock()
+		seq := uint16(len(p.sent))
+		p.sent = append(p.sent, time.Now())
+		p.mu.Unlock()
+		msg := make([]byte, 16)
+		msg[0] = 8 // echo request
+		binary.BigEndian.PutUint16(msg[4:], p.id)
+		binary.BigEndian.PutUint16(msg[6:], seq)
+		binary.BigEndian.PutUint16(msg[2:], checksum(msg))
+		// A send error (no route yet) is a lost probe like any other.
+		_ = unix.Sendto(p.fd, msg, 0, &unix.SockaddrInet4{Addr: p.dst})
+		select {
+		case <-p.stop:
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (p *Pinger) receive() {
+	defer p.done.Done()
+	buf := make([]byte, 1500)
+	for {
+		select {
+		case <-p.stop:
+			return
+		default:
+		}
+		n, from, err := unix.Recvfrom(p.fd, buf, 0)
+		if err != nil || n < 20 {
+			continue
+		}
+		ihl := int(buf[0]&0x0f) * 4
+		src, ok := from.(*unix.SockaddrInet4)
+		if !ok || src.Addr != p.dst || n < ihl+8 || buf[ihl] != 0 || binary.BigEndian.Uint16(buf[ihl+4:]) != p.id {
+			continue
+		}
+		p.mu.Lock()
+		p.answer[binary.BigEndian.Uint16(buf[ihl+6:])] = true
+		p.mu.Unlock()
+	}
+}
+
+// Stop ends the probing, waits a moment for late answers and says what
+// was seen.
+func (p *Pinger) Stop() PingStats {
+	time.Sleep(4 * p.every)
+	close(p.stop)
+	time.Sleep(200 * time.Millisecond)
+	p.done.Wait()
+	unix.Close(p.fd)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	s := PingStats{Sent: len(p.sent)}
+	last := -1
+	for i := range p.sent {
+		if !p.answer[uint16(i)] {
+			s.Lost++
+			continue
+		}
+		if last >= 0 {
+			s.Gap = max(s.Gap, p.sent[i].Sub(p.sent[last]))
+		}
+		last = i
+	}
+	if last < 0 {
+		s.Gap = time.Since(p.sent[0])
+	}
+	return s
+}
+
+// Answered says whether any probe was answered yet.
+func (p *Pinger) Answered() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.answer) > 0
+}
+
+// WaitAnswered waits until a probe is answered (the path works before the
+// change under test).
+func (p *Pinger) WaitAnswered(d time.Duration) error {
+	for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(p.every) {
+		if p.Answered() {
+			return nil
+		}
+	}
+	return errors.New("pinger: no answer before the change")
+}
+
+func checksum(b []byte) uint16 {
+	var s uint32
+	for i := 0; i+1 < len(b); i += 2 {
+		s += uint32(binary.BigEndian.Uint16(b[i:]))
+	}
+	for s > 0xffff {
+		s = s>>16 + s&0xffff
+	}
+	return ^uint16(s)
+}
