@@ -23,18 +23,7 @@ func Prepare() error {
 	if err := checkBrNetfilter(); err != nil {
 		return err
 	}
-	return writeSysctl("net/ipv4/ip_forward", "1")
-}
-
-func writeSysctl(key, value string) error {
-	path := "/proc/sys/" + key
-	if cur, err := os.ReadFile(path); err == nil && strings.TrimSpace(string(cur)) == value {
-		return nil
-	}
-	if err := os.WriteFile(path, []byte(value), 0o644); err != nil {
-		return fmt.Errorf("sysctl %s=%s: %w", strings.ReplaceAll(key, "/", "."), value, err)
-	}
-	return nil
+	return nlutil.EnableForwarding()
 }
 
 // checkBrNetfilter: without br_netfilter the bridge's nf_call_iptables

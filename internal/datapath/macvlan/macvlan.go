@@ -42,8 +42,6 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"os"
-	"strings"
 	"syscall"
 
 	"github.com/vishvananda/netlink"
@@ -132,16 +130,7 @@ func New(kind Kind, node datapath.Node, s *Settings) (*Mode, error) {
 // Service -> pod passes through the node). It writes only what differs,
 // so an agent without a writable /proc/sys starts once a privileged step
 // ran it.
-func prepareNode() error {
-	const path = "/proc/sys/net/ipv4/ip_forward"
-	if cur, err := os.ReadFile(path); err == nil && strings.TrimSpace(string(cur)) == "1" {
-		return nil
-	}
-	if err := os.WriteFile(path, []byte("1"), 0o644); err != nil {
-		return fmt.Errorf("sysctl net.ipv4.ip_forward=1: %w", err)
-	}
-	return nil
-}
+func prepareNode() error { return nlutil.EnableForwarding() }
 
 // Info implements datapath.Datapath.
 func (m *Mode) Info() datapath.Info {

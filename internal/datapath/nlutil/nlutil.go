@@ -6,7 +6,10 @@ package nlutil
 import (
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
+	"os"
+	"strings"
 	"syscall"
 
 	"github.com/vishvananda/netlink"
@@ -59,6 +62,12 @@ func prefixLen(r netlink.Route) int {
 	return ones
 }
 
+// IsZeroMask says whether m is /0.
+func IsZeroMask(m net.IPMask) bool {
+	ones, _ := m.Size()
+	return ones == 0
+}
+
 // LinkIPv4 is a link's first global IPv4 address (invalid: none, or no
 // such link).
 func LinkIPv4(name string) netip.Addr {
@@ -77,3 +86,22 @@ func LinkIPv4(name string) netip.Addr {
 	}
 	return netip.Addr{}
 }
+
+// WriteSysctl sets /proc/sys/<key> (slashes, e.g. "net/ipv4/ip_forward")
+// only when it differs, so an agent without a writable /proc/sys starts
+// once a privileged step (vpcnictl install-cni) set it.
+func WriteSysctl(key, value string) error {
+	path := "/proc/sys/" + key
+	if cur, err := os.ReadFile(path); err == nil && strings.TrimSpace(string(cur)) == value {
+		return nil
+	}
+	if err := os.WriteFile(path, []byte(value), 0o644); err != nil {
+		return fmt.Errorf("sysctl %s=%s: %w", strings.ReplaceAll(key, "/", "."), value, err)
+	}
+	return nil
+}
+
+// EnableForwarding turns on IPv4 forwarding, which every mode whose pods'
+// traffic crosses the node's stack (routed pods, the service path,
+// DNATed bridged packets) needs.
+func EnableForwarding() error { return WriteSysctl("net/ipv4/ip_forward", "1") }

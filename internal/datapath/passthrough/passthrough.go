@@ -36,7 +36,6 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"os"
 	"slices"
 	"strings"
 	"syscall"
@@ -103,16 +102,7 @@ func New(node datapath.Node, s *Settings) (*Mode, error) {
 }
 
 // prepareNode sets what the service path needs: forwarding.
-func prepareNode() error {
-	const path = "/proc/sys/net/ipv4/ip_forward"
-	if cur, err := os.ReadFile(path); err == nil && strings.TrimSpace(string(cur)) == "1" {
-		return nil
-	}
-	if err := os.WriteFile(path, []byte("1"), 0o644); err != nil {
-		return fmt.Errorf("sysctl net.ipv4.ip_forward=1: %w", err)
-	}
-	return nil
-}
+func prepareNode() error { return nlutil.EnableForwarding() }
 
 // Info implements datapath.Datapath: pods send from their own port's MAC,
 // which its port security allows already.

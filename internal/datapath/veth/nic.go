@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/vpcni/vpcni/internal/alloc"
+	"github.com/vpcni/vpcni/internal/datapath/nlutil"
 )
 
 // Addresses on a secondary NIC (seed 002). When the node's primary port is
@@ -56,7 +57,7 @@ func findNIC(links []netlink.Link, nic *alloc.NIC) (netlink.Link, error) {
 }
 
 func (v *Veth) nicOf(a *alloc.Allocation) (netlink.Link, error) {
-	links, err := retryDump(netlink.LinkList)
+	links, err := nlutil.RetryDump(netlink.LinkList)
 	if err != nil {
 		return nil, fmt.Errorf("list links: %w", err)
 	}
@@ -83,8 +84,8 @@ func (v *Veth) prepareNIC(link netlink.Link, a *alloc.Allocation) error {
 		return fmt.Errorf("address %s on NIC %s: %w", a.NIC.Address, name, err)
 	}
 	if err := errors.Join(
-		writeSysctl("net/ipv4/conf/"+name+"/rp_filter", "2"),
-		writeSysctl("net/ipv4/neigh/"+name+"/proxy_delay", "0"),
+		nlutil.WriteSysctl("net/ipv4/conf/"+name+"/rp_filter", "2"),
+		nlutil.WriteSysctl("net/ipv4/neigh/"+name+"/proxy_delay", "0"),
 	); err != nil {
 		return err
 	}
@@ -126,7 +127,7 @@ func addRule(r *netlink.Rule) error {
 }
 
 func delRule(r *netlink.Rule) error {
-	if err := netlink.RuleDel(r); err != nil && !isNotFound(err) {
+	if err := netlink.RuleDel(r); err != nil && !nlutil.IsNotFound(err) {
 		return fmt.Errorf("delete rule %s: %w", r, err)
 	}
 	return nil
@@ -161,7 +162,7 @@ func (v *Veth) unwireNIC(a *alloc.Allocation) error {
 		return errors.Join(errs...)
 	}
 	errs = append(errs, delRule(fromRule(a.Address, nicTable(link))))
-	if err := netlink.NeighDel(proxyOn(link.Attrs().Index, a.Address)); err != nil && !isNotFound(err) {
+	if err := netlink.NeighDel(proxyOn(link.Attrs().Index, a.Address)); err != nil && !nlutil.IsNotFound(err) {
 		errs = append(errs, fmt.Errorf("delete proxy ARP entry %s on %s: %w", a.Address, link.Attrs().Name, err))
 	}
 	return errors.Join(errs...)
@@ -169,7 +170,7 @@ func (v *Veth) unwireNIC(a *alloc.Allocation) error {
 
 // delFromRules deletes vpcni's from-rules of ip, whatever their table.
 func (v *Veth) delFromRules(ip netip.Addr) error {
-	rules, err := retryDump(func() ([]netlink.Rule, error) { return netlink.RuleList(netlink.FAMILY_V4) })
+	rules, err := nlutil.RetryDump(func() ([]netlink.Rule, error) { return netlink.RuleList(netlink.FAMILY_V4) })
 	if err != nil {
 		return fmt.Errorf("list rules: %w", err)
 	}
@@ -197,7 +198,7 @@ func (v *Veth) checkNIC(a *alloc.Allocation) []error {
 	if err != nil {
 		return []error{err}
 	}
-	rules, err := retryDump(func() ([]netlink.Rule, error) { return netlink.RuleList(netlink.FAMILY_V4) })
+	rules, err := nlutil.RetryDump(func() ([]netlink.Rule, error) { return netlink.RuleList(netlink.FAMILY_V4) })
 	if err != nil {
 		return []error{fmt.Errorf("list rules: %w", err)}
 	}
@@ -235,7 +236,7 @@ func hasLocalPodsRule(rules []netlink.Rule) bool {
 }
 
 func (v *Veth) hasProxyOn(linkIdx int, ip netip.Addr) bool {
-	neighs, err := retryDump(func() ([]netlink.Neigh, error) { return netlink.NeighProxyList(linkIdx, netlink.FAMILY_V4) })
+	neighs, err := nlutil.RetryDump(func() ([]netlink.Neigh, error) { return netlink.NeighProxyList(linkIdx, netlink.FAMILY_V4) })
 	if err != nil {
 		return false
 	}
@@ -253,7 +254,7 @@ func (v *Veth) hasProxyOn(linkIdx int, ip netip.Addr) bool {
 // own rule stays while the NIC carries that address); proxy entries of
 // idle addresses on the NICs removed.
 func (v *Veth) reconcileNICs(links []netlink.Link, want []*alloc.Allocation, idle []netip.Addr, live map[netip.Addr]string, rep *reportBuilder) error {
-	rules, err := retryDump(func() ([]netlink.Rule, error) { return netlink.RuleList(netlink.FAMILY_V4) })
+	rules, err := nlutil.RetryDump(func() ([]netlink.Rule, error) { return netlink.RuleList(netlink.FAMILY_V4) })
 	if err != nil {
 		return fmt.Errorf("list rules: %w", err)
 	}
@@ -334,7 +335,7 @@ func (v *Veth) reconcileNICs(links []netlink.Link, want []*alloc.Allocation, idl
 			if _, ok := live[ip]; ok || !v.hasProxyOn(idx, ip) {
 				continue
 			}
-			if err := netlink.NeighDel(proxyOn(idx, ip)); err != nil && !isNotFound(err) {
+			if err := netlink.NeighDel(proxyOn(idx, ip)); err != nil && !nlutil.IsNotFound(err) {
 				rep.fail(fmt.Errorf("delete proxy ARP entry %s on %s: %w", ip, nic.Attrs().Name, err))
 				continue
 			}
@@ -346,7 +347,7 @@ func (v *Veth) reconcileNICs(links []netlink.Link, want []*alloc.Allocation, idl
 
 // hasAddr says whether link carries ip.
 func hasAddr(link netlink.Link, ip netip.Addr) bool {
-	addrs, err := retryDump(func() ([]netlink.Addr, error) { return netlink.AddrList(link, netlink.FAMILY_V4) })
+	addrs, err := nlutil.RetryDump(func() ([]netlink.Addr, error) { return netlink.AddrList(link, netlink.FAMILY_V4) })
 	if err != nil {
 		return true // unreadable: keep the rule rather than guess
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/vpcni/vpcni/internal/datapath"
+	"github.com/vpcni/vpcni/internal/datapath/nlutil"
 )
 
 // Reconcile implements datapath.Datapath. It reads the node's links, its
@@ -27,17 +28,17 @@ import (
 // Proxy entries carry no mark of their own, so only those of addresses the
 // node holds (desired or idle) are ever touched.
 func (v *Veth) Reconcile(_ context.Context, want datapath.Desired) (rep datapath.Report, err error) {
-	links, err := retryDump(netlink.LinkList)
+	links, err := nlutil.RetryDump(netlink.LinkList)
 	if err != nil {
 		return rep, fmt.Errorf("list links: %w", err)
 	}
-	routes, err := retryDump(func() ([]netlink.Route, error) {
+	routes, err := nlutil.RetryDump(func() ([]netlink.Route, error) {
 		return netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Protocol: RouteProtocol}, netlink.RT_FILTER_PROTOCOL)
 	})
 	if err != nil {
 		return rep, fmt.Errorf("list vpcni routes: %w", err)
 	}
-	proxies, err := retryDump(func() ([]netlink.Neigh, error) { return netlink.NeighProxyList(v.uplinkIdx, netlink.FAMILY_V4) })
+	proxies, err := nlutil.RetryDump(func() ([]netlink.Neigh, error) { return netlink.NeighProxyList(v.uplinkIdx, netlink.FAMILY_V4) })
 	if err != nil {
 		return rep, fmt.Errorf("list proxy ARP entries on %s: %w", v.Uplink, err)
 	}
@@ -120,7 +121,7 @@ func (v *Veth) Reconcile(_ context.Context, want datapath.Desired) (rep datapath
 				continue
 			}
 			if _, live := wantedAddr[ip]; !live && proxied[ip] {
-				if err := netlink.NeighDel(v.proxyEntry(ip)); err != nil && !isNotFound(err) {
+				if err := netlink.NeighDel(v.proxyEntry(ip)); err != nil && !nlutil.IsNotFound(err) {
 					fail(fmt.Errorf("delete proxy ARP entry %s: %w", ip, err))
 				}
 				delete(proxied, ip)
@@ -140,7 +141,7 @@ func (v *Veth) Reconcile(_ context.Context, want datapath.Desired) (rep datapath
 		if _, live := wantedAddr[ip]; live || deleted[r.LinkIndex] {
 			continue // kept or replaced above, or gone with its link
 		}
-		if err := netlink.RouteDel(&r); err != nil && !isNotFound(err) {
+		if err := netlink.RouteDel(&r); err != nil && !nlutil.IsNotFound(err) {
 			fail(fmt.Errorf("delete stale route %s: %w", ip, err))
 			continue
 		}
@@ -150,7 +151,7 @@ func (v *Veth) Reconcile(_ context.Context, want datapath.Desired) (rep datapath
 		if _, live := wantedAddr[ip]; live || !proxied[ip] {
 			continue
 		}
-		if err := netlink.NeighDel(v.proxyEntry(ip)); err != nil && !isNotFound(err) {
+		if err := netlink.NeighDel(v.proxyEntry(ip)); err != nil && !nlutil.IsNotFound(err) {
 			fail(fmt.Errorf("delete proxy ARP entry %s: %w", ip, err))
 			continue
 		}

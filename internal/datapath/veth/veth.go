@@ -22,9 +22,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"os"
 	"slices"
-	"strings"
 	"sync"
 	"syscall"
 
@@ -33,6 +31,7 @@ import (
 
 	"github.com/vpcni/vpcni/internal/alloc"
 	"github.com/vpcni/vpcni/internal/datapath"
+	"github.com/vpcni/vpcni/internal/datapath/nlutil"
 )
 
 func init() {
@@ -102,7 +101,7 @@ type reapItem struct {
 // empty), settles the MTU and prepares the node's sysctls.
 func NewVeth(uplink string, mtu int, garp bool) (*Veth, error) {
 	if uplink == "" {
-		name, err := defaultRouteLink()
+		name, err := nlutil.DefaultRouteLink()
 		if err != nil {
 			return nil, err
 		}
@@ -153,30 +152,6 @@ func (v *Veth) Info() datapath.Info {
 	return datapath.Info{Mode: "veth", Uplink: v.Uplink, MTU: v.MTU, NodeIP: v.UplinkIP()}
 }
 
-func defaultRouteLink() (string, error) {
-	routes, err := retryDump(func() ([]netlink.Route, error) {
-		return netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Table: 254}, netlink.RT_FILTER_TABLE)
-	})
-	if err != nil {
-		return "", fmt.Errorf("list routes: %w", err)
-	}
-	for _, r := range routes {
-		if r.Dst == nil || r.Dst.IP.IsUnspecified() && isZeroMask(r.Dst.Mask) {
-			l, err := netlink.LinkByIndex(r.LinkIndex)
-			if err != nil {
-				return "", fmt.Errorf("default route's interface %d: %w", r.LinkIndex, err)
-			}
-			return l.Attrs().Name, nil
-		}
-	}
-	return "", errors.New("no IPv4 default route to take the uplink from; set uplink in the config")
-}
-
-func isZeroMask(m net.IPMask) bool {
-	ones, _ := m.Size()
-	return ones == 0
-}
-
 // prepareNode sets what routed pods need on the node: forwarding, and proxy
 // ARP answers without the kernel's random delay (0.8 s by default).
 func (v *Veth) prepareNode() error { return PrepareNode(v.Uplink) }
@@ -187,27 +162,16 @@ func (v *Veth) prepareNode() error { return PrepareNode(v.Uplink) }
 // starts once a privileged step ran this.
 func PrepareNode(uplink string) error {
 	if uplink == "" {
-		name, err := defaultRouteLink()
+		name, err := nlutil.DefaultRouteLink()
 		if err != nil {
 			return err
 		}
 		uplink = name
 	}
 	return errors.Join(
-		writeSysctl("net/ipv4/ip_forward", "1"),
-		writeSysctl("net/ipv4/neigh/"+uplink+"/proxy_delay", "0"),
+		nlutil.EnableForwarding(),
+		nlutil.WriteSysctl("net/ipv4/neigh/"+uplink+"/proxy_delay", "0"),
 	)
-}
-
-func writeSysctl(key, value string) error {
-	path := "/proc/sys/" + key
-	if cur, err := os.ReadFile(path); err == nil && strings.TrimSpace(string(cur)) == value {
-		return nil
-	}
-	if err := os.WriteFile(path, []byte(value), 0o644); err != nil {
-		return fmt.Errorf("sysctl %s=%s: %w", strings.ReplaceAll(key, "/", "."), value, err)
-	}
-	return nil
 }
 
 // HostIfName is the node-side name of an attachment's veth: "vpc" and 11 hex
@@ -395,13 +359,13 @@ func (v *Veth) Teardown(_ context.Context, a *alloc.Allocation) error {
 	var errs []error
 	link, err := netlink.LinkByName(name)
 	switch {
-	case isNotFound(err):
+	case nlutil.IsNotFound(err):
 	case err != nil:
 		return fmt.Errorf("look up %s: %w", name, err)
 	case link.Attrs().Alias != alias:
 		errs = append(errs, fmt.Errorf("%s belongs to %q, not to %s: left alone", name, link.Attrs().Alias, a.Key()))
 	default:
-		if err := netlink.RouteDel(v.hostRoute(link.Attrs().Index, a.Address)); err != nil && !isNotFound(err) {
+		if err := netlink.RouteDel(v.hostRoute(link.Attrs().Index, a.Address)); err != nil && !nlutil.IsNotFound(err) {
 			errs = append(errs, fmt.Errorf("delete route to %s: %w", a.Address, err))
 		}
 		item := reapItem{index: link.Attrs().Index, alias: alias, netns: a.Netns}
@@ -422,7 +386,7 @@ func (v *Veth) Teardown(_ context.Context, a *alloc.Allocation) error {
 	}
 	if a.NIC != nil {
 		errs = append(errs, v.unwireNIC(a))
-	} else if err := netlink.NeighDel(v.proxyEntry(a.Address)); err != nil && !isNotFound(err) {
+	} else if err := netlink.NeighDel(v.proxyEntry(a.Address)); err != nil && !nlutil.IsNotFound(err) {
 		errs = append(errs, fmt.Errorf("delete proxy ARP entry %s on %s: %w", a.Address, v.Uplink, err))
 	}
 	return errors.Join(errs...)
@@ -474,7 +438,7 @@ func (v *Veth) undo(a *alloc.Allocation) error {
 	if a.Address.IsValid() && a.NIC != nil {
 		errs = append(errs, v.unwireNIC(a))
 	} else if a.Address.IsValid() {
-		if err := netlink.NeighDel(v.proxyEntry(a.Address)); err != nil && !isNotFound(err) {
+		if err := netlink.NeighDel(v.proxyEntry(a.Address)); err != nil && !nlutil.IsNotFound(err) {
 			errs = append(errs, fmt.Errorf("delete proxy ARP entry %s on %s: %w", a.Address, v.Uplink, err))
 		}
 	}
@@ -487,7 +451,7 @@ func (v *Veth) undo(a *alloc.Allocation) error {
 func (v *Veth) deleteHostLink(name, key string) error {
 	link, err := netlink.LinkByName(name)
 	if err != nil {
-		if isNotFound(err) {
+		if nlutil.IsNotFound(err) {
 			return nil
 		}
 		return fmt.Errorf("look up %s: %w", name, err)
@@ -495,7 +459,7 @@ func (v *Veth) deleteHostLink(name, key string) error {
 	if alias := link.Attrs().Alias; alias != AliasPrefix+key && (alias != "" || link.Type() != "veth") {
 		return fmt.Errorf("%s belongs to %q, not to %s: left alone", name, alias, key)
 	}
-	if err := netlink.LinkDel(link); err != nil && !isNotFound(err) {
+	if err := netlink.LinkDel(link); err != nil && !nlutil.IsNotFound(err) {
 		return fmt.Errorf("delete %s: %w", name, err)
 	}
 	return nil
@@ -551,7 +515,7 @@ func (v *Veth) checkPod(a *alloc.Allocation, hostMAC net.HardwareAddr) []error {
 	if link.Attrs().Flags&net.FlagUp == 0 {
 		problems = append(problems, fmt.Errorf("pod interface %s is down", a.IfName))
 	}
-	addrs, err := retryDump(func() ([]netlink.Addr, error) { return pod.AddrList(link, netlink.FAMILY_V4) })
+	addrs, err := nlutil.RetryDump(func() ([]netlink.Addr, error) { return pod.AddrList(link, netlink.FAMILY_V4) })
 	if err != nil {
 		return append(problems, fmt.Errorf("pod addresses: %w", err))
 	}
@@ -567,7 +531,7 @@ func (v *Veth) checkPod(a *alloc.Allocation, hostMAC net.HardwareAddr) []error {
 	if !v.hasRoute(pod, link.Attrs().Index, netip.Addr{}, Gateway.AsSlice()) {
 		problems = append(problems, fmt.Errorf("pod has no default route via %s dev %s", Gateway, a.IfName))
 	}
-	neighs, err := retryDump(func() ([]netlink.Neigh, error) { return pod.NeighList(link.Attrs().Index, netlink.FAMILY_V4) })
+	neighs, err := nlutil.RetryDump(func() ([]netlink.Neigh, error) { return pod.NeighList(link.Attrs().Index, netlink.FAMILY_V4) })
 	if err != nil {
 		return append(problems, fmt.Errorf("pod neighbours: %w", err))
 	}
@@ -587,7 +551,7 @@ func (v *Veth) checkPod(a *alloc.Allocation, hostMAC net.HardwareAddr) []error {
 // via gw on linkIdx, in the handle's namespace (zero Handle: the node's).
 func (v *Veth) hasRoute(h *netlink.Handle, linkIdx int, dst netip.Addr, gw net.IP) bool {
 	filter := &netlink.Route{LinkIndex: linkIdx}
-	routes, err := retryDump(func() ([]netlink.Route, error) {
+	routes, err := nlutil.RetryDump(func() ([]netlink.Route, error) {
 		return h.RouteListFiltered(netlink.FAMILY_V4, filter, netlink.RT_FILTER_OIF)
 	})
 	if err != nil {
@@ -597,7 +561,7 @@ func (v *Veth) hasRoute(h *netlink.Handle, linkIdx int, dst netip.Addr, gw net.I
 		if dst.IsValid() && r.Dst != nil && r.Dst.IP.Equal(dst.AsSlice()) && isHostMask(r.Dst.Mask) {
 			return true
 		}
-		if gw != nil && r.Gw.Equal(gw) && (r.Dst == nil || isZeroMask(r.Dst.Mask)) {
+		if gw != nil && r.Gw.Equal(gw) && (r.Dst == nil || nlutil.IsZeroMask(r.Dst.Mask)) {
 			return true
 		}
 	}
@@ -611,40 +575,6 @@ func isHostMask(m net.IPMask) bool {
 
 func (v *Veth) hasProxyEntry(ip netip.Addr) bool { return v.hasProxyOn(v.uplinkIdx, ip) }
 
-func isNotFound(err error) bool {
-	var lnf netlink.LinkNotFoundError
-	return errors.As(err, &lnf) || errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ENODEV) || errors.Is(err, syscall.ESRCH)
-}
-
-// retryDump repeats a netlink dump the kernel interrupted (its result would
-// be inconsistent).
-func retryDump[T any](dump func() ([]T, error)) ([]T, error) {
-	var out []T
-	var err error
-	for range 5 {
-		out, err = dump()
-		if !errors.Is(err, netlink.ErrDumpInterrupted) {
-			return out, err
-		}
-	}
-	return out, err
-}
-
 // UplinkIP is the uplink's first IPv4 address (invalid if it has none): the
 // node's address on the pods' network, by which a cloud finds its port.
-func (v *Veth) UplinkIP() netip.Addr {
-	link, err := netlink.LinkByIndex(v.uplinkIdx)
-	if err != nil {
-		return netip.Addr{}
-	}
-	addrs, err := retryDump(func() ([]netlink.Addr, error) { return netlink.AddrList(link, netlink.FAMILY_V4) })
-	if err != nil {
-		return netip.Addr{}
-	}
-	for _, ad := range addrs {
-		if ip, ok := netip.AddrFromSlice(ad.IP.To4()); ok && ad.Scope == int(netlink.SCOPE_UNIVERSE) {
-			return ip
-		}
-	}
-	return netip.Addr{}
-}
+func (v *Veth) UplinkIP() netip.Addr { return nlutil.LinkIPv4(v.Uplink) }
