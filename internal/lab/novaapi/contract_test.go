@@ -1,8 +1,8 @@
 package novaapi
 
 import (
-	"fmt"
 	"context"
+	"fmt"
 	"net"
 	"net/http"
 	"net/netip"

@@ -23,7 +23,7 @@ type NICEndpoint interface {
 
 // NICOptions configure a NIC-attaching provider.
 type NICOptions struct {
-	Mode                                  string // "passthrough" or "fixed-ips"
+	Mode                                 string // "passthrough" or "fixed-ips"
 	MaxNICs, MaxAddresses, SecondaryNICs int
 	// InstanceID overrides the server the provider attaches to (a wrong
 	// one, to make attaches fail).
