@@ -7,6 +7,7 @@
 package lab
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -289,9 +290,11 @@ func (l *Lab) plug(ctx context.Context, netID, name string, ip netip.Addr, owner
 }
 
 // program writes the VPC bridge's port security: a frame entering from a
-// VM's port must carry the port's MAC and, for IPv4 and ARP, a source
-// address among the port's fixed IPs and allowed address pairs — what
-// Neutron's port security does. Called with the endpoint's lock held.
+// VM's port must carry a MAC the port allows (its own, or an allowed address
+// pair's) and, for IPv4 and ARP, a source address allowed with that MAC —
+// the port's MAC with its fixed IPs, each pair's MAC (the port's when the
+// pair names none) with the pair's address — what Neutron's port security
+// does. Called with the endpoint's lock held.
 func (l *Lab) program() {
 	var b strings.Builder
 	b.WriteString("table bridge vpcni_lab\ndelete table bridge vpcni_lab\ntable bridge vpcni_lab {\n chain portsec {\n  type filter hook forward priority 0; policy accept;\n")
@@ -302,18 +305,27 @@ func (l *Lab) program() {
 		if h == nil || !p.PortSecurity || strings.HasPrefix(p.DeviceOwner, "network:") {
 			continue
 		}
-		var allowed []string
+		macs := []string{p.MACAddress}
+		var allowed []string // "mac . ip"
 		for _, f := range p.FixedIPs {
-			allowed = append(allowed, f.IPAddress)
+			allowed = append(allowed, p.MACAddress+" . "+f.IPAddress)
 		}
 		for _, ap := range p.Pairs {
-			allowed = append(allowed, ap.IPAddress)
+			mac := cmp.Or(ap.MACAddress, p.MACAddress)
+			if !slices.Contains(macs, mac) {
+				macs = append(macs, mac)
+			}
+			allowed = append(allowed, mac+" . "+ap.IPAddress)
 		}
 		slices.Sort(allowed)
 		set := "{ " + strings.Join(allowed, ", ") + " }"
-		fmt.Fprintf(&b, "  iifname %q ether saddr != %s drop\n", h.ifname, p.MACAddress)
-		fmt.Fprintf(&b, "  iifname %q ether type ip ip saddr != %s drop\n", h.ifname, set)
-		fmt.Fprintf(&b, "  iifname %q ether type arp arp saddr ip != %s drop\n", h.ifname, set)
+		fmt.Fprintf(&b, "  iifname %q ether saddr != { %s } drop\n", h.ifname, strings.Join(macs, ", "))
+		if len(allowed) == 0 { // no address at all: nothing IPv4 passes
+			fmt.Fprintf(&b, "  iifname %q ether type { ip, arp } drop\n", h.ifname)
+			continue
+		}
+		fmt.Fprintf(&b, "  iifname %q ether type ip ether saddr . ip saddr != %s drop\n", h.ifname, set)
+		fmt.Fprintf(&b, "  iifname %q ether type arp arp saddr ether . arp saddr ip != %s drop\n", h.ifname, set)
 	}
 	b.WriteString(" }\n}\n")
 	cmd := exec.Command("ip", "netns", "exec", l.vpcNS(), "nft", "-f", "-")

@@ -87,6 +87,13 @@ func TestProviderContract(t *testing.T) {
 	}
 }
 
+// TestPodMACs: with a datapath whose pods send from MACs of their own
+// (macvlan, bridge), the real server keeps each pair's MAC as vpcni writes
+// it, and fixed-ips mode is refused while port security is on.
+func TestPodMACs(t *testing.T) {
+	neutrontest.RunPodMACs(t, realNeutron{}.ep(), "10.201.249.0/24")
+}
+
 // TestAddressPairLimit: in address-pairs mode the provider stops at
 // Neutron's 10 pairs per port, counting pairs others added, and says so.
 func TestAddressPairLimit(t *testing.T) {

@@ -29,3 +29,17 @@ func TestProviderContract(t *testing.T) {
 		})
 	}
 }
+
+// TestPodMACs: the lab's endpoint keeps each allowed address pair's MAC as
+// the real neutron-server does (test/neutron runs the same test).
+func TestPodMACs(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := New()
+	go srv.Serve(l)
+	t.Cleanup(func() { l.Close() })
+	url := "http://" + l.Addr().String() + "/"
+	neutrontest.RunPodMACs(t, neutrontest.Endpoint{NC: openstack.NoAuthClient(url, http.Client{Timeout: 30 * time.Second}), URL: url}, "10.77.0.0/24")
+}

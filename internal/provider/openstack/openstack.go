@@ -44,6 +44,7 @@ type Provider struct {
 	gateway netip.Addr
 	pools   [][2]netip.Addr
 	portID  string
+	podMACs bool // pairs carry each pod's own MAC (see podmacs.go)
 	// instanceID is the node's Nova server: where NICs are attached.
 	instanceID string
 
@@ -61,7 +62,14 @@ func init() {
 		Name:        "openstack",
 		NewSettings: func() provider.Settings { return &Config{} },
 		New: func(ctx context.Context, node provider.Node, s provider.Settings) (provider.Provider, error) {
-			return New(ctx, *s.(*Config), node.IP)
+			p, err := New(ctx, *s.(*Config), node.IP)
+			if err != nil {
+				return nil, err
+			}
+			if err := p.matchMACs(ctx, node.PodMACs); err != nil {
+				return nil, err
+			}
+			return p, nil
 		},
 	})
 }

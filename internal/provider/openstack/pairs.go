@@ -88,7 +88,8 @@ func (p *Provider) heldPairs(ctx context.Context) ([]netip.Addr, error) {
 	return out, nil
 }
 
-// pairs reads the VM port's allowed address pairs as addresses.
+// pairs reads the VM port's allowed address pairs as addresses, whatever
+// their MAC.
 func (p *Provider) pairs() map[netip.Addr]bool {
 	out := map[netip.Addr]bool{}
 	for _, ap := range p.port.AllowedAddressPairs {
@@ -246,30 +247,31 @@ func (p *Provider) releasePairs(ctx context.Context, addrs []netip.Addr) error {
 	return nil
 }
 
-// applyPairs makes the VM port allow add and no longer allow remove,
-// leaving other pairs as they are (see untilHeld).
+// applyPairs makes the VM port allow add (with the MAC the datapath sends
+// each from) and no longer allow remove, leaving other pairs as they are
+// (see untilHeld). A pair of an added address with another MAC is replaced.
 func (p *Provider) applyPairs(ctx context.Context, add, remove map[netip.Addr]bool) error {
 	restore := map[netip.Addr]ports.AddressPair{}
 	return p.untilHeld(ctx, "the allowed address pairs", func() (bool, error) {
-		have := p.pairs()
+		have := p.allowedPairs()
 		var list []ports.AddressPair
 		for _, ap := range p.port.AllowedAddressPairs {
-			if a, err := netip.ParseAddr(ap.IPAddress); err == nil && remove[a] {
+			if a, err := netip.ParseAddr(ap.IPAddress); err == nil && (remove[a] || add[a] && !p.pairFits(ap, a)) {
 				continue
 			}
 			list = append(list, ap)
 		}
-		for a, ap := range restore {
-			if !have[a] {
+		for _, ap := range restore {
+			if !p.hasPair(ap) {
 				list = append(list, ap)
 			}
 		}
 		for a := range add {
 			if !have[a] {
-				list = append(list, ports.AddressPair{IPAddress: a.String()})
+				list = append(list, ports.AddressPair{IPAddress: a.String(), MACAddress: p.pairMAC(a)})
 			}
 		}
-		if len(restore) == 0 && !anyIn(add, have, false) && !anyIn(remove, have, true) {
+		if len(restore) == 0 && !anyIn(add, have, false) && !anyIn(remove, p.pairs(), true) {
 			return true, nil
 		}
 		if err := p.putPairs(ctx, list); err != nil {
@@ -278,16 +280,16 @@ func (p *Provider) applyPairs(ctx context.Context, add, remove map[netip.Addr]bo
 		if err := p.refresh(ctx); err != nil {
 			return false, err
 		}
-		now := p.pairs()
 		held := true
 		for _, ap := range list {
-			if a, err := netip.ParseAddr(ap.IPAddress); err == nil && !now[a] {
+			if a, err := netip.ParseAddr(ap.IPAddress); err == nil && !p.hasPair(ap) {
 				held = false
 				if !add[a] {
 					restore[a] = ap
 				}
 			}
 		}
+		now := p.pairs()
 		for a := range remove {
 			held = held && !now[a]
 		}
