@@ -56,17 +56,17 @@ type Host struct {
 // Lab is a built lab.
 type Lab struct {
 	Config
-	API      *neutronapi.Server
-	URL      string // the endpoint in the caller's namespace
+	API *neutronapi.Server
+	URL string // the endpoint in the caller's namespace
 	// Nova is the os-interface stand-in, served with the Neutron API:
 	// ComputeURL in the caller's namespace, ComputePath under
 	// http://127.0.0.1:EndpointPort in a node's.
 	Nova       *novaapi.Server
 	ComputeURL string
-	SubnetID string
-	Router   Host
-	Nodes    []Host
-	Legacy   Host
+	SubnetID   string
+	Router     Host
+	Nodes      []Host
+	Legacy     Host
 	// External is a host outside the VPC, behind the router: floating IPs
 	// are reached from it. ExtNetID is the external network in the
 	// endpoint, RouterID the lab's router.
