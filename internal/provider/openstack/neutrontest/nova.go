@@ -101,9 +101,10 @@ func (e Endpoint) Attached(t *testing.T, server string) map[string]providertest.
 
 // RunOSInterface is the os-interface contract Nova and the lab's stand-in
 // both pass: attach → the VM lists the port with its MAC and Neutron shows
-// it claimed; attaching a port claimed by another server → 400 "not
-// usable"; detach → 202 and, soon after, gone from the VM and free in
-// Neutron; detaching it again → 404.
+// it claimed; attaching a port claimed by another server → 409 "still in
+// use" (what Nova Zed answers a member); detach → 202 and, soon after,
+// gone from the VM and free in Neutron; detaching it again is no error
+// (202 on Nova Zed).
 func (e Endpoint) RunOSInterface(t *testing.T, cidr string) {
 	sn := e.NewSubnet(t, cidr, 100)
 	netID := e.networkOf(t, sn.ID)
@@ -132,8 +133,8 @@ func (e Endpoint) RunOSInterface(t *testing.T, cidr string) {
 		t.Fatalf("Neutron shows the attached port %+v, %v; want device_id %s", p, err, s1)
 	}
 	_, err = attachinterfaces.Create(ctx(t), e.Nova.CC, s2, attachinterfaces.CreateOpts{PortID: nic.ID}).Extract()
-	if !gophercloud.ResponseCodeIs(err, http.StatusBadRequest) || !strings.Contains(fmt.Sprint(err), "not usable") {
-		t.Fatalf("attach of a port claimed by %s to %s: %v; want 400 \"not usable\"", s1, s2, err)
+	if !gophercloud.ResponseCodeIs(err, http.StatusConflict) || !strings.Contains(fmt.Sprint(err), "still in use") {
+		t.Fatalf("attach of a port claimed by %s to %s: %v; want 409 \"still in use\"", s1, s2, err)
 	}
 	t.Logf("vpcni-test: attach of a port bound elsewhere: %v", err)
 	start = time.Now()
@@ -154,8 +155,10 @@ func (e Endpoint) RunOSInterface(t *testing.T, cidr string) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	t.Logf("vpcni-test: os-interface detach until the port is free took %s", time.Since(start).Round(time.Millisecond))
+	// Nova Zed answers 202 again (the detach is a no-op in the
+	// background); 404 would do too: either way not a failure.
 	err = attachinterfaces.Delete(ctx(t), e.Nova.CC, s1, nic.ID).ExtractErr()
-	if !gophercloud.ResponseCodeIs(err, http.StatusNotFound) {
-		t.Fatalf("detaching a detached port: %v, want 404", err)
+	if err != nil && !gophercloud.ResponseCodeIs(err, http.StatusNotFound) {
+		t.Fatalf("detaching a detached port: %v, want 202 or 404", err)
 	}
 }
