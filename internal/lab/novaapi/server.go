@@ -51,10 +51,10 @@ func (s *Server) AddServer(id string) {
 // Handler routes the os-interface API.
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET "+Prefix+"/servers/{id}/os-interface", s.list)
-	mux.HandleFunc("POST "+Prefix+"/servers/{id}/os-interface", s.attach)
-	mux.HandleFunc("GET "+Prefix+"/servers/{id}/os-interface/{port}", s.get)
-	mux.HandleFunc("DELETE "+Prefix+"/servers/{id}/os-interface/{port}", s.detach)
+	mux.HandleFunc("GET "+Prefix+"/servers/{id}/os-interface", s.onServer(s.list))
+	mux.HandleFunc("POST "+Prefix+"/servers/{id}/os-interface", s.onServer(s.attach))
+	mux.HandleFunc("GET "+Prefix+"/servers/{id}/os-interface/{port}", s.onServer(s.get))
+	mux.HandleFunc("DELETE "+Prefix+"/servers/{id}/os-interface/{port}", s.onServer(s.detach))
 	return mux
 }
 
@@ -89,23 +89,21 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	_, _ = w.Write(data)
 }
 
-// server checks the server exists; the caller holds s.mu.
-func (s *Server) server(w http.ResponseWriter, r *http.Request) (string, bool) {
-	id := r.PathValue("id")
-	if !s.servers[id] {
-		fail(w, 404, fmt.Sprintf("Instance %s could not be found.", id))
-		return "", false
+// onServer runs h under the instance lock for a server that exists.
+func (s *Server) onServer(h func(w http.ResponseWriter, r *http.Request, id string)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		id := r.PathValue("id")
+		if !s.servers[id] {
+			fail(w, 404, fmt.Sprintf("Instance %s could not be found.", id))
+			return
+		}
+		h(w, r, id)
 	}
-	return id, true
 }
 
-func (s *Server) list(w http.ResponseWriter, r *http.Request) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	id, ok := s.server(w, r)
-	if !ok {
-		return
-	}
+func (s *Server) list(w http.ResponseWriter, r *http.Request, id string) {
 	ports := s.neutron.PortsOf(id)
 	sort.Slice(ports, func(i, j int) bool { return ports[i].ID < ports[j].ID })
 	out := []attachment{}
@@ -115,13 +113,7 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, 200, map[string]any{"interfaceAttachments": out})
 }
 
-func (s *Server) get(w http.ResponseWriter, r *http.Request) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	id, ok := s.server(w, r)
-	if !ok {
-		return
-	}
+func (s *Server) get(w http.ResponseWriter, r *http.Request, id string) {
 	p, found := s.neutron.Port(r.PathValue("port"))
 	if !found || p.DeviceID != id {
 		fail(w, 404, fmt.Sprintf("Network interface %s could not be found.", r.PathValue("port")))
@@ -130,13 +122,7 @@ func (s *Server) get(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, 200, map[string]any{"interfaceAttachment": attachmentOf(p)})
 }
 
-func (s *Server) attach(w http.ResponseWriter, r *http.Request) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	id, ok := s.server(w, r)
-	if !ok {
-		return
-	}
+func (s *Server) attach(w http.ResponseWriter, r *http.Request, id string) {
 	var body struct {
 		Attachment struct {
 			PortID string `json:"port_id"`
@@ -180,13 +166,7 @@ func (s *Server) attach(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, 200, map[string]any{"interfaceAttachment": attachmentOf(bound)})
 }
 
-func (s *Server) detach(w http.ResponseWriter, r *http.Request) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	id, ok := s.server(w, r)
-	if !ok {
-		return
-	}
+func (s *Server) detach(w http.ResponseWriter, r *http.Request, id string) {
 	port, found := s.neutron.Port(r.PathValue("port"))
 	if !found || port.DeviceID != id {
 		// Nova Zed accepts the detach of a port it does not list and
