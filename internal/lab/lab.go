@@ -28,6 +28,7 @@ import (
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/subnets"
 
 	"github.com/vpcni/vpcni/internal/lab/neutronapi"
+	"github.com/vpcni/vpcni/internal/lab/novaapi"
 	"github.com/vpcni/vpcni/internal/netnsutil"
 	"github.com/vpcni/vpcni/internal/provider/openstack"
 )
@@ -46,18 +47,26 @@ type Host struct {
 	IP     netip.Addr `json:"ip"`
 	PortID string     `json:"portID"`
 	MAC    string     `json:"mac"`
-	ifname string     // its port on the VPC bridge
+	// InstanceID is the VM's Nova server (its port's device_id), to which
+	// the lab's os-interface stand-in attaches NICs.
+	InstanceID string `json:"instanceID,omitempty"`
+	ifname     string // its port on the VPC bridge
 }
 
 // Lab is a built lab.
 type Lab struct {
 	Config
-	API      *neutronapi.Server
-	URL      string // the endpoint in the caller's namespace
-	SubnetID string
-	Router   Host
-	Nodes    []Host
-	Legacy   Host
+	API *neutronapi.Server
+	URL string // the endpoint in the caller's namespace
+	// Nova is the os-interface stand-in, served with the Neutron API:
+	// ComputeURL in the caller's namespace, ComputePath under
+	// http://127.0.0.1:EndpointPort in a node's.
+	Nova       *novaapi.Server
+	ComputeURL string
+	SubnetID   string
+	Router     Host
+	Nodes      []Host
+	Legacy     Host
 	// External is a host outside the VPC, behind the router: floating IPs
 	// are reached from it. ExtNetID is the external network in the
 	// endpoint, RouterID the lab's router.
@@ -82,6 +91,8 @@ func (l *Lab) vpcNS() string { return l.Prefix + "-vpc" }
 // left.
 func Up(ctx context.Context, cfg Config) (_ *Lab, err error) {
 	l := &Lab{Config: cfg, API: neutronapi.New(), hosts: map[string]*Host{}}
+	l.Nova = novaapi.New(l.API)
+	l.Nova.Plug, l.Nova.Unplug = l.plugNIC, l.unplugNIC
 	Down(cfg.Prefix)
 	defer func() {
 		if err != nil {
@@ -103,6 +114,7 @@ func Up(ctx context.Context, cfg Config) (_ *Lab, err error) {
 	}
 	l.serve(ln)
 	l.URL = "http://" + ln.Addr().String() + "/"
+	l.ComputeURL = l.URL + ComputePath[1:]
 	l.nc = openstack.NoAuthClient(l.URL, http.Client{Timeout: 30 * time.Second})
 
 	n, err := networks.Create(ctx, l.nc, networks.CreateOpts{Name: cfg.Prefix}).Extract()
@@ -246,7 +258,7 @@ func (l *Lab) programRouter() error {
 
 func (l *Lab) serve(ln net.Listener) {
 	l.listeners = append(l.listeners, ln)
-	srv := &http.Server{Handler: l.API.Handler(), ReadHeaderTimeout: 5 * time.Second}
+	srv := &http.Server{Handler: l.handler(), ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = srv.Serve(ln) }()
 }
 
@@ -254,12 +266,13 @@ func (l *Lab) serve(ln net.Listener) {
 // through it: eth0 carries the port's MAC and address, default via the
 // gateway (the router's own address excepted).
 func (l *Lab) plug(ctx context.Context, netID, name string, ip netip.Addr, owner string) (Host, error) {
-	p, err := ports.Create(ctx, l.nc, ports.CreateOpts{NetworkID: netID, Name: name, DeviceOwner: owner,
+	instance := l.server(owner)
+	p, err := ports.Create(ctx, l.nc, ports.CreateOpts{NetworkID: netID, Name: name, DeviceOwner: owner, DeviceID: instance,
 		FixedIPs: []ports.IP{{SubnetID: l.SubnetID, IPAddress: ip.String()}}}).Extract()
 	if err != nil {
 		return Host{}, fmt.Errorf("port for %s: %w", name, err)
 	}
-	h := Host{Name: name, NS: l.Prefix + "-" + name, IP: ip, PortID: p.ID, MAC: p.MACAddress, ifname: "lp" + strings.ReplaceAll(p.ID, "-", "")[:11]}
+	h := Host{Name: name, NS: l.Prefix + "-" + name, IP: ip, PortID: p.ID, MAC: p.MACAddress, InstanceID: instance, ifname: "lp" + strings.ReplaceAll(p.ID, "-", "")[:11]}
 	if err := netnsutil.Add(h.NS); err != nil {
 		return h, err
 	}

@@ -24,21 +24,36 @@ func NoAuthClient(endpoint string, httpClient http.Client) *gophercloud.ServiceC
 	return &gophercloud.ServiceClient{ProviderClient: pc, Endpoint: endpoint, ResourceBase: endpoint + "v2.0/", Type: "network"}
 }
 
-// client builds a Neutron client: noauth against Endpoint, or through
-// Keystone.
-func client(ctx context.Context, cfg Config, rt http.RoundTripper) (*gophercloud.ServiceClient, error) {
+// NoAuthComputeClient is a Nova client for an endpoint without Keystone
+// (the lab's), e.g. http://127.0.0.1:9696/compute/v2.1/.
+func NoAuthComputeClient(endpoint string, httpClient http.Client) *gophercloud.ServiceClient {
+	if !strings.HasSuffix(endpoint, "/") {
+		endpoint += "/"
+	}
+	pc := &gophercloud.ProviderClient{HTTPClient: httpClient}
+	return &gophercloud.ServiceClient{ProviderClient: pc, Endpoint: endpoint, Type: "compute"}
+}
+
+// clients builds a Neutron client and, when the mode attaches NICs, a Nova
+// client (nil otherwise): noauth against Endpoint and ComputeEndpoint, or
+// through Keystone's catalog.
+func clients(ctx context.Context, cfg Config, rt http.RoundTripper) (nc, cc *gophercloud.ServiceClient, err error) {
 	httpc := http.Client{Transport: rt, Timeout: cfg.Timeout.Duration}
 	if cfg.Endpoint != "" {
-		return NoAuthClient(cfg.Endpoint, httpc), nil
+		nc = NoAuthClient(cfg.Endpoint, httpc)
+		if cfg.ComputeEndpoint != "" {
+			cc = NoAuthComputeClient(cfg.ComputeEndpoint, httpc)
+		}
+		return nc, cc, nil
 	}
 	a := cfg.Auth
 	if cfg.CredentialsFile != "" {
 		data, err := os.ReadFile(cfg.CredentialsFile)
 		if err != nil {
-			return nil, fmt.Errorf("OpenStack credentials: %w", err)
+			return nil, nil, fmt.Errorf("OpenStack credentials: %w", err)
 		}
 		if err := yaml.UnmarshalStrict(data, &a); err != nil {
-			return nil, fmt.Errorf("OpenStack credentials %s: %w", cfg.CredentialsFile, err)
+			return nil, nil, fmt.Errorf("OpenStack credentials %s: %w", cfg.CredentialsFile, err)
 		}
 	}
 	opts := gophercloud.AuthOptions{
@@ -57,17 +72,22 @@ func client(ctx context.Context, cfg Config, rt http.RoundTripper) (*gophercloud
 	}
 	pc, err := gcos.NewClient(a.AuthURL)
 	if err != nil {
-		return nil, fmt.Errorf("Keystone %s: %w", a.AuthURL, err)
+		return nil, nil, fmt.Errorf("Keystone %s: %w", a.AuthURL, err)
 	}
 	pc.HTTPClient = httpc
 	actx, cancel := context.WithTimeout(ctx, cfg.Timeout.Duration)
 	defer cancel()
 	if err := gcos.Authenticate(actx, pc, opts); err != nil {
-		return nil, explain(fmt.Errorf("Keystone login at %s: %w", a.AuthURL, err))
+		return nil, nil, explain(fmt.Errorf("Keystone login at %s: %w", a.AuthURL, err))
 	}
-	nc, err := gcos.NewNetworkV2(pc, gophercloud.EndpointOpts{Region: a.Region})
+	nc, err = gcos.NewNetworkV2(pc, gophercloud.EndpointOpts{Region: a.Region})
 	if err != nil {
-		return nil, fmt.Errorf("no Neutron endpoint in the Keystone catalog (region %q): %w", a.Region, err)
+		return nil, nil, fmt.Errorf("no Neutron endpoint in the Keystone catalog (region %q): %w", a.Region, err)
 	}
-	return nc, nil
+	if cfg.usesNova() {
+		if cc, err = gcos.NewComputeV2(pc, gophercloud.EndpointOpts{Region: a.Region}); err != nil {
+			return nil, nil, fmt.Errorf("no Nova (compute) endpoint in the Keystone catalog (region %q), which mode %s needs to attach ports to the VM: %w", a.Region, cfg.Mode, err)
+		}
+	}
+	return nc, cc, nil
 }

@@ -28,15 +28,32 @@ type Config struct {
 	PortLookup string `json:"portLookup,omitempty"`
 	NodeIP     string `json:"nodeIP,omitempty"`
 	InstanceID string `json:"instanceID,omitempty"`
-	// Mode: "fixed-ips" (pod IPs are extra fixed IPs on the VM port) or
+	// Mode: "fixed-ips" (pod IPs are extra fixed IPs on the VM port),
 	// "address-pairs" (each pod IP is reserved by a port of its own and
-	// allowed on the VM port as an allowed address pair).
+	// allowed on the VM port as an allowed address pair) or "passthrough"
+	// (each pod IP is a port of its own, attached to the VM through Nova
+	// as a NIC that the datapath moves into the pod).
 	Mode string `json:"mode,omitempty"`
+	// ComputeEndpoint is a Nova endpoint used without Keystone (labs), e.g.
+	// http://127.0.0.1:8774/v2.1/; with auth Nova is found in the catalog.
+	ComputeEndpoint string `json:"computeEndpoint,omitempty"`
+	// MaxNICs is how many NICs the VM may have, its primary one included
+	// (the hypervisor's or the cloud's limit; default 8). It bounds
+	// passthrough pods and secondary NICs.
+	MaxNICs int `json:"maxNICs,omitempty"`
+	// SecondaryNICs (fixed-ips mode; default 0 = off): once the VM port
+	// holds MaxAddresses pod addresses, up to this many more ports are
+	// attached to the VM and hold MaxAddresses each.
+	SecondaryNICs int `json:"secondaryNICs,omitempty"`
+	// AttachTimeout bounds one NIC attach or detach through Nova
+	// (measured ~1.1 s attach, ~1 s detach on a real Nova; first ~5 s).
+	AttachTimeout config.Duration `json:"attachTimeout,omitempty"`
 	// DeviceOwner marks the reservation ports of address-pairs mode.
 	DeviceOwner string `json:"deviceOwner,omitempty"`
 	// MaxAddressPairs is Neutron's max_allowed_address_pair (default 10).
 	MaxAddressPairs int `json:"maxAddressPairs,omitempty"`
-	// MaxAddresses caps how many pod addresses this node holds.
+	// MaxAddresses caps how many pod addresses this node holds (with
+	// SecondaryNICs: how many each port holds).
 	MaxAddresses int `json:"maxAddresses,omitempty"`
 	// Timeout of one Neutron call; Retries of a failed or conflicting one.
 	Timeout config.Duration `json:"timeout,omitempty"`
@@ -80,6 +97,12 @@ func (o *Config) Defaults() {
 	}
 	if o.Retries == 0 {
 		o.Retries = 6
+	}
+	if o.MaxNICs == 0 {
+		o.MaxNICs = 8
+	}
+	if o.AttachTimeout.Duration == 0 {
+		o.AttachTimeout.Duration = time.Minute
 	}
 }
 
@@ -131,8 +154,26 @@ func (o *Config) Validate() error {
 	default:
 		bad("portLookup", "%q is not one of ip, instance", o.PortLookup)
 	}
-	if o.Mode != "fixed-ips" && o.Mode != "address-pairs" {
-		bad("mode", "%q is not one of fixed-ips, address-pairs", o.Mode)
+	if o.Mode != "fixed-ips" && o.Mode != "address-pairs" && o.Mode != "passthrough" {
+		bad("mode", "%q is not one of fixed-ips, address-pairs, passthrough", o.Mode)
+	}
+	if o.ComputeEndpoint != "" && !strings.HasPrefix(o.ComputeEndpoint, "http://") && !strings.HasPrefix(o.ComputeEndpoint, "https://") {
+		bad("computeEndpoint", "%q is not an http(s) URL", o.ComputeEndpoint)
+	}
+	if o.Endpoint != "" && o.ComputeEndpoint == "" && o.usesNova() {
+		bad("computeEndpoint", "is required with endpoint (no Keystone catalog) when mode is passthrough or secondaryNICs is set")
+	}
+	if o.MaxNICs < 2 || o.MaxNICs > 64 {
+		bad("maxNICs", "%d is outside 2..64 (the VM's primary NIC counts)", o.MaxNICs)
+	}
+	if o.SecondaryNICs < 0 || o.SecondaryNICs > o.MaxNICs-1 {
+		bad("secondaryNICs", "%d is outside 0..%d (maxNICs less the primary NIC)", o.SecondaryNICs, o.MaxNICs-1)
+	}
+	if o.SecondaryNICs > 0 && o.Mode != "fixed-ips" {
+		bad("secondaryNICs", "is for mode fixed-ips, not %s", o.Mode)
+	}
+	if o.AttachTimeout.Duration < time.Second || o.AttachTimeout.Duration > 10*time.Minute {
+		bad("attachTimeout", "%s is outside 1s..10m", o.AttachTimeout)
 	}
 	if o.MaxAddressPairs < 1 || o.MaxAddressPairs > 1000 {
 		bad("maxAddressPairs", "%d is outside 1..1000", o.MaxAddressPairs)
@@ -148,3 +189,6 @@ func (o *Config) Validate() error {
 	}
 	return errors.Join(errs...)
 }
+
+// usesNova: the mode attaches ports to the VM as NICs.
+func (o *Config) usesNova() bool { return o.Mode == "passthrough" || o.SecondaryNICs > 0 }

@@ -1,5 +1,7 @@
 // Package openstack takes pod addresses from Neutron: extra fixed IPs on
-// the node's VM port.
+// the node's VM port (and, past maxAddresses, on secondary NICs), allowed
+// address pairs, or ports of their own attached to the VM through Nova
+// (passthrough).
 //
 // What the real neutron-server does (../shared NEUTRON-FACTS, checked by
 // the contract tests) shapes every write here: a PUT replaces the whole
@@ -35,6 +37,7 @@ import (
 // Provider is one node's view of Neutron.
 type Provider struct {
 	nc      *gophercloud.ServiceClient
+	cc      *gophercloud.ServiceClient // Nova, when the mode attaches NICs
 	cfg     Config
 	calls   *callCounter
 	subnet  netip.Prefix
@@ -42,6 +45,8 @@ type Provider struct {
 	pools   [][2]netip.Addr
 	portID  string
 	podMACs bool // pairs carry each pod's own MAC (see podmacs.go)
+	// instanceID is the node's Nova server: where NICs are attached.
+	instanceID string
 
 	mu     sync.Mutex // one writer per VM port
 	port   *ports.Port
@@ -73,11 +78,11 @@ func init() {
 // Defaults.
 func New(ctx context.Context, cfg Config, nodeIP netip.Addr) (*Provider, error) {
 	calls := &callCounter{next: http.DefaultTransport}
-	nc, err := client(ctx, cfg, calls)
+	nc, cc, err := clients(ctx, cfg, calls)
 	if err != nil {
 		return nil, err
 	}
-	p := &Provider{nc: nc, cfg: cfg, calls: calls}
+	p := &Provider{nc: nc, cc: cc, cfg: cfg, calls: calls}
 	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout.Duration)
 	defer cancel()
 	sn, err := subnets.Get(ctx, nc, cfg.SubnetID).Extract()
@@ -96,6 +101,15 @@ func New(ctx context.Context, cfg Config, nodeIP netip.Addr) (*Provider, error) 
 		}
 	}
 	if err := p.findPort(ctx, sn.NetworkID, nodeIP); err != nil {
+		return nil, err
+	}
+	if p.instanceID = cfg.InstanceID; p.instanceID == "" {
+		p.instanceID = p.port.DeviceID
+	}
+	if cfg.usesNova() && p.instanceID == "" {
+		return nil, fmt.Errorf("VM port %s has no device_id: set instanceID (the node's Nova server), which mode %s needs to attach NICs", p.portID, cfg.Mode)
+	}
+	if err := p.checkPolicy(ctx); err != nil {
 		return nil, err
 	}
 	// Learn the subnet's used addresses now, not on the first ADD that
@@ -159,12 +173,24 @@ func (p *Provider) PortID() string { return p.portID }
 func (p *Provider) Info() provider.Info {
 	i := provider.Info{Name: "openstack", Port: p.portID, Calls: p.calls.snapshot()}
 	limit, why := p.cfg.MaxAddresses, fmt.Sprintf("maxAddresses %d", p.cfg.MaxAddresses)
-	if p.cfg.Mode == "address-pairs" {
+	switch {
+	case p.cfg.Mode == "passthrough":
+		limit = min(p.cfg.MaxAddresses, p.cfg.MaxNICs-1)
+		why = fmt.Sprintf("maxNICs %d less the VM's primary NIC: one NIC per passthrough pod", p.cfg.MaxNICs)
+		if limit == p.cfg.MaxAddresses {
+			why = fmt.Sprintf("maxAddresses %d", p.cfg.MaxAddresses)
+		}
+	case p.cfg.SecondaryNICs > 0:
+		limit = min(p.cfg.MaxAddresses, marksFit(p.subnet)) + p.cfg.SecondaryNICs*p.cfg.MaxAddresses
+		why = fmt.Sprintf("maxAddresses %d on the VM port and on each of %d secondary NICs (secondaryNICs)", p.cfg.MaxAddresses, p.cfg.SecondaryNICs)
+	case p.cfg.Mode == "address-pairs":
 		if p.cfg.MaxAddressPairs < limit {
 			limit, why = p.cfg.MaxAddressPairs, fmt.Sprintf("Neutron's max_allowed_address_pair %d (maxAddressPairs)", p.cfg.MaxAddressPairs)
 		}
-	} else if fit := marksFit(p.subnet); fit < limit {
-		limit, why = fit, fmt.Sprintf("the ownership marks of %d addresses that fit the port's description on subnet %s", fit, p.subnet)
+	default:
+		if fit := marksFit(p.subnet); fit < limit {
+			limit, why = fit, fmt.Sprintf("the ownership marks of %d addresses that fit the port's description on subnet %s", fit, p.subnet)
+		}
 	}
 	i.Capacity, i.CapacityReason = limit, why
 	return i
@@ -185,15 +211,25 @@ func (p *Provider) leases(addrs []netip.Addr) []alloc.Lease {
 }
 
 // Held implements provider.Provider: the port's fixed IPs on the subnet
-// that carry vpcni's mark.
+// that carry vpcni's mark (and the pod addresses of vpcni's secondary
+// NICs), or vpcni's passthrough NICs.
 func (p *Provider) Held(ctx context.Context) ([]alloc.Lease, error) {
-	addrs, err := p.held(ctx)
-	return p.leases(addrs), err
-}
-
-func (p *Provider) held(ctx context.Context) ([]netip.Addr, error) {
+	if p.cfg.Mode == "passthrough" {
+		return p.heldPassthrough(ctx)
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	addrs, err := p.heldLocked(ctx)
+	out := p.leases(addrs)
+	if err == nil && p.cfg.SecondaryNICs > 0 {
+		var more []alloc.Lease
+		more, err = p.heldSecondary(ctx)
+		out = append(out, more...)
+	}
+	return out, err
+}
+
+func (p *Provider) heldLocked(ctx context.Context) ([]netip.Addr, error) {
 	if err := p.refresh(ctx); err != nil {
 		return nil, err
 	}
@@ -280,13 +316,20 @@ func (p *Provider) refreshUsed(ctx context.Context) error {
 // explicitly and written in one batch per attempt; an address someone else
 // took meanwhile (409) is skipped for another.
 func (p *Provider) Assign(ctx context.Context, req provider.AssignRequest) ([]alloc.Lease, error) {
-	got, err := p.assign(ctx, req)
+	switch {
+	case p.cfg.Mode == "passthrough":
+		return p.assignPassthrough(ctx, req)
+	case p.cfg.SecondaryNICs > 0:
+		return p.assignSpill(ctx, req)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	got, err := p.assignLocked(ctx, req)
 	return p.leases(got), err
 }
 
-func (p *Provider) assign(ctx context.Context, req provider.AssignRequest) ([]netip.Addr, error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
+// assignLocked assigns on the VM port; the caller holds p.mu.
+func (p *Provider) assignLocked(ctx context.Context, req provider.AssignRequest) ([]netip.Addr, error) {
 	var m mode = fixedIPs{p}
 	if p.cfg.Mode == "address-pairs" {
 		m = addressPairs{p}
@@ -438,6 +481,13 @@ func (m fixedIPs) view(context.Context) (portView, error) {
 			v.taken[a] = true
 		}
 	}
+	if m.p.cfg.SecondaryNICs > 0 {
+		// Past maxAddresses, addresses go on secondary NICs (assignSpill).
+		v.room = max(m.p.cfg.MaxAddresses-len(v.ours), 0)
+		v.limit = func(added int) string {
+			return fmt.Sprintf("VM port %s holds maxAddresses %d", m.p.portID, m.p.cfg.MaxAddresses)
+		}
+	}
 	return v, nil
 }
 
@@ -448,11 +498,24 @@ func (m fixedIPs) write(ctx context.Context, add map[netip.Addr]bool) error {
 // Release implements provider.Provider: the addresses vpcni marked leave
 // the port in one PUT; an address without the mark is never removed.
 func (p *Provider) Release(ctx context.Context, addrs []netip.Addr) error {
+	if p.cfg.Mode == "passthrough" {
+		return p.releasePassthrough(ctx, addrs)
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.cfg.Mode == "address-pairs" {
 		return p.releasePairs(ctx, addrs)
 	}
+	err := p.releaseFixed(ctx, addrs)
+	if p.cfg.SecondaryNICs > 0 {
+		err = errors.Join(err, p.releaseSecondary(ctx, addrs))
+	}
+	return err
+}
+
+// releaseFixed takes vpcni's addresses off the VM port; the caller holds
+// p.mu.
+func (p *Provider) releaseFixed(ctx context.Context, addrs []netip.Addr) error {
 	if err := p.refresh(ctx); err != nil {
 		return err
 	}

@@ -49,6 +49,12 @@ type Node struct {
 	// AddByHand puts an address on the port the way a person or another
 	// tool would (read, modify, write with If-Match, retry on 412).
 	AddByHand func(t *testing.T, ip netip.Addr)
+	// Attached reads from the compute API the NICs the VM has, by port ID
+	// (NIC-attaching endpoints only).
+	Attached func(t *testing.T) map[string]AttachedNIC
+	// Unattached lists the ports on the node's network that are attached
+	// to nothing (a leak check; NIC-attaching endpoints only).
+	Unattached func(t *testing.T) []string
 }
 
 // Run runs the whole contract.

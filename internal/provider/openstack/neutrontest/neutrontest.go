@@ -31,6 +31,12 @@ type Endpoint struct {
 	NC   *gophercloud.ServiceClient
 	URL  string // noauth endpoint the providers use, e.g. http://127.0.0.1:9696/
 	Mode string
+	// Nova, if set, is the endpoint's compute side (NewNICNode,
+	// RunOSInterface).
+	Nova *Nova
+	// Configure, if set, adjusts each provider's config (Keystone
+	// credentials instead of URL).
+	Configure func(*openstack.Config)
 }
 
 func ctx(t *testing.T) context.Context {
@@ -92,6 +98,9 @@ func (e Endpoint) NewNode(t *testing.T, sn providertest.Subnet, nodeIP netip.Add
 	}
 	open := func(t *testing.T) provider.Provider {
 		cfg := openstack.Config{Endpoint: e.URL, SubnetID: sn.ID, Mode: e.Mode}
+		if e.Configure != nil {
+			e.Configure(&cfg)
+		}
 		cfg.Defaults()
 		p, err := openstack.New(ctx(t), cfg, nodeIP)
 		if err != nil {
@@ -102,12 +111,24 @@ func (e Endpoint) NewNode(t *testing.T, sn providertest.Subnet, nodeIP netip.Add
 		}
 		return p
 	}
+	n := e.node(port.ID)
+	n.Provider, n.Reopen = open(t), open
+	return n
+}
+
+// node is a VM port as the contract reads it from the endpoint.
+func (e Endpoint) node(portID string) providertest.Node {
+	subnetOf := func(t *testing.T) string {
+		p, err := ports.Get(ctx(t), e.NC, portID).Extract()
+		if err != nil || len(p.FixedIPs) == 0 {
+			t.Fatalf("read port: %v", err)
+		}
+		return p.FixedIPs[0].SubnetID
+	}
 	return providertest.Node{
-		Provider: open(t),
-		PortID:   port.ID,
-		Reopen:   open,
+		PortID: portID,
 		PortIPs: func(t *testing.T) []netip.Addr {
-			p, err := ports.Get(ctx(t), e.NC, port.ID).Extract()
+			p, err := ports.Get(ctx(t), e.NC, portID).Extract()
 			if err != nil {
 				t.Fatalf("read port: %v", err)
 			}
@@ -120,7 +141,7 @@ func (e Endpoint) NewNode(t *testing.T, sn providertest.Subnet, nodeIP netip.Add
 			}
 			return out
 		},
-		AddByHand: func(t *testing.T, ip netip.Addr) { e.AddByHand(t, port.ID, sn.ID, ip) },
+		AddByHand: func(t *testing.T, ip netip.Addr) { e.AddByHand(t, portID, subnetOf(t), ip) },
 	}
 }
 

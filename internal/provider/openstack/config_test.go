@@ -1,0 +1,35 @@
+package openstack
+
+import (
+	"strings"
+	"testing"
+)
+
+// The NIC settings are checked with everything else, each bad one named.
+func TestNICSettingsValidate(t *testing.T) {
+	for _, c := range []struct {
+		cfg  Config
+		want []string // "" = valid
+	}{
+		{Config{Endpoint: "http://n/", ComputeEndpoint: "http://c/", SubnetID: "s", Mode: "passthrough"}, nil},
+		{Config{Endpoint: "http://n/", SubnetID: "s", Mode: "passthrough"}, []string{"computeEndpoint: is required"}},
+		{Config{Endpoint: "http://n/", SubnetID: "s", SecondaryNICs: 1}, []string{"computeEndpoint: is required"}},
+		{Config{Endpoint: "http://n/", ComputeEndpoint: "c", SubnetID: "s", Mode: "address-pairs", SecondaryNICs: 9, MaxNICs: 4},
+			[]string{"computeEndpoint: \"c\" is not", "secondaryNICs: 9 is outside 0..3", "secondaryNICs: is for mode fixed-ips"}},
+		{Config{Endpoint: "http://n/", ComputeEndpoint: "http://c/", SubnetID: "s", MaxNICs: 1}, []string{"maxNICs: 1 is outside 2..64"}},
+	} {
+		c.cfg.Defaults()
+		err := c.cfg.Validate()
+		if len(c.want) == 0 {
+			if err != nil {
+				t.Errorf("%+v: %v", c.cfg, err)
+			}
+			continue
+		}
+		for _, w := range c.want {
+			if err == nil || !strings.Contains(err.Error(), w) {
+				t.Errorf("%+v: %v; want it to say %q", c.cfg, err, w)
+			}
+		}
+	}
+}

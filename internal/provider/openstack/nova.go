@@ -1,0 +1,267 @@
+package openstack
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/netip"
+	"slices"
+	"strings"
+
+	"github.com/gophercloud/gophercloud/v2"
+	"github.com/gophercloud/gophercloud/v2/openstack/compute/v2/attachinterfaces"
+	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/ports"
+
+	"github.com/vpcni/vpcni/internal/provider"
+)
+
+// NICs through Nova: passthrough pods and secondary NICs are Neutron ports
+// vpcni creates and attaches to the node's VM with Nova's os-interface API
+// (attach is synchronous, ~1.1 s on a real Nova; detach answers 202 and
+// Neutron frees the port ~1 s later). The port's name marks it as vpcni's
+// NIC of this VM ("vpcni-<kind>-<instance>"): Neutron filters lists by the
+// exact name, so after a restart Held finds exactly these ports, and a port
+// created but never attached (the agent died between the two calls) is
+// found and deleted, never leaked.
+
+// NIC kinds, in the port's name.
+const (
+	kindPassthrough = "passthrough"
+	kindSecondary   = "secondary"
+)
+
+// nicOwnMark holds a secondary NIC's own address in its port's
+// description: Neutron sorts fixed IPs as text, so "the first" would not
+// stay the first once pod addresses join it.
+const nicOwnMark = "vpcni-nic-address="
+
+// nicPort is a port vpcni made to attach to the VM as a NIC.
+type nicPort struct {
+	id, mac  string
+	deviceID string
+	own      netip.Addr   // the NIC's own address
+	addrs    []netip.Addr // its fixed IPs on the subnet, own included
+	revision int
+}
+
+// pods are the NIC's addresses other than its own.
+func (n nicPort) pods() []netip.Addr {
+	return slices.DeleteFunc(slices.Clone(n.addrs), func(a netip.Addr) bool { return a == n.own })
+}
+
+func (p *Provider) nicName(kind string) string { return "vpcni-" + kind + "-" + p.instanceID }
+
+func (p *Provider) nicPortOf(port ports.Port) nicPort {
+	n := nicPort{id: port.ID, mac: port.MACAddress, deviceID: port.DeviceID, revision: port.RevisionNumber}
+	for _, f := range port.FixedIPs {
+		if a, err := netip.ParseAddr(f.IPAddress); err == nil && f.SubnetID == p.cfg.SubnetID {
+			n.addrs = append(n.addrs, a)
+		}
+	}
+	slices.SortFunc(n.addrs, netip.Addr.Compare)
+	if _, v, ok := strings.Cut(port.Description, nicOwnMark); ok {
+		n.own, _ = netip.ParseAddr(strings.TrimSuffix(strings.Fields(v)[0], "]"))
+	}
+	if !n.own.IsValid() && len(n.addrs) > 0 {
+		n.own = n.addrs[0]
+	}
+	return n
+}
+
+// listNICs reads vpcni's ports of one kind for this VM from Neutron.
+func (p *Provider) listNICs(ctx context.Context, kind string) ([]nicPort, error) {
+	ctx, cancel := context.WithTimeout(ctx, p.cfg.Timeout.Duration)
+	defer cancel()
+	pages, err := ports.List(p.nc, ports.ListOpts{NetworkID: p.port.NetworkID, Name: p.nicName(kind)}).AllPages(ctx)
+	if err != nil {
+		return nil, explain(fmt.Errorf("list vpcni's %s NIC ports: %w", kind, err))
+	}
+	all, err := ports.ExtractPorts(pages)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]nicPort, 0, len(all))
+	for _, port := range all {
+		out = append(out, p.nicPortOf(port))
+	}
+	return out, nil
+}
+
+// attachedNICs lists this VM's NICs of one kind; a port of the kind that
+// is attached nowhere is a leftover of an assign or release cut short, and
+// is deleted. The caller holds p.mu, so no attach of this provider is in
+// flight.
+func (p *Provider) attachedNICs(ctx context.Context, kind string) ([]nicPort, error) {
+	all, err := p.listNICs(ctx, kind)
+	if err != nil {
+		return nil, err
+	}
+	var out []nicPort
+	var errs []error
+	for _, n := range all {
+		switch n.deviceID {
+		case p.instanceID:
+			out = append(out, n)
+		case "":
+			errs = append(errs, p.deletePort(ctx, n.id))
+		}
+	}
+	return out, errors.Join(errs...)
+}
+
+// nicRoom is how many more NICs the VM may take: maxNICs less what Nova
+// lists on it now (the primary NIC and any a person attached count too).
+func (p *Provider) nicRoom(ctx context.Context) (int, error) {
+	ctx, cancel := context.WithTimeout(ctx, p.cfg.Timeout.Duration)
+	defer cancel()
+	pages, err := attachinterfaces.List(p.cc, p.instanceID).AllPages(ctx)
+	if err != nil {
+		return 0, p.novaErr(fmt.Errorf("list the NICs of instance %s: %w", p.instanceID, err))
+	}
+	ifs, err := attachinterfaces.ExtractInterfaces(pages)
+	if err != nil {
+		return 0, err
+	}
+	return max(p.cfg.MaxNICs-len(ifs), 0), nil
+}
+
+// createNICPorts creates one port per entry of fixed (each entry is the
+// port's fixed IPs) in one bulk POST, all or nothing. A member of a project
+// may create ports on a shared network with Neutron picking the address
+// ({subnet_id} only) — the way passthrough serves such networks.
+func (p *Provider) createNICPorts(ctx context.Context, kind string, fixed [][]ports.IP, desc func(i int) string) ([]nicPort, error) {
+	ctx, cancel := context.WithTimeout(ctx, p.cfg.Timeout.Duration)
+	defer cancel()
+	var body struct {
+		Ports []map[string]any `json:"ports"`
+	}
+	for i, f := range fixed {
+		body.Ports = append(body.Ports, map[string]any{
+			"network_id": p.port.NetworkID, "name": p.nicName(kind), "description": desc(i), "fixed_ips": f,
+		})
+	}
+	var resp struct {
+		Ports []ports.Port `json:"ports"`
+	}
+	_, err := p.nc.Post(ctx, p.nc.ServiceURL("ports"), body, &resp, &gophercloud.RequestOpts{OkCodes: []int{http.StatusCreated}})
+	if err != nil {
+		return nil, explain(fmt.Errorf("create %d %s NIC ports: %w", len(fixed), kind, err))
+	}
+	out := make([]nicPort, len(resp.Ports))
+	for i, port := range resp.Ports {
+		out[i] = p.nicPortOf(port)
+	}
+	return out, nil
+}
+
+// deletePort deletes a port; one already gone is fine.
+func (p *Provider) deletePort(ctx context.Context, id string) error {
+	ctx, cancel := context.WithTimeout(ctx, p.cfg.Timeout.Duration)
+	defer cancel()
+	if err := ports.Delete(ctx, p.nc, id).ExtractErr(); err != nil && !gophercloud.ResponseCodeIs(err, http.StatusNotFound) {
+		return explain(fmt.Errorf("delete port %s: %w", id, err))
+	}
+	return nil
+}
+
+// attach attaches a port to the VM and waits until Nova lists it. A
+// conflict (Nova busy with another interface of the instance) is retried
+// until AttachTimeout. A failed attach may leave the port half-claimed
+// (device_id set, binding failed; seen on a real Nova): the caller gives
+// it up with dropNIC.
+func (p *Provider) attach(ctx context.Context, portID string) error {
+	ctx, cancel := context.WithTimeout(ctx, p.cfg.AttachTimeout.Duration)
+	defer cancel()
+	for n := 0; ; n++ {
+		_, err := attachinterfaces.Create(ctx, p.cc, p.instanceID, attachinterfaces.CreateOpts{PortID: portID}).Extract()
+		if err == nil {
+			break
+		}
+		if !gophercloud.ResponseCodeIs(err, http.StatusConflict) || ctx.Err() != nil {
+			return p.novaErr(fmt.Errorf("attach port %s to instance %s: %w", portID, p.instanceID, err))
+		}
+		backoff(ctx, n)
+	}
+	for n := 0; ; n++ {
+		_, err := attachinterfaces.Get(ctx, p.cc, p.instanceID, portID).Extract()
+		if err == nil {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("port %s attached to instance %s but Nova did not list it within %s (attachTimeout): %w",
+				portID, p.instanceID, p.cfg.AttachTimeout, provider.ErrUnavailable)
+		}
+		backoff(ctx, min(n, 3))
+	}
+}
+
+// detach takes a port off the VM and waits until Neutron shows it free
+// (Nova's detach answers 202 and finishes in the background). A port not
+// attached, or gone, is fine.
+func (p *Provider) detach(ctx context.Context, portID string) error {
+	ctx, cancel := context.WithTimeout(ctx, p.cfg.AttachTimeout.Duration)
+	defer cancel()
+	err := attachinterfaces.Delete(ctx, p.cc, p.instanceID, portID).ExtractErr()
+	if err != nil && !gophercloud.ResponseCodeIs(err, http.StatusNotFound) {
+		return p.novaErr(fmt.Errorf("detach port %s from instance %s: %w", portID, p.instanceID, err))
+	}
+	for n := 0; ; n++ {
+		port, err := ports.Get(ctx, p.nc, portID).Extract()
+		switch {
+		case gophercloud.ResponseCodeIs(err, http.StatusNotFound):
+			return nil
+		case err == nil && port.DeviceID != p.instanceID:
+			return nil
+		case ctx.Err() != nil:
+			return fmt.Errorf("port %s still on instance %s %s after the detach (attachTimeout): %w",
+				portID, p.instanceID, p.cfg.AttachTimeout, provider.ErrUnavailable)
+		}
+		backoff(ctx, min(n, 3))
+	}
+}
+
+// dropNIC detaches a port if it is (even half) attached and deletes it.
+func (p *Provider) dropNIC(ctx context.Context, n nicPort) error {
+	if n.deviceID != "" {
+		if err := p.detach(ctx, n.id); err != nil {
+			return err
+		}
+	}
+	return p.deletePort(ctx, n.id)
+}
+
+// abandon gives up a port whose attach failed: a failed attach may leave
+// it half-claimed (device_id set, binding failed) with a detach that
+// never completes (seen on a real Nova), so the detach is asked for but
+// not waited on, and the port is deleted — Neutron deletes a claimed port
+// too, and Nova drops an interface whose port is gone.
+func (p *Provider) abandon(ctx context.Context, n nicPort) error {
+	c, cancel := context.WithTimeout(ctx, p.cfg.Timeout.Duration)
+	_ = attachinterfaces.Delete(c, p.cc, p.instanceID, n.id).ExtractErr()
+	cancel()
+	return p.deletePort(ctx, n.id)
+}
+
+// novaErr adds what a person can do about a Nova failure, and marks
+// failures to reach Nova as provider.ErrUnavailable.
+func (p *Provider) novaErr(err error) error {
+	var code gophercloud.ErrUnexpectedResponseCode
+	if errors.As(err, &code) {
+		switch {
+		case code.Actual == http.StatusUnauthorized:
+			return fmt.Errorf("%w (Keystone refused the credentials for Nova)", err)
+		case code.Actual == http.StatusForbidden:
+			return fmt.Errorf("%w (Nova's policy forbids it: the credentials need the member role in the VM's project)", err)
+		case code.Actual == http.StatusNotFound && strings.Contains(string(code.Body), p.instanceID):
+			return fmt.Errorf("%w (no such instance: is instanceID, or the VM port's device_id, this node's Nova server?)", err)
+		case code.Actual >= 500:
+			return fmt.Errorf("%w: %w", err, provider.ErrUnavailable)
+		}
+		return err
+	}
+	if errors.Is(err, context.Canceled) {
+		return err
+	}
+	return fmt.Errorf("%w: %w", err, provider.ErrUnavailable)
+}

@@ -1,0 +1,285 @@
+package openstack
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/netip"
+	"slices"
+	"time"
+
+	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/ports"
+
+	"github.com/vpcni/vpcni/internal/alloc"
+	"github.com/vpcni/vpcni/internal/provider"
+)
+
+// Secondary NICs (fixed-ips mode, secondaryNICs > 0): once the VM port
+// holds maxAddresses pod addresses, further ones go on ports vpcni creates
+// and attaches to the VM, maxAddresses each. Such a port is vpcni's alone,
+// so every fixed IP on it but the NIC's own address is a pod address; the
+// own address is the one Neutron gave the port at creation, recorded in
+// its description with the first pod addresses. Leases name the port and
+// its NIC (MAC, own address): the datapath gives each secondary NIC its own
+// route table, so a pod's replies leave by the NIC whose port security
+// allows its address. A NIC emptied of pod addresses by Release is
+// detached and its port deleted at once — a NIC costs an attach (~1 s),
+// but a kept empty one would hold one of the VM's few NIC slots and an
+// address for nothing.
+
+// heldSecondary lists the pod addresses on this VM's secondary NICs. The
+// caller holds p.mu.
+func (p *Provider) heldSecondary(ctx context.Context) ([]alloc.Lease, error) {
+	nics, err := p.attachedNICs(ctx, kindSecondary)
+	var out []alloc.Lease
+	for _, n := range nics {
+		for _, a := range n.pods() {
+			out = append(out, p.nicLease(a, n))
+		}
+	}
+	return out, err
+}
+
+// assignSpill fills the VM port up to maxAddresses, then secondary NICs.
+func (p *Provider) assignSpill(ctx context.Context, req provider.AssignRequest) ([]alloc.Lease, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	nics, err := p.attachedNICs(ctx, kindSecondary)
+	if err != nil {
+		return nil, err
+	}
+	var out []alloc.Lease
+	onNIC := map[netip.Addr]nicPort{}
+	for _, n := range nics {
+		for _, a := range n.pods() {
+			onNIC[a] = n
+		}
+	}
+	if err := p.refreshIfStale(ctx); err != nil {
+		return nil, err
+	}
+	_, marked, on, err := p.state()
+	if err != nil {
+		return nil, err
+	}
+	ours := 0
+	for a := range marked {
+		if on[a] {
+			ours++
+		}
+	}
+	room := max(p.cfg.MaxAddresses-ours, 0)
+	var primary, spill []netip.Addr
+	for _, a := range req.Addresses {
+		switch n, ok := onNIC[a]; {
+		case ok:
+			out = append(out, p.nicLease(a, n))
+		case marked[a] && on[a] || room > 0 && !on[a]:
+			if !on[a] {
+				room--
+			}
+			primary = append(primary, a)
+		case on[a]:
+			primary = append(primary, a) // the primary path says whose it is
+		default:
+			spill = append(spill, a)
+		}
+	}
+	count := max(req.Count, 0)
+	onPrimary := min(count, room)
+	got, err := p.assignLocked(ctx, provider.AssignRequest{Count: onPrimary, Addresses: primary})
+	out = append(out, p.leases(got)...)
+	if err != nil {
+		return out, err
+	}
+	if count-onPrimary > 0 || len(spill) > 0 {
+		more, err := p.assignOnNICs(ctx, nics, spill, count-onPrimary)
+		out = append(out, more...)
+		if err != nil {
+			return out, err
+		}
+	}
+	return out, nil
+}
+
+// assignOnNICs puts addresses on secondary NICs with room, attaching new
+// ones up to secondaryNICs. The caller holds p.mu.
+func (p *Provider) assignOnNICs(ctx context.Context, nics []nicPort, explicit []netip.Addr, count int) ([]alloc.Lease, error) {
+	var out []alloc.Lease
+	var errs []error
+	skip := map[netip.Addr]bool{}
+	for conflicts := 0; count > 0 || len(explicit) > 0; {
+		i := slices.IndexFunc(nics, func(n nicPort) bool { return len(n.pods()) < p.cfg.MaxAddresses })
+		if i < 0 {
+			if len(nics) >= p.cfg.SecondaryNICs {
+				errs = append(errs, fmt.Errorf("VM port %s and its %d secondary NICs hold maxAddresses %d each: %w",
+					p.portID, len(nics), p.cfg.MaxAddresses, provider.ErrExhausted))
+				break
+			}
+			n, err := p.newSecondary(ctx)
+			if err != nil {
+				errs = append(errs, err)
+				break
+			}
+			nics, i = append(nics, n), len(nics)
+		}
+		n := &nics[i]
+		room := p.cfg.MaxAddresses - len(n.pods())
+		take := explicit[:min(len(explicit), room)]
+		if p.used == nil || time.Since(p.usedAt) > time.Minute {
+			if err := p.refreshUsed(ctx); err != nil {
+				errs = append(errs, err)
+				break
+			}
+		}
+		avoid := map[netip.Addr]bool{}
+		for _, m := range nics {
+			for _, a := range m.addrs {
+				avoid[a] = true
+			}
+		}
+		also := map[netip.Addr]bool{}
+		for _, a := range explicit {
+			also[a] = true
+		}
+		picked := p.pick(min(count, room-len(take)), avoid, skip, also)
+		add := append(slices.Clone(take), picked...)
+		if len(add) == 0 {
+			errs = append(errs, fmt.Errorf("no free address left in subnet %s (%s): %w", p.subnet, p.cfg.SubnetID, provider.ErrExhausted))
+			break
+		}
+		var taken netip.Addr
+		err := p.addToNIC(ctx, n, add)
+		switch {
+		case err == nil:
+		case isNeutronError(err, http.StatusConflict, "IpAddressAlreadyAllocated", &taken) && taken.IsValid() && conflicts < 4*p.cfg.Retries:
+			conflicts++
+			if slices.Contains(explicit, taken) {
+				errs = append(errs, fmt.Errorf("%s: %w", taken, provider.ErrTaken))
+				explicit = slices.DeleteFunc(explicit, func(a netip.Addr) bool { return a == taken })
+			}
+			skip[taken], p.used = true, nil
+			continue
+		default:
+			errs = append(errs, err)
+			return out, errors.Join(errs...)
+		}
+		for _, a := range add {
+			out = append(out, p.nicLease(a, *n))
+			if p.used != nil {
+				p.used[a] = true
+			}
+		}
+		explicit = explicit[len(take):]
+		count -= len(picked)
+	}
+	return out, errors.Join(errs...)
+}
+
+// newSecondary creates a port (Neutron picks its own address) and
+// attaches it; one that does not attach is deleted.
+func (p *Provider) newSecondary(ctx context.Context) (nicPort, error) {
+	room, err := p.nicRoom(ctx)
+	if err != nil {
+		return nicPort{}, err
+	}
+	if room < 1 {
+		return nicPort{}, fmt.Errorf("instance %s has no room for another secondary NIC (maxNICs %d): %w", p.instanceID, p.cfg.MaxNICs, provider.ErrExhausted)
+	}
+	made, err := p.createNICPorts(ctx, kindSecondary, [][]ports.IP{{{SubnetID: p.cfg.SubnetID}}},
+		func(int) string { return "vpcni secondary NIC of instance " + p.instanceID })
+	if err != nil {
+		if isNeutronError(err, http.StatusConflict, "IpAddressGenerationFailure", nil) {
+			return nicPort{}, fmt.Errorf("subnet %s is full: %w", p.subnet, provider.ErrExhausted)
+		}
+		return nicPort{}, err
+	}
+	n := made[0]
+	if err := p.attach(ctx, n.id); err != nil {
+		return nicPort{}, errors.Join(err, p.abandon(ctx, n))
+	}
+	n.deviceID = p.instanceID
+	return n, nil
+}
+
+// setNICAddrs makes a secondary NIC's port hold its own address and pods,
+// with the own-address mark, under If-Match, retrying a 412 on a fresh
+// read, and reads it back.
+func (p *Provider) setNICAddrs(ctx context.Context, n *nicPort, pods []netip.Addr) error {
+	fixed := []ports.IP{{SubnetID: p.cfg.SubnetID, IPAddress: n.own.String()}}
+	for _, a := range pods {
+		fixed = append(fixed, ports.IP{SubnetID: p.cfg.SubnetID, IPAddress: a.String()})
+	}
+	desc := fmt.Sprintf("vpcni secondary NIC of instance %s [%s%s]", p.instanceID, nicOwnMark, n.own)
+	want := sorted(slices.Clone(pods))
+	for attempt := 0; attempt < p.cfg.Retries; attempt++ {
+		if attempt > 0 {
+			backoff(ctx, attempt)
+			if err := p.rereadNIC(ctx, n); err != nil {
+				return err
+			}
+		}
+		c, cancel := context.WithTimeout(ctx, p.cfg.Timeout.Duration)
+		rev := n.revision
+		_, err := ports.Update(c, p.nc, n.id, ports.UpdateOpts{FixedIPs: fixed, Description: &desc, RevisionNumber: &rev}).Extract()
+		cancel()
+		if err != nil {
+			if retryable(err) {
+				continue
+			}
+			return explain(fmt.Errorf("update secondary NIC port %s: %w", n.id, err))
+		}
+		if err := p.rereadNIC(ctx, n); err != nil {
+			return err
+		}
+		if slices.Equal(n.pods(), want) {
+			return nil
+		}
+	}
+	return fmt.Errorf("secondary NIC port %s: its addresses did not hold after %d attempts: %w", n.id, p.cfg.Retries, provider.ErrUnavailable)
+}
+
+// rereadNIC reads a NIC's port again.
+func (p *Provider) rereadNIC(ctx context.Context, n *nicPort) error {
+	c, cancel := context.WithTimeout(ctx, p.cfg.Timeout.Duration)
+	defer cancel()
+	port, err := ports.Get(c, p.nc, n.id).Extract()
+	if err != nil {
+		return explain(fmt.Errorf("read secondary NIC port %s: %w", n.id, err))
+	}
+	dev := n.deviceID
+	*n = p.nicPortOf(*port)
+	n.deviceID = dev
+	return nil
+}
+
+func (p *Provider) addToNIC(ctx context.Context, n *nicPort, add []netip.Addr) error {
+	return p.setNICAddrs(ctx, n, append(n.pods(), add...))
+}
+
+// releaseSecondary takes addresses off the secondary NICs; a NIC left
+// without pod addresses is detached and its port deleted. The caller
+// holds p.mu.
+func (p *Provider) releaseSecondary(ctx context.Context, addrs []netip.Addr) error {
+	nics, err := p.attachedNICs(ctx, kindSecondary)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for i := range nics {
+		n := &nics[i]
+		pods := n.pods()
+		keep := slices.DeleteFunc(slices.Clone(pods), func(a netip.Addr) bool { return slices.Contains(addrs, a) })
+		switch {
+		case len(keep) == len(pods):
+		case len(keep) == 0:
+			if err := p.dropNIC(ctx, *n); err != nil {
+				errs = append(errs, fmt.Errorf("give back secondary NIC %s: %w", n.id, err))
+			}
+		default:
+			errs = append(errs, p.setNICAddrs(ctx, n, keep))
+		}
+	}
+	return errors.Join(errs...)
+}
