@@ -1,0 +1,151 @@
+package lab
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	types100 "github.com/containernetworking/cni/pkg/types/100"
+
+	"github.com/vpcni/vpcni/internal/config"
+	"github.com/vpcni/vpcni/internal/lab"
+	"github.com/vpcni/vpcni/internal/netnsutil"
+	"github.com/vpcni/vpcni/internal/testbed"
+)
+
+// labUp builds a lab for one test and tears it down after it.
+func labUp(t *testing.T, c context.Context, tag string, nodes int, subnet string) *lab.Lab {
+	t.Helper()
+	l, err := lab.Up(c, lab.Config{Prefix: fmt.Sprintf("vpcni%s%d", tag, os.Getpid()%100000), Nodes: nodes, Subnet: netip.MustParsePrefix(subnet)})
+	if err != nil {
+		t.Fatalf("lab up: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := l.Close(); err != nil {
+			t.Errorf("lab down: %v", err)
+		}
+	})
+	return l
+}
+
+// labNode is vpcnid on one lab node and a CNI runtime there.
+type labNode struct {
+	host  lab.Host
+	agent *testbed.Agent
+	cni   *testbed.CNI
+	cfg   config.Config
+}
+
+// startAgents runs vpcnid on every node of l with the lab endpoint's
+// openstack provider, configured further by configure; its log is shown
+// when the test fails.
+func startAgents(t *testing.T, l *lab.Lab, cniVersion string, configure func(*config.Config)) []*labNode {
+	t.Helper()
+	runDir := t.TempDir()
+	var out []*labNode
+	for _, h := range l.Nodes {
+		cfg := config.Defaults()
+		cfg.NodeName = h.Name
+		cfg.SocketPath = filepath.Join(runDir, h.Name, "vpcnid.sock")
+		cfg.StateDir = filepath.Join(runDir, h.Name, "state")
+		cfg.MetricsAddr = ""
+		cfg.Pool = config.Pool{WarmTarget: 2, BatchSize: 2, MaxFree: 4}
+		configure(&cfg)
+		n := &labNode{host: h, cfg: cfg}
+		n.start(t, runDir)
+		cni, err := testbed.NewCNIIn(h.NS, []string{binDir}, filepath.Join(runDir, h.Name, "cache"), testbed.VpcniConfList(cniVersion, "vpcni-lab", cfg.SocketPath))
+		if err != nil {
+			t.Fatal(err)
+		}
+		n.cni = cni
+		out = append(out, n)
+	}
+	return out
+}
+
+func (n *labNode) start(t *testing.T, runDir string) {
+	t.Helper()
+	agent, err := testbed.StartAgentIn(runDir, n.host.NS, binDir, n.cfg)
+	if err != nil {
+		t.Fatalf("vpcnid on %s: %v", n.host.Name, err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			if log, err := os.ReadFile(agent.LogPath); err == nil {
+				t.Logf("vpcnid %s log:\n%s", n.host.Name, log)
+			}
+		}
+		_ = agent.Stop()
+	})
+	n.agent = agent
+}
+
+// restart stops vpcnid and starts it again with the same config.
+func (n *labNode) restart(t *testing.T) {
+	t.Helper()
+	if err := n.agent.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	n.start(t, filepath.Dir(filepath.Dir(n.cfg.SocketPath)))
+}
+
+// labPod is a pod namespace wired by vpcni, serving an echo on :7777.
+type labPod struct {
+	id, ns string // container ID, netns path
+	ip     netip.Addr
+}
+
+// addPod creates a pod namespace, runs ADD on node n and serves an echo
+// in the pod.
+func addPod(t *testing.T, c context.Context, l *lab.Lab, n *labNode, name string) labPod {
+	t.Helper()
+	ns := l.Prefix + "-pod" + name
+	if err := netnsutil.Add(ns); err != nil {
+		t.Fatal(err)
+	}
+	id := "lab-" + name
+	res, err := n.cni.Add(c, testbed.Runtime(id, netnsutil.Path(ns), "eth0", nil))
+	if err != nil {
+		t.Fatalf("ADD pod %s on %s: %v", name, n.host.Name, err)
+	}
+	r, err := types100.GetResult(res)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ip, _ := netip.AddrFromSlice(r.IPs[0].Address.IP.To4())
+	serveEcho(t, netnsutil.Path(ns), ip)
+	return labPod{id: id, ns: netnsutil.Path(ns), ip: ip}
+}
+
+// serveEcho serves an echo on ip:7777 in a namespace until the test ends.
+func serveEcho(t *testing.T, ns string, ip netip.Addr) {
+	t.Helper()
+	srv, err := netnsutil.ServeEcho(ns, testbed.HostPort(ip, 7777))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Close() })
+}
+
+// reachable is one expected path.
+type reachable struct {
+	what string
+	from string
+	to   netip.Addr
+}
+
+// expectReach probes every path (a TCP round trip to :7777, 3 s each).
+func expectReach(t *testing.T, c context.Context, paths []reachable) {
+	t.Helper()
+	for _, p := range paths {
+		pc, cancel := context.WithTimeout(c, 3*time.Second)
+		if err := netnsutil.Probe(pc, p.from, testbed.HostPort(p.to, 7777)); err != nil {
+			t.Errorf("%s: %v", p.what, err)
+		}
+		cancel()
+	}
+}
