@@ -34,16 +34,28 @@ func labUp(t *testing.T, c context.Context, tag string, nodes int, subnet string
 
 // labNode is vpcnid on one lab node and a CNI runtime there.
 type labNode struct {
-	host  lab.Host
-	agent *testbed.Agent
-	cni   *testbed.CNI
-	cfg   config.Config
+	host   lab.Host
+	agent  *testbed.Agent
+	cni    *testbed.CNI
+	cfg    config.Config
+	runDir string
 }
 
 // startAgents runs vpcnid on every node of l with the lab endpoint's
 // openstack provider, configured further by configure; its log is shown
 // when the test fails.
 func startAgents(t *testing.T, l *lab.Lab, cniVersion string, configure func(*config.Config)) []*labNode {
+	t.Helper()
+	nodes := configureNodes(t, l, cniVersion, configure)
+	for _, n := range nodes {
+		n.start(t)
+	}
+	return nodes
+}
+
+// configureNodes is startAgents without the start, for a test that
+// watches each agent's start (the bridge test's pinger).
+func configureNodes(t *testing.T, l *lab.Lab, cniVersion string, configure func(*config.Config)) []*labNode {
 	t.Helper()
 	runDir := t.TempDir()
 	var out []*labNode
@@ -55,23 +67,29 @@ func startAgents(t *testing.T, l *lab.Lab, cniVersion string, configure func(*co
 		cfg.MetricsAddr = ""
 		cfg.Pool = config.Pool{WarmTarget: 2, BatchSize: 2, MaxFree: 4}
 		configure(&cfg)
-		n := &labNode{host: h, cfg: cfg}
-		n.start(t, runDir)
 		cni, err := testbed.NewCNIIn(h.NS, []string{binDir}, filepath.Join(runDir, h.Name, "cache"), testbed.VpcniConfList(cniVersion, "vpcni-lab", cfg.SocketPath))
 		if err != nil {
 			t.Fatal(err)
 		}
-		n.cni = cni
-		out = append(out, n)
+		out = append(out, &labNode{host: h, cni: cni, cfg: cfg, runDir: runDir})
 	}
 	return out
 }
 
-func (n *labNode) start(t *testing.T, runDir string) {
+// start runs vpcnid on n until the test ends.
+func (n *labNode) start(t *testing.T) {
 	t.Helper()
-	agent, err := testbed.StartAgentIn(runDir, n.host.NS, binDir, n.cfg)
+	if err := n.launch(t); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// launch is start handing a failed start back, for a caller that has
+// something to stop before it fails the test.
+func (n *labNode) launch(t *testing.T) error {
+	agent, err := testbed.StartAgentIn(n.runDir, n.host.NS, binDir, n.cfg)
 	if err != nil {
-		t.Fatalf("vpcnid on %s: %v", n.host.Name, err)
+		return fmt.Errorf("vpcnid on %s: %w", n.host.Name, err)
 	}
 	t.Cleanup(func() {
 		if t.Failed() {
@@ -82,6 +100,7 @@ func (n *labNode) start(t *testing.T, runDir string) {
 		_ = agent.Stop()
 	})
 	n.agent = agent
+	return nil
 }
 
 // restart stops vpcnid and starts it again with the same config.
@@ -90,12 +109,13 @@ func (n *labNode) restart(t *testing.T) {
 	if err := n.agent.Stop(); err != nil {
 		t.Fatal(err)
 	}
-	n.start(t, filepath.Dir(filepath.Dir(n.cfg.SocketPath)))
+	n.start(t)
 }
 
 // labPod is a pod namespace wired by vpcni, serving an echo on :7777.
 type labPod struct {
 	id, ns string // container ID, netns path
+	name   string // netns name, for netnsutil.Exec and Output
 	ip     netip.Addr
 }
 
@@ -118,7 +138,7 @@ func addPod(t *testing.T, c context.Context, l *lab.Lab, n *labNode, name string
 	}
 	ip, _ := netip.AddrFromSlice(r.IPs[0].Address.IP.To4())
 	serveEcho(t, netnsutil.Path(ns), ip)
-	return labPod{id: id, ns: netnsutil.Path(ns), ip: ip}
+	return labPod{id: id, ns: netnsutil.Path(ns), name: ns, ip: ip}
 }
 
 // serveEcho serves an echo on ip:7777 in a namespace until the test ends.
@@ -138,14 +158,21 @@ type reachable struct {
 	to   netip.Addr
 }
 
-// expectReach probes every path (a TCP round trip to :7777, 3 s each).
+// expectReach probes every path.
 func expectReach(t *testing.T, c context.Context, paths []reachable) {
 	t.Helper()
 	for _, p := range paths {
-		pc, cancel := context.WithTimeout(c, 3*time.Second)
-		if err := netnsutil.Probe(pc, p.from, testbed.HostPort(p.to, 7777)); err != nil {
+		if err := probe(c, p.from, testbed.HostPort(p.to, 7777)); err != nil {
 			t.Errorf("%s: %v", p.what, err)
 		}
-		cancel()
 	}
+}
+
+// probe is one TCP round trip from the namespace at path to addr, given
+// 3 s: a lab path answers in milliseconds, and a path the test expects to
+// be cut (port security) costs the whole wait.
+func probe(c context.Context, from, addr string) error {
+	pc, cancel := context.WithTimeout(c, 3*time.Second)
+	defer cancel()
+	return netnsutil.Probe(pc, from, addr)
 }

@@ -5,13 +5,10 @@ import (
 	"fmt"
 	"net/http"
 	"net/netip"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	types100 "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/gophercloud/gophercloud/v2"
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/ports"
 
@@ -35,84 +32,35 @@ import (
 func TestMacvlanLab(t *testing.T) {
 	c, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	l, err := lab.Up(c, lab.Config{Prefix: fmt.Sprintf("vpcnimv%d", os.Getpid()%100000), Nodes: 2, Subnet: netip.MustParsePrefix("10.91.0.0/24")})
-	if err != nil {
-		t.Fatalf("lab up: %v", err)
-	}
-	t.Cleanup(func() {
-		if err := l.Close(); err != nil {
-			t.Errorf("lab down: %v", err)
-		}
-	})
-	runDir := t.TempDir()
-	var agents []*testbed.Agent
-	var cnis []*testbed.CNI
-	for _, node := range l.Nodes {
-		cfg := config.Defaults()
-		cfg.NodeName = node.Name
-		cfg.SocketPath = filepath.Join(runDir, node.Name, "vpcnid.sock")
-		cfg.StateDir = filepath.Join(runDir, node.Name, "state")
-		cfg.MetricsAddr = ""
-		cfg.Pool = config.Pool{WarmTarget: 2, BatchSize: 2, MaxFree: 4}
+	l := labUp(t, c, "mv", 2, "10.91.0.0/24")
+	nodes := startAgents(t, l, "1.1.0", func(cfg *config.Config) {
 		cfg.Provider = config.Provider{Type: "openstack", Settings: &openstack.Config{
 			Endpoint: fmt.Sprintf("http://127.0.0.1:%d/", lab.EndpointPort), SubnetID: l.SubnetID, Mode: "address-pairs"}}
 		cfg.Datapath = config.Datapath{Mode: "macvlan", Settings: &macvlan.Settings{Settings: svcpath.Settings{ServiceCIDRs: []string{"10.96.0.0/12"}}}}
-		agent, err := testbed.StartAgentIn(runDir, node.NS, binDir, cfg)
-		if err != nil {
-			t.Fatalf("vpcnid on %s: %v", node.Name, err)
-		}
-		t.Cleanup(func() {
-			if t.Failed() {
-				if log, err := os.ReadFile(agent.LogPath); err == nil {
-					t.Logf("vpcnid %s log:\n%s", node.Name, log)
-				}
-			}
-			_ = agent.Stop()
-		})
-		agents = append(agents, agent)
-		cni, err := testbed.NewCNIIn(node.NS, []string{binDir}, filepath.Join(runDir, node.Name, "cache"), testbed.VpcniConfList("1.1.0", "vpcni-lab", cfg.SocketPath))
-		if err != nil {
-			t.Fatal(err)
-		}
-		cnis = append(cnis, cni)
-	}
+	})
 	// Pods a and b on n1, c on n2.
-	a := mvAddPod(t, c, l, cnis[0], "a")
-	b := mvAddPod(t, c, l, cnis[0], "b")
-	pc := mvAddPod(t, c, l, cnis[1], "c")
+	a := addPod(t, c, l, nodes[0], "a")
+	b := addPod(t, c, l, nodes[0], "b")
+	pc := addPod(t, c, l, nodes[1], "c")
+	for _, p := range []labPod{a, b, pc} {
+		mvCheckEth0(t, p)
+	}
 	legacy := netnsutil.Path(l.Legacy.NS)
 	n1 := netnsutil.Path(l.Nodes[0].NS)
-	for _, s := range []struct {
-		ns string
-		ip netip.Addr
-	}{{legacy, l.Legacy.IP}, {n1, l.Nodes[0].IP}} {
-		srv, err := netnsutil.ServeEcho(s.ns, testbed.HostPort(s.ip, 7777))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { srv.Close() })
-	}
-	for _, p := range []struct {
-		what     string
-		from     string
-		to       netip.Addr
-		deadline time.Duration
-	}{
-		{"pod a -> pod b (same node)", a.ns, b.ip, 0},
-		{"pod b -> pod a (same node)", b.ns, a.ip, 0},
-		{"pod a (n1) -> pod c (n2)", a.ns, pc.ip, 0},
-		{"pod c (n2) -> pod a (n1)", pc.ns, a.ip, 0},
-		{"pod a -> its node n1", a.ns, l.Nodes[0].IP, 0},
-		{"node n1 -> pod a", n1, a.ip, 0},
-		{"legacy VM -> pod a", legacy, a.ip, 0},
-		{"legacy VM -> pod c", legacy, pc.ip, 0},
-		{"pod a -> legacy VM", a.ns, l.Legacy.IP, 0},
-		{"pod c -> legacy VM", pc.ns, l.Legacy.IP, 0},
-	} {
-		if err := mvProbe(c, p.from, testbed.HostPort(p.to, 7777)); err != nil {
-			t.Errorf("%s: %v", p.what, err)
-		}
-	}
+	serveEcho(t, legacy, l.Legacy.IP)
+	serveEcho(t, n1, l.Nodes[0].IP)
+	expectReach(t, c, []reachable{
+		{"pod a -> pod b (same node)", a.ns, b.ip},
+		{"pod b -> pod a (same node)", b.ns, a.ip},
+		{"pod a (n1) -> pod c (n2)", a.ns, pc.ip},
+		{"pod c (n2) -> pod a (n1)", pc.ns, a.ip},
+		{"pod a -> its node n1", a.ns, l.Nodes[0].IP},
+		{"node n1 -> pod a", n1, a.ip},
+		{"legacy VM -> pod a", legacy, a.ip},
+		{"legacy VM -> pod c", legacy, pc.ip},
+		{"pod a -> legacy VM", a.ns, l.Legacy.IP},
+		{"pod c -> legacy VM", pc.ns, l.Legacy.IP},
+	})
 	if t.Failed() {
 		t.FailNow()
 	}
@@ -126,7 +74,7 @@ func TestMacvlanLab(t *testing.T) {
 		"-j", "DNAT", "--to-destination", testbed.HostPort(pc.ip, 7777)); err != nil {
 		t.Fatal(err)
 	}
-	if err := mvProbe(c, a.ns, svc+":80"); err != nil {
+	if err := probe(c, a.ns, svc+":80"); err != nil {
 		t.Errorf("pod a (n1) -> Service %s -> pod c (n2): %v", svc, err)
 	}
 	if err := l.FabricErr(); err != nil {
@@ -137,7 +85,7 @@ func TestMacvlanLab(t *testing.T) {
 	// a's MAC. n1's agent is stopped (its resync would put the MAC back),
 	// the pair is rewritten with the port's own MAC: the VPC bridge drops
 	// pod a's frames. With the MAC back, traffic flows again.
-	if err := agents[0].Stop(); err != nil {
+	if err := nodes[0].agent.Stop(); err != nil {
 		t.Fatal(err)
 	}
 	mac := alloc.AddressMAC(a.ip)
@@ -145,52 +93,22 @@ func TestMacvlanLab(t *testing.T) {
 		t.Fatalf("n1's port pairs %s with MAC %q, want %s", a.ip, got, mac)
 	}
 	mvSetPairMAC(t, l, l.Nodes[0].PortID, a.ip, "")
-	if err := mvProbe(c, legacy, testbed.HostPort(a.ip, 7777)); err == nil {
+	if err := probe(c, legacy, testbed.HostPort(a.ip, 7777)); err == nil {
 		t.Fatalf("legacy VM still reaches %s with its MAC off the pair: port security does not see pod MACs", a.ip)
 	}
 	mvSetPairMAC(t, l, l.Nodes[0].PortID, a.ip, mac)
-	if err := mvProbe(c, legacy, testbed.HostPort(a.ip, 7777)); err != nil {
+	if err := probe(c, legacy, testbed.HostPort(a.ip, 7777)); err != nil {
 		t.Fatalf("legacy VM -> %s with its MAC back on the pair: %v", a.ip, err)
 	}
 }
 
-type mvPod struct {
-	ns string
-	ip netip.Addr
-}
-
-// mvAddPod makes a pod namespace, ADDs it through cni and serves echo on
-// its address.
-func mvAddPod(t *testing.T, c context.Context, l *lab.Lab, cni *testbed.CNI, name string) mvPod {
+// mvCheckEth0 fails the test unless the pod's eth0 is a macvlan in
+// bridge mode carrying the pod's own MAC, the one its address pair names.
+func mvCheckEth0(t *testing.T, p labPod) {
 	t.Helper()
-	ns := l.Prefix + "-pod" + name
-	if err := netnsutil.Add(ns); err != nil {
-		t.Fatal(err)
+	if out, _ := netnsutil.Output(p.name, "ip", "-d", "link", "show", "eth0"); !strings.Contains(out, "macvlan mode bridge") || !strings.Contains(out, alloc.AddressMAC(p.ip)) {
+		t.Fatalf("pod %s's eth0 is not a macvlan with MAC %s:\n%s", p.id, alloc.AddressMAC(p.ip), out)
 	}
-	res, err := cni.Add(c, testbed.Runtime("mv-"+name, netnsutil.Path(ns), "eth0", nil))
-	if err != nil {
-		t.Fatalf("ADD pod %s: %v", name, err)
-	}
-	r, err := types100.GetResult(res)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ip, _ := netip.AddrFromSlice(r.IPs[0].Address.IP.To4())
-	if out, _ := netnsutil.Output(ns, "ip", "-d", "link", "show", "eth0"); !strings.Contains(out, "macvlan mode bridge") || !strings.Contains(out, alloc.AddressMAC(ip)) {
-		t.Fatalf("pod %s's eth0 is not a macvlan with MAC %s:\n%s", name, alloc.AddressMAC(ip), out)
-	}
-	srv, err := netnsutil.ServeEcho(netnsutil.Path(ns), testbed.HostPort(ip, 7777))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { srv.Close() })
-	return mvPod{ns: netnsutil.Path(ns), ip: ip}
-}
-
-func mvProbe(c context.Context, from, addr string) error {
-	pc, cancel := context.WithTimeout(c, 3*time.Second)
-	defer cancel()
-	return netnsutil.Probe(pc, from, addr)
 }
 
 // mvPairMAC is the MAC of the port's allowed address pair for ip ("" if

@@ -41,7 +41,7 @@ func TestPassthroughLab(t *testing.T) {
 	a := addPod(t, c, l, nodes[0], "a")
 	pc := addPod(t, c, l, nodes[1], "c")
 	nicA := ptNIC(t, nodes[0], a)
-	if mac, _ := netnsutil.Output(strings.TrimPrefix(a.ns, "/run/netns/"), "cat", "/sys/class/net/eth0/address"); strings.TrimSpace(mac) != strings.ToLower(nicA.MAC) {
+	if mac, _ := netnsutil.Output(a.name, "cat", "/sys/class/net/eth0/address"); strings.TrimSpace(mac) != strings.ToLower(nicA.MAC) {
 		t.Fatalf("pod a's eth0 has MAC %q, want its port's %s", mac, nicA.MAC)
 	}
 	if ptOnNode(t, nodes[0], nicA.MAC) != "" {
@@ -63,11 +63,9 @@ func TestPassthroughLab(t *testing.T) {
 		"-j", "DNAT", "--to-destination", testbed.HostPort(pc.ip, 7777)); err != nil {
 		t.Fatal(err)
 	}
-	pctx, pcancel := context.WithTimeout(c, 3*time.Second)
-	if err := netnsutil.Probe(pctx, a.ns, svc+":80"); err != nil {
+	if err := probe(c, a.ns, svc+":80"); err != nil {
 		t.Errorf("pod a (n1) -> Service %s -> pod c (n2): %v", svc, err)
 	}
-	pcancel()
 	if err := l.FabricErr(); err != nil {
 		t.Fatalf("fabric: %v", err)
 	}
