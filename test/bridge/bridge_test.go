@@ -14,6 +14,7 @@ import (
 	"github.com/vpcni/vpcni/internal/lab"
 	"github.com/vpcni/vpcni/internal/netnsutil"
 	"github.com/vpcni/vpcni/internal/testbed"
+	"github.com/vpcni/vpcni/internal/testbed/bedtest"
 )
 
 // TestBridgeTakesUplink: vpcnid's start moves the node's address, routes
@@ -26,7 +27,7 @@ func TestBridgeTakesUplink(t *testing.T) {
 	if e.move.Gap > time.Second {
 		t.Errorf("the node was cut off for %s while the bridge took the uplink", e.move.Gap)
 	}
-	node := e.tb.NodeNS()
+	node := e.TB.NodeNS()
 	for what, want := range map[string]string{
 		"address":         "inet 10.79.0.10/24 scope global vpcbr0",
 		"default route":   "default via 10.79.0.1 dev vpcbr0",
@@ -49,7 +50,7 @@ func TestBridgeTakesUplink(t *testing.T) {
 	if !strings.Contains(br, "link/ether "+mac) || !strings.Contains(br, "nf_call_iptables 1") {
 		t.Errorf("vpcbr0 should carry eth0's MAC %s and nf_call_iptables 1: %s", mac, br)
 	}
-	st, err := e.agent.State()
+	st, err := e.Agent.State()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,74 +64,74 @@ func TestBridgeTakesUplink(t *testing.T) {
 // it does not speak is refused.
 func TestBridgeVerbs(t *testing.T) {
 	e := newEnv(t)
-	nbr := netnsutil.Path(e.tb.NbrNS())
-	node := netnsutil.Path(e.tb.NodeNS())
-	echo(t, nbr, e.tb.NbrIP)
-	echo(t, node, e.tb.NodeIP)
+	nbr := netnsutil.Path(e.TB.NbrNS())
+	node := netnsutil.Path(e.TB.NodeNS())
+	bedtest.Echo(t, nbr, e.TB.NbrIP)
+	bedtest.Echo(t, node, e.TB.NodeIP)
 	for i, v := range []string{"0.4.0", "1.0.0", "1.1.0"} {
 		t.Run(v, func(t *testing.T) {
 			c := e.cni(v)
-			ns := e.pod(i)
+			ns := e.Pod(i)
 			id := "verbs-" + v
-			r := e.add(c, id, ns)
-			ip := resultIP(r)
+			r := e.Add(c, id, ns)
+			ip := bedtest.ResultIP(t, r)
 			if got := r.IPs[0].Address.String(); got != ip.String()+"/24" || r.IPs[0].Gateway.String() != "10.79.0.1" {
 				t.Errorf("result IP %s gateway %s, want %s/24 via 10.79.0.1", got, r.IPs[0].Gateway, ip)
 			}
-			pod := e.sh(e.tb.PodNS(i), "ip", "-d", "addr", "show", "eth0") + e.sh(e.tb.PodNS(i), "ip", "route")
+			pod := e.sh(e.TB.PodNS(i), "ip", "-d", "addr", "show", "eth0") + e.sh(e.TB.PodNS(i), "ip", "route")
 			for _, want := range []string{"link/ether " + alloc.AddressMAC(ip), "inet " + ip.String() + "/24", "default via 10.79.0.1 dev eth0"} {
 				if !strings.Contains(pod, want) {
 					t.Errorf("pod lacks %q:\n%s", want, pod)
 				}
 			}
 			links := e.podLinks()
-			if len(links) != 1 || !strings.Contains(e.sh(e.tb.NodeNS(), "ip", "-o", "link", "show", links[0]), "master vpcbr0") {
+			if len(links) != 1 || !strings.Contains(e.sh(e.TB.NodeNS(), "ip", "-o", "link", "show", links[0]), "master vpcbr0") {
 				t.Errorf("want one pod link on vpcbr0, have %v", links)
 			}
-			echo(t, ns, ip)
-			reach(t, ns, testbed.HostPort(e.tb.NbrIP, 7777))
+			bedtest.Echo(t, ns, ip)
+			reach(t, ns, testbed.HostPort(e.TB.NbrIP, 7777))
 			reach(t, nbr, testbed.HostPort(ip, 7777))
-			reach(t, ns, testbed.HostPort(e.tb.NodeIP, 7777))
+			reach(t, ns, testbed.HostPort(e.TB.NodeIP, 7777))
 			reach(t, node, testbed.HostPort(ip, 7777))
 			rt := testbed.Runtime(id, ns, "eth0", nil)
-			if err := c.Check(ctx(t), rt); err != nil {
+			if err := c.Check(bedtest.Ctx(t), rt); err != nil {
 				t.Errorf("CHECK: %v", err)
 			}
 			// CHECK sees a pod link taken off the bridge.
-			e.sh(e.tb.NodeNS(), "ip", "link", "set", links[0], "nomaster")
-			if err := c.Check(ctx(t), rt); err == nil || !strings.Contains(err.Error(), "not a port of vpcbr0") {
+			e.sh(e.TB.NodeNS(), "ip", "link", "set", links[0], "nomaster")
+			if err := c.Check(bedtest.Ctx(t), rt); err == nil || !strings.Contains(err.Error(), "not a port of vpcbr0") {
 				t.Errorf("CHECK of a pod link off the bridge: %v", err)
 			}
-			e.sh(e.tb.NodeNS(), "ip", "link", "set", links[0], "master", "vpcbr0")
+			e.sh(e.TB.NodeNS(), "ip", "link", "set", links[0], "master", "vpcbr0")
 			if v == "1.1.0" {
-				if err := c.GC(ctx(t), []types.GCAttachment{{ContainerID: id, IfName: "eth0"}}); err != nil {
+				if err := c.GC(bedtest.Ctx(t), []types.GCAttachment{{ContainerID: id, IfName: "eth0"}}); err != nil {
 					t.Errorf("GC keeping the pod: %v", err)
 				}
 				if len(e.podLinks()) != 1 {
 					t.Errorf("GC removed a valid attachment: %v", e.podLinks())
 				}
-				if err := c.GC(ctx(t), nil); err != nil {
+				if err := c.GC(bedtest.Ctx(t), nil); err != nil {
 					t.Errorf("GC: %v", err)
 				}
 				e.waitNoPodLinks()
 			}
-			if err := c.Del(ctx(t), rt); err != nil {
+			if err := c.Del(bedtest.Ctx(t), rt); err != nil {
 				t.Fatalf("DEL: %v", err)
 			}
-			if err := c.Del(ctx(t), rt); err != nil {
+			if err := c.Del(bedtest.Ctx(t), rt); err != nil {
 				t.Errorf("second DEL: %v", err)
 			}
 			e.waitNoPodLinks()
-			if out := e.sh(e.tb.PodNS(i), "ip", "-o", "link"); strings.Contains(out, "eth0") {
+			if out := e.sh(e.TB.PodNS(i), "ip", "-o", "link"); strings.Contains(out, "eth0") {
 				t.Errorf("pod end left in the pod: %s", out)
 			}
-			if st, _ := e.agent.State(); st == nil || len(st.Allocations) != 0 {
+			if st, _ := e.Agent.State(); st == nil || len(st.Allocations) != 0 {
 				t.Errorf("allocations left after DEL: %+v", st)
 			}
 		})
 	}
 	t.Run("0.3.1 refused", func(t *testing.T) {
-		_, err := e.cni("0.3.1").Add(ctx(t), testbed.Runtime("old", e.pod(9), "eth0", nil))
+		_, err := e.cni("0.3.1").Add(bedtest.Ctx(t), testbed.Runtime("old", e.Pod(9), "eth0", nil))
 		if err == nil || !strings.Contains(err.Error(), "0.3.1") {
 			t.Fatalf("ADD with CNI 0.3.1: %v, want a refusal naming the version", err)
 		}
@@ -147,27 +148,27 @@ func TestBridgeVerbs(t *testing.T) {
 // what makes it work, and turning that off breaks it.
 func TestBridgePodsAndServices(t *testing.T) {
 	e := newEnv(t)
-	nodeNS := e.tb.NodeNS()
+	nodeNS := e.TB.NodeNS()
 	e.sh(nodeNS, "sysctl", "-qw", "net.bridge.bridge-nf-call-iptables=0")
 	c := e.cni("1.0.0")
 	var ns [2]string
 	var ip [2]netip.Addr
 	for i := range ns {
-		ns[i] = e.pod(i)
-		ip[i] = resultIP(e.add(c, fmt.Sprintf("svc-%d", i), ns[i]))
-		echo(t, ns[i], ip[i])
+		ns[i] = e.Pod(i)
+		ip[i] = e.AddIP(c, fmt.Sprintf("svc-%d", i), ns[i])
+		bedtest.Echo(t, ns[i], ip[i])
 	}
-	echo(t, netnsutil.Path(e.tb.NbrNS()), e.tb.NbrIP)
-	echo(t, netnsutil.Path(nodeNS), e.tb.NodeIP)
+	bedtest.Echo(t, netnsutil.Path(e.TB.NbrNS()), e.TB.NbrIP)
+	bedtest.Echo(t, netnsutil.Path(nodeNS), e.TB.NodeIP)
 	reach(t, ns[0], testbed.HostPort(ip[1], 7777))
 	reach(t, ns[1], testbed.HostPort(ip[0], 7777))
-	reach(t, ns[0], testbed.HostPort(e.tb.NodeIP, 7777))
-	reach(t, ns[0], testbed.HostPort(e.tb.NbrIP, 7777))
-	reach(t, netnsutil.Path(e.tb.NbrNS()), testbed.HostPort(ip[1], 7777))
+	reach(t, ns[0], testbed.HostPort(e.TB.NodeIP, 7777))
+	reach(t, ns[0], testbed.HostPort(e.TB.NbrIP, 7777))
+	reach(t, netnsutil.Path(e.TB.NbrNS()), testbed.HostPort(ip[1], 7777))
 
 	services := map[string]string{
 		"10.96.0.10": testbed.HostPort(ip[1], 7777),      // a pod on this node
-		"10.96.0.11": testbed.HostPort(e.tb.NbrIP, 7777), // a host elsewhere on the segment
+		"10.96.0.11": testbed.HostPort(e.TB.NbrIP, 7777), // a host elsewhere on the segment
 	}
 	for svc, backend := range services {
 		e.sh(nodeNS, "iptables", "-t", "nat", "-A", "PREROUTING", "-d", svc, "-p", "tcp", "--dport", "80", "-j", "DNAT", "--to-destination", backend)
@@ -186,7 +187,7 @@ func TestBridgePodsAndServices(t *testing.T) {
 	// iptables and goes nowhere.
 	e.sh(nodeNS, "ip", "link", "set", "vpcbr0", "type", "bridge", "nf_call_iptables", "0")
 	e.sh(nodeNS, "conntrack", "-F")
-	if err := probe(ns[0], "10.96.0.11:80"); err == nil {
+	if err := bedtest.Probe(ns[0], "10.96.0.11:80"); err == nil {
 		t.Errorf("a Service answered with nf_call_iptables off on the bridge: the test proves nothing")
 	}
 	e.sh(nodeNS, "ip", "link", "set", "vpcbr0", "type", "bridge", "nf_call_iptables", "1")
@@ -199,21 +200,21 @@ func TestBridgeBadInput(t *testing.T) {
 	e := newEnv(t)
 	c := e.cni("1.0.0")
 	// No such namespace.
-	_, err := c.Add(ctx(t), testbed.Runtime("bad-ns", "/run/netns/vpcni-no-such-ns", "eth0", nil))
+	_, err := c.Add(bedtest.Ctx(t), testbed.Runtime("bad-ns", "/run/netns/vpcni-no-such-ns", "eth0", nil))
 	if err == nil || !strings.Contains(err.Error(), "does not exist") {
 		t.Errorf("ADD into a missing netns: %v", err)
 	}
 	// The pod has an eth0 already.
-	ns := e.pod(1)
-	e.sh(e.tb.PodNS(1), "ip", "link", "add", "eth0", "type", "veth", "peer", "name", "eth0p")
-	_, err = c.Add(ctx(t), testbed.Runtime("busy", ns, "eth0", nil))
+	ns := e.Pod(1)
+	e.sh(e.TB.PodNS(1), "ip", "link", "add", "eth0", "type", "veth", "peer", "name", "eth0p")
+	_, err = c.Add(bedtest.Ctx(t), testbed.Runtime("busy", ns, "eth0", nil))
 	if err == nil || !strings.Contains(err.Error(), "already exists") {
 		t.Errorf("ADD over an existing eth0: %v", err)
 	}
 	if l := e.podLinks(); len(l) != 0 {
 		t.Errorf("failed ADDs left links: %v", l)
 	}
-	if st, _ := e.agent.State(); st == nil || len(st.Allocations) != 0 {
+	if st, _ := e.Agent.State(); st == nil || len(st.Allocations) != 0 {
 		t.Errorf("failed ADDs left allocations: %+v", st)
 	}
 }
@@ -225,19 +226,19 @@ func TestBridgeBadInput(t *testing.T) {
 func TestBridgeRestartAndUninstall(t *testing.T) {
 	e := newEnv(t)
 	c := e.cni("1.0.0")
-	nodeNS := e.tb.NodeNS()
-	nbr := netnsutil.Path(e.tb.NbrNS())
+	nodeNS := e.TB.NodeNS()
+	nbr := netnsutil.Path(e.TB.NbrNS())
 	var ns [2]string
 	var ip [2]netip.Addr
 	for i := range ns {
-		ns[i] = e.pod(i)
-		ip[i] = resultIP(e.add(c, fmt.Sprintf("rs-%d", i), ns[i]))
-		echo(t, ns[i], ip[i])
+		ns[i] = e.Pod(i)
+		ip[i] = e.AddIP(c, fmt.Sprintf("rs-%d", i), ns[i])
+		bedtest.Echo(t, ns[i], ip[i])
 	}
 	moved := e.nodeState()
 	brIndex := e.sh(nodeNS, "cat", "/sys/class/net/vpcbr0/ifindex")
 	for _, kill := range []bool{false, true} {
-		pn, err := lab.StartPinger(nbr, e.tb.NodeIP, 10*time.Millisecond)
+		pn, err := lab.StartPinger(nbr, e.TB.NodeIP, 10*time.Millisecond)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -246,11 +247,11 @@ func TestBridgeRestartAndUninstall(t *testing.T) {
 			t.Fatal(err)
 		}
 		if kill {
-			_ = e.agent.Kill()
+			_ = e.Agent.Kill()
 		} else {
-			_ = e.agent.Stop()
+			_ = e.Agent.Stop()
 		}
-		e.startAgent()
+		e.StartAgent()
 		sn, sp := pn.Stop(), pp.Stop()
 		t.Logf("restart (kill=%v): node %s; pod %s", kill, sn, sp)
 		if sn.Lost > 0 || sp.Lost > 0 {
@@ -265,7 +266,7 @@ func TestBridgeRestartAndUninstall(t *testing.T) {
 		reach(t, ns[1], testbed.HostPort(ip[0], 7777))
 	}
 	// A pod link lost while the agent is down: the start re-wires the pod.
-	_ = e.agent.Stop()
+	_ = e.Agent.Stop()
 	lost := ""
 	for _, l := range e.podLinks() {
 		if strings.Contains(e.sh(nodeNS, "ip", "-o", "-d", "link", "show", l), "rs-1/eth0") {
@@ -273,9 +274,9 @@ func TestBridgeRestartAndUninstall(t *testing.T) {
 		}
 	}
 	e.sh(nodeNS, "ip", "link", "del", lost)
-	e.startAgent()
+	e.StartAgent()
 	deadline := time.Now().Add(15 * time.Second)
-	for probe(ns[0], testbed.HostPort(ip[1], 7777)) != nil {
+	for bedtest.Probe(ns[0], testbed.HostPort(ip[1], 7777)) != nil {
 		if time.Now().After(deadline) {
 			t.Fatalf("pod %s not re-wired after its link was deleted", ip[1])
 		}
@@ -283,18 +284,18 @@ func TestBridgeRestartAndUninstall(t *testing.T) {
 	}
 
 	for i := range ns {
-		if err := c.Del(ctx(t), testbed.Runtime(fmt.Sprintf("rs-%d", i), ns[i], "eth0", nil)); err != nil {
+		if err := c.Del(bedtest.Ctx(t), testbed.Runtime(fmt.Sprintf("rs-%d", i), ns[i], "eth0", nil)); err != nil {
 			t.Fatalf("DEL: %v", err)
 		}
 	}
 	e.waitNoPodLinks()
 	// While the agent runs, uninstall refuses.
 	cniDir := t.TempDir()
-	args := []string{filepath.Join(binDir, "vpcnictl"), "uninstall-cni", "--bin-dir", cniDir, "--conf-dir", cniDir, "--agent-config", e.agent.ConfigPath}
+	args := []string{filepath.Join(binDir, "vpcnictl"), "uninstall-cni", "--bin-dir", cniDir, "--conf-dir", cniDir, "--agent-config", e.Agent.ConfigPath}
 	if out, err := netnsutil.Output(nodeNS, args...); err == nil || !strings.Contains(out, "stop it") {
 		t.Errorf("uninstall with the agent running: %v\n%s", err, out)
 	}
-	_ = e.agent.Stop()
+	_ = e.Agent.Stop()
 	out := e.sh(nodeNS, args...)
 	if !strings.Contains(out, "node given back by datapath bridge") {
 		t.Errorf("uninstall said: %s", out)
@@ -303,6 +304,6 @@ func TestBridgeRestartAndUninstall(t *testing.T) {
 		t.Errorf("uninstall did not restore the node exactly:\n--- before vpcni\n%s--- after uninstall\n%s", e.before, after)
 	}
 	// The node works as before: the neighbour reaches it on eth0.
-	echo(t, netnsutil.Path(nodeNS), e.tb.NodeIP)
-	reach(t, nbr, testbed.HostPort(e.tb.NodeIP, 7777))
+	bedtest.Echo(t, netnsutil.Path(nodeNS), e.TB.NodeIP)
+	reach(t, nbr, testbed.HostPort(e.TB.NodeIP, 7777))
 }

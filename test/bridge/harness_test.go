@@ -5,11 +5,7 @@
 package bridge
 
 import (
-	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
-	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,14 +14,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/containernetworking/cni/pkg/types"
-	types100 "github.com/containernetworking/cni/pkg/types/100"
-
 	"github.com/vpcni/vpcni/internal/config"
 	"github.com/vpcni/vpcni/internal/datapath/bridge"
 	"github.com/vpcni/vpcni/internal/lab"
 	"github.com/vpcni/vpcni/internal/netnsutil"
 	"github.com/vpcni/vpcni/internal/testbed"
+	"github.com/vpcni/vpcni/internal/testbed/bedtest"
 )
 
 var binDir string
@@ -55,11 +49,7 @@ func TestMain(m *testing.M) {
 
 // env is one node testbed with vpcnid in bridge mode.
 type env struct {
-	t     *testing.T
-	tb    *testbed.Topology
-	dir   string
-	agent *testbed.Agent
-	cfg   config.Config
+	*bedtest.Env
 	// before is the node's network state before vpcnid first started.
 	before string
 	// move is what the neighbour saw of the node while the bridge took
@@ -83,34 +73,14 @@ var nodeExtras = [][]string{
 // 10.79.0.64-254, measuring the move from the neighbour.
 func newEnv(t *testing.T) *env {
 	t.Helper()
-	var b [3]byte
-	_, _ = rand.Read(b[:])
-	tb := testbed.New("vpcnib"+hex.EncodeToString(b[:]), netip.MustParsePrefix("10.79.0.0/24"))
-	if err := tb.Up(); err != nil {
-		t.Fatalf("testbed: %v", err)
-	}
-	e := &env{t: t, tb: tb, dir: t.TempDir()}
-	t.Cleanup(func() {
-		if t.Failed() && e.agent != nil {
-			if log, err := os.ReadFile(e.agent.LogPath); err == nil {
-				t.Logf("vpcnid log:\n%s", log)
-			}
-		}
-		if err := tb.Down(); err != nil {
-			t.Errorf("testbed teardown: %v", err)
-		}
-		if left := netnsutil.List(tb.Prefix); len(left) > 0 {
-			t.Errorf("namespaces left behind: %v", left)
-		}
-	})
+	e := &env{Env: bedtest.New(t, binDir, "vpcnib", "10.79.0.0/24", "10.79.0.0/26")}
+	tb := e.TB
 	for _, c := range nodeExtras {
 		e.sh(tb.NodeNS(), c...)
 	}
 	e.before = e.nodeState()
-	e.cfg = tb.AgentConfig(e.dir, "10.79.0.0/24", "10.79.0.0/26")
-	e.cfg.Cooldown.Duration = 0
-	e.cfg.MetricsAddr = ""
-	e.cfg.Datapath = config.Datapath{Mode: "bridge"}
+	e.Cfg.MetricsAddr = ""
+	e.Cfg.Datapath = config.Datapath{Mode: "bridge"}
 	p, err := lab.StartPinger(netnsutil.Path(tb.NbrNS()), tb.NodeIP, 10*time.Millisecond)
 	if err != nil {
 		t.Fatal(err)
@@ -119,28 +89,15 @@ func newEnv(t *testing.T) *env {
 		p.Stop()
 		t.Fatal(err)
 	}
-	e.startAgent()
+	e.StartAgent()
 	e.move = p.Stop()
 	return e
 }
 
-func (e *env) startAgent() {
-	e.t.Helper()
-	a, err := e.tb.StartAgent(binDir, e.cfg)
-	if err != nil {
-		e.t.Fatalf("start vpcnid: %v", err)
-	}
-	e.agent = a
-}
-
 // sh runs a command in a namespace and returns its output.
 func (e *env) sh(ns string, argv ...string) string {
-	e.t.Helper()
-	out, err := netnsutil.Output(ns, argv...)
-	if err != nil {
-		e.t.Fatalf("%s in %s: %v\n%s", strings.Join(argv, " "), ns, err, out)
-	}
-	return out
+	e.T.Helper()
+	return bedtest.Sh(e.T, ns, argv...)
 }
 
 // nodeState is the node's network configuration as `ip -d` prints it:
@@ -149,10 +106,10 @@ func (e *env) sh(ns string, argv ...string) string {
 // timers), once IPv6 duplicate address detection is over (it adds a local
 // route when it ends).
 func (e *env) nodeState() string {
-	ns := e.tb.NodeNS()
+	ns := e.TB.NodeNS()
 	for deadline := time.Now().Add(5 * time.Second); strings.Contains(e.sh(ns, "ip", "addr"), "tentative"); time.Sleep(50 * time.Millisecond) {
 		if time.Now().After(deadline) {
-			e.t.Fatal("IPv6 link-local addresses in the node stay tentative")
+			e.T.Fatal("IPv6 link-local addresses in the node stay tentative")
 		}
 	}
 	s := e.sh(ns, "ip", "-d", "addr") + e.sh(ns, "ip", "-d", "route", "show", "table", "all") +
@@ -165,87 +122,30 @@ var volatile = regexp.MustCompile(`\w+_timer\s+[0-9.]+ `)
 // plainState is the node's addresses, routes and permanent neighbours as
 // `ip` prints them without details.
 func (e *env) plainState() string {
-	ns := e.tb.NodeNS()
+	ns := e.TB.NodeNS()
 	return e.sh(ns, "ip", "addr") + e.sh(ns, "ip", "route", "show", "table", "all") + e.sh(ns, "ip", "neigh", "show", "nud", "permanent")
 }
 
 // cni loads a conflist with vpcni alone.
 func (e *env) cni(version string) *testbed.CNI {
-	e.t.Helper()
-	c, err := e.tb.NewCNI([]string{binDir}, filepath.Join(e.dir, "cni-cache"),
-		testbed.VpcniConfList(version, "vpcni-bridge", e.cfg.SocketPath))
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	return c
+	e.T.Helper()
+	return e.CNI("vpcni-bridge", "cni-cache", version)
 }
 
-func (e *env) pod(i int) string {
-	e.t.Helper()
-	path, err := e.tb.AddPod(i)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	return path
-}
-
-func ctx(t *testing.T) context.Context {
-	c, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	t.Cleanup(cancel)
-	return c
-}
-
-// add runs ADD and returns the result.
-func (e *env) add(c *testbed.CNI, id, netnsPath string) *types100.Result {
-	e.t.Helper()
-	res, err := c.Add(ctx(e.t), testbed.Runtime(id, netnsPath, "eth0", nil))
-	if err != nil {
-		e.t.Fatalf("ADD %s: %v", id, err)
-	}
-	r, err := types100.GetResult(res)
-	if err != nil {
-		e.t.Fatalf("result: %v", err)
-	}
-	if len(r.IPs) != 1 {
-		e.t.Fatalf("result has %d IPs, want 1: %+v", len(r.IPs), r)
-	}
-	return r
-}
-
-func resultIP(r *types100.Result) netip.Addr {
-	ip, _ := netip.AddrFromSlice(r.IPs[0].Address.IP.To4())
-	return ip
-}
-
-// echo serves TCP echo on ip:7777 in a namespace for the test's life.
-func echo(t *testing.T, nsPath string, ip netip.Addr) {
-	t.Helper()
-	srv, err := netnsutil.ServeEcho(nsPath, testbed.HostPort(ip, 7777))
-	if err != nil {
-		t.Fatalf("echo server: %v", err)
-	}
-	t.Cleanup(func() { srv.Close() })
-}
-
-func probe(from, addr string) error {
-	c, cancel := context.WithTimeout(context.Background(), 3*time.Second)
-	defer cancel()
-	return netnsutil.Probe(c, from, addr)
-}
-
-// reach asserts a TCP round trip from a namespace to addr.
+// reach checks a TCP round trip from a namespace to addr and lets the
+// test go on, so that one run names every path that fails.
 func reach(t *testing.T, from, addr string) {
 	t.Helper()
-	if err := probe(from, addr); err != nil {
+	if err := bedtest.Probe(from, addr); err != nil {
 		t.Errorf("%s cannot reach %s: %v", filepath.Base(from), addr, err)
 	}
 }
 
 // podLinks lists the node's pod links (alias vpcni:<container>/<if>).
 func (e *env) podLinks() []string {
-	e.t.Helper()
+	e.T.Helper()
 	var out []string
-	for _, line := range strings.Split(e.sh(e.tb.NodeNS(), "ip", "-o", "-d", "link"), "\n") {
+	for _, line := range strings.Split(e.sh(e.TB.NodeNS(), "ip", "-o", "-d", "link"), "\n") {
 		if strings.Contains(line, "alias "+bridge.AliasPrefix) && !strings.Contains(line, "alias "+bridge.BridgeAlias) {
 			name, _, _ := strings.Cut(strings.TrimSuffix(strings.Fields(line)[1], ":"), "@")
 			out = append(out, name)
@@ -256,18 +156,12 @@ func (e *env) podLinks() []string {
 
 // waitNoPodLinks waits until no pod link is left on the node.
 func (e *env) waitNoPodLinks() {
-	e.t.Helper()
+	e.T.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for len(e.podLinks()) > 0 {
 		if time.Now().After(deadline) {
-			e.t.Fatalf("pod links left on the node: %v", e.podLinks())
+			e.T.Fatalf("pod links left on the node: %v", e.podLinks())
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-}
-
-// isCode says whether err is a CNI error with the given code.
-func isCode(err error, code uint) bool {
-	e, ok := err.(*types.Error)
-	return ok && e.Code == code
 }

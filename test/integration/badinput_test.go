@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/vpcni/vpcni/internal/api"
+	"github.com/vpcni/vpcni/internal/testbed/bedtest"
 )
 
 // TestBadInput: every malformed invocation gets the CNI error code the spec
@@ -14,8 +15,8 @@ import (
 func TestBadInput(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	podNS := e.pod(1)
-	good := `{"cniVersion":"1.0.0","name":"vpcni-test","type":"vpcni","socket":"` + e.cfg.SocketPath + `"}`
+	podNS := e.Pod(1)
+	good := `{"cniVersion":"1.0.0","name":"vpcni-test","type":"vpcni","socket":"` + e.Cfg.SocketPath + `"}`
 	env := func(over map[string]string) map[string]string {
 		m := map[string]string{
 			"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "bad-input", "CNI_NETNS": podNS,
@@ -49,7 +50,7 @@ func TestBadInput(t *testing.T) {
 		{"interface name over 15 bytes", env(map[string]string{"CNI_IFNAME": "eth0123456789012"}), good, 4, "interface name is too long"},
 		{"interface name with a slash", env(map[string]string{"CNI_IFNAME": "eth/0"}), good, 4, "interface name"},
 		{"container ID over 233 bytes", env(map[string]string{"CNI_CONTAINERID": strings.Repeat("c", 250)}), good, 4, "at most 233"},
-		{"config over the agent's 1 MiB limit", env(nil), `{"cniVersion":"1.0.0","name":"n","type":"vpcni","socket":"` + e.cfg.SocketPath + `","pad":"` + strings.Repeat("x", api.MaxRequestBytes) + `"}`, 7, "too large"},
+		{"config over the agent's 1 MiB limit", env(nil), `{"cniVersion":"1.0.0","name":"n","type":"vpcni","socket":"` + e.Cfg.SocketPath + `","pad":"` + strings.Repeat("x", api.MaxRequestBytes) + `"}`, 7, "too large"},
 		{"agent socket missing", env(nil), `{"cniVersion":"1.0.0","name":"n","type":"vpcni","socket":"/run/vpcni-no-such/vpcnid.sock"}`, 11, "try again later"},
 		{"CHECK of an unknown container", env(map[string]string{"CNI_COMMAND": "CHECK"}), good, 3, "no allocation"},
 	}
@@ -68,7 +69,7 @@ func TestBadInput(t *testing.T) {
 			if ks := e.kernel(); !ks.empty() {
 				t.Errorf("left kernel state on the node: %+v", ks)
 			}
-			if _, err := handleIn(t, podNS).LinkByName("eth0"); err == nil {
+			if _, err := bedtest.HandleIn(t, podNS).LinkByName("eth0"); err == nil {
 				t.Errorf("left eth0 in the pod")
 			}
 		})
@@ -91,7 +92,7 @@ func TestBadInput(t *testing.T) {
 		{ContainerID: "raw", IfName: "eth0", Netns: "/proc/self/no-such", Config: []byte(good)},
 		{ContainerID: "raw", IfName: "eth0", Netns: podNS, Config: []byte(`{"cniVersion":"1.0.0"}`)},
 	} {
-		err := e.agent.Client.Do(ctx(t), api.PathAdd, &req, nil)
+		err := e.Agent.Client.Do(bedtest.Ctx(t), api.PathAdd, &req, nil)
 		var apiErr *api.Error
 		if !errors.As(err, &apiErr) || (apiErr.Code != 4 && apiErr.Code != 7) {
 			t.Errorf("agent accepted or mis-coded %+v: %v", req, err)

@@ -5,11 +5,7 @@ package integration
 
 import (
 	"bytes"
-	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net/netip"
 	"os"
@@ -19,10 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/containernetworking/cni/pkg/types"
-	types100 "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 
 	"github.com/vpcni/vpcni/internal/api"
 	"github.com/vpcni/vpcni/internal/config"
@@ -30,6 +23,7 @@ import (
 	"github.com/vpcni/vpcni/internal/netnsutil"
 	"github.com/vpcni/vpcni/internal/provider/static"
 	"github.com/vpcni/vpcni/internal/testbed"
+	"github.com/vpcni/vpcni/internal/testbed/bedtest"
 )
 
 // binDir holds vpcni, vpcnid and vpcnictl, built once for the package.
@@ -81,11 +75,7 @@ func run(m *testing.M) (int, error) {
 
 // env is one node testbed with its agent.
 type env struct {
-	t     *testing.T
-	tb    *testbed.Topology
-	dir   string
-	agent *testbed.Agent
-	cfg   config.Config
+	*bedtest.Env
 }
 
 type envOpt func(*config.Config)
@@ -107,125 +97,36 @@ func withPool(warm, batch int) envOpt {
 // unless asked.
 func newEnv(t *testing.T, opts ...envOpt) *env {
 	t.Helper()
-	var b [3]byte
-	_, _ = rand.Read(b[:])
-	tb := testbed.New("vpcnit"+hex.EncodeToString(b[:]), netip.MustParsePrefix("10.78.0.0/24"))
-	if err := tb.Up(); err != nil {
-		t.Fatalf("testbed: %v", err)
-	}
-	e := &env{t: t, tb: tb, dir: t.TempDir()}
-	t.Cleanup(func() {
-		if t.Failed() && e.agent != nil {
-			if log, err := os.ReadFile(e.agent.LogPath); err == nil {
-				t.Logf("vpcnid log:\n%s", log)
-			}
-		}
-		if err := tb.Down(); err != nil {
-			t.Errorf("testbed teardown: %v", err)
-		}
-		if left := netnsutil.List(tb.Prefix); len(left) > 0 {
-			t.Errorf("namespaces left behind: %v", left)
-		}
-	})
-	e.cfg = tb.AgentConfig(e.dir, "10.78.0.0/24", "10.78.0.0/26")
-	e.cfg.Cooldown.Duration = 0
+	e := &env{bedtest.New(t, binDir, "vpcnit", "10.78.0.0/24", "10.78.0.0/26")}
+	// Debian's plugins, for the chains that put portmap or bandwidth
+	// after vpcni.
+	e.PluginDirs = append(e.PluginDirs, testbed.DebianCNIDir)
 	for _, o := range opts {
-		o(&e.cfg)
+		o(&e.Cfg)
 	}
-	e.startAgent()
+	e.StartAgent()
 	return e
-}
-
-func (e *env) startAgent() {
-	e.t.Helper()
-	a, err := e.tb.StartAgent(binDir, e.cfg)
-	if err != nil {
-		e.t.Fatalf("start vpcnid: %v", err)
-	}
-	e.agent = a
 }
 
 // cni loads a conflist with vpcni first and the given plugins after it.
 func (e *env) cni(version string, extra ...map[string]any) *testbed.CNI {
-	e.t.Helper()
-	c, err := e.tb.NewCNI([]string{binDir, testbed.DebianCNIDir}, filepath.Join(e.dir, "cni-cache"),
-		testbed.VpcniConfList(version, "vpcni-test", e.cfg.SocketPath, extra...))
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	return c
-}
-
-// pod creates a pod namespace and returns its path.
-func (e *env) pod(i int) string {
-	e.t.Helper()
-	path, err := e.tb.AddPod(i)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	return path
-}
-
-func ctx(t *testing.T) context.Context {
-	c, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	t.Cleanup(cancel)
-	return c
-}
-
-// add runs ADD and returns the pod's address.
-func (e *env) add(c *testbed.CNI, id, netnsPath string) netip.Addr {
-	e.t.Helper()
-	res, err := c.Add(ctx(e.t), testbed.Runtime(id, netnsPath, "eth0", nil))
-	if err != nil {
-		e.t.Fatalf("ADD %s: %v", id, err)
-	}
-	return resultIP(e.t, res)
-}
-
-func resultIP(t *testing.T, res types.Result) netip.Addr {
-	t.Helper()
-	r, err := types100.GetResult(res)
-	if err != nil {
-		t.Fatalf("result: %v", err)
-	}
-	if len(r.IPs) != 1 {
-		t.Fatalf("result has %d IPs, want 1: %+v", len(r.IPs), r)
-	}
-	ip, ok := netip.AddrFromSlice(r.IPs[0].Address.IP.To4())
-	if !ok {
-		t.Fatalf("result IP %v is not IPv4", r.IPs[0].Address)
-	}
-	return ip
+	e.T.Helper()
+	return e.CNI("vpcni-test", "cni-cache", version, extra...)
 }
 
 func (e *env) state() *api.State {
-	e.t.Helper()
-	st, err := e.agent.State()
+	e.T.Helper()
+	st, err := e.Agent.State()
 	if err != nil {
-		e.t.Fatalf("agent state: %v", err)
+		e.T.Fatalf("agent state: %v", err)
 	}
 	return st
 }
 
 // node opens a netlink handle in the node namespace.
 func (e *env) node() *netlink.Handle {
-	e.t.Helper()
-	return handleIn(e.t, netnsutil.Path(e.tb.NodeNS()))
-}
-
-func handleIn(t *testing.T, path string) *netlink.Handle {
-	t.Helper()
-	ns, err := netns.GetFromPath(path)
-	if err != nil {
-		t.Fatalf("open %s: %v", path, err)
-	}
-	defer ns.Close()
-	h, err := netlink.NewHandleAt(ns)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(h.Close)
-	return h
+	e.T.Helper()
+	return bedtest.HandleIn(e.T, netnsutil.Path(e.TB.NodeNS()))
 }
 
 // kernelState is what vpcni owns in the node namespace.
@@ -236,19 +137,8 @@ type kernelState struct {
 }
 
 func (e *env) kernel() kernelState {
-	e.t.Helper()
-	for range 10 {
-		ks, err := e.kernelOnce()
-		if errors.Is(err, netlink.ErrDumpInterrupted) {
-			continue
-		}
-		if err != nil {
-			e.t.Fatal(err)
-		}
-		return ks
-	}
-	e.t.Fatal("netlink dumps of the node kept being interrupted")
-	return kernelState{}
+	e.T.Helper()
+	return bedtest.Retry(e.T, e.kernelOnce)
 }
 
 func (e *env) kernelOnce() (kernelState, error) {
@@ -288,22 +178,10 @@ func (e *env) kernelOnce() (kernelState, error) {
 
 func (k kernelState) empty() bool { return len(k.Links)+len(k.Routes)+len(k.Proxies) == 0 }
 
-// waitFor polls cond until it holds or d passes.
-func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", d, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 // waitClean waits until vpcni owns nothing in the node's kernel (links are
 // deleted in the background after DEL).
 func (e *env) waitClean() {
-	e.t.Helper()
+	e.T.Helper()
 	var ks kernelState
 	deadline := time.Now().Add(10 * time.Second)
 	for {
@@ -312,36 +190,10 @@ func (e *env) waitClean() {
 			return
 		}
 		if time.Now().After(deadline) {
-			e.t.Fatalf("vpcni left state in the node's kernel: %+v", ks)
+			e.T.Fatalf("vpcni left state in the node's kernel: %+v", ks)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-}
-
-// echo serves TCP echo on ip:7777 in a namespace for the test's life.
-func echo(t *testing.T, nsPath string, ip netip.Addr) {
-	t.Helper()
-	srv, err := netnsutil.ServeEcho(nsPath, testbed.HostPort(ip, 7777))
-	if err != nil {
-		t.Fatalf("echo server: %v", err)
-	}
-	t.Cleanup(func() { srv.Close() })
-}
-
-// reach asserts a TCP round trip from a namespace to addr.
-func reach(t *testing.T, from, addr string) {
-	t.Helper()
-	if err := probe(from, addr); err != nil {
-		t.Fatalf("%s cannot reach %s: %v", filepath.Base(from), addr, err)
-	}
-}
-
-func probe(from, addr string) error { return probeWithin(from, addr, 3*time.Second) }
-
-func probeWithin(from, addr string, d time.Duration) error {
-	c, cancel := context.WithTimeout(context.Background(), d)
-	defer cancel()
-	return netnsutil.Probe(c, from, addr)
 }
 
 // execPlugin runs the plugin binary directly with the given environment
@@ -368,10 +220,4 @@ func execPlugin(t *testing.T, env map[string]string, stdin []byte) (*api.Error, 
 		t.Fatalf("plugin failed without a CNI error on stdout: %v\nstdout: %s\nstderr: %s", err, stdout.String(), stderr.String())
 	}
 	return e, stdout.Bytes()
-}
-
-// isCode says whether err is a CNI error with the given code.
-func isCode(err error, code uint) bool {
-	var e *types.Error
-	return errors.As(err, &e) && e.Code == code
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/vpcni/vpcni/internal/datapath/veth"
 	"github.com/vpcni/vpcni/internal/netnsutil"
 	"github.com/vpcni/vpcni/internal/testbed"
+	"github.com/vpcni/vpcni/internal/testbed/bedtest"
 )
 
 // TestLifecycle: ADD wires the pod as documented, CHECK passes, the pod
@@ -25,22 +26,22 @@ func TestLifecycle(t *testing.T) {
 	for _, v := range versions {
 		t.Run(v, func(t *testing.T) {
 			c := e.cni(v)
-			podNS := e.pod(1)
+			podNS := e.Pod(1)
 			id := "life-" + v
-			res, err := c.Add(ctx(t), testbed.Runtime(id, podNS, "eth0", nil))
+			res, err := c.Add(bedtest.Ctx(t), testbed.Runtime(id, podNS, "eth0", nil))
 			if err != nil {
 				t.Fatalf("ADD: %v", err)
 			}
 			if res.Version() != v {
 				t.Errorf("result version %s, want %s", res.Version(), v)
 			}
-			ip := resultIP(t, res)
+			ip := bedtest.ResultIP(t, res)
 			if !netip.MustParsePrefix("10.78.0.64/26").Contains(ip) && !netip.MustParsePrefix("10.78.0.128/25").Contains(ip) {
 				t.Fatalf("address %s is outside the pool", ip)
 			}
 
 			// The pod's side.
-			pod := handleIn(t, podNS)
+			pod := bedtest.HandleIn(t, podNS)
 			eth0, err := pod.LinkByName("eth0")
 			if err != nil {
 				t.Fatalf("pod eth0: %v", err)
@@ -81,23 +82,23 @@ func TestLifecycle(t *testing.T) {
 				t.Errorf("agent allocations %+v", st.Allocations)
 			}
 
-			if err := c.Check(ctx(t), testbed.Runtime(id, podNS, "eth0", nil)); err != nil {
+			if err := c.Check(bedtest.Ctx(t), testbed.Runtime(id, podNS, "eth0", nil)); err != nil {
 				t.Errorf("CHECK: %v", err)
 			}
 
 			// The point of vpcni: a host on the segment reaches the pod by
 			// its IP (the node answers ARP for it), and the pod the host.
-			nbr := netnsutil.Path(e.tb.NbrNS())
-			echo(t, podNS, ip)
-			echo(t, nbr, e.tb.NbrIP)
-			reach(t, nbr, testbed.HostPort(ip, 7777))
-			reach(t, podNS, testbed.HostPort(e.tb.NbrIP, 7777))
-			echo(t, netnsutil.Path(e.tb.NodeNS()), e.tb.NodeIP)
-			reach(t, podNS, testbed.HostPort(e.tb.NodeIP, 7777))
+			nbr := netnsutil.Path(e.TB.NbrNS())
+			bedtest.Echo(t, podNS, ip)
+			bedtest.Echo(t, nbr, e.TB.NbrIP)
+			bedtest.Reach(t, nbr, testbed.HostPort(ip, 7777))
+			bedtest.Reach(t, podNS, testbed.HostPort(e.TB.NbrIP, 7777))
+			bedtest.Echo(t, netnsutil.Path(e.TB.NodeNS()), e.TB.NodeIP)
+			bedtest.Reach(t, podNS, testbed.HostPort(e.TB.NodeIP, 7777))
 
 			// DEL removes exactly what ADD made; DEL again is fine.
 			rt := testbed.Runtime(id, podNS, "eth0", nil)
-			if err := c.Del(ctx(t), rt); err != nil {
+			if err := c.Del(bedtest.Ctx(t), rt); err != nil {
 				t.Fatalf("DEL: %v", err)
 			}
 			if st := e.state(); len(st.Allocations) != 0 || st.Pool.Allocated != 0 {
@@ -107,16 +108,16 @@ func TestLifecycle(t *testing.T) {
 			if _, err := pod.LinkByName("eth0"); err == nil {
 				t.Errorf("pod eth0 survived DEL")
 			}
-			if err := probeWithin(nbr, testbed.HostPort(ip, 7777), 500*time.Millisecond); err == nil {
+			if err := bedtest.ProbeWithin(nbr, testbed.HostPort(ip, 7777), 500*time.Millisecond); err == nil {
 				t.Errorf("pod address %s still answers after DEL", ip)
 			}
-			if err := c.Del(ctx(t), rt); err != nil {
+			if err := c.Del(bedtest.Ctx(t), rt); err != nil {
 				t.Errorf("second DEL: %v", err)
 			}
-			if err := c.Check(ctx(t), rt); err == nil {
+			if err := c.Check(bedtest.Ctx(t), rt); err == nil {
 				t.Errorf("CHECK after DEL succeeded")
 			}
-			if err := netnsutil.Delete(e.tb.PodNS(1)); err != nil {
+			if err := netnsutil.Delete(e.TB.PodNS(1)); err != nil {
 				t.Fatal(err)
 			}
 		})
@@ -132,11 +133,11 @@ func TestRepeatedAddDel(t *testing.T) {
 	for _, v := range versions {
 		t.Run(v, func(t *testing.T) {
 			c := e.cni(v)
-			podNS := e.pod(2)
-			defer netnsutil.Delete(e.tb.PodNS(2))
+			podNS := e.Pod(2)
+			defer netnsutil.Delete(e.TB.PodNS(2))
 			rt := testbed.Runtime("rep-"+v, podNS, "eth0", nil)
-			first := e.add(c, "rep-"+v, podNS)
-			again := e.add(c, "rep-"+v, podNS)
+			first := e.AddIP(c, "rep-"+v, podNS)
+			again := e.AddIP(c, "rep-"+v, podNS)
 			if first != again {
 				t.Errorf("repeated ADD gave %s, then %s", first, again)
 			}
@@ -147,36 +148,36 @@ func TestRepeatedAddDel(t *testing.T) {
 			if err := e.node().RouteDel(&netlink.Route{Dst: netlink.NewIPNet(first.AsSlice()), LinkIndex: mustLink(t, e, veth.HostIfName("rep-"+v, "eth0")), Protocol: veth.RouteProtocol, Scope: netlink.SCOPE_LINK}); err != nil {
 				t.Fatalf("delete route by hand: %v", err)
 			}
-			if err := c.Check(ctx(t), rt); err == nil {
+			if err := c.Check(bedtest.Ctx(t), rt); err == nil {
 				t.Errorf("CHECK passed with the pod's route missing")
 			}
-			if ip := e.add(c, "rep-"+v, podNS); ip != first {
+			if ip := e.AddIP(c, "rep-"+v, podNS); ip != first {
 				t.Errorf("ADD after damage gave %s, want %s", ip, first)
 			}
-			if err := c.Check(ctx(t), rt); err != nil {
+			if err := c.Check(bedtest.Ctx(t), rt); err != nil {
 				t.Errorf("CHECK after repairing ADD: %v", err)
 			}
 			for range 3 {
-				if err := c.Del(ctx(t), rt); err != nil {
+				if err := c.Del(bedtest.Ctx(t), rt); err != nil {
 					t.Fatalf("DEL: %v", err)
 				}
 				e.waitClean()
-				e.add(c, "rep-"+v, podNS)
+				e.AddIP(c, "rep-"+v, podNS)
 			}
-			if err := c.Del(ctx(t), rt); err != nil {
+			if err := c.Del(bedtest.Ctx(t), rt); err != nil {
 				t.Fatalf("DEL: %v", err)
 			}
 			// A runtime that reuses the namespace at once for another
 			// container finds it empty, though vpcni deletes links in the
 			// background.
 			next := testbed.Runtime("next-"+v, podNS, "eth0", nil)
-			if _, err := c.Add(ctx(t), next); err != nil {
+			if _, err := c.Add(bedtest.Ctx(t), next); err != nil {
 				t.Fatalf("ADD into the namespace just released: %v", err)
 			}
-			if err := c.Del(ctx(t), next); err != nil {
+			if err := c.Del(bedtest.Ctx(t), next); err != nil {
 				t.Fatal(err)
 			}
-			if err := c.Del(ctx(t), testbed.Runtime("never-seen-"+v, podNS, "eth0", nil)); err != nil {
+			if err := c.Del(bedtest.Ctx(t), testbed.Runtime("never-seen-"+v, podNS, "eth0", nil)); err != nil {
 				t.Errorf("DEL of an unknown container: %v", err)
 			}
 			e.waitClean()
@@ -205,19 +206,19 @@ func TestConcurrentAdds(t *testing.T) {
 	const n = 50
 	paths := make([]string, n)
 	for i := range n {
-		paths[i] = e.pod(100 + i)
+		paths[i] = e.Pod(100 + i)
 	}
 	ips := make([]netip.Addr, n)
 	errs := make([]error, n)
 	var wg sync.WaitGroup
 	for i := range n {
 		wg.Go(func() {
-			res, err := c.Add(ctx(t), testbed.Runtime(fmt.Sprintf("burst-%d", i), paths[i], "eth0", nil))
+			res, err := c.Add(bedtest.Ctx(t), testbed.Runtime(fmt.Sprintf("burst-%d", i), paths[i], "eth0", nil))
 			if err != nil {
 				errs[i] = err
 				return
 			}
-			ips[i] = resultIP(t, res)
+			ips[i] = bedtest.ResultIP(t, res)
 		})
 	}
 	wg.Wait()
@@ -239,14 +240,14 @@ func TestConcurrentAdds(t *testing.T) {
 		t.Fatalf("node has %d links, %d routes, %d proxy entries; want %d each", len(ks.Links), len(ks.Routes), len(ks.Proxies), n)
 	}
 	// Every pod is reachable from the neighbour by its own address.
-	nbr := netnsutil.Path(e.tb.NbrNS())
+	nbr := netnsutil.Path(e.TB.NbrNS())
 	for i := range n {
-		echo(t, paths[i], ips[i])
-		reach(t, nbr, testbed.HostPort(ips[i], 7777))
+		bedtest.Echo(t, paths[i], ips[i])
+		bedtest.Reach(t, nbr, testbed.HostPort(ips[i], 7777))
 	}
 	for i := range n {
 		wg.Go(func() {
-			errs[i] = c.Del(ctx(t), testbed.Runtime(fmt.Sprintf("burst-%d", i), paths[i], "eth0", nil))
+			errs[i] = c.Del(bedtest.Ctx(t), testbed.Runtime(fmt.Sprintf("burst-%d", i), paths[i], "eth0", nil))
 		})
 	}
 	wg.Wait()
@@ -268,47 +269,47 @@ func TestAgentRestart(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	c := e.cni("1.0.0")
-	podNS := e.pod(1)
-	ip := e.add(c, "restart", podNS)
-	nbr := netnsutil.Path(e.tb.NbrNS())
-	echo(t, podNS, ip)
-	reach(t, nbr, testbed.HostPort(ip, 7777))
+	podNS := e.Pod(1)
+	ip := e.AddIP(c, "restart", podNS)
+	nbr := netnsutil.Path(e.TB.NbrNS())
+	bedtest.Echo(t, podNS, ip)
+	bedtest.Reach(t, nbr, testbed.HostPort(ip, 7777))
 
 	for _, how := range []string{"kill", "term"} {
 		var err error
 		if how == "kill" {
-			err = e.agent.Kill()
+			err = e.Agent.Kill()
 		} else {
-			err = e.agent.Stop()
+			err = e.Agent.Stop()
 		}
 		if err != nil {
 			t.Fatalf("%s: %v", how, err)
 		}
-		reach(t, nbr, testbed.HostPort(ip, 7777))
-		if _, err := c.Add(ctx(t), testbed.Runtime("while-down", e.pod(2), "eth0", nil)); err == nil {
+		bedtest.Reach(t, nbr, testbed.HostPort(ip, 7777))
+		if _, err := c.Add(bedtest.Ctx(t), testbed.Runtime("while-down", e.Pod(2), "eth0", nil)); err == nil {
 			t.Fatalf("ADD succeeded with the agent down")
-		} else if !isCode(err, 11) {
+		} else if !bedtest.IsCode(err, 11) {
 			t.Errorf("ADD with the agent down: %v, want CNI error 11", err)
 		}
-		e.startAgent()
+		e.StartAgent()
 		st := e.state()
 		if len(st.Allocations) != 1 || st.Allocations[0].Address != ip {
 			t.Fatalf("after %s and restart the agent has %+v, want the pod's %s", how, st.Allocations, ip)
 		}
-		if err := c.Check(ctx(t), testbed.Runtime("restart", podNS, "eth0", nil)); err != nil {
+		if err := c.Check(bedtest.Ctx(t), testbed.Runtime("restart", podNS, "eth0", nil)); err != nil {
 			t.Errorf("CHECK after %s: %v", how, err)
 		}
-		reach(t, nbr, testbed.HostPort(ip, 7777))
+		bedtest.Reach(t, nbr, testbed.HostPort(ip, 7777))
 		// The restarted agent does not hand the pod's address to another.
-		other := e.add(c, "after-"+how, e.pod(3))
+		other := e.AddIP(c, "after-"+how, e.Pod(3))
 		if other == ip {
 			t.Fatalf("restarted agent gave %s to a second pod", ip)
 		}
-		if err := c.Del(ctx(t), testbed.Runtime("after-"+how, e.tb.PodNS(3), "eth0", nil)); err != nil {
+		if err := c.Del(bedtest.Ctx(t), testbed.Runtime("after-"+how, e.TB.PodNS(3), "eth0", nil)); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if err := c.Del(ctx(t), testbed.Runtime("restart", podNS, "eth0", nil)); err != nil {
+	if err := c.Del(bedtest.Ctx(t), testbed.Runtime("restart", podNS, "eth0", nil)); err != nil {
 		t.Fatalf("DEL after restarts: %v", err)
 	}
 	e.waitClean()
@@ -324,15 +325,15 @@ func TestRestartRepairsAndCleans(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	c := e.cni("1.0.0")
-	podNS, routeNS := e.pod(1), e.pod(3)
-	ip := e.add(c, "repair", podNS)
-	routeIP := e.add(c, "noroute", routeNS)
+	podNS, routeNS := e.Pod(1), e.Pod(3)
+	ip := e.AddIP(c, "repair", podNS)
+	routeIP := e.AddIP(c, "noroute", routeNS)
 	st := e.state()
 	if len(st.Pool.Addresses["free"]) == 0 {
 		t.Fatalf("no free address in the pool to leave stale state for: %+v", st.Pool)
 	}
 	idle := netip.MustParseAddr(st.Pool.Addresses["free"][len(st.Pool.Addresses["free"])-1])
-	if err := e.agent.Kill(); err != nil {
+	if err := e.Agent.Kill(); err != nil {
 		t.Fatal(err)
 	}
 	h := e.node()
@@ -355,25 +356,25 @@ func TestRestartRepairsAndCleans(t *testing.T) {
 		t.Fatal(err)
 	}
 	// An orphan: a vpcni-made link no record knows.
-	orphanNS := e.pod(2)
-	dp := netnsutil.Do(netnsutil.Path(e.tb.NodeNS()), func() error {
+	orphanNS := e.Pod(2)
+	dp := netnsutil.Do(netnsutil.Path(e.TB.NodeNS()), func() error {
 		v, err := veth.NewVeth("eth0", 0, false)
 		if err != nil {
 			return err
 		}
 		defer v.Close()
-		_, err = v.Setup(ctx(t), &alloc.Allocation{ContainerID: "orphan", IfName: "eth0", Netns: orphanNS, Lease: alloc.Lease{Address: netip.MustParseAddr("10.78.0.250")}})
+		_, err = v.Setup(bedtest.Ctx(t), &alloc.Allocation{ContainerID: "orphan", IfName: "eth0", Netns: orphanNS, Lease: alloc.Lease{Address: netip.MustParseAddr("10.78.0.250")}})
 		return err
 	})
 	if dp != nil {
 		t.Fatalf("make orphan: %v", dp)
 	}
-	e.startAgent()
+	e.StartAgent()
 	want := []string{veth.HostIfName("noroute", "eth0"), veth.HostIfName("repair", "eth0")}
 	slices.Sort(want)
 	wantIPs := []netip.Addr{ip, routeIP}
 	slices.SortFunc(wantIPs, netip.Addr.Compare)
-	waitFor(t, 5*time.Second, "repair and orphan removal", func() bool {
+	bedtest.WaitFor(t, 5*time.Second, "repair and orphan removal", func() bool {
 		ks := e.kernel()
 		slices.Sort(ks.Links)
 		slices.SortFunc(ks.Proxies, netip.Addr.Compare)
@@ -385,12 +386,12 @@ func TestRestartRepairsAndCleans(t *testing.T) {
 		t.Errorf("the pod whose route was deleted got a new veth (index %d, was %d): it should only get its route back", got, routeLink)
 	}
 	for id, ns := range map[string]string{"repair": podNS, "noroute": routeNS} {
-		if err := c.Check(ctx(t), testbed.Runtime(id, ns, "eth0", nil)); err != nil {
+		if err := c.Check(bedtest.Ctx(t), testbed.Runtime(id, ns, "eth0", nil)); err != nil {
 			t.Errorf("CHECK of %s after repair: %v", id, err)
 		}
 	}
-	echo(t, podNS, ip)
-	echo(t, routeNS, routeIP)
-	reach(t, netnsutil.Path(e.tb.NbrNS()), testbed.HostPort(ip, 7777))
-	reach(t, netnsutil.Path(e.tb.NbrNS()), testbed.HostPort(routeIP, 7777))
+	bedtest.Echo(t, podNS, ip)
+	bedtest.Echo(t, routeNS, routeIP)
+	bedtest.Reach(t, netnsutil.Path(e.TB.NbrNS()), testbed.HostPort(ip, 7777))
+	bedtest.Reach(t, netnsutil.Path(e.TB.NbrNS()), testbed.HostPort(routeIP, 7777))
 }

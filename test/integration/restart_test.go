@@ -17,6 +17,7 @@ import (
 
 	"github.com/vpcni/vpcni/internal/alloc"
 	"github.com/vpcni/vpcni/internal/testbed"
+	"github.com/vpcni/vpcni/internal/testbed/bedtest"
 )
 
 // TestRestartDuringAddBurst: vpcnid stopped (SIGTERM, as a DaemonSet
@@ -34,7 +35,7 @@ func TestRestartDuringAddBurst(t *testing.T) {
 	const n = 60
 	paths := make([]string, n)
 	for i := range n {
-		paths[i] = e.pod(200 + i)
+		paths[i] = e.Pod(200 + i)
 	}
 	for _, how := range []string{"term", "kill"} {
 		id := func(i int) string { return fmt.Sprintf("%s-%d", how, i) }
@@ -46,9 +47,9 @@ func TestRestartDuringAddBurst(t *testing.T) {
 		burst := func(from, to int) {
 			for i := from; i < to; i++ {
 				wg.Go(func() {
-					res, err := c.Add(ctx(t), testbed.Runtime(id(i), paths[i], "eth0", nil))
+					res, err := c.Add(bedtest.Ctx(t), testbed.Runtime(id(i), paths[i], "eth0", nil))
 					if err == nil {
-						ips[i] = resultIP(t, res)
+						ips[i] = bedtest.ResultIP(t, res)
 					}
 					errs[i] = err
 					if done.Add(1) == 1 {
@@ -57,7 +58,7 @@ func TestRestartDuringAddBurst(t *testing.T) {
 				})
 			}
 		}
-		pid := e.agent.Pid()
+		pid := e.Agent.Pid()
 		switch how {
 		case "term":
 			// The agent held still (SIGSTOP) while the first half of the
@@ -67,8 +68,8 @@ func TestRestartDuringAddBurst(t *testing.T) {
 				t.Fatal(err)
 			}
 			burst(0, n/2)
-			waitFor(t, 30*time.Second, "the first half of the burst queued on the agent's socket", func() bool {
-				return connectionsTo(t, pid, e.cfg.SocketPath) >= n/2
+			bedtest.WaitFor(t, 30*time.Second, "the first half of the burst queued on the agent's socket", func() bool {
+				return connectionsTo(t, pid, e.Cfg.SocketPath) >= n/2
 			})
 			for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGCONT} {
 				if err := syscall.Kill(pid, sig); err != nil {
@@ -76,7 +77,7 @@ func TestRestartDuringAddBurst(t *testing.T) {
 				}
 			}
 			burst(n/2, n)
-			if err := e.agent.Stop(); err != nil { // waits for the exit
+			if err := e.Agent.Stop(); err != nil { // waits for the exit
 				t.Fatal(err)
 			}
 		case "kill":
@@ -88,7 +89,7 @@ func TestRestartDuringAddBurst(t *testing.T) {
 			case <-time.After(30 * time.Second):
 				t.Fatalf("%s: no ADD of the burst returned within 30s", how)
 			}
-			if err := e.agent.Kill(); err != nil {
+			if err := e.Agent.Kill(); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -123,13 +124,13 @@ func TestRestartDuringAddBurst(t *testing.T) {
 			t.Fatalf("kill: every ADD succeeded: the kill landed after the burst and tested nothing")
 		}
 
-		e.startAgent()
+		e.StartAgent()
 		for _, i := range failed {
-			res, err := c.Add(ctx(t), testbed.Runtime(id(i), paths[i], "eth0", nil))
+			res, err := c.Add(bedtest.Ctx(t), testbed.Runtime(id(i), paths[i], "eth0", nil))
 			if err != nil {
 				t.Fatalf("%s: retried ADD %d after the restart: %v", how, i, err)
 			}
-			ips[i] = resultIP(t, res)
+			ips[i] = bedtest.ResultIP(t, res)
 		}
 
 		// One address per pod, as the plugin reported it, the store
@@ -167,7 +168,7 @@ func TestRestartDuringAddBurst(t *testing.T) {
 		}
 
 		for i := range n {
-			wg.Go(func() { errs[i] = c.Del(ctx(t), testbed.Runtime(id(i), paths[i], "eth0", nil)) })
+			wg.Go(func() { errs[i] = c.Del(bedtest.Ctx(t), testbed.Runtime(id(i), paths[i], "eth0", nil)) })
 		}
 		wg.Wait()
 		for i, err := range errs {

@@ -15,6 +15,7 @@ import (
 	"github.com/vpcni/vpcni/internal/netnsutil"
 	"github.com/vpcni/vpcni/internal/provider/static"
 	"github.com/vpcni/vpcni/internal/testbed"
+	"github.com/vpcni/vpcni/internal/testbed/bedtest"
 )
 
 // The node's second NIC in the testbed: a veth from the segment's bridge
@@ -41,7 +42,7 @@ func TestSecondaryNIC(t *testing.T) {
 			{CIDR: "10.78.0.0/24", Gateway: "10.78.0.1", Exclude: []string{"10.78.0.0/25"}, NIC: &static.NIC{MAC: nicMAC, Address: nicAddr}},
 		}}
 	})
-	seg, node := e.tb.SegNS(), e.tb.NodeNS()
+	seg, node := e.TB.SegNS(), e.TB.NodeNS()
 	mac, _ := net.ParseMAC(nicMAC)
 	if err := netnsutil.VethBetween(seg, "node1", node, "eth1", mac); err != nil {
 		t.Fatal(err)
@@ -73,9 +74,9 @@ func TestSecondaryNIC(t *testing.T) {
 	var onUplink, onNIC netip.Addr
 	var uplinkNS, nicNS, nicID string
 	for i := range 3 {
-		ns := e.pod(i)
+		ns := e.Pod(i)
 		id := fmt.Sprintf("nic-%d", i)
-		ip := e.add(c, id, ns)
+		ip := e.AddIP(c, id, ns)
 		if ip.As4()[3] >= 128 {
 			onNIC, nicNS, nicID = ip, ns, id
 		} else {
@@ -88,14 +89,14 @@ func TestSecondaryNIC(t *testing.T) {
 	if !onNIC.IsValid() || !onUplink.IsValid() {
 		t.Fatalf("want one pod on the uplink and one on the NIC, got %v and %v", onUplink, onNIC)
 	}
-	nbr := netnsutil.Path(e.tb.NbrNS())
-	echo(t, nbr, e.tb.NbrIP)
-	echo(t, nicNS, onNIC)
-	echo(t, uplinkNS, onUplink)
+	nbr := netnsutil.Path(e.TB.NbrNS())
+	bedtest.Echo(t, nbr, e.TB.NbrIP)
+	bedtest.Echo(t, nicNS, onNIC)
+	bedtest.Echo(t, uplinkNS, onUplink)
 	t.Cleanup(func() {
 		if t.Failed() {
 			for _, c := range [][]string{{node, "ip", "rule"}, {node, "ip", "route", "show", "table", "all"}, {node, "ip", "neigh", "show", "proxy"},
-				{node, "ip", "addr"}, {node, "sysctl", "net.ipv4.conf.all.rp_filter", "net.ipv4.conf.eth1.rp_filter"}, {seg, "nft", "list", "ruleset"}, {e.tb.NbrNS(), "ip", "neigh"}} {
+				{node, "ip", "addr"}, {node, "sysctl", "net.ipv4.conf.all.rp_filter", "net.ipv4.conf.eth1.rp_filter"}, {seg, "nft", "list", "ruleset"}, {e.TB.NbrNS(), "ip", "neigh"}} {
 				out, err := netnsutil.Output(c[0], c[1:]...)
 				t.Logf("%s: %v\n%s", strings.Join(c[1:], " "), err, out)
 			}
@@ -104,8 +105,8 @@ func TestSecondaryNIC(t *testing.T) {
 	for _, p := range []struct {
 		from string
 		to   netip.Addr
-	}{{nicNS, e.tb.NbrIP}, {nbr, onNIC}, {uplinkNS, e.tb.NbrIP}, {nicNS, onUplink}, {uplinkNS, onNIC}} {
-		if err := probe(p.from, testbed.HostPort(p.to, 7777)); err != nil {
+	}{{nicNS, e.TB.NbrIP}, {nbr, onNIC}, {uplinkNS, e.TB.NbrIP}, {nicNS, onUplink}, {uplinkNS, onNIC}} {
+		if err := bedtest.Probe(p.from, testbed.HostPort(p.to, 7777)); err != nil {
 			t.Errorf("%s cannot reach %s: %v", p.from, p.to, err)
 		}
 	}
@@ -127,18 +128,18 @@ func TestSecondaryNIC(t *testing.T) {
 	if err := netnsutil.Exec(node, "ip", "rule", "del", "priority", "1536", "from", onNIC.String()); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.agent.Stop(); err != nil {
+	if err := e.Agent.Stop(); err != nil {
 		t.Fatal(err)
 	}
-	e.startAgent()
-	waitFor(t, 10*time.Second, "the NIC pod's rule back", func() bool {
+	e.StartAgent()
+	bedtest.WaitFor(t, 10*time.Second, "the NIC pod's rule back", func() bool {
 		r, _ := netnsutil.Output(node, "ip", "rule")
 		return strings.Contains(r, "1536:\tfrom "+onNIC.String()+" lookup")
 	})
-	reach(t, nbr, testbed.HostPort(onNIC, 7777))
+	bedtest.Reach(t, nbr, testbed.HostPort(onNIC, 7777))
 
 	// DEL: the pod's rules and its proxy entry on the NIC go.
-	if err := c.Del(ctx(t), testbed.Runtime(nicID, nicNS, "eth0", nil)); err != nil {
+	if err := c.Del(bedtest.Ctx(t), testbed.Runtime(nicID, nicNS, "eth0", nil)); err != nil {
 		t.Fatal(err)
 	}
 	rules, _ = netnsutil.Output(node, "ip", "rule")

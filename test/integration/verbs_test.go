@@ -20,6 +20,7 @@ import (
 	"github.com/vpcni/vpcni/internal/datapath/veth"
 	"github.com/vpcni/vpcni/internal/netnsutil"
 	"github.com/vpcni/vpcni/internal/testbed"
+	"github.com/vpcni/vpcni/internal/testbed/bedtest"
 )
 
 // TestGC: the plugin's GC verb (spec 1.1.0) frees every allocation of the
@@ -31,22 +32,22 @@ func TestGC(t *testing.T) {
 	c := e.cni("1.1.0")
 	var ips []netip.Addr
 	for i := range 3 {
-		ips = append(ips, e.add(c, fmt.Sprintf("gc-%d", i), e.pod(i)))
+		ips = append(ips, e.AddIP(c, fmt.Sprintf("gc-%d", i), e.Pod(i)))
 	}
 	// Another network's allocation is not GC's business.
-	other, err := e.tb.NewCNI([]string{binDir}, filepath.Join(e.dir, "other-cache"),
-		testbed.VpcniConfList("1.1.0", "other-net", e.cfg.SocketPath))
+	other, err := e.TB.NewCNI([]string{binDir}, filepath.Join(e.Dir, "other-cache"),
+		testbed.VpcniConfList("1.1.0", "other-net", e.Cfg.SocketPath))
 	if err != nil {
 		t.Fatal(err)
 	}
-	otherIP := e.add(other, "gc-other", e.pod(9))
+	otherIP := e.AddIP(other, "gc-other", e.Pod(9))
 
-	fresh, err := e.tb.NewCNI([]string{binDir}, filepath.Join(e.dir, "empty-cache"),
-		testbed.VpcniConfList("1.1.0", "vpcni-test", e.cfg.SocketPath))
+	fresh, err := e.TB.NewCNI([]string{binDir}, filepath.Join(e.Dir, "empty-cache"),
+		testbed.VpcniConfList("1.1.0", "vpcni-test", e.Cfg.SocketPath))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := fresh.GC(ctx(t), []types.GCAttachment{{ContainerID: "gc-0", IfName: "eth0"}}); err != nil {
+	if err := fresh.GC(bedtest.Ctx(t), []types.GCAttachment{{ContainerID: "gc-0", IfName: "eth0"}}); err != nil {
 		t.Fatalf("GC: %v", err)
 	}
 	st := e.state()
@@ -58,7 +59,7 @@ func TestGC(t *testing.T) {
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("after GC the agent holds %v, want %v", got, want)
 	}
-	waitFor(t, 10*time.Second, "GC'd links to go", func() bool {
+	bedtest.WaitFor(t, 10*time.Second, "GC'd links to go", func() bool {
 		ks := e.kernel()
 		return len(ks.Links) == 2 && len(ks.Routes) == 2 && len(ks.Proxies) == 2
 	})
@@ -76,38 +77,38 @@ func TestStatus(t *testing.T) {
 	// 10.78.0.48/29: .49 is the range's gateway, so .50-.54: 5 addresses.
 	e := newEnv(t, withRange("10.78.0.48/29"), withPool(2, 2))
 	c := e.cni("1.1.0")
-	if err := c.Status(ctx(t)); err != nil {
+	if err := c.Status(bedtest.Ctx(t)); err != nil {
 		t.Fatalf("STATUS on a fresh node: %v", err)
 	}
 	for i := range 5 {
-		e.add(c, fmt.Sprintf("st-%d", i), e.pod(i))
+		e.AddIP(c, fmt.Sprintf("st-%d", i), e.Pod(i))
 	}
-	err := c.Status(ctx(t))
-	if !isCode(err, 50) || !strings.Contains(err.Error(), "no free address and none obtainable") {
+	err := c.Status(bedtest.Ctx(t))
+	if !bedtest.IsCode(err, 50) || !strings.Contains(err.Error(), "no free address and none obtainable") {
 		t.Fatalf("STATUS with the pool used up: %v, want code 50 and the reason", err)
 	}
 	// The exhausted ADD is "try again later" and leaves nothing behind.
-	_, err = c.Add(ctx(t), testbed.Runtime("st-5", e.pod(5), "eth0", nil))
-	if !isCode(err, 11) || !strings.Contains(err.Error(), "no free address") {
+	_, err = c.Add(bedtest.Ctx(t), testbed.Runtime("st-5", e.Pod(5), "eth0", nil))
+	if !bedtest.IsCode(err, 11) || !strings.Contains(err.Error(), "no free address") {
 		t.Fatalf("ADD on an exhausted pool: %v, want code 11", err)
 	}
 	if st := e.state(); len(st.Allocations) != 5 || st.Pool.Allocated != 5 || st.Pool.Free != 0 {
 		t.Fatalf("after the failed ADD: %d records, pool %+v", len(st.Allocations), st.Pool)
 	}
-	if _, err := handleIn(t, netnsutil.Path(e.tb.PodNS(5))).LinkByName("eth0"); err == nil {
+	if _, err := bedtest.HandleIn(t, netnsutil.Path(e.TB.PodNS(5))).LinkByName("eth0"); err == nil {
 		t.Fatalf("the failed ADD left eth0 in the pod")
 	}
-	if err := c.Del(ctx(t), testbed.Runtime("st-0", e.tb.PodNS(0), "eth0", nil)); err != nil {
+	if err := c.Del(bedtest.Ctx(t), testbed.Runtime("st-0", e.TB.PodNS(0), "eth0", nil)); err != nil {
 		t.Fatal(err)
 	}
-	if err := c.Status(ctx(t)); err != nil {
+	if err := c.Status(bedtest.Ctx(t)); err != nil {
 		t.Fatalf("STATUS after a DEL freed an address: %v", err)
 	}
 	// The agent gone: STATUS says try again later.
-	if err := e.agent.Stop(); err != nil {
+	if err := e.Agent.Stop(); err != nil {
 		t.Fatal(err)
 	}
-	if err := c.Status(ctx(t)); !isCode(err, 11) {
+	if err := c.Status(bedtest.Ctx(t)); !bedtest.IsCode(err, 11) {
 		t.Fatalf("STATUS with the agent down: %v, want code 11", err)
 	}
 }
@@ -135,58 +136,58 @@ func TestChainPortmapBandwidth(t *testing.T) {
 				{"type": "portmap", "capabilities": map[string]bool{"portMappings": true}, "snat": true},
 				{"type": "bandwidth", "capabilities": map[string]bool{"bandwidth": true}},
 			}
-			c, err := e.tb.NewCNI([]string{binDir, dir}, filepath.Join(e.dir, "cni-cache"),
-				testbed.VpcniConfList(v, "vpcni-test", e.cfg.SocketPath, plugins...))
+			c, err := e.TB.NewCNI([]string{binDir, dir}, filepath.Join(e.Dir, "cni-cache"),
+				testbed.VpcniConfList(v, "vpcni-test", e.Cfg.SocketPath, plugins...))
 			if err != nil {
 				t.Fatal(err)
 			}
-			podNS := e.pod(1)
-			defer netnsutil.Delete(e.tb.PodNS(1))
+			podNS := e.Pod(1)
+			defer netnsutil.Delete(e.TB.PodNS(1))
 			id := "chain-" + strings.ReplaceAll(v, ".", "")
 			rt := testbed.Runtime(id, podNS, "eth0", map[string]any{
 				"portMappings": []map[string]any{{"hostPort": 18080, "containerPort": 7777, "protocol": "tcp"}},
 				"bandwidth":    map[string]any{"ingressRate": 8_000_000, "ingressBurst": 1_000_000, "egressRate": 8_000_000, "egressBurst": 1_000_000},
 			})
-			res, err := c.Add(ctx(t), rt)
+			res, err := c.Add(bedtest.Ctx(t), rt)
 			if err != nil {
 				t.Fatalf("ADD through vpcni+portmap+bandwidth: %v", err)
 			}
-			ip := resultIP(t, res)
+			ip := bedtest.ResultIP(t, res)
 			r, _ := types100.GetResult(res)
 			hostIf := veth.HostIfName(id, "eth0")
 			if len(r.Interfaces) < 2 || r.Interfaces[0].Name != hostIf || r.Interfaces[1].Sandbox != podNS {
 				t.Fatalf("chained result lost vpcni's interfaces: %+v", r.Interfaces)
 			}
-			echo(t, podNS, ip)
-			reach(t, netnsutil.Path(e.tb.NbrNS()), testbed.HostPort(e.tb.NodeIP, 18080))
-			qd, _ := netnsutil.Output(e.tb.NodeNS(), "tc", "qdisc", "show", "dev", hostIf)
+			bedtest.Echo(t, podNS, ip)
+			bedtest.Reach(t, netnsutil.Path(e.TB.NbrNS()), testbed.HostPort(e.TB.NodeIP, 18080))
+			qd, _ := netnsutil.Output(e.TB.NodeNS(), "tc", "qdisc", "show", "dev", hostIf)
 			if !strings.Contains(qd, "tbf") {
 				t.Errorf("no bandwidth limit on %s: %s", hostIf, qd)
 			}
-			if err := c.Check(ctx(t), rt); err != nil {
+			if err := c.Check(bedtest.Ctx(t), rt); err != nil {
 				if dir == testbed.DebianCNIDir && strings.Contains(err.Error(), "could not check ipv6 dnat") {
 					// Debian's portmap 1.1.1 checks an IPv6 chain it never
 					// made for an IPv4-only pod (fixed upstream): the rest of
 					// the chain is checked without it.
 					t.Logf("vpcni-test: Debian portmap CHECK bug (%v); checking vpcni+bandwidth", err)
-					c2, err := e.tb.NewCNI([]string{binDir, dir}, filepath.Join(e.dir, "cni-cache"),
-						testbed.VpcniConfList(v, "vpcni-test", e.cfg.SocketPath, plugins[1]))
+					c2, err := e.TB.NewCNI([]string{binDir, dir}, filepath.Join(e.Dir, "cni-cache"),
+						testbed.VpcniConfList(v, "vpcni-test", e.Cfg.SocketPath, plugins[1]))
 					if err != nil {
 						t.Fatal(err)
 					}
-					if err := c2.Check(ctx(t), rt); err != nil {
+					if err := c2.Check(bedtest.Ctx(t), rt); err != nil {
 						t.Errorf("CHECK of vpcni+bandwidth: %v", err)
 					}
 				} else {
 					t.Errorf("CHECK of the chain: %v", err)
 				}
 			}
-			if err := c.Del(ctx(t), rt); err != nil {
+			if err := c.Del(bedtest.Ctx(t), rt); err != nil {
 				t.Fatalf("DEL: %v", err)
 			}
 			e.waitClean()
-			nat, _ := netnsutil.Output(e.tb.NodeNS(), "iptables-save", "-t", "nat")
-			nft, _ := netnsutil.Output(e.tb.NodeNS(), "nft", "list", "ruleset")
+			nat, _ := netnsutil.Output(e.TB.NodeNS(), "iptables-save", "-t", "nat")
+			nft, _ := netnsutil.Output(e.TB.NodeNS(), "nft", "list", "ruleset")
 			if strings.Contains(nat+nft, "18080") {
 				t.Errorf("portmap rules survived DEL:\n%s\n%s", nat, nft)
 			}
@@ -233,14 +234,14 @@ func TestNodeSettings(t *testing.T) {
 			if st.Uplink != "eth0" || st.MTU != want {
 				t.Fatalf("agent uplink %q mtu %d, want eth0 (the default route's) and %d", st.Uplink, st.MTU, want)
 			}
-			fi, err := os.Stat(e.cfg.SocketPath)
+			fi, err := os.Stat(e.Cfg.SocketPath)
 			if err != nil || fi.Mode().Perm() != 0o600 || fi.Mode()&os.ModeSocket == 0 {
-				t.Fatalf("socket %s: %v mode %v, want a socket with mode 0600", e.cfg.SocketPath, err, fi.Mode())
+				t.Fatalf("socket %s: %v mode %v, want a socket with mode 0600", e.Cfg.SocketPath, err, fi.Mode())
 			}
 			c := e.cni("1.0.0")
-			podNS := e.pod(1)
-			e.add(c, "mtu", podNS)
-			podLink, err := handleIn(t, podNS).LinkByName("eth0")
+			podNS := e.Pod(1)
+			e.AddIP(c, "mtu", podNS)
+			podLink, err := bedtest.HandleIn(t, podNS).LinkByName("eth0")
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -261,10 +262,10 @@ func TestMetrics(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	c := e.cni("1.0.0")
-	e.add(c, "metrics", e.pod(1))
+	e.AddIP(c, "metrics", e.Pod(1))
 	var body string
-	err := netnsutil.Do(netnsutil.Path(e.tb.NodeNS()), func() error {
-		conn, err := net.Dial("tcp4", e.cfg.MetricsAddr)
+	err := netnsutil.Do(netnsutil.Path(e.TB.NodeNS()), func() error {
+		conn, err := net.Dial("tcp4", e.Cfg.MetricsAddr)
 		if err != nil {
 			return err
 		}
@@ -275,7 +276,7 @@ func TestMetrics(t *testing.T) {
 		return err
 	})
 	if err != nil {
-		t.Fatalf("scrape %s in the node: %v", e.cfg.MetricsAddr, err)
+		t.Fatalf("scrape %s in the node: %v", e.Cfg.MetricsAddr, err)
 	}
 	for _, want := range []string{
 		`vpcni_pool_addresses{state="allocated"} 1`,

@@ -17,6 +17,7 @@ import (
 	"github.com/vpcni/vpcni/internal/datapath/svcpath"
 	"github.com/vpcni/vpcni/internal/netnsutil"
 	"github.com/vpcni/vpcni/internal/testbed"
+	"github.com/vpcni/vpcni/internal/testbed/bedtest"
 )
 
 // TestMacvlanLifecycle: for every CNI version, two pods on the node get
@@ -29,9 +30,9 @@ func TestMacvlanLifecycle(t *testing.T) {
 		// config is refused up front with error 1, and nothing is made.
 		t.Parallel()
 		e := newEnv(t, macvlan.MACVLAN)
-		p := e.pod(1)
-		_, err := e.cni("0.3.1").Add(ctx(t), testbed.Runtime("old", p, "eth0", nil))
-		if !isCode(err, 1) || !strings.Contains(err.Error(), "incompatible CNI versions") {
+		p := e.Pod(1)
+		_, err := e.cni("0.3.1").Add(bedtest.Ctx(t), testbed.Runtime("old", p, "eth0", nil))
+		if !bedtest.IsCode(err, 1) || !strings.Contains(err.Error(), "incompatible CNI versions") {
 			t.Fatalf("ADD with 0.3.1: %v; want CNI error 1", err)
 		}
 		if links := podLinks(t, p); len(links) != 0 || !e.node().empty() {
@@ -49,40 +50,40 @@ func TestMacvlanLifecycle(t *testing.T) {
 func lifecycle(t *testing.T, kind macvlan.Kind, version string) {
 	e := newEnv(t, kind)
 	c := e.cni(version)
-	p1, p2 := e.pod(1), e.pod(2)
-	r1, r2 := e.add(c, "l2-1", p1), e.add(c, "l2-2", p2)
-	ip1, ip2 := resultIP(t, r1), resultIP(t, r2)
-	checkResult(t, kind, r1, ip1, e.tb.Gateway)
-	checkPod(t, kind, p1, ip1, e.tb)
+	p1, p2 := e.Pod(1), e.Pod(2)
+	r1, r2 := e.Add(c, "l2-1", p1), e.Add(c, "l2-2", p2)
+	ip1, ip2 := bedtest.ResultIP(t, r1), bedtest.ResultIP(t, r2)
+	checkResult(t, kind, r1, ip1, e.TB.Gateway)
+	checkPod(t, kind, p1, ip1, e.TB)
 	if got := e.node(); len(got.Links) != 2 || len(got.Routes) != 2 {
 		t.Fatalf("node holds %+v, want two service veths and two /32 routes", got)
 	}
 	for _, p := range []struct{ id, ns string }{{"l2-1", p1}, {"l2-2", p2}} {
-		if err := c.Check(ctx(t), testbed.Runtime(p.id, p.ns, "eth0", nil)); err != nil {
+		if err := c.Check(bedtest.Ctx(t), testbed.Runtime(p.id, p.ns, "eth0", nil)); err != nil {
 			t.Fatalf("CHECK %s: %v", p.id, err)
 		}
 	}
 
-	nodeNS, nbrNS := netnsutil.Path(e.tb.NodeNS()), netnsutil.Path(e.tb.NbrNS())
-	echo(t, p1, testbed.HostPort(ip1, 7777))
-	echo(t, p2, testbed.HostPort(ip2, 7777))
-	echo(t, nodeNS, testbed.HostPort(e.tb.NodeIP, 7777))
-	echo(t, nbrNS, testbed.HostPort(e.tb.NbrIP, 7777))
-	reach(t, p1, testbed.HostPort(ip2, 7777))         // pod -> pod, same node (inside the parent)
-	reach(t, p2, testbed.HostPort(ip1, 7777))         // and back
-	reach(t, p1, testbed.HostPort(e.tb.NodeIP, 7777)) // pod -> node (service veth)
-	reach(t, nodeNS, testbed.HostPort(ip1, 7777))     // node -> pod (service veth)
-	reach(t, p1, testbed.HostPort(e.tb.NbrIP, 7777))  // pod -> neighbour host (L2)
-	reach(t, nbrNS, testbed.HostPort(ip1, 7777))      // neighbour -> pod (L2)
+	nodeNS, nbrNS := netnsutil.Path(e.TB.NodeNS()), netnsutil.Path(e.TB.NbrNS())
+	bedtest.Echo(t, p1, ip1)
+	bedtest.Echo(t, p2, ip2)
+	bedtest.Echo(t, nodeNS, e.TB.NodeIP)
+	bedtest.Echo(t, nbrNS, e.TB.NbrIP)
+	bedtest.Reach(t, p1, testbed.HostPort(ip2, 7777))         // pod -> pod, same node (inside the parent)
+	bedtest.Reach(t, p2, testbed.HostPort(ip1, 7777))         // and back
+	bedtest.Reach(t, p1, testbed.HostPort(e.TB.NodeIP, 7777)) // pod -> node (service veth)
+	bedtest.Reach(t, nodeNS, testbed.HostPort(ip1, 7777))     // node -> pod (service veth)
+	bedtest.Reach(t, p1, testbed.HostPort(e.TB.NbrIP, 7777))  // pod -> neighbour host (L2)
+	bedtest.Reach(t, nbrNS, testbed.HostPort(ip1, 7777))      // neighbour -> pod (L2)
 
 	if version == "1.1.0" {
 		// GC with only pod 1 valid frees pod 2, from a runtime that has
 		// no cache of it (only vpcni's GC can).
-		fresh, err := e.tb.NewCNI([]string{binDir}, t.TempDir(), testbed.VpcniConfList(version, "vpcni-test", e.cfg.SocketPath))
+		fresh, err := e.TB.NewCNI([]string{binDir}, t.TempDir(), testbed.VpcniConfList(version, "vpcni-test", e.Cfg.SocketPath))
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := fresh.GC(ctx(t), []types.GCAttachment{{ContainerID: "l2-1", IfName: "eth0"}}); err != nil {
+		if err := fresh.GC(bedtest.Ctx(t), []types.GCAttachment{{ContainerID: "l2-1", IfName: "eth0"}}); err != nil {
 			t.Fatalf("GC: %v", err)
 		}
 		if links := podLinks(t, p2); len(links) != 0 {
@@ -91,11 +92,11 @@ func lifecycle(t *testing.T, kind macvlan.Kind, version string) {
 		if got := e.node(); len(got.Links) != 1 {
 			t.Fatalf("after GC the node holds %+v, want pod 1's service veth alone", got)
 		}
-		reach(t, p1, testbed.HostPort(e.tb.NodeIP, 7777))
+		bedtest.Reach(t, p1, testbed.HostPort(e.TB.NodeIP, 7777))
 	}
 	for _, p := range []struct{ id, ns string }{{"l2-1", p1}, {"l2-2", p2}} {
 		for range 2 { // DEL is idempotent
-			if err := c.Del(ctx(t), testbed.Runtime(p.id, p.ns, "eth0", nil)); err != nil {
+			if err := c.Del(bedtest.Ctx(t), testbed.Runtime(p.id, p.ns, "eth0", nil)); err != nil {
 				t.Fatalf("DEL %s: %v", p.id, err)
 			}
 		}
@@ -108,7 +109,7 @@ func lifecycle(t *testing.T, kind macvlan.Kind, version string) {
 			t.Fatalf("DEL left links in %s: %v", p, links)
 		}
 	}
-	if st, err := e.agent.State(); err != nil || len(st.Allocations) != 0 {
+	if st, err := e.Agent.State(); err != nil || len(st.Allocations) != 0 {
 		t.Fatalf("allocations left: %+v %v", st, err)
 	}
 }
@@ -143,7 +144,7 @@ func checkResult(t *testing.T, kind macvlan.Kind, r *types100.Result, ip, gw net
 // checkPod asserts the pod's kernel state as `ip` shows it.
 func checkPod(t *testing.T, kind macvlan.Kind, pod string, ip netip.Addr, tb *testbed.Topology) {
 	t.Helper()
-	h := handleIn(t, pod)
+	h := bedtest.HandleIn(t, pod)
 	l, err := h.LinkByName("eth0")
 	if err != nil {
 		t.Fatal(err)
@@ -157,7 +158,7 @@ func checkPod(t *testing.T, kind macvlan.Kind, pod string, ip netip.Addr, tb *te
 		}
 	}
 	ns := strings.TrimPrefix(pod, "/run/netns/")
-	routes := run(t, ns, "ip", "-4", "route", "show")
+	routes := bedtest.Sh(t, ns, "ip", "-4", "route", "show")
 	for _, want := range []string{
 		"default via " + tb.Gateway.String() + " dev eth0",
 		tb.Subnet.String() + " dev eth0 proto kernel scope link src " + ip.String(),
@@ -168,10 +169,10 @@ func checkPod(t *testing.T, kind macvlan.Kind, pod string, ip netip.Addr, tb *te
 			t.Errorf("pod routes lack %q:\n%s", want, routes)
 		}
 	}
-	if neigh := run(t, ns, "ip", "neigh", "show", "dev", svcpath.PodIfName); !strings.Contains(neigh, "169.254.1.1 lladdr") || !strings.Contains(neigh, "PERMANENT") {
+	if neigh := bedtest.Sh(t, ns, "ip", "neigh", "show", "dev", svcpath.PodIfName); !strings.Contains(neigh, "169.254.1.1 lladdr") || !strings.Contains(neigh, "PERMANENT") {
 		t.Errorf("pod has no permanent neighbour for 169.254.1.1: %s", neigh)
 	}
-	nodeRoutes := run(t, tb.NodeNS(), "ip", "-4", "route", "show", ip.String()+"/32")
+	nodeRoutes := bedtest.Sh(t, tb.NodeNS(), "ip", "-4", "route", "show", ip.String()+"/32")
 	if !strings.Contains(nodeRoutes, "dev "+svcpath.HostPrefix) || !strings.Contains(nodeRoutes, "proto 167") {
 		t.Errorf("node route to %s is %q, want dev vsv... proto 167 (vpcni)", ip, nodeRoutes)
 	}
@@ -187,39 +188,39 @@ func TestMacvlanService(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, macvlan.MACVLAN)
 	c := e.cni("1.1.0")
-	client, backend := e.pod(1), e.pod(2)
-	e.add(c, "svc-client", client)
-	ipB := resultIP(t, e.add(c, "svc-backend", backend))
-	echo(t, backend, testbed.HostPort(ipB, 7777))
-	echo(t, netnsutil.Path(e.tb.NbrNS()), testbed.HostPort(e.tb.NbrIP, 7777))
+	client, backend := e.Pod(1), e.Pod(2)
+	e.Add(c, "svc-client", client)
+	ipB := bedtest.ResultIP(t, e.Add(c, "svc-backend", backend))
+	bedtest.Echo(t, backend, ipB)
+	bedtest.Echo(t, netnsutil.Path(e.TB.NbrNS()), e.TB.NbrIP)
 	for _, rule := range [][]string{
 		{"iptables", "-t", "nat", "-A", "PREROUTING", "-d", "10.96.0.10/32", "-p", "tcp", "--dport", "80", "-j", "DNAT", "--to-destination", ipB.String() + ":7777"},
-		{"iptables", "-t", "nat", "-A", "PREROUTING", "-d", "10.96.0.11/32", "-p", "tcp", "--dport", "80", "-j", "DNAT", "--to-destination", e.tb.NbrIP.String() + ":7777"},
+		{"iptables", "-t", "nat", "-A", "PREROUTING", "-d", "10.96.0.11/32", "-p", "tcp", "--dport", "80", "-j", "DNAT", "--to-destination", e.TB.NbrIP.String() + ":7777"},
 	} {
-		run(t, e.tb.NodeNS(), rule...)
+		bedtest.Sh(t, e.TB.NodeNS(), rule...)
 	}
-	if rs := run(t, e.tb.NodeNS(), "nft", "list", "table", "ip", svcpath.NATTable); !strings.Contains(rs, `iifname "vsv*" ct status dnat masquerade`) {
+	if rs := bedtest.Sh(t, e.TB.NodeNS(), "nft", "list", "table", "ip", svcpath.NATTable); !strings.Contains(rs, `iifname "vsv*" ct status dnat masquerade`) {
 		t.Fatalf("no masquerade rule on the node:\n%s", rs)
 	}
-	reach(t, client, "10.96.0.10:80") // backend on the same node
-	reach(t, client, "10.96.0.11:80") // backend elsewhere on the subnet
+	bedtest.Reach(t, client, "10.96.0.10:80") // backend on the same node
+	bedtest.Reach(t, client, "10.96.0.11:80") // backend elsewhere on the subnet
 
-	if err := e.agent.Stop(); err != nil {
+	if err := e.Agent.Stop(); err != nil {
 		t.Fatal(err)
 	}
-	run(t, e.tb.NodeNS(), "nft", "delete", "table", "ip", svcpath.NATTable)
+	bedtest.Sh(t, e.TB.NodeNS(), "nft", "delete", "table", "ip", svcpath.NATTable)
 	for _, svc := range []string{"10.96.0.10:80", "10.96.0.11:80"} {
-		if err := probe(client, svc); err == nil {
+		if err := bedtest.Probe(client, svc); err == nil {
 			t.Fatalf("%s answered without the masquerade rule: the test proves nothing", svc)
 		}
 	}
-	e.startAgent() // its start-up reconcile puts the table back
-	waitFor(t, 10*time.Second, "the NAT table to be back", func() bool {
-		out, err := netnsutil.Output(e.tb.NodeNS(), "nft", "list", "table", "ip", svcpath.NATTable)
+	e.StartAgent() // its start-up reconcile puts the table back
+	bedtest.WaitFor(t, 10*time.Second, "the NAT table to be back", func() bool {
+		out, err := netnsutil.Output(e.TB.NodeNS(), "nft", "list", "table", "ip", svcpath.NATTable)
 		return err == nil && strings.Contains(out, "masquerade")
 	})
-	reach(t, client, "10.96.0.10:80")
-	reach(t, client, "10.96.0.11:80")
+	bedtest.Reach(t, client, "10.96.0.10:80")
+	bedtest.Reach(t, client, "10.96.0.11:80")
 }
 
 // TestMacvlanRestart: pods keep their traffic while the agent is down; the
@@ -230,44 +231,44 @@ func TestMacvlanRestart(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, macvlan.MACVLAN)
 	c := e.cni("1.1.0")
-	p1, p2 := e.pod(1), e.pod(2)
-	ip1, ip2 := resultIP(t, e.add(c, "rs-1", p1)), resultIP(t, e.add(c, "rs-2", p2))
-	nodeNS := netnsutil.Path(e.tb.NodeNS())
-	echo(t, p1, testbed.HostPort(ip1, 7777))
-	echo(t, p2, testbed.HostPort(ip2, 7777))
-	echo(t, nodeNS, testbed.HostPort(e.tb.NodeIP, 7777))
+	p1, p2 := e.Pod(1), e.Pod(2)
+	ip1, ip2 := bedtest.ResultIP(t, e.Add(c, "rs-1", p1)), bedtest.ResultIP(t, e.Add(c, "rs-2", p2))
+	nodeNS := netnsutil.Path(e.TB.NodeNS())
+	bedtest.Echo(t, p1, ip1)
+	bedtest.Echo(t, p2, ip2)
+	bedtest.Echo(t, nodeNS, e.TB.NodeIP)
 
-	if err := e.agent.Kill(); err != nil {
+	if err := e.Agent.Kill(); err != nil {
 		t.Fatal(err)
 	}
-	reach(t, p1, testbed.HostPort(ip2, 7777))
-	reach(t, nodeNS, testbed.HostPort(ip1, 7777))
-	reach(t, p2, testbed.HostPort(e.tb.NodeIP, 7777))
+	bedtest.Reach(t, p1, testbed.HostPort(ip2, 7777))
+	bedtest.Reach(t, nodeNS, testbed.HostPort(ip1, 7777))
+	bedtest.Reach(t, p2, testbed.HostPort(e.TB.NodeIP, 7777))
 	// Damage: pod 1's node route goes; pod 2's service veth goes (its pod
 	// end with it: only a re-wiring from the pod brings it back); an orphan
 	// service veth appears.
 	host1 := svcpath.HostIfName("rs-1", "eth0")
-	run(t, e.tb.NodeNS(), "ip", "route", "del", ip1.String()+"/32", "dev", host1)
-	run(t, e.tb.NodeNS(), "ip", "link", "del", svcpath.HostIfName("rs-2", "eth0"))
-	run(t, e.tb.NodeNS(), "ip", "link", "add", "vsvdeadbeef0000", "type", "veth", "peer", "name", "vpcnitmp0")
-	run(t, e.tb.NodeNS(), "ip", "link", "set", "vsvdeadbeef0000", "alias", "vpcni:gone/eth0")
-	if err := probe(nodeNS, testbed.HostPort(ip1, 7777)); err == nil {
+	bedtest.Sh(t, e.TB.NodeNS(), "ip", "route", "del", ip1.String()+"/32", "dev", host1)
+	bedtest.Sh(t, e.TB.NodeNS(), "ip", "link", "del", svcpath.HostIfName("rs-2", "eth0"))
+	bedtest.Sh(t, e.TB.NodeNS(), "ip", "link", "add", "vsvdeadbeef0000", "type", "veth", "peer", "name", "vpcnitmp0")
+	bedtest.Sh(t, e.TB.NodeNS(), "ip", "link", "set", "vsvdeadbeef0000", "alias", "vpcni:gone/eth0")
+	if err := bedtest.Probe(nodeNS, testbed.HostPort(ip1, 7777)); err == nil {
 		t.Fatal("node reached pod 1 without its route: the damage proves nothing")
 	}
 
-	e.startAgent()
-	waitFor(t, 10*time.Second, "the routes and pod 2's service veth back, the orphan gone", func() bool {
+	e.StartAgent()
+	bedtest.WaitFor(t, 10*time.Second, "the routes and pod 2's service veth back, the orphan gone", func() bool {
 		s := e.node()
 		return len(s.Routes) == 2 && len(s.Links) == 2 && !slices.Contains(s.Links, "vsvdeadbeef0000")
 	})
-	reach(t, nodeNS, testbed.HostPort(ip1, 7777))
-	reach(t, p2, testbed.HostPort(e.tb.NodeIP, 7777))
-	reach(t, p1, testbed.HostPort(ip2, 7777))
+	bedtest.Reach(t, nodeNS, testbed.HostPort(ip1, 7777))
+	bedtest.Reach(t, p2, testbed.HostPort(e.TB.NodeIP, 7777))
+	bedtest.Reach(t, p1, testbed.HostPort(ip2, 7777))
 	for _, p := range []struct{ id, ns string }{{"rs-1", p1}, {"rs-2", p2}} {
-		if err := c.Check(ctx(t), testbed.Runtime(p.id, p.ns, "eth0", nil)); err != nil {
+		if err := c.Check(bedtest.Ctx(t), testbed.Runtime(p.id, p.ns, "eth0", nil)); err != nil {
 			t.Fatalf("CHECK %s after restart: %v", p.id, err)
 		}
-		if err := c.Del(ctx(t), testbed.Runtime(p.id, p.ns, "eth0", nil)); err != nil {
+		if err := c.Del(bedtest.Ctx(t), testbed.Runtime(p.id, p.ns, "eth0", nil)); err != nil {
 			t.Fatalf("DEL %s: %v", p.id, err)
 		}
 	}
@@ -283,20 +284,20 @@ func TestMacvlanBadInput(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, macvlan.MACVLAN)
 	c := e.cni("1.1.0")
-	clash := e.pod(1)
-	run(t, e.tb.PodNS(1), "ip", "link", "add", "eth0", "type", "veth", "peer", "name", "theirs0")
+	clash := e.Pod(1)
+	bedtest.Sh(t, e.TB.PodNS(1), "ip", "link", "add", "eth0", "type", "veth", "peer", "name", "theirs0")
 	for _, tc := range []struct {
 		name, ns, ifname, says string
 	}{
 		{"eth0 exists in the pod", clash, "eth0", "eth0 already exists"},
-		{"ifname is the service veth's", e.pod(2), svcpath.PodIfName, "vpcni's service veth"},
+		{"ifname is the service veth's", e.Pod(2), svcpath.PodIfName, "vpcni's service veth"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := c.Add(ctx(t), testbed.Runtime("bad", tc.ns, tc.ifname, nil))
-			if !isCode(err, 4) || !strings.Contains(err.Error(), tc.says) {
+			_, err := c.Add(bedtest.Ctx(t), testbed.Runtime("bad", tc.ns, tc.ifname, nil))
+			if !bedtest.IsCode(err, 4) || !strings.Contains(err.Error(), tc.says) {
 				t.Fatalf("got %v; want CNI error 4 saying %q", err, tc.says)
 			}
-			if st, err := e.agent.State(); err != nil || len(st.Allocations) != 0 {
+			if st, err := e.Agent.State(); err != nil || len(st.Allocations) != 0 {
 				t.Fatalf("allocation left: %+v %v", st, err)
 			}
 			if got := e.node(); !got.empty() {
@@ -307,13 +308,13 @@ func TestMacvlanBadInput(t *testing.T) {
 	if links := podLinks(t, clash); fmt.Sprint(links) != "[theirs0 eth0]" && fmt.Sprint(links) != "[eth0 theirs0]" {
 		t.Fatalf("the pod's own links changed: %v", links)
 	}
-	if links := podLinks(t, e.pod(3)); len(links) != 0 {
+	if links := podLinks(t, e.Pod(3)); len(links) != 0 {
 		t.Fatal("fresh pod not empty")
 	}
 	// The agent still wires a good pod after that.
-	p := e.pod(4)
-	e.add(c, "good", p)
-	if err := c.Del(ctx(t), testbed.Runtime("good", p, "eth0", nil)); err != nil {
+	p := e.Pod(4)
+	e.Add(c, "good", p)
+	if err := c.Del(bedtest.Ctx(t), testbed.Runtime("good", p, "eth0", nil)); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -329,8 +330,8 @@ func TestIpvlan(t *testing.T) {
 	}
 	e := newEnv(t, macvlan.IPVLAN)
 	c := e.cni("1.1.0")
-	p := e.pod(1)
-	_, err := c.Add(ctx(t), testbed.Runtime("iv", p, "eth0", nil))
+	p := e.Pod(1)
+	_, err := c.Add(bedtest.Ctx(t), testbed.Runtime("iv", p, "eth0", nil))
 	if err == nil || !strings.Contains(err.Error(), "no ipvlan (CONFIG_IPVLAN)") {
 		t.Fatalf("ADD in ipvlan mode on a kernel without ipvlan: %v; want an error naming CONFIG_IPVLAN", err)
 	}
