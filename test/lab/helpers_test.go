@@ -3,6 +3,7 @@ package lab
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -10,10 +11,13 @@ import (
 	"time"
 
 	types100 "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/gophercloud/gophercloud/v2"
+	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/ports"
 
 	"github.com/vpcni/vpcni/internal/config"
 	"github.com/vpcni/vpcni/internal/lab"
 	"github.com/vpcni/vpcni/internal/netnsutil"
+	"github.com/vpcni/vpcni/internal/provider/openstack"
 	"github.com/vpcni/vpcni/internal/testbed"
 )
 
@@ -175,4 +179,31 @@ func probe(c context.Context, from, addr string) error {
 	pc, cancel := context.WithTimeout(c, 3*time.Second)
 	defer cancel()
 	return netnsutil.Probe(pc, from, addr)
+}
+
+// updatePort changes a port through the lab's Neutron API as a person
+// would: change makes the update from the port as it is now, and a
+// revision conflict (an agent's update in between) starts over.
+func updatePort(t *testing.T, l *lab.Lab, portID string, change func(*ports.Port) ports.UpdateOpts) {
+	t.Helper()
+	nc := openstack.NoAuthClient(l.URL, http.Client{Timeout: 30 * time.Second})
+	c, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for range 10 {
+		p, err := ports.Get(c, nc, portID).Extract()
+		if err != nil {
+			t.Fatal(err)
+		}
+		opts := change(p)
+		rev := p.RevisionNumber
+		opts.RevisionNumber = &rev
+		_, err = ports.Update(c, nc, portID, opts).Extract()
+		if err == nil {
+			return
+		}
+		if !gophercloud.ResponseCodeIs(err, http.StatusPreconditionFailed) {
+			t.Fatal(err)
+		}
+	}
+	t.Fatal("could not update the port")
 }

@@ -14,7 +14,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gophercloud/gophercloud/v2"
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/extensions/layer3/extraroutes"
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/extensions/layer3/floatingips"
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/extensions/layer3/routers"
@@ -120,26 +119,11 @@ func TestLegacyVMReachesPods(t *testing.T) {
 // setOnPort adds or removes an address on a port as a person would.
 func setOnPort(t *testing.T, l *lab.Lab, portID string, ip netip.Addr, on bool) {
 	t.Helper()
-	nc := openstack.NoAuthClient(l.URL, http.Client{Timeout: 30 * time.Second})
-	c, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	for range 10 {
-		p, err := ports.Get(c, nc, portID).Extract()
-		if err != nil {
-			t.Fatal(err)
-		}
+	updatePort(t, l, portID, func(p *ports.Port) ports.UpdateOpts {
 		fixed := slices.DeleteFunc(slices.Clone(p.FixedIPs), func(f ports.IP) bool { return f.IPAddress == ip.String() })
 		if on {
 			fixed = append(fixed, ports.IP{SubnetID: l.SubnetID, IPAddress: ip.String()})
 		}
-		rev := p.RevisionNumber
-		_, err = ports.Update(c, nc, portID, ports.UpdateOpts{FixedIPs: fixed, RevisionNumber: &rev}).Extract()
-		if err == nil {
-			return
-		}
-		if !gophercloud.ResponseCodeIs(err, http.StatusPreconditionFailed) {
-			t.Fatal(err)
-		}
-	}
-	t.Fatal("could not update the port")
+		return ports.UpdateOpts{FixedIPs: fixed}
+	})
 }

@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gophercloud/gophercloud/v2"
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/ports"
 
 	"github.com/vpcni/vpcni/internal/alloc"
@@ -132,14 +131,7 @@ func mvPairMAC(t *testing.T, l *lab.Lab, portID string, ip netip.Addr) string {
 // would ("" = the port's own MAC).
 func mvSetPairMAC(t *testing.T, l *lab.Lab, portID string, ip netip.Addr, mac string) {
 	t.Helper()
-	nc := openstack.NoAuthClient(l.URL, http.Client{Timeout: 30 * time.Second})
-	c, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	for range 10 {
-		p, err := ports.Get(c, nc, portID).Extract()
-		if err != nil {
-			t.Fatal(err)
-		}
+	updatePort(t, l, portID, func(p *ports.Port) ports.UpdateOpts {
 		pairs := make([]ports.AddressPair, 0, len(p.AllowedAddressPairs))
 		for _, ap := range p.AllowedAddressPairs {
 			if ap.IPAddress == ip.String() || ap.IPAddress == ip.String()+"/32" {
@@ -150,14 +142,6 @@ func mvSetPairMAC(t *testing.T, l *lab.Lab, portID string, ip netip.Addr, mac st
 			}
 			pairs = append(pairs, ap)
 		}
-		rev := p.RevisionNumber
-		_, err = ports.Update(c, nc, portID, ports.UpdateOpts{AllowedAddressPairs: &pairs, RevisionNumber: &rev}).Extract()
-		if err == nil {
-			return
-		}
-		if !gophercloud.ResponseCodeIs(err, http.StatusPreconditionFailed) {
-			t.Fatal(err)
-		}
-	}
-	t.Fatal("could not update the port")
+		return ports.UpdateOpts{AllowedAddressPairs: &pairs}
+	})
 }

@@ -302,25 +302,9 @@ func (b *Bridge) Teardown(_ context.Context, a *alloc.Allocation) error {
 	return deleteHostLink(HostIfName(a.ContainerID, a.IfName), a.Key())
 }
 
-// deleteHostLink removes the host veth if it is there and carries this
-// attachment's alias, or no alias yet (an ADD cut short right after
-// creating it: the name is this attachment's hash).
-func deleteHostLink(name, key string) error {
-	link, err := netlink.LinkByName(name)
-	if err != nil {
-		if nlutil.IsNotFound(err) {
-			return nil
-		}
-		return fmt.Errorf("look up %s: %w", name, err)
-	}
-	if alias := link.Attrs().Alias; alias != AliasPrefix+key && (alias != "" || link.Type() != "veth") {
-		return fmt.Errorf("%s belongs to %q, not to %s: left alone", name, alias, key)
-	}
-	if err := netlink.LinkDel(link); err != nil && !nlutil.IsNotFound(err) {
-		return fmt.Errorf("delete %s: %w", name, err)
-	}
-	return nil
-}
+// deleteHostLink removes the host veth if it is there and is this
+// attachment's (nlutil.DeleteOwnedVeth).
+func deleteHostLink(name, key string) error { return nlutil.DeleteOwnedVeth(name, AliasPrefix+key) }
 
 // Check implements datapath.Datapath.
 func (b *Bridge) Check(_ context.Context, a *alloc.Allocation) (alloc.Wiring, error) {

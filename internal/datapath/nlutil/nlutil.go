@@ -105,3 +105,25 @@ func WriteSysctl(key, value string) error {
 // traffic crosses the node's stack (routed pods, the service path,
 // DNATed bridged packets) needs.
 func EnableForwarding() error { return WriteSysctl("net/ipv4/ip_forward", "1") }
+
+// DeleteOwnedVeth removes the node-side veth name (its other end goes with
+// it) if it is there and carries alias, or no alias yet: an ADD cut short
+// right after creating it left it bare, and its name is that attachment's
+// hash. A link that carries another alias, or a bare one that is not a
+// veth, is someone else's and is left alone.
+func DeleteOwnedVeth(name, alias string) error {
+	link, err := netlink.LinkByName(name)
+	if err != nil {
+		if IsNotFound(err) {
+			return nil
+		}
+		return fmt.Errorf("look up %s: %w", name, err)
+	}
+	if have := link.Attrs().Alias; have != alias && (have != "" || link.Type() != "veth") {
+		return fmt.Errorf("%s belongs to %q, not to %q: left alone", name, have, alias)
+	}
+	if err := netlink.LinkDel(link); err != nil && !IsNotFound(err) {
+		return fmt.Errorf("delete %s: %w", name, err)
+	}
+	return nil
+}

@@ -211,24 +211,10 @@ func (p *Path) Detach(a *alloc.Allocation) error {
 	return deleteHostLink(HostIfName(a.ContainerID, a.IfName), a.Key())
 }
 
-// deleteHostLink removes a node-side service veth if it is there and
-// carries this attachment's alias, or no alias yet (an ADD cut short right
-// after creating it: the name is this attachment's hash).
+// deleteHostLink removes a node-side service veth if it is there and is
+// this attachment's (nlutil.DeleteOwnedVeth).
 func deleteHostLink(name, key string) error {
-	link, err := netlink.LinkByName(name)
-	if err != nil {
-		if nlutil.IsNotFound(err) {
-			return nil
-		}
-		return fmt.Errorf("look up %s: %w", name, err)
-	}
-	if alias := link.Attrs().Alias; alias != datapath.AliasPrefix+key && (alias != "" || link.Type() != "veth") {
-		return fmt.Errorf("%s belongs to %q, not to %s: left alone", name, alias, key)
-	}
-	if err := netlink.LinkDel(link); err != nil && !nlutil.IsNotFound(err) {
-		return fmt.Errorf("delete %s: %w", name, err)
-	}
-	return nil
+	return nlutil.DeleteOwnedVeth(name, datapath.AliasPrefix+key)
 }
 
 // Check says what differs from what Attach made, node and pod side.

@@ -446,23 +446,9 @@ func (v *Veth) undo(a *alloc.Allocation) error {
 }
 
 // deleteHostLink removes the host veth (its pod end goes with it) if it is
-// there and carries this attachment's alias, or no alias yet (an ADD cut
-// short right after creating it: the name is this attachment's hash).
+// there and is this attachment's (nlutil.DeleteOwnedVeth).
 func (v *Veth) deleteHostLink(name, key string) error {
-	link, err := netlink.LinkByName(name)
-	if err != nil {
-		if nlutil.IsNotFound(err) {
-			return nil
-		}
-		return fmt.Errorf("look up %s: %w", name, err)
-	}
-	if alias := link.Attrs().Alias; alias != AliasPrefix+key && (alias != "" || link.Type() != "veth") {
-		return fmt.Errorf("%s belongs to %q, not to %s: left alone", name, alias, key)
-	}
-	if err := netlink.LinkDel(link); err != nil && !nlutil.IsNotFound(err) {
-		return fmt.Errorf("delete %s: %w", name, err)
-	}
-	return nil
+	return nlutil.DeleteOwnedVeth(name, AliasPrefix+key)
 }
 
 // Check implements datapath.Datapath.

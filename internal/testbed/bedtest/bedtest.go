@@ -1,10 +1,9 @@
 // Package bedtest is the testing side of internal/testbed: one node
 // testbed with vpcnid in it, gone when the test ends, and the CNI calls,
 // probes and waits that the root-only datapath suites (test/integration,
-// test/macvlan, test/bridge) share. It imports testing, which is why it is
-// a package of its own: internal/deptest keeps testing out of the shipped
-// binaries, and internal/testbed is linked by none of them but is not a
-// test package either.
+// test/macvlan, test/bridge) share. It is a package of its own because it
+// imports testing: internal/testbed stays free of it, as every package
+// but a *test one must (internal/deptest).
 package bedtest
 
 import (
