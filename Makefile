@@ -11,7 +11,7 @@ LDFLAGS   := -s -w -X main.version=$(VERSION)
 GOBUILD   := CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)"
 PKG_TEST_TIMEOUT ?= 15m
 
-.PHONY: all build image k8s-build k8s-fixture deps generate verify-generate test unit fuzz integration e2e-neutron-agents e2e-k8s chaos lint demo bench clean
+.PHONY: all build image k8s-build k8s-fixture deps generate verify-generate test unit fuzz integration e2e-neutron-agents e2e-nova e2e-k8s chaos lint demo bench clean
 
 all: build
 
@@ -76,7 +76,7 @@ fuzz:
 # it restarts that neutron-server in Keystone mode.
 TESTFILTER := grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|vpcni-test:|^chaos:|^\[neutron'
 integration: build
-	VPCNI_REQUIRE_ROOT=1 VPCNI_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout $(PKG_TEST_TIMEOUT) -v ./test/integration ./test/macvlan ./test/bridge ./test/neutron ./test/lab 2>&1 | tee /tmp/vpcni-integration.log | $(TESTFILTER) ; exit $${PIPESTATUS[0]}
+	VPCNI_REQUIRE_ROOT=1 VPCNI_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout $(PKG_TEST_TIMEOUT) -v ./test/integration ./test/macvlan ./test/bridge ./test/neutron ./test/lab ./test/labnics 2>&1 | tee /tmp/vpcni-integration.log | $(TESTFILTER) ; exit $${PIPESTATUS[0]}
 	VPCNI_REQUIRE_ROOT=1 $(GO) test -count=1 -timeout $(PKG_TEST_TIMEOUT) -v ./test/keystone 2>&1 | tee /tmp/vpcni-keystone.log | $(TESTFILTER) ; exit $${PIPESTATUS[0]}
 
 # The lab e2e, once, against the real Neutron with its linuxbridge and L3
@@ -85,6 +85,14 @@ integration: build
 # never meets the API-mode server; the test brings it up and down (~2 min).
 e2e-neutron-agents: build
 	VPCNI_REQUIRE_ROOT=1 VPCNI_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout $(PKG_TEST_TIMEOUT) -v ./test/labagents 2>&1 | tee /tmp/vpcni-e2e-neutron-agents.log | $(TESTFILTER) ; exit $${PIPESTATUS[0]}
+
+# The NIC modes against a real Nova (Debian's Zed, fake virt driver) beside
+# a real neutron-server with Keystone (scripts/nova.sh, its own state and
+# ports): the os-interface contract, passthrough and secondary NICs as a
+# project member, and the shared-network rule (~2 min, ~1 min more to
+# install Nova's packages the first time).
+e2e-nova:
+	VPCNI_REQUIRE_ROOT=1 $(GO) test -count=1 -timeout $(PKG_TEST_TIMEOUT) -v ./test/nova 2>&1 | tee /tmp/vpcni-e2e-nova.log | $(TESTFILTER) ; exit $${PIPESTATUS[0]}
 
 # vpcni on a real Kubernetes node (scripts/k8s-node.sh: etcd, control plane,
 # containerd, kubelet and kube-proxy inside a lab node's namespace), installed
@@ -97,7 +105,7 @@ CHAOS_ROUNDS ?= 20
 chaos: build
 	VPCNI_REQUIRE_ROOT=1 VPCNI_BIN=$(CURDIR)/$(BIN) VPCNI_CHAOS_ROUNDS=$(CHAOS_ROUNDS) $(GO) test -count=1 -timeout 60m -v -run 'TestChaos' ./test/neutron 2>&1 | $(TESTFILTER) ; exit $${PIPESTATUS[0]}
 
-test: deps lint verify-generate unit fuzz integration e2e-neutron-agents e2e-k8s
+test: deps lint verify-generate unit fuzz integration e2e-neutron-agents e2e-nova e2e-k8s
 
 demo: build
 	$(BIN)/vpcnictl demo
@@ -105,6 +113,7 @@ demo: build
 bench: build
 	$(BIN)/vpcnictl bench cni
 	$(BIN)/vpcnictl bench datapath
+	$(BIN)/vpcnictl bench modes
 	@started=0; bash scripts/neutron.sh status >/dev/null 2>&1 || { bash scripts/neutron.sh up && started=1; }; \
 	$(BIN)/vpcnictl bench neutron && $(BIN)/vpcnictl bench pool; rc=$$?; \
 	[ $$started = 1 ] && bash scripts/neutron.sh down; exit $$rc

@@ -47,6 +47,19 @@ esac
 if curl -sf -o /dev/null "http://127.0.0.1:$NOVA_PORT/" && [ -e "$NV/up" ]; then echo "nova already up"; exit 0; fi
 for f in api compute scheduler conductor placement glance beam rabbitmq epmd; do stop_pid "$NV/pids/$f"; done
 rm -f "$NV/up"
+# Debian's Nova and Placement (not nova-compute: it pulls in libvirt and
+# qemu; the fake driver needs python3-nova only). Their services are kept
+# from starting: the binaries run below, on loopback ports of their own.
+pk="python3-nova nova-common nova-api nova-conductor nova-scheduler placement-api python3-placement rabbitmq-server"
+missing=""; for p in $pk; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
+if [ -n "$missing" ]; then
+  echo "[nova] installing$missing"
+  created_policy=0
+  if [ ! -e /usr/sbin/policy-rc.d ]; then printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d; chmod +x /usr/sbin/policy-rc.d; created_policy=1; fi
+  DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=900 update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=900 install -y -qq --no-install-recommends $missing >/dev/null
+  [ $created_policy = 1 ] && rm -f /usr/sbin/policy-rc.d
+fi
 KEYSTONE=1 bash "$HERE/neutron.sh" up
 SOCK=$NQ/mysql/mysql.sock
 C=$NV/conf R=$NV/rabbit
