@@ -182,7 +182,12 @@ func labServe(prefix string, nodes int, subnet string, agents bool, nc labNodeCo
 		cfg.SocketPath = filepath.Join(dir, n.Name, "vpcnid.sock")
 		cfg.StateDir = filepath.Join(dir, n.Name, "state")
 		cfg.Datapath = config.Datapath{Mode: cmp.Or(nc.Datapath, "veth")}
-		cfg.Provider = config.Provider{Type: "openstack", Settings: &openstack.Config{Endpoint: fmt.Sprintf("http://127.0.0.1:%d/", lab.EndpointPort), SubnetID: l.SubnetID, Mode: nc.ProviderMode}}
+		// The lab serves Nova's os-interface beside Neutron: the NIC modes
+		// (passthrough, secondary NICs) attach ports through it.
+		cfg.Provider = config.Provider{Type: "openstack", Settings: &openstack.Config{
+			Endpoint:        fmt.Sprintf("http://127.0.0.1:%d/", lab.EndpointPort),
+			ComputeEndpoint: fmt.Sprintf("http://127.0.0.1:%d%s", lab.EndpointPort, lab.ComputePath),
+			SubnetID:        l.SubnetID, Mode: nc.ProviderMode}}
 		a, err := testbed.StartAgentIn(dir, n.NS, bin, cfg)
 		if err != nil {
 			return fmt.Errorf("vpcnid on %s: %w", n.Name, err)
