@@ -41,17 +41,11 @@ func checkBrNetfilter() error {
 // the default route's — which, once the bridge holds the uplink, is the
 // bridge itself: then its one port vpcni did not make.
 func findUplink(name, bridge string) (string, error) {
-	if name == "" {
-		var err error
-		if name, err = nlutil.DefaultRouteLink(); err != nil {
-			return "", err
-		}
-	}
-	link, err := netlink.LinkByName(name)
+	link, err := nlutil.Uplink(name)
 	if err != nil {
-		return "", fmt.Errorf("uplink %q: %w", name, err)
+		return "", err
 	}
-	if name == bridge || link.Attrs().Alias == BridgeAlias {
+	if name = link.Attrs().Name; name == bridge || link.Attrs().Alias == BridgeAlias {
 		return bridgePort(link)
 	}
 	if m := link.Attrs().MasterIndex; m != 0 {

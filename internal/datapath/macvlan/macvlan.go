@@ -73,7 +73,7 @@ func Registration(k Kind) datapath.Registration {
 		New: func(node datapath.Node, s datapath.Settings) (datapath.Datapath, error) {
 			return New(k, node, s.(*Settings))
 		},
-		Prepare: func(datapath.Node, datapath.Settings) error { return prepareNode() },
+		Prepare: func(datapath.Node, datapath.Settings) error { return svcpath.Prepare() },
 	}
 }
 
@@ -92,13 +92,9 @@ type Mode struct {
 // route's interface) and the parent (default: the uplink), settles the MTU
 // and puts the service path's NAT rule in place.
 func New(kind Kind, node datapath.Node, s *Settings) (*Mode, error) {
-	uplink := node.Uplink
-	if uplink == "" {
-		name, err := nlutil.DefaultRouteLink()
-		if err != nil {
-			return nil, err
-		}
-		uplink = name
+	uplink, err := nlutil.UplinkName(node.Uplink)
+	if err != nil {
+		return nil, err
 	}
 	parent := s.Parent
 	if parent == "" {
@@ -116,21 +112,11 @@ func New(kind Kind, node datapath.Node, s *Settings) (*Mode, error) {
 		return nil, fmt.Errorf("mtu %d is larger than parent %s's %d: a %s sub-interface cannot exceed its parent", mtu, parent, pl.Attrs().MTU, kind)
 	}
 	m := &Mode{kind: kind, uplink: uplink, parent: parent, parentIdx: pl.Attrs().Index, mtu: mtu, nodeIP: nlutil.LinkIPv4(uplink)}
-	m.svc = svcpath.New(s.cidrs(), m.nodeIP, mtu)
-	if err := prepareNode(); err != nil {
-		return nil, err
-	}
-	if _, err := svcpath.EnsureNAT(); err != nil {
+	if m.svc, err = svcpath.Open(s.cidrs(), m.nodeIP, mtu); err != nil {
 		return nil, err
 	}
 	return m, nil
 }
-
-// prepareNode sets what the service path needs: forwarding (pod ->
-// Service -> pod passes through the node). It writes only what differs,
-// so an agent without a writable /proc/sys starts once a privileged step
-// ran it.
-func prepareNode() error { return nlutil.EnableForwarding() }
 
 // Info implements datapath.Datapath.
 func (m *Mode) Info() datapath.Info {

@@ -127,3 +127,25 @@ func DeleteOwnedVeth(name, alias string) error {
 	}
 	return nil
 }
+
+// UplinkName is name, or the default route's interface when name is empty
+// (the node's config leaves the uplink to the agent).
+func UplinkName(name string) (string, error) {
+	if name != "" {
+		return name, nil
+	}
+	return DefaultRouteLink()
+}
+
+// Uplink finds the uplink link (see UplinkName).
+func Uplink(name string) (netlink.Link, error) {
+	name, err := UplinkName(name)
+	if err != nil {
+		return nil, err
+	}
+	link, err := netlink.LinkByName(name)
+	if err != nil {
+		return nil, fmt.Errorf("uplink %q: %w", name, err)
+	}
+	return link, nil
+}

@@ -56,7 +56,7 @@ func init() {
 		New: func(node datapath.Node, s datapath.Settings) (datapath.Datapath, error) {
 			return New(node, s.(*Settings))
 		},
-		Prepare: func(datapath.Node, datapath.Settings) error { return prepareNode() },
+		Prepare: func(datapath.Node, datapath.Settings) error { return svcpath.Prepare() },
 	})
 }
 
@@ -75,34 +75,20 @@ type Mode struct {
 // New opens the mode on this node and puts the service path's NAT rule in
 // place.
 func New(node datapath.Node, s *Settings) (*Mode, error) {
-	uplink := node.Uplink
-	if uplink == "" {
-		name, err := nlutil.DefaultRouteLink()
-		if err != nil {
-			return nil, err
-		}
-		uplink = name
-	}
-	ul, err := netlink.LinkByName(uplink)
+	ul, err := nlutil.Uplink(node.Uplink)
 	if err != nil {
-		return nil, fmt.Errorf("uplink %q: %w", uplink, err)
+		return nil, err
 	}
-	mtu := node.MTU
+	uplink, mtu := ul.Attrs().Name, node.MTU
 	if mtu == 0 {
 		mtu = ul.Attrs().MTU
 	}
-	m := &Mode{uplink: uplink, mtu: mtu, svc: svcpath.New(s.CIDRs(), nlutil.LinkIPv4(uplink), mtu)}
-	if err := prepareNode(); err != nil {
-		return nil, err
-	}
-	if _, err := svcpath.EnsureNAT(); err != nil {
+	m := &Mode{uplink: uplink, mtu: mtu}
+	if m.svc, err = svcpath.Open(s.CIDRs(), nlutil.LinkIPv4(uplink), mtu); err != nil {
 		return nil, err
 	}
 	return m, nil
 }
-
-// prepareNode sets what the service path needs: forwarding.
-func prepareNode() error { return nlutil.EnableForwarding() }
 
 // Info implements datapath.Datapath: pods send from their own port's MAC,
 // which its port security allows already.

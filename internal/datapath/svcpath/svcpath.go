@@ -70,6 +70,25 @@ func New(cidrs []netip.Prefix, nodeIP netip.Addr, mtu int) *Path {
 	return &Path{cidrs: cidrs, nodeIP: nodeIP, mtu: mtu}
 }
 
+// Open returns the service path of this node and readies the node for it:
+// forwarding on (pod -> Service -> pod passes through the node) and the
+// NAT rule in place.
+func Open(cidrs []netip.Prefix, nodeIP netip.Addr, mtu int) (*Path, error) {
+	if err := Prepare(); err != nil {
+		return nil, err
+	}
+	if _, err := EnsureNAT(); err != nil {
+		return nil, err
+	}
+	return New(cidrs, nodeIP, mtu), nil
+}
+
+// Prepare sets the sysctl the service path needs (forwarding); a mode's
+// Prepare step runs it from the privileged init container. It writes only
+// what differs, so an agent without a writable /proc/sys starts once that
+// step ran.
+func Prepare() error { return nlutil.EnableForwarding() }
+
 // HostIfName is the node-side name of an attachment's service veth: "vsv"
 // and 12 hex digits of a hash of container ID and interface, stable across
 // restarts.

@@ -100,17 +100,11 @@ type reapItem struct {
 // NewVeth finds the uplink (the default route's interface when name is
 // empty), settles the MTU and prepares the node's sysctls.
 func NewVeth(uplink string, mtu int, garp bool) (*Veth, error) {
-	if uplink == "" {
-		name, err := nlutil.DefaultRouteLink()
-		if err != nil {
-			return nil, err
-		}
-		uplink = name
-	}
-	link, err := netlink.LinkByName(uplink)
+	link, err := nlutil.Uplink(uplink)
 	if err != nil {
-		return nil, fmt.Errorf("uplink %q: %w", uplink, err)
+		return nil, err
 	}
+	uplink = link.Attrs().Name
 	if mtu == 0 {
 		mtu = link.Attrs().MTU
 	}
@@ -161,12 +155,9 @@ func (v *Veth) prepareNode() error { return PrepareNode(v.Uplink) }
 // agent without a writable /proc/sys (a container that is not privileged)
 // starts once a privileged step ran this.
 func PrepareNode(uplink string) error {
-	if uplink == "" {
-		name, err := nlutil.DefaultRouteLink()
-		if err != nil {
-			return err
-		}
-		uplink = name
+	uplink, err := nlutil.UplinkName(uplink)
+	if err != nil {
+		return err
 	}
 	return errors.Join(
 		nlutil.EnableForwarding(),
