@@ -261,7 +261,7 @@ func (n *node) writeOverlay(controllerGrace string, maxAddresses int, smallPool 
 // writeOverlayWith is writeOverlay with extra vpcnid.yaml (a datapath
 // section, say).
 func (n *node) writeOverlayWith(controllerGrace string, maxAddresses int, smallPool bool, extra string) string {
-	pool := extra
+	pool := ""
 	if smallPool {
 		pool = `cooldown: 5s
 pool:
@@ -270,6 +270,17 @@ pool:
   maxFree: 6
   surplusGrace: 8s
   addWait: 3s
+`
+	}
+	pool += extra
+	// With extra config (a datapath switch) the controller, which runs on
+	// the pod network, stays scaled to 0 while the agent rolls: no pod may
+	// be wired under one mode and deleted under the other.
+	controllerScale := ""
+	if extra != "" {
+		controllerScale = `      - op: replace
+        path: /spec/replicas
+        value: 0
 `
 	}
 	dir := n.t.TempDir()
@@ -305,7 +316,7 @@ patches:
       - op: replace
         path: /spec/template/spec/containers/0/command
         value: [/usr/local/bin/vpcni-controller, --release-grace=%s, --lease-duration=6s]
-`, name, tag, controllerGrace),
+%s`, name, tag, controllerGrace, controllerScale),
 		"daemonset-paths.yaml": fmt.Sprintf(`apiVersion: apps/v1
 kind: DaemonSet
 metadata:
@@ -572,6 +583,7 @@ func TestKubernetesNode(t *testing.T) {
 func checkMacvlanMode(t *testing.T, n *node) {
 	n.mustKubectl("-n", "vpcni-system", "scale", "deployment/vpcni-controller", "--replicas=0")
 	n.mustKubectl("delete", "deployment", "web", "--wait=true")
+	n.waitReady("vpcni-system", "app.kubernetes.io/name=vpcni-controller", 0, 2*time.Minute)
 	eventually(t, 2*time.Minute, "no pod on the pod network", func() (bool, string) {
 		st, err := n.agentState()
 		if err != nil {
