@@ -138,6 +138,26 @@ func TestSecondaryNIC(t *testing.T) {
 	})
 	bedtest.Reach(t, nbr, testbed.HostPort(onNIC, 7777))
 
+	// The NIC flaps: the kernel flushes its table's routes, the rules stay.
+	// CHECK sees it; the agent's restart puts the table back.
+	for _, c := range [][]string{{"ip", "link", "set", "eth1", "down"}, {"ip", "link", "set", "eth1", "up"}} {
+		if err := netnsutil.Exec(node, c...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := c.Check(bedtest.Ctx(t), testbed.Runtime(nicID, nicNS, "eth0", nil)); err == nil || !strings.Contains(err.Error(), "no default route") {
+		t.Errorf("CHECK after the NIC flapped: %v, want the table's missing default route named", err)
+	}
+	if err := e.Agent.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	e.StartAgent()
+	bedtest.WaitFor(t, 10*time.Second, "the NIC's table back", func() bool {
+		r, _ := netnsutil.Output(node, "ip", "route", "show", "table", "all")
+		return strings.Contains(r, "default via 10.78.0.1 dev eth1")
+	})
+	bedtest.Reach(t, nbr, testbed.HostPort(onNIC, 7777))
+
 	// DEL: the pod's rules and its proxy entry on the NIC go.
 	if err := c.Del(bedtest.Ctx(t), testbed.Runtime(nicID, nicNS, "eth0", nil)); err != nil {
 		t.Fatal(err)

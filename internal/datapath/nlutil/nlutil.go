@@ -119,7 +119,9 @@ func DeleteOwnedVeth(name, alias string) error {
 		}
 		return fmt.Errorf("look up %s: %w", name, err)
 	}
-	if have := link.Attrs().Alias; have != alias && (have != "" || link.Type() != "veth") {
+	// Only a veth: another mode's link can carry a vpcni alias too (the
+	// bridge mode's bridge does), and is never this helper's to delete.
+	if have := link.Attrs().Alias; link.Type() != "veth" || have != alias && have != "" {
 		return fmt.Errorf("%s belongs to %q, not to %q: left alone", name, have, alias)
 	}
 	if err := netlink.LinkDel(link); err != nil && !IsNotFound(err) {

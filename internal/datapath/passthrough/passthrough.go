@@ -406,13 +406,16 @@ func (m *Mode) Reconcile(_ context.Context, want datapath.Desired) (datapath.Rep
 	if err != nil {
 		return rep, fmt.Errorf("list links: %w", err)
 	}
-	byKey := map[string]*alloc.Allocation{}
-	for _, a := range append(want.Allocations, want.Leave...) {
+	byKey, leave := map[string]*alloc.Allocation{}, map[string]bool{}
+	for _, a := range want.Allocations {
 		byKey[a.Key()] = a
+	}
+	for _, a := range want.Leave {
+		leave[a.Key()] = true
 	}
 	for _, l := range links {
 		key, ok := strings.CutPrefix(l.Attrs().Alias, datapath.AliasPrefix)
-		if !ok || strings.HasPrefix(l.Attrs().Name, svcpath.HostPrefix) {
+		if !ok || !isNICCandidate(l, key) || leave[key] {
 			continue
 		}
 		if a, ok := byKey[key]; ok && a.NIC != nil && strings.EqualFold(a.NIC.MAC, l.Attrs().HardwareAddr.String()) {
@@ -420,9 +423,6 @@ func (m *Mode) Reconcile(_ context.Context, want datapath.Desired) (datapath.Rep
 				rep.Broken = append(rep.Broken, key)
 			}
 			continue
-		}
-		if l.Type() == "veth" && strings.HasPrefix(l.Attrs().Name, "vpc") {
-			continue // a routed veth's host end (the node ran mode veth): not a NIC
 		}
 		_ = netlink.LinkSetDown(l)
 		if err := netlink.LinkSetAlias(l, ""); err != nil {
@@ -432,6 +432,18 @@ func (m *Mode) Reconcile(_ context.Context, want datapath.Desired) (datapath.Rep
 		rep.Removed = append(rep.Removed, fmt.Sprintf("NIC %s (%s) of %s back on the node: cleared", l.Attrs().Name, l.Attrs().HardwareAddr, key))
 	}
 	return rep, nil
+}
+
+// isNICCandidate says whether a link with a vpcni alias (key: the alias
+// after the prefix) may be a passthrough NIC: it carries an attachment's
+// key, and it is none of the node-side links other modes mark (the bridge
+// mode's bridge and pod veths, the routed veths, the service veths).
+func isNICCandidate(l netlink.Link, key string) bool {
+	if !strings.Contains(key, "/") || l.Type() == "bridge" {
+		return false
+	}
+	name := l.Attrs().Name
+	return l.Type() != "veth" || !(strings.HasPrefix(name, "vpc") || strings.HasPrefix(name, "vpb") || strings.HasPrefix(name, svcpath.HostPrefix))
 }
 
 var _ datapath.Datapath = (*Mode)(nil)

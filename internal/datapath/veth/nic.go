@@ -210,6 +210,9 @@ func (v *Veth) checkNIC(a *alloc.Allocation) []error {
 	if !hasRule(rules, a.Address, table) {
 		problems = append(problems, fmt.Errorf("no rule %d: from %s lookup %d (NIC %s)", ruleFromPod, a.Address, table, link.Attrs().Name))
 	}
+	if !hasTableDefault(table) {
+		problems = append(problems, fmt.Errorf("table %d of NIC %s has no default route", table, link.Attrs().Name))
+	}
 	if !v.hasProxyOn(link.Attrs().Index, a.Address) {
 		problems = append(problems, fmt.Errorf("no proxy ARP entry for %s on NIC %s", a.Address, link.Attrs().Name))
 	}
@@ -220,6 +223,22 @@ func (v *Veth) checkNIC(a *alloc.Allocation) []error {
 func hasRule(rules []netlink.Rule, ip netip.Addr, table int) bool {
 	for _, r := range rules {
 		if ours(r) && r.Priority == ruleFromPod && r.Table == table && r.Src != nil && r.Src.IP.Equal(ip.AsSlice()) && isHostMask(r.Src.Mask) {
+			return true
+		}
+	}
+	return false
+}
+
+// hasTableDefault says whether a NIC's table routes by its gateway.
+func hasTableDefault(table int) bool {
+	routes, err := nlutil.RetryDump(func() ([]netlink.Route, error) {
+		return netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Table: table}, netlink.RT_FILTER_TABLE)
+	})
+	if err != nil {
+		return true // unreadable: do not rewrite on a guess
+	}
+	for _, r := range routes {
+		if r.Dst == nil || nlutil.IsZeroMask(r.Dst.Mask) {
 			return true
 		}
 	}
@@ -270,7 +289,9 @@ func (v *Veth) reconcileNICs(links []netlink.Link, want []*alloc.Allocation, idl
 		}
 		nics[link.Attrs().Index] = link
 		table := nicTable(link)
-		if !hasRule(rules, a.NIC.Address, table) {
+		// A NIC that went down and up lost its table's routes (the kernel
+		// flushes them) while the rules stayed: prepare it again then too.
+		if !hasRule(rules, a.NIC.Address, table) || !hasTableDefault(table) {
 			if err := v.prepareNIC(link, a); err != nil {
 				rep.fail(fmt.Errorf("%s: %w", a.Key(), err))
 				continue

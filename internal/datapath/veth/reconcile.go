@@ -43,9 +43,14 @@ func (v *Veth) Reconcile(_ context.Context, want datapath.Desired) (rep datapath
 		return rep, fmt.Errorf("list proxy ARP entries on %s: %w", v.Uplink, err)
 	}
 
-	ours := map[string]netlink.Link{} // host veths vpcni made, by name
+	// Host veths this mode made, by name: a veth named vpc<hash> with an
+	// attachment's alias. Other modes mark their links too (the bridge
+	// mode's bridge, a passthrough NIC): a node that ran one before is
+	// never stripped of them here.
+	ours := map[string]netlink.Link{}
 	for _, l := range links {
-		if strings.HasPrefix(l.Attrs().Alias, AliasPrefix) {
+		key, marked := strings.CutPrefix(l.Attrs().Alias, AliasPrefix)
+		if marked && strings.Contains(key, "/") && l.Type() == "veth" && strings.HasPrefix(l.Attrs().Name, "vpc") {
 			ours[l.Attrs().Name] = l
 		}
 	}
