@@ -8,6 +8,7 @@ package datapath
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"net/netip"
 
@@ -96,6 +97,18 @@ type SetupError struct {
 
 func (e *SetupError) Error() string { return e.Step + ": " + e.Err.Error() }
 func (e *SetupError) Unwrap() error { return e.Err }
+
+// OnUplink refuses a lease whose address lives on a NIC of its own (a
+// passthrough port, a secondary NIC) for a mode that wires pods on the
+// uplink: the cloud answers for that address on the other NIC, so a pod
+// wired here would be silently unreachable. The provider and the mode do
+// not fit; the error says which modes do.
+func OnUplink(l alloc.Lease, mode string) error {
+	if l.NIC == nil {
+		return nil
+	}
+	return fmt.Errorf("address %s lives on a NIC of its own (MAC %s) and datapath %s wires pods on the uplink: use datapath passthrough for a port per pod, or veth for secondary NICs", l.Address, l.NIC.MAC, mode)
+}
 
 // Settings is a mode's own section of vpcnid.yaml (datapath.<mode>).
 // Defaults fills what the file left out; Validate names every bad field

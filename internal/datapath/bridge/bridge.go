@@ -203,7 +203,7 @@ func leaseError(a *alloc.Allocation) error {
 	case !a.Prefix.Contains(a.Gateway) || a.Gateway == a.Address:
 		return fmt.Errorf("gateway %s is not another address of the lease's subnet %s", a.Gateway, a.Prefix)
 	}
-	return nil
+	return datapath.OnUplink(a.Lease, "bridge")
 }
 
 // wiring is what Setup makes for a.
@@ -238,13 +238,16 @@ func (b *Bridge) Setup(_ context.Context, a *alloc.Allocation) (_ alloc.Wiring, 
 		return alloc.Wiring{}, &SetupError{Step: "netlink in pod netns", Err: err}
 	}
 	defer pod.Close()
+	// A leftover of this very attachment (an ADD cut short, its pod end
+	// still in the pod) goes first; only then is an interface of the same
+	// name the caller's clash.
+	name := HostIfName(a.ContainerID, a.IfName)
+	if err := deleteHostLink(name, a.Key()); err != nil {
+		return alloc.Wiring{}, &SetupError{Step: "replace leftover " + name, Err: err}
+	}
 	if _, err := pod.LinkByName(a.IfName); err == nil {
 		return alloc.Wiring{}, &SetupError{Step: "pod interface", BadRequest: true,
 			Err: fmt.Errorf("%s already exists in %s", a.IfName, a.Netns)}
-	}
-	name := HostIfName(a.ContainerID, a.IfName)
-	if err := deleteHostLink(name, a.Key()); err != nil { // a leftover of an ADD cut short
-		return alloc.Wiring{}, &SetupError{Step: "replace leftover " + name, Err: err}
 	}
 	podMAC, _ := net.ParseMAC(alloc.AddressMAC(a.Address))
 	veth := &netlink.Veth{

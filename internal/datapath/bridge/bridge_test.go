@@ -47,6 +47,7 @@ func TestLeaseError(t *testing.T) {
 		"gateway elsewhere": {alloc.Lease{Address: ip, Prefix: pfx, Gateway: netip.MustParseAddr("10.2.0.1")}, "not another address"},
 		"gateway is pod":    {alloc.Lease{Address: ip, Prefix: pfx, Gateway: ip}, "not another address"},
 		"IPv6":              {alloc.Lease{Address: netip.MustParseAddr("fd00::5")}, "not IPv4"},
+		"on a NIC":          {alloc.Lease{Address: ip, Prefix: pfx, Gateway: gw, NIC: &alloc.NIC{MAC: "fa:16:3e:00:00:01"}}, "lives on a NIC of its own"},
 	} {
 		if err := leaseError(&alloc.Allocation{Lease: c.l}); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: got %v, want %q", name, err, c.want)

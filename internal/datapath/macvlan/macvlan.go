@@ -73,7 +73,8 @@ func Registration(k Kind) datapath.Registration {
 		New: func(node datapath.Node, s datapath.Settings) (datapath.Datapath, error) {
 			return New(k, node, s.(*Settings))
 		},
-		Prepare: func(datapath.Node, datapath.Settings) error { return svcpath.Prepare() },
+		Prepare:   func(datapath.Node, datapath.Settings) error { return svcpath.Prepare() },
+		Uninstall: func(datapath.Node, datapath.Settings) error { return svcpath.RemoveNAT() },
 	}
 }
 
@@ -127,7 +128,8 @@ func (m *Mode) Info() datapath.Info {
 func (m *Mode) Close() error { return nil }
 
 // checkLease says what the lease lacks for an L2 mode: the pod sits on the
-// subnet, so it needs the subnet's prefix and its gateway.
+// subnet, so it needs the subnet's prefix and its gateway, and its address
+// must live on the parent's port, not on a NIC of its own.
 func checkLease(kind Kind, l alloc.Lease) error {
 	var errs []error
 	if !l.Prefix.IsValid() {
@@ -139,6 +141,9 @@ func checkLease(kind Kind, l alloc.Lease) error {
 		errs = append(errs, fmt.Errorf("the lease of %s has no gateway", l.Address))
 	} else if l.Prefix.IsValid() && !l.Prefix.Contains(l.Gateway) {
 		errs = append(errs, fmt.Errorf("the lease's gateway %s is outside its subnet %s", l.Gateway, l.Prefix))
+	}
+	if err := datapath.OnUplink(l, string(kind)); err != nil {
+		return err
 	}
 	if len(errs) == 0 {
 		return nil

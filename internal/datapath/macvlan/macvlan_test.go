@@ -53,6 +53,7 @@ func TestCheckLease(t *testing.T) {
 		{alloc.Lease{Address: ip, Gateway: gw}, []string{"has no subnet prefix"}},
 		{alloc.Lease{Address: ip}, []string{"has no subnet prefix", "has no gateway"}},
 		{alloc.Lease{Address: ip, Prefix: netip.MustParsePrefix("10.1.0.0/24"), Gateway: gw}, []string{"outside its subnet", "gateway 10.0.0.1 is outside"}},
+		{alloc.Lease{Address: ip, Prefix: pfx, Gateway: gw, NIC: &alloc.NIC{MAC: "fa:16:3e:00:00:01"}}, []string{"lives on a NIC of its own", "datapath passthrough", "veth for secondary NICs"}},
 	} {
 		err := checkLease(MACVLAN, c.lease)
 		if err == nil {

@@ -56,7 +56,8 @@ func init() {
 		New: func(node datapath.Node, s datapath.Settings) (datapath.Datapath, error) {
 			return New(node, s.(*Settings))
 		},
-		Prepare: func(datapath.Node, datapath.Settings) error { return svcpath.Prepare() },
+		Prepare:   func(datapath.Node, datapath.Settings) error { return svcpath.Prepare() },
+		Uninstall: func(datapath.Node, datapath.Settings) error { return svcpath.RemoveNAT() },
 	})
 }
 
@@ -182,6 +183,19 @@ func (m *Mode) Setup(_ context.Context, a *alloc.Allocation) (_ alloc.Wiring, er
 		return alloc.Wiring{}, &datapath.SetupError{Step: "find NIC " + a.NIC.MAC, Err: err}
 	}
 	nodeIf := nodeIfName(a)
+	if nic != nil && a.Wiring == nil {
+		nodeIf = nic.Attrs().Name
+	}
+	// From here a failure gives the NIC back as it was, wherever the
+	// failed step left it: in the pod (moved, not yet named), or on the
+	// node (set down and marked before the move).
+	defer func() {
+		if err != nil {
+			_ = m.giveBack(pod, a, nodeIf)
+			_ = unmarkOnNode(a)
+			_ = m.svc.Detach(a)
+		}
+	}()
 	if nic == nil {
 		// Moved into this pod already (an ADD cut short after the move)?
 		if in, _ := findByMAC(pod, a.NIC.MAC); in == nil || in.Attrs().Alias != datapath.AliasPrefix+a.Key() {
@@ -193,19 +207,10 @@ func (m *Mode) Setup(_ context.Context, a *alloc.Allocation) (_ alloc.Wiring, er
 			return alloc.Wiring{}, &datapath.SetupError{Step: "pod interface", BadRequest: true,
 				Err: fmt.Errorf("%s already exists in %s", a.IfName, a.Netns)}
 		}
-		if a.Wiring == nil {
-			nodeIf = nic.Attrs().Name
-		}
-		if err := m.moveIn(nic, podNs, a); err != nil {
+		if err = m.moveIn(nic, podNs, a); err != nil {
 			return alloc.Wiring{}, err
 		}
 	}
-	defer func() {
-		if err != nil {
-			_ = m.giveBack(pod, a, nodeIf)
-			_ = m.svc.Detach(a)
-		}
-	}()
 	link, err := pod.LinkByName(a.IfName)
 	if err != nil {
 		return alloc.Wiring{}, &datapath.SetupError{Step: "find pod interface " + a.IfName, Err: err}

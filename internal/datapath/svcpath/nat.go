@@ -105,8 +105,9 @@ func natInPlace(conn *nftables.Conn) (bool, error) {
 	return n == 1 && len(rules) == 1, nil
 }
 
-// RemoveNAT deletes the service path's NAT table (when the node leaves the
-// mode). Idempotent.
+// RemoveNAT deletes the service path's NAT table: the Uninstall of every
+// mode with a service path (vpcnictl uninstall-cni --agent-config), when
+// the node leaves the mode. Idempotent.
 func RemoveNAT() error { return removeNAT() }
 
 func removeNAT(opts ...nftables.ConnOption) error {

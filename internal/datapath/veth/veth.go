@@ -204,6 +204,12 @@ type hostEnd struct {
 // Setup implements datapath.Datapath. On failure it removes whatever it
 // created.
 func (v *Veth) Setup(_ context.Context, a *alloc.Allocation) (_ alloc.Wiring, err error) {
+	// A passthrough lease (the NIC's own address is the pod's) is a NIC
+	// for the pod itself, not one to route by: the provider wants mode
+	// passthrough.
+	if a.NIC != nil && a.NIC.Address == a.Address {
+		return alloc.Wiring{}, &SetupError{Step: "lease", Err: datapath.OnUplink(a.Lease, "veth")}
+	}
 	w := hostEnd{HostIf: HostIfName(a.ContainerID, a.IfName), HostMAC: macFor(a.Key(), "host"), PodMAC: macFor(a.Key(), "pod")}
 	podNs, err := netns.GetFromPath(a.Netns)
 	if err != nil {

@@ -10,6 +10,7 @@ package novaapi
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -142,7 +143,18 @@ func (s *Server) attach(w http.ResponseWriter, r *http.Request, id string) {
 	if port.DeviceID != "" {
 		// What Bind would refuse, refused before anything is plugged.
 		_, err := s.neutron.Bind(port.ID, id)
-		fail(w, err.(*neutronapi.BindError).Status, err.Error())
+		var be *neutronapi.BindError
+		switch {
+		case errors.As(err, &be):
+			fail(w, be.Status, err.Error())
+		case err == nil:
+			// Freed meanwhile and now bound by this call: undo it; the
+			// caller retries as it would after Nova's "still in use".
+			_, _ = s.neutron.Unbind(port.ID, id)
+			fail(w, 409, fmt.Sprintf("Port %s is still in use.", port.ID))
+		default:
+			fail(w, 500, err.Error())
+		}
 		return
 	}
 	if s.Plug != nil {

@@ -61,7 +61,10 @@ func (p *Provider) nicPortOf(port ports.Port) nicPort {
 	}
 	slices.SortFunc(n.addrs, netip.Addr.Compare)
 	if _, v, ok := strings.Cut(port.Description, nicOwnMark); ok {
-		n.own, _ = netip.ParseAddr(strings.TrimSuffix(strings.Fields(v)[0], "]"))
+		// A mark someone cut short reads as no mark (the first address).
+		if f := strings.Fields(v); len(f) > 0 {
+			n.own, _ = netip.ParseAddr(strings.TrimSuffix(f[0], "]"))
+		}
 	}
 	if !n.own.IsValid() && len(n.addrs) > 0 {
 		n.own = n.addrs[0]

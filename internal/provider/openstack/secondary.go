@@ -105,9 +105,24 @@ func (p *Provider) assignSpill(ctx context.Context, req provider.AssignRequest) 
 
 // assignOnNICs puts addresses on secondary NICs with room, attaching new
 // ones up to secondaryNICs. The caller holds p.mu.
-func (p *Provider) assignOnNICs(ctx context.Context, nics []nicPort, explicit []netip.Addr, count int) ([]alloc.Lease, error) {
-	var out []alloc.Lease
+func (p *Provider) assignOnNICs(ctx context.Context, nics []nicPort, explicit []netip.Addr, count int) (out []alloc.Lease, err error) {
 	var errs []error
+	// A NIC attached here that ends up holding no pod address (a write
+	// after its attach failed) would hold one of the VM's few NIC slots
+	// and an address for nothing, and no lease would ever release it.
+	created := map[string]bool{}
+	defer func() {
+		if err == nil {
+			return
+		}
+		for _, n := range nics {
+			if created[n.id] && len(n.pods()) == 0 {
+				if derr := p.dropNIC(ctx, n); derr != nil {
+					err = errors.Join(err, fmt.Errorf("give back the empty secondary NIC %s: %w", n.id, derr))
+				}
+			}
+		}
+	}()
 	skip := map[netip.Addr]bool{}
 	for conflicts := 0; count > 0 || len(explicit) > 0; {
 		i := slices.IndexFunc(nics, func(n nicPort) bool { return len(n.pods()) < p.cfg.MaxAddresses })
@@ -122,6 +137,7 @@ func (p *Provider) assignOnNICs(ctx context.Context, nics []nicPort, explicit []
 				errs = append(errs, err)
 				break
 			}
+			created[n.id] = true
 			nics, i = append(nics, n), len(nics)
 		}
 		n := &nics[i]
@@ -271,13 +287,14 @@ func (p *Provider) releaseSecondary(ctx context.Context, addrs []netip.Addr) err
 		n := &nics[i]
 		pods := n.pods()
 		keep := slices.DeleteFunc(slices.Clone(pods), func(a netip.Addr) bool { return slices.Contains(addrs, a) })
+		// An empty NIC goes too, whatever was asked: one left empty by an
+		// earlier failure is given back here at the latest.
 		switch {
-		case len(keep) == len(pods):
 		case len(keep) == 0:
 			if err := p.dropNIC(ctx, *n); err != nil {
 				errs = append(errs, fmt.Errorf("give back secondary NIC %s: %w", n.id, err))
 			}
-		default:
+		case len(keep) < len(pods):
 			errs = append(errs, p.setNICAddrs(ctx, n, keep))
 		}
 	}
