@@ -3,6 +3,7 @@ package macvlan
 import (
 	"fmt"
 	"net/netip"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -75,6 +76,21 @@ func lifecycle(t *testing.T, kind macvlan.Kind, version string) {
 	bedtest.Reach(t, nodeNS, testbed.HostPort(ip1, 7777))     // node -> pod (service veth)
 	bedtest.Reach(t, p1, testbed.HostPort(e.TB.NbrIP, 7777))  // pod -> neighbour host (L2)
 	bedtest.Reach(t, nbrNS, testbed.HostPort(ip1, 7777))      // neighbour -> pod (L2)
+
+	// Without the service veth's route to the node, pod -> node takes the
+	// macvlan, which its parent does not talk to: it fails. The route put
+	// back, it works again.
+	svcRoute := []string{e.TB.NodeIP.String() + "/32", "via", "169.254.1.1", "dev", "vpcni-svc", "src", ip1.String()}
+	if err := netnsutil.Exec(filepath.Base(p1), append([]string{"ip", "route", "del"}, svcRoute...)...); err != nil {
+		t.Fatal(err)
+	}
+	if err := bedtest.Probe(p1, testbed.HostPort(e.TB.NodeIP, 7777)); err == nil {
+		t.Errorf("pod -> node worked without the service veth's route: the test would not show why the service veth is there")
+	}
+	if err := netnsutil.Exec(filepath.Base(p1), append([]string{"ip", "route", "add"}, svcRoute...)...); err != nil {
+		t.Fatal(err)
+	}
+	bedtest.Reach(t, p1, testbed.HostPort(e.TB.NodeIP, 7777))
 
 	if version == "1.1.0" {
 		// GC with only pod 1 valid frees pod 2, from a runtime that has
