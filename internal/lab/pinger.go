@@ -26,7 +26,8 @@ type Pinger struct {
 	mu     sync.Mutex
 	sent   []time.Time // by sequence number
 	answer map[uint16]bool
-	stop   chan struct{}
+	stop   chan struct{} // ends the sending
+	quit   chan struct{} // ends the receiving, once late answers had time
 	done   sync.WaitGroup
 }
 
@@ -50,7 +51,7 @@ func StartPinger(nsPath string, dst netip.Addr, every time.Duration) (*Pinger, e
 		return nil, fmt.Errorf("pinger: %s is not IPv4", dst)
 	}
 	p := &Pinger{id: uint16(os.Getpid()) ^ uint16(time.Now().UnixNano()), dst: dst.As4(), every: every,
-		answer: map[uint16]bool{}, stop: make(chan struct{})}
+		answer: map[uint16]bool{}, stop: make(chan struct{}), quit: make(chan struct{})}
 	err := netnsutil.Do(nsPath, func() error {
 		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.IPPROTO_ICMP)
 		p.fd = fd
@@ -99,7 +100,7 @@ func (p *Pinger) receive() {
 	buf := make([]byte, 1500)
 	for {
 		select {
-		case <-p.stop:
+		case <-p.quit:
 			return
 		default:
 		}
@@ -119,11 +120,13 @@ func (p *Pinger) receive() {
 }
 
 // Stop ends the probing, waits a moment for late answers and says what
-// was seen.
+// was seen. The receiver outlives the sender by that moment: the answer
+// to the last probe sent is counted, not lost with the receiver.
 func (p *Pinger) Stop() PingStats {
 	time.Sleep(4 * p.every)
 	close(p.stop)
 	time.Sleep(200 * time.Millisecond)
+	close(p.quit)
 	p.done.Wait()
 	unix.Close(p.fd)
 	p.mu.Lock()
