@@ -64,7 +64,6 @@ import (
 	"syscall"
 
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 
 	"github.com/vpcni/vpcni/internal/alloc"
 	"github.com/vpcni/vpcni/internal/datapath"
@@ -228,16 +227,12 @@ func (b *Bridge) Setup(_ context.Context, a *alloc.Allocation) (_ alloc.Wiring, 
 	if err != nil {
 		return alloc.Wiring{}, &SetupError{Step: "find bridge " + b.name, Err: err}
 	}
-	podNs, err := netns.GetFromPath(a.Netns)
+	opened, err := nlutil.OpenPod(a.Netns)
 	if err != nil {
-		return alloc.Wiring{}, &SetupError{Step: "open pod netns " + a.Netns, BadRequest: true, Err: err}
+		return alloc.Wiring{}, &SetupError{Step: "open pod netns " + a.Netns, BadRequest: errors.Is(err, nlutil.ErrNetnsPath), Err: err}
 	}
-	defer podNs.Close()
-	pod, err := netlink.NewHandleAt(podNs)
-	if err != nil {
-		return alloc.Wiring{}, &SetupError{Step: "netlink in pod netns", Err: err}
-	}
-	defer pod.Close()
+	defer opened.Close()
+	podNs, pod := opened.NS, opened.Handle
 	// A leftover of this very attachment (an ADD cut short, its pod end
 	// still in the pod) goes first; only then is an interface of the same
 	// name the caller's clash.
@@ -344,16 +339,12 @@ func (b *Bridge) checkNode(a *alloc.Allocation) error {
 }
 
 func (b *Bridge) checkPod(a *alloc.Allocation) error {
-	podNs, err := netns.GetFromPath(a.Netns)
+	opened, err := nlutil.OpenPod(a.Netns)
 	if err != nil {
-		return fmt.Errorf("pod netns %s: %w", a.Netns, err)
+		return err
 	}
-	defer podNs.Close()
-	pod, err := netlink.NewHandleAt(podNs)
-	if err != nil {
-		return fmt.Errorf("netlink in pod netns: %w", err)
-	}
-	defer pod.Close()
+	defer opened.Close()
+	pod := opened.Handle
 	link, err := pod.LinkByName(a.IfName)
 	if err != nil {
 		return fmt.Errorf("pod interface %s: %w", a.IfName, err)

@@ -199,16 +199,12 @@ func (m *Mode) Setup(_ context.Context, a *alloc.Allocation) (_ alloc.Wiring, er
 		return alloc.Wiring{}, &datapath.SetupError{Step: "pod interface", BadRequest: true,
 			Err: fmt.Errorf("interface name %s is vpcni's service veth; choose another", svcpath.PodIfName)}
 	}
-	podNs, err := netns.GetFromPath(a.Netns)
+	opened, err := nlutil.OpenPod(a.Netns)
 	if err != nil {
-		return alloc.Wiring{}, &datapath.SetupError{Step: "open pod netns " + a.Netns, BadRequest: true, Err: err}
+		return alloc.Wiring{}, &datapath.SetupError{Step: "open pod netns " + a.Netns, BadRequest: errors.Is(err, nlutil.ErrNetnsPath), Err: err}
 	}
-	defer podNs.Close()
-	pod, err := netlink.NewHandleAt(podNs)
-	if err != nil {
-		return alloc.Wiring{}, &datapath.SetupError{Step: "netlink in pod netns", Err: err}
-	}
-	defer pod.Close()
+	defer opened.Close()
+	podNs, pod := opened.NS, opened.Handle
 
 	link := m.newLink(a, podNs)
 	if err := netlink.LinkAdd(link); errors.Is(err, syscall.EEXIST) {
@@ -311,14 +307,12 @@ func (m *Mode) deletePodLink(pod *netlink.Handle, a *alloc.Allocation) error {
 func (m *Mode) Teardown(_ context.Context, a *alloc.Allocation) error {
 	var errs []error
 	if a.Netns != "" {
-		if podNs, err := netns.GetFromPath(a.Netns); err == nil {
-			if pod, err := netlink.NewHandleAt(podNs); err == nil {
-				errs = append(errs, m.deletePodLink(pod, a))
-				pod.Close()
-			} else {
-				errs = append(errs, fmt.Errorf("netlink in pod netns: %w", err))
-			}
-			podNs.Close()
+		switch opened, err := nlutil.OpenPod(a.Netns); {
+		case err == nil:
+			errs = append(errs, m.deletePodLink(opened.Handle, a))
+			opened.Close()
+		case !errors.Is(err, nlutil.ErrNetnsPath): // a namespace already gone took the pod's end with it
+			errs = append(errs, err)
 		}
 	}
 	errs = append(errs, m.svc.Detach(a))
@@ -334,16 +328,12 @@ func (m *Mode) Check(_ context.Context, a *alloc.Allocation) (alloc.Wiring, erro
 }
 
 func (m *Mode) check(a *alloc.Allocation) error {
-	podNs, err := netns.GetFromPath(a.Netns)
+	opened, err := nlutil.OpenPod(a.Netns)
 	if err != nil {
-		return fmt.Errorf("pod netns %s: %w", a.Netns, err)
+		return err
 	}
-	defer podNs.Close()
-	pod, err := netlink.NewHandleAt(podNs)
-	if err != nil {
-		return fmt.Errorf("netlink in pod netns: %w", err)
-	}
-	defer pod.Close()
+	defer opened.Close()
+	pod := opened.Handle
 	var problems []error
 	link, err := pod.LinkByName(a.IfName)
 	switch {

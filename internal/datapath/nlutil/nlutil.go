@@ -13,6 +13,7 @@ import (
 	"syscall"
 
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
 )
 
 // RetryDump repeats a netlink dump the kernel interrupted (its result
@@ -150,4 +151,35 @@ func Uplink(name string) (netlink.Link, error) {
 		return nil, fmt.Errorf("uplink %q: %w", name, err)
 	}
 	return link, nil
+}
+
+// ErrNetnsPath marks OpenPod's failure to open the namespace path itself:
+// the caller's input (a CNI ADD's netns), or a pod already gone.
+var ErrNetnsPath = errors.New("cannot open the pod's network namespace")
+
+// Pod is a pod's network namespace opened for netlink work inside it.
+type Pod struct {
+	NS netns.NsHandle
+	*netlink.Handle
+}
+
+// OpenPod opens the namespace at path and a netlink handle in it; the
+// caller closes both with Close.
+func OpenPod(path string) (*Pod, error) {
+	ns, err := netns.GetFromPath(path)
+	if err != nil {
+		return nil, fmt.Errorf("%w %s: %w", ErrNetnsPath, path, err)
+	}
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		ns.Close()
+		return nil, fmt.Errorf("netlink in pod netns %s: %w", path, err)
+	}
+	return &Pod{NS: ns, Handle: h}, nil
+}
+
+// Close releases the handle and the namespace.
+func (p *Pod) Close() {
+	p.Handle.Close()
+	p.NS.Close()
 }

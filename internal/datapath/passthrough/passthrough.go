@@ -166,16 +166,12 @@ func (m *Mode) Setup(_ context.Context, a *alloc.Allocation) (_ alloc.Wiring, er
 		return alloc.Wiring{}, &datapath.SetupError{Step: "pod interface", BadRequest: true,
 			Err: fmt.Errorf("interface name %s is vpcni's service veth; choose another", svcpath.PodIfName)}
 	}
-	podNs, err := netns.GetFromPath(a.Netns)
+	opened, err := nlutil.OpenPod(a.Netns)
 	if err != nil {
-		return alloc.Wiring{}, &datapath.SetupError{Step: "open pod netns " + a.Netns, BadRequest: true, Err: err}
+		return alloc.Wiring{}, &datapath.SetupError{Step: "open pod netns " + a.Netns, BadRequest: errors.Is(err, nlutil.ErrNetnsPath), Err: err}
 	}
-	defer podNs.Close()
-	pod, err := netlink.NewHandleAt(podNs)
-	if err != nil {
-		return alloc.Wiring{}, &datapath.SetupError{Step: "netlink in pod netns", Err: err}
-	}
-	defer pod.Close()
+	defer opened.Close()
+	pod := opened.Handle
 	node := &netlink.Handle{}
 
 	nic, err := findByMAC(node, a.NIC.MAC)
@@ -207,7 +203,7 @@ func (m *Mode) Setup(_ context.Context, a *alloc.Allocation) (_ alloc.Wiring, er
 			return alloc.Wiring{}, &datapath.SetupError{Step: "pod interface", BadRequest: true,
 				Err: fmt.Errorf("%s already exists in %s", a.IfName, a.Netns)}
 		}
-		if err = m.moveIn(nic, podNs, a); err != nil {
+		if err = m.moveIn(nic, opened, a); err != nil {
 			return alloc.Wiring{}, err
 		}
 	}
@@ -226,7 +222,7 @@ func (m *Mode) Setup(_ context.Context, a *alloc.Allocation) (_ alloc.Wiring, er
 	if err = pod.RouteReplace(def); err != nil {
 		return alloc.Wiring{}, &datapath.SetupError{Step: "pod default route via " + a.Gateway.String(), Err: err}
 	}
-	if err = m.svc.Attach(podNs, pod, a); err != nil {
+	if err = m.svc.Attach(opened.NS, pod, a); err != nil {
 		return alloc.Wiring{}, err
 	}
 	return m.wiring(a, nodeIf), nil
@@ -234,7 +230,7 @@ func (m *Mode) Setup(_ context.Context, a *alloc.Allocation) (_ alloc.Wiring, er
 
 // moveIn marks the NIC as a's and moves it into the pod under a's
 // interface name.
-func (m *Mode) moveIn(nic netlink.Link, podNs netns.NsHandle, a *alloc.Allocation) error {
+func (m *Mode) moveIn(nic netlink.Link, pod *nlutil.Pod, a *alloc.Allocation) error {
 	if len(a.IfName) > 15 {
 		return &datapath.SetupError{Step: "pod interface", BadRequest: true, Err: fmt.Errorf("interface name %q is longer than 15 bytes", a.IfName)}
 	}
@@ -244,16 +240,11 @@ func (m *Mode) moveIn(nic netlink.Link, podNs netns.NsHandle, a *alloc.Allocatio
 	if err := netlink.LinkSetAlias(nic, datapath.AliasPrefix+a.Key()); err != nil {
 		return &datapath.SetupError{Step: "mark NIC " + nic.Attrs().Name, Err: err}
 	}
-	if err := netlink.LinkSetNsFd(nic, int(podNs)); err != nil {
+	if err := netlink.LinkSetNsFd(nic, int(pod.NS)); err != nil {
 		_ = netlink.LinkSetAlias(nic, "")
 		return &datapath.SetupError{Step: "move NIC " + nic.Attrs().Name + " into the pod", Err: err}
 	}
-	pod, err := netlink.NewHandleAt(podNs)
-	if err != nil {
-		return &datapath.SetupError{Step: "netlink in pod netns", Err: err}
-	}
-	defer pod.Close()
-	in, err := findByMAC(pod, a.NIC.MAC)
+	in, err := findByMAC(pod.Handle, a.NIC.MAC)
 	if err != nil || in == nil {
 		return &datapath.SetupError{Step: "find NIC in the pod", Err: fmt.Errorf("moved, then not found: %v", err)}
 	}
@@ -308,14 +299,12 @@ func (m *Mode) giveBack(pod *netlink.Handle, a *alloc.Allocation, nodeIf string)
 func (m *Mode) Teardown(_ context.Context, a *alloc.Allocation) error {
 	var errs []error
 	if a.NIC != nil && a.Netns != "" {
-		if podNs, err := netns.GetFromPath(a.Netns); err == nil {
-			if pod, err := netlink.NewHandleAt(podNs); err == nil {
-				errs = append(errs, m.giveBack(pod, a, nodeIfName(a)))
-				pod.Close()
-			} else {
-				errs = append(errs, fmt.Errorf("netlink in pod netns: %w", err))
-			}
-			podNs.Close()
+		switch opened, err := nlutil.OpenPod(a.Netns); {
+		case err == nil:
+			errs = append(errs, m.giveBack(opened.Handle, a, nodeIfName(a)))
+			opened.Close()
+		case !errors.Is(err, nlutil.ErrNetnsPath): // a namespace already gone took the pod's end with it
+			errs = append(errs, err)
 		}
 	}
 	if a.NIC != nil {
@@ -354,16 +343,12 @@ func (m *Mode) Check(_ context.Context, a *alloc.Allocation) (alloc.Wiring, erro
 }
 
 func (m *Mode) check(a *alloc.Allocation) error {
-	podNs, err := netns.GetFromPath(a.Netns)
+	opened, err := nlutil.OpenPod(a.Netns)
 	if err != nil {
-		return fmt.Errorf("pod netns %s: %w", a.Netns, err)
+		return err
 	}
-	defer podNs.Close()
-	pod, err := netlink.NewHandleAt(podNs)
-	if err != nil {
-		return fmt.Errorf("netlink in pod netns: %w", err)
-	}
-	defer pod.Close()
+	defer opened.Close()
+	pod := opened.Handle
 	var problems []error
 	link, err := pod.LinkByName(a.IfName)
 	switch {
