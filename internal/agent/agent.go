@@ -359,16 +359,17 @@ func (a *Agent) repairKey(ctx context.Context, key string) {
 func (a *Agent) ensureWired(ctx context.Context, r *alloc.Allocation) (alloc.Wiring, error) {
 	a.wiring.RLock()
 	defer a.wiring.RUnlock()
-	w, err := a.dp.Check(ctx, r)
-	if err != nil {
-		a.log.Info("re-wiring pod", "container", r.ContainerID, "ifName", r.IfName, "problem", err)
+	w, problem := a.dp.Check(ctx, r)
+	if problem != nil {
 		if terr := a.dp.Teardown(ctx, r); terr != nil {
 			a.log.Warn("teardown before re-wiring failed", "container", r.ContainerID, "err", terr)
 		}
+		var err error
 		if w, err = a.dp.Setup(ctx, r); err != nil {
 			return w, err
 		}
 		a.metrics.Repairs.WithLabelValues(string(datapath.RepairRewired)).Inc()
+		a.log.Warn("datapath repaired", "kind", datapath.RepairRewired, "missing", problem.Error(), "pod", r.PodNamespace+"/"+r.PodName, "container", r.ContainerID, "ifName", r.IfName, "address", r.Address)
 	}
 	if !r.Ready || r.Wiring == nil {
 		r.Wiring, r.Ready = &w, true

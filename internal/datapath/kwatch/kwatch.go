@@ -9,7 +9,8 @@
 //
 // What counts, by vpcni's own marks (every mode uses them):
 //   - a link whose alias starts with "vpcni:", or the uplink: deleted, or
-//     seen up and now down, or moved to another master;
+//     seen up and now down, or moved to another master; a port of such a
+//     link (the uplink in vpcni's bridge) taken off it or deleted;
 //   - a route deleted with vpcni's protocol (0xa7), or from a table other
 //     than main and local (a secondary NIC's table);
 //   - a proxy neighbour entry gone (vpcni answers ARP for its pods). The
@@ -99,11 +100,17 @@ func Watch(ctx context.Context, uplink string, kick func(what string)) error {
 // ProxyPoll is how often the proxy neighbour entries are read.
 const ProxyPoll = 50 * time.Millisecond
 
-// pollProxies reports proxy entries that were there at the last read and
-// are gone now.
+// pollProxies reports proxy entries that were there at a read and are
+// gone at a later one. An entry found gone is asked about again for a few
+// reads while it stays gone: put back by the reconcile and taken again
+// between two reads, it is never seen present, and would otherwise be
+// missed. (A pod deleted for good costs those few extra reconciles, which
+// find nothing to do.)
 func (w *watcher) pollProxies(ctx context.Context, h *netlink.Handle) {
 	defer h.Close()
+	const again = 3
 	var before map[string]bool
+	missing := map[string]int{} // entry -> reads left to ask about it
 	t := time.NewTicker(ProxyPoll)
 	defer t.Stop()
 	for {
@@ -115,9 +122,23 @@ func (w *watcher) pollProxies(ctx context.Context, h *netlink.Handle) {
 			}
 			for e := range before {
 				if !now[e] {
-					w.kick("proxy neighbour " + e + " gone")
-					break // one reconcile looks at all of them
+					missing[e] = again
 				}
+			}
+			gone := ""
+			for e, left := range missing {
+				switch {
+				case now[e]:
+					delete(missing, e)
+				default:
+					gone = e
+					if missing[e] = left - 1; left <= 1 {
+						delete(missing, e)
+					}
+				}
+			}
+			if gone != "" {
+				w.kick("proxy neighbour " + gone + " gone") // one reconcile looks at all of them
 			}
 			before = now
 		} // a failed dump (interrupted by a change) is read again next tick
@@ -244,15 +265,17 @@ func monitorNFT(ns netns.NsHandle, ch chan *nftables.MonitorEvent, done <-chan s
 }
 
 type linkState struct {
-	up     bool
-	master int
+	name    string
+	watched bool // vpcni's or the uplink
+	up      bool
+	master  int
 }
 
 type watcher struct {
 	uplink string
 	kick   func(string)
 	mu     sync.Mutex
-	links  map[int]linkState // vpcni's links and the uplink, last seen
+	links  map[int]linkState // every link, last seen
 }
 
 func (w *watcher) watched(l netlink.Link) bool {
@@ -260,25 +283,33 @@ func (w *watcher) watched(l netlink.Link) bool {
 	return strings.HasPrefix(a.Alias, datapath.AliasPrefix) || (w.uplink != "" && a.Name == w.uplink)
 }
 
+// link tracks every link's last state, to tell what changed: vpcni's
+// links and the uplink matter themselves, any other link as a port of one
+// of vpcni's (the uplink taken off vpcni's bridge).
 func (w *watcher) link(u netlink.LinkUpdate) {
-	if u.Link == nil || !w.watched(u.Link) {
+	// AF_BRIDGE messages are about bridge ports (a "deletion" is a port
+	// leaving its bridge); the link's own message says the same.
+	if u.Link == nil || u.Family == unix.AF_BRIDGE {
 		return
 	}
 	a := u.Link.Attrs()
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	before, known := w.links[a.Index]
 	if u.Header.Type == unix.RTM_DELLINK {
 		delete(w.links, a.Index)
-		w.kick(fmt.Sprintf("link %s deleted", a.Name))
+		if w.watched(u.Link) || w.links[before.master].watched {
+			w.kick(fmt.Sprintf("link %s deleted", a.Name))
+		}
 		return
 	}
-	now := linkState{up: a.Flags&net.FlagUp != 0, master: a.MasterIndex}
-	before, known := w.links[a.Index]
+	now := linkState{name: a.Name, watched: w.watched(u.Link), up: a.Flags&net.FlagUp != 0, master: a.MasterIndex}
 	w.links[a.Index] = now
 	switch {
-	case known && before.up && !now.up:
+	case !known:
+	case now.watched && before.up && !now.up:
 		w.kick(fmt.Sprintf("link %s down", a.Name))
-	case known && before.master != now.master:
+	case before.master != now.master && (now.watched || w.links[before.master].watched):
 		w.kick(fmt.Sprintf("link %s master %d -> %d", a.Name, before.master, now.master))
 	}
 }

@@ -78,6 +78,22 @@ func TestWatch(t *testing.T) {
 			}
 		}
 	}
+	// settle lets an entry found gone be asked about again, as it is for
+	// a few polls, and then expects silence.
+	settle := func(about string) {
+		t.Helper()
+		for end := time.After(4 * ProxyPoll); ; {
+			select {
+			case got := <-kicks:
+				if !strings.Contains(got, about) {
+					t.Errorf("unexpected kick %q while %q settles", got, about)
+				}
+				continue
+			case <-end:
+			}
+			break
+		}
+	}
 	quiet := func(change string) {
 		t.Helper()
 		sh(change)
@@ -94,11 +110,23 @@ func TestWatch(t *testing.T) {
 	expect("ip route del 10.9.1.5/32 dev vpcabc proto 167", "route 10.9.1.5/32")
 	expect("ip route del default dev up0 table 28009", "table 28009")
 	expect("ip neigh del proxy 10.9.0.77 dev up0", "proxy neighbour 10.9.0.77")
+	settle("proxy neighbour 10.9.0.77")
 	quiet("ip neigh add proxy 10.9.0.78 dev up0")
+	// Found gone, put back (as the reconcile would) and taken again
+	// before the next poll, so never seen present: still reported.
+	sh("ip neigh add proxy 10.9.0.77 dev up0")
+	time.Sleep(2 * ProxyPoll)
+	expect("ip neigh del proxy 10.9.0.77 dev up0", "proxy neighbour 10.9.0.77")
+	sh("ip neigh add proxy 10.9.0.77 dev up0", "ip neigh del proxy 10.9.0.77 dev up0")
+	expect("true", "proxy neighbour 10.9.0.77")
+	settle("proxy neighbour 10.9.0.77")
 	expect("ip rule del pref 1536", "policy rule deleted")
 	expect("nft delete chain ip vpcni_kwt c", "chain in table vpcni_kwt")
 	expect("nft delete table ip vpcni_kwt", "nftables table vpcni_kwt deleted")
 	expect("ip link set vpcabc down", "link vpcabc down")
+	// A port of vpcni's bridge taken off it.
+	sh("ip link add vbr type bridge", "ip link set vbr alias vpcni:bridge", "ip link set otherp master vbr")
+	expect("ip link set otherp nomaster", "link otherp master")
 	expect("ip link del vpcabc", "link vpcabc deleted")
 	quiet("ip link del other")
 	// Last: the uplink going down also takes its proxy entries with it.
