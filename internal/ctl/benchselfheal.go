@@ -432,7 +432,10 @@ func healScenarios() []healScenario {
 				}
 				return b.h.RouteDel(r)
 			},
-			back: func(b *healBed) (bool, error) { r, err := b.routeTo(b.pods[0].ip, dev(b.pods[0])); return r != nil, err },
+			back: func(b *healBed) (bool, error) {
+				r, err := b.routeTo(b.pods[0].ip, dev(b.pods[0]))
+				return r != nil, err
+			},
 		}
 	}
 	linkDown := func(name string, dev func(healPod) string) healItem {
