@@ -53,6 +53,8 @@ type Agent struct {
 	// inside their pods; restored is closed once it has.
 	restoredKeys []string
 	restored     chan struct{}
+
+	health health
 }
 
 // New opens the store, the datapath mode and the address manager, puts
@@ -167,13 +169,14 @@ func (a *Agent) restore(ctx context.Context) error {
 
 // Run serves the background work until ctx ends, and returns only when all
 // of it has stopped: the address manager (provider, pool policy), the
-// check of every pod recorded at start, and the self-healing node
-// reconcile.
+// check of every pod recorded at start, the self-healing node reconcile
+// and the pods' health probes.
 func (a *Agent) Run(ctx context.Context) {
 	var wg sync.WaitGroup
 	wg.Go(func() { a.addrs.Run(ctx) })
 	wg.Go(func() { a.checkRestored(ctx) })
 	wg.Go(func() { a.selfHeal(ctx) })
+	wg.Go(func() { a.healthLoop(ctx) })
 	wg.Wait()
 }
 

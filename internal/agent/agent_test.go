@@ -581,3 +581,46 @@ func counterValue(t *testing.T, c interface{ Write(*dto.Metric) error }) float64
 	}
 	return m.GetCounter().GetValue()
 }
+
+// A probe reports each pod's datapath as the mode's check finds it and
+// sets the gauges; a repaired pod reads healthy at the next probe.
+func TestHealthProbe(t *testing.T) {
+	n := newNode(t, "10.9.0.0/24", func(c *config.Config) { c.SelfHeal.Period.Duration = time.Hour })
+	r := n.start()
+	r.add(t, "c1", n.pod("p1"))
+	r.add(t, "c2", n.pod("p2"))
+	if err := n.dp.DropRoute("c1/eth0"); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	// Records are marked ready just after the ADD answers: only ready ones
+	// are probed.
+	var h map[string]api.PodHealth
+	for deadline := time.Now().Add(2 * time.Second); len(h) < 2 && time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		r.probeAll(ctx)
+		h = r.Health()
+	}
+	if h["c1/eth0"].Healthy || h["c1/eth0"].Problem == "" || !h["c2/eth0"].Healthy || len(h) != 2 {
+		t.Fatalf("health after a dropped route: %+v", h)
+	}
+	gauge := func(result string) float64 {
+		var m dto.Metric
+		if err := r.metrics.PodHealth.WithLabelValues(result).Write(&m); err != nil {
+			t.Fatal(err)
+		}
+		return m.GetGauge().GetValue()
+	}
+	if gauge("healthy") != 1 || gauge("unhealthy") != 1 {
+		t.Errorf("gauges healthy %v unhealthy %v, want 1 and 1", gauge("healthy"), gauge("unhealthy"))
+	}
+	r.kick("test")
+	for deadline := time.Now().Add(2 * time.Second); counterValue(t, r.metrics.Repairs.WithLabelValues("route")) < 1; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("not repaired")
+		}
+	}
+	r.probeAll(ctx)
+	if h := r.Health(); !h["c1/eth0"].Healthy || gauge("unhealthy") != 0 {
+		t.Errorf("after the repair: %+v, unhealthy gauge %v", h["c1/eth0"], gauge("unhealthy"))
+	}
+}

@@ -193,6 +193,7 @@ func (a *Agent) State() (*api.State, error) {
 		Pool: api.PoolState{Free: s.Free, Cooling: s.Cooling, Allocated: s.Allocated, Capacity: s.Provider.Capacity,
 			CapacityReason: s.Provider.CapacityReason, Addresses: byState, ProviderCalls: s.Provider.Calls},
 		Allocations: make([]alloc.Allocation, 0, len(records)),
+		Health:      a.Health(),
 		StartedAt:   a.started.UTC().Format(time.RFC3339),
 	}
 	for _, r := range records {

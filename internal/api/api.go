@@ -92,7 +92,20 @@ type State struct {
 	MTU          int                `json:"mtu"`
 	Pool         PoolState          `json:"pool"`
 	Allocations  []alloc.Allocation `json:"allocations"`
-	StartedAt    string             `json:"startedAt"`
+	// Health is the last probe of each allocation's datapath, by its key
+	// (container/ifname); missing: not probed yet (or probes are off).
+	Health    map[string]PodHealth `json:"health,omitempty"`
+	StartedAt string               `json:"startedAt"`
+}
+
+// PodHealth is the result of one probe of a pod's datapath.
+type PodHealth struct {
+	Healthy bool `json:"healthy"`
+	// Problem says what the probe found wrong.
+	Problem string `json:"problem,omitempty"`
+	// PingMicros is the ICMP echo's round trip from the node (0: not pinged).
+	PingMicros int64  `json:"pingMicros,omitempty"`
+	CheckedAt  string `json:"checkedAt"`
 }
 
 // PoolState counts the addresses the node holds, by state.

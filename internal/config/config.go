@@ -37,6 +37,8 @@ type Config struct {
 	Resync Duration `json:"resync"`
 	// SelfHeal keeps the node's datapath whole while the agent runs.
 	SelfHeal SelfHeal `json:"selfHeal"`
+	// Health is the agent's periodic probe of every pod's datapath.
+	Health Health `json:"health"`
 	// MetricsAddr is where Prometheus metrics are served ("" = off).
 	MetricsAddr string `json:"metricsAddr"`
 	// LogLevel: debug, info, warn, error.
@@ -105,6 +107,20 @@ type SelfHeal struct {
 	MinInterval Duration `json:"minInterval"`
 }
 
+// Health sets the periodic probe of every pod's datapath, shown by
+// vpcnictl status and the vpcni_pod_datapath metric.
+type Health struct {
+	// Interval between probes of all pods (default 30s; 0 = off). A probe
+	// is the datapath mode's check: the node's route and neighbour entry,
+	// the link, the pod's own addresses and routes.
+	Interval Duration `json:"interval"`
+	// Ping adds an ICMP echo from the node to every pod (off by default:
+	// a pod whose network policy drops ICMP would show unhealthy).
+	Ping bool `json:"ping,omitempty"`
+	// PingTimeout is how long the echo replies are waited for (default 1s).
+	PingTimeout Duration `json:"pingTimeout"`
+}
+
 // Watching says whether the kernel watch is on.
 func (s SelfHeal) Watching() bool { return s.Watch == nil || *s.Watch }
 
@@ -146,6 +162,7 @@ func Defaults() Config {
 		Pool:        Pool{WarmTarget: 8, BatchSize: 8, MaxFree: 24, AddWait: Duration{10 * time.Second}, SurplusGrace: Duration{2 * time.Minute}},
 		MetricsAddr: "127.0.0.1:9695",
 		SelfHeal:    SelfHeal{Period: Duration{30 * time.Second}, MinInterval: Duration{50 * time.Millisecond}},
+		Health:      Health{Interval: Duration{30 * time.Second}, PingTimeout: Duration{time.Second}},
 		Provider:    Provider{Type: "static"},
 		Kubernetes:  Kubernetes{Mode: "auto"},
 	}
@@ -216,6 +233,12 @@ func (c *Config) Validate() error {
 	}
 	if m := c.SelfHeal.MinInterval.Duration; m < 0 || m > 10*time.Second || m > c.SelfHeal.Period.Duration {
 		bad("selfHeal.minInterval", "%s is outside 0..10s or above selfHeal.period", c.SelfHeal.MinInterval)
+	}
+	if i := c.Health.Interval.Duration; i != 0 && (i < time.Second || i > 24*time.Hour) {
+		bad("health.interval", "%s is outside 1s..24h (0 = off)", c.Health.Interval)
+	}
+	if c.Health.Ping && (c.Health.PingTimeout.Duration < 10*time.Millisecond || c.Health.PingTimeout.Duration > 10*time.Second) {
+		bad("health.pingTimeout", "%s is outside 10ms..10s", c.Health.PingTimeout)
 	}
 	switch c.LogLevel {
 	case "debug", "info", "warn", "error":

@@ -163,15 +163,33 @@ func printState(out io.Writer, st *api.State) {
 		return
 	}
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ADDRESS\tPOD\tCONTAINER\tIF\tHOST IF\tNETNS\tSINCE")
+	fmt.Fprintln(tw, "ADDRESS\tPOD\tCONTAINER\tIF\tHOST IF\tNETNS\tSINCE\tDATAPATH")
+	var problems []string
 	for _, a := range st.Allocations {
 		pod := a.PodNamespace + "/" + a.PodName
 		if a.PodName == "" {
 			pod = "-"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%.12s\t%s\t%s\t%s\t%s\n", a.Address, pod, a.ContainerID, a.IfName, a.HostIf(), filepath.Base(a.Netns), a.Created.Format(time.RFC3339))
+		h, probed := st.Health[a.Key()]
+		dp := "-" // not probed yet, or probes are off
+		switch {
+		case probed && h.Healthy && h.PingMicros > 0:
+			dp = fmt.Sprintf("ok (ping %dus)", h.PingMicros)
+		case probed && h.Healthy:
+			dp = "ok"
+		case probed:
+			dp = "UNHEALTHY"
+			problems = append(problems, fmt.Sprintf("  %s (%s), checked %s: %s", a.Address, pod, h.CheckedAt, h.Problem))
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%.12s\t%s\t%s\t%s\t%s\t%s\n", a.Address, pod, a.ContainerID, a.IfName, a.HostIf(), filepath.Base(a.Netns), a.Created.Format(time.RFC3339), dp)
 	}
 	tw.Flush()
+	if len(problems) > 0 {
+		fmt.Fprintln(out, "unhealthy datapaths:")
+		for _, p := range problems {
+			fmt.Fprintln(out, p)
+		}
+	}
 }
 
 // binDir is the directory vpcnictl runs from: vpcni and vpcnid sit beside it.

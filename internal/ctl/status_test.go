@@ -131,3 +131,34 @@ func TestSubcommandHelpExits0(t *testing.T) {
 		}
 	}
 }
+
+// The table shows each pod's last datapath probe, and the problems of the
+// unhealthy ones below it.
+func TestStatusShowsHealth(t *testing.T) {
+	al := func(ip, id string) alloc.Allocation {
+		return alloc.Allocation{Lease: alloc.Lease{Address: netip.MustParseAddr(ip)}, PodNamespace: "default", PodName: id, ContainerID: id, IfName: "eth0"}
+	}
+	st := api.State{Node: "node-a", Ready: true, Provider: "static", Datapath: "veth",
+		Allocations: []alloc.Allocation{al("10.77.0.64", "p0"), al("10.77.0.65", "p1"), al("10.77.0.66", "p2")},
+		Health: map[string]api.PodHealth{
+			"p0/eth0": {Healthy: true, PingMicros: 85, CheckedAt: "2026-11-24T00:00:00Z"},
+			"p1/eth0": {Problem: "node has no route 10.77.0.65/32 dev vpc123", CheckedAt: "2026-11-24T00:00:00Z"},
+		}}
+	socket, _ := fakeAgent(t, st)
+	var stdout, stderr bytes.Buffer
+	if code := Main([]string{"status", "--socket", socket}, &stdout, &stderr); code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr.String())
+	}
+	out := stdout.String()
+	for _, want := range []string{"DATAPATH", "ok (ping 85us)", "UNHEALTHY", "unhealthy datapaths:\n  10.77.0.65 (default/p1), checked 2026-11-24T00:00:00Z: node has no route 10.77.0.65/32 dev vpc123"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("status lacks %q:\n%s", want, out)
+		}
+	}
+	// p2 was not probed: a dash, not "ok".
+	for _, l := range strings.Split(out, "\n") {
+		if strings.HasPrefix(l, "10.77.0.66") && !strings.HasSuffix(strings.TrimSpace(l), "-") {
+			t.Errorf("an unprobed pod shows %q", l)
+		}
+	}
+}
