@@ -60,13 +60,16 @@ type PoolFigures struct {
 	// reaches it the node is tainted not-ready.
 	WarmTarget   int
 	ProviderPort string
+	// Connected: the provider is connected, so Capacity is its bound
+	// (before, Capacity is 0: unknown).
+	Connected bool
 }
 
 // Pool returns the pool's figures now.
 func (a *Agent) Pool() PoolFigures {
 	s := a.addrs.Status(time.Now())
 	return PoolFigures{Free: s.Free, Cooling: s.Cooling, Allocated: s.Allocated, Capacity: s.Provider.Capacity,
-		WarmTarget: a.cfg.Pool.WarmTarget, ProviderPort: s.Provider.Port}
+		WarmTarget: a.cfg.Pool.WarmTarget, ProviderPort: s.Provider.Port, Connected: s.Provider.Name != ""}
 }
 
 // ProviderPort is the cloud port the node's pod addresses live on ("" for

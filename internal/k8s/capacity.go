@@ -107,6 +107,10 @@ func (c *nodeCapacity) syncResource(ctx context.Context, node *corev1.Node, p ag
 	capQ, hasCap := node.Status.Capacity[IPResource]
 	allocQ, hasAlloc := node.Status.Allocatable[IPResource]
 	switch {
+	case want != nil && !p.Connected && hasCap:
+		// The provider's bound is not known yet (an agent restarting
+		// while the cloud is unreachable): what the node advertised stays.
+		return nil
 	case want == nil && !hasCap && !hasAlloc:
 		return nil
 	case want != nil && hasCap && hasAlloc && capQ.Cmp(*want) == 0 && allocQ.Cmp(*want) == 0:

@@ -546,6 +546,8 @@ func TestKubernetesNode(t *testing.T) {
 	n.waitReady("vpcni-system", "app.kubernetes.io/name=vpcnid", 1, 2*time.Minute)
 	// The controller runs on the pod network: vpcni wires it too.
 	n.waitReady("vpcni-system", "app.kubernetes.io/name=vpcni-controller", 2, 2*time.Minute)
+	// Its webhook makes the pods below request vpcni.io/ip.
+	n.waitWebhook(time.Minute)
 
 	busybox := n.env["VPCNI_K8S_BUSYBOX_IMAGE"]
 	start := time.Now()
@@ -568,6 +570,7 @@ func TestKubernetesNode(t *testing.T) {
 	t.Run("agent-restart", func(t *testing.T) { checkAgentRestart(t, n) })
 	t.Run("setup-failure-event", func(t *testing.T) { checkFailureEvent(t, n) })
 	t.Run("controller-releases-orphans", func(t *testing.T) { checkOrphans(t, n) })
+	t.Run("ip-capacity", func(t *testing.T) { checkIPCapacity(t, n) })
 	// Last: it drains the node and switches its datapath.
 	t.Run("macvlan-mode", func(t *testing.T) { checkMacvlanMode(t, n) })
 }
