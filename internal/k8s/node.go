@@ -549,7 +549,9 @@ func (n *Node) poolLoop(ctx context.Context) {
 		c, cancel := context.WithTimeout(ctx, 10*time.Second)
 		tainted, err := n.syncCapacity(c, p)
 		cancel()
-		if err != nil && ctx.Err() == nil {
+		// A conflict is the kubelet's status update between our read of
+		// the node and the taint's compare-and-swap: retried in a second.
+		if err != nil && ctx.Err() == nil && !apierrors.IsConflict(err) {
 			n.log.Warn("could not update the node's IP capacity or taint", "node", n.name, "err", err)
 		}
 		if tainted || err != nil {
