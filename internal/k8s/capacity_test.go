@@ -2,14 +2,19 @@ package k8s
 
 import (
 	"context"
+	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
 
 	"github.com/vpcni/vpcni/internal/agent"
+	"github.com/vpcni/vpcni/internal/alloc"
 )
 
 func TestIPCapacity(t *testing.T) {
@@ -118,5 +123,59 @@ func TestNodeCapacitySync(t *testing.T) {
 	}
 	if ip, _ := state(get()); ip != "" {
 		t.Errorf("ipResource off: %s=%s still advertised", IPResource, ip)
+	}
+}
+
+// podsAgent holds the given allocations.
+type podsAgent struct {
+	noAgent
+	atts []*alloc.Allocation
+}
+
+func (a podsAgent) Allocations() ([]*alloc.Allocation, error) { return a.atts, nil }
+
+// The agent counts the addresses the scheduler does not (pods without the
+// request, or not known to it) and warns on such a pod once.
+func TestUnrequestedPods(t *testing.T) {
+	mk := func(name string, requests bool) *corev1.Pod {
+		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default", UID: types.UID("uid-" + name)},
+			Spec: corev1.PodSpec{NodeName: "n1", Containers: []corev1.Container{{Name: "c"}}}}
+		if requests {
+			p.Spec.Containers[0].Resources.Limits = corev1.ResourceList{IPResource: resource.MustParse("1")}
+		}
+		return p
+	}
+	counted, bypassed := mk("counted", true), mk("bypassed", false)
+	pods := cache.NewSharedIndexInformer(nil, &corev1.Pod{}, 0, cache.Indexers{})
+	for _, p := range []*corev1.Pod{counted, bypassed} {
+		if err := pods.GetIndexer().Add(p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	att := func(p string) *alloc.Allocation {
+		return &alloc.Allocation{ContainerID: "c-" + p, IfName: "eth0", PodNamespace: "default", PodName: p, PodUID: "uid-" + p}
+	}
+	rec := record.NewFakeRecorder(10)
+	n := &Node{name: "n1", opts: NodeOptions{IPResource: true}, pods: pods, recorder: rec, warned: map[types.UID]bool{},
+		// "gone": a pod the informer does not have.
+		agent: podsAgent{atts: []*alloc.Allocation{att("counted"), att("bypassed"), att("gone")}}}
+	got, err := n.unrequested()
+	if err != nil || got != 2 {
+		t.Fatalf("unrequested = %d, %v; want 2 (bypassed, gone)", got, err)
+	}
+	for range 3 {
+		n.warnUnrequested(counted)
+		n.warnUnrequested(bypassed)
+	}
+	if len(rec.Events) != 1 {
+		t.Fatalf("%d events, want 1", len(rec.Events))
+	}
+	if ev := <-rec.Events; !strings.Contains(ev, "Warning "+EventIPNotRequested) || !strings.Contains(ev, "webhook") {
+		t.Errorf("event %q", ev)
+	}
+	// Once its address is released the pod is forgotten.
+	n.agent = podsAgent{atts: []*alloc.Allocation{att("counted")}}
+	if got, _ := n.unrequested(); got != 0 || len(n.warned) != 0 {
+		t.Errorf("after the release: %d unrequested, %d pods remembered", got, len(n.warned))
 	}
 }
