@@ -529,6 +529,11 @@ func TestKubernetesNode(t *testing.T) {
 		}
 	}
 	t.Log("vpcni-test: node NotReady without a CNI conflist, as it should be")
+	// The kubelet registered it tainted (registerWithTaints, as deploy/
+	// advises); vpcnid removes the taint once its pool is warm.
+	if nd := n.getNode(); !notReadyTainted(nd) {
+		t.Fatalf("the node registered without the %s taint: %v", k8s.TaintNotReady, nd.Spec.Taints)
+	}
 
 	n.overlay = n.writeOverlay("5s", 64, true)
 	applied := time.Now()
@@ -548,6 +553,14 @@ func TestKubernetesNode(t *testing.T) {
 	n.waitReady("vpcni-system", "app.kubernetes.io/name=vpcni-controller", 2, 2*time.Minute)
 	// Its webhook makes the pods below request vpcni.io/ip.
 	n.waitWebhook(time.Minute)
+	eventually(t, time.Minute, "the "+k8s.TaintNotReady+" taint removed once the pool is warm", func() (bool, string) {
+		nd := n.getNode()
+		return !notReadyTainted(nd), fmt.Sprintf("taints %v", nd.Spec.Taints)
+	})
+	if st, err := n.agentState(); err != nil || st.Pool.Free < 4 {
+		t.Fatalf("the taint is gone with the pool below warmTarget 4: %+v %v", st, err)
+	}
+	t.Logf("vpcni-test: node registered with the %s taint; vpcnid removed it with the pool warm; the webhook mutates pods", k8s.TaintNotReady)
 
 	busybox := n.env["VPCNI_K8S_BUSYBOX_IMAGE"]
 	start := time.Now()
