@@ -35,8 +35,10 @@ import (
 // replaced when less than L/3 is left. A new CA goes into the bundle next
 // to the old one (which stays until it expires) and is written into the
 // webhook configuration in the same pass, and it signs a serving
-// certificate only once it is CASettle old: the API server then trusts it
-// before any replica presents a certificate it signed.
+// certificate only once it is settle() old (L/10, at most 5 minutes): the
+// API server then trusts it before any replica presents a certificate it
+// signed. Replicas read the Secret at least once a minute; the certificate
+// they still serve meanwhile has at least L/3 - settle() left.
 const (
 	secretCACert   = "ca.crt"
 	secretCAKey    = "ca.key"
