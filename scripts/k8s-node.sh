@@ -354,6 +354,10 @@ resolvConf: /etc/resolv.conf
 rotateCertificates: false
 serverTLSBootstrap: false
 registerNode: true
+# As deploy/ advises: no pods on the pod network until vpcnid's pool is
+# warm; vpcnid removes the taint then.
+registerWithTaints:
+  - {key: vpcni.io/not-ready, effect: NoSchedule}
 evictionHard:
   memory.available: "100Mi"
   nodefs.available: "1%"

@@ -1,11 +1,14 @@
 // Command vpcni-controller runs vpcni's cluster-wide reconcilers, one
 // active replica at a time (a Lease elects the leader). So far: releasing
 // the addresses of pods that are gone while their node's agent missed the
-// DEL (see internal/k8s).
+// DEL (see internal/k8s). Every replica, leader or not, also serves the
+// mutating admission webhook that makes pods on the pod network request
+// one vpcni.io/ip, with a certificate it mints and rotates itself.
 package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -38,6 +41,11 @@ func main() {
 	flag.DurationVar(&o.leaseDuration, "lease-duration", 15*time.Second, "leader lease duration")
 	flag.StringVar(&o.healthAddr, "health-addr", ":9697", "address of /healthz (empty: off)")
 	flag.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn, error")
+	flag.StringVar(&o.webhookAddr, "webhook-addr", ":9443", "address of the pod admission webhook, HTTPS (empty: off)")
+	flag.StringVar(&o.webhookService, "webhook-service", "vpcni-webhook", "the webhook's Service, in -lease-namespace (its certificate names it)")
+	flag.StringVar(&o.webhookSecret, "webhook-secret", "vpcni-webhook-cert", "the Secret, in -lease-namespace, holding the webhook's CA and certificate")
+	flag.StringVar(&o.webhookConfig, "webhook-config", "vpcni", "the MutatingWebhookConfiguration whose caBundle is kept current")
+	flag.DurationVar(&o.certValidity, "cert-validity", 90*24*time.Hour, "lifetime of the webhook's serving certificate (renewed when a third is left; the CA lives four times as long)")
 	showVersion := flag.Bool("version", false, "print the version and exit")
 	flag.Parse()
 	if *showVersion {
@@ -58,7 +66,8 @@ func main() {
 
 type options struct {
 	kubeconfig, namespace, lease, identity, healthAddr, logLevel string
-	grace, leaseDuration                                         time.Duration
+	webhookAddr, webhookService, webhookSecret, webhookConfig    string
+	grace, leaseDuration, certValidity                           time.Duration
 }
 
 func envOr(k, def string) string {
@@ -89,6 +98,13 @@ func run(o options, log *slog.Logger) error {
 	// reconciler failed: the kubelet restarts it and another replica leads.
 	leaderHealth := leaderelection.NewLeaderHealthzAdaptor(20 * time.Second)
 	var runErr atomic.Value
+	var certs *k8s.Certs
+	if o.webhookAddr != "" {
+		certs, err = serveWebhook(ctx, cs, o, log)
+		if err != nil {
+			return err
+		}
+	}
 	if o.healthAddr != "" {
 		ln, err := net.Listen("tcp", o.healthAddr)
 		if err != nil {
@@ -103,6 +119,17 @@ func run(o options, log *slog.Logger) error {
 			if err, _ := runErr.Load().(error); err != nil {
 				http.Error(w, err.Error(), http.StatusServiceUnavailable)
 				return
+			}
+			fmt.Fprintln(w, "ok")
+		})
+		// Ready: the webhook serves a certificate (the Service sends the
+		// API server only to replicas that do).
+		mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
+			if certs != nil {
+				if err := certs.Ready(); err != nil {
+					http.Error(w, err.Error(), http.StatusServiceUnavailable)
+					return
+				}
 			}
 			fmt.Fprintln(w, "ok")
 		})
@@ -153,4 +180,28 @@ func run(o options, log *slog.Logger) error {
 		return err
 	}
 	return nil
+}
+
+// serveWebhook starts the pod admission webhook on this replica: its
+// certificate kept by k8s.Certs (shared with the other replicas through
+// the Secret), served over HTTPS until ctx ends.
+func serveWebhook(ctx context.Context, cs kubernetes.Interface, o options, log *slog.Logger) (*k8s.Certs, error) {
+	certs, err := k8s.NewCerts(cs, k8s.CertOptions{Namespace: o.namespace, Secret: o.webhookSecret, Service: o.webhookService,
+		WebhookConfig: o.webhookConfig, Validity: o.certValidity}, log)
+	if err != nil {
+		return nil, fmt.Errorf("webhook: %w", err)
+	}
+	ln, err := net.Listen("tcp", o.webhookAddr)
+	if err != nil {
+		return nil, fmt.Errorf("webhook: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle(k8s.WebhookPath, k8s.WebhookHandler(log))
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second,
+		TLSConfig: &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: certs.GetCertificate}}
+	go certs.Run(ctx)
+	go func() { _ = srv.ServeTLS(ln, "", "") }()
+	go func() { <-ctx.Done(); _ = srv.Close() }()
+	log.Info("pod admission webhook", "addr", ln.Addr().String(), "path", k8s.WebhookPath, "service", o.namespace+"/"+o.webhookService)
+	return certs, nil
 }

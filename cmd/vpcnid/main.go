@@ -75,7 +75,8 @@ func run(configPath string) error {
 		if err != nil {
 			return fmt.Errorf("kubernetes (mode %q; set kubernetes.mode: off to run without): %w", cfg.Kubernetes.Mode, err)
 		}
-		node, err := k8s.NewNode(rc, cfg.NodeName, a, log, k8s.NodeOptions{})
+		node, err := k8s.NewNode(rc, cfg.NodeName, a, log, k8s.NodeOptions{
+			IPResource: config.On(cfg.Kubernetes.IPResource), NotReadyTaint: config.On(cfg.Kubernetes.NotReadyTaint)})
 		if err != nil {
 			return fmt.Errorf("kubernetes: %w", err)
 		}

@@ -52,16 +52,24 @@ func (a *Agent) Release(containerID, ifName string, created time.Time, why strin
 	return nil
 }
 
-// PoolFigures is the node's pool, for node annotations.
+// PoolFigures is the node's pool, for node annotations and the
+// scheduler's view of the node.
 type PoolFigures struct {
 	Free, Cooling, Allocated, Capacity int
-	ProviderPort                       string
+	// WarmTarget is the configured pool.warmTarget: until the pool first
+	// reaches it the node is tainted not-ready.
+	WarmTarget   int
+	ProviderPort string
+	// Connected: the provider is connected, so Capacity is its bound
+	// (before, Capacity is 0: unknown).
+	Connected bool
 }
 
 // Pool returns the pool's figures now.
 func (a *Agent) Pool() PoolFigures {
 	s := a.addrs.Status(time.Now())
-	return PoolFigures{Free: s.Free, Cooling: s.Cooling, Allocated: s.Allocated, Capacity: s.Provider.Capacity, ProviderPort: s.Provider.Port}
+	return PoolFigures{Free: s.Free, Cooling: s.Cooling, Allocated: s.Allocated, Capacity: s.Provider.Capacity,
+		WarmTarget: a.cfg.Pool.WarmTarget, ProviderPort: s.Provider.Port, Connected: s.Provider.Name != ""}
 }
 
 // ProviderPort is the cloud port the node's pod addresses live on ("" for

@@ -57,7 +57,19 @@ type Kubernetes struct {
 	Mode string `json:"mode"`
 	// Kubeconfig, if set, is used instead of the pod's service account.
 	Kubeconfig string `json:"kubeconfig,omitempty"`
+	// IPResource "on" (default) advertises the extended resource
+	// vpcni.io/ip on the Node (how many pods on the pod network it can
+	// still address); "off" removes it. vpcni-controller's webhook makes
+	// every such pod request one.
+	IPResource string `json:"ipResource,omitempty"`
+	// NotReadyTaint "on" (default) keeps the taint vpcni.io/not-ready:NoSchedule
+	// on the Node until the agent's pool first reaches pool.warmTarget;
+	// "off" never sets it (and removes one left over).
+	NotReadyTaint string `json:"notReadyTaint,omitempty"`
 }
+
+// On reads an on/off field; empty means on.
+func On(v string) bool { return v != "off" }
 
 // Enabled says whether the agent talks to Kubernetes.
 func (k Kubernetes) Enabled() bool {
@@ -249,6 +261,11 @@ func (c *Config) Validate() error {
 	case "", "auto", "on", "off": // empty: auto
 	default:
 		bad("kubernetes.mode", "%q is not one of auto, on, off", c.Kubernetes.Mode)
+	}
+	for _, f := range []struct{ name, v string }{{"kubernetes.ipResource", c.Kubernetes.IPResource}, {"kubernetes.notReadyTaint", c.Kubernetes.NotReadyTaint}} {
+		if f.v != "" && f.v != "on" && f.v != "off" {
+			bad(f.name, "%q is not one of on, off", f.v)
+		}
 	}
 	if c.Pool.WarmTarget < 0 {
 		bad("pool.warmTarget", "%d must not be negative", c.Pool.WarmTarget)

@@ -144,6 +144,8 @@ func TestValidateSingleFields(t *testing.T) {
 		{"cooldown", func(c *config.Config) { c.Cooldown.Duration = time.Hour + time.Second }},
 		{"provider.type", func(c *config.Config) { c.Provider.Type = "aws" }},
 		{"provider.static.ranges", func(c *config.Config) { c.Provider.Settings = &static.Config{} }},
+		{"kubernetes.ipResource", func(c *config.Config) { c.Kubernetes.IPResource = "yes" }},
+		{"kubernetes.notReadyTaint", func(c *config.Config) { c.Kubernetes.NotReadyTaint = "true" }},
 	} {
 		cfg := validConfig()
 		tc.mutate(&cfg)
@@ -155,6 +157,7 @@ func TestValidateSingleFields(t *testing.T) {
 	// Edges that are allowed.
 	cfg := validConfig()
 	cfg.MTU, cfg.Cooldown.Duration, cfg.Pool.WarmTarget, cfg.Uplink = 576, 0, 0, "eth0"
+	cfg.Kubernetes.IPResource, cfg.Kubernetes.NotReadyTaint = "off", "on"
 	staticOf(t, cfg).Ranges[0] = static.Range{CIDR: "10.0.0.0/16", Gateway: "10.0.255.254", Exclude: []string{"10.0.0.5", "10.0.1.0/24"}}
 	if err := cfg.Validate(); err != nil {
 		t.Errorf("edge values rejected: %v", err)

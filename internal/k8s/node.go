@@ -49,6 +49,12 @@ type NodeOptions struct {
 	PoolEvery time.Duration
 	// ProbeEvery is how often the API server is probed for STATUS.
 	ProbeEvery time.Duration
+	// IPResource: advertise vpcni.io/ip on the node (and warn on pods
+	// that do not request it).
+	IPResource bool
+	// NotReadyTaint: taint the node until the pool first reaches its warm
+	// target.
+	NotReadyTaint bool
 }
 
 func (o *NodeOptions) defaults() {
@@ -82,6 +88,8 @@ type Node struct {
 
 	pods     cache.SharedIndexInformer
 	addrs    cache.SharedIndexInformer
+	node     cache.SharedIndexInformer // this node only
+	capacity nodeCapacity
 	queue    workqueue.TypedRateLimitingInterface[attKey]
 	recorder record.EventRecorder
 	events   record.EventBroadcaster
@@ -90,6 +98,8 @@ type Node struct {
 	probeErr error
 	nodeErr  error
 	synced   bool
+	// warned: pods told once that they request no vpcni.io/ip.
+	warned map[types.UID]bool
 }
 
 // NewNode connects to the API server described by cfg. Run starts it.
@@ -107,12 +117,18 @@ func NewNode(cfg *rest.Config, nodeName string, a Agent, log *slog.Logger, opts 
 	}
 	n := &Node{name: nodeName, opts: opts, cs: cs, pas: pas, agent: a, log: log.With("component", "kubernetes"), host: cfg.Host,
 		queue:    workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[attKey]()),
-		probeErr: errors.New("the Kubernetes API server was not reached yet")}
+		probeErr: errors.New("the Kubernetes API server was not reached yet"),
+		capacity: nodeCapacity{cs: cs, ipResource: opts.IPResource, notReadyTaint: opts.NotReadyTaint},
+		warned:   map[types.UID]bool{}}
 	// Only this node's pods: the agent never holds the cluster's.
 	pf := informers.NewSharedInformerFactoryWithOptions(cs, 10*time.Minute, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 		o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", nodeName).String()
 	}))
 	n.pods = pf.Core().V1().Pods().Informer()
+	nf := informers.NewSharedInformerFactoryWithOptions(cs, 10*time.Minute, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+		o.FieldSelector = fields.OneTermEqualSelector("metadata.name", nodeName).String()
+	}))
+	n.node = nf.Core().V1().Nodes().Informer()
 	n.addrs = pas.informer(LabelNode+"="+NodeLabel(nodeName), 10*time.Minute, nil)
 	_, _ = n.addrs.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    n.enqueueAddr,
@@ -177,7 +193,8 @@ func (n *Node) Run(ctx context.Context) {
 	}
 	go n.pods.Run(ctx.Done())
 	go n.addrs.Run(ctx.Done())
-	if !cache.WaitForCacheSync(ctx.Done(), n.pods.HasSynced, n.addrs.HasSynced) {
+	go n.node.Run(ctx.Done())
+	if !cache.WaitForCacheSync(ctx.Done(), n.pods.HasSynced, n.addrs.HasSynced, n.node.HasSynced) {
 		return
 	}
 	n.mu.Lock()
@@ -281,7 +298,70 @@ func (n *Node) reconcile(ctx context.Context, k attKey) (again time.Duration, er
 	if pod == nil {
 		return 0, nil
 	}
+	n.warnUnrequested(pod)
 	return 0, n.annotate(ctx, pod, att)
+}
+
+// warnUnrequested says once, on the pod, that the scheduler does not count
+// its address: vpcni-controller's webhook, which adds the request, fails
+// open (a cluster must not stop creating pods because it is down).
+func (n *Node) warnUnrequested(pod *corev1.Pod) {
+	if !n.opts.IPResource || !OnPodNetwork(pod) || RequestsIP(pod) {
+		return
+	}
+	n.mu.Lock()
+	seen := n.warned[pod.UID]
+	n.warned[pod.UID] = true
+	n.mu.Unlock()
+	if seen {
+		return
+	}
+	n.recorder.Eventf(pod, corev1.EventTypeWarning, EventIPNotRequested,
+		"the pod requests no %s: vpcni-controller's admission webhook was down or not installed when it was created, so the scheduler does not count its address (vpcnid on %s subtracts it from the node's %s instead). Check the vpcni-controller pods and the MutatingWebhookConfiguration vpcni", IPResource, n.name, IPResource)
+}
+
+// unrequested counts the addresses in use by pods the scheduler does not
+// count (no vpcni.io/ip request, or a pod not seen (yet)), and forgets
+// warnings about pods that hold no address any more.
+func (n *Node) unrequested() (int, error) {
+	atts, err := n.agent.Allocations()
+	if err != nil {
+		return 0, err
+	}
+	count, live := 0, map[types.UID]bool{}
+	for _, a := range atts {
+		pod := n.pod(a)
+		if pod == nil {
+			count++
+			continue
+		}
+		live[pod.UID] = true
+		if !RequestsIP(pod) {
+			count++
+		}
+	}
+	n.mu.Lock()
+	for uid := range n.warned {
+		if !live[uid] {
+			delete(n.warned, uid)
+		}
+	}
+	n.mu.Unlock()
+	return count, nil
+}
+
+// syncCapacity advertises vpcni.io/ip and keeps the not-ready taint; it
+// reports whether the taint is still wanted.
+func (n *Node) syncCapacity(ctx context.Context, p agent.PoolFigures) (bool, error) {
+	obj, ok, err := n.node.GetIndexer().GetByKey(n.name)
+	if err != nil || !ok {
+		return true, fmt.Errorf("node %s not in the cache (%v)", n.name, err)
+	}
+	unrequested, err := n.unrequested()
+	if err != nil {
+		return true, err
+	}
+	return n.capacity.sync(ctx, obj.(*corev1.Node), p, unrequested)
 }
 
 // pod is the attachment's pod, nil if the informer has no such pod (or a
@@ -438,10 +518,13 @@ func (n *Node) probe(ctx context.Context) {
 	}
 }
 
-// poolLoop keeps the node's pool annotations current.
+// poolLoop keeps the node's pool annotations, its vpcni.io/ip resource
+// and its not-ready taint current. While the taint is on it looks every
+// second: the pool filling is what lets pods onto the node.
 func (n *Node) poolLoop(ctx context.Context) {
 	var last map[string]string
 	for {
+		every := n.opts.PoolEvery
 		p := n.agent.Pool()
 		want := map[string]string{
 			AnnotationPoolFree:      strconv.Itoa(p.Free),
@@ -463,10 +546,21 @@ func (n *Node) poolLoop(ctx context.Context) {
 				n.log.Warn("could not annotate the node with its pool", "node", n.name, "err", err)
 			}
 		}
+		c, cancel := context.WithTimeout(ctx, 10*time.Second)
+		tainted, err := n.syncCapacity(c, p)
+		cancel()
+		// A conflict is the kubelet's status update between our read of
+		// the node and the taint's compare-and-swap: retried in a second.
+		if err != nil && ctx.Err() == nil && !apierrors.IsConflict(err) {
+			n.log.Warn("could not update the node's IP capacity or taint", "node", n.name, "err", err)
+		}
+		if tainted || err != nil {
+			every = min(every, time.Second)
+		}
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(n.opts.PoolEvery):
+		case <-time.After(every):
 		}
 	}
 }

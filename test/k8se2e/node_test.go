@@ -529,6 +529,11 @@ func TestKubernetesNode(t *testing.T) {
 		}
 	}
 	t.Log("vpcni-test: node NotReady without a CNI conflist, as it should be")
+	// The kubelet registered it tainted (registerWithTaints, as deploy/
+	// advises); vpcnid removes the taint once its pool is warm.
+	if nd := n.getNode(); !notReadyTainted(nd) {
+		t.Fatalf("the node registered without the %s taint: %v", k8s.TaintNotReady, nd.Spec.Taints)
+	}
 
 	n.overlay = n.writeOverlay("5s", 64, true)
 	applied := time.Now()
@@ -546,6 +551,16 @@ func TestKubernetesNode(t *testing.T) {
 	n.waitReady("vpcni-system", "app.kubernetes.io/name=vpcnid", 1, 2*time.Minute)
 	// The controller runs on the pod network: vpcni wires it too.
 	n.waitReady("vpcni-system", "app.kubernetes.io/name=vpcni-controller", 2, 2*time.Minute)
+	// Its webhook makes the pods below request vpcni.io/ip.
+	n.waitWebhook(time.Minute)
+	eventually(t, time.Minute, "the "+k8s.TaintNotReady+" taint removed once the pool is warm", func() (bool, string) {
+		nd := n.getNode()
+		return !notReadyTainted(nd), fmt.Sprintf("taints %v", nd.Spec.Taints)
+	})
+	if st, err := n.agentState(); err != nil || st.Pool.Free < 4 {
+		t.Fatalf("the taint is gone with the pool below warmTarget 4: %+v %v", st, err)
+	}
+	t.Logf("vpcni-test: node registered with the %s taint; vpcnid removed it with the pool warm; the webhook mutates pods", k8s.TaintNotReady)
 
 	busybox := n.env["VPCNI_K8S_BUSYBOX_IMAGE"]
 	start := time.Now()
@@ -568,6 +583,7 @@ func TestKubernetesNode(t *testing.T) {
 	t.Run("agent-restart", func(t *testing.T) { checkAgentRestart(t, n) })
 	t.Run("setup-failure-event", func(t *testing.T) { checkFailureEvent(t, n) })
 	t.Run("controller-releases-orphans", func(t *testing.T) { checkOrphans(t, n) })
+	t.Run("ip-capacity", func(t *testing.T) { checkIPCapacity(t, n) })
 	// Last: it drains the node and switches its datapath.
 	t.Run("macvlan-mode", func(t *testing.T) { checkMacvlanMode(t, n) })
 }
