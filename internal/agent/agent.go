@@ -22,6 +22,7 @@ import (
 	"github.com/vpcni/vpcni/internal/datapath"
 	"github.com/vpcni/vpcni/internal/metrics"
 	"github.com/vpcni/vpcni/internal/provider"
+	"github.com/vpcni/vpcni/internal/snat"
 	"github.com/vpcni/vpcni/internal/store"
 )
 
@@ -35,6 +36,7 @@ type Agent struct {
 	started time.Time
 	metrics *metrics.Metrics
 	cluster Cluster // nil: no orchestrator
+	snat    *snat.NAT // nil: SNAT off
 
 	locks keyedMutex // one ADD/DEL/CHECK at a time per attachment
 	// wiring is held shared by every change to the datapath together with
@@ -82,7 +84,17 @@ func New(ctx context.Context, cfg config.Config, log *slog.Logger) (_ *Agent, er
 			dp.Close()
 		}
 	}()
-	return newAgent(ctx, cfg, log, st, dp)
+	nat, err := openSNAT(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	a, err := newAgent(ctx, cfg, log, st, dp)
+	if err != nil {
+		return nil, err
+	}
+	a.snat = nat
+	a.kickReconcile() // the first reconcile of Run writes the SNAT table
+	return a, nil
 }
 
 // newAgent joins the parts; tests give it a fake datapath.
@@ -222,6 +234,7 @@ func (a *Agent) reconcileNode(ctx context.Context) (broken []string, err error) 
 	start := time.Now()
 	rep, err := a.dp.Reconcile(ctx, want)
 	a.wiring.Unlock()
+	a.syncSNAT(ctx, records)
 	for _, s := range rep.Repaired {
 		a.log.Info("repaired", "what", s)
 	}

@@ -159,6 +159,7 @@ func (a *Agent) add(ctx context.Context, req *api.CNIRequest) (*types100.Result,
 		a.addrs.Untake(rec.Address)
 		return nil, setupError(err)
 	}
+	a.snatPod(ctx, rec.Address)
 	rec.Wiring, rec.Ready = &wired, true
 	// Marking the record ready is not waited for: it only changes the
 	// record if it is still this one (a DEL may follow at once), and a
