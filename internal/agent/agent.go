@@ -35,7 +35,7 @@ type Agent struct {
 	dp      datapath.Datapath
 	started time.Time
 	metrics *metrics.Metrics
-	cluster Cluster // nil: no orchestrator
+	cluster Cluster   // nil: no orchestrator
 	snat    *snat.NAT // nil: SNAT off
 
 	locks keyedMutex // one ADD/DEL/CHECK at a time per attachment
