@@ -92,8 +92,10 @@ func New(ctx context.Context, cfg config.Config, log *slog.Logger) (_ *Agent, er
 	if err != nil {
 		return nil, err
 	}
-	a.snat = nat
-	a.kickReconcile() // the first reconcile of Run writes the SNAT table
+	if a.snat = nat; nat != nil {
+		// Before the socket serves: restored pods go out as the node at once.
+		a.syncSNAT(ctx, a.records())
+	}
 	return a, nil
 }
 

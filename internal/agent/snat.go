@@ -45,3 +45,13 @@ func (a *Agent) snatPod(ctx context.Context, ip netip.Addr) {
 		a.kickReconcile()
 	}
 }
+
+// records lists the store's allocations (none if it cannot be read: the
+// next reconcile lists them again).
+func (a *Agent) records() []*alloc.Allocation {
+	recs, err := a.store.List()
+	if err != nil {
+		a.log.Warn("read allocation store", "err", err)
+	}
+	return recs
+}
