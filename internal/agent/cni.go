@@ -109,19 +109,22 @@ func (a *Agent) add(ctx context.Context, req *api.CNIRequest) (*types100.Result,
 	if aerr != nil {
 		return nil, aerr
 	}
+	want, aerr := requestedAddress(req.Args, conf)
+	if aerr != nil {
+		return nil, aerr
+	}
 	rec, unlock, aerr := a.lockRecord(req)
 	if aerr != nil {
 		return nil, aerr
 	}
 	defer unlock()
 	if rec != nil {
+		if want.IsValid() && want != rec.Address {
+			return nil, api.Errorf(api.CodeInvalidEnv, fmt.Sprintf("container %s interface %s already has %s, not the requested %s: DEL it first", rec.ContainerID, rec.IfName, rec.Address, want), "")
+		}
 		return a.readd(ctx, rec, req, conf)
 	}
 
-	want, aerr := requestedAddress(req.Args, conf)
-	if aerr != nil {
-		return nil, aerr
-	}
 	start := time.Now()
 	var lease alloc.Lease
 	var err error

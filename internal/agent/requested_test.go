@@ -54,6 +54,14 @@ func TestRequestedAddress(t *testing.T) {
 	if r, _ := a.store.Get("c1", "eth0"); r == nil || !r.Requested {
 		t.Fatalf("record %+v: not marked requested", r)
 	}
+	// A repeated ADD asking for the same address answers the same; one
+	// asking for another is refused.
+	if res, aerr := a.Add(ctx, reqIP("c1", n.pod("p1"), "IP=10.9.5.77")); aerr != nil || res.IPs[0].Address.IP.String() != want.String() {
+		t.Errorf("repeated ADD with IP=%s = %v, %v", want, res, aerr)
+	}
+	if _, aerr := a.Add(ctx, reqIP("c1", n.pod("p1"), "IP=10.9.5.78")); aerr == nil || aerr.Code != api.CodeInvalidEnv {
+		t.Errorf("repeated ADD asking for another address = %v, want code 4", aerr)
+	}
 	before := a.addrs.Status(time.Now())
 	for _, c := range []struct {
 		id, args string
