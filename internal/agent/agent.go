@@ -20,6 +20,7 @@ import (
 	"github.com/vpcni/vpcni/internal/alloc"
 	"github.com/vpcni/vpcni/internal/config"
 	"github.com/vpcni/vpcni/internal/datapath"
+	"github.com/vpcni/vpcni/internal/datapath/kwatch"
 	"github.com/vpcni/vpcni/internal/metrics"
 	"github.com/vpcni/vpcni/internal/provider"
 	"github.com/vpcni/vpcni/internal/snat"
@@ -48,6 +49,8 @@ type Agent struct {
 	wiring sync.RWMutex
 
 	reconcileKick chan struct{}
+	kickMu        sync.Mutex
+	kickWhy       string // what asked for the next reconcile first
 	// restoredKeys are the allocations recorded at start, for Run to check
 	// inside their pods; restored is closed once it has.
 	restoredKeys []string
@@ -124,7 +127,7 @@ func newAgent(ctx context.Context, cfg config.Config, log *slog.Logger, st *stor
 	}, cfg.NodeName, connect, st, log)
 	// After each sync with the provider the idle addresses are known:
 	// anything the node still has wired for them goes.
-	a.addrs.Synced = a.kickReconcile
+	a.addrs.Synced = func() { a.kick("sync") }
 	a.metrics.Watch(a.snapshot)
 	if err := a.restore(ctx); err != nil {
 		return nil, fmt.Errorf("restore at start: %w", err)
@@ -172,45 +175,105 @@ func (a *Agent) restore(ctx context.Context) error {
 	}
 	// What the node side cannot repair alone is re-wired by Run's check of
 	// every pending pod.
-	_, err = a.reconcileNode(ctx)
+	_, err = a.reconcileNode(ctx, "start")
 	return err
 }
 
 // Run serves the background work until ctx ends, and returns only when all
 // of it has stopped: the address manager (provider, pool policy), the
-// check of every pod recorded at start, and the node reconcile after each
-// sync with the provider.
+// check of every pod recorded at start, and the self-healing node
+// reconcile.
 func (a *Agent) Run(ctx context.Context) {
 	var wg sync.WaitGroup
 	wg.Go(func() { a.addrs.Run(ctx) })
 	wg.Go(func() { a.checkRestored(ctx) })
-	wg.Go(func() {
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-a.reconcileKick:
-			}
-			broken, err := a.reconcileNode(ctx)
-			if err != nil {
-				a.log.Warn("node reconcile failed; the next sync retries", "err", err)
-			}
-			for _, key := range broken {
-				if ctx.Err() != nil {
-					return
-				}
-				a.repairKey(ctx, key)
-			}
-		}
-	})
+	wg.Go(func() { a.selfHeal(ctx) })
 	wg.Wait()
 }
 
-func (a *Agent) kickReconcile() {
+// selfHeal reconciles the node's datapath whenever something asks — the
+// kernel watch (a piece of vpcni's changed), a sync with the provider (the
+// idle addresses are known) — and every selfHeal.period in any case, but
+// never more often than selfHeal.minInterval: a burst of changes (a
+// node's pods deleted at once) costs one more pass, not one per change.
+// The first change after a quiet spell is repaired at once.
+func (a *Agent) selfHeal(ctx context.Context) {
+	sh := a.cfg.SelfHeal
+	if sh.Watching() {
+		if err := kwatch.Watch(ctx, a.dp.Info().Uplink, a.kick); err != nil {
+			a.log.Error("kernel watch failed to start; repairs wait for the periodic reconcile", "period", sh.Period.Duration, "err", err)
+		}
+	}
+	tick := time.NewTicker(sh.Period.Duration)
+	defer tick.Stop()
+	var last time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-a.reconcileKick:
+		case <-tick.C:
+		}
+		if wait := sh.MinInterval.Duration - time.Since(last); wait > 0 {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(wait):
+			}
+		}
+		last = time.Now()
+		broken, err := a.reconcileNode(ctx, a.takeKick("timer"))
+		if err != nil {
+			a.log.Warn("node reconcile failed; the next one retries", "err", err)
+		}
+		for _, key := range broken {
+			if ctx.Err() != nil {
+				return
+			}
+			a.repairKey(ctx, key)
+		}
+	}
+}
+
+// kick asks for a node reconcile, for the reason given (kept for the log
+// and the metrics until the reconcile runs: the first reason wins).
+func (a *Agent) kick(why string) {
+	a.kickMu.Lock()
+	if a.kickWhy == "" {
+		a.kickWhy = why
+	}
+	a.kickMu.Unlock()
 	select {
 	case a.reconcileKick <- struct{}{}:
 	default:
 	}
+}
+
+// takeKick returns what asked for this reconcile (otherwise, the
+// default: the timer) and clears it. The kick channel is drained too: a
+// kick that came while this pass was waiting is this pass's.
+func (a *Agent) takeKick(otherwise string) string {
+	select {
+	case <-a.reconcileKick:
+	default:
+	}
+	a.kickMu.Lock()
+	defer a.kickMu.Unlock()
+	why := a.kickWhy
+	a.kickWhy = ""
+	if why == "" {
+		return otherwise
+	}
+	return why
+}
+
+// trigger is the metric label for a reconcile's reason.
+func trigger(why string) string {
+	switch why {
+	case "start", "sync", "timer":
+		return why
+	}
+	return "watch"
 }
 
 // reconcileNode brings the datapath's node side in line with the store:
@@ -218,7 +281,7 @@ func (a *Agent) kickReconcile() {
 // left for anything else. It returns the keys of allocations the node
 // side cannot repair alone, for re-wiring from inside their pods.
 // Conflicting records are left as they are.
-func (a *Agent) reconcileNode(ctx context.Context) (broken []string, err error) {
+func (a *Agent) reconcileNode(ctx context.Context, why string) (broken []string, err error) {
 	a.wiring.Lock()
 	records, err := a.store.List()
 	if err != nil {
@@ -236,9 +299,11 @@ func (a *Agent) reconcileNode(ctx context.Context) (broken []string, err error) 
 	start := time.Now()
 	rep, err := a.dp.Reconcile(ctx, want)
 	a.wiring.Unlock()
+	a.metrics.Reconciles.WithLabelValues(trigger(why)).Inc()
 	a.syncSNAT(ctx, records)
-	for _, s := range rep.Repaired {
-		a.log.Info("repaired", "what", s)
+	for _, r := range rep.Repaired {
+		a.metrics.Repairs.WithLabelValues(string(r.Kind)).Inc()
+		a.log.Warn("datapath repaired", "kind", r.Kind, "missing", r.What, "noticed", why)
 	}
 	for _, s := range rep.Removed {
 		a.log.Info("removed stale datapath state", "what", s)
@@ -246,7 +311,7 @@ func (a *Agent) reconcileNode(ctx context.Context) (broken []string, err error) 
 	for _, s := range rep.Failed {
 		a.log.Warn("could not repair or remove; the next reconcile tries again", "what", s)
 	}
-	a.log.Debug("node reconciled", "allocations", len(want.Allocations), "idle", len(want.Idle), "ms", msBetween(start, time.Now()))
+	a.log.Debug("node reconciled", "why", why, "allocations", len(want.Allocations), "idle", len(want.Idle), "ms", msBetween(start, time.Now()))
 	if len(rep.Broken) > 0 {
 		a.log.Info("allocations to re-wire from inside their pods", "count", len(rep.Broken))
 	}
@@ -309,15 +374,17 @@ func (a *Agent) repairKey(ctx context.Context, key string) {
 func (a *Agent) ensureWired(ctx context.Context, r *alloc.Allocation) (alloc.Wiring, error) {
 	a.wiring.RLock()
 	defer a.wiring.RUnlock()
-	w, err := a.dp.Check(ctx, r)
-	if err != nil {
-		a.log.Info("re-wiring pod", "container", r.ContainerID, "ifName", r.IfName, "problem", err)
+	w, problem := a.dp.Check(ctx, r)
+	if problem != nil {
 		if terr := a.dp.Teardown(ctx, r); terr != nil {
 			a.log.Warn("teardown before re-wiring failed", "container", r.ContainerID, "err", terr)
 		}
+		var err error
 		if w, err = a.dp.Setup(ctx, r); err != nil {
 			return w, err
 		}
+		a.metrics.Repairs.WithLabelValues(string(datapath.RepairRewired)).Inc()
+		a.log.Warn("datapath repaired", "kind", datapath.RepairRewired, "missing", problem.Error(), "pod", r.PodNamespace+"/"+r.PodName, "container", r.ContainerID, "ifName", r.IfName, "address", r.Address)
 	}
 	if !r.Ready || r.Wiring == nil {
 		r.Wiring, r.Ready = &w, true

@@ -21,6 +21,7 @@ import (
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
 	"github.com/vpcni/vpcni/internal/alloc"
 	"github.com/vpcni/vpcni/internal/api"
 	"github.com/vpcni/vpcni/internal/config"
@@ -51,6 +52,9 @@ func newNode(t *testing.T, cidr string, mutate ...func(*config.Config)) *node {
 	cfg.StateDir = filepath.Join(dir, "state")
 	cfg.Kubernetes.Mode = "off"
 	cfg.Datapath = config.Datapath{Mode: "fake"}
+	// The fake has no kernel to watch; the timer repairs it.
+	noWatch := false
+	cfg.SelfHeal.Watch = &noWatch
 	cfg.Cooldown.Duration = 0
 	cfg.Pool.WarmTarget, cfg.Pool.BatchSize, cfg.Pool.MaxFree = 2, 4, 8
 	cfg.Pool.AddWait.Duration = 300 * time.Millisecond
@@ -510,4 +514,70 @@ func TestClusterHearsAfterTheWiringIsRecorded(t *testing.T) {
 	if len(c.changed) != 2 || c.macs[1] != "" {
 		t.Fatalf("after DEL the cluster heard %v (records %v), want the release with no record left", c.changed, c.macs)
 	}
+}
+
+// The periodic reconcile alone (no kernel watch) puts back a node-side
+// piece someone removed and re-wires a pod whose link was deleted; each
+// repair is counted by kind, each pass by its trigger.
+func TestSelfHealOnTheTimer(t *testing.T) {
+	n := newNode(t, "10.9.0.0/24", func(c *config.Config) { c.SelfHeal.Period.Duration = 100 * time.Millisecond })
+	r := n.start()
+	r.add(t, "c1", n.pod("p1"))
+	r.add(t, "c2", n.pod("p2"))
+	if err := n.dp.DropRoute("c1/eth0"); err != nil {
+		t.Fatal(err)
+	}
+	n.dp.DropLink("c2/eth0")
+	repairs := func(kind string) float64 { return counterValue(t, r.metrics.Repairs.WithLabelValues(kind)) }
+	deadline := time.Now().Add(3 * time.Second)
+	for repairs("route") < 1 || repairs("rewired") < 1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("not repaired within 3s (period 100ms): route %v, rewired %v", repairs("route"), repairs("rewired"))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	r.checkInvariant(t, n)
+	if got := counterValue(t, r.metrics.Reconciles.WithLabelValues("timer")); got < 1 {
+		t.Errorf("reconciles by the timer: %v", got)
+	}
+	// Nothing missing: nothing repaired, however often it runs.
+	time.Sleep(300 * time.Millisecond)
+	if repairs("route") != 1 || repairs("rewired") != 1 {
+		t.Errorf("repairs counted again with nothing missing: route %v, rewired %v", repairs("route"), repairs("rewired"))
+	}
+}
+
+// A kick (what the kernel watch sends) is answered at once, not at the
+// next period; kicks that come while a pass waits share that pass.
+func TestSelfHealOnAKick(t *testing.T) {
+	n := newNode(t, "10.9.0.0/24", func(c *config.Config) { c.SelfHeal.Period.Duration = time.Hour })
+	r := n.start()
+	r.add(t, "c1", n.pod("p1"))
+	before := counterValue(t, r.metrics.Reconciles.WithLabelValues("watch"))
+	if err := n.dp.DropRoute("c1/eth0"); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	r.kick("route deleted")
+	r.kick("route deleted again")
+	for counterValue(t, r.metrics.Repairs.WithLabelValues("route")) < 1 {
+		if time.Since(start) > 2*time.Second {
+			t.Fatal("a kick was not answered within 2s (the period is an hour)")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	time.Sleep(200 * time.Millisecond) // minInterval 50ms: at most one more pass
+	if got := counterValue(t, r.metrics.Reconciles.WithLabelValues("watch")) - before; got < 1 || got > 2 {
+		t.Errorf("%v reconciles for two kicks, want 1 or 2", got)
+	}
+	r.checkInvariant(t, n)
+}
+
+func counterValue(t *testing.T, c interface{ Write(*dto.Metric) error }) float64 {
+	t.Helper()
+	var m dto.Metric
+	if err := c.Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetCounter().GetValue()
 }

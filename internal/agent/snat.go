@@ -42,7 +42,7 @@ func (a *Agent) snatPod(ctx context.Context, ip netip.Addr) {
 	}
 	if err := a.snat.AddPod(ctx, ip); err != nil {
 		a.log.Warn("pod address not added to the SNAT set; reconciling", "address", ip, "err", err)
-		a.kickReconcile()
+		a.kick("snat")
 	}
 }
 

@@ -37,6 +37,8 @@ type Config struct {
 	// Resync is how often the pool is reconciled with what the provider
 	// holds (addresses adopted, lost ones asked for again).
 	Resync Duration `json:"resync"`
+	// SelfHeal keeps the node's datapath whole while the agent runs.
+	SelfHeal SelfHeal `json:"selfHeal"`
 	// MetricsAddr is where Prometheus metrics are served ("" = off).
 	MetricsAddr string `json:"metricsAddr"`
 	// LogLevel: debug, info, warn, error.
@@ -89,6 +91,27 @@ type Pool struct {
 	AddWait Duration `json:"addWait"`
 }
 
+// SelfHeal is how the agent notices and repairs what was taken from its
+// datapath (a route, a proxy ARP entry, a link, a rule, a NAT table):
+// it reconciles the node when the kernel reports a change to something of
+// vpcni's, and periodically in any case.
+type SelfHeal struct {
+	// Watch: reconcile on the kernel's change notifications (links,
+	// routes, rules, nftables; proxy ARP entries are polled). Default
+	// true; off, repairs wait for the period.
+	Watch *bool `json:"watch,omitempty"`
+	// Period: a full reconcile at least this often, watch or not, for
+	// what no notification reports (default 30s).
+	Period Duration `json:"period"`
+	// MinInterval bounds how often reconciles run however many changes
+	// arrive (a burst of pod deletions), so the node's pods' ADDs are
+	// never starved (default 50ms).
+	MinInterval Duration `json:"minInterval"`
+}
+
+// Watching says whether the kernel watch is on.
+func (s SelfHeal) Watching() bool { return s.Watch == nil || *s.Watch }
+
 // Duration is a time.Duration written as "30s" in the file.
 type Duration struct{ time.Duration }
 
@@ -126,6 +149,7 @@ func Defaults() Config {
 		LogLevel:    "info",
 		Pool:        Pool{WarmTarget: 8, BatchSize: 8, MaxFree: 24, AddWait: Duration{10 * time.Second}, SurplusGrace: Duration{2 * time.Minute}},
 		MetricsAddr: "127.0.0.1:9695",
+		SelfHeal:    SelfHeal{Period: Duration{30 * time.Second}, MinInterval: Duration{50 * time.Millisecond}},
 		Provider:    Provider{Type: "static"},
 		Kubernetes:  Kubernetes{Mode: "auto"},
 	}
@@ -190,6 +214,12 @@ func (c *Config) Validate() error {
 	}
 	if c.Resync.Duration < time.Second || c.Resync.Duration > 24*time.Hour {
 		bad("resync", "%s is outside 1s..24h", c.Resync)
+	}
+	if p := c.SelfHeal.Period.Duration; p < 100*time.Millisecond || p > 24*time.Hour {
+		bad("selfHeal.period", "%s is outside 100ms..24h", c.SelfHeal.Period)
+	}
+	if m := c.SelfHeal.MinInterval.Duration; m < 0 || m > 10*time.Second || m > c.SelfHeal.Period.Duration {
+		bad("selfHeal.minInterval", "%s is outside 0..10s or above selfHeal.period", c.SelfHeal.MinInterval)
 	}
 	switch c.LogLevel {
 	case "debug", "info", "warn", "error":

@@ -62,6 +62,7 @@ func TestValidateNamesEveryBadField(t *testing.T) {
 		Datapath:   config.Datapath{Mode: "no-such-mode"},
 		Cooldown:   config.Duration{Duration: -time.Second},
 		LogLevel:   "verbose",
+		SelfHeal:   config.SelfHeal{MinInterval: config.Duration{Duration: -time.Millisecond}},
 		Pool:       config.Pool{WarmTarget: -1, BatchSize: 0},
 		Provider: config.Provider{Type: "static", Settings: &static.Config{Ranges: []static.Range{
 			{CIDR: "10.0.0.0/24"}, // fine
@@ -86,6 +87,8 @@ func TestValidateNamesEveryBadField(t *testing.T) {
 		"datapath:",
 		"cooldown:",
 		"resync:",
+		"selfHeal.period:",
+		"selfHeal.minInterval:",
 		"logLevel:",
 		"pool.warmTarget:",
 		"pool.batchSize:",

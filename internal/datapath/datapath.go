@@ -63,7 +63,7 @@ type Desired struct {
 // Report says what a Reconcile changed, one line per item, for the log.
 type Report struct {
 	// Repaired: node-side pieces of desired allocations put back.
-	Repaired []string
+	Repaired []Repair
 	// Removed: vpcni's pieces of what is not desired.
 	Removed []string
 	// Broken: the keys of desired allocations the node side cannot repair
@@ -71,6 +71,40 @@ type Report struct {
 	Broken []string
 	// Failed: items that could not be repaired or removed, and why.
 	Failed []string
+}
+
+// Repair is one piece a Reconcile put back: its kind (for the repair
+// counters) and what was missing (for the log).
+type Repair struct {
+	Kind RepairKind
+	What string
+}
+
+// RepairKind is the kind of kernel object a repair put back.
+type RepairKind string
+
+// The kinds of repair.
+const (
+	// RepairLink: a node-side link's state (down, off its bridge).
+	RepairLink RepairKind = "link"
+	// RepairRoute: a route, or a routing table's contents.
+	RepairRoute RepairKind = "route"
+	// RepairNeighbour: a (proxy) neighbour entry.
+	RepairNeighbour RepairKind = "neighbour"
+	// RepairRule: a policy routing rule.
+	RepairRule RepairKind = "rule"
+	// RepairNAT: an nftables table, chain or set of vpcni's.
+	RepairNAT RepairKind = "nat"
+	// RepairNode: the node's own setup (a bridge holding the uplink).
+	RepairNode RepairKind = "node"
+	// RepairRewired: a pod re-wired from inside its namespace (its node
+	// link was gone: Report.Broken). The agent counts these itself.
+	RepairRewired RepairKind = "rewired"
+)
+
+// AddRepair adds a repair to the report.
+func (r *Report) AddRepair(kind RepairKind, format string, args ...any) {
+	r.Repaired = append(r.Repaired, Repair{Kind: kind, What: fmt.Sprintf(format, args...)})
 }
 
 // Info describes a datapath.

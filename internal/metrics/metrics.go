@@ -28,6 +28,15 @@ type Metrics struct {
 	CNIDuration  *prometheus.HistogramVec
 	CloudCalls   *prometheus.CounterVec
 	CloudLatency *prometheus.HistogramVec
+	// Repairs counts pieces of the datapath put back, by kind (route,
+	// neighbour, link, rule, nat, node, rewired).
+	Repairs *prometheus.CounterVec
+	// Reconciles counts node reconciles by what started them (start,
+	// watch, timer, sync).
+	Reconciles *prometheus.CounterVec
+	// PodHealth is the pods' datapath health at the last probe, by
+	// result (healthy, unhealthy).
+	PodHealth *prometheus.GaugeVec
 }
 
 // New registers every instrument.
@@ -55,7 +64,16 @@ func New() *Metrics {
 			Buckets: []float64{.01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
 		}, []string{"op"}),
 	}
-	m.Registry.MustRegister(m.CNIDuration, m.CloudCalls, m.CloudLatency,
+	m.Repairs = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "vpcni_datapath_repairs_total", Help: "Pieces of the node's datapath found missing and put back, by kind.",
+	}, []string{"kind"})
+	m.Reconciles = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "vpcni_datapath_reconciles_total", Help: "Node datapath reconciles, by trigger (start, watch, timer, sync).",
+	}, []string{"trigger"})
+	m.PodHealth = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "vpcni_pod_datapath", Help: "Pod interfaces by the result of their last datapath probe (healthy, unhealthy).",
+	}, []string{"result"})
+	m.Registry.MustRegister(m.Repairs, m.Reconciles, m.PodHealth, m.CNIDuration, m.CloudCalls, m.CloudLatency,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

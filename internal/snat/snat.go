@@ -19,6 +19,7 @@ package snat
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -71,6 +72,21 @@ func (c Config) Validate() error {
 	return errors.Join(errs...)
 }
 
+// rule is the chain's one rule. Masquerade takes the address of the
+// interface the packet leaves by: the uplink's (the node IP), or a
+// secondary NIC's for pods routed through it — the address the cloud's
+// port security allows there.
+const rule = "ip saddr @pods ip daddr != @vpc ip daddr != @exclude masquerade"
+
+// ruleComment marks the rule with a digest of its text, so Sync can tell
+// its own current rule from anything else without parsing nft's output
+// (knftables lists a rule's comment, not its text): a release that changes
+// the rule replaces the old one.
+var ruleComment = func() string {
+	sum := sha256.Sum256([]byte(rule))
+	return fmt.Sprintf("vpcni: pod traffic leaving the VPC goes out as the node [%x]", sum[:4])
+}()
+
 // NAT is the node's SNAT table.
 type NAT struct {
 	nft knftables.Interface
@@ -119,12 +135,19 @@ func (n *NAT) Sync(ctx context.Context, pods []netip.Addr) error {
 	chain := &knftables.Chain{Name: "postrouting", Type: knftables.PtrTo(knftables.NATType),
 		Hook: knftables.PtrTo(knftables.PostroutingHook), Priority: knftables.PtrTo(knftables.SNATPriority)}
 	tx.Add(chain)
-	tx.Flush(chain)
-	// Masquerade takes the address of the interface the packet leaves by:
-	// the uplink's (the node IP), or a secondary NIC's for pods routed
-	// through it — the address the cloud's port security allows there.
-	tx.Add(&knftables.Rule{Chain: "postrouting", Rule: "ip saddr @pods ip daddr != @vpc ip daddr != @exclude masquerade",
-		Comment: knftables.PtrTo("pod traffic leaving the VPC goes out as the node")})
+	// The rule is rewritten only when the chain holds anything else than
+	// it: the agent's kernel watch (kwatch) reconciles on every rule
+	// deleted from a vpcni table, and a reconcile that flushed and re-added
+	// an unchanged rule would kick the next one, forever. (Set elements
+	// are not watched: the sets are simply rewritten.)
+	rules, err := n.nft.ListRules(ctx, "postrouting")
+	if err != nil && !knftables.IsNotFound(err) {
+		return fmt.Errorf("nftables table ip %s: %w", Table, err)
+	}
+	if len(rules) != 1 || rules[0].Comment == nil || *rules[0].Comment != ruleComment {
+		tx.Flush(chain)
+		tx.Add(&knftables.Rule{Chain: "postrouting", Rule: rule, Comment: knftables.PtrTo(ruleComment)})
+	}
 	if err := n.nft.Run(ctx, tx); err != nil {
 		return fmt.Errorf("nftables table ip %s: %w", Table, err)
 	}

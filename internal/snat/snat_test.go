@@ -7,7 +7,9 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/vpcni/vpcni/internal/netnsutil"
 )
@@ -89,6 +91,41 @@ func TestSyncAndRemove(t *testing.T) {
 	if strings.Contains(out, "10.9.9.9") || strings.Contains(out, "10.20.0.7") || !strings.Contains(out, "10.20.0.8") {
 		t.Errorf("Sync did not rewrite the table whole:\n%s", out)
 	}
+	// A Sync that finds the table as it should be deletes nothing the
+	// agent's kernel watch reacts to (a table, chain, set or rule of a
+	// vpcni table): otherwise every reconcile would kick the next.
+	mon := exec.Command("ip", "netns", "exec", ns, "nft", "monitor")
+	events := &lockedBuf{}
+	mon.Stdout = events
+	if err := mon.Start(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond) // nft monitor subscribes after it starts
+	err = netnsutil.Do(netnsutil.Path(ns), func() error {
+		n, err := Open(cfg)
+		if err != nil {
+			return err
+		}
+		return n.Sync(ctx, []netip.Addr{netip.MustParseAddr("10.20.0.8")})
+	})
+	// A marker the monitor must print: it was listening all along.
+	nft(t, ns, "add", "table", "ip", "vpcni_marker")
+	for end := time.Now().Add(3 * time.Second); !strings.Contains(events.String(), "vpcni_marker") && time.Now().Before(end); {
+		time.Sleep(20 * time.Millisecond)
+	}
+	_ = mon.Process.Kill()
+	_ = mon.Wait()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(events.String(), "vpcni_marker") {
+		t.Fatalf("nft monitor saw nothing:\n%s", events.String())
+	}
+	for _, line := range strings.Split(events.String(), "\n") {
+		if strings.HasPrefix(line, "delete ") && !strings.HasPrefix(line, "delete element") {
+			t.Errorf("an unchanged Sync deleted %q", line)
+		}
+	}
 	for range 2 {
 		if err := netnsutil.Do(netnsutil.Path(ns), func() error { return Remove(ctx) }); err != nil {
 			t.Fatalf("Remove: %v", err)
@@ -113,4 +150,22 @@ func TestValidate(t *testing.T) {
 			t.Errorf("Validate = %v, want %q", err, want)
 		}
 	}
+}
+
+// lockedBuf is an io.Writer the test reads while a child writes to it.
+type lockedBuf struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuf) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuf) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }

@@ -57,14 +57,14 @@ func (b *Bridge) Reconcile(_ context.Context, want datapath.Desired) (rep datapa
 			if err := netlink.LinkSetMasterByIndex(link, br.Attrs().Index); err != nil {
 				fail(fmt.Errorf("put %s back on %s: %w", name, b.name, err))
 			} else {
-				rep.Repaired = append(rep.Repaired, fmt.Sprintf("%s: host veth %s back on %s", a.Key(), name, b.name))
+				rep.AddRepair(datapath.RepairLink, "%s: host veth %s back on %s", a.Key(), name, b.name)
 			}
 		}
 		if link.Attrs().Flags&net.FlagUp == 0 {
 			if err := netlink.LinkSetUp(link); err != nil {
 				fail(fmt.Errorf("set %s up: %w", name, err))
 			} else {
-				rep.Repaired = append(rep.Repaired, fmt.Sprintf("%s: host veth %s was down", a.Key(), name))
+				rep.AddRepair(datapath.RepairLink, "%s: host veth %s was down", a.Key(), name)
 			}
 		}
 	}
@@ -114,6 +114,6 @@ func (b *Bridge) repairNode(byName map[string]netlink.Link, rep *datapath.Report
 		rep.Failed = append(rep.Failed, fmt.Sprintf("node (%s): %v", strings.Join(off, ", "), err))
 		return nil
 	}
-	rep.Repaired = append(rep.Repaired, "node: "+strings.Join(off, ", "))
+	rep.AddRepair(datapath.RepairNode, "node: %s", strings.Join(off, ", "))
 	return nbr
 }

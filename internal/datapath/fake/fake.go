@@ -140,7 +140,7 @@ func (d *Datapath) Reconcile(_ context.Context, want datapath.Desired) (datapath
 		if !l.route {
 			l.route = true
 			d.links[a.Key()] = l
-			rep.Repaired = append(rep.Repaired, a.Key()+": route")
+			rep.AddRepair(datapath.RepairRoute, "%s: route", a.Key())
 		}
 	}
 	for k := range d.links {

@@ -39,7 +39,7 @@ func (p *Path) Reconcile(want, leave []*alloc.Allocation) (rep datapath.Report, 
 	if changed, err := EnsureNAT(); err != nil {
 		fail(err)
 	} else if changed {
-		rep.Repaired = append(rep.Repaired, "nftables table ip "+NATTable)
+		rep.AddRepair(datapath.RepairNAT, "nftables table ip %s", NATTable)
 	}
 
 	ours := map[string]netlink.Link{}
@@ -80,14 +80,14 @@ func (p *Path) Reconcile(want, leave []*alloc.Allocation) (rep datapath.Report, 
 			if err := netlink.LinkSetUp(link); err != nil {
 				fail(fmt.Errorf("set %s up: %w", name, err))
 			} else {
-				rep.Repaired = append(rep.Repaired, fmt.Sprintf("%s: service veth %s was down", a.Key(), name))
+				rep.AddRepair(datapath.RepairLink, "%s: service veth %s was down", a.Key(), name)
 			}
 		}
 		if !routed[link.Attrs().Index][a.Address] {
 			if err := netlink.RouteReplace(hostRoute(link.Attrs().Index, a.Address)); err != nil {
 				fail(fmt.Errorf("route %s/32 dev %s: %w", a.Address, name, err))
 			} else {
-				rep.Repaired = append(rep.Repaired, fmt.Sprintf("%s: route %s/32 dev %s", a.Key(), a.Address, name))
+				rep.AddRepair(datapath.RepairRoute, "%s: route %s/32 dev %s", a.Key(), a.Address, name)
 			}
 		}
 	}

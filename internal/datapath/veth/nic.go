@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/vpcni/vpcni/internal/alloc"
+	"github.com/vpcni/vpcni/internal/datapath"
 	"github.com/vpcni/vpcni/internal/datapath/nlutil"
 )
 
@@ -296,28 +297,28 @@ func (v *Veth) reconcileNICs(links []netlink.Link, want []*alloc.Allocation, idl
 				rep.fail(fmt.Errorf("%s: %w", a.Key(), err))
 				continue
 			}
-			rep.repaired("%s: NIC %s table %d", a.Key(), link.Attrs().Name, table)
+			rep.repaired(datapath.RepairRoute, "%s: NIC %s table %d", a.Key(), link.Attrs().Name, table)
 		}
 		if !hasLocalPodsRule(rules) {
 			if err := addRule(localPodsRule()); err != nil {
 				rep.fail(err)
 			} else {
 				rules = append(rules, *localPodsRule())
-				rep.repaired("rule %d to local pods", ruleLocalPods)
+				rep.repaired(datapath.RepairRule, "rule %d to local pods", ruleLocalPods)
 			}
 		}
 		if !hasRule(rules, a.Address, table) {
 			if err := addRule(fromRule(a.Address, table)); err != nil {
 				rep.fail(fmt.Errorf("%s: %w", a.Key(), err))
 			} else {
-				rep.repaired("%s: rule %d from %s lookup %d", a.Key(), ruleFromPod, a.Address, table)
+				rep.repaired(datapath.RepairRule, "%s: rule %d from %s lookup %d", a.Key(), ruleFromPod, a.Address, table)
 			}
 		}
 		if !v.hasProxyOn(link.Attrs().Index, a.Address) {
 			if err := netlink.NeighSet(proxyOn(link.Attrs().Index, a.Address)); err != nil {
 				rep.fail(fmt.Errorf("proxy ARP entry %s on %s: %w", a.Address, link.Attrs().Name, err))
 			} else {
-				rep.repaired("%s: proxy ARP entry %s on NIC %s", a.Key(), a.Address, link.Attrs().Name)
+				rep.repaired(datapath.RepairNeighbour, "%s: proxy ARP entry %s on NIC %s", a.Key(), a.Address, link.Attrs().Name)
 			}
 		}
 	}

@@ -84,14 +84,14 @@ func (v *Veth) Reconcile(_ context.Context, want datapath.Desired) (rep datapath
 			if err := netlink.LinkSetUp(link); err != nil {
 				fail(fmt.Errorf("set %s up: %w", name, err))
 			} else {
-				rep.Repaired = append(rep.Repaired, fmt.Sprintf("%s: host veth %s was down", a.Key(), name))
+				rep.AddRepair(datapath.RepairLink, "%s: host veth %s was down", a.Key(), name)
 			}
 		}
 		if r, ok := routed[a.Address]; !ok || r.LinkIndex != link.Attrs().Index {
 			if err := netlink.RouteReplace(v.hostRoute(link.Attrs().Index, a.Address)); err != nil {
 				fail(fmt.Errorf("route %s/32 dev %s: %w", a.Address, name, err))
 			} else {
-				rep.Repaired = append(rep.Repaired, fmt.Sprintf("%s: route %s/32 dev %s", a.Key(), a.Address, name))
+				rep.AddRepair(datapath.RepairRoute, "%s: route %s/32 dev %s", a.Key(), a.Address, name)
 			}
 		}
 		if a.NIC != nil {
@@ -101,7 +101,7 @@ func (v *Veth) Reconcile(_ context.Context, want datapath.Desired) (rep datapath
 			if err := netlink.NeighSet(v.proxyEntry(a.Address)); err != nil {
 				fail(fmt.Errorf("proxy ARP entry %s on %s: %w", a.Address, v.Uplink, err))
 			} else {
-				rep.Repaired = append(rep.Repaired, fmt.Sprintf("%s: proxy ARP entry %s on %s", a.Key(), a.Address, v.Uplink))
+				rep.AddRepair(datapath.RepairNeighbour, "%s: proxy ARP entry %s on %s", a.Key(), a.Address, v.Uplink)
 			}
 		}
 	}
@@ -170,8 +170,8 @@ func (v *Veth) Reconcile(_ context.Context, want datapath.Desired) (rep datapath
 type reportBuilder struct{ rep *datapath.Report }
 
 func (b *reportBuilder) fail(err error) { b.rep.Failed = append(b.rep.Failed, err.Error()) }
-func (b *reportBuilder) repaired(format string, args ...any) {
-	b.rep.Repaired = append(b.rep.Repaired, fmt.Sprintf(format, args...))
+func (b *reportBuilder) repaired(kind datapath.RepairKind, format string, args ...any) {
+	b.rep.AddRepair(kind, format, args...)
 }
 func (b *reportBuilder) removed(format string, args ...any) {
 	b.rep.Removed = append(b.rep.Removed, fmt.Sprintf(format, args...))
