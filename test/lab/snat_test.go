@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -23,8 +24,8 @@ import (
 // TestSNAT: with snat.enabled the external host (outside the VPC, behind a
 // router that does not SNAT) sees a pod's connection come from the pod's
 // node; without it, from the pod's own address. Traffic inside the VPC
-// keeps the pod's address either way. Switching SNAT off, and
-// `vpcnictl uninstall-cni`, leave no table behind.
+// keeps the pod's address either way. A hand-flushed chain is put back;
+// switching SNAT off, and `vpcnictl uninstall-cni`, leave no table behind.
 func TestSNAT(t *testing.T) {
 	c, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -37,6 +38,7 @@ func TestSNAT(t *testing.T) {
 		cfg.Provider = config.Provider{Type: "openstack", Settings: &openstack.Config{Endpoint: fmt.Sprintf("http://127.0.0.1:%d/", lab.EndpointPort), SubnetID: l.SubnetID}}
 		if cfg.NodeName == "n1" {
 			cfg.SNAT = on
+			cfg.LogLevel = "debug" // each reconcile is logged: counted below
 		}
 	})
 	pods := []labPod{addPod(t, c, l, nodes[0], "0"), addPod(t, c, l, nodes[1], "1")}
@@ -68,15 +70,38 @@ func TestSNAT(t *testing.T) {
 	if out := table(1); out != "" {
 		t.Errorf("n2 (SNAT off) has a table:\n%s", out)
 	}
-	// Level-triggered: a hand-flushed chain comes back with the next
-	// reconcile (after the next provider sync; a restart is one).
+	// The agent logs each node reconcile (debug): counted below.
+	reconciles := func() int {
+		data, err := os.ReadFile(nodes[0].agent.LogPath)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.Count(string(data), `msg="node reconciled"`)
+	}
+	beforeFlush := reconciles()
+	// Self-healing: the chain flushed by hand is put back by the agent's
+	// next reconcile (the kernel watch sees a rule deleted from a vpcni
+	// table; selfHeal.period catches it otherwise).
 	if err := netnsutil.Exec(l.Nodes[0].NS, "nft", "flush", "chain", "ip", snat.Table, "postrouting"); err != nil {
 		t.Fatal(err)
 	}
-	expectSource(t, c, "pod on n1 with the chain flushed by hand", pods[0].ns, l.External.IP, pods[0].ip)
-	nodes[0].restart(t)
-	waitFor(t, c, "n1's SNAT rule back after a restart", func() bool { return strings.Contains(table(0), "@exclude masquerade") })
+	flushed := time.Now()
+	waitFor(t, c, "n1's SNAT rule back after a hand flush", func() bool { return strings.Contains(table(0), "@exclude masquerade") })
+	t.Logf("SNAT rule flushed by hand was back after %s", time.Since(flushed).Round(time.Millisecond))
 	expectSource(t, c, "pod on n1 after the repair", pods[0].ns, l.External.IP, l.Nodes[0].IP)
+	if reconciles() == beforeFlush {
+		t.Fatal("no reconcile logged for the repair: the count below would prove nothing")
+	}
+	// Idle, the agent does not reconcile over and over: its own table
+	// writes must not look like damage to its kernel watch.
+	before := reconciles()
+	time.Sleep(2 * time.Second)
+	if n := reconciles() - before; n > 1 {
+		t.Errorf("n1 reconciled %d times in 2 idle seconds: its SNAT writes kick its own kernel watch", n)
+	}
+	// A restart keeps it (the table is written before the socket serves).
+	nodes[0].restart(t)
+	expectSource(t, c, "pod on n1 after a restart", pods[0].ns, l.External.IP, l.Nodes[0].IP)
 
 	// SNAT switched off: the agent removes its table at start.
 	if err := nodes[0].agent.Stop(); err != nil {
