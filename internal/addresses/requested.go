@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"time"
@@ -64,6 +65,7 @@ func (m *Manager) TakeAddress(ctx context.Context, owner string, ip netip.Addr) 
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	delete(m.giveBack, ip) // its pod came back here before it could leave
 	_ = m.pool.AddFree(ip)
 	m.leases[ip] = got[i]
 	if err := m.pool.Claim(ip, owner); err != nil {
@@ -98,9 +100,9 @@ func (m *Manager) claim(owner string, ip netip.Addr) (l alloc.Lease, ok bool, er
 
 // GiveBack releases a requested address straight to the provider once its
 // pod is gone (the store recorded that): it is the pod's, not the node's,
-// so another node may take it at once (the pod started elsewhere). A failed
-// provider call leaves it on the node's port: the next resync adopts it
-// into the pool, and it is given back as surplus in time.
+// so another node may take it at once (the pod started elsewhere). When
+// the provider call fails the address stays out of the pool and Run
+// retries until the provider lets it go.
 func (m *Manager) GiveBack(ctx context.Context, owner string, ip netip.Addr) error {
 	// refillMu keeps a resync from adopting it back between the pool
 	// forgetting it and the provider releasing it.
@@ -115,14 +117,46 @@ func (m *Manager) GiveBack(ctx context.Context, owner string, ip netip.Addr) err
 	_ = m.pool.Remove(ip)
 	delete(m.leases, ip)
 	prov := m.prov
+	m.giveBack[ip] = true
 	m.mu.Unlock()
+	if err := m.release(ctx, prov, []netip.Addr{ip}); err != nil {
+		return fmt.Errorf("give %s back to the provider (retried in the background): %w", ip, err)
+	}
+	return nil
+}
+
+// release gives addresses back to the provider and forgets them in
+// giveBack once it did. The caller holds refillMu.
+func (m *Manager) release(ctx context.Context, prov provider.Provider, ips []netip.Addr) error {
 	if prov == nil {
-		return fmt.Errorf("give %s back: provider not connected; the next resync adopts it", ip)
+		return errors.New("provider not connected")
 	}
 	c, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	if err := prov.Release(c, []netip.Addr{ip}); err != nil {
-		return fmt.Errorf("give %s back to the provider: %w", ip, err)
+	if err := prov.Release(c, ips); err != nil {
+		return err
 	}
+	m.mu.Lock()
+	for _, ip := range ips {
+		delete(m.giveBack, ip)
+	}
+	m.mu.Unlock()
 	return nil
+}
+
+// retryGiveBack retries the requested addresses whose release failed.
+func (m *Manager) retryGiveBack(ctx context.Context) {
+	m.mu.Lock()
+	prov, ips := m.prov, slices.Collect(maps.Keys(m.giveBack))
+	m.mu.Unlock()
+	if prov == nil || len(ips) == 0 {
+		return
+	}
+	m.refillMu.Lock()
+	defer m.refillMu.Unlock()
+	if err := m.release(ctx, prov, ips); err != nil {
+		m.log.Warn("requested addresses still not given back to the provider; retrying", "addresses", ips, "err", err)
+		return
+	}
+	m.log.Info("requested addresses given back to the provider", "addresses", ips)
 }
