@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/netip"
+	"os"
 	"path/filepath"
 	"strings"
 	"time"
@@ -54,8 +55,14 @@ func benchGARP(args []string, out io.Writer) (err error) {
 		return err
 	}
 	defer func() { err = errors.Join(err, l.Close()) }()
+	// A fresh run dir: agents' stores from an earlier run would restore
+	// pods of a lab that is gone.
 	runDir := labDir(*prefix)
-	defer func() { err = errors.Join(err, testbed.StopRecorded(runDir)) }()
+	_ = testbed.StopRecorded(runDir)
+	if err := os.RemoveAll(runDir); err != nil {
+		return err
+	}
+	defer func() { err = errors.Join(err, testbed.StopRecorded(runDir), os.RemoveAll(runDir)) }()
 	fmt.Fprintf(out, "garp-move detail: legacy VM eth0 %s\n", neighParams(l.Legacy.NS))
 	b4 := sn.Addr().As4()
 	var ms [2]time.Duration
