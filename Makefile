@@ -114,6 +114,7 @@ bench: build
 	$(BIN)/vpcnictl bench cni
 	$(BIN)/vpcnictl bench datapath
 	$(BIN)/vpcnictl bench modes
+	$(BIN)/vpcnictl bench garp
 	$(BIN)/vpcnictl bench selfheal
 	@started=0; bash scripts/neutron.sh status >/dev/null 2>&1 || { bash scripts/neutron.sh up && started=1; }; \
 	$(BIN)/vpcnictl bench neutron && $(BIN)/vpcnictl bench pool; rc=$$?; \

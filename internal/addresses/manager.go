@@ -76,6 +76,11 @@ type Manager struct {
 	// then addresses restored as cooling stay cooling: the provider may
 	// have taken them back while the agent was away.
 	synced bool
+	// giveBack: requested addresses whose pods are gone but whose release
+	// to the provider failed. Kept out of the pool (sync does not adopt
+	// them) and retried by Run, so another node can have them once the
+	// cloud answers. Memory only: after a restart sync adopts them as free.
+	giveBack map[netip.Addr]bool
 
 	refillMu     sync.Mutex // one provider refill, resync or trim at a time
 	surplusSince time.Time  // when free first went above MaxFree (zero: not above)
@@ -96,7 +101,7 @@ func New(policy Policy, node string, connect Connect, store Store, log *slog.Log
 	}
 	return &Manager{
 		policy: policy, node: node, connect: connect, store: store, log: log,
-		pool: ipam.NewPool(policy.Cooldown), leases: map[netip.Addr]alloc.Lease{},
+		pool: ipam.NewPool(policy.Cooldown), leases: map[netip.Addr]alloc.Lease{}, giveBack: map[netip.Addr]bool{},
 		providerErr: errConnecting,
 		kick:        make(chan struct{}, 1),
 		tried:       make(chan struct{}),
@@ -435,6 +440,7 @@ func (m *Manager) Run(ctx context.Context) {
 		}
 		m.topUp(ctx)
 		m.trimSurplus(ctx)
+		m.retryGiveBack(ctx)
 		m.probe(ctx)
 		select {
 		case <-ctx.Done():
@@ -520,7 +526,7 @@ func (m *Manager) sync(ctx context.Context, prov provider.Provider) error {
 		}
 	}
 	for _, l := range held {
-		if m.pool.State(l.Address) == ipam.Unknown {
+		if m.pool.State(l.Address) == ipam.Unknown && !m.giveBack[l.Address] {
 			_ = m.pool.AddFree(l.Address)
 			m.leases[l.Address] = l
 		}

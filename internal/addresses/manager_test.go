@@ -55,9 +55,11 @@ func (s *memStore) count() int {
 // unreachable cloud, counting calls.
 type cloud struct {
 	provider.Provider
-	down    atomic.Bool
-	assigns atomic.Int64
-	release atomic.Int64
+	down atomic.Bool
+	// noRelease fails only Release (a cloud that refuses the update).
+	noRelease atomic.Bool
+	assigns   atomic.Int64
+	release   atomic.Int64
 }
 
 var errDown = errors.New("cloud down: " + provider.ErrUnavailable.Error())
@@ -72,7 +74,7 @@ func (c *cloud) Assign(ctx context.Context, r provider.AssignRequest) ([]alloc.L
 
 func (c *cloud) Release(ctx context.Context, a []netip.Addr) error {
 	c.release.Add(1)
-	if c.down.Load() {
+	if c.down.Load() || c.noRelease.Load() {
 		return errDown
 	}
 	return c.Provider.Release(ctx, a)
@@ -442,5 +444,56 @@ func TestBeforeTheFirstSync(t *testing.T) {
 	}
 	if slices.Contains(m.Idle(), gone) {
 		t.Fatalf("%s is still in the pool after the sync", gone)
+	}
+}
+
+// A requested address is the pod's: GiveBack releases it to the provider
+// at once; when the cloud is down it stays out of the pool (a resync does
+// not adopt it as free) and goes back once the cloud answers again.
+func TestGiveBackRetries(t *testing.T) {
+	c := newCloud(t, "10.1.9.0/24")
+	pol := policy()
+	pol.Resync = 30 * time.Millisecond
+	m := addresses.New(pol, "n", connectTo(c), &memStore{cooling: map[netip.Addr]bool{}}, logger())
+	run(t, m)
+	ctx := context.Background()
+	ip := netip.MustParseAddr("10.1.9.77")
+	if l, err := m.TakeAddress(ctx, "pod", ip); err != nil || l.Address != ip {
+		t.Fatalf("TakeAddress(%s) = %+v, %v", ip, l, err)
+	}
+	providerHolds := func() bool {
+		held, err := c.Provider.Held(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return slices.ContainsFunc(held, func(l alloc.Lease) bool { return l.Address == ip })
+	}
+	poolHolds := func() bool {
+		for _, list := range m.Status(time.Now()).Addresses {
+			if slices.Contains(list, ip) {
+				return true
+			}
+		}
+		return false
+	}
+	// The cloud answers but refuses the release: resyncs go on meanwhile
+	// and must not adopt the address as free (another pod could take it
+	// while it is leaving).
+	c.noRelease.Store(true)
+	if err := m.GiveBack(ctx, "pod", ip); err == nil {
+		t.Fatal("GiveBack with the release refused succeeded")
+	}
+	for end := time.Now().Add(5 * pol.Resync); time.Now().Before(end); time.Sleep(time.Millisecond) {
+		if poolHolds() {
+			t.Fatalf("the pool adopted %s, which belongs to a pod that left", ip)
+		}
+	}
+	if !providerHolds() {
+		t.Fatal("the provider let go of the address while it refused releases")
+	}
+	c.noRelease.Store(false)
+	eventually(t, "the address given back once the cloud lets it go", func() bool { return !providerHolds() })
+	if poolHolds() {
+		t.Errorf("the pool holds %s after it went back", ip)
 	}
 }

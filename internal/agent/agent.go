@@ -23,6 +23,7 @@ import (
 	"github.com/vpcni/vpcni/internal/datapath/kwatch"
 	"github.com/vpcni/vpcni/internal/metrics"
 	"github.com/vpcni/vpcni/internal/provider"
+	"github.com/vpcni/vpcni/internal/snat"
 	"github.com/vpcni/vpcni/internal/store"
 )
 
@@ -35,7 +36,8 @@ type Agent struct {
 	dp      datapath.Datapath
 	started time.Time
 	metrics *metrics.Metrics
-	cluster Cluster // nil: no orchestrator
+	cluster Cluster   // nil: no orchestrator
+	snat    *snat.NAT // nil: SNAT off
 
 	locks keyedMutex // one ADD/DEL/CHECK at a time per attachment
 	// wiring is held shared by every change to the datapath together with
@@ -87,7 +89,19 @@ func New(ctx context.Context, cfg config.Config, log *slog.Logger) (_ *Agent, er
 			dp.Close()
 		}
 	}()
-	return newAgent(ctx, cfg, log, st, dp)
+	nat, err := openSNAT(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	a, err := newAgent(ctx, cfg, log, st, dp)
+	if err != nil {
+		return nil, err
+	}
+	if a.snat = nat; nat != nil {
+		// Before the socket serves: restored pods go out as the node at once.
+		a.syncSNAT(ctx, a.records())
+	}
+	return a, nil
 }
 
 // newAgent joins the parts; tests give it a fake datapath.
@@ -289,6 +303,7 @@ func (a *Agent) reconcileNode(ctx context.Context, why string) (broken []string,
 	rep, err := a.dp.Reconcile(ctx, want)
 	a.wiring.Unlock()
 	a.metrics.Reconciles.WithLabelValues(trigger(why)).Inc()
+	a.syncSNAT(ctx, records)
 	for _, r := range rep.Repaired {
 		a.metrics.Repairs.WithLabelValues(string(r.Kind)).Inc()
 		a.log.Warn("datapath repaired", "kind", r.Kind, "missing", r.What, "noticed", why)

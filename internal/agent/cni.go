@@ -31,6 +31,11 @@ type netConf struct {
 	PrevResult any       `json:"prevResult,omitempty"`
 	// ValidAttachments is GC's list of attachments still in use.
 	ValidAttachments []types.GCAttachment `json:"cni.dev/valid-attachments,omitempty"`
+	// RuntimeConfig holds the capabilities the runtime filled in.
+	RuntimeConfig struct {
+		// IPs asks for specific addresses (the "ips" capability).
+		IPs []string `json:"ips,omitempty"`
+	} `json:"runtimeConfig"`
 }
 
 var containerIDRe = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$`)
@@ -104,21 +109,38 @@ func (a *Agent) add(ctx context.Context, req *api.CNIRequest) (*types100.Result,
 	if aerr != nil {
 		return nil, aerr
 	}
+	want, aerr := requestedAddress(req.Args, conf)
+	if aerr != nil {
+		return nil, aerr
+	}
 	rec, unlock, aerr := a.lockRecord(req)
 	if aerr != nil {
 		return nil, aerr
 	}
 	defer unlock()
 	if rec != nil {
+		if want.IsValid() && want != rec.Address {
+			return nil, api.Errorf(api.CodeInvalidEnv, fmt.Sprintf("container %s interface %s already has %s, not the requested %s: DEL it first", rec.ContainerID, rec.IfName, rec.Address, want), "")
+		}
 		return a.readd(ctx, rec, req, conf)
 	}
 
 	start := time.Now()
-	lease, err := a.addrs.Take(ctx, alloc.Key(req.ContainerID, req.IfName))
+	var lease alloc.Lease
+	var err error
+	if want.IsValid() {
+		lease, err = a.addrs.TakeAddress(ctx, alloc.Key(req.ContainerID, req.IfName), want)
+	} else {
+		lease, err = a.addrs.Take(ctx, alloc.Key(req.ContainerID, req.IfName))
+	}
 	if err != nil {
 		var s *addresses.Shortage
-		if errors.As(err, &s) {
+		var bad *addresses.BadRequest
+		switch {
+		case errors.As(err, &s):
 			return nil, api.Errorf(api.CodeTryAgainLater, s.Msg, s.Details)
+		case errors.As(err, &bad):
+			return nil, api.Errorf(api.CodeInvalidEnv, bad.Msg, "")
 		}
 		return nil, api.Errorf(api.CodeInternal, "could not allocate an address", err.Error())
 	}
@@ -126,7 +148,7 @@ func (a *Agent) add(ctx context.Context, req *api.CNIRequest) (*types100.Result,
 	podNS, podName, podUID := k8sPod(req.Args)
 	rec = &alloc.Allocation{
 		ContainerID: req.ContainerID, IfName: req.IfName, Network: conf.Name, Netns: req.Netns, Lease: lease,
-		PodNamespace: podNS, PodName: podName, PodUID: podUID, Created: time.Now().UTC(),
+		PodNamespace: podNS, PodName: podName, PodUID: podUID, Requested: want.IsValid(), Created: time.Now().UTC(),
 	}
 	a.wiring.RLock()
 	defer a.wiring.RUnlock()
@@ -147,7 +169,7 @@ func (a *Agent) add(ctx context.Context, req *api.CNIRequest) (*types100.Result,
 		if err == nil {
 			_ = a.dp.Teardown(ctx, rec)
 		}
-		a.addrs.Untake(rec.Address)
+		a.untake(ctx, rec)
 		return nil, api.Errorf(api.CodeIOFailure, "could not record the allocation; the pod was not wired", perr.Error())
 	}
 	if err != nil {
@@ -156,9 +178,10 @@ func (a *Agent) add(ctx context.Context, req *api.CNIRequest) (*types100.Result,
 			a.log.Error("could not drop the record of a failed ADD", "container", rec.ContainerID, "err", derr)
 			return nil, setupError(err)
 		}
-		a.addrs.Untake(rec.Address)
+		a.untake(ctx, rec)
 		return nil, setupError(err)
 	}
+	a.snatPod(ctx, rec.Address)
 	rec.Wiring, rec.Ready = &wired, true
 	// Marking the record ready is not waited for: it only changes the
 	// record if it is still this one (a DEL may follow at once), and a
@@ -278,8 +301,18 @@ func (a *Agent) release(ctx context.Context, rec *alloc.Allocation) error {
 		return err
 	}
 	now := time.Now()
-	if err := a.store.Release(rec, a.addrs.CoolUntil(now)); err != nil {
+	until := a.addrs.CoolUntil(now)
+	if rec.Requested {
+		until = time.Time{} // it leaves the node: nothing cools here
+	}
+	if err := a.store.Release(rec, until); err != nil {
 		return fmt.Errorf("update allocation store: %w", err)
+	}
+	if rec.Requested {
+		if err := a.addrs.GiveBack(ctx, rec.Key(), rec.Address); err != nil {
+			a.log.Error("requested address not given back to the provider", "address", rec.Address, "record", rec.Key(), "err", err)
+		}
+		return nil
 	}
 	if err := a.addrs.Release(rec.Key(), rec.Address, now); err != nil {
 		a.log.Error("address not returned to the pool", "address", rec.Address, "record", rec.Key(), "err", err)

@@ -66,6 +66,11 @@ type Allocation struct {
 	PodNamespace string `json:"podNamespace,omitempty"`
 	PodName      string `json:"podName,omitempty"`
 	PodUID       string `json:"podUID,omitempty"`
+	// Requested: the runtime asked for this address by name (CNI_ARGS
+	// IP=, or the ips capability). It is the pod's, not the node's pool's:
+	// DEL gives it straight back to the provider, without a cooldown, so
+	// the pod may take it on another node at once.
+	Requested bool `json:"requested,omitempty"`
 	// Wiring is what the datapath made (nil until a wiring was recorded:
 	// the ADD is in flight, or the record predates wirings).
 	Wiring *Wiring `json:"wiring,omitempty"`

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"sigs.k8s.io/yaml"
+
+	"github.com/vpcni/vpcni/internal/snat"
 )
 
 // Config is the whole agent configuration.
@@ -46,6 +48,8 @@ type Config struct {
 	Pool       Pool       `json:"pool"`
 	Provider   Provider   `json:"provider"`
 	Kubernetes Kubernetes `json:"kubernetes"`
+	// SNAT masquerades pod traffic leaving the VPC (off by default).
+	SNAT snat.Config `json:"snat"`
 }
 
 // Kubernetes connects the agent to the cluster: pod annotations, events on
@@ -291,5 +295,6 @@ func (c *Config) Validate() error {
 		bad("pool.batchSize", "%d must be at least 1", c.Pool.BatchSize)
 	}
 	errs = append(errs, c.Provider.validate()...)
+	errs = append(errs, validateSection("snat", nopDefaults{c.SNAT})...)
 	return errors.Join(errs...)
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/vpcni/vpcni/internal/datapath"
 	"github.com/vpcni/vpcni/internal/provider"
+	"github.com/vpcni/vpcni/internal/snat"
 )
 
 // Provider picks where addresses come from and holds that provider's own
@@ -163,3 +164,9 @@ func validateSection(path string, s settings) []error {
 	}
 	return out
 }
+
+// nopDefaults is a section whose defaults are its zero value (snat), for
+// validateSection's naming of its fields.
+type nopDefaults struct{ snat.Config }
+
+func (nopDefaults) Defaults() {}

@@ -1,6 +1,7 @@
 package ctl
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -13,12 +14,14 @@ import (
 
 	"github.com/vpcni/vpcni/internal/config"
 	"github.com/vpcni/vpcni/internal/datapath"
+	"github.com/vpcni/vpcni/internal/snat"
 )
 
 // uninstallCNI undoes install-cni: the conflist goes first (the runtime
 // stops sending new pods to vpcni), then the plugin; with --agent-config
-// the datapath mode of that config gives the node back what it changed
-// (bridge mode: the uplink's addresses, routes, neighbours and MTU).
+// vpcni's SNAT table is deleted and the datapath mode of that config gives
+// the node back what it changed (bridge mode: the uplink's addresses,
+// routes, neighbours and MTU).
 // Idempotent: what is already gone is fine.
 func uninstallCNI(args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("uninstall-cni", flag.ContinueOnError)
@@ -45,15 +48,20 @@ func uninstallCNI(args []string, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if mode.Uninstall == nil {
-		fmt.Fprintf(out, "datapath %s changed nothing on the node to undo\n", cfg.Datapath.Mode)
-		return nil
-	}
 	// A running agent would take the node over again at its next start or
 	// repair: it must be stopped for good first.
 	if c, err := net.DialTimeout("unix", cfg.SocketPath, time.Second); err == nil {
 		c.Close()
-		return fmt.Errorf("vpcnid still serves on %s: stop it before undoing datapath %s", cfg.SocketPath, cfg.Datapath.Mode)
+		return fmt.Errorf("vpcnid still serves on %s: stop it before undoing what it changed on the node", cfg.SocketPath)
+	}
+	// The SNAT table goes whatever the config says now: an earlier one may
+	// have had SNAT on.
+	if err := snat.Remove(context.Background()); err != nil {
+		return fmt.Errorf("undo SNAT: %w", err)
+	}
+	if mode.Uninstall == nil {
+		fmt.Fprintf(out, "datapath %s changed nothing on the node to undo\n", cfg.Datapath.Mode)
+		return nil
 	}
 	if err := mode.Uninstall(datapath.Node{Uplink: cfg.Uplink, MTU: cfg.MTU}, cfg.Datapath.Settings); err != nil {
 		return fmt.Errorf("undo datapath %s on the node: %w", cfg.Datapath.Mode, err)

@@ -159,7 +159,8 @@ func Up(ctx context.Context, cfg Config) (_ *Lab, err error) {
 
 // External side: floating IPs come from 203.0.113.0/24 (a documentation
 // range, only ever inside the lab's namespaces); the router holds .1 on
-// ext0 towards an external host at .254.
+// ext0 towards an external host at .254, which routes the tenant subnet
+// back via .1 (no SNAT on the router).
 const extCIDR = "203.0.113.0/24"
 
 func (l *Lab) external(ctx context.Context) error {
@@ -190,7 +191,14 @@ func (l *Lab) external(ctx context.Context) error {
 			return err
 		}
 	}
-	for _, c := range [][]string{{"ip", "addr", "add", "203.0.113.254/24", "dev", "eth0"}, {"ip", "link", "set", "eth0", "up"}} {
+	// The router routes the tenant subnet out without NAT, and the
+	// external host routes it back: a cloud whose router does not SNAT
+	// (or a provider network). So the external host sees whatever source
+	// a packet leaves the VPC with — a pod's own address, or its node's
+	// when vpcni's SNAT is on (what the SNAT test looks at). Neutron's
+	// router would SNAT the subnet to its gateway; the lab leaves that out.
+	for _, c := range [][]string{{"ip", "addr", "add", "203.0.113.254/24", "dev", "eth0"}, {"ip", "link", "set", "eth0", "up"},
+		{"ip", "route", "add", l.Subnet.String(), "via", gw}} {
 		if err := netnsutil.Exec(l.External.NS, c...); err != nil {
 			return err
 		}

@@ -177,3 +177,17 @@ func checksum(b []byte) uint16 {
 	}
 	return ^uint16(s)
 }
+
+// FirstAnsweredAfter is when the first probe sent at or after t that was
+// answered went out (ok false: none yet): when a path cut at t works
+// again, to within one probe interval and the round trip.
+func (p *Pinger) FirstAnsweredAfter(t time.Time) (time.Time, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for i, s := range p.sent {
+		if !s.Before(t) && p.answer[uint16(i)] {
+			return s, true
+		}
+	}
+	return time.Time{}, false
+}

@@ -64,6 +64,9 @@ var (
 	ErrExhausted = errors.New("no more addresses can be obtained")
 	// ErrTaken: a specific address asked for is held by someone else.
 	ErrTaken = errors.New("address is already taken")
+	// ErrOutside: a specific address asked for is outside the provider's
+	// subnet or ranges; it can never be the node's.
+	ErrOutside = errors.New("address is outside the provider's subnet or ranges")
 	// ErrUnavailable: the provider's endpoint cannot be reached right now.
 	ErrUnavailable = errors.New("provider endpoint unavailable")
 )

@@ -341,7 +341,7 @@ func (p *Provider) assignLocked(ctx context.Context, req provider.AssignRequest)
 		if p.subnet.Contains(a) {
 			explicit[a] = true
 		} else {
-			errs = append(errs, fmt.Errorf("%s is outside subnet %s", a, p.subnet))
+			errs = append(errs, fmt.Errorf("%s is outside subnet %s: %w", a, p.subnet, provider.ErrOutside))
 		}
 	}
 	need := max(req.Count, 0)

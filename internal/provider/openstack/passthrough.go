@@ -65,7 +65,7 @@ func (p *Provider) assignPassthrough(ctx context.Context, req provider.AssignReq
 		case ok:
 			out = append(out, p.nicLease(a, n))
 		case !p.subnet.Contains(a):
-			errs = append(errs, fmt.Errorf("%s is outside subnet %s", a, p.subnet))
+			errs = append(errs, fmt.Errorf("%s is outside subnet %s: %w", a, p.subnet, provider.ErrOutside))
 		default:
 			specs = append(specs, []ports.IP{{SubnetID: p.cfg.SubnetID, IPAddress: a.String()}})
 		}

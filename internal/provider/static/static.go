@@ -132,7 +132,7 @@ func (p *Provider) Assign(_ context.Context, req provider.AssignRequest) ([]allo
 		case p.held[a]:
 			errs = append(errs, fmt.Errorf("%s: %w", a, provider.ErrTaken))
 		case !p.usable(a):
-			errs = append(errs, fmt.Errorf("%s is not in the configured ranges", a))
+			errs = append(errs, fmt.Errorf("%s is not in the configured ranges: %w", a, provider.ErrOutside))
 		default:
 			p.held[a] = true
 			got = append(got, a)

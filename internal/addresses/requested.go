@@ -1,0 +1,162 @@
+package addresses
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"net/netip"
+	"slices"
+	"time"
+
+	"github.com/vpcni/vpcni/internal/alloc"
+	"github.com/vpcni/vpcni/internal/ipam"
+	"github.com/vpcni/vpcni/internal/provider"
+)
+
+// BadRequest is TakeAddress's failure for an address the node can never
+// have (outside the provider's subnet or ranges): retrying will not help.
+type BadRequest struct{ Msg string }
+
+func (b *BadRequest) Error() string { return b.Msg }
+
+// TakeAddress allocates one address asked for by name (a pod's own fixed
+// IP, following it from node to node) to owner. Free here: taken at once.
+// Cooling here: taken too — the rest protects a different pod from stale
+// state elsewhere, and a request names this address on purpose. Not held
+// by the node: asked of the provider, which refuses it while another node
+// or port holds it (a Shortage: try again later, once that one gave it
+// back). Held by another pod here: a Shortage as well. A repeated request
+// of the same owner returns its lease.
+func (m *Manager) TakeAddress(ctx context.Context, owner string, ip netip.Addr) (alloc.Lease, error) {
+	select {
+	case <-m.tried: // the provider is connected, or its first attempt failed
+	case <-ctx.Done():
+		return alloc.Lease{}, ctx.Err()
+	}
+	if l, ok, err := m.claim(owner, ip); ok || err != nil {
+		return l, err
+	}
+	m.refillMu.Lock()
+	defer m.refillMu.Unlock()
+	// A refill may have brought it in while this waited.
+	if l, ok, err := m.claim(owner, ip); ok || err != nil {
+		return l, err
+	}
+	prov := m.provider()
+	if prov == nil {
+		m.mu.Lock()
+		perr := m.providerErr
+		m.mu.Unlock()
+		return alloc.Lease{}, &Shortage{Msg: fmt.Sprintf("requested address %s: the provider is not connected; try again later", ip), Details: fmt.Sprint(perr)}
+	}
+	got, err := prov.Assign(ctx, provider.AssignRequest{Addresses: []netip.Addr{ip}})
+	i := slices.IndexFunc(got, func(l alloc.Lease) bool { return l.Address == ip })
+	if i < 0 {
+		switch {
+		case errors.Is(err, provider.ErrOutside):
+			return alloc.Lease{}, &BadRequest{Msg: fmt.Sprintf("requested address %s cannot be a pod address on node %s: %v", ip, m.node, err)}
+		case errors.Is(err, provider.ErrTaken):
+			return alloc.Lease{}, &Shortage{Msg: fmt.Sprintf("requested address %s is held by another node or port; try again once it is given back", ip), Details: err.Error()}
+		case err == nil:
+			err = errors.New("the provider returned without it")
+		}
+		return alloc.Lease{}, &Shortage{Msg: fmt.Sprintf("requested address %s could not be obtained; try again later", ip), Details: err.Error()}
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	delete(m.giveBack, ip) // its pod came back here before it could leave
+	_ = m.pool.AddFree(ip)
+	m.leases[ip] = got[i]
+	if err := m.pool.Claim(ip, owner); err != nil {
+		return alloc.Lease{}, fmt.Errorf("requested address %s: %w", ip, err)
+	}
+	return got[i], nil
+}
+
+// claim takes ip for owner if the pool holds it; ok is false when the
+// pool does not.
+func (m *Manager) claim(owner string, ip netip.Addr) (l alloc.Lease, ok bool, err error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	switch m.pool.State(ip) {
+	case ipam.Unknown:
+		return alloc.Lease{}, false, nil
+	case ipam.Allocated:
+		if cur := m.pool.Owner(ip); cur != owner {
+			return alloc.Lease{}, false, &Shortage{Msg: fmt.Sprintf("requested address %s is in use by %s on node %s; try again once it is released", ip, cur, m.node)}
+		}
+		return m.leases[ip], true, nil
+	case ipam.Cooling:
+		_ = m.pool.Remove(ip)
+		_ = m.pool.AddFree(ip)
+		m.uncool = append(m.uncool, ip)
+	}
+	if err := m.pool.Claim(ip, owner); err != nil {
+		return alloc.Lease{}, false, err
+	}
+	return m.leases[ip], true, nil
+}
+
+// GiveBack releases a requested address straight to the provider once its
+// pod is gone (the store recorded that): it is the pod's, not the node's,
+// so another node may take it at once (the pod started elsewhere). When
+// the provider call fails the address stays out of the pool and Run
+// retries until the provider lets it go.
+func (m *Manager) GiveBack(ctx context.Context, owner string, ip netip.Addr) error {
+	// refillMu keeps a resync from adopting it back between the pool
+	// forgetting it and the provider releasing it.
+	m.refillMu.Lock()
+	defer m.refillMu.Unlock()
+	m.mu.Lock()
+	if cur := m.pool.Owner(ip); cur != owner {
+		m.mu.Unlock()
+		return fmt.Errorf("pool gives %s to %q, not %q: left alone", ip, cur, owner)
+	}
+	_ = m.pool.Unallocate(ip)
+	_ = m.pool.Remove(ip)
+	delete(m.leases, ip)
+	prov := m.prov
+	m.giveBack[ip] = true
+	m.mu.Unlock()
+	if err := m.release(ctx, prov, []netip.Addr{ip}); err != nil {
+		return fmt.Errorf("give %s back to the provider (retried in the background): %w", ip, err)
+	}
+	return nil
+}
+
+// release gives addresses back to the provider and forgets them in
+// giveBack once it did. The caller holds refillMu.
+func (m *Manager) release(ctx context.Context, prov provider.Provider, ips []netip.Addr) error {
+	if prov == nil {
+		return errors.New("provider not connected")
+	}
+	c, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := prov.Release(c, ips); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	for _, ip := range ips {
+		delete(m.giveBack, ip)
+	}
+	m.mu.Unlock()
+	return nil
+}
+
+// retryGiveBack retries the requested addresses whose release failed.
+func (m *Manager) retryGiveBack(ctx context.Context) {
+	m.mu.Lock()
+	prov, ips := m.prov, slices.Collect(maps.Keys(m.giveBack))
+	m.mu.Unlock()
+	if prov == nil || len(ips) == 0 {
+		return
+	}
+	m.refillMu.Lock()
+	defer m.refillMu.Unlock()
+	if err := m.release(ctx, prov, ips); err != nil {
+		m.log.Warn("requested addresses still not given back to the provider; retrying", "addresses", ips, "err", err)
+		return
+	}
+	m.log.Info("requested addresses given back to the provider", "addresses", ips)
+}

@@ -1,0 +1,222 @@
+package ctl
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/containernetworking/cni/libcni"
+
+	"github.com/vpcni/vpcni/internal/config"
+	"github.com/vpcni/vpcni/internal/datapath/veth"
+	"github.com/vpcni/vpcni/internal/lab"
+	"github.com/vpcni/vpcni/internal/netnsutil"
+	"github.com/vpcni/vpcni/internal/provider/openstack"
+	"github.com/vpcni/vpcni/internal/testbed"
+)
+
+// benchGARP measures what vpcni's gratuitous ARP buys when a pod's address
+// moves between nodes. On a two-node lab, the legacy VM pings a pod on n1
+// that asked for its address by name; the pod is deleted there (the
+// address goes back to the cloud at once) and added on n2 with the same
+// address. The figure is the legacy VM's outage as it sees it: from the
+// start of the DEL on n1 until the sending of its first probe answered from
+// n2 (to within one probe interval). Once
+// with the agents' gratuitous ARP on, once with it off; each run uses an
+// address the legacy VM has never seen before the run.
+func benchGARP(args []string, out io.Writer) (err error) {
+	fs := flag.NewFlagSet("bench garp", flag.ContinueOnError)
+	prefix := fs.String("prefix", "vpcni-garpbench", "the lab's namespace prefix")
+	subnet := fs.String("subnet", "10.94.0.0/24", "the lab's subnet")
+	every := fs.Duration("every", 10*time.Millisecond, "the legacy VM's probe interval")
+	limit := fs.Duration("limit", 3*time.Minute, "longest wait for the legacy VM to reach the moved pod")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	bin, err := binDir()
+	if err != nil {
+		return err
+	}
+	sn, err := netip.ParsePrefix(*subnet)
+	if err != nil {
+		return usageError{fmt.Sprintf("--subnet %q: %v", *subnet, err)}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2**limit+2*time.Minute)
+	defer cancel()
+	l, err := lab.Up(ctx, lab.Config{Prefix: *prefix, Nodes: 2, Subnet: sn})
+	if err != nil {
+		return err
+	}
+	defer func() { err = errors.Join(err, l.Close()) }()
+	// A fresh run dir: agents' stores from an earlier run would restore
+	// pods of a lab that is gone.
+	runDir := labDir(*prefix)
+	_ = testbed.StopRecorded(runDir)
+	if err := os.RemoveAll(runDir); err != nil {
+		return err
+	}
+	defer func() { err = errors.Join(err, testbed.StopRecorded(runDir), os.RemoveAll(runDir)) }()
+	fmt.Fprintf(out, "garp-move detail: legacy VM eth0 %s\n", neighParams(l.Legacy.NS))
+	b4 := sn.Addr().As4()
+	var ms [2]time.Duration
+	for i, garp := range []bool{true, false} {
+		b4[3] = byte(150 + i)
+		m, err := garpMove(ctx, l, bin, runDir, garp, netip.AddrFrom4(b4), *every, *limit)
+		if err != nil {
+			return fmt.Errorf("move with garp=%v: %w", garp, err)
+		}
+		fmt.Fprintf(out, "garp-move detail: garp=%v %s\n", garp, m)
+		ms[i] = m.outage
+	}
+	fmt.Fprintf(out, "garp-move: with_ms=%d without_ms=%d\n", ms[0].Milliseconds(), ms[1].Milliseconds())
+	return nil
+}
+
+// moveResult is one move as the legacy VM saw it.
+type moveResult struct {
+	outage, del, add, afterAdd time.Duration
+	neigh                      []string // the legacy VM's entry for the address over time
+}
+
+func (m moveResult) String() string {
+	return fmt.Sprintf("outage_ms=%d del_ms=%d add_ms=%d after_add_ms=%d legacy_neigh=[%s]", m.outage.Milliseconds(),
+		m.del.Milliseconds(), m.add.Milliseconds(), m.afterAdd.Milliseconds(), strings.Join(m.neigh, "; "))
+}
+
+// garpMove starts vpcnid on both nodes with gratuitous ARP on or off,
+// moves a pod with address ip from n1 to n2 under the legacy VM's pings,
+// and stops the agents again.
+func garpMove(ctx context.Context, l *lab.Lab, bin, runDir string, garp bool, ip netip.Addr, every, limit time.Duration) (m moveResult, err error) {
+	var clis []*testbed.CNI
+	for _, n := range l.Nodes {
+		cfg := config.Defaults()
+		cfg.NodeName = n.Name
+		cfg.SocketPath = filepath.Join(runDir, n.Name, "vpcnid.sock")
+		cfg.StateDir = filepath.Join(runDir, n.Name, "state")
+		cfg.MetricsAddr = ""
+		cfg.Datapath = config.Datapath{Mode: "veth", Settings: &veth.Settings{GARP: &garp}}
+		cfg.Provider = config.Provider{Type: "openstack", Settings: &openstack.Config{
+			Endpoint: fmt.Sprintf("http://127.0.0.1:%d/", lab.EndpointPort), SubnetID: l.SubnetID}}
+		a, err := testbed.StartAgentIn(runDir, n.NS, bin, cfg)
+		if err != nil {
+			return m, fmt.Errorf("vpcnid on %s: %w", n.Name, err)
+		}
+		defer func() { err = errors.Join(err, a.Stop()) }()
+		cli, err := testbed.NewCNIIn(n.NS, []string{bin}, filepath.Join(runDir, n.Name, "cni-cache"), testbed.VpcniConfList("1.0.0", "vpcni-garp", cfg.SocketPath))
+		if err != nil {
+			return m, err
+		}
+		clis = append(clis, cli)
+	}
+	// The pod on n1, then the same pod (same address) on n2: a fresh
+	// namespace each, as a runtime gives a pod that starts elsewhere.
+	var pods [2]string
+	for i := range pods {
+		pods[i] = fmt.Sprintf("%s-garp%d%d", l.Prefix, ip.As4()[3], i)
+		if err := netnsutil.Add(pods[i]); err != nil {
+			return m, err
+		}
+		defer netnsutil.Delete(pods[i])
+	}
+	rt := func(i int) *libcni.RuntimeConf {
+		r := testbed.Runtime(fmt.Sprintf("garp-%d-%d", ip.As4()[3], i), netnsutil.Path(pods[i]), "eth0", nil)
+		r.Args = append(r.Args, [2]string{"IP", ip.String()})
+		return r
+	}
+	if _, err := clis[0].Add(ctx, rt(0)); err != nil {
+		return m, fmt.Errorf("ADD %s on n1: %w", ip, err)
+	}
+	legacy := netnsutil.Path(l.Legacy.NS)
+	p, err := lab.StartPinger(legacy, ip, every)
+	if err != nil {
+		return m, err
+	}
+	defer p.Stop()
+	if err := p.WaitAnswered(5 * time.Second); err != nil {
+		return m, fmt.Errorf("legacy VM -> %s on n1: %w", ip, err)
+	}
+	// Some traffic first, as a client that talks to the pod would have.
+	time.Sleep(time.Second)
+	m.neigh = append(m.neigh, "before: "+neighOf(l.Legacy.NS, ip))
+
+	start := time.Now()
+	if err := clis[0].Del(ctx, rt(0)); err != nil {
+		return m, fmt.Errorf("DEL %s on n1: %w", ip, err)
+	}
+	_ = netnsutil.Delete(pods[0])
+	deleted := time.Now()
+	if _, err := clis[1].Add(ctx, rt(1)); err != nil {
+		return m, fmt.Errorf("ADD %s on n2: %w", ip, err)
+	}
+	up := time.Now()
+	m.del, m.add = deleted.Sub(start), up.Sub(deleted)
+	m.neigh = append(m.neigh, "after ADD: "+neighOf(l.Legacy.NS, ip))
+	// Watch the legacy VM's neighbour entry change while waiting: the
+	// explanation of the figure without gratuitous ARP.
+	last := ""
+	for end := up.Add(limit); ; {
+		// Once the DEL has returned, the pod on n1 is gone: an answer to a
+		// probe sent after that comes from n2.
+		if t, ok := p.FirstAnsweredAfter(deleted); ok {
+			m.outage, m.afterAdd = t.Sub(start), max(t.Sub(up), 0)
+			break
+		}
+		if time.Now().After(end) {
+			return m, fmt.Errorf("legacy VM did not reach %s on n2 within %s of its ADD (neighbour entry: %s)", ip, limit, neighOf(l.Legacy.NS, ip))
+		}
+		if s := neighState(l.Legacy.NS, ip); s != last {
+			m.neigh = append(m.neigh, fmt.Sprintf("+%dms %s", time.Since(up).Milliseconds(), s))
+			last = s
+		}
+		time.Sleep(every)
+	}
+	m.neigh = append(m.neigh, "reached: "+neighOf(l.Legacy.NS, ip))
+	return m, nil
+}
+
+// neighOf is the legacy VM's neighbour entry for ip ("lladdr MAC STATE").
+func neighOf(ns string, ip netip.Addr) string {
+	out, err := netnsutil.Output(ns, "ip", "neigh", "show", ip.String())
+	if err != nil {
+		return "? " + err.Error()
+	}
+	f := strings.Fields(out)
+	if len(f) > 2 {
+		f = f[3:] // drop "<ip> dev eth0"
+	}
+	return strings.Join(f, " ")
+}
+
+// neighState is the entry's state alone (REACHABLE, STALE, DELAY, ...).
+func neighState(ns string, ip netip.Addr) string {
+	f := strings.Fields(neighOf(ns, ip))
+	if len(f) == 0 {
+		return "none"
+	}
+	if len(f) >= 3 && f[0] == "lladdr" {
+		return f[1] + " " + f[len(f)-1]
+	}
+	return f[len(f)-1]
+}
+
+// neighParams are the legacy VM's neighbour timers the figure without
+// gratuitous ARP comes from (the kernel's defaults: nothing sets them).
+func neighParams(ns string) string {
+	var b strings.Builder
+	for _, f := range []string{"neigh/eth0/base_reachable_time_ms", "neigh/eth0/delay_first_probe_time", "neigh/eth0/ucast_solicit",
+		"neigh/eth0/retrans_time_ms", "neigh/eth0/mcast_resolicit", "neigh/eth0/locktime", "conf/eth0/arp_accept"} {
+		out, err := netnsutil.Output(ns, "cat", "/proc/sys/net/ipv4/"+f)
+		if err != nil {
+			out = "?"
+		}
+		fmt.Fprintf(&b, "%s=%s ", filepath.Base(f), strings.TrimSpace(out))
+	}
+	return strings.TrimSpace(b.String())
+}

@@ -1,0 +1,202 @@
+// Package snat masquerades pod traffic that leaves the VPC to the node's
+// address, for clouds whose router does not SNAT the subnet (an AWS-style
+// VPC maps only a node's primary address to a public one). OpenStack's
+// Neutron router SNATs the whole subnet itself, so there it stays off.
+//
+// It owns one nftables table, ip vpcni_snat, written through
+// sigs.k8s.io/knftables (which runs the nft binary), and never looks at
+// any other table:
+//
+//	set pods     the node's pod addresses (what is masqueraded)
+//	set vpc      snat.vpcCIDRs (never masqueraded: the VPC sees pods by their own IPs)
+//	set exclude  snat.excludeCIDRs (never masqueraded either)
+//	chain postrouting: ip saddr @pods, daddr in neither set -> masquerade
+//
+// Matching the pods' own source addresses, not a CIDR or an interface,
+// leaves the node's own traffic (its address is never a pod's) and every
+// datapath mode's naming alone.
+package snat
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os/exec"
+	"slices"
+
+	"sigs.k8s.io/knftables"
+)
+
+// Table is the name of vpcni's own nftables table (family ip).
+const Table = "vpcni_snat"
+
+// Config is the agent's snat section (vpcnid.yaml `snat:`).
+type Config struct {
+	// Enabled masquerades pod traffic to destinations outside VPCCIDRs and
+	// ExcludeCIDRs to the node's address. Off by default: OpenStack's
+	// router SNATs the subnet already, and a pod keeps its own source
+	// address wherever the network routes it.
+	Enabled bool `json:"enabled"`
+	// VPCCIDRs is the whole VPC (every subnet, peered ones too): traffic
+	// to it keeps the pod's address. Required when enabled — the provider
+	// knows only the node's own subnet, and masquerading traffic to a
+	// sibling subnet would hide the pod from the VPC.
+	VPCCIDRs []netip.Prefix `json:"vpcCIDRs,omitempty"`
+	// ExcludeCIDRs are further destinations reached with the pod's own
+	// address (a VPN, a peered network, an on-premises range).
+	ExcludeCIDRs []netip.Prefix `json:"excludeCIDRs,omitempty"`
+}
+
+// Validate names every bad field, relative to the section.
+func (c Config) Validate() error {
+	var errs []error
+	if c.Enabled && len(c.VPCCIDRs) == 0 {
+		errs = append(errs, errors.New("vpcCIDRs: must list the VPC's CIDRs when SNAT is enabled (traffic to them keeps the pod's address)"))
+	}
+	check := func(field string, list []netip.Prefix) {
+		for i, p := range list {
+			switch {
+			case !p.IsValid():
+				errs = append(errs, fmt.Errorf("%s[%d]: not a CIDR", field, i))
+			case !p.Addr().Is4():
+				errs = append(errs, fmt.Errorf("%s[%d]: %s is not IPv4 (pods are IPv4 only)", field, i, p))
+			case p.Masked() != p:
+				errs = append(errs, fmt.Errorf("%s[%d]: %q has host bits set (did you mean %s?)", field, i, p, p.Masked()))
+			}
+		}
+	}
+	check("vpcCIDRs", c.VPCCIDRs)
+	check("excludeCIDRs", c.ExcludeCIDRs)
+	return errors.Join(errs...)
+}
+
+// rule is the chain's one rule. Masquerade takes the address of the
+// interface the packet leaves by: the uplink's (the node IP), or a
+// secondary NIC's for pods routed through it — the address the cloud's
+// port security allows there.
+const rule = "ip saddr @pods ip daddr != @vpc ip daddr != @exclude masquerade"
+
+// ruleComment marks the rule with a digest of its text, so Sync can tell
+// its own current rule from anything else without parsing nft's output
+// (knftables lists a rule's comment, not its text): a release that changes
+// the rule replaces the old one.
+var ruleComment = func() string {
+	sum := sha256.Sum256([]byte(rule))
+	return fmt.Sprintf("vpcni: pod traffic leaving the VPC goes out as the node [%x]", sum[:4])
+}()
+
+// NAT is the node's SNAT table.
+type NAT struct {
+	nft knftables.Interface
+	cfg Config
+}
+
+// Open connects to nftables in the caller's network namespace. It fails
+// when the nft binary is missing or the kernel lacks nf_tables, saying so.
+func Open(cfg Config) (*NAT, error) {
+	nft, err := knftables.New(knftables.IPv4Family, Table)
+	if err != nil {
+		return nil, fmt.Errorf("snat needs nftables (the nft binary, 1.0.1 or later, and nf_tables in the kernel): %w", err)
+	}
+	return &NAT{nft: nft, cfg: cfg}, nil
+}
+
+// Sync makes the table what it should be for these pod addresses, in one
+// nft transaction (atomic: packets see the old table or the new one):
+// the chain and sets are rewritten whole, so a rule or element someone
+// added or removed by hand is put right (level-triggered).
+func (n *NAT) Sync(ctx context.Context, pods []netip.Addr) error {
+	tx := n.nft.NewTransaction()
+	tx.Add(&knftables.Table{Comment: knftables.PtrTo("vpcni: masquerade pod traffic leaving the VPC")})
+	sets := []struct {
+		name, comment string
+		flags         []knftables.SetFlag
+		elems         []string
+	}{
+		{"pods", "the node's pod addresses", nil, addrs(pods)},
+		{"vpc", "snat.vpcCIDRs: reached with the pod's own address", []knftables.SetFlag{knftables.IntervalFlag}, prefixes(n.cfg.VPCCIDRs)},
+		{"exclude", "snat.excludeCIDRs: reached with the pod's own address", []knftables.SetFlag{knftables.IntervalFlag}, prefixes(n.cfg.ExcludeCIDRs)},
+	}
+	for _, s := range sets {
+		// auto-merge lets overlapping CIDRs in the file coexist in one
+		// interval set instead of failing the transaction.
+		set := &knftables.Set{Name: s.name, Type: "ipv4_addr", Flags: s.flags, Comment: knftables.PtrTo(s.comment)}
+		if len(s.flags) > 0 {
+			set.AutoMerge = knftables.PtrTo(true)
+		}
+		tx.Add(set)
+		tx.Flush(set)
+		for _, e := range s.elems {
+			tx.Add(&knftables.Element{Set: s.name, Key: []string{e}})
+		}
+	}
+	chain := &knftables.Chain{Name: "postrouting", Type: knftables.PtrTo(knftables.NATType),
+		Hook: knftables.PtrTo(knftables.PostroutingHook), Priority: knftables.PtrTo(knftables.SNATPriority)}
+	tx.Add(chain)
+	// The rule is rewritten only when the chain holds anything else than
+	// it: the agent's kernel watch (kwatch) reconciles on every rule
+	// deleted from a vpcni table, and a reconcile that flushed and re-added
+	// an unchanged rule would kick the next one, forever. (Set elements
+	// are not watched: the sets are simply rewritten.)
+	rules, err := n.nft.ListRules(ctx, "postrouting")
+	if err != nil && !knftables.IsNotFound(err) {
+		return fmt.Errorf("nftables table ip %s: %w", Table, err)
+	}
+	if len(rules) != 1 || rules[0].Comment == nil || *rules[0].Comment != ruleComment {
+		tx.Flush(chain)
+		tx.Add(&knftables.Rule{Chain: "postrouting", Rule: rule, Comment: knftables.PtrTo(ruleComment)})
+	}
+	if err := n.nft.Run(ctx, tx); err != nil {
+		return fmt.Errorf("nftables table ip %s: %w", Table, err)
+	}
+	return nil
+}
+
+// Remove deletes vpcni's table (nothing else). Gone already is fine, and
+// so is a node without nft: nothing of vpcni's can be there then.
+func Remove(ctx context.Context) error {
+	if _, err := exec.LookPath("nft"); err != nil {
+		return nil
+	}
+	nft, err := knftables.New(knftables.IPv4Family, Table)
+	if err != nil {
+		return fmt.Errorf("nftables: %w", err)
+	}
+	tx := nft.NewTransaction()
+	tx.Delete(&knftables.Table{})
+	if err := nft.Run(ctx, tx); err != nil && !knftables.IsNotFound(err) {
+		return fmt.Errorf("delete nftables table ip %s: %w", Table, err)
+	}
+	return nil
+}
+
+func addrs(list []netip.Addr) []string {
+	out := make([]string, 0, len(list))
+	for _, a := range list {
+		if a.Is4() {
+			out = append(out, a.String())
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+func prefixes(list []netip.Prefix) []string {
+	out := make([]string, len(list))
+	for i, p := range list {
+		out[i] = p.String()
+	}
+	return out
+}
+
+// AddPod adds one pod address to the pods set (an ADD between two Syncs).
+func (n *NAT) AddPod(ctx context.Context, ip netip.Addr) error {
+	tx := n.nft.NewTransaction()
+	tx.Add(&knftables.Element{Set: "pods", Key: []string{ip.String()}})
+	if err := n.nft.Run(ctx, tx); err != nil {
+		return fmt.Errorf("nftables set ip %s pods: %w", Table, err)
+	}
+	return nil
+}
