@@ -273,7 +273,7 @@ func (a *Agent) takeKick(otherwise string) string {
 // trigger is the metric label for a reconcile's reason.
 func trigger(why string) string {
 	switch why {
-	case "start", "sync", "timer":
+	case "start", "sync", "timer", "snat":
 		return why
 	}
 	return "watch"

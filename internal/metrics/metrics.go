@@ -32,7 +32,7 @@ type Metrics struct {
 	// neighbour, link, rule, nat, node, rewired).
 	Repairs *prometheus.CounterVec
 	// Reconciles counts node reconciles by what started them (start,
-	// watch, timer, sync).
+	// watch, timer, sync, snat: a pod's address not added to the SNAT set).
 	Reconciles *prometheus.CounterVec
 	// PodHealth is the pods' datapath health at the last probe, by
 	// result (healthy, unhealthy).
@@ -68,7 +68,7 @@ func New() *Metrics {
 		Name: "vpcni_datapath_repairs_total", Help: "Pieces of the node's datapath found missing and put back, by kind.",
 	}, []string{"kind"})
 	m.Reconciles = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "vpcni_datapath_reconciles_total", Help: "Node datapath reconciles, by trigger (start, watch, timer, sync).",
+		Name: "vpcni_datapath_reconciles_total", Help: "Node datapath reconciles, by trigger (start, watch, timer, sync, snat).",
 	}, []string{"trigger"})
 	m.PodHealth = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "vpcni_pod_datapath", Help: "Pod interfaces by the result of their last datapath probe (healthy, unhealthy).",

@@ -88,6 +88,17 @@ func withRange(cidr string, exclude ...string) envOpt {
 	}
 }
 
+// withoutSelfHeal turns the agent's kernel watch off and its periodic
+// reconcile down to once a day, for tests of what CHECK, a repeated ADD or
+// a restart find and repair: the watch would put a piece taken by hand
+// back within milliseconds, before they look (TestSelfHeal covers it).
+func withoutSelfHeal() envOpt {
+	return func(c *config.Config) {
+		off := false
+		c.SelfHeal.Watch, c.SelfHeal.Period.Duration = &off, 24*time.Hour
+	}
+}
+
 func withPool(warm, batch int) envOpt {
 	return func(c *config.Config) { c.Pool.WarmTarget, c.Pool.BatchSize = warm, batch }
 }

@@ -129,7 +129,7 @@ func TestLifecycle(t *testing.T) {
 // never saw succeeds.
 func TestRepeatedAddDel(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	e := newEnv(t, withoutSelfHeal())
 	for _, v := range versions {
 		t.Run(v, func(t *testing.T) {
 			c := e.cni(v)

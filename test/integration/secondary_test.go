@@ -35,7 +35,7 @@ const (
 // no rule of the pod or proxy entry; an agent restart puts back a rule
 // removed by hand.
 func TestSecondaryNIC(t *testing.T) {
-	e := newEnv(t, func(c *config.Config) {
+	e := newEnv(t, withoutSelfHeal(), func(c *config.Config) {
 		c.Provider.Settings = &static.Config{Ranges: []static.Range{
 			// One address on the uplink, the rest of the pool on the NIC.
 			{CIDR: "10.78.0.0/24", Gateway: "10.78.0.1", Exclude: []string{"10.78.0.0/26", "10.78.0.65/32", "10.78.0.66/31", "10.78.0.68/30", "10.78.0.72/29", "10.78.0.80/28", "10.78.0.96/27", "10.78.0.128/25"}},
