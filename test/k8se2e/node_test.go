@@ -346,8 +346,7 @@ provider:
     subnetID: %s
     maxAddresses: %d
 `, pool, proxyAddr, n.lab.SubnetID, maxAddresses),
-		"10-vpcni.conflist": fmt.Sprintf(`{"cniVersion": "1.0.0", "name": "vpcni", "plugins": [{"type": "vpcni", "socket": "%s/vpcnid.sock"}]}
-`, hostSocketDir),
+		"10-vpcni.conflist": n.shippedConflist(),
 	}
 	for f, body := range files {
 		if err := os.WriteFile(filepath.Join(ov, f), []byte(body), 0o644); err != nil {
@@ -355,6 +354,30 @@ provider:
 		}
 	}
 	return ov
+}
+
+// shippedConflist is deploy/10-vpcni.conflist, chained plugins and all,
+// with only vpcni's socket moved to this node's host path.
+func (n *node) shippedConflist() string {
+	data, err := os.ReadFile(filepath.Join(repo, "deploy", "10-vpcni.conflist"))
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	var list map[string]any
+	if err := json.Unmarshal(data, &list); err != nil {
+		n.t.Fatal(err)
+	}
+	plugins, _ := list["plugins"].([]any)
+	first, _ := plugins[0].(map[string]any)
+	if first == nil || first["type"] != "vpcni" {
+		n.t.Fatalf("deploy/10-vpcni.conflist: vpcni is not the first plugin: %s", data)
+	}
+	first["socket"] = hostSocketDir + "/vpcnid.sock"
+	out, err := json.MarshalIndent(list, "", "  ")
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	return string(out) + "\n"
 }
 
 type podList struct {
@@ -531,6 +554,7 @@ func TestKubernetesNode(t *testing.T) {
 	t.Log("vpcni-test: node NotReady without a CNI conflist, as it should be")
 
 	n.overlay = n.writeOverlay("5s", 64, true)
+	n.dropNodeChainedPlugins()
 	applied := time.Now()
 	n.mustKubectl("apply", "-k", n.overlay)
 	eventually(t, 3*time.Minute, "node Ready after vpcni is installed", func() (bool, string) {
@@ -564,6 +588,9 @@ func TestKubernetesNode(t *testing.T) {
 			}
 		}
 	})
+	t.Run("chained-plugins-installed", func(t *testing.T) { checkChainedInstalled(t, n) })
+	t.Run("hostport", func(t *testing.T) { checkHostPort(t, n) })
+	t.Run("bandwidth", func(t *testing.T) { checkBandwidth(t, n) })
 	t.Run("delete-releases", func(t *testing.T) { checkDeleteReleases(t, n) })
 	t.Run("agent-restart", func(t *testing.T) { checkAgentRestart(t, n) })
 	t.Run("setup-failure-event", func(t *testing.T) { checkFailureEvent(t, n) })
