@@ -151,7 +151,7 @@ func checkBandwidth(t *testing.T, n *node) bandwidthFigures {
 	if hostIf == "" {
 		t.Fatalf("the agent has no host interface for the iperf pod: %+v", st.Allocations)
 	}
-	qd := mustRun(t, nil, "ip", "-n", nodeNS, "-d", "qdisc", "show", "dev", hostIf)
+	qd := mustRun(t, nil, "tc", "-n", nodeNS, "qdisc", "show", "dev", hostIf)
 	if !strings.Contains(qd, "tbf") || !strings.Contains(qd, "ingress") {
 		t.Fatalf("no tbf (pod ingress) and ingress qdisc (pod egress, to an ifb) on %s:\n%s", hostIf, qd)
 	}
@@ -259,4 +259,51 @@ func iperfRate(t *testing.T, podIP string, reverse bool) float64 {
 	mbit := bytes * 8 / secs / 1e6
 	t.Logf("iperf3 %s (legacy VM %s pod %s): receiver Mbit/s per interval %s; steady %.1f over %.1fs", way, map[bool]string{true: "<-", false: "->"}[reverse], podIP, strings.Join(rates, " "), mbit, secs)
 	return mbit
+}
+
+// checkBandwidthRefused: in a mode whose pod interface is no veth
+// (macvlan), a pod with the bandwidth annotations does not start, and its
+// VpcniSetupFailed event says why and what to do (the agent refuses it
+// before taking an address; vpcni's conflist entry has the bandwidth
+// capability so it sees the limit).
+func checkBandwidthRefused(t *testing.T, n *node, mode string) {
+	n.apply(fmt.Sprintf(iperfManifest, n.env["VPCNI_K8S_IPERF3_IMAGE"], bandwidthLimitMbit))
+	defer n.mustKubectl("delete", "pod", "iperf", "--wait=true")
+	msg := n.waitSetupFailed("iperf")
+	if !strings.Contains(msg, "datapath "+mode+" cannot limit a pod's bandwidth") || !strings.Contains(msg, "remove those annotations") {
+		t.Errorf("the event does not say why and what to do: %s", msg)
+	}
+	if p := n.pods("default", "app=iperf"); len(p) != 1 || p[0].Status.PodIP != "" {
+		t.Errorf("the refused pod has an address: %+v", p)
+	}
+	t.Logf("vpcni-test: %s mode, pod with bandwidth annotations: %s", mode, msg)
+}
+
+// waitSetupFailed waits for a VpcniSetupFailed warning on a pod whose name
+// starts with prefix and returns "pod: message".
+func (n *node) waitSetupFailed(prefix string) string {
+	var msg string
+	eventually(n.t, 2*time.Minute, "a VpcniSetupFailed event on a "+prefix+" pod", func() (bool, string) {
+		var l struct {
+			Items []struct {
+				Message        string `json:"message"`
+				Type           string `json:"type"`
+				InvolvedObject struct {
+					Kind string `json:"kind"`
+					Name string `json:"name"`
+				} `json:"involvedObject"`
+			} `json:"items"`
+		}
+		if err := n.getJSON(&l, "-n", "default", "get", "events", "--field-selector", "reason=VpcniSetupFailed"); err != nil {
+			return false, err.Error()
+		}
+		for _, e := range l.Items {
+			if e.Type == "Warning" && e.InvolvedObject.Kind == "Pod" && strings.HasPrefix(e.InvolvedObject.Name, prefix) {
+				msg = e.InvolvedObject.Name + ": " + e.Message
+				return true, ""
+			}
+		}
+		return false, fmt.Sprintf("%d events", len(l.Items))
+	})
+	return msg
 }

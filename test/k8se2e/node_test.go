@@ -646,6 +646,7 @@ func checkMacvlanMode(t *testing.T, n *node) {
 	}
 	checkPodToPod(t, n, web)
 	checkService(t, n, web)
+	checkBandwidthRefused(t, n, "macvlan")
 	for _, p := range web {
 		ip := netip.MustParseAddr(p.Status.PodIP)
 		if got, err := fetch(legacyNS, netip.AddrPortFrom(ip, 8080), 3*time.Second); err != nil || got != p.Metadata.Name {
@@ -863,30 +864,7 @@ func checkFailureEvent(t *testing.T, n *node) {
 	n.proxy.SetFaults(faultproxy.Faults{ServerError: 1})
 	defer n.proxy.SetFaults(faultproxy.Faults{})
 	n.mustKubectl("scale", "deploy/web", "--replicas=14")
-	var msg string
-	eventually(t, 2*time.Minute, "a VpcniSetupFailed event on a pod", func() (bool, string) {
-		var l struct {
-			Items []struct {
-				Reason         string `json:"reason"`
-				Message        string `json:"message"`
-				Type           string `json:"type"`
-				InvolvedObject struct {
-					Kind string `json:"kind"`
-					Name string `json:"name"`
-				} `json:"involvedObject"`
-			} `json:"items"`
-		}
-		if err := n.getJSON(&l, "-n", "default", "get", "events", "--field-selector", "reason=VpcniSetupFailed"); err != nil {
-			return false, err.Error()
-		}
-		for _, e := range l.Items {
-			if e.Type == "Warning" && e.InvolvedObject.Kind == "Pod" && strings.HasPrefix(e.InvolvedObject.Name, "web-") {
-				msg = e.InvolvedObject.Name + ": " + e.Message
-				return true, ""
-			}
-		}
-		return false, fmt.Sprintf("%d events", len(l.Items))
-	})
+	msg := n.waitSetupFailed("web-")
 	if !strings.Contains(msg, "try again later") || !strings.Contains(msg, "provider") {
 		t.Errorf("the event does not say what failed and what to do: %s", msg)
 	}
