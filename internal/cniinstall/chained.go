@@ -130,12 +130,13 @@ func ask(path string) (about string, versions []string, err error) {
 		return "", nil, err
 	}
 	versions = info.SupportedVersions()
-	// skel prints the about line on stderr when CNI_COMMAND is unset.
+	// skel prints the about line ("CNI <name> plugin <release>") when
+	// CNI_COMMAND is unset; a plugin built without one prints an error.
 	cmd := exec.CommandContext(ctx, path)
 	cmd.Env = []string{}
 	outb, _ := cmd.CombinedOutput()
 	about, _, _ = strings.Cut(strings.TrimSpace(string(outb)), "\n")
-	if about == "" {
+	if !strings.HasPrefix(about, "CNI ") {
 		about = filepath.Base(path) + ", release unknown"
 	}
 	return about, versions, nil
