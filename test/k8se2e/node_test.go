@@ -606,7 +606,8 @@ func TestKubernetesNode(t *testing.T) {
 // cannot allow them otherwise), the ConfigMap selects macvlan, and the
 // DaemonSet rolls. Then pods are wired as macvlan sub-interfaces, reach
 // each other, a Service through the service veth, and are reached from
-// the legacy VM.
+// the legacy VM; a hostPort answers the legacy VM and a bandwidth limit is
+// refused with an event.
 func checkMacvlanMode(t *testing.T, n *node) {
 	n.mustKubectl("-n", "vpcni-system", "scale", "deployment/vpcni-controller", "--replicas=0")
 	n.mustKubectl("delete", "deployment", "web", "--wait=true")
@@ -647,6 +648,11 @@ func checkMacvlanMode(t *testing.T, n *node) {
 	checkPodToPod(t, n, web)
 	checkService(t, n, web)
 	checkBandwidthRefused(t, n, "macvlan")
+	// A hostPort works here too, for a client on the pods' subnet: the pod's
+	// address is the subnet's /24 in the result, so portmap's hairpin SNAT
+	// masquerades such a client to the node, and the pod answers it
+	// through its service veth.
+	checkHostPort(t, n)
 	for _, p := range web {
 		ip := netip.MustParseAddr(p.Status.PodIP)
 		if got, err := fetch(legacyNS, netip.AddrPortFrom(ip, 8080), 3*time.Second); err != nil || got != p.Metadata.Name {
