@@ -19,7 +19,8 @@ build:
 	$(GOBUILD) -o $(BIN)/ ./cmd/vpcni ./cmd/vpcnid ./cmd/vpcnictl ./cmd/vpcni-controller
 
 # The node image for a real Kubernetes node: every cmd/* binary, static, in
-# /usr/local/bin; a docker-save tarball (no registry) for
+# /usr/local/bin; the upstream portmap and bandwidth plugins the conflist
+# chains (scripts/cni-plugins.sh) in /opt/cni-plugins; a docker-save tarball (no registry) for
 # `ctr -n k8s.io images import`. Its name is in $(BIN)/vpcni-image.name.
 IMAGE     ?= vpcni/vpcni:dev
 # The CA bundle the image trusts for HTTPS clouds (Keystone, Neutron).
@@ -27,7 +28,9 @@ CA_BUNDLE ?= /etc/ssl/certs/ca-certificates.crt
 image:
 	rm -rf $(BIN)/image && mkdir -p $(BIN)/image
 	$(GOBUILD) -o $(BIN)/image/ ./cmd/...
+	bash scripts/cni-plugins.sh $(BIN)/cni-plugins
 	$(GO) run ./tools/mkimage -name $(IMAGE) -out $(BIN)/vpcni-image.tar -tree $(BIN)/image:/usr/local/bin -dir /tmp:1777 -entrypoint /usr/local/bin/vpcnid \
+		-tree $(BIN)/cni-plugins:/opt/cni-plugins \
 		$$([ -f $(CA_BUNDLE) ] && echo -file $(CA_BUNDLE):/etc/ssl/certs/ca-certificates.crt:0644)
 	echo $(IMAGE) > $(BIN)/vpcni-image.name
 
@@ -121,7 +124,7 @@ bench: build
 	[ $$started = 1 ] && bash scripts/neutron.sh down; exit $$rc
 	$(BIN)/vpcnictl bench restart
 	$(MAKE) image k8s-build
-	VPCNI_K8S_BENCH=1 VPCNI_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 40m -v -run 'TestK8sBench' ./test/k8se2e 2>&1 | tee /tmp/vpcni-k8s-bench.log | grep -E '^(--- |FAIL|ok|bench:|k8s-bench:)|node_test|bench_test' ; exit $${PIPESTATUS[0]}
+	VPCNI_K8S_BENCH=1 VPCNI_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 40m -v -run 'TestK8sBench' ./test/k8se2e 2>&1 | tee /tmp/vpcni-k8s-bench.log | grep -E '^(--- |FAIL|ok|bench:|k8s-bench:|bandwidth:)|node_test|bench_test|chain_test' ; exit $${PIPESTATUS[0]}
 
 clean:
 	rm -rf $(BIN)

@@ -23,18 +23,10 @@ export PATH=/usr/local/go/bin:$PATH
 # Modules the build and tests use, fetched once.
 go mod download
 
-# Upstream portmap and bandwidth, built from the Go module proxy: Debian's
-# (1.1.1) speak CNI only up to 1.0.0, and vpcni is chained at 1.1.0 too.
+# Upstream portmap and bandwidth (scripts/cni-plugins.sh pins the release):
+# Debian's (1.1.1) speak CNI only up to 1.0.0, and vpcni is chained at 1.1.0 too.
 upstream=/usr/local/lib/vpcni/cni-upstream
-plugins_version=v1.9.1
-if [ "$(cat $upstream/VERSION 2>/dev/null)" != "$plugins_version" ]; then
-  echo "building containernetworking plugins $plugins_version (portmap, bandwidth) into $upstream"
-  mkdir -p "$upstream"
-  GOBIN=$upstream CGO_ENABLED=0 GOFLAGS=-mod=mod go install \
-    github.com/containernetworking/plugins/plugins/meta/portmap@$plugins_version \
-    github.com/containernetworking/plugins/plugins/meta/bandwidth@$plugins_version
-  echo "$plugins_version" > $upstream/VERSION
-fi
+bash "$(dirname "${BASH_SOURCE[0]}")/cni-plugins.sh" "$upstream"
 
 for tool in /usr/lib/cni/ptp /usr/lib/cni/host-local /usr/lib/cni/portmap /usr/lib/cni/bandwidth $upstream/portmap $upstream/bandwidth; do
   [ -x "$tool" ] || { echo "missing $tool after install" >&2; exit 1; }

@@ -18,7 +18,7 @@ CACHE=$CACHE_ROOT/$K8S_VERSION
 STATE=${VPCNI_K8S_STATE:-/var/tmp/vpcni-k8s}
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 GO=${GO:-$(command -v go || echo /usr/local/go/bin/go)}
-APT_PKGS=(containerd runc etcd-server containernetworking-plugins openssl iptables curl bc)
+APT_PKGS=(containerd runc etcd-server containernetworking-plugins openssl iptables curl bc iperf3)
 CRICTL_VERSION=${CRICTL_VERSION:-1.36.0}
 
 log() { printf '[k8s-node %6.2fs] %s\n' "$(elapsed)" "$*" >&2; }
@@ -119,6 +119,30 @@ build_images() {
 	echo "$BUSYBOX_IMAGE" >"$img/busybox.name"
 }
 
+IPERF3_IMAGE=vpcni.local/iperf3:test
+
+# The iperf3 image (the bandwidth e2e's server pod): Debian's iperf3 and the
+# shared libraries it loads, at the paths the loader looks for them. Cheap,
+# so it has its own stamp and does not touch the cached Kubernetes build.
+build_iperf3_image() {
+	local img=$CACHE/images bin key lib args
+	bin=$(command -v iperf3) || die "iperf3 is not installed (apt-get install iperf3)"
+	key="$(dpkg-query -W -f='${Version}' iperf3) $(cat "$REPO"/tools/mkimage/*.go "$REPO"/internal/ociimage/*.go | sha256sum | cut -c1-16)"
+	[ "$(cat "$img/iperf3.stamp" 2>/dev/null)" != "$key" ] || return 0
+	mkdir -p "$img"
+	args=(-name "$IPERF3_IMAGE" -out "$img/iperf3.tar" -entrypoint /usr/bin/iperf3 -cmd -s -dir /tmp:1777
+		-file "$(readlink -f "$bin"):/usr/bin/iperf3:0755")
+	# ldd prints "name => /path (addr)" for libraries and "/path (addr)"
+	# for the loader.
+	for lib in $(ldd "$bin" | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}'); do
+		args+=(-file "$(readlink -f "$lib"):$lib:0755")
+	done
+	"$CACHE/bin/mkimage" "${args[@]}" >/dev/null
+	echo "$IPERF3_IMAGE" >"$img/iperf3.name"
+	echo "$key" >"$img/iperf3.stamp"
+	log "build: iperf3 image $IPERF3_IMAGE ($img/iperf3.tar)"
+}
+
 # What the cached build depends on; `build` is a no-op while it is unchanged.
 build_key() {
 	echo "k8s=$K8S_VERSION crictl=${CRICTL:-1}:$CRICTL_VERSION $("$GO" env GOVERSION)"
@@ -130,6 +154,7 @@ cmd_build() {
 	ensure_apt
 	key=$(build_key)
 	if [ "$(cat "$CACHE/stamp" 2>/dev/null)" = "$key" ]; then
+		build_iperf3_image
 		log "build: up to date ($CACHE)"
 		return
 	fi
@@ -137,6 +162,7 @@ cmd_build() {
 	build_k8s
 	[ "${CRICTL:-1}" = 0 ] || build_crictl
 	build_images
+	build_iperf3_image
 	echo "$key" >"$CACHE/stamp"
 	log "build: done ($CACHE/bin, $CACHE/images)"
 }
@@ -495,8 +521,9 @@ cmd_up() {
 	wait_for 30 "containerd socket" ctr_ version
 	ctr_ images import "$CACHE/images/pause.tar" >/dev/null
 	ctr_ images import "$CACHE/images/busybox.tar" >/dev/null
+	[ ! -f "$CACHE/images/iperf3.tar" ] || ctr_ images import "$CACHE/images/iperf3.tar" >/dev/null
 	for f in ${IMAGES:-}; do ctr_ images import "$f" >/dev/null; done
-	log "containerd up, pause and busybox imported"
+	log "containerd up, pause, busybox and iperf3 imported"
 	wait_for 90 "kube-apiserver ready" apiserver_ready
 	log "kube-apiserver ready"
 
@@ -551,6 +578,7 @@ VPCNI_K8S_KUBELET_ROOT=$KUBELET_ROOT
 VPCNI_K8S_SERVICE_CIDR=$SERVICE_CIDR
 VPCNI_K8S_PAUSE_IMAGE=$PAUSE_IMAGE
 VPCNI_K8S_BUSYBOX_IMAGE=$BUSYBOX_IMAGE
+VPCNI_K8S_IPERF3_IMAGE=$IPERF3_IMAGE
 EOE
 }
 
@@ -691,7 +719,7 @@ usage: scripts/k8s-node.sh build|up|down|status|env|cni bridge|import …|kubect
 
   build    install Debian packages if missing; build Kubernetes (one binary: kube-apiserver,
            kubelet, kube-controller-manager, kube-scheduler, kube-proxy, kubectl), crictl,
-           the pause and busybox images. Cached in /var/cache/vpcni-k8s/<version>.
+           the pause, busybox and iperf3 images. Cached in /var/cache/vpcni-k8s/<version>.
   up       NETNS=<existing netns> [CNI=bridge] [IMAGES="a.tar b.tar"] [NODE_NAME=…] [NODE_IP=…] [WAIT_READY=1]
            run etcd, the control plane, containerd, kubelet and kube-proxy (iptables) in
            that network namespace; state in /var/tmp/vpcni-k8s. No CNI conflist unless

@@ -258,6 +258,37 @@ func TestBadRequests(t *testing.T) {
 	a.checkInvariant(t, n)
 }
 
+// A bandwidth limit asked of a mode whose pod interface is no veth is
+// refused before any address is taken, saying why and what to do; the same
+// mode wires pods that ask for none, and a veth mode takes the limit.
+func TestBandwidthNeedsAPodVeth(t *testing.T) {
+	n := newNode(t, "10.9.3.0/24")
+	n.dp.NoPodVeth.Store(true)
+	a := n.start()
+	ns := n.pod("p1")
+	limited := req("c1", ns)
+	limited.Config = json.RawMessage(`{"cniVersion":"1.0.0","name":"vpcni","runtimeConfig":{"bandwidth":{"ingressRate":50000000,"ingressBurst":4294967295}}}`)
+	_, aerr := a.Add(context.Background(), limited)
+	if aerr == nil || aerr.Code != api.CodeInvalidConfig || !strings.Contains(aerr.Msg, "datapath fake cannot limit a pod's bandwidth") ||
+		!strings.Contains(aerr.Details, "ingress 50000000 bit/s") || !strings.Contains(aerr.Details, "datapath veth or bridge") {
+		t.Fatalf("ADD with a bandwidth limit in a mode without a pod veth = %v, want code 7 saying why and what to do", aerr)
+	}
+	if s := a.addrs.Status(time.Now()); s.Allocated != 0 || n.dp.Calls("Setup") != 0 {
+		t.Fatalf("the refused ADD took an address (%d allocated) or wired (%d setups)", s.Allocated, n.dp.Calls("Setup"))
+	}
+	// No limit (zero rates, as a runtime may pass them): wired as usual.
+	unlimited := req("c2", ns)
+	unlimited.Config = json.RawMessage(`{"cniVersion":"1.0.0","name":"vpcni","runtimeConfig":{"bandwidth":{"ingressRate":0,"egressRate":0}}}`)
+	if _, aerr := a.Add(context.Background(), unlimited); aerr != nil {
+		t.Fatalf("ADD without a limit: %v", aerr)
+	}
+	n.dp.NoPodVeth.Store(false)
+	if _, aerr := a.Add(context.Background(), limited); aerr != nil {
+		t.Fatalf("ADD with a limit in a veth mode: %v", aerr)
+	}
+	a.checkInvariant(t, n)
+}
+
 // Restart: every recorded pod keeps its address; a pod deleted while the
 // agent was away is released; a broken pod is re-wired; an orphan link
 // and a stale piece of an idle address go; an ADD while the restore runs

@@ -31,11 +31,38 @@ type netConf struct {
 	PrevResult any       `json:"prevResult,omitempty"`
 	// ValidAttachments is GC's list of attachments still in use.
 	ValidAttachments []types.GCAttachment `json:"cni.dev/valid-attachments,omitempty"`
-	// RuntimeConfig holds the capabilities the runtime filled in.
+	// RuntimeConfig holds what the runtime passes for the capabilities the
+	// conflist gives vpcni: "ips" (specific addresses asked for) and
+	// "bandwidth" (the pod's kubernetes.io/ingress-bandwidth and
+	// egress-bandwidth annotations).
 	RuntimeConfig struct {
 		// IPs asks for specific addresses (the "ips" capability).
-		IPs []string `json:"ips,omitempty"`
+		IPs       []string `json:"ips,omitempty"`
+		Bandwidth *struct {
+			IngressRate uint64 `json:"ingressRate"`
+			EgressRate  uint64 `json:"egressRate"`
+		} `json:"bandwidth"`
 	} `json:"runtimeConfig"`
+}
+
+// checkBandwidth refuses a pod that asks for a bandwidth limit in a mode
+// where the bandwidth plugin chained after vpcni has no node-side veth to
+// shape. It would fail after vpcni with "container interface eth0 has no
+// veth peer", the address already taken; this says why and what to do,
+// before anything is allocated.
+// (info is asked only then: some modes read the node's links for it.)
+func checkBandwidth(conf *netConf, info func() datapath.Info) *api.Error {
+	bw := conf.RuntimeConfig.Bandwidth
+	if bw == nil || (bw.IngressRate == 0 && bw.EgressRate == 0) {
+		return nil
+	}
+	dp := info()
+	if dp.PodVeth {
+		return nil
+	}
+	return api.Errorf(api.CodeInvalidConfig,
+		fmt.Sprintf("datapath %s cannot limit a pod's bandwidth: the pod's interface is not a veth, so the bandwidth plugin has no node-side end to shape", dp.Mode),
+		fmt.Sprintf("the pod asks for ingress %d bit/s, egress %d bit/s (kubernetes.io/ingress-bandwidth, kubernetes.io/egress-bandwidth): remove those annotations, or run the node in datapath veth or bridge", bw.IngressRate, bw.EgressRate))
 }
 
 var containerIDRe = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$`)
@@ -107,6 +134,9 @@ func (a *Agent) Add(ctx context.Context, req *api.CNIRequest) (*types100.Result,
 func (a *Agent) add(ctx context.Context, req *api.CNIRequest) (*types100.Result, *api.Error) {
 	conf, aerr := parseRequest(req, true, true)
 	if aerr != nil {
+		return nil, aerr
+	}
+	if aerr := checkBandwidth(conf, a.dp.Info); aerr != nil {
 		return nil, aerr
 	}
 	want, aerr := requestedAddress(req.Args, conf)

@@ -18,6 +18,22 @@ import (
 // Conflist checks the network configuration list at src (vpcni first) and
 // writes it as confDir/name.
 func Conflist(src, confDir, name string) (*libcni.NetworkConfigList, error) {
+	list, err := ReadConflist(src)
+	if err != nil {
+		return nil, err
+	}
+	if filepath.Base(name) != name || filepath.Ext(name) != ".conflist" {
+		return nil, fmt.Errorf("conflist name %q must be a file name ending in .conflist", name)
+	}
+	if err := WriteAtomic(confDir, name, list.Bytes, 0o644); err != nil {
+		return nil, fmt.Errorf("install the network configuration: %w", err)
+	}
+	return list, nil
+}
+
+// ReadConflist reads and checks the network configuration list at src:
+// valid, vpcni first.
+func ReadConflist(src string) (*libcni.NetworkConfigList, error) {
 	conf, err := os.ReadFile(src)
 	if err != nil {
 		return nil, err
@@ -28,12 +44,6 @@ func Conflist(src, confDir, name string) (*libcni.NetworkConfigList, error) {
 	}
 	if len(list.Plugins) == 0 || list.Plugins[0].Network.Type != "vpcni" {
 		return nil, fmt.Errorf("%s: the first plugin must be of type vpcni", src)
-	}
-	if filepath.Base(name) != name || filepath.Ext(name) != ".conflist" {
-		return nil, fmt.Errorf("conflist name %q must be a file name ending in .conflist", name)
-	}
-	if err := WriteAtomic(confDir, name, conf, 0o644); err != nil {
-		return nil, fmt.Errorf("install the network configuration: %w", err)
 	}
 	return list, nil
 }

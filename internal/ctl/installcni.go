@@ -24,6 +24,8 @@ func installCNI(args []string, out io.Writer) error {
 	confDir := fs.String("conf-dir", "/host/etc/cni/net.d", "the runtime's CNI conf dir")
 	conflist := fs.String("conflist", "/etc/vpcni/10-vpcni.conflist", "the network configuration list to install (empty: none)")
 	name := fs.String("name", "10-vpcni.conflist", "its file name in the conf dir")
+	chained := fs.String("chained-plugins", "/opt/cni-plugins", "the image's builds of the plugins the conflist chains after vpcni (portmap, bandwidth): each one the node lacks is installed into --bin-dir; a node's own is kept")
+	chainConflist := fs.String("chain-conflist", "", "read the chained plugins and CNI version from this conflist without installing it (default: --conflist; vpcnid installs the conflist itself in the DaemonSet)")
 	agentConfig := fs.String("agent-config", "", "also set the node's sysctls for the uplink of this vpcnid config (needs a writable /proc/sys)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -52,6 +54,24 @@ func installCNI(args []string, out io.Writer) error {
 		return fmt.Errorf("install the plugin: %w", err)
 	}
 	fmt.Fprintf(out, "installed %s\n", filepath.Join(*binDir, "vpcni"))
+	// The chained plugins go in before the conflist that names them: a
+	// runtime that reads the conflist at once finds them there.
+	if *chainConflist == "" {
+		*chainConflist = *conflist
+	}
+	if *chainConflist != "" {
+		list, err := cniinstall.ReadConflist(*chainConflist)
+		if err != nil {
+			return err
+		}
+		done, err := cniinstall.Plugins(list, *chained, *binDir)
+		for _, c := range done {
+			fmt.Fprintln(out, c)
+		}
+		if err != nil {
+			return fmt.Errorf("the plugins %s chains after vpcni: %w", *chainConflist, err)
+		}
+	}
 	if *conflist == "" {
 		return nil
 	}

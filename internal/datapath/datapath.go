@@ -119,6 +119,11 @@ type Info struct {
 	// alloc.AddressMAC(address), not the node's: the cloud's port security
 	// must allow them (macvlan, bridge).
 	OwnMACs bool
+	// PodVeth: the pod's interface is a veth whose node end the CNI result
+	// lists (veth, bridge). The bandwidth plugin chained after vpcni shapes
+	// a pod on that node end; without one (macvlan, ipvlan, passthrough)
+	// it cannot, and the agent refuses a pod that asks for it.
+	PodVeth bool
 }
 
 // SetupError says which step of the wiring failed and whether the cause is

@@ -15,9 +15,11 @@ import (
 // TestK8sBench measures, on the same node in the same run, how long a
 // 10-pod Deployment takes from `kubectl apply` to all Ready with Debian's
 // bridge plugin and with vpcni (alternating rounds, medians), then the
-// agent's memory with 100 pods. `make bench` runs it (VPCNI_K8S_BENCH=1); it ends
-// with the line
+// agent's memory with 100 pods, and what iperf3 from the legacy VM gets
+// through a pod's bandwidth annotations. `make bench` runs it
+// (VPCNI_K8S_BENCH=1); it prints the lines
 //
+//	bandwidth: limit_mbit=L egress_mbit=E ingress_mbit=I egress_ratio=.. ingress_ratio=..
 //	k8s-bench: vpcni_ready_s=X bridge_ready_s=Y agent_rss_mb_100pods=Z
 func TestK8sBench(t *testing.T) {
 	if os.Getenv("VPCNI_K8S_BENCH") == "" {
@@ -36,6 +38,7 @@ func TestK8sBench(t *testing.T) {
 	// is there containerd uses it; removed (after its pods are gone), vpcni
 	// serves again.
 	n.overlay = n.writeOverlay("30s", 128, false)
+	n.dropNodeChainedPlugins() // the image's portmap and bandwidth are measured
 	n.mustKubectl("apply", "-k", n.overlay)
 	n.waitReady("vpcni-system", "app.kubernetes.io/name=vpcnid", 1, 3*time.Minute)
 	n.waitReady("vpcni-system", "app.kubernetes.io/name=vpcni-controller", 2, 3*time.Minute)
@@ -52,6 +55,10 @@ func TestK8sBench(t *testing.T) {
 		t.Log("vpcni:")
 		vpcni = append(vpcni, n.readyRounds(1, busybox, netip.MustParsePrefix(n.env["VPCNI_K8S_NODE_IP"]+"/24").Masked())...)
 	}
+
+	// The bandwidth annotations through the chained plugin, from the
+	// legacy VM (prints the bandwidth: line).
+	checkBandwidth(t, n)
 
 	start := time.Now()
 	n.apply(fmt.Sprintf(webManifest, 100, busybox))

@@ -346,8 +346,7 @@ provider:
     subnetID: %s
     maxAddresses: %d
 `, pool, proxyAddr, n.lab.SubnetID, maxAddresses),
-		"10-vpcni.conflist": fmt.Sprintf(`{"cniVersion": "1.0.0", "name": "vpcni", "plugins": [{"type": "vpcni", "socket": "%s/vpcnid.sock"}]}
-`, hostSocketDir),
+		"10-vpcni.conflist": n.shippedConflist(),
 	}
 	for f, body := range files {
 		if err := os.WriteFile(filepath.Join(ov, f), []byte(body), 0o644); err != nil {
@@ -355,6 +354,30 @@ provider:
 		}
 	}
 	return ov
+}
+
+// shippedConflist is deploy/10-vpcni.conflist, chained plugins and all,
+// with only vpcni's socket moved to this node's host path.
+func (n *node) shippedConflist() string {
+	data, err := os.ReadFile(filepath.Join(repo, "deploy", "10-vpcni.conflist"))
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	var list map[string]any
+	if err := json.Unmarshal(data, &list); err != nil {
+		n.t.Fatal(err)
+	}
+	plugins, _ := list["plugins"].([]any)
+	first, _ := plugins[0].(map[string]any)
+	if first == nil || first["type"] != "vpcni" {
+		n.t.Fatalf("deploy/10-vpcni.conflist: vpcni is not the first plugin: %s", data)
+	}
+	first["socket"] = hostSocketDir + "/vpcnid.sock"
+	out, err := json.MarshalIndent(list, "", "  ")
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	return string(out) + "\n"
 }
 
 type podList struct {
@@ -536,6 +559,7 @@ func TestKubernetesNode(t *testing.T) {
 	}
 
 	n.overlay = n.writeOverlay("5s", 64, true)
+	n.dropNodeChainedPlugins()
 	applied := time.Now()
 	n.mustKubectl("apply", "-k", n.overlay)
 	eventually(t, 3*time.Minute, "node Ready after vpcni is installed", func() (bool, string) {
@@ -579,6 +603,9 @@ func TestKubernetesNode(t *testing.T) {
 			}
 		}
 	})
+	t.Run("chained-plugins-installed", func(t *testing.T) { checkChainedInstalled(t, n) })
+	t.Run("hostport", func(t *testing.T) { checkHostPort(t, n) })
+	t.Run("bandwidth", func(t *testing.T) { checkBandwidth(t, n) })
 	t.Run("delete-releases", func(t *testing.T) { checkDeleteReleases(t, n) })
 	t.Run("agent-restart", func(t *testing.T) { checkAgentRestart(t, n) })
 	t.Run("setup-failure-event", func(t *testing.T) { checkFailureEvent(t, n) })
@@ -595,7 +622,8 @@ func TestKubernetesNode(t *testing.T) {
 // cannot allow them otherwise), the ConfigMap selects macvlan, and the
 // DaemonSet rolls. Then pods are wired as macvlan sub-interfaces, reach
 // each other, a Service through the service veth, and are reached from
-// the legacy VM.
+// the legacy VM; a hostPort answers the legacy VM and a bandwidth limit is
+// refused with an event.
 func checkMacvlanMode(t *testing.T, n *node) {
 	n.mustKubectl("-n", "vpcni-system", "scale", "deployment/vpcni-controller", "--replicas=0")
 	n.mustKubectl("delete", "deployment", "web", "--wait=true")
@@ -635,6 +663,12 @@ func checkMacvlanMode(t *testing.T, n *node) {
 	}
 	checkPodToPod(t, n, web)
 	checkService(t, n, web)
+	checkBandwidthRefused(t, n, "macvlan")
+	// A hostPort works here too, for a client on the pods' subnet: the pod's
+	// address is the subnet's /24 in the result, so portmap's hairpin SNAT
+	// masquerades such a client to the node, and the pod answers it
+	// through its service veth.
+	checkHostPort(t, n)
 	for _, p := range web {
 		ip := netip.MustParseAddr(p.Status.PodIP)
 		if got, err := fetch(legacyNS, netip.AddrPortFrom(ip, 8080), 3*time.Second); err != nil || got != p.Metadata.Name {
@@ -852,30 +886,7 @@ func checkFailureEvent(t *testing.T, n *node) {
 	n.proxy.SetFaults(faultproxy.Faults{ServerError: 1})
 	defer n.proxy.SetFaults(faultproxy.Faults{})
 	n.mustKubectl("scale", "deploy/web", "--replicas=14")
-	var msg string
-	eventually(t, 2*time.Minute, "a VpcniSetupFailed event on a pod", func() (bool, string) {
-		var l struct {
-			Items []struct {
-				Reason         string `json:"reason"`
-				Message        string `json:"message"`
-				Type           string `json:"type"`
-				InvolvedObject struct {
-					Kind string `json:"kind"`
-					Name string `json:"name"`
-				} `json:"involvedObject"`
-			} `json:"items"`
-		}
-		if err := n.getJSON(&l, "-n", "default", "get", "events", "--field-selector", "reason=VpcniSetupFailed"); err != nil {
-			return false, err.Error()
-		}
-		for _, e := range l.Items {
-			if e.Type == "Warning" && e.InvolvedObject.Kind == "Pod" && strings.HasPrefix(e.InvolvedObject.Name, "web-") {
-				msg = e.InvolvedObject.Name + ": " + e.Message
-				return true, ""
-			}
-		}
-		return false, fmt.Sprintf("%d events", len(l.Items))
-	})
+	msg := n.waitSetupFailed("web-")
 	if !strings.Contains(msg, "try again later") || !strings.Contains(msg, "provider") {
 		t.Errorf("the event does not say what failed and what to do: %s", msg)
 	}

@@ -15,6 +15,7 @@ import (
 	"os"
 	"slices"
 	"sync"
+	"sync/atomic"
 
 	"github.com/vpcni/vpcni/internal/alloc"
 	"github.com/vpcni/vpcni/internal/datapath"
@@ -27,6 +28,10 @@ type Datapath struct {
 	stale map[netip.Addr]bool // node-side pieces of addresses no link has
 	fail  map[string]error    // the next Setup of a key fails so
 	calls map[string]int      // by method
+	// NoPodVeth makes Info say the pod's interface is no veth (as in
+	// macvlan mode); by default the fake is veth-like. Atomic: the agent's
+	// loops may ask Info while a test flips it.
+	NoPodVeth atomic.Bool
 }
 
 type link struct {
@@ -160,7 +165,7 @@ func (d *Datapath) Reconcile(_ context.Context, want datapath.Desired) (datapath
 
 // Info implements datapath.Datapath.
 func (d *Datapath) Info() datapath.Info {
-	return datapath.Info{Mode: "fake", Uplink: "fake0", MTU: 1500, NodeIP: netip.MustParseAddr("10.0.0.2")}
+	return datapath.Info{Mode: "fake", Uplink: "fake0", MTU: 1500, NodeIP: netip.MustParseAddr("10.0.0.2"), PodVeth: !d.NoPodVeth.Load()}
 }
 
 // Close implements datapath.Datapath.

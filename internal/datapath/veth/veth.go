@@ -143,7 +143,7 @@ func (v *Veth) Close() error {
 
 // Info implements datapath.Datapath.
 func (v *Veth) Info() datapath.Info {
-	return datapath.Info{Mode: "veth", Uplink: v.Uplink, MTU: v.MTU, NodeIP: v.UplinkIP()}
+	return datapath.Info{Mode: "veth", Uplink: v.Uplink, MTU: v.MTU, NodeIP: v.UplinkIP(), PodVeth: true}
 }
 
 // prepareNode sets what routed pods need on the node: forwarding, and proxy
