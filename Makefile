@@ -20,7 +20,9 @@ build:
 
 # The node image for a real Kubernetes node: every cmd/* binary, static, in
 # /usr/local/bin; the upstream portmap and bandwidth plugins the conflist
-# chains (scripts/cni-plugins.sh) in /opt/cni-plugins; a docker-save tarball (no registry) for
+# chains (scripts/cni-plugins.sh) in /opt/cni-plugins; nft and its libraries
+# (scripts/image-nft.sh: the SNAT table is written by knftables, which runs
+# nft); a docker-save tarball (no registry) for
 # `ctr -n k8s.io images import`. Its name is in $(BIN)/vpcni-image.name.
 IMAGE     ?= vpcni/vpcni:dev
 # The CA bundle the image trusts for HTTPS clouds (Keystone, Neutron).
@@ -29,8 +31,10 @@ image:
 	rm -rf $(BIN)/image && mkdir -p $(BIN)/image
 	$(GOBUILD) -o $(BIN)/image/ ./cmd/...
 	bash scripts/cni-plugins.sh $(BIN)/cni-plugins
+	nft=$$(bash scripts/image-nft.sh) && \
 	$(GO) run ./tools/mkimage -name $(IMAGE) -out $(BIN)/vpcni-image.tar -tree $(BIN)/image:/usr/local/bin -dir /tmp:1777 -entrypoint /usr/local/bin/vpcnid \
-		-tree $(BIN)/cni-plugins:/opt/cni-plugins \
+		-env PATH=/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+		-tree $(BIN)/cni-plugins:/opt/cni-plugins $$nft \
 		$$([ -f $(CA_BUNDLE) ] && echo -file $(CA_BUNDLE):/etc/ssl/certs/ca-certificates.crt:0644)
 	echo $(IMAGE) > $(BIN)/vpcni-image.name
 

@@ -337,6 +337,11 @@ spec:
 		"vpcnid.yaml": fmt.Sprintf(`socketPath: /run/vpcni/vpcnid.sock
 stateDir: /var/lib/vpcni
 metricsAddr: 127.0.0.1:19695
+# SNAT on, the lab's subnet as the VPC: proves the image's nft runs (the
+# legacy VM, the node and the pods are all inside, so nothing is NATed).
+snat:
+  enabled: true
+  vpcCIDRs: [10.90.0.0/24]
 %skubernetes:
   mode: "on"
 provider:
@@ -603,6 +608,7 @@ func TestKubernetesNode(t *testing.T) {
 			}
 		}
 	})
+	t.Run("snat-table", func(t *testing.T) { checkSNATTable(t, n, web) })
 	t.Run("chained-plugins-installed", func(t *testing.T) { checkChainedInstalled(t, n) })
 	t.Run("hostport", func(t *testing.T) { checkHostPort(t, n) })
 	t.Run("bandwidth", func(t *testing.T) { checkBandwidth(t, n) })
@@ -933,4 +939,23 @@ func checkOrphans(t *testing.T, n *node) {
 	})
 	n.waitReady("default", "app=web", 14, 3*time.Minute)
 	t.Logf("vpcni-test: the agent is back: %s (of %s) released; the Deployment is whole again", ip, key)
+}
+
+// checkSNATTable: the agent in its image wrote the SNAT table through nft
+// (knftables runs the binary the image carries), with every pod's address
+// in its pods set.
+func checkSNATTable(t *testing.T, n *node, web []pod) {
+	out, err := run(t, nil, "nsenter", "--net=/run/netns/"+nodeNS, "--", "nft", "list", "table", "ip", "vpcni_snat")
+	if err != nil {
+		logs, _ := n.kubectl("-n", "vpcni-system", "logs", "-l", "app.kubernetes.io/name=vpcnid", "--tail=40")
+		t.Fatalf("the node has no SNAT table: %v\n%s\nagent log:\n%s", err, out, logs)
+	}
+	for _, p := range web {
+		if !strings.Contains(out, p.Status.PodIP) {
+			t.Errorf("pod %s (%s) is not in the SNAT table's pods set:\n%s", p.Metadata.Name, p.Status.PodIP, out)
+		}
+	}
+	if !strings.Contains(out, "10.90.0.0/24") || !strings.Contains(out, "masquerade") {
+		t.Errorf("SNAT table lacks the VPC CIDR or its masquerade rule:\n%s", out)
+	}
 }
