@@ -98,16 +98,14 @@ func (m *Manager) claim(owner string, ip netip.Addr) (l alloc.Lease, ok bool, er
 	return m.leases[ip], true, nil
 }
 
-// GiveBack releases a requested address straight to the provider once its
-// pod is gone (the store recorded that): it is the pod's, not the node's,
-// so another node may take it at once (the pod started elsewhere). When
-// the provider call fails the address stays out of the pool and Run
-// retries until the provider lets it go.
-func (m *Manager) GiveBack(ctx context.Context, owner string, ip netip.Addr) error {
-	// refillMu keeps a resync from adopting it back between the pool
-	// forgetting it and the provider releasing it.
-	m.refillMu.Lock()
-	defer m.refillMu.Unlock()
+// GiveBack hands a requested address back to the provider once its pod
+// is gone (the store recorded that): it is the pod's, not the node's, so
+// another node may take it at once (the pod started elsewhere). The pool
+// forgets it now, marked as leaving so that no resync adopts it; the
+// provider's release runs in the background at once, and Run retries it
+// until the provider lets it go. A DEL never waits on the cloud here: it
+// holds the node's wiring lock, which every ADD needs too.
+func (m *Manager) GiveBack(owner string, ip netip.Addr) error {
 	m.mu.Lock()
 	if cur := m.pool.Owner(ip); cur != owner {
 		m.mu.Unlock()
@@ -116,12 +114,9 @@ func (m *Manager) GiveBack(ctx context.Context, owner string, ip netip.Addr) err
 	_ = m.pool.Unallocate(ip)
 	_ = m.pool.Remove(ip)
 	delete(m.leases, ip)
-	prov := m.prov
 	m.giveBack[ip] = true
 	m.mu.Unlock()
-	if err := m.release(ctx, prov, []netip.Addr{ip}); err != nil {
-		return fmt.Errorf("give %s back to the provider (retried in the background): %w", ip, err)
-	}
+	go m.retryGiveBack(context.Background())
 	return nil
 }
 
@@ -144,18 +139,21 @@ func (m *Manager) release(ctx context.Context, prov provider.Provider, ips []net
 	return nil
 }
 
-// retryGiveBack retries the requested addresses whose release failed.
+// retryGiveBack releases the requested addresses still leaving. The list
+// is read under refillMu: a TakeAddress (which holds it) may have taken
+// one back for its pod, returned to this node, and removed it from the
+// list — a list read before would release a running pod's address.
 func (m *Manager) retryGiveBack(ctx context.Context) {
+	m.refillMu.Lock()
+	defer m.refillMu.Unlock()
 	m.mu.Lock()
 	prov, ips := m.prov, slices.Collect(maps.Keys(m.giveBack))
 	m.mu.Unlock()
-	if prov == nil || len(ips) == 0 {
+	if len(ips) == 0 {
 		return
 	}
-	m.refillMu.Lock()
-	defer m.refillMu.Unlock()
 	if err := m.release(ctx, prov, ips); err != nil {
-		m.log.Warn("requested addresses still not given back to the provider; retrying", "addresses", ips, "err", err)
+		m.log.Warn("requested addresses not given back to the provider yet; retrying", "addresses", ips, "err", err)
 		return
 	}
 	m.log.Info("requested addresses given back to the provider", "addresses", ips)

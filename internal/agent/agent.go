@@ -99,7 +99,8 @@ func New(ctx context.Context, cfg config.Config, log *slog.Logger) (_ *Agent, er
 	}
 	if a.snat = nat; nat != nil {
 		// Before the socket serves: restored pods go out as the node at once.
-		a.syncSNAT(ctx, a.records())
+		// (Writing the table at start is no repair.)
+		_ = a.syncSNAT(ctx, a.records())
 	}
 	return a, nil
 }
@@ -204,7 +205,7 @@ func (a *Agent) selfHeal(ctx context.Context) {
 	sh := a.cfg.SelfHeal
 	if sh.Watching() {
 		if err := kwatch.Watch(ctx, a.dp.Info().Uplink, a.kick); err != nil {
-			a.log.Error("kernel watch failed to start; repairs wait for the periodic reconcile", "period", sh.Period.Duration, "err", err)
+			a.log.Error("kernel watch (partly) failed to start; what it does not watch waits for the periodic reconcile", "period", sh.Period.Duration, "err", err)
 		}
 	}
 	tick := time.NewTicker(sh.Period.Duration)
@@ -301,9 +302,14 @@ func (a *Agent) reconcileNode(ctx context.Context, why string) (broken []string,
 	}
 	start := time.Now()
 	rep, err := a.dp.Reconcile(ctx, want)
+	// Under the same lock: an ADD puts its pod into the SNAT set while it
+	// holds the lock shared, and a Sync from records read before that ADD
+	// would drop the pod from the set again.
+	if fixed := a.syncSNAT(ctx, records); fixed != "" {
+		rep.AddRepair(datapath.RepairNAT, "%s", fixed)
+	}
 	a.wiring.Unlock()
 	a.metrics.Reconciles.WithLabelValues(trigger(why)).Inc()
-	a.syncSNAT(ctx, records)
 	for _, r := range rep.Repaired {
 		a.metrics.Repairs.WithLabelValues(string(r.Kind)).Inc()
 		a.log.Warn("datapath repaired", "kind", r.Kind, "missing", r.What, "noticed", why)

@@ -584,6 +584,7 @@ func TestSelfHealOnAKick(t *testing.T) {
 	n := newNode(t, "10.9.0.0/24", func(c *config.Config) { c.SelfHeal.Period.Duration = time.Hour })
 	r := n.start()
 	r.add(t, "c1", n.pod("p1"))
+	r.waitSynced(t)
 	before := counterValue(t, r.metrics.Reconciles.WithLabelValues("watch"))
 	if err := n.dp.DropRoute("c1/eth0"); err != nil {
 		t.Fatal(err)
@@ -620,6 +621,7 @@ func TestHealthProbe(t *testing.T) {
 	r := n.start()
 	r.add(t, "c1", n.pod("p1"))
 	r.add(t, "c2", n.pod("p2"))
+	r.waitSynced(t)
 	if err := n.dp.DropRoute("c1/eth0"); err != nil {
 		t.Fatal(err)
 	}
@@ -653,5 +655,17 @@ func TestHealthProbe(t *testing.T) {
 	r.probeAll(ctx)
 	if h := r.Health(); !h["c1/eth0"].Healthy || gauge("unhealthy") != 0 {
 		t.Errorf("after the repair: %+v, unhealthy gauge %v", h["c1/eth0"], gauge("unhealthy"))
+	}
+}
+
+// waitSynced waits for the reconcile the first sync with the provider
+// asks for: a test that damages the node afterwards sees only the repairs
+// it caused.
+func (r *running) waitSynced(t *testing.T) {
+	t.Helper()
+	for deadline := time.Now().Add(3 * time.Second); counterValue(t, r.metrics.Reconciles.WithLabelValues("sync")) < 1; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("no reconcile after the first provider sync within 3s")
+		}
 	}
 }

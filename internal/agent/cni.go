@@ -199,7 +199,7 @@ func (a *Agent) add(ctx context.Context, req *api.CNIRequest) (*types100.Result,
 		if err == nil {
 			_ = a.dp.Teardown(ctx, rec)
 		}
-		a.untake(ctx, rec)
+		a.untake(rec)
 		return nil, api.Errorf(api.CodeIOFailure, "could not record the allocation; the pod was not wired", perr.Error())
 	}
 	if err != nil {
@@ -208,7 +208,7 @@ func (a *Agent) add(ctx context.Context, req *api.CNIRequest) (*types100.Result,
 			a.log.Error("could not drop the record of a failed ADD", "container", rec.ContainerID, "err", derr)
 			return nil, setupError(err)
 		}
-		a.untake(ctx, rec)
+		a.untake(rec)
 		return nil, setupError(err)
 	}
 	a.snatPod(ctx, rec.Address)
@@ -339,7 +339,7 @@ func (a *Agent) release(ctx context.Context, rec *alloc.Allocation) error {
 		return fmt.Errorf("update allocation store: %w", err)
 	}
 	if rec.Requested {
-		if err := a.addrs.GiveBack(ctx, rec.Key(), rec.Address); err != nil {
+		if err := a.addrs.GiveBack(rec.Key(), rec.Address); err != nil {
 			a.log.Error("requested address not given back to the provider", "address", rec.Address, "record", rec.Key(), "err", err)
 		}
 		return nil

@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"context"
 	"fmt"
 	"net/netip"
 	"strings"
@@ -48,12 +47,12 @@ func requestedAddress(args string, conf *netConf) (netip.Addr, *api.Error) {
 // used the address: a requested address goes back to the provider (it is
 // the pod's, and the pod may be retried on another node), any other to
 // the head of the pool.
-func (a *Agent) untake(ctx context.Context, rec *alloc.Allocation) {
+func (a *Agent) untake(rec *alloc.Allocation) {
 	if !rec.Requested {
 		a.addrs.Untake(rec.Address)
 		return
 	}
-	if err := a.addrs.GiveBack(ctx, rec.Key(), rec.Address); err != nil {
+	if err := a.addrs.GiveBack(rec.Key(), rec.Address); err != nil {
 		a.log.Error("requested address of a failed ADD not given back to the provider", "address", rec.Address, "err", err)
 	}
 }

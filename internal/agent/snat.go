@@ -20,18 +20,21 @@ func openSNAT(ctx context.Context, cfg config.Config) (*snat.NAT, error) {
 }
 
 // syncSNAT writes the SNAT table for the recorded pods (a no-op with SNAT
-// off). A failure is logged and retried by the next reconcile.
-func (a *Agent) syncSNAT(ctx context.Context, records []*alloc.Allocation) {
+// off) and says what of it was missing or wrong ("" if nothing). A
+// failure is logged and retried by the next reconcile.
+func (a *Agent) syncSNAT(ctx context.Context, records []*alloc.Allocation) (fixed string) {
 	if a.snat == nil {
-		return
+		return ""
 	}
 	pods := make([]netip.Addr, 0, len(records))
 	for _, r := range records {
 		pods = append(pods, r.Address)
 	}
-	if err := a.snat.Sync(ctx, pods); err != nil {
+	fixed, err := a.snat.Sync(ctx, pods)
+	if err != nil {
 		a.log.Warn("SNAT table not in line; the next reconcile tries again", "err", err)
 	}
+	return fixed
 }
 
 // snatPod puts a new pod's address into the SNAT set before its ADD

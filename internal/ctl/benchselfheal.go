@@ -249,6 +249,7 @@ func (b *healBed) churn(ctx context.Context, on bool) (stop func() error) {
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	var cycles atomic.Int64
+	var errMu sync.Mutex
 	var firstErr error
 	for w := range 2 {
 		ns := fmt.Sprintf("%s-churn%d", b.tb.Prefix, w)
@@ -264,8 +265,12 @@ func (b *healBed) churn(ctx context.Context, on bool) (stop func() error) {
 				if err == nil {
 					err = b.cni.Del(context.Background(), rt)
 				}
-				if err != nil && ctx.Err() == nil && firstErr == nil {
-					firstErr = fmt.Errorf("churn: %w", err)
+				if err != nil && ctx.Err() == nil {
+					errMu.Lock()
+					if firstErr == nil {
+						firstErr = fmt.Errorf("churn: %w", err)
+					}
+					errMu.Unlock()
 				}
 				cycles.Add(1)
 			}

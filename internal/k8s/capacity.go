@@ -3,6 +3,7 @@ package k8s
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 
 	corev1 "k8s.io/api/core/v1"
@@ -83,16 +84,16 @@ type nodeCapacity struct {
 }
 
 // sync brings node (as last seen) in line with the pool. It reports
-// whether the taint is still wanted, so the caller looks again soon.
+// whether the taint is still wanted, so the caller looks again soon. The
+// two parts are independent: a resource that cannot be written (no right
+// to nodes/status, say) must not keep a warm node tainted.
 func (c *nodeCapacity) sync(ctx context.Context, node *corev1.Node, p agent.PoolFigures, unrequested int) (tainted bool, err error) {
-	if err := c.syncResource(ctx, node, p, unrequested); err != nil {
-		return false, err
-	}
+	rerr := c.syncResource(ctx, node, p, unrequested)
 	if !c.warmed && poolWarm(p) {
 		c.warmed = true
 	}
 	want := c.notReadyTaint && !c.warmed
-	return want, c.syncTaint(ctx, node, want)
+	return want, errors.Join(rerr, c.syncTaint(ctx, node, want))
 }
 
 func (c *nodeCapacity) syncResource(ctx context.Context, node *corev1.Node, p agent.PoolFigures, unrequested int) error {

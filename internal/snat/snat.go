@@ -106,8 +106,10 @@ func Open(cfg Config) (*NAT, error) {
 // Sync makes the table what it should be for these pod addresses, in one
 // nft transaction (atomic: packets see the old table or the new one):
 // the chain and sets are rewritten whole, so a rule or element someone
-// added or removed by hand is put right (level-triggered).
-func (n *NAT) Sync(ctx context.Context, pods []netip.Addr) error {
+// added or removed by hand is put right (level-triggered). fixed says
+// what was missing or wrong of the table, chain or rule ("" if they were
+// as made; the sets are rewritten every time and not compared).
+func (n *NAT) Sync(ctx context.Context, pods []netip.Addr) (fixed string, err error) {
 	tx := n.nft.NewTransaction()
 	tx.Add(&knftables.Table{Comment: knftables.PtrTo("vpcni: masquerade pod traffic leaving the VPC")})
 	sets := []struct {
@@ -141,17 +143,22 @@ func (n *NAT) Sync(ctx context.Context, pods []netip.Addr) error {
 	// an unchanged rule would kick the next one, forever. (Set elements
 	// are not watched: the sets are simply rewritten.)
 	rules, err := n.nft.ListRules(ctx, "postrouting")
-	if err != nil && !knftables.IsNotFound(err) {
-		return fmt.Errorf("nftables table ip %s: %w", Table, err)
+	switch {
+	case knftables.IsNotFound(err):
+		fixed = fmt.Sprintf("nftables table ip %s or its chain postrouting", Table)
+	case err != nil:
+		return "", fmt.Errorf("nftables table ip %s: %w", Table, err)
+	case len(rules) != 1 || rules[0].Comment == nil || *rules[0].Comment != ruleComment:
+		fixed = fmt.Sprintf("nftables table ip %s: the masquerade rule (chain held %d rules, not vpcni's one)", Table, len(rules))
 	}
-	if len(rules) != 1 || rules[0].Comment == nil || *rules[0].Comment != ruleComment {
+	if fixed != "" {
 		tx.Flush(chain)
 		tx.Add(&knftables.Rule{Chain: "postrouting", Rule: rule, Comment: knftables.PtrTo(ruleComment)})
 	}
 	if err := n.nft.Run(ctx, tx); err != nil {
-		return fmt.Errorf("nftables table ip %s: %w", Table, err)
+		return "", fmt.Errorf("nftables table ip %s: %w", Table, err)
 	}
-	return nil
+	return fixed, nil
 }
 
 // Remove deletes vpcni's table (nothing else). Gone already is fine, and

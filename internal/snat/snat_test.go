@@ -56,8 +56,12 @@ func TestSyncAndRemove(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		if err := n.Sync(ctx, []netip.Addr{netip.MustParseAddr("10.20.0.7"), netip.MustParseAddr("10.20.0.8")}); err != nil {
+		fixed, err := n.Sync(ctx, []netip.Addr{netip.MustParseAddr("10.20.0.7"), netip.MustParseAddr("10.20.0.8")})
+		if err != nil {
 			return err
+		}
+		if !strings.Contains(fixed, "or its chain") {
+			t.Errorf("first Sync: fixed %q, want the missing table named", fixed)
 		}
 		if err := n.AddPod(ctx, netip.MustParseAddr("10.20.0.9")); err != nil {
 			return err
@@ -82,7 +86,11 @@ func TestSyncAndRemove(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		return n.Sync(ctx, []netip.Addr{netip.MustParseAddr("10.20.0.8")})
+		fixed, err := n.Sync(ctx, []netip.Addr{netip.MustParseAddr("10.20.0.8")})
+		if err == nil && !strings.Contains(fixed, "the masquerade rule (chain held 2 rules") {
+			t.Errorf("Sync after a rule was added by hand: fixed %q", fixed)
+		}
+		return err
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -106,7 +114,11 @@ func TestSyncAndRemove(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		return n.Sync(ctx, []netip.Addr{netip.MustParseAddr("10.20.0.8")})
+		fixed, err := n.Sync(ctx, []netip.Addr{netip.MustParseAddr("10.20.0.8")})
+		if err == nil && fixed != "" {
+			t.Errorf("Sync of a table as made reports %q fixed", fixed)
+		}
+		return err
 	})
 	// A marker the monitor must print: it was listening all along.
 	nft(t, ns, "add", "table", "ip", "vpcni_marker")

@@ -36,6 +36,7 @@ import (
 	"time"
 
 	"github.com/google/nftables"
+	mnl "github.com/mdlayher/netlink"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netlink/nl"
 	"github.com/vishvananda/netns"
@@ -52,8 +53,9 @@ const tablePrefix = "vpcni"
 
 // Watch subscribes in the calling thread's network namespace (the node's)
 // and calls kick with a short description of every relevant change until
-// ctx ends. It returns once the first subscriptions are open (or one
-// failed to open); a subscription that breaks later (its socket
+// ctx ends. It returns once the subscriptions are open; an error names
+// those that failed to open (the others run: the watch is partial, not
+// off); a subscription that breaks later (its socket
 // overflowed, ENOBUFS) is opened again, after a kick — what it missed may
 // have mattered. kick runs on the watch's own goroutines and must not
 // block. uplink is the node interface pods reach the network through.
@@ -84,17 +86,15 @@ func Watch(ctx context.Context, uplink string, kick func(what string)) error {
 		keep(ctx, w, "policy rules", subscribeRules, w.rule),
 		keep(ctx, w, "nftables", subscribeNFT(here), w.nft),
 	)
-	if err != nil {
-		return err
-	}
 	// A handle of its own: its socket is opened here, in the namespace
-	// watched; the goroutine polling it may run on any thread.
-	h, err := netlink.NewHandle(unix.NETLINK_ROUTE)
-	if err != nil {
-		return fmt.Errorf("netlink handle for proxy entries: %w", err)
+	// watched; the goroutine polling it may run on any thread. Started
+	// whatever else failed: each part watches on its own.
+	h, herr := netlink.NewHandle(unix.NETLINK_ROUTE)
+	if herr != nil {
+		return errors.Join(err, fmt.Errorf("netlink handle for proxy entries: %w", herr))
 	}
 	go w.pollProxies(ctx, h)
-	return nil
+	return err
 }
 
 // ProxyPoll is how often the proxy neighbour entries are read.
@@ -233,7 +233,13 @@ func subscribeNFT(ns netns.NsHandle) func(ch chan *nftables.MonitorEvent, done <
 }
 
 func monitorNFT(ns netns.NsHandle, ch chan *nftables.MonitorEvent, done <-chan struct{}) error {
-	conn, err := nftables.New(nftables.WithNetNSFd(int(ns)))
+	// A lasting connection, closed here when the subscription ends: the
+	// library's monitor does not close its socket when it breaks (a full
+	// buffer), so each resubscription would leak one. The buffer is large
+	// because every nftables change on the node (kube-proxy's, iptables-
+	// nft's) comes through, not only vpcni's.
+	conn, err := nftables.New(nftables.WithNetNSFd(int(ns)), nftables.AsLasting(),
+		nftables.WithSockOptions(func(c *mnl.Conn) error { return c.SetReadBuffer(4 << 20) }))
 	if err != nil {
 		return err
 	}
@@ -243,11 +249,13 @@ func monitorNFT(ns netns.NsHandle, ch chan *nftables.MonitorEvent, done <-chan s
 	mon := nftables.NewMonitor()
 	events, err := conn.AddMonitor(mon)
 	if err != nil {
+		_ = conn.CloseLasting()
 		return err
 	}
 	go func() {
 		<-done
-		mon.Close() // closes events
+		mon.Close() // closes events, if the monitor has not ended already
+		_ = conn.CloseLasting()
 	}()
 	go func() {
 		defer close(ch)
