@@ -63,7 +63,7 @@ func TestBridgeTakesUplink(t *testing.T) {
 // version vpcni speaks, checking the kernel after each, and that a version
 // it does not speak is refused.
 func TestBridgeVerbs(t *testing.T) {
-	e := newEnv(t)
+	e := newEnv(t, withoutSelfHeal)
 	nbr := netnsutil.Path(e.TB.NbrNS())
 	node := netnsutil.Path(e.TB.NodeNS())
 	bedtest.Echo(t, nbr, e.TB.NbrIP)

@@ -71,7 +71,7 @@ var nodeExtras = [][]string{
 // newEnv builds a testbed (segment 10.79.0.0/24, gateway .1, node .10,
 // neighbour .20) and starts vpcnid in bridge mode with a static pool of
 // 10.79.0.64-254, measuring the move from the neighbour.
-func newEnv(t *testing.T) *env {
+func newEnv(t *testing.T, opts ...func(*config.Config)) *env {
 	t.Helper()
 	e := &env{Env: bedtest.New(t, binDir, "vpcnib", "10.79.0.0/24", "10.79.0.0/26")}
 	tb := e.TB
@@ -81,6 +81,9 @@ func newEnv(t *testing.T) *env {
 	e.before = e.nodeState()
 	e.Cfg.MetricsAddr = ""
 	e.Cfg.Datapath = config.Datapath{Mode: "bridge"}
+	for _, o := range opts {
+		o(&e.Cfg)
+	}
 	p, err := lab.StartPinger(netnsutil.Path(tb.NbrNS()), tb.NodeIP, 10*time.Millisecond)
 	if err != nil {
 		t.Fatal(err)
@@ -164,4 +167,13 @@ func (e *env) waitNoPodLinks() {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// withoutSelfHeal turns the agent's kernel watch off and its periodic
+// reconcile down to once a day, for a test of what CHECK finds: the watch
+// would put a piece taken by hand back within milliseconds, before CHECK
+// looks (the self-healing itself: test/integration's TestSelfHeal).
+func withoutSelfHeal(c *config.Config) {
+	off := false
+	c.SelfHeal.Watch, c.SelfHeal.Period.Duration = &off, 24*time.Hour
 }
