@@ -440,7 +440,7 @@ func (m *Manager) Run(ctx context.Context) {
 		}
 		m.topUp(ctx)
 		m.trimSurplus(ctx)
-		m.retryGiveBack(ctx)
+		_ = m.retryGiveBack(ctx) // logged; the next tick retries
 		m.probe(ctx)
 		select {
 		case <-ctx.Done():

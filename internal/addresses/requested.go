@@ -101,22 +101,53 @@ func (m *Manager) claim(owner string, ip netip.Addr) (l alloc.Lease, ok bool, er
 // GiveBack hands a requested address back to the provider once its pod
 // is gone (the store recorded that): it is the pod's, not the node's, so
 // another node may take it at once (the pod started elsewhere). The pool
-// forgets it now, marked as leaving so that no resync adopts it; the
-// provider's release runs in the background at once, and Run retries it
-// until the provider lets it go. A DEL never waits on the cloud here: it
-// holds the node's wiring lock, which every ADD needs too.
-func (m *Manager) GiveBack(owner string, ip netip.Addr) error {
+// forgets it now, marked as leaving so that no resync adopts it, and the
+// provider releases it before GiveBack returns — a DEL that returns has
+// freed the address for the pod's next node. When the provider fails (or
+// takes longer than giveBackWait), the address stays leaving and Run
+// retries it. The caller must not hold a lock an ADD needs: this waits on
+// the cloud.
+func (m *Manager) GiveBack(ctx context.Context, owner string, ip netip.Addr) error {
+	if err := m.forget(owner, ip); err != nil {
+		return err
+	}
+	c, cancel := context.WithTimeout(ctx, giveBackWait)
+	defer cancel()
+	if err := m.retryGiveBack(c); err != nil {
+		return fmt.Errorf("give %s back to the provider (retried in the background): %w", ip, err)
+	}
+	return nil
+}
+
+// GiveBackLater is GiveBack without the wait: the provider's release runs
+// in the background at once (for a caller that holds a lock an ADD needs).
+func (m *Manager) GiveBackLater(owner string, ip netip.Addr) error {
+	if err := m.forget(owner, ip); err != nil {
+		return err
+	}
+	go func() {
+		c, cancel := context.WithTimeout(context.Background(), giveBackWait)
+		defer cancel()
+		_ = m.retryGiveBack(c)
+	}()
+	return nil
+}
+
+// giveBackWait bounds one attempt to give addresses back.
+const giveBackWait = 10 * time.Second
+
+// forget takes owner's requested address out of the pool, marked as
+// leaving.
+func (m *Manager) forget(owner string, ip netip.Addr) error {
 	m.mu.Lock()
+	defer m.mu.Unlock()
 	if cur := m.pool.Owner(ip); cur != owner {
-		m.mu.Unlock()
 		return fmt.Errorf("pool gives %s to %q, not %q: left alone", ip, cur, owner)
 	}
 	_ = m.pool.Unallocate(ip)
 	_ = m.pool.Remove(ip)
 	delete(m.leases, ip)
 	m.giveBack[ip] = true
-	m.mu.Unlock()
-	go m.retryGiveBack(context.Background())
 	return nil
 }
 
@@ -126,9 +157,7 @@ func (m *Manager) release(ctx context.Context, prov provider.Provider, ips []net
 	if prov == nil {
 		return errors.New("provider not connected")
 	}
-	c, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	if err := prov.Release(c, ips); err != nil {
+	if err := prov.Release(ctx, ips); err != nil {
 		return err
 	}
 	m.mu.Lock()
@@ -143,18 +172,19 @@ func (m *Manager) release(ctx context.Context, prov provider.Provider, ips []net
 // is read under refillMu: a TakeAddress (which holds it) may have taken
 // one back for its pod, returned to this node, and removed it from the
 // list — a list read before would release a running pod's address.
-func (m *Manager) retryGiveBack(ctx context.Context) {
+func (m *Manager) retryGiveBack(ctx context.Context) error {
 	m.refillMu.Lock()
 	defer m.refillMu.Unlock()
 	m.mu.Lock()
 	prov, ips := m.prov, slices.Collect(maps.Keys(m.giveBack))
 	m.mu.Unlock()
 	if len(ips) == 0 {
-		return
+		return nil
 	}
 	if err := m.release(ctx, prov, ips); err != nil {
 		m.log.Warn("requested addresses not given back to the provider yet; retrying", "addresses", ips, "err", err)
-		return
+		return err
 	}
 	m.log.Info("requested addresses given back to the provider", "addresses", ips)
+	return nil
 }

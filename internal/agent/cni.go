@@ -325,6 +325,23 @@ func (a *Agent) Del(ctx context.Context, req *api.CNIRequest) *api.Error {
 // release undoes one allocation: datapath, then record, then pool. The
 // caller holds the attachment's lock.
 func (a *Agent) release(ctx context.Context, rec *alloc.Allocation) error {
+	if err := a.unwire(ctx, rec); err != nil {
+		return err
+	}
+	if rec.Requested {
+		// Outside the wiring lock: this waits on the cloud, and a
+		// reconcile waiting for the lock would hold up every ADD behind it.
+		if err := a.addrs.GiveBack(ctx, rec.Key(), rec.Address); err != nil {
+			a.log.Error("requested address not given back to the provider", "address", rec.Address, "record", rec.Key(), "err", err)
+		}
+	}
+	return nil
+}
+
+// unwire takes the allocation's datapath down and releases its record
+// and, unless it was requested by name, its address to the pool, under
+// the wiring lock.
+func (a *Agent) unwire(ctx context.Context, rec *alloc.Allocation) error {
 	a.wiring.RLock()
 	defer a.wiring.RUnlock()
 	if err := a.dp.Teardown(ctx, rec); err != nil {
@@ -339,10 +356,7 @@ func (a *Agent) release(ctx context.Context, rec *alloc.Allocation) error {
 		return fmt.Errorf("update allocation store: %w", err)
 	}
 	if rec.Requested {
-		if err := a.addrs.GiveBack(rec.Key(), rec.Address); err != nil {
-			a.log.Error("requested address not given back to the provider", "address", rec.Address, "record", rec.Key(), "err", err)
-		}
-		return nil
+		return nil // given back by release, after the lock
 	}
 	if err := a.addrs.Release(rec.Key(), rec.Address, now); err != nil {
 		a.log.Error("address not returned to the pool", "address", rec.Address, "record", rec.Key(), "err", err)

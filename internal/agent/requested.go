@@ -45,14 +45,15 @@ func requestedAddress(args string, conf *netConf) (netip.Addr, *api.Error) {
 
 // untake undoes the allocation of an ADD that failed before its pod ever
 // used the address: a requested address goes back to the provider (it is
-// the pod's, and the pod may be retried on another node), any other to
+// the pod's, and the pod may be retried on another node) in the
+// background — the failed ADD holds the node's wiring lock — any other to
 // the head of the pool.
 func (a *Agent) untake(rec *alloc.Allocation) {
 	if !rec.Requested {
 		a.addrs.Untake(rec.Address)
 		return
 	}
-	if err := a.addrs.GiveBack(rec.Key(), rec.Address); err != nil {
+	if err := a.addrs.GiveBackLater(rec.Key(), rec.Address); err != nil {
 		a.log.Error("requested address of a failed ADD not given back to the provider", "address", rec.Address, "err", err)
 	}
 }
