@@ -17,7 +17,6 @@ import (
 	"encoding/hex"
 	"fmt"
 	"os"
-	"regexp"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
@@ -40,7 +39,7 @@ const (
 	AnnotationPoolCapacity  = "vpcni.io/pool-capacity"
 
 	// LabelNode selects a node's PodAddresses.
-	LabelNode = "vpcni.io/node"
+	LabelNode = v1alpha1.LabelNode
 	// IndexPod indexes PodAddresses by "namespace/name" of their pod.
 	IndexPod = "pod"
 )
@@ -52,17 +51,8 @@ func PodAddressName(node, containerID, ifName string) string {
 	return "pa-" + hex.EncodeToString(sum[:10])
 }
 
-// NodeLabel is the LabelNode value of a node: its name, or a hash of it
-// where the name is no valid label value (longer than 63 characters).
-func NodeLabel(node string) string {
-	if len(node) <= 63 && labelValue.MatchString(node) {
-		return node
-	}
-	sum := sha256.Sum256([]byte(node))
-	return "h-" + hex.EncodeToString(sum[:16])
-}
-
-var labelValue = regexp.MustCompile(`^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$`)
+// NodeLabel is the LabelNode value of a node (v1alpha1.NodeLabel).
+func NodeLabel(node string) string { return v1alpha1.NodeLabel(node) }
 
 // newPodAddress is the object of one attachment, as the agent creates it.
 func newPodAddress(s v1alpha1.PodAddressSpec) *v1alpha1.PodAddress {
