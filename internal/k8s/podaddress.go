@@ -15,14 +15,12 @@ package k8s
 import (
 	"crypto/sha256"
 	"encoding/hex"
-	"fmt"
-	"os"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/vpcni/vpcni/internal/apis/vpcni/v1alpha1"
+	"github.com/vpcni/vpcni/internal/k8s/nodeblocks"
 )
 
 // Annotations the agent writes on pods (like kube-ovn's) and nodes.
@@ -77,22 +75,6 @@ func podIndex(obj any) ([]string, error) {
 	return []string{pa.Spec.PodNamespace + "/" + pa.Spec.PodName}, nil
 }
 
-// RestConfig is the kubeconfig's cluster, or the pod's own service account
-// when kubeconfig is empty.
-func RestConfig(kubeconfig string) (*rest.Config, error) {
-	if kubeconfig == "" {
-		kubeconfig = os.Getenv("KUBECONFIG")
-	}
-	if kubeconfig != "" {
-		cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
-		if err != nil {
-			return nil, fmt.Errorf("kubeconfig %s: %w", kubeconfig, err)
-		}
-		return cfg, nil
-	}
-	cfg, err := rest.InClusterConfig()
-	if err != nil {
-		return nil, fmt.Errorf("not in a pod and no kubeconfig given: %w", err)
-	}
-	return cfg, nil
-}
+// RestConfig is the kubeconfig's cluster ($KUBECONFIG when empty), or the
+// pod's own service account when there is neither.
+func RestConfig(kubeconfig string) (*rest.Config, error) { return nodeblocks.RestConfig(kubeconfig) }

@@ -14,9 +14,11 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/vpcni/vpcni/internal/alloc"
 	"github.com/vpcni/vpcni/internal/ipam"
+	"github.com/vpcni/vpcni/internal/k8s/nodeblocks"
 	"github.com/vpcni/vpcni/internal/provider"
 )
 
@@ -28,8 +30,26 @@ type Provider struct {
 
 	size int // usable addresses in all ranges
 
+	// blocks, when set, is where the node's blocks come from: addresses
+	// are taken only from them (config blocks:); wait bounds one wait
+	// for another block.
+	blocks BlockSource
+	wait   time.Duration
+
 	mu   sync.Mutex
 	held map[netip.Addr]bool
+}
+
+// BlockSource is the node's blocks of the ranges, assigned by
+// vpcni-controller (nodeblocks.Source, over NodeBlock objects).
+type BlockSource interface {
+	// Blocks lists the node's blocks now, in address order.
+	Blocks() []netip.Prefix
+	// Want asks for n blocks in all.
+	Want(ctx context.Context, n int) error
+	// WaitFor waits until the node has n blocks or ctx ends, and returns
+	// the blocks it has then.
+	WaitFor(ctx context.Context, n int) []netip.Prefix
 }
 
 var _ provider.Provider = (*Provider)(nil)
@@ -38,10 +58,53 @@ func init() {
 	provider.Register(provider.Registration{
 		Name:        "static",
 		NewSettings: func() provider.Settings { return &Config{} },
-		New: func(_ context.Context, node provider.Node, s provider.Settings) (provider.Provider, error) {
-			return New(s.(*Config), node.StateDir)
+		New: func(ctx context.Context, node provider.Node, s provider.Settings) (provider.Provider, error) {
+			cfg := s.(*Config)
+			if cfg.Blocks == nil {
+				return New(cfg, node.StateDir)
+			}
+			src, err := connectBlocks(ctx, node)
+			if err != nil {
+				return nil, err
+			}
+			return NewInBlocks(cfg, node.StateDir, src)
 		},
 	})
+}
+
+// connectBlocks starts the node's view of its NodeBlocks; it runs as long
+// as ctx, the agent's. Listing them once is bounded, so an API server that
+// cannot be reached fails the connect (the agent retries it).
+func connectBlocks(ctx context.Context, node provider.Node) (*nodeblocks.Source, error) {
+	rc, err := nodeblocks.RestConfig(node.Kubeconfig)
+	if err != nil {
+		return nil, fmt.Errorf("blocks: the static provider's blocks are NodeBlock objects of the cluster: %w", err)
+	}
+	src, err := nodeblocks.NewSource(rc, node.Name)
+	if err != nil {
+		return nil, fmt.Errorf("blocks: %w", err)
+	}
+	listed, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := src.StartUntil(ctx, listed); err != nil {
+		return nil, fmt.Errorf("blocks: %w: %w", err, provider.ErrUnavailable)
+	}
+	return src, nil
+}
+
+// NewInBlocks builds the provider in blocks mode: addresses only from the
+// node's blocks that src lists (inside cfg's ranges), and another block
+// asked for when they are full.
+func NewInBlocks(cfg *Config, stateDir string, src BlockSource) (*Provider, error) {
+	if cfg.Blocks == nil {
+		return nil, errors.New("blocks: not configured")
+	}
+	p, err := New(cfg, stateDir)
+	if err != nil {
+		return nil, err
+	}
+	p.blocks, p.wait = src, cfg.Blocks.WaitDuration()
+	return p, nil
 }
 
 type stateFile struct {
@@ -122,7 +185,10 @@ func nicAddress(r Range) string {
 }
 
 // Assign implements provider.Provider.
-func (p *Provider) Assign(_ context.Context, req provider.AssignRequest) ([]alloc.Lease, error) {
+func (p *Provider) Assign(ctx context.Context, req provider.AssignRequest) ([]alloc.Lease, error) {
+	if p.blocks != nil {
+		return p.assignInBlocks(ctx, req)
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	var got []netip.Addr
@@ -221,8 +287,14 @@ func (p *Provider) leases(addrs []netip.Addr) []alloc.Lease {
 
 // Info implements provider.Provider.
 func (p *Provider) Info() provider.Info {
-	return provider.Info{Name: "static", Capacity: p.size,
+	info := provider.Info{Name: "static", Capacity: p.size,
 		CapacityReason: fmt.Sprintf("%d usable addresses in the configured ranges", p.size)}
+	if p.blocks != nil {
+		// The node may grow by blocks up to the whole ranges, shared
+		// with every other node: that is the bound it knows.
+		info.CapacityReason += fmt.Sprintf(", taken in blocks; this node holds %d", len(p.blocks.Blocks()))
+	}
+	return info
 }
 
 func (p *Provider) capacity() int { return p.size }
