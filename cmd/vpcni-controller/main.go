@@ -1,7 +1,9 @@
 // Command vpcni-controller runs vpcni's cluster-wide reconcilers, one
 // active replica at a time (a Lease elects the leader). So far: releasing
 // the addresses of pods that are gone while their node's agent missed the
-// DEL (see internal/k8s). Every replica, leader or not, also serves the
+// DEL (see internal/k8s), and, with -block-ranges, assigning per-node
+// blocks of those ranges to the nodes that ask (NodeBlocks) and taking
+// back the blocks of nodes gone for good. Every replica, leader or not, also serves the
 // mutating admission webhook that makes pods on the pod network request
 // one vpcni.io/ip, with a certificate it mints and rotates itself.
 package main
@@ -15,8 +17,11 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/signal"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -26,6 +31,7 @@ import (
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 
+	"github.com/vpcni/vpcni/internal/ipam"
 	"github.com/vpcni/vpcni/internal/k8s"
 )
 
@@ -46,6 +52,9 @@ func main() {
 	flag.StringVar(&o.webhookSecret, "webhook-secret", "vpcni-webhook-cert", "the Secret, in -lease-namespace, holding the webhook's CA and certificate")
 	flag.StringVar(&o.webhookConfig, "webhook-config", "vpcni", "the MutatingWebhookConfiguration whose caBundle is kept current")
 	flag.DurationVar(&o.certValidity, "cert-validity", 90*24*time.Hour, "lifetime of the webhook's serving certificate (renewed when a third is left; the CA lives four times as long)")
+	flag.StringVar(&o.blockRanges, "block-ranges", "", "comma-separated CIDRs split into per-node blocks (NodeBlocks) for agents in blocks mode (empty: no blocks)")
+	flag.IntVar(&o.blockSize, "block-size", 26, "prefix length of one block, e.g. 26 for 64 addresses")
+	flag.DurationVar(&o.blockGrace, "block-reclaim-grace", 5*time.Minute, "how long a Node must be gone before its blocks are given back (once no PodAddress of it uses them)")
 	showVersion := flag.Bool("version", false, "print the version and exit")
 	flag.Parse()
 	if *showVersion {
@@ -67,7 +76,38 @@ func main() {
 type options struct {
 	kubeconfig, namespace, lease, identity, healthAddr, logLevel string
 	webhookAddr, webhookService, webhookSecret, webhookConfig    string
-	grace, leaseDuration, certValidity                           time.Duration
+	grace, leaseDuration, certValidity, blockGrace               time.Duration
+	blockRanges                                                  string
+	blockSize                                                    int
+}
+
+// blocks reads -block-ranges and -block-size (nil: no blocks), naming
+// every problem.
+func (o options) blocks() (*ipam.Blocks, error) {
+	if o.blockRanges == "" {
+		return nil, nil
+	}
+	var ranges []netip.Prefix
+	var errs []error
+	for _, f := range strings.Split(o.blockRanges, ",") {
+		p, err := netip.ParsePrefix(strings.TrimSpace(f))
+		if err != nil {
+			errs = append(errs, fmt.Errorf("-block-ranges: %q is not a CIDR", f))
+			continue
+		}
+		ranges = append(ranges, p)
+	}
+	b, err := ipam.NewBlocks(ranges, o.blockSize)
+	if err != nil {
+		errs = append(errs, fmt.Errorf("-block-ranges/-block-size: %w", err))
+	}
+	if o.blockGrace < 0 {
+		errs = append(errs, errors.New("-block-reclaim-grace must not be negative"))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return &b, nil
 }
 
 func envOr(k, def string) string {
@@ -83,6 +123,10 @@ func run(o options, log *slog.Logger) error {
 	}
 	if o.identity == "" {
 		o.identity, _ = os.Hostname()
+	}
+	blocks, err := o.blocks()
+	if err != nil {
+		return err
 	}
 	cfg, err := k8s.RestConfig(o.kubeconfig)
 	if err != nil {
@@ -154,14 +198,30 @@ func run(o options, log *slog.Logger) error {
 		Callbacks: leaderelection.LeaderCallbacks{
 			OnStartedLeading: func(ctx context.Context) {
 				log.Info("leading: reconcilers start", "id", o.identity)
+				// Each reconciler runs until the lease is lost; one that
+				// fails stops the replica (its /healthz says why).
+				fail := func(name string, err error) {
+					if err != nil && ctx.Err() == nil {
+						runErr.Store(fmt.Errorf("%s reconciler: %w", name, err))
+						stop()
+					}
+				}
+				var wg sync.WaitGroup
+				if blocks != nil {
+					wg.Go(func() {
+						a, err := k8s.NewBlockAssigner(cfg, k8s.BlockOptions{Blocks: *blocks, Grace: o.blockGrace}, log)
+						if err == nil {
+							err = a.Run(ctx)
+						}
+						fail("blocks", err)
+					})
+				}
 				orphans, err := k8s.NewOrphans(cfg, o.grace, log)
 				if err == nil {
 					err = orphans.Run(ctx)
 				}
-				if err != nil && ctx.Err() == nil {
-					runErr.Store(fmt.Errorf("orphans reconciler: %w", err))
-					stop()
-				}
+				fail("orphans", err)
+				wg.Wait()
 			},
 			OnStoppedLeading: func() {
 				log.Info("no longer leading", "id", o.identity)
