@@ -143,7 +143,14 @@ func NewBlockAssigner(cfg *rest.Config, opts BlockOptions, log *slog.Logger) (*B
 	}
 	handler := cache.ResourceEventHandlerFuncs{AddFunc: enqueue, UpdateFunc: func(_, n any) { enqueue(n) }, DeleteFunc: enqueue}
 	_, _ = b.nodes.AddEventHandler(handler)
-	_, _ = b.blocks.AddEventHandler(handler)
+	_, _ = b.blocks.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: enqueue, UpdateFunc: func(_, n any) { enqueue(n) },
+		DeleteFunc: func(obj any) {
+			// A block given back may be what another node waits for.
+			for _, n := range b.nodes.GetStore().ListKeys() {
+				b.queue.Add(n)
+			}
+			enqueue(obj)
+		}})
 	// Only the deletion of a PodAddress can free a gone node's block.
 	_, _ = b.addrs.AddEventHandler(cache.ResourceEventHandlerFuncs{DeleteFunc: enqueue})
 	return b, nil
@@ -323,8 +330,9 @@ func (b *BlockAssigner) reclaim(ctx context.Context, node string) (time.Duration
 
 // setCondition writes cond into nb's status (and drops the types in
 // drop), unless it is there already. The write carries the
-// resourceVersion read: a Conflict means another writer moved on, and the
-// queue retries with a fresh look.
+// resourceVersion read: a Conflict means the cache was behind (most often
+// this assigner's own write just after the create); the newer object's
+// event brings the node back to the queue, so it is no failure.
 func (b *BlockAssigner) setCondition(ctx context.Context, nb *v1alpha1.NodeBlock, cond metav1.Condition, drop ...string) error {
 	old := meta.FindStatusCondition(nb.Status.Conditions, cond.Type)
 	same := old != nil && old.Status == cond.Status && old.Reason == cond.Reason && old.Message == cond.Message
@@ -344,7 +352,7 @@ func (b *BlockAssigner) setCondition(ctx context.Context, nb *v1alpha1.NodeBlock
 		return nil
 	case apierrors.IsConflict(err):
 		b.conflicts.Add(1)
-		return fmt.Errorf("NodeBlock %s changed meanwhile: %w", nb.Name, err)
+		return nil
 	case err != nil:
 		return fmt.Errorf("status of NodeBlock %s: %w", nb.Name, err)
 	}

@@ -1,8 +1,9 @@
-package apiserver
+package blocks
 
 import (
 	"context"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -10,18 +11,18 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+
+	"github.com/vpcni/vpcni/internal/testbed/apiserver"
 )
 
-// The fixture comes up with the CRDs served, stops, and a second Start
+// The fixture itself (on ports and a state dir of its own, beside the
+// package's): it comes up with the CRDs served, stops, and a second Start
 // after a "crash" (processes left running, PID files kept) stops the
 // leftovers by their recorded PIDs and comes up again on a fresh etcd.
 func TestStartStopAndLeftovers(t *testing.T) {
-	if os.Getuid() != 0 && os.Getenv("VPCNI_REQUIRE_ROOT") == "" {
-		t.Skip("needs the cached Kubernetes build (root's /var/cache/vpcni-k8s)")
-	}
 	ctx := context.Background()
-	opts := Options{Dir: t.TempDir(), Port: 26453, EtcdPort: 22389, CRDs: []string{"../../../deploy/vpcni.io_nodeblocks.yaml"}}
-	s, err := Start(ctx, opts)
+	opts := apiserver.Options{Dir: t.TempDir(), Port: 26453, EtcdPort: 22389, CRDs: []string{"../../deploy/vpcni.io_nodeblocks.yaml"}}
+	s, err := apiserver.Start(ctx, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -33,14 +34,14 @@ func TestStartStopAndLeftovers(t *testing.T) {
 	if _, err := cs.Discovery().ServerResourcesForGroupVersion("vpcni.io/v1alpha1"); err != nil {
 		t.Fatalf("CRD not served: %v", err)
 	}
-	data, err := os.ReadFile(pidFile(opts.Dir, "kube-apiserver"))
+	data, err := os.ReadFile(filepath.Join(opts.Dir, "kube-apiserver.pid"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	oldPID, _ := strconv.Atoi(strings.Fields(string(data))[0])
-	// A crashed run: the lock is gone with its process, the servers run on.
-	s.lock.Close()
-	s2, err := Start(ctx, opts)
+	// A crashed run: the lock goes with its process, the servers run on.
+	s.ReleaseLock()
+	s2, err := apiserver.Start(ctx, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,7 +59,7 @@ func TestStartStopAndLeftovers(t *testing.T) {
 	if err := s2.Stop(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := os.Stat(pidFile(opts.Dir, "etcd")); err == nil {
+	if _, err := os.Stat(filepath.Join(opts.Dir, "etcd.pid")); err == nil {
 		t.Error("Stop left etcd's PID file")
 	}
 }

@@ -219,6 +219,15 @@ func (s *Server) Stop() error {
 	return errors.Join(errs...)
 }
 
+// ReleaseLock lets the lock go and leaves the processes running: what a
+// crashed run leaves behind (for the fixture's own test).
+func (s *Server) ReleaseLock() {
+	if s.lock != nil {
+		s.lock.Close()
+		s.lock = nil
+	}
+}
+
 // Log is the path of a component's log.
 func (s *Server) Log(component string) string { return filepath.Join(s.opts.Dir, component+".log") }
 
