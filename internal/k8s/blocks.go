@@ -198,14 +198,8 @@ func (b *BlockAssigner) reconcile(ctx context.Context, node string) (time.Durati
 			return 0, nil
 		}
 	}
+	// Blocks first: a node waiting for one matters more than a status.
 	have := b.nodeBlocks(node)
-	for _, nb := range have {
-		if err := b.setCondition(ctx, nb, metav1.Condition{Type: v1alpha1.ConditionAssigned, Status: metav1.ConditionTrue,
-			Reason: v1alpha1.ReasonRequested, Message: "node " + node + " takes its pods' addresses from this block"},
-			v1alpha1.ConditionReclaimable); err != nil {
-			return 0, err
-		}
-	}
 	for n := len(have) + b.recentOf(node); n < wanted; n++ {
 		if err := b.assign(ctx, node); err != nil {
 			if errors.Is(err, errRangesFull) {
@@ -213,6 +207,14 @@ func (b *BlockAssigner) reconcile(ctx context.Context, node string) (time.Durati
 					"ranges", b.opts.Blocks.Ranges, "fix", "add a range to -block-ranges, or use smaller blocks (-block-size)")
 				return time.Minute, nil
 			}
+			return 0, err
+		}
+	}
+	// A node that came back within the grace: its blocks are its own again.
+	for _, nb := range have {
+		if err := b.setCondition(ctx, nb, metav1.Condition{Type: v1alpha1.ConditionAssigned, Status: metav1.ConditionTrue,
+			Reason: v1alpha1.ReasonRequested, Message: "node " + node + " takes its pods' addresses from this block"},
+			v1alpha1.ConditionReclaimable); err != nil {
 			return 0, err
 		}
 	}

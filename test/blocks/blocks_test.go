@@ -21,6 +21,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 
 	"github.com/vpcni/vpcni/internal/apis/vpcni/v1alpha1"
 	"github.com/vpcni/vpcni/internal/ipam"
@@ -70,21 +71,27 @@ type agent struct {
 
 func newAgent(t *testing.T, node, rangeCIDR, wait string) *agent {
 	t.Helper()
+	return newAgentAs(t, fixture.Config, node, rangeCIDR, wait)
+}
+
+// newAgentAs is newAgent with the agent's client configuration cfg.
+func newAgentAs(t *testing.T, cfg *rest.Config, node, rangeCIDR, wait string) *agent {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	src, err := nodeblocks.NewSource(fixture.Config, node)
+	src, err := nodeblocks.NewSource(cfg, node)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := src.StartUntil(ctx, ctx); err != nil {
 		t.Fatal(err)
 	}
-	cfg := &static.Config{Ranges: []static.Range{{CIDR: rangeCIDR}}, Blocks: &static.Blocks{Wait: wait}}
-	cfg.Defaults()
-	if err := cfg.Validate(); err != nil {
+	sc := &static.Config{Ranges: []static.Range{{CIDR: rangeCIDR}}, Blocks: &static.Blocks{Wait: wait}}
+	sc.Defaults()
+	if err := sc.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	p, err := static.NewInBlocks(cfg, t.TempDir(), src)
+	p, err := static.NewInBlocks(sc, t.TempDir(), src)
 	if err != nil {
 		t.Fatal(err)
 	}
