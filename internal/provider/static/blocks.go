@@ -91,3 +91,29 @@ func (p *Provider) assignInBlocks(ctx context.Context, req provider.AssignReques
 func inAny(blocks []netip.Prefix, a netip.Addr) bool {
 	return slices.ContainsFunc(blocks, func(b netip.Prefix) bool { return b.Contains(a) })
 }
+
+// dropOutsideBlocks forgets held addresses in no block of the node any
+// more: a block vpcni-controller took back (its Node was deleted, or a
+// person deleted the NodeBlock) may be another node's now. The agent's
+// pool then drops its free addresses there, and says loudly if a running
+// pod has one (it asks for it back and is refused). Called with p.mu held.
+func (p *Provider) dropOutsideBlocks() error {
+	blocks := p.blocks.Blocks()
+	var dropped []netip.Addr
+	for a := range p.held {
+		if !inAny(blocks, a) {
+			delete(p.held, a)
+			dropped = append(dropped, a)
+		}
+	}
+	if len(dropped) == 0 {
+		return nil
+	}
+	if err := p.save(); err != nil {
+		for _, a := range dropped {
+			p.held[a] = true
+		}
+		return err
+	}
+	return nil
+}

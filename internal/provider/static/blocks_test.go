@@ -114,3 +114,41 @@ func TestBlocksConfigChecked(t *testing.T) {
 		t.Errorf("defaults: %v, wait %q", err, cfg.Blocks.Wait)
 	}
 }
+
+// A block taken back (its NodeBlock deleted) no longer counts as held: the
+// agent's pool drops its free addresses there, so two nodes never hand
+// out one address.
+func TestBlocksModeForgetsATakenBackBlock(t *testing.T) {
+	src := &grantingSource{pending: []netip.Prefix{netip.MustParsePrefix("10.9.0.32/28"), netip.MustParsePrefix("10.9.0.48/28")}}
+	dir := t.TempDir()
+	p, err := static.NewInBlocks(blocksConfig("10ms"), dir, src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Assign(context.Background(), provider.AssignRequest{Count: 20}); err != nil {
+		t.Fatal(err)
+	}
+	src.mu.Lock()
+	src.blocks = src.blocks[1:]
+	src.mu.Unlock()
+	h, err := p.Held(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range provider.Addresses(h) {
+		if !netip.MustParsePrefix("10.9.0.48/28").Contains(a) {
+			t.Errorf("still holds %s of the block taken back", a)
+		}
+	}
+	if len(h) != 4 {
+		t.Errorf("holds %d, want the 4 of the remaining block", len(h))
+	}
+	// And after a restart (the state file).
+	p2, err := static.NewInBlocks(blocksConfig("10ms"), dir, src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h2, _ := p2.Held(context.Background()); len(h2) != 4 {
+		t.Errorf("after a restart holds %d, want 4", len(h2))
+	}
+}

@@ -256,6 +256,11 @@ func (p *Provider) Release(_ context.Context, addrs []netip.Addr) error {
 func (p *Provider) Held(context.Context) ([]alloc.Lease, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.blocks != nil {
+		if err := p.dropOutsideBlocks(); err != nil {
+			return nil, err
+		}
+	}
 	out := make([]netip.Addr, 0, len(p.held))
 	for a := range p.held {
 		out = append(out, a)
