@@ -166,7 +166,9 @@ func (c *controllerProc) stop() {
 	}
 }
 
-func (c *controllerProc) leading() bool { return strings.Contains(c.log.String(), "leading: reconcilers start") }
+func (c *controllerProc) leading() bool {
+	return strings.Contains(c.log.String(), "leading: reconcilers start")
+}
 
 // The real vpcni-controller binary, two replicas with the leader lease,
 // running as the service account deploy/rbac.yaml sets up, and the
