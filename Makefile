@@ -73,10 +73,11 @@ fuzz:
 # vpcni-controller and the agents' cluster side against a real etcd +
 # kube-apiserver only (internal/testbed/apiserver: the k8s-build binaries,
 # loopback ports 26443/22379, state in /var/tmp/vpcni-apiserver; never the
-# e2e node's). Per-node blocks: three nodes from one config, reclaiming,
-# racing writers (~1 min).
-k8s-api: k8s-build
-	VPCNI_REQUIRE_ROOT=1 $(GO) test -count=1 -timeout 5m -v ./test/blocks 2>&1 | tee /tmp/vpcni-k8s-api.log | $(TESTFILTER) ; exit $${PIPESTATUS[0]}
+# e2e node's). Per-node blocks: three vpcnid nodes from one config with
+# pods reachable, reclaiming, racing writers, the controller binary with
+# its lease and RBAC (~40 s).
+k8s-api: build k8s-build
+	VPCNI_REQUIRE_ROOT=1 VPCNI_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 5m -v ./test/blocks 2>&1 | tee /tmp/vpcni-k8s-api.log | $(TESTFILTER) ; exit $${PIPESTATUS[0]}
 
 # Root-only: real namespaces, the built plugin driven by libcni, Debian's
 # reference plugins, a real neutron-server (scripts/neutron.sh installs and
