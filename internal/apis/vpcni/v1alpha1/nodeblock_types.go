@@ -16,6 +16,10 @@ import (
 // server itself refuses a second object for the same block: two writers
 // racing for one block cannot both win. The spec never changes.
 //
+// The API server holds the name to the block, so uniqueness by name is
+// uniqueness by block whoever writes:
+// +kubebuilder:validation:XValidation:rule="self.metadata.name == self.spec.cidr.replace('/', '-').replace(':', '-')",message="a NodeBlock's name is its CIDR with '/' (and ':') as '-', e.g. 10.20.0.64-26"
+//
 // +kubebuilder:object:root=true
 // +kubebuilder:resource:scope=Cluster,shortName=nb
 // +kubebuilder:subresource:status
@@ -38,8 +42,9 @@ type NodeBlockSpec struct {
 	// Node is the name of the node whose pods take addresses from the block.
 	// +kubebuilder:validation:MinLength=1
 	Node string `json:"node"`
-	// CIDR is the block, e.g. 10.20.0.64/26.
-	// +kubebuilder:validation:MinLength=1
+	// CIDR is the block, e.g. 10.20.0.64/26: no host bits.
+	// +kubebuilder:validation:MaxLength=43
+	// +kubebuilder:validation:XValidation:rule="isCIDR(self) && cidr(self) == cidr(self).masked()",message="cidr must be a CIDR without host bits, e.g. 10.20.0.64/26"
 	CIDR string `json:"cidr"`
 }
 
