@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -119,22 +120,24 @@ func TestThreeVpcnidNodesOneConfig(t *testing.T) {
 	}
 	addrs := map[string][]netip.Addr{}
 	var echo []string
+	var agents []*testbed.Agent
 	t0 := time.Now()
 	for i := 1; i <= nodes; i++ {
 		createNode(t, nodeNS(i))
 		a, err := testbed.StartAgentIn(runDir, nodeNS(i), bin, shared(nodeNS(i)))
+		agents = append(agents, a)
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() {
+			a := agents[i-1] // the one running at the end (restarted below)
 			if t.Failed() {
 				log, _ := os.ReadFile(a.LogPath)
 				t.Logf("%s's vpcnid log:\n%s", nodeNS(i), log)
 			}
 			_ = a.Stop()
 		})
-		cni, err := testbed.NewCNIIn(nodeNS(i), []string{bin}, filepath.Join(dir, nodeNS(i), "cni-cache"),
-			testbed.VpcniConfList("1.1.0", "vpcni", a.Config.SocketPath))
+		cni, err := newCNI(nodeNS(i), bin, dir, a)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -188,6 +191,63 @@ func TestThreeVpcnidNodesOneConfig(t *testing.T) {
 			}
 		}
 	}
+
+	// A restarted agent finds its blocks again before it looks at what
+	// it holds: nothing is dropped as "outside its blocks", its pods keep
+	// their addresses, and a new pod gets one from its block.
+	before := poolOf(t, agents[0])
+	if err := agents[0].Stop(); err != nil {
+		t.Fatal(err)
+	}
+	a, err := testbed.StartAgentIn(runDir, nodeNS(1), bin, shared(nodeNS(1)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	agents[0] = a
+	waitFor(t, 10*time.Second, "the restarted agent holds what it held", func() error {
+		after := poolOf(t, a)
+		for _, state := range []string{"allocated", "free"} {
+			if !slices.Equal(after[state], before[state]) {
+				return fmt.Errorf("%s: %v, before the restart %v", state, after[state], before[state])
+			}
+		}
+		return nil
+	})
+	cni, err := newCNI(nodeNS(1), bin, dir, a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := netnsutil.Add(podNS(1, 3)); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	res, err := cni.Add(ctx, testbed.Runtime("c-1-3", netnsutil.Path(podNS(1, 3)), "eth0", nil))
+	cancel()
+	if err != nil {
+		t.Fatalf("ADD after the restart: %v", err)
+	}
+	if addr := podAddr(t, res); !inBlocks(byNode[nodeNS(1)], addr) || slices.Contains(addrs[nodeNS(1)], addr) {
+		t.Errorf("the new pod got %s: not a fresh address of the node's blocks %v", addr, byNode[nodeNS(1)])
+	}
+	ctx, cancel = context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := netnsutil.Probe(ctx, netnsutil.Path(podNS(1, 3)), echo[pods]+":7007"); err != nil {
+		t.Errorf("the new pod → %s on node 2: %v", echo[pods], err)
+	}
+}
+
+func newCNI(ns, bin, dir string, a *testbed.Agent) (*testbed.CNI, error) {
+	return testbed.NewCNIIn(ns, []string{bin}, filepath.Join(dir, ns, "cni-cache"), testbed.VpcniConfList("1.1.0", "vpcni", a.Config.SocketPath))
+}
+
+// poolOf is every address the node's agent holds, by state.
+func poolOf(t *testing.T, a *testbed.Agent) map[string][]string {
+	t.Helper()
+	st, err := a.State()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st.Pool.Addresses
 }
 
 func podAddr(t *testing.T, res types.Result) netip.Addr {
