@@ -13,14 +13,19 @@ import (
 	"sync/atomic"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/metadata/metadatainformer"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
 
 	"github.com/vpcni/vpcni/internal/apis/vpcni/v1alpha1"
@@ -58,6 +63,11 @@ type BlockAssigner struct {
 	blocks cache.SharedIndexInformer
 	addrs  cache.SharedIndexInformer
 	queue  workqueue.TypedRateLimitingInterface[string]
+	cs     kubernetes.Interface
+	events record.EventBroadcaster
+	// recorder puts Events on Nodes: a block assigned (Normal), the
+	// ranges full (Warning, with the fix), a block held back (Normal).
+	recorder record.EventRecorder
 
 	mu        sync.Mutex
 	goneSince map[string]time.Time
@@ -98,7 +108,12 @@ func NewBlockAssigner(cfg *rest.Config, opts BlockOptions, log *slog.Logger) (*B
 	if err != nil {
 		return nil, err
 	}
-	b := &BlockAssigner{opts: opts, client: client, log: log.With("reconciler", "blocks"),
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	b := &BlockAssigner{opts: opts, client: client, log: log.With("reconciler", "blocks"), cs: cs,
+		events:    record.NewBroadcaster(),
 		queue:     workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]()),
 		goneSince: map[string]time.Time{}, recent: map[netip.Prefix]recentBlock{}}
 	b.nodes = metadatainformer.NewSharedInformerFactory(md, 10*time.Minute).
@@ -141,6 +156,7 @@ func NewBlockAssigner(cfg *rest.Config, opts BlockOptions, log *slog.Logger) (*B
 			b.queue.Add(o.Spec.Node)
 		}
 	}
+	b.recorder = b.events.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "vpcni-controller"})
 	handler := cache.ResourceEventHandlerFuncs{AddFunc: enqueue, UpdateFunc: func(_, n any) { enqueue(n) }, DeleteFunc: enqueue}
 	_, _ = b.nodes.AddEventHandler(handler)
 	_, _ = b.blocks.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: enqueue, UpdateFunc: func(_, n any) { enqueue(n) },
@@ -166,6 +182,8 @@ func (b *BlockAssigner) Conflicts() int64 { return b.conflicts.Load() }
 // Run reconciles until ctx ends.
 func (b *BlockAssigner) Run(ctx context.Context) error {
 	defer b.queue.ShutDown()
+	b.events.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: b.cs.CoreV1().Events("")})
+	defer b.events.Shutdown()
 	go b.nodes.Run(ctx.Done())
 	go b.blocks.Run(ctx.Done())
 	go b.addrs.Run(ctx.Done())
@@ -201,10 +219,13 @@ func (b *BlockAssigner) reconcile(ctx context.Context, node string) (time.Durati
 	// Blocks first: a node waiting for one matters more than a status.
 	have := b.nodeBlocks(node)
 	for n := len(have) + b.recentOf(node); n < wanted; n++ {
-		if err := b.assign(ctx, node); err != nil {
+		if err := b.assign(ctx, m); err != nil {
 			if errors.Is(err, errRangesFull) {
+				const fix = "add a range to -block-ranges, or use smaller blocks (-block-size)"
 				b.log.Warn("no free block for node: the ranges are full", "node", node, "has", n, "wants", wanted,
-					"ranges", b.opts.Blocks.Ranges, "fix", "add a range to -block-ranges, or use smaller blocks (-block-size)")
+					"ranges", b.opts.Blocks.Ranges, "fix", fix)
+				b.recorder.Eventf(nodeRef(m), corev1.EventTypeWarning, EventNoFreeBlock,
+					"no free /%d block in %v for node %s (it has %d, asks for %d): %s", b.opts.Blocks.Bits, b.opts.Blocks.Ranges, node, n, wanted, fix)
 				return time.Minute, nil
 			}
 			return 0, err
@@ -223,11 +244,24 @@ func (b *BlockAssigner) reconcile(ctx context.Context, node string) (time.Durati
 
 var errRangesFull = errors.New("no free block in the ranges")
 
+// Reasons of the Events the assigner puts on Nodes.
+const (
+	EventBlockAssigned = "VpcniBlockAssigned"
+	EventNoFreeBlock   = "VpcniNoFreeBlock"
+)
+
+// nodeRef is the object an Event about a Node refers to (Events on Nodes
+// live in the default namespace, as the kubelet's do).
+func nodeRef(m *metav1.PartialObjectMetadata) *corev1.ObjectReference {
+	return &corev1.ObjectReference{Kind: "Node", APIVersion: "v1", Name: m.Name, UID: m.UID}
+}
+
 // assign creates one NodeBlock for node, on the first block no NodeBlock
 // (cached, or just created here) overlaps. If another writer created the
 // same block first, the API server says AlreadyExists: that block is taken,
 // the next one is tried.
-func (b *BlockAssigner) assign(ctx context.Context, node string) error {
+func (b *BlockAssigner) assign(ctx context.Context, m *metav1.PartialObjectMetadata) error {
+	node := m.Name
 	used := b.usedBlocks()
 	for range 64 {
 		p, ok := b.opts.Blocks.Free(used)
@@ -253,6 +287,7 @@ func (b *BlockAssigner) assign(ctx context.Context, node string) error {
 		b.mu.Unlock()
 		b.assigned.Add(1)
 		b.log.Info("block assigned", "node", node, "block", p)
+		b.recorder.Eventf(nodeRef(m), corev1.EventTypeNormal, EventBlockAssigned, "block %s assigned to node %s (NodeBlock %s)", p, node, created.Name)
 		return b.setCondition(ctx, created, metav1.Condition{Type: v1alpha1.ConditionAssigned, Status: metav1.ConditionTrue,
 			Reason: v1alpha1.ReasonRequested, Message: "node " + node + " takes its pods' addresses from this block"})
 	}

@@ -292,6 +292,9 @@ func TestGoneNodeGivesBlocksBack(t *testing.T) {
 		t.Fatalf("a third node in a range of two blocks: %v, want ErrExhausted", err)
 	}
 	pas := []string{podAddress(t, "gone-1", addrs[0]), podAddress(t, "gone-1", addrs[1])}
+	waitFor(t, 10*time.Second, "a Warning Event on the node left without a block", func() error {
+		return nodeEvent(t, "late-1", k8s.EventNoFreeBlock, "no free /28 block in [10.31.0.0/27] for node late-1")
+	})
 
 	deleteNode(t, "gone-1")
 	deleteNode(t, "back-1")
@@ -454,4 +457,20 @@ func cleanupBlocks(t *testing.T) {
 	if err := clientset(t).CoreV1().Nodes().DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
 		t.Errorf("clean nodes: %v", err)
 	}
+}
+
+// nodeEvent: an Event with reason on the Node says msg.
+func nodeEvent(t *testing.T, node, reason, msg string) error {
+	l, err := clientset(t).CoreV1().Events("default").List(context.Background(), metav1.ListOptions{FieldSelector: "involvedObject.name=" + node})
+	if err != nil {
+		return err
+	}
+	var seen []string
+	for _, e := range l.Items {
+		if e.Reason == reason && e.InvolvedObject.Kind == "Node" && strings.Contains(e.Message, msg) {
+			return nil
+		}
+		seen = append(seen, e.Reason+": "+e.Message)
+	}
+	return fmt.Errorf("events on %s: %q", node, seen)
 }

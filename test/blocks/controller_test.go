@@ -224,6 +224,9 @@ func TestControllerBinaryWithLeaseAndRBAC(t *testing.T) {
 	if len(items) != 4 || len(byNode["lease-1"]) != 2 || !inBlocks(byNode["lease-1"], more[len(more)-1]) {
 		t.Fatalf("after takeover: %v", byNode)
 	}
+	waitFor(t, 10*time.Second, "the binary's Event on the node", func() error {
+		return nodeEvent(t, "lease-1", "VpcniBlockAssigned", "assigned to node lease-1")
+	})
 	if log := c1.log.String() + c2.log.String(); strings.Contains(log, "forbidden") {
 		t.Errorf("a request was forbidden by RBAC:\n%s", log)
 	}
