@@ -52,6 +52,11 @@ func (p *Provider) assignInBlocks(ctx context.Context, req provider.AssignReques
 		if want == 0 || waitCtx.Err() != nil {
 			break
 		}
+		if slices.ContainsFunc(blocks, p.outsideRanges) {
+			// Misconfigured: another block would be outside too, and
+			// asking on every request would take the whole range.
+			break
+		}
 		// Full: one block more. Each round asks for one past what the
 		// node has, so a lost or slow answer is asked for again, never
 		// doubled.
@@ -68,7 +73,7 @@ func (p *Provider) assignInBlocks(ctx context.Context, req provider.AssignReques
 	}
 	for _, b := range blocks {
 		// Its addresses are not usable (p.usable): say why.
-		if !slices.ContainsFunc(p.ranges, func(r ipam.Range) bool { return r.Prefix.Contains(b.Addr()) && r.Prefix.Bits() <= b.Bits() }) {
+		if p.outsideRanges(b) {
 			errs = append(errs, fmt.Errorf("block %s is outside provider.static.ranges: vpcni-controller's -block-ranges and the agents' ranges disagree", b))
 		}
 	}
@@ -116,4 +121,9 @@ func (p *Provider) dropOutsideBlocks() error {
 		return err
 	}
 	return nil
+}
+
+// outsideRanges: b is in none of the configured ranges.
+func (p *Provider) outsideRanges(b netip.Prefix) bool {
+	return !slices.ContainsFunc(p.ranges, func(r ipam.Range) bool { return r.Prefix.Contains(b.Addr()) && r.Prefix.Bits() <= b.Bits() })
 }

@@ -90,7 +90,7 @@ func TestBlocksModeTakesOnlyFromTheNodesBlocks(t *testing.T) {
 // A block outside the configured ranges gives nothing and says the two
 // configurations disagree.
 func TestBlocksModeNamesABlockOutsideTheRanges(t *testing.T) {
-	src := &grantingSource{blocks: []netip.Prefix{netip.MustParsePrefix("10.8.0.0/28")}}
+	src := &grantingSource{blocks: []netip.Prefix{netip.MustParsePrefix("10.8.0.0/28")}, pending: []netip.Prefix{netip.MustParsePrefix("10.8.0.16/28")}}
 	p, err := static.NewInBlocks(blocksConfig("10ms"), t.TempDir(), src)
 	if err != nil {
 		t.Fatal(err)
@@ -98,6 +98,10 @@ func TestBlocksModeNamesABlockOutsideTheRanges(t *testing.T) {
 	got, err := p.Assign(context.Background(), provider.AssignRequest{Count: 1})
 	if len(got) != 0 || err == nil || !strings.Contains(err.Error(), "block 10.8.0.0/28 is outside provider.static.ranges") {
 		t.Fatalf("got %v, %v", got, err)
+	}
+	// Asking for more would only hoard blocks that are outside too.
+	if len(src.wants) != 0 {
+		t.Errorf("asked for %v blocks with its blocks outside its ranges", src.wants)
 	}
 }
 
