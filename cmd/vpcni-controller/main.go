@@ -26,6 +26,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/leaderelection"
@@ -45,7 +47,7 @@ func main() {
 	flag.StringVar(&o.identity, "id", envOr("POD_NAME", ""), "this replica's identity (default: host name)")
 	flag.DurationVar(&o.grace, "release-grace", 30*time.Second, "how long a pod must be gone before its address is released")
 	flag.DurationVar(&o.leaseDuration, "lease-duration", 15*time.Second, "leader lease duration")
-	flag.StringVar(&o.healthAddr, "health-addr", ":9697", "address of /healthz (empty: off)")
+	flag.StringVar(&o.healthAddr, "health-addr", ":9697", "address of /healthz, /readyz and /metrics (empty: off)")
 	flag.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn, error")
 	flag.StringVar(&o.webhookAddr, "webhook-addr", ":9443", "address of the pod admission webhook, HTTPS (empty: off)")
 	flag.StringVar(&o.webhookService, "webhook-service", "vpcni-webhook", "the webhook's Service, in -lease-namespace (its certificate names it)")
@@ -142,6 +144,8 @@ func run(o options, log *slog.Logger) error {
 	// reconciler failed: the kubelet restarts it and another replica leads.
 	leaderHealth := leaderelection.NewLeaderHealthzAdaptor(20 * time.Second)
 	var runErr atomic.Value
+	// The leader's block figures, on /metrics beside /healthz.
+	blockMetrics := &k8s.BlockMetrics{}
 	var certs *k8s.Certs
 	if o.webhookAddr != "" {
 		certs, err = serveWebhook(ctx, cs, o, log)
@@ -155,6 +159,9 @@ func run(o options, log *slog.Logger) error {
 			return fmt.Errorf("health endpoint: %w", err)
 		}
 		mux := http.NewServeMux()
+		reg := prometheus.NewRegistry()
+		reg.MustRegister(blockMetrics)
+		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 		mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
 			if err := leaderHealth.Check(r); err != nil {
 				http.Error(w, err.Error(), http.StatusServiceUnavailable)
@@ -211,7 +218,9 @@ func run(o options, log *slog.Logger) error {
 					wg.Go(func() {
 						a, err := k8s.NewBlockAssigner(cfg, k8s.BlockOptions{Blocks: *blocks, Grace: o.blockGrace}, log)
 						if err == nil {
+							blockMetrics.Set(a)
 							err = a.Run(ctx)
+							blockMetrics.Set(nil)
 						}
 						fail("blocks", err)
 					})

@@ -447,3 +447,32 @@ func (b *BlockAssigner) usedBlocks() []netip.Prefix {
 	b.mu.Unlock()
 	return used
 }
+
+// Figures are the assigner's state for metrics: blocks by state, the
+// nodes waiting for a block, and the counters.
+type Figures struct {
+	Blocks, Assigned, Free, NodesWaiting int
+	Created, Reclaimed, Conflicts        int64
+}
+
+// Figures reads the caches: the blocks of the ranges that are assigned
+// (any NodeBlock overlapping them) and free, and the nodes whose request
+// is not met.
+func (b *BlockAssigner) Figures() Figures {
+	f := Figures{Blocks: b.opts.Blocks.Count(), Created: b.assigned.Load(), Reclaimed: b.reclaimed.Load(), Conflicts: b.conflicts.Load()}
+	used := b.usedBlocks()
+	b.opts.Blocks.All(func(p netip.Prefix) bool {
+		if slices.ContainsFunc(used, p.Overlaps) {
+			f.Assigned++
+		}
+		return true
+	})
+	f.Free = f.Blocks - f.Assigned
+	for _, obj := range b.nodes.GetStore().List() {
+		m := obj.(*metav1.PartialObjectMetadata)
+		if wanted, err := strconv.Atoi(m.Annotations[v1alpha1.AnnotationBlocksWanted]); err == nil && len(b.nodeBlocks(m.Name)) < wanted {
+			f.NodesWaiting++
+		}
+	}
+	return f
+}

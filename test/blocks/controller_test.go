@@ -5,9 +5,12 @@ import (
 	"context"
 	"encoding/base64"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -185,14 +188,14 @@ func TestControllerBinaryWithLeaseAndRBAC(t *testing.T) {
 	}
 	kc := kubeconfigAs(t, "vpcni-controller")
 	args := []string{"-block-ranges", "10.34.0.0/25", "-block-size", "28", "-block-reclaim-grace", "1s"}
-	c1 := startController(t, bin, kc, "replica-1", args...)
+	c1 := startController(t, bin, kc, "replica-1", append(args, "-health-addr", "127.0.0.1:29697")...)
 	waitFor(t, 20*time.Second, "replica-1 leads", func() error {
 		if !c1.leading() {
 			return fmt.Errorf("log so far:\n%s", c1.log)
 		}
 		return nil
 	})
-	c2 := startController(t, bin, kc, "replica-2", args...)
+	c2 := startController(t, bin, kc, "replica-2", append(args, "-health-addr", "127.0.0.1:29698")...)
 	const rng = "10.34.0.0/25"
 	agentCfg := serviceAccount("vpcni-agent")
 	var agents []*agent
@@ -212,6 +215,15 @@ func TestControllerBinaryWithLeaseAndRBAC(t *testing.T) {
 	if c2.leading() {
 		t.Fatal("both replicas lead")
 	}
+	// The leader's figures on /metrics: 3 of the 8 blocks assigned; the
+	// follower exports none.
+	waitFor(t, 10*time.Second, "the leader's block metrics", func() error {
+		return metricsSay("127.0.0.1:29697", `vpcni_controller_blocks{state="assigned"} 3`, `vpcni_controller_blocks{state="free"} 5`,
+			`vpcni_controller_block_nodes_waiting 0`, `vpcni_controller_blocks_assigned_total 3`)
+	})
+	if err := metricsSay("127.0.0.1:29698", "vpcni_controller_blocks{"); err == nil {
+		t.Error("the follower exports block metrics")
+	}
 	t0 := time.Now()
 	c1.stop()
 	more := agents[0].assign(t, 14) // its block has 14 usable, 5 taken: a second block
@@ -224,10 +236,43 @@ func TestControllerBinaryWithLeaseAndRBAC(t *testing.T) {
 	if len(items) != 4 || len(byNode["lease-1"]) != 2 || !inBlocks(byNode["lease-1"], more[len(more)-1]) {
 		t.Fatalf("after takeover: %v", byNode)
 	}
+	waitFor(t, 10*time.Second, "the new leader's block metrics", func() error {
+		return metricsSay("127.0.0.1:29698", `vpcni_controller_blocks{state="assigned"} 4`, `vpcni_controller_blocks_assigned_total 1`)
+	})
 	waitFor(t, 10*time.Second, "the binary's Event on the node", func() error {
 		return nodeEvent(t, "lease-1", "VpcniBlockAssigned", "assigned to node lease-1")
 	})
 	if log := c1.log.String() + c2.log.String(); strings.Contains(log, "forbidden") {
 		t.Errorf("a request was forbidden by RBAC:\n%s", log)
 	}
+}
+
+// metricsSay: the /metrics at addr has every line of want.
+func metricsSay(addr string, want ...string) error {
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return err
+	}
+	lines := strings.Split(string(body), "\n")
+	for _, w := range want {
+		if !slices.Contains(lines, w) {
+			return fmt.Errorf("no line %q in:\n%s", w, grepLines(lines, "vpcni_"))
+		}
+	}
+	return nil
+}
+
+func grepLines(lines []string, sub string) string {
+	var out []string
+	for _, l := range lines {
+		if strings.Contains(l, sub) && !strings.HasPrefix(l, "#") {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
 }
