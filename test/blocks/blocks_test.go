@@ -299,7 +299,7 @@ func TestGoneNodeGivesBlocksBack(t *testing.T) {
 	deleteNode(t, "gone-1")
 	deleteNode(t, "back-1")
 	createNode(t, "back-1") // re-registered within the grace
-	time.Sleep(grace + time.Second)
+	// The condition is written only once the grace has passed.
 	waitFor(t, 10*time.Second, "the gone node's block reports its PodAddresses", func() error {
 		return reclaimable(t, goneBlock[0], "2 PodAddresses")
 	})

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"testing"
+	"time"
 
 	"github.com/vpcni/vpcni/internal/testbed"
 	"github.com/vpcni/vpcni/internal/testbed/apiserver"
@@ -18,7 +19,9 @@ var fixture *apiserver.Server
 
 func TestMain(m *testing.M) {
 	testbed.RequireRoot("the API server tests (the cached Kubernetes build)")
-	s, err := apiserver.Start(context.Background(), apiserver.Options{
+	// Another work tree's run holding the fixture is waited for, within
+	// the package's own timeout (make k8s-api: 5m).
+	s, err := apiserver.Start(context.Background(), apiserver.Options{LockWait: 3 * time.Minute,
 		CRDs: []string{"../../deploy/vpcni.io_nodeblocks.yaml", "../../deploy/vpcni.io_podaddresses.yaml"}})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "vpcni-test: API server fixture:", err)
