@@ -246,6 +246,16 @@ func TestThreeNodesOneConfig(t *testing.T) {
 			}
 		}
 	}
+	// What each node advertises (vpcni.io/ip): the range's 253 usable
+	// addresses less those in the other nodes' blocks.
+	waitFor(t, 10*time.Second, "capacities that leave out the other nodes' blocks", func() error {
+		for i, want := range []int{253 - 32, 253 - (14 + 16 + 16)} {
+			if got := agents[i].p.Info(); got.Capacity != want {
+				return fmt.Errorf("%s: capacity %d, want %d (%s)", agents[i].node, got.Capacity, want, got.CapacityReason)
+			}
+		}
+		return nil
+	})
 	node, err := clientset(t).CoreV1().Nodes().Get(context.Background(), agents[0].node, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)

@@ -20,9 +20,10 @@ import (
 )
 
 // Source is one node's blocks as its agent sees them: a cache of the
-// NodeBlocks labelled with the node, and the way to ask for more (the
-// Node's vpcni.io/blocks-wanted annotation, which only vpcni-controller
-// acts on). The agent never creates or deletes a NodeBlock itself.
+// NodeBlocks (every node's: what the others hold bounds what this node
+// may still get), and the way to ask for more (the Node's
+// vpcni.io/blocks-wanted annotation, which only vpcni-controller acts on).
+// The agent never creates or deletes a NodeBlock itself.
 type Source struct {
 	node  string
 	cs    kubernetes.Interface
@@ -46,7 +47,7 @@ func NewSource(cfg *rest.Config, node string) (*Source, error) {
 		return nil, err
 	}
 	s := &Source{node: node, cs: cs, changed: make(chan struct{})}
-	s.inf = c.Informer(v1alpha1.LabelNode+"="+v1alpha1.NodeLabel(node), 0, nil)
+	s.inf = c.Informer("", 0, nil)
 	wake := func(any) { s.wake() }
 	_, _ = s.inf.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: wake, UpdateFunc: func(_, o any) { wake(o) }, DeleteFunc: wake})
 	return s, nil
@@ -69,14 +70,18 @@ func (s *Source) wake() {
 	s.mu.Unlock()
 }
 
-// Blocks lists the node's blocks, in address order. A NodeBlock whose
-// spec names another node (a label set by hand) or no valid CIDR is not
-// one of them.
-func (s *Source) Blocks() []netip.Prefix {
+// Blocks lists the node's blocks, in address order. A NodeBlock being
+// deleted or with no valid CIDR is not one of them.
+func (s *Source) Blocks() []netip.Prefix { return s.list(true) }
+
+// Taken lists the other nodes' blocks, in address order.
+func (s *Source) Taken() []netip.Prefix { return s.list(false) }
+
+func (s *Source) list(mine bool) []netip.Prefix {
 	var out []netip.Prefix
 	for _, obj := range s.inf.GetStore().List() {
 		nb, ok := obj.(*v1alpha1.NodeBlock)
-		if !ok || nb.Spec.Node != s.node || nb.DeletionTimestamp != nil {
+		if !ok || (nb.Spec.Node == s.node) != mine || mine && nb.DeletionTimestamp != nil {
 			continue
 		}
 		if p, err := netip.ParsePrefix(nb.Spec.CIDR); err == nil && p.Masked() == p {

@@ -21,7 +21,14 @@ type grantingSource struct {
 	mu      sync.Mutex
 	pending []netip.Prefix
 	blocks  []netip.Prefix
+	taken   []netip.Prefix // other nodes'
 	wants   []int
+}
+
+func (s *grantingSource) Taken() []netip.Prefix {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.taken)
 }
 
 func (s *grantingSource) Blocks() []netip.Prefix {
@@ -154,5 +161,21 @@ func TestBlocksModeForgetsATakenBackBlock(t *testing.T) {
 	}
 	if h2, _ := p2.Held(context.Background()); len(h2) != 4 {
 		t.Errorf("after a restart holds %d, want 4", len(h2))
+	}
+}
+
+// The capacity a node advertises: the ranges' usable addresses less those
+// in other nodes' blocks.
+func TestBlocksModeCapacityLeavesOutOtherNodesBlocks(t *testing.T) {
+	src := &grantingSource{blocks: []netip.Prefix{netip.MustParsePrefix("10.9.0.0/28")},
+		taken: []netip.Prefix{netip.MustParsePrefix("10.9.0.16/28"), netip.MustParsePrefix("10.9.0.32/28")}}
+	p, err := static.NewInBlocks(blocksConfig("10ms"), t.TempDir(), src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 10.9.0.0/24: 256 less network, broadcast, gateway .1 and .20 = 252;
+	// the others' blocks hold 15 (.20 excluded) and 16.
+	if got := p.Info().Capacity; got != 252-31 {
+		t.Errorf("capacity %d, want %d (%s)", got, 252-31, p.Info().CapacityReason)
 	}
 }

@@ -45,6 +45,8 @@ type Provider struct {
 type BlockSource interface {
 	// Blocks lists the node's blocks now, in address order.
 	Blocks() []netip.Prefix
+	// Taken lists the other nodes' blocks now.
+	Taken() []netip.Prefix
 	// Want asks for n blocks in all.
 	Want(ctx context.Context, n int) error
 	// WaitFor waits until the node has n blocks or ctx ends, and returns
@@ -295,9 +297,21 @@ func (p *Provider) Info() provider.Info {
 	info := provider.Info{Name: "static", Capacity: p.size,
 		CapacityReason: fmt.Sprintf("%d usable addresses in the configured ranges", p.size)}
 	if p.blocks != nil {
-		// The node may grow by blocks up to the whole ranges, shared
-		// with every other node: that is the bound it knows.
-		info.CapacityReason += fmt.Sprintf(", taken in blocks; this node holds %d", len(p.blocks.Blocks()))
+		// The node may grow by blocks into whatever no other node holds
+		// (shared with every node still growing): as the ranges fill,
+		// the bound shrinks to its own blocks, and the scheduler stops
+		// sending pods no address can come for.
+		taken := 0
+		for _, b := range p.blocks.Taken() {
+			for a := b.Addr(); b.Contains(a); a = a.Next() {
+				if p.usable(a) {
+					taken++
+				}
+			}
+		}
+		info.Capacity = p.size - taken
+		info.CapacityReason = fmt.Sprintf("%d usable addresses in the configured ranges outside other nodes' blocks (%d); this node holds %d blocks",
+			info.Capacity, len(p.blocks.Taken()), len(p.blocks.Blocks()))
 	}
 	return info
 }
