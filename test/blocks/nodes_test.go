@@ -32,6 +32,10 @@ func segNS() string         { return nsPrefix + "-seg" }
 func nodeNS(i int) string   { return fmt.Sprintf("%s-n%d", nsPrefix, i) }
 func podNS(i, j int) string { return fmt.Sprintf("%s-n%d-p%d", nsPrefix, i, j) }
 func nodeIP(i int) string   { return fmt.Sprintf("10.41.0.%d", 10+i) }
+func legacyNS() string      { return nsPrefix + "-legacy" }
+
+const legacyIP = "10.41.0.200"
+
 func downNamespaces() error {
 	err := testbed.StopRecorded(runDir)
 	for _, ns := range netnsutil.List(nsPrefix + "-") {
@@ -45,8 +49,8 @@ func downNamespaces() error {
 	return err
 }
 
-// segmentUp builds an L2 segment (a bridge, gateway .1) and n nodes on it
-// (.11, .12, …), each able to reach the API server fixture on its own
+// segmentUp builds an L2 segment (a bridge, gateway .1), a legacy host on
+// it (.200) and n nodes (.11, .12, …), each able to reach the API server fixture on its own
 // loopback (a forwarder, nothing added to the root namespace).
 func segmentUp(t *testing.T, n int) {
 	t.Helper()
@@ -70,6 +74,13 @@ func segmentUp(t *testing.T, n int) {
 		{"ip", "addr", "add", "10.41.0.1/24", "dev", "br0"}} {
 		must(netnsutil.Exec(segNS(), c...))
 	}
+	// A host on the segment outside the cluster (a legacy VM or server).
+	must(netnsutil.Add(legacyNS()))
+	must(netnsutil.VethBetween(segNS(), "legacy", legacyNS(), "eth0", nil))
+	must(netnsutil.Exec(segNS(), "ip", "link", "set", "legacy", "master", "br0", "up"))
+	for _, c := range [][]string{{"ip", "addr", "add", legacyIP + "/24", "dev", "eth0"}, {"ip", "link", "set", "eth0", "up"}} {
+		must(netnsutil.Exec(legacyNS(), c...))
+	}
 	for i := 1; i <= n; i++ {
 		ns, port := nodeNS(i), fmt.Sprintf("n%d", i)
 		must(netnsutil.Add(ns))
@@ -91,7 +102,8 @@ func segmentUp(t *testing.T, n int) {
 // DaemonSet's downward API gives it), running as vpcni-agent's service
 // account: the CNI plugin wires two pods on each node through libcni; the
 // pods' addresses come from their node's block only, the blocks are
-// disjoint, and every pod reaches every pod on the other nodes.
+// disjoint, every pod reaches every pod on the other nodes, and a host on
+// the segment outside the cluster reaches every pod.
 func TestThreeVpcnidNodesOneConfig(t *testing.T) {
 	t.Cleanup(func() { cleanupBlocks(t) })
 	applyDeploy(t)
@@ -105,7 +117,7 @@ func TestThreeVpcnidNodesOneConfig(t *testing.T) {
 	kc := kubeconfigAs(t, "vpcni-agent")
 	dir := t.TempDir()
 	// The one configuration: the segment's range, the nodes' own
-	// addresses (.8-.15) excluded, blocks on.
+	// addresses (.8-.15) and the legacy host's excluded, blocks on.
 	shared := func(node string) config.Config {
 		cfg := config.Defaults()
 		cfg.NodeName = node
@@ -114,7 +126,7 @@ func TestThreeVpcnidNodesOneConfig(t *testing.T) {
 		cfg.Kubernetes = config.Kubernetes{Mode: "on", Kubeconfig: kc}
 		cfg.Pool.WarmTarget, cfg.Pool.BatchSize = 2, 2
 		cfg.Provider = config.Provider{Type: "static", Settings: &static.Config{
-			Ranges: []static.Range{{CIDR: segment, Gateway: "10.41.0.1", Exclude: []string{"10.41.0.8/29"}}},
+			Ranges: []static.Range{{CIDR: segment, Gateway: "10.41.0.1", Exclude: []string{"10.41.0.8/29", legacyIP}}},
 			Blocks: &static.Blocks{Wait: "10s"}}}
 		return cfg
 	}
@@ -189,6 +201,16 @@ func TestThreeVpcnidNodesOneConfig(t *testing.T) {
 					t.Errorf("%s → %s: %v", podNS(i, j), dst, err)
 				}
 			}
+		}
+	}
+
+	// And a host outside the cluster reaches every pod directly.
+	for _, dst := range echo {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		err := netnsutil.Probe(ctx, netnsutil.Path(legacyNS()), dst+":7007")
+		cancel()
+		if err != nil {
+			t.Errorf("legacy host → %s: %v", dst, err)
 		}
 	}
 
