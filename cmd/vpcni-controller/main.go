@@ -1,7 +1,9 @@
 // Command vpcni-controller runs vpcni's cluster-wide reconcilers, one
 // active replica at a time (a Lease elects the leader). So far: releasing
 // the addresses of pods that are gone while their node's agent missed the
-// DEL (see internal/k8s). Every replica, leader or not, also serves the
+// DEL (see internal/k8s), and, with -block-ranges, assigning per-node
+// blocks of those ranges to the nodes that ask (NodeBlocks) and taking
+// back the blocks of nodes gone for good. Every replica, leader or not, also serves the
 // mutating admission webhook that makes pods on the pod network request
 // one vpcni.io/ip, with a certificate it mints and rotates itself.
 package main
@@ -15,17 +17,23 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/signal"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 
+	"github.com/vpcni/vpcni/internal/ipam"
 	"github.com/vpcni/vpcni/internal/k8s"
 )
 
@@ -39,13 +47,16 @@ func main() {
 	flag.StringVar(&o.identity, "id", envOr("POD_NAME", ""), "this replica's identity (default: host name)")
 	flag.DurationVar(&o.grace, "release-grace", 30*time.Second, "how long a pod must be gone before its address is released")
 	flag.DurationVar(&o.leaseDuration, "lease-duration", 15*time.Second, "leader lease duration")
-	flag.StringVar(&o.healthAddr, "health-addr", ":9697", "address of /healthz (empty: off)")
+	flag.StringVar(&o.healthAddr, "health-addr", ":9697", "address of /healthz, /readyz and /metrics (empty: off)")
 	flag.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn, error")
 	flag.StringVar(&o.webhookAddr, "webhook-addr", ":9443", "address of the pod admission webhook, HTTPS (empty: off)")
 	flag.StringVar(&o.webhookService, "webhook-service", "vpcni-webhook", "the webhook's Service, in -lease-namespace (its certificate names it)")
 	flag.StringVar(&o.webhookSecret, "webhook-secret", "vpcni-webhook-cert", "the Secret, in -lease-namespace, holding the webhook's CA and certificate")
 	flag.StringVar(&o.webhookConfig, "webhook-config", "vpcni", "the MutatingWebhookConfiguration whose caBundle is kept current")
 	flag.DurationVar(&o.certValidity, "cert-validity", 90*24*time.Hour, "lifetime of the webhook's serving certificate (renewed when a third is left; the CA lives four times as long)")
+	flag.StringVar(&o.blockRanges, "block-ranges", "", "comma-separated CIDRs split into per-node blocks (NodeBlocks) for agents in blocks mode (empty: no blocks)")
+	flag.IntVar(&o.blockSize, "block-size", 26, "prefix length of one block, e.g. 26 for 64 addresses")
+	flag.DurationVar(&o.blockGrace, "block-reclaim-grace", 5*time.Minute, "how long a Node must be gone before its blocks are given back (once no PodAddress of it uses them)")
 	showVersion := flag.Bool("version", false, "print the version and exit")
 	flag.Parse()
 	if *showVersion {
@@ -67,7 +78,38 @@ func main() {
 type options struct {
 	kubeconfig, namespace, lease, identity, healthAddr, logLevel string
 	webhookAddr, webhookService, webhookSecret, webhookConfig    string
-	grace, leaseDuration, certValidity                           time.Duration
+	grace, leaseDuration, certValidity, blockGrace               time.Duration
+	blockRanges                                                  string
+	blockSize                                                    int
+}
+
+// blocks reads -block-ranges and -block-size (nil: no blocks), naming
+// every problem.
+func (o options) blocks() (*ipam.Blocks, error) {
+	if o.blockRanges == "" {
+		return nil, nil
+	}
+	var ranges []netip.Prefix
+	var errs []error
+	for _, f := range strings.Split(o.blockRanges, ",") {
+		p, err := netip.ParsePrefix(strings.TrimSpace(f))
+		if err != nil {
+			errs = append(errs, fmt.Errorf("-block-ranges: %q is not a CIDR", f))
+			continue
+		}
+		ranges = append(ranges, p)
+	}
+	b, err := ipam.NewBlocks(ranges, o.blockSize)
+	if err != nil {
+		errs = append(errs, fmt.Errorf("-block-ranges/-block-size: %w", err))
+	}
+	if o.blockGrace < 0 {
+		errs = append(errs, errors.New("-block-reclaim-grace must not be negative"))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return &b, nil
 }
 
 func envOr(k, def string) string {
@@ -84,6 +126,10 @@ func run(o options, log *slog.Logger) error {
 	if o.identity == "" {
 		o.identity, _ = os.Hostname()
 	}
+	blocks, err := o.blocks()
+	if err != nil {
+		return err
+	}
 	cfg, err := k8s.RestConfig(o.kubeconfig)
 	if err != nil {
 		return err
@@ -98,6 +144,8 @@ func run(o options, log *slog.Logger) error {
 	// reconciler failed: the kubelet restarts it and another replica leads.
 	leaderHealth := leaderelection.NewLeaderHealthzAdaptor(20 * time.Second)
 	var runErr atomic.Value
+	// The leader's block figures, on /metrics beside /healthz.
+	blockMetrics := &k8s.BlockMetrics{}
 	var certs *k8s.Certs
 	if o.webhookAddr != "" {
 		certs, err = serveWebhook(ctx, cs, o, log)
@@ -111,6 +159,9 @@ func run(o options, log *slog.Logger) error {
 			return fmt.Errorf("health endpoint: %w", err)
 		}
 		mux := http.NewServeMux()
+		reg := prometheus.NewRegistry()
+		reg.MustRegister(blockMetrics)
+		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 		mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
 			if err := leaderHealth.Check(r); err != nil {
 				http.Error(w, err.Error(), http.StatusServiceUnavailable)
@@ -154,14 +205,32 @@ func run(o options, log *slog.Logger) error {
 		Callbacks: leaderelection.LeaderCallbacks{
 			OnStartedLeading: func(ctx context.Context) {
 				log.Info("leading: reconcilers start", "id", o.identity)
+				// Each reconciler runs until the lease is lost; one that
+				// fails stops the replica (its /healthz says why).
+				fail := func(name string, err error) {
+					if err != nil && ctx.Err() == nil {
+						runErr.Store(fmt.Errorf("%s reconciler: %w", name, err))
+						stop()
+					}
+				}
+				var wg sync.WaitGroup
+				if blocks != nil {
+					wg.Go(func() {
+						a, err := k8s.NewBlockAssigner(cfg, k8s.BlockOptions{Blocks: *blocks, Grace: o.blockGrace}, log)
+						if err == nil {
+							blockMetrics.Set(a)
+							err = a.Run(ctx)
+							blockMetrics.Set(nil)
+						}
+						fail("blocks", err)
+					})
+				}
 				orphans, err := k8s.NewOrphans(cfg, o.grace, log)
 				if err == nil {
 					err = orphans.Run(ctx)
 				}
-				if err != nil && ctx.Err() == nil {
-					runErr.Store(fmt.Errorf("orphans reconciler: %w", err))
-					stop()
-				}
+				fail("orphans", err)
+				wg.Wait()
 			},
 			OnStoppedLeading: func() {
 				log.Info("no longer leading", "id", o.identity)

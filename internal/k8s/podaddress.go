@@ -15,15 +15,12 @@ package k8s
 import (
 	"crypto/sha256"
 	"encoding/hex"
-	"fmt"
-	"os"
-	"regexp"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/vpcni/vpcni/internal/apis/vpcni/v1alpha1"
+	"github.com/vpcni/vpcni/internal/k8s/nodeblocks"
 )
 
 // Annotations the agent writes on pods (like kube-ovn's) and nodes.
@@ -40,7 +37,7 @@ const (
 	AnnotationPoolCapacity  = "vpcni.io/pool-capacity"
 
 	// LabelNode selects a node's PodAddresses.
-	LabelNode = "vpcni.io/node"
+	LabelNode = v1alpha1.LabelNode
 	// IndexPod indexes PodAddresses by "namespace/name" of their pod.
 	IndexPod = "pod"
 )
@@ -52,17 +49,8 @@ func PodAddressName(node, containerID, ifName string) string {
 	return "pa-" + hex.EncodeToString(sum[:10])
 }
 
-// NodeLabel is the LabelNode value of a node: its name, or a hash of it
-// where the name is no valid label value (longer than 63 characters).
-func NodeLabel(node string) string {
-	if len(node) <= 63 && labelValue.MatchString(node) {
-		return node
-	}
-	sum := sha256.Sum256([]byte(node))
-	return "h-" + hex.EncodeToString(sum[:16])
-}
-
-var labelValue = regexp.MustCompile(`^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$`)
+// NodeLabel is the LabelNode value of a node (v1alpha1.NodeLabel).
+func NodeLabel(node string) string { return v1alpha1.NodeLabel(node) }
 
 // newPodAddress is the object of one attachment, as the agent creates it.
 func newPodAddress(s v1alpha1.PodAddressSpec) *v1alpha1.PodAddress {
@@ -87,22 +75,6 @@ func podIndex(obj any) ([]string, error) {
 	return []string{pa.Spec.PodNamespace + "/" + pa.Spec.PodName}, nil
 }
 
-// RestConfig is the kubeconfig's cluster, or the pod's own service account
-// when kubeconfig is empty.
-func RestConfig(kubeconfig string) (*rest.Config, error) {
-	if kubeconfig == "" {
-		kubeconfig = os.Getenv("KUBECONFIG")
-	}
-	if kubeconfig != "" {
-		cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
-		if err != nil {
-			return nil, fmt.Errorf("kubeconfig %s: %w", kubeconfig, err)
-		}
-		return cfg, nil
-	}
-	cfg, err := rest.InClusterConfig()
-	if err != nil {
-		return nil, fmt.Errorf("not in a pod and no kubeconfig given: %w", err)
-	}
-	return cfg, nil
-}
+// RestConfig is the kubeconfig's cluster ($KUBECONFIG when empty), or the
+// pod's own service account when there is neither.
+func RestConfig(kubeconfig string) (*rest.Config, error) { return nodeblocks.RestConfig(kubeconfig) }

@@ -91,7 +91,11 @@ type Node struct {
 	// refuses to start and says why.
 	PodMACs  bool
 	StateDir string
-	Log      *slog.Logger
+	// Kubeconfig is the agent's kubernetes.kubeconfig ("": $KUBECONFIG,
+	// else the pod's service account), for a provider that reads cluster
+	// objects (the static provider's blocks).
+	Kubeconfig string
+	Log        *slog.Logger
 }
 
 // Registration is one provider type.

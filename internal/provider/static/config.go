@@ -6,12 +6,39 @@ import (
 	"net"
 	"net/netip"
 	"strings"
+	"time"
 )
 
 // Config is the static provider's section of vpcnid.yaml
 // (provider.static): the ranges pods take addresses from.
 type Config struct {
 	Ranges []Range `json:"ranges"`
+	// Blocks, when set, has the node take addresses only from aligned
+	// blocks of the ranges that vpcni-controller assigned to it
+	// (NodeBlock objects; the controller's -block-ranges split into
+	// blocks of -block-size): one configuration for every node, and no
+	// two nodes hand out the same address. Without it the node takes
+	// from the whole ranges, which must then differ per node.
+	Blocks *Blocks `json:"blocks,omitempty"`
+}
+
+// Blocks configures the node's side of per-node blocks.
+type Blocks struct {
+	// Wait bounds how long one request for addresses waits for
+	// vpcni-controller to add a block when the node's blocks are full
+	// (a duration, default 10s).
+	Wait string `json:"wait,omitempty"`
+}
+
+// DefaultBlockWait is blocks.wait's default.
+const DefaultBlockWait = 10 * time.Second
+
+// WaitDuration is blocks.wait parsed (its default when empty).
+func (b *Blocks) WaitDuration() time.Duration {
+	if d, err := time.ParseDuration(b.Wait); err == nil {
+		return d
+	}
+	return DefaultBlockWait
 }
 
 // Range is one subnet (or part of one) pods may use.
@@ -39,8 +66,12 @@ type NIC struct {
 	Address string `json:"address"`
 }
 
-// Defaults implements provider.Settings: nothing to fill.
-func (c *Config) Defaults() {}
+// Defaults implements provider.Settings.
+func (c *Config) Defaults() {
+	if c.Blocks != nil && c.Blocks.Wait == "" {
+		c.Blocks.Wait = DefaultBlockWait.String()
+	}
+}
 
 // Validate implements provider.Settings: every bad range field at once.
 func (c *Config) Validate() error {
@@ -50,6 +81,11 @@ func (c *Config) Validate() error {
 	var errs []error
 	for i, r := range c.Ranges {
 		errs = append(errs, r.validate(fmt.Sprintf("ranges[%d]", i))...)
+	}
+	if c.Blocks != nil {
+		if d, err := time.ParseDuration(c.Blocks.Wait); err != nil || d <= 0 || d > 10*time.Minute {
+			errs = append(errs, fmt.Errorf("blocks.wait: %q is not a duration between 0s and 10m (e.g. 10s)", c.Blocks.Wait))
+		}
 	}
 	return errors.Join(errs...)
 }

@@ -14,9 +14,11 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/vpcni/vpcni/internal/alloc"
 	"github.com/vpcni/vpcni/internal/ipam"
+	"github.com/vpcni/vpcni/internal/k8s/nodeblocks"
 	"github.com/vpcni/vpcni/internal/provider"
 )
 
@@ -28,8 +30,28 @@ type Provider struct {
 
 	size int // usable addresses in all ranges
 
+	// blocks, when set, is where the node's blocks come from: addresses
+	// are taken only from them (config blocks:); wait bounds one wait
+	// for another block.
+	blocks BlockSource
+	wait   time.Duration
+
 	mu   sync.Mutex
 	held map[netip.Addr]bool
+}
+
+// BlockSource is the node's blocks of the ranges, assigned by
+// vpcni-controller (nodeblocks.Source, over NodeBlock objects).
+type BlockSource interface {
+	// Blocks lists the node's blocks now, in address order.
+	Blocks() []netip.Prefix
+	// Taken lists the other nodes' blocks now.
+	Taken() []netip.Prefix
+	// Want asks for n blocks in all.
+	Want(ctx context.Context, n int) error
+	// WaitFor waits until the node has n blocks or ctx ends, and returns
+	// the blocks it has then.
+	WaitFor(ctx context.Context, n int) []netip.Prefix
 }
 
 var _ provider.Provider = (*Provider)(nil)
@@ -38,10 +60,53 @@ func init() {
 	provider.Register(provider.Registration{
 		Name:        "static",
 		NewSettings: func() provider.Settings { return &Config{} },
-		New: func(_ context.Context, node provider.Node, s provider.Settings) (provider.Provider, error) {
-			return New(s.(*Config), node.StateDir)
+		New: func(ctx context.Context, node provider.Node, s provider.Settings) (provider.Provider, error) {
+			cfg := s.(*Config)
+			if cfg.Blocks == nil {
+				return New(cfg, node.StateDir)
+			}
+			src, err := connectBlocks(ctx, node)
+			if err != nil {
+				return nil, err
+			}
+			return NewInBlocks(cfg, node.StateDir, src)
 		},
 	})
+}
+
+// connectBlocks starts the node's view of its NodeBlocks; it runs as long
+// as ctx, the agent's. Listing them once is bounded, so an API server that
+// cannot be reached fails the connect (the agent retries it).
+func connectBlocks(ctx context.Context, node provider.Node) (*nodeblocks.Source, error) {
+	rc, err := nodeblocks.RestConfig(node.Kubeconfig)
+	if err != nil {
+		return nil, fmt.Errorf("blocks: the static provider's blocks are NodeBlock objects of the cluster: %w", err)
+	}
+	src, err := nodeblocks.NewSource(rc, node.Name)
+	if err != nil {
+		return nil, fmt.Errorf("blocks: %w", err)
+	}
+	listed, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := src.StartUntil(ctx, listed); err != nil {
+		return nil, fmt.Errorf("blocks: %w: %w", err, provider.ErrUnavailable)
+	}
+	return src, nil
+}
+
+// NewInBlocks builds the provider in blocks mode: addresses only from the
+// node's blocks that src lists (inside cfg's ranges), and another block
+// asked for when they are full.
+func NewInBlocks(cfg *Config, stateDir string, src BlockSource) (*Provider, error) {
+	if cfg.Blocks == nil {
+		return nil, errors.New("blocks: not configured")
+	}
+	p, err := New(cfg, stateDir)
+	if err != nil {
+		return nil, err
+	}
+	p.blocks, p.wait = src, cfg.Blocks.WaitDuration()
+	return p, nil
 }
 
 type stateFile struct {
@@ -122,7 +187,10 @@ func nicAddress(r Range) string {
 }
 
 // Assign implements provider.Provider.
-func (p *Provider) Assign(_ context.Context, req provider.AssignRequest) ([]alloc.Lease, error) {
+func (p *Provider) Assign(ctx context.Context, req provider.AssignRequest) ([]alloc.Lease, error) {
+	if p.blocks != nil {
+		return p.assignInBlocks(ctx, req)
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	var got []netip.Addr
@@ -190,6 +258,11 @@ func (p *Provider) Release(_ context.Context, addrs []netip.Addr) error {
 func (p *Provider) Held(context.Context) ([]alloc.Lease, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.blocks != nil {
+		if err := p.dropOutsideBlocks(); err != nil {
+			return nil, err
+		}
+	}
 	out := make([]netip.Addr, 0, len(p.held))
 	for a := range p.held {
 		out = append(out, a)
@@ -221,8 +294,26 @@ func (p *Provider) leases(addrs []netip.Addr) []alloc.Lease {
 
 // Info implements provider.Provider.
 func (p *Provider) Info() provider.Info {
-	return provider.Info{Name: "static", Capacity: p.size,
+	info := provider.Info{Name: "static", Capacity: p.size,
 		CapacityReason: fmt.Sprintf("%d usable addresses in the configured ranges", p.size)}
+	if p.blocks != nil {
+		// The node may grow by blocks into whatever no other node holds
+		// (shared with every node still growing): as the ranges fill,
+		// the bound shrinks to its own blocks, and the scheduler stops
+		// sending pods no address can come for.
+		taken := 0
+		for _, b := range p.blocks.Taken() {
+			for a := b.Addr(); b.Contains(a); a = a.Next() {
+				if p.usable(a) {
+					taken++
+				}
+			}
+		}
+		info.Capacity = p.size - taken
+		info.CapacityReason = fmt.Sprintf("%d usable addresses in the configured ranges outside other nodes' blocks (%d); this node holds %d blocks",
+			info.Capacity, len(p.blocks.Taken()), len(p.blocks.Blocks()))
+	}
+	return info
 }
 
 func (p *Provider) capacity() int { return p.size }

@@ -1,6 +1,8 @@
 // Package v1alpha1 is the vpcni.io/v1alpha1 API: the PodAddress object
 // (cluster-scoped), one per pod address, written by the node's vpcnid and
-// deleted by vpcni-controller once its pod is gone.
+// deleted by vpcni-controller once its pod is gone; and the NodeBlock
+// (cluster-scoped), one aligned block of a cluster-wide range given to one
+// node, written only by vpcni-controller.
 //
 // The Go types here are the one definition of that API: the deep copies in
 // zz_generated.deepcopy.go and the CRD in deploy/ are generated from them

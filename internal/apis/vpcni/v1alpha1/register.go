@@ -15,6 +15,12 @@ var Resource = SchemeGroupVersion.WithResource("podaddresses")
 // Kind is the PodAddress object's kind.
 const Kind = "PodAddress"
 
+// NodeBlockResource is the NodeBlock API resource, NodeBlockKind its kind.
+var NodeBlockResource = SchemeGroupVersion.WithResource("nodeblocks")
+
+// NodeBlockKind is the NodeBlock object's kind.
+const NodeBlockKind = "NodeBlock"
+
 var (
 	// SchemeBuilder registers this API's types.
 	SchemeBuilder = runtime.NewSchemeBuilder(addKnownTypes)
@@ -26,7 +32,7 @@ var (
 // list, get, watch and delete options a client encodes into query
 // parameters for this group.
 func addKnownTypes(s *runtime.Scheme) error {
-	s.AddKnownTypes(SchemeGroupVersion, &PodAddress{}, &PodAddressList{})
+	s.AddKnownTypes(SchemeGroupVersion, &PodAddress{}, &PodAddressList{}, &NodeBlock{}, &NodeBlockList{})
 	metav1.AddToGroupVersion(s, SchemeGroupVersion)
 	return nil
 }

@@ -1,0 +1,138 @@
+package nodeblocks
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strconv"
+	"sync"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/vpcni/vpcni/internal/apis/vpcni/v1alpha1"
+)
+
+// Source is one node's blocks as its agent sees them: a cache of the
+// NodeBlocks (every node's: what the others hold bounds what this node
+// may still get), and the way to ask for more (the Node's
+// vpcni.io/blocks-wanted annotation, which only vpcni-controller acts on).
+// The agent never creates or deletes a NodeBlock itself.
+type Source struct {
+	node  string
+	cs    kubernetes.Interface
+	inf   cache.SharedIndexInformer
+	wantM sync.Mutex // one Want at a time: read, compare, patch
+
+	mu      sync.Mutex
+	changed chan struct{} // closed (and replaced) on every change of the cache
+}
+
+// NewSource connects to the cluster of cfg for node; Start runs it.
+func NewSource(cfg *rest.Config, node string) (*Source, error) {
+	cfg = rest.CopyConfig(cfg)
+	cfg.UserAgent = "vpcnid/" + node
+	c, err := NewClient(cfg)
+	if err != nil {
+		return nil, err
+	}
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	s := &Source{node: node, cs: cs, changed: make(chan struct{})}
+	s.inf = c.Informer("", 0, nil)
+	wake := func(any) { s.wake() }
+	_, _ = s.inf.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: wake, UpdateFunc: func(_, o any) { wake(o) }, DeleteFunc: wake})
+	return s, nil
+}
+
+// StartUntil runs the cache until ctx ends and waits until it has listed
+// the node's blocks once, or listed ends.
+func (s *Source) StartUntil(ctx, listed context.Context) error {
+	go s.inf.Run(ctx.Done())
+	if !cache.WaitForCacheSync(listed.Done(), s.inf.HasSynced) {
+		return fmt.Errorf("NodeBlocks of node %s not listed: %w", s.node, listed.Err())
+	}
+	return nil
+}
+
+func (s *Source) wake() {
+	s.mu.Lock()
+	close(s.changed)
+	s.changed = make(chan struct{})
+	s.mu.Unlock()
+}
+
+// Blocks lists the node's blocks, in address order. A NodeBlock being
+// deleted or with no valid CIDR is not one of them.
+func (s *Source) Blocks() []netip.Prefix { return s.list(true) }
+
+// Taken lists the other nodes' blocks, in address order.
+func (s *Source) Taken() []netip.Prefix { return s.list(false) }
+
+func (s *Source) list(mine bool) []netip.Prefix {
+	var out []netip.Prefix
+	for _, obj := range s.inf.GetStore().List() {
+		nb, ok := obj.(*v1alpha1.NodeBlock)
+		if !ok || (nb.Spec.Node == s.node) != mine || mine && nb.DeletionTimestamp != nil {
+			continue
+		}
+		if p, err := netip.ParsePrefix(nb.Spec.CIDR); err == nil && p.Masked() == p {
+			out = append(out, p)
+		}
+	}
+	slices.SortFunc(out, func(a, b netip.Prefix) int { return a.Addr().Compare(b.Addr()) })
+	return out
+}
+
+// Want asks for n blocks in all: it raises the Node's
+// vpcni.io/blocks-wanted to n, never lowers it (a live node keeps its
+// blocks; asking for fewer would mean nothing).
+func (s *Source) Want(ctx context.Context, n int) error {
+	s.wantM.Lock()
+	defer s.wantM.Unlock()
+	node, err := s.cs.CoreV1().Nodes().Get(ctx, s.node, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return fmt.Errorf("node %s has no Node object: blocks are given to registered nodes only: %w", s.node, err)
+	}
+	if err != nil {
+		return fmt.Errorf("read node %s: %w", s.node, err)
+	}
+	if cur, err := strconv.Atoi(node.Annotations[v1alpha1.AnnotationBlocksWanted]); err == nil && cur >= n {
+		return nil
+	}
+	// The resourceVersion in the patch makes it conditional: a racing
+	// writer's change to the annotation is not overwritten unseen.
+	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{
+		"resourceVersion": node.ResourceVersion,
+		"annotations":     map[string]string{v1alpha1.AnnotationBlocksWanted: strconv.Itoa(n)}}})
+	if _, err := s.cs.CoreV1().Nodes().Patch(ctx, s.node, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		return fmt.Errorf("ask for %d blocks on node %s: %w", n, s.node, err)
+	}
+	return nil
+}
+
+// WaitFor waits until the node has at least n blocks, or ctx ends, and
+// returns the blocks it has then.
+func (s *Source) WaitFor(ctx context.Context, n int) []netip.Prefix {
+	for {
+		s.mu.Lock()
+		ch := s.changed
+		s.mu.Unlock()
+		if b := s.Blocks(); len(b) >= n {
+			return b
+		}
+		select {
+		case <-ctx.Done():
+			return s.Blocks()
+		case <-ch:
+		}
+	}
+}

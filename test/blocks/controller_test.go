@@ -1,0 +1,278 @@
+package blocks
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/discovery/cached/memory"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/restmapper"
+	"sigs.k8s.io/yaml"
+)
+
+const namespace = "vpcni-system"
+
+// applyDeploy creates what deploy/namespace.yaml and deploy/rbac.yaml
+// hold, as `kubectl apply -k deploy/` would (namespaced objects into
+// vpcni-system). Objects already there are left as they are.
+func applyDeploy(t *testing.T) {
+	t.Helper()
+	ctx := context.Background()
+	dc := discovery.NewDiscoveryClientForConfigOrDie(fixture.Config)
+	mapper := restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(dc))
+	for _, f := range []string{"../../deploy/namespace.yaml", "../../deploy/rbac.yaml"} {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, doc := range bytes.Split(data, []byte("\n---")) {
+			var obj map[string]any
+			if err := yaml.Unmarshal(doc, &obj); err != nil {
+				t.Fatalf("%s: %v", f, err)
+			}
+			if len(obj) == 0 {
+				continue
+			}
+			u := &unstructured.Unstructured{Object: obj}
+			gvk := u.GroupVersionKind()
+			m, err := mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
+			if err != nil {
+				t.Fatalf("%s: %s: %v", f, gvk, err)
+			}
+			ri := dyn(t).Resource(m.Resource)
+			var rc interface {
+				Create(context.Context, *unstructured.Unstructured, metav1.CreateOptions, ...string) (*unstructured.Unstructured, error)
+			} = ri
+			if m.Scope.Name() == "namespace" {
+				rc = ri.Namespace(namespace)
+			}
+			if _, err := rc.Create(ctx, u, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+				t.Fatalf("%s: create %s %s: %v", f, gvk.Kind, u.GetName(), err)
+			}
+		}
+	}
+}
+
+// serviceAccount is the fixture's admin impersonating vpcni's service
+// account sa: its requests get exactly the RBAC deploy/rbac.yaml grants.
+func serviceAccount(sa string) *rest.Config {
+	cfg := rest.CopyConfig(fixture.Config)
+	cfg.Impersonate = rest.ImpersonationConfig{UserName: "system:serviceaccount:" + namespace + ":" + sa,
+		Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + namespace, "system:authenticated"}}
+	return cfg
+}
+
+// kubeconfigAs writes serviceAccount(sa) as a kubeconfig for a process.
+func kubeconfigAs(t *testing.T, sa string) string {
+	t.Helper()
+	c := fixture.Config
+	b := base64.StdEncoding.EncodeToString
+	kc := fmt.Sprintf(`apiVersion: v1
+kind: Config
+clusters:
+- name: fixture
+  cluster: {server: %s, certificate-authority-data: %s}
+users:
+- name: %s
+  user:
+    client-certificate-data: %s
+    client-key-data: %s
+    as: system:serviceaccount:%s:%s
+    as-groups: [system:serviceaccounts, "system:serviceaccounts:%s", system:authenticated]
+contexts:
+- name: fixture
+  context: {cluster: fixture, user: %s}
+current-context: fixture
+`, c.Host, b(c.CAData), sa, b(c.CertData), b(c.KeyData), namespace, sa, namespace, sa)
+	path := filepath.Join(t.TempDir(), sa+".kubeconfig")
+	if err := os.WriteFile(path, []byte(kc), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// syncBuffer is a log both the process and the test touch.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+type controllerProc struct {
+	id   string
+	cmd  *exec.Cmd
+	log  *syncBuffer
+	done chan struct{}
+}
+
+// startController runs the vpcni-controller binary as its service account
+// (deploy/rbac.yaml), with leader election, blocks on, no webhook.
+func startController(t *testing.T, bin, kubeconfig, id string, args ...string) *controllerProc {
+	t.Helper()
+	c := &controllerProc{id: id, log: &syncBuffer{}, done: make(chan struct{})}
+	c.cmd = exec.Command(bin, append([]string{"-kubeconfig", kubeconfig, "-id", id, "-lease-namespace", namespace,
+		"-lease-duration", "3s", "-webhook-addr", "", "-health-addr", ""}, args...)...)
+	c.cmd.Stdout, c.cmd.Stderr = c.log, c.log
+	if err := c.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = c.cmd.Wait(); close(c.done) }()
+	t.Cleanup(func() {
+		c.stop()
+		if t.Failed() {
+			t.Logf("%s's log:\n%s", id, c.log)
+		}
+	})
+	return c
+}
+
+func (c *controllerProc) stop() {
+	select {
+	case <-c.done:
+		return
+	default:
+	}
+	_ = c.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-c.done:
+	case <-time.After(15 * time.Second):
+		_ = c.cmd.Process.Kill()
+		<-c.done
+	}
+}
+
+func (c *controllerProc) leading() bool {
+	return strings.Contains(c.log.String(), "leading: reconcilers start")
+}
+
+// The real vpcni-controller binary, two replicas with the leader lease,
+// running as the service account deploy/rbac.yaml sets up, and the
+// agents' side as theirs: only the leader assigns (three nodes, exactly
+// one block each, no extra), and when it stops the other takes over and
+// serves the next request. Proves the flags, the wiring in main and that
+// RBAC grants both sides what blocks need.
+func TestControllerBinaryWithLeaseAndRBAC(t *testing.T) {
+	t.Cleanup(func() { cleanupBlocks(t) })
+	applyDeploy(t)
+	bin := filepath.Join(t.TempDir(), "vpcni-controller")
+	if out, err := exec.Command("go", "build", "-o", bin, "github.com/vpcni/vpcni/cmd/vpcni-controller").CombinedOutput(); err != nil {
+		t.Fatalf("build: %v\n%s", err, out)
+	}
+	kc := kubeconfigAs(t, "vpcni-controller")
+	args := []string{"-block-ranges", "10.34.0.0/25", "-block-size", "28", "-block-reclaim-grace", "1s"}
+	c1 := startController(t, bin, kc, "replica-1", append(args, "-health-addr", "127.0.0.1:29697")...)
+	waitFor(t, 20*time.Second, "replica-1 leads", func() error {
+		if !c1.leading() {
+			return fmt.Errorf("log so far:\n%s", c1.log)
+		}
+		return nil
+	})
+	c2 := startController(t, bin, kc, "replica-2", append(args, "-health-addr", "127.0.0.1:29698")...)
+	const rng = "10.34.0.0/25"
+	agentCfg := serviceAccount("vpcni-agent")
+	var agents []*agent
+	for i := range 3 {
+		node := fmt.Sprintf("lease-%d", i+1)
+		createNode(t, node)
+		agents = append(agents, newAgentAs(t, agentCfg, node, rng, "15s"))
+	}
+	for _, ag := range agents {
+		ag.assign(t, 5)
+	}
+	byNode, items := nodeBlocks(t)
+	disjoint(t, items)
+	if len(items) != 3 {
+		t.Fatalf("one leader, three nodes asking once: %d blocks %v, want 3", len(items), byNode)
+	}
+	if c2.leading() {
+		t.Fatal("both replicas lead")
+	}
+	// The leader's figures on /metrics: 3 of the 8 blocks assigned; the
+	// follower exports none.
+	waitFor(t, 10*time.Second, "the leader's block metrics", func() error {
+		return metricsSay("127.0.0.1:29697", `vpcni_controller_blocks{state="assigned"} 3`, `vpcni_controller_blocks{state="free"} 5`,
+			`vpcni_controller_block_nodes_waiting 0`, `vpcni_controller_blocks_assigned_total 3`)
+	})
+	if err := metricsSay("127.0.0.1:29698", "vpcni_controller_blocks{"); err == nil {
+		t.Error("the follower exports block metrics")
+	}
+	t0 := time.Now()
+	c1.stop()
+	more := agents[0].assign(t, 14) // its block has 14 usable, 5 taken: a second block
+	t.Logf("leader stopped; the follower took over and served a block in %s", time.Since(t0).Round(time.Millisecond))
+	if !c2.leading() {
+		t.Fatalf("replica-2 never led, yet a block came")
+	}
+	byNode, items = nodeBlocks(t)
+	disjoint(t, items)
+	if len(items) != 4 || len(byNode["lease-1"]) != 2 || !inBlocks(byNode["lease-1"], more[len(more)-1]) {
+		t.Fatalf("after takeover: %v", byNode)
+	}
+	waitFor(t, 10*time.Second, "the new leader's block metrics", func() error {
+		return metricsSay("127.0.0.1:29698", `vpcni_controller_blocks{state="assigned"} 4`, `vpcni_controller_blocks_assigned_total 1`)
+	})
+	waitFor(t, 10*time.Second, "the binary's Event on the node", func() error {
+		return nodeEvent(t, "lease-1", "VpcniBlockAssigned", "assigned to node lease-1")
+	})
+	if log := c1.log.String() + c2.log.String(); strings.Contains(log, "forbidden") {
+		t.Errorf("a request was forbidden by RBAC:\n%s", log)
+	}
+}
+
+// metricsSay: the /metrics at addr has every line of want.
+func metricsSay(addr string, want ...string) error {
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return err
+	}
+	lines := strings.Split(string(body), "\n")
+	for _, w := range want {
+		if !slices.Contains(lines, w) {
+			return fmt.Errorf("no line %q in:\n%s", w, grepLines(lines, "vpcni_"))
+		}
+	}
+	return nil
+}
+
+func grepLines(lines []string, sub string) string {
+	var out []string
+	for _, l := range lines {
+		if strings.Contains(l, sub) && !strings.HasPrefix(l, "#") {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
