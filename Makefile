@@ -132,6 +132,7 @@ bench: build
 	$(BIN)/vpcnictl bench modes
 	$(BIN)/vpcnictl bench garp
 	$(BIN)/vpcnictl bench selfheal
+	$(BIN)/vpcnictl bench route-budget
 	@started=0; bash scripts/neutron.sh status >/dev/null 2>&1 || { bash scripts/neutron.sh up && started=1; }; \
 	$(BIN)/vpcnictl bench neutron && $(BIN)/vpcnictl bench pool; rc=$$?; \
 	[ $$started = 1 ] && bash scripts/neutron.sh down; exit $$rc
