@@ -120,17 +120,18 @@ func (n *Neutron) PortByIP(ctx context.Context, ip netip.Addr) (Port, error) {
 	return Port{}, fmt.Errorf("%d ports have %s: set routes.subnetID to the VM subnet", len(all), ip)
 }
 
-// SetPairs writes a port's whole pair list under If-Match on revision: a
-// 412 (another writer first) comes back as is, for a fresh read.
-func (n *Neutron) SetPairs(ctx context.Context, portID string, revision int, pairs []ports.AddressPair) error {
+// SetPairs writes a port's whole pair list under If-Match on revision and
+// returns the port as written: a 412 (another writer first) comes back
+// as is, for a fresh read.
+func (n *Neutron) SetPairs(ctx context.Context, portID string, revision int, pairs []ports.AddressPair) (Port, error) {
 	if pairs == nil {
 		pairs = []ports.AddressPair{}
 	}
-	_, err := ports.Update(ctx, n.nc, portID, ports.UpdateOpts{AllowedAddressPairs: &pairs, RevisionNumber: &revision}).Extract()
+	p, err := ports.Update(ctx, n.nc, portID, ports.UpdateOpts{AllowedAddressPairs: &pairs, RevisionNumber: &revision}).Extract()
 	if err != nil {
-		return explain(fmt.Errorf("allowed address pairs of VM port %s: %w", portID, err))
+		return Port{}, explain(fmt.Errorf("allowed address pairs of VM port %s: %w", portID, err))
 	}
-	return nil
+	return Port{ID: p.ID, Revision: p.RevisionNumber, Pairs: p.AllowedAddressPairs}, nil
 }
 
 // ExhaustedError is Neutron's 400 RoutesExhausted: the router's limit.

@@ -135,6 +135,9 @@ func (r *Reconciler) Sync(ctx context.Context, blocks []Block) (Result, error) {
 }
 
 func (r *Reconciler) pass(ctx context.Context, blocks []Block) (Result, error) {
+	// Blocks of other ranges are not routed here (another controller's,
+	// or a static range's).
+	blocks = slices.DeleteFunc(slices.Clone(blocks), func(b Block) bool { return !r.ours(b.CIDR) })
 	routes, err := r.nt.Routes(ctx)
 	if err != nil {
 		return Result{}, err
@@ -170,11 +173,19 @@ func (r *Reconciler) pass(ctx context.Context, blocks []Block) (Result, error) {
 	}
 	in := planInput{blocks: blocks, routes: routes, limit: r.limit(), pairRoom: room, ours: r.ours}
 	pl := makePlan(in)
-	// Pairs first: a route never reaches a node whose port would drop the
-	// answers, and a stale route stays (naming its port) until its pair
-	// is gone.
+	// Order: first the pairs that stay (dropping the stale ones: a stale
+	// route keeps naming its port until its pair is gone), then stale
+	// routes out, then the new routes in one atomic add, then their pairs.
+	// A refused add (the limit learned or probed) thus changes nothing,
+	// and a new block is half set only between the add and its pair's
+	// write, milliseconds apart, before its pods could have been reached.
+	fresh := map[netip.Prefix]bool{}
+	for _, rt := range pl.add {
+		fresh[rt.Destination] = true
+	}
 	for ip, want := range pl.pairs {
-		if err := r.setPairs(ctx, ip, portOf[ip], want); err != nil {
+		stay := slices.DeleteFunc(slices.Clone(want), func(c netip.Prefix) bool { return fresh[c] })
+		if portOf[ip], err = r.setPairs(ctx, ip, portOf[ip], stay); err != nil {
 			return Result{}, err
 		}
 	}
@@ -189,6 +200,11 @@ func (r *Reconciler) pass(ctx context.Context, blocks []Block) (Result, error) {
 	}
 	for _, rt := range pl.add {
 		r.log.Info("route added", "route", rt.String())
+	}
+	for ip, want := range pl.pairs {
+		if portOf[ip], err = r.setPairs(ctx, ip, portOf[ip], want); err != nil {
+			return Result{}, err
+		}
 	}
 	res := Result{States: pl.states, Messages: map[string]string{}, Routes: pl.ours, Others: pl.others}
 	if in.limit != math.MaxInt {
@@ -215,8 +231,9 @@ func (r *Reconciler) split(pairs []ports.AddressPair) (ours, foreign []ports.Add
 }
 
 // setPairs makes the port allow exactly want of ours, keeping every pair
-// of others; a 412 reads the port again and retries.
-func (r *Reconciler) setPairs(ctx context.Context, ip netip.Addr, port Port, want []netip.Prefix) error {
+// of others; a 412 reads the port again and retries. It returns the port
+// as written.
+func (r *Reconciler) setPairs(ctx context.Context, ip netip.Addr, port Port, want []netip.Prefix) (Port, error) {
 	for attempt := 0; ; attempt++ {
 		ours, foreign := r.split(port.Pairs)
 		have := make([]string, 0, len(ours))
@@ -231,22 +248,22 @@ func (r *Reconciler) setPairs(ctx context.Context, ip netip.Addr, port Port, wan
 		slices.Sort(have)
 		slices.Sort(wantS)
 		if slices.Equal(have, wantS) {
-			return nil
+			return port, nil
 		}
 		list := slices.Clone(foreign)
 		for _, c := range wantS {
 			list = append(list, ports.AddressPair{IPAddress: c})
 		}
-		err := r.nt.SetPairs(ctx, port.ID, port.Revision, list)
+		written, err := r.nt.SetPairs(ctx, port.ID, port.Revision, list)
 		if err == nil {
 			r.log.Info("VM port pairs set", "port", port.ID, "node_ip", ip, "blocks", wantS, "had", have)
-			return nil
+			return written, nil
 		}
 		if !isStale(err) || attempt >= 5 {
-			return err
+			return port, err
 		}
 		if port, err = r.nt.PortByIP(ctx, ip); err != nil {
-			return err
+			return port, err
 		}
 	}
 }
