@@ -6,6 +6,9 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -269,4 +272,63 @@ func nodeblocksGet(t *testing.T, name string) (*v1alpha1.NodeBlock, error) {
 		}
 	}
 	return nil, fmt.Errorf("NodeBlock %s not found", name)
+}
+
+// The vpcni-controller binary with -cloud-config (a noauth endpoint: the
+// lab's, on loopback), as its service account: 3 nodes' blocks on a
+// router with max_routes 2 give 2 routes and 1 report, on /metrics with
+// the fix, and no request is forbidden by deploy/rbac.yaml.
+func TestControllerBinaryRoutes(t *testing.T) {
+	t.Cleanup(func() { cleanupBlocks(t) })
+	applyDeploy(t)
+	ctx := context.Background()
+	srv := neutronapi.New()
+	srv.MaxRoutes = 2
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := &http.Server{Handler: srv.Handler()}
+	go hs.Serve(ln)
+	t.Cleanup(func() { hs.Close() })
+	url := "http://" + ln.Addr().String() + "/"
+	bed, err := routes.NewBed(ctx, openstack.NoAuthClient(url, http.Client{Timeout: 10 * time.Second}), "bin", 3,
+		netip.MustParsePrefix("10.90.0.0/24"), netip.MustParsePrefix("10.92.0.0/16"), 26, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs := clientset(t)
+	for i := range 3 {
+		n, err := cs.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("bin-%d", i+1),
+			Annotations: map[string]string{v1alpha1.AnnotationBlocksWanted: "1"}}}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		n.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: bed.Blocks[i].NodeIP.String()}}
+		if _, err := cs.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cloud := filepath.Join(t.TempDir(), "cloud.yaml")
+	if err := os.WriteFile(cloud, []byte(fmt.Sprintf("openstack:\n  endpoint: %s\n  subnetID: %s\nroutes:\n  routerID: %s\n  resync: 1s\n",
+		url, bed.SubnetID, bed.RouterID)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(t.TempDir(), "vpcni-controller")
+	if out, err := exec.Command("go", "build", "-o", bin, "github.com/vpcni/vpcni/cmd/vpcni-controller").CombinedOutput(); err != nil {
+		t.Fatalf("build: %v\n%s", err, out)
+	}
+	c := startController(t, bin, kubeconfigAs(t, "vpcni-controller"), "routes-1", "-block-ranges", "10.92.0.0/16", "-block-size", "26",
+		"-cloud-config", cloud, "-health-addr", "127.0.0.1:29699")
+	waitFor(t, 30*time.Second, "2 routes and 1 report on /metrics", func() error {
+		return metricsSay("127.0.0.1:29699", `vpcni_controller_router_routes{owner="vpcni"} 2`, `vpcni_controller_route_blocks{state="RouteBudgetExhausted"} 1`,
+			`vpcni_controller_router_max_routes 2`, `vpcni_controller_route_max_routes_needed 3`)
+	})
+	// One block per node: no block size helps, and the fix says so.
+	if err := metricsSay("127.0.0.1:29699", `vpcni_controller_route_shortfall{fix="raise max_routes to 3 (neutron.conf; now 2, 0 of them others'): each of the 3 nodes needs a route of its own, so no block size fits them in 2"} 1`); err != nil {
+		t.Error(err)
+	}
+	if strings.Contains(c.log.String(), "forbidden") {
+		t.Errorf("a request was forbidden by RBAC:\n%s", c.log)
+	}
 }
