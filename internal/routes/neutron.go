@@ -191,7 +191,7 @@ func isStale(err error) bool {
 func explain(err error) error {
 	var code gophercloud.ErrUnexpectedResponseCode
 	if errors.As(err, &code) && code.Actual == http.StatusForbidden {
-		return fmt.Errorf("%w (Neutron's policy forbids it: vpcni-controller needs update_router (add_extraroutes/remove_extraroutes) on the router and update_port:allowed_address_pairs on the nodes' VM ports — the member role in their project, or admin)", err)
+		return fmt.Errorf("%w (Neutron's policy forbids it: vpcni-controller needs get_router, add_extraroutes and remove_extraroutes on the router (a member of its project) and update_port:allowed_address_pairs on the nodes' VM ports (the owner of their network, or admin))", err)
 	}
 	return err
 }
