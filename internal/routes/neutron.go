@@ -120,6 +120,55 @@ func (n *Neutron) PortByIP(ctx context.Context, ip netip.Addr) (Port, error) {
 	return Port{}, fmt.Errorf("%d ports have %s: set routes.subnetID to the VM subnet", len(all), ip)
 }
 
+// PortsByIP finds the VM ports of ips: with a subnet, one list of that
+// subnet's ports (a pass over hundreds of nodes every resync stays one
+// call); without, one lookup per address. An address no port has maps to
+// an ErrNoPort error, as does one several ports have (ambiguous).
+func (n *Neutron) PortsByIP(ctx context.Context, ips []netip.Addr) (map[netip.Addr]Port, map[netip.Addr]error, error) {
+	found, missing := map[netip.Addr]Port{}, map[netip.Addr]error{}
+	if n.subnetID == "" {
+		for _, ip := range ips {
+			p, err := n.PortByIP(ctx, ip)
+			switch {
+			case errors.Is(err, ErrNoPort):
+				missing[ip] = err
+			case err != nil:
+				return nil, nil, err
+			default:
+				found[ip] = p
+			}
+		}
+		return found, missing, nil
+	}
+	pages, err := ports.List(n.nc, ports.ListOpts{FixedIPs: []ports.FixedIPOpts{{SubnetID: n.subnetID}}}).AllPages(ctx)
+	if err != nil {
+		return nil, nil, explain(fmt.Errorf("list the ports of subnet %s: %w", n.subnetID, err))
+	}
+	all, err := ports.ExtractPorts(pages)
+	if err != nil {
+		return nil, nil, err
+	}
+	holders := map[netip.Addr][]ports.Port{}
+	for _, p := range all {
+		for _, f := range p.FixedIPs {
+			if a, err := netip.ParseAddr(f.IPAddress); err == nil && f.SubnetID == n.subnetID {
+				holders[a] = append(holders[a], p)
+			}
+		}
+	}
+	for _, ip := range ips {
+		switch h := holders[ip]; len(h) {
+		case 0:
+			missing[ip] = fmt.Errorf("%s on subnet %s: %w", ip, n.subnetID, ErrNoPort)
+		case 1:
+			found[ip] = Port{ID: h[0].ID, Revision: h[0].RevisionNumber, Pairs: h[0].AllowedAddressPairs}
+		default:
+			missing[ip] = fmt.Errorf("%d ports hold %s: %w", len(h), ip, ErrNoPort)
+		}
+	}
+	return found, missing, nil
+}
+
 // SetPairs writes a port's whole pair list under If-Match on revision and
 // returns the port as written: a 412 (another writer first) comes back
 // as is, for a fresh read.

@@ -155,19 +155,16 @@ func (r *Reconciler) pass(ctx context.Context, blocks []Block) (Result, error) {
 			ips[rt.NextHop] = true
 		}
 	}
-	portOf := map[netip.Addr]Port{}
-	room := map[netip.Addr]int{}
-	noPort := map[netip.Addr]error{}
+	list := make([]netip.Addr, 0, len(ips))
 	for ip := range ips {
-		p, err := r.nt.PortByIP(ctx, ip)
-		if err != nil {
-			if !errors.Is(err, ErrNoPort) {
-				return Result{}, err
-			}
-			noPort[ip] = err
-			continue
-		}
-		portOf[ip] = p
+		list = append(list, ip)
+	}
+	portOf, noPort, err := r.nt.PortsByIP(ctx, list)
+	if err != nil {
+		return Result{}, err
+	}
+	room := map[netip.Addr]int{}
+	for ip, p := range portOf {
 		_, foreign := r.split(p.Pairs)
 		room[ip] = max(r.opts.MaxPairs-len(foreign), 0)
 	}

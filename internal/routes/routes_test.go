@@ -73,9 +73,15 @@ func (lb *labBed) refusals() int {
 	return len(lb.refused)
 }
 
+// reconciler finds the ports by listing the VM subnet's; with maxRoutes 0
+// (learned) by one lookup per node address instead, so both ways are run.
 func (lb *labBed) reconciler(t *testing.T, maxRoutes int, probe time.Duration) *Reconciler {
 	t.Helper()
-	r, err := New(lb.Neutron(), Options{Ranges: lb.Ranges, MaxRoutes: maxRoutes, MaxPairs: 10, Probe: probe}, quiet)
+	nt := lb.Neutron()
+	if maxRoutes == 0 {
+		nt = NewNeutron(lb.NC, lb.RouterID, "")
+	}
+	r, err := New(nt, Options{Ranges: lb.Ranges, MaxRoutes: maxRoutes, MaxPairs: 10, Probe: probe}, quiet)
 	if err != nil {
 		t.Fatal(err)
 	}
