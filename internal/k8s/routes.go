@@ -57,7 +57,7 @@ type RouteReconciler struct {
 	recorder record.EventRecorder
 
 	mu    sync.Mutex
-	seen  map[string]routes.State // NodeBlock -> the state last published
+	seen  map[string]string // NodeBlock -> the state and message last published
 	last  routes.Result
 	syncs int64
 }
@@ -89,7 +89,7 @@ func NewRouteReconciler(cfg *rest.Config, rec *routes.Reconciler, opts RouteOpti
 		return nil, err
 	}
 	r := &RouteReconciler{opts: opts, rec: rec, client: client, cs: cs, log: log.With("reconciler", "routes"),
-		events: record.NewBroadcaster(), seen: map[string]routes.State{},
+		events: record.NewBroadcaster(), seen: map[string]string{},
 		queue: workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]())}
 	r.nodes = informers.NewSharedInformerFactory(cs, 10*time.Minute).Core().V1().Nodes().Informer()
 	// Of a Node only its name, UID and addresses matter here.
@@ -182,10 +182,11 @@ func (r *RouteReconciler) reconcile(ctx context.Context, _ string) (time.Duratio
 		return 0, err
 	}
 	r.mu.Lock()
+	prevFix := r.last.Fix
 	r.last = res
 	r.syncs++
 	r.mu.Unlock()
-	if res.Waiting > 0 {
+	if res.Waiting > 0 && res.Fix != prevFix {
 		r.log.Warn("blocks wait for room on the router", "waiting", res.Waiting, "routes", res.Routes, "others", res.Others,
 			"max_routes", res.Limit, "fix", res.Fix)
 	}
@@ -205,8 +206,9 @@ func (r *RouteReconciler) reconcile(ctx context.Context, _ string) (time.Duratio
 	return r.opts.Resync, nil
 }
 
-// publish writes the Routed condition (if it changed) and, on a change of
-// state, an Event on the block's Node.
+// publish writes the Routed condition (if it changed) and, when state or
+// message changed (a waiting block's fix follows the count of blocks), an
+// Event on the block's Node.
 func (r *RouteReconciler) publish(ctx context.Context, nb *v1alpha1.NodeBlock, st routes.State, msg string) error {
 	status := metav1.ConditionFalse
 	if st == routes.Routed {
@@ -228,9 +230,9 @@ func (r *RouteReconciler) publish(ctx context.Context, nb *v1alpha1.NodeBlock, s
 	}
 	r.mu.Lock()
 	prev, had := r.seen[nb.Name]
-	r.seen[nb.Name] = st
+	r.seen[nb.Name] = string(st) + ": " + msg
 	r.mu.Unlock()
-	if had && prev == st {
+	if had && prev == string(st)+": "+msg {
 		return nil
 	}
 	ref := &corev1.ObjectReference{Kind: "Node", APIVersion: "v1", Name: nb.Spec.Node}
