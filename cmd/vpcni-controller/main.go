@@ -306,7 +306,7 @@ func serveWebhook(ctx context.Context, cs kubernetes.Interface, o options, log *
 // newRouteReconciler logs in to Neutron and builds the routed pod
 // subnet's reconciler over the block ranges.
 func newRouteReconciler(ctx context.Context, cfg *rest.Config, cloud *routes.CloudConfig, blocks *ipam.Blocks, log *slog.Logger) (*k8s.RouteReconciler, error) {
-	nt, err := cloud.Connect(ctx)
+	nt, err := cloud.Connect(ctx, log)
 	if err != nil {
 		return nil, err
 	}

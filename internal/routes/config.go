@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"time"
 
@@ -104,11 +105,23 @@ func (c *CloudConfig) Validate() error {
 }
 
 // Connect logs in to Neutron as the openstack section says (Keystone, or
-// a noauth endpoint), with the provider's own client construction.
-func (c *CloudConfig) Connect(ctx context.Context) (*Neutron, error) {
-	nc, err := openstack.NetworkClient(ctx, c.OpenStack)
-	if err != nil {
-		return nil, err
+// a noauth endpoint), with the provider's own client construction. A
+// cloud that cannot be reached yet is tried again (backoff up to a
+// minute, each failure logged) until ctx ends: the controller's other
+// reconcilers need no cloud and must not stop with it.
+func (c *CloudConfig) Connect(ctx context.Context, log *slog.Logger) (*Neutron, error) {
+	wait := time.Second
+	for {
+		nc, err := openstack.NetworkClient(ctx, c.OpenStack)
+		if err == nil {
+			return NewNeutron(nc, c.Routes.RouterID, c.OpenStack.SubnetID), nil
+		}
+		log.Warn("cannot log in to the cloud yet; trying again", "err", err, "in", wait)
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("%w (last: %w)", ctx.Err(), err)
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, time.Minute)
 	}
-	return NewNeutron(nc, c.Routes.RouterID, c.OpenStack.SubnetID), nil
 }
