@@ -25,6 +25,7 @@ import (
 // +kubebuilder:subresource:status
 // +kubebuilder:printcolumn:name=CIDR,type=string,JSONPath=.spec.cidr
 // +kubebuilder:printcolumn:name=Node,type=string,JSONPath=.spec.node
+// +kubebuilder:printcolumn:name=Routed,type=string,JSONPath=`.status.conditions[?(@.type=="Routed")].reason`
 // +kubebuilder:printcolumn:name=Age,type=date,JSONPath=.metadata.creationTimestamp
 type NodeBlock struct {
 	metav1.TypeMeta   `json:",inline"`
