@@ -3,7 +3,9 @@
 // the addresses of pods that are gone while their node's agent missed the
 // DEL (see internal/k8s), and, with -block-ranges, assigning per-node
 // blocks of those ranges to the nodes that ask (NodeBlocks) and taking
-// back the blocks of nodes gone for good. Every replica, leader or not, also serves the
+// back the blocks of nodes gone for good; with -cloud-config too, routing
+// each block through the Neutron router (one extra route and one VM-port
+// pair per block, within max_routes). Every replica, leader or not, also serves the
 // mutating admission webhook that makes pods on the pod network request
 // one vpcni.io/ip, with a certificate it mints and rotates itself.
 package main
@@ -30,11 +32,13 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 
 	"github.com/vpcni/vpcni/internal/ipam"
 	"github.com/vpcni/vpcni/internal/k8s"
+	"github.com/vpcni/vpcni/internal/routes"
 )
 
 var version = "dev"
@@ -57,6 +61,7 @@ func main() {
 	flag.StringVar(&o.blockRanges, "block-ranges", "", "comma-separated CIDRs split into per-node blocks (NodeBlocks) for agents in blocks mode (empty: no blocks)")
 	flag.IntVar(&o.blockSize, "block-size", 26, "prefix length of one block, e.g. 26 for 64 addresses")
 	flag.DurationVar(&o.blockGrace, "block-reclaim-grace", 5*time.Minute, "how long a Node must be gone before its blocks are given back (once no PodAddress of it uses them)")
+	flag.StringVar(&o.cloudConfig, "cloud-config", "", "routed pod subnet on OpenStack: YAML with the openstack section (as the agent's) and routes.routerID; needs -block-ranges (empty: no routes)")
 	showVersion := flag.Bool("version", false, "print the version and exit")
 	flag.Parse()
 	if *showVersion {
@@ -79,7 +84,7 @@ type options struct {
 	kubeconfig, namespace, lease, identity, healthAddr, logLevel string
 	webhookAddr, webhookService, webhookSecret, webhookConfig    string
 	grace, leaseDuration, certValidity, blockGrace               time.Duration
-	blockRanges                                                  string
+	blockRanges, cloudConfig                                     string
 	blockSize                                                    int
 }
 
@@ -130,6 +135,17 @@ func run(o options, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	// Routed pod subnet: read and checked before leading, so a bad file
+	// stops the replica at once.
+	var cloud *routes.CloudConfig
+	if o.cloudConfig != "" {
+		if blocks == nil {
+			return errors.New("-cloud-config routes the nodes' blocks: it needs -block-ranges")
+		}
+		if cloud, err = routes.LoadCloudConfig(o.cloudConfig); err != nil {
+			return err
+		}
+	}
 	cfg, err := k8s.RestConfig(o.kubeconfig)
 	if err != nil {
 		return err
@@ -146,6 +162,7 @@ func run(o options, log *slog.Logger) error {
 	var runErr atomic.Value
 	// The leader's block figures, on /metrics beside /healthz.
 	blockMetrics := &k8s.BlockMetrics{}
+	routeMetrics := &k8s.RouteMetrics{}
 	var certs *k8s.Certs
 	if o.webhookAddr != "" {
 		certs, err = serveWebhook(ctx, cs, o, log)
@@ -160,7 +177,7 @@ func run(o options, log *slog.Logger) error {
 		}
 		mux := http.NewServeMux()
 		reg := prometheus.NewRegistry()
-		reg.MustRegister(blockMetrics)
+		reg.MustRegister(blockMetrics, routeMetrics)
 		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 		mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
 			if err := leaderHealth.Check(r); err != nil {
@@ -225,6 +242,17 @@ func run(o options, log *slog.Logger) error {
 						fail("blocks", err)
 					})
 				}
+				if cloud != nil {
+					wg.Go(func() {
+						r, err := newRouteReconciler(ctx, cfg, cloud, blocks, log)
+						if err == nil {
+							routeMetrics.Set(r)
+							err = r.Run(ctx)
+							routeMetrics.Set(nil)
+						}
+						fail("routes", err)
+					})
+				}
 				orphans, err := k8s.NewOrphans(cfg, o.grace, log)
 				if err == nil {
 					err = orphans.Run(ctx)
@@ -273,4 +301,19 @@ func serveWebhook(ctx context.Context, cs kubernetes.Interface, o options, log *
 	go func() { <-ctx.Done(); _ = srv.Close() }()
 	log.Info("pod admission webhook", "addr", ln.Addr().String(), "path", k8s.WebhookPath, "service", o.namespace+"/"+o.webhookService)
 	return certs, nil
+}
+
+// newRouteReconciler logs in to Neutron and builds the routed pod
+// subnet's reconciler over the block ranges.
+func newRouteReconciler(ctx context.Context, cfg *rest.Config, cloud *routes.CloudConfig, blocks *ipam.Blocks, log *slog.Logger) (*k8s.RouteReconciler, error) {
+	nt, err := cloud.Connect(ctx, log)
+	if err != nil {
+		return nil, err
+	}
+	rec, err := routes.New(nt, routes.Options{Ranges: blocks.Ranges, MaxRoutes: cloud.Routes.MaxRoutes,
+		MaxPairs: cloud.OpenStack.MaxAddressPairs, Probe: cloud.Routes.Probe.Duration}, log.With("reconciler", "routes"))
+	if err != nil {
+		return nil, err
+	}
+	return k8s.NewRouteReconciler(cfg, rec, k8s.RouteOptions{Resync: cloud.Routes.Resync.Duration}, log)
 }
