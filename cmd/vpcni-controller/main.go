@@ -56,6 +56,7 @@ func main() {
 	flag.DurationVar(&o.certValidity, "cert-validity", 90*24*time.Hour, "lifetime of the webhook's serving certificate (renewed when a third is left; the CA lives four times as long)")
 	flag.StringVar(&o.blockRanges, "block-ranges", "", "comma-separated CIDRs split into per-node blocks (NodeBlocks) for agents in blocks mode (empty: no blocks)")
 	flag.IntVar(&o.blockSize, "block-size", 26, "prefix length of one block, e.g. 26 for 64 addresses")
+	flag.BoolVar(&o.stickyIPs, "sticky-ips", true, "keep AddressReservations for the pods of StatefulSets annotated vpcni.io/sticky-ip: \"true\" (needs the AddressReservation CRD)")
 	flag.DurationVar(&o.blockGrace, "block-reclaim-grace", 5*time.Minute, "how long a Node must be gone before its blocks are given back (once no PodAddress of it uses them)")
 	showVersion := flag.Bool("version", false, "print the version and exit")
 	flag.Parse()
@@ -81,6 +82,7 @@ type options struct {
 	grace, leaseDuration, certValidity, blockGrace               time.Duration
 	blockRanges                                                  string
 	blockSize                                                    int
+	stickyIPs                                                    bool
 }
 
 // blocks reads -block-ranges and -block-size (nil: no blocks), naming
@@ -223,6 +225,15 @@ func run(o options, log *slog.Logger) error {
 							blockMetrics.Set(nil)
 						}
 						fail("blocks", err)
+					})
+				}
+				if o.stickyIPs {
+					wg.Go(func() {
+						k, err := k8s.NewStickyKeeper(cfg, log)
+						if err == nil {
+							err = k.Run(ctx)
+						}
+						fail("sticky", err)
 					})
 				}
 				orphans, err := k8s.NewOrphans(cfg, o.grace, log)
