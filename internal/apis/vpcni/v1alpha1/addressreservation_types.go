@@ -16,11 +16,14 @@ import (
 // whose ADD is for a pod with a reservation asks for the reserved address
 // (and gives it straight back to the cloud at DEL, so the next node can
 // take it); while another node still holds it the ADD fails with CNI
-// error 11 and the runtime retries.
+// error 11 and the runtime retries. When that node is dead (its Node gone,
+// or not Ready, for longer than the controller's grace) the controller
+// takes the address off its port itself (needs -cloud-config).
 //
 // +kubebuilder:object:root=true
 // +kubebuilder:resource:shortName=ar
 // +kubebuilder:printcolumn:name=Address,type=string,JSONPath=.spec.address
+// +kubebuilder:printcolumn:name=Node,type=string,JSONPath=.spec.node
 // +kubebuilder:printcolumn:name=StatefulSet,type=string,JSONPath=.spec.statefulSet
 // +kubebuilder:printcolumn:name=Age,type=date,JSONPath=.metadata.creationTimestamp
 type AddressReservation struct {
@@ -48,6 +51,14 @@ type AddressReservationSpec struct {
 	// +kubebuilder:validation:XValidation:rule="size(self) == 0 || (isIP(self) && ip(self).family() == 4)",message="address must be an IPv4 address"
 	// +optional
 	Address string `json:"address,omitempty"`
+	// Node is the node whose pod last held the address and Port its cloud
+	// port (from the pod's PodAddress), empty once the controller took
+	// the address off a dead node's port: where to take it from when that
+	// node dies with it.
+	// +optional
+	Node string `json:"node,omitempty"`
+	// +optional
+	Port string `json:"port,omitempty"`
 }
 
 // AddressReservationList is a list of AddressReservations.
