@@ -33,6 +33,7 @@ import (
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 
+	"github.com/vpcni/vpcni/internal/cloudconfig"
 	"github.com/vpcni/vpcni/internal/ipam"
 	"github.com/vpcni/vpcni/internal/k8s"
 )
@@ -56,6 +57,8 @@ func main() {
 	flag.DurationVar(&o.certValidity, "cert-validity", 90*24*time.Hour, "lifetime of the webhook's serving certificate (renewed when a third is left; the CA lives four times as long)")
 	flag.StringVar(&o.blockRanges, "block-ranges", "", "comma-separated CIDRs split into per-node blocks (NodeBlocks) for agents in blocks mode (empty: no blocks)")
 	flag.IntVar(&o.blockSize, "block-size", 26, "prefix length of one block, e.g. 26 for 64 addresses")
+	flag.StringVar(&o.cloudConfig, "cloud-config", "", "the cloud (provider.openstack keys of vpcnid.yaml, on their own) for what only the controller does: taking a sticky pod's address off a dead node's port (empty: no cloud)")
+	flag.DurationVar(&o.stickyGrace, "sticky-dead-node-grace", time.Minute, "how long a Node must be gone or not Ready before the controller takes a sticky pod's address off its port (needs -cloud-config)")
 	flag.BoolVar(&o.stickyIPs, "sticky-ips", true, "keep AddressReservations for the pods of StatefulSets annotated vpcni.io/sticky-ip: \"true\" (needs the AddressReservation CRD)")
 	flag.DurationVar(&o.blockGrace, "block-reclaim-grace", 5*time.Minute, "how long a Node must be gone before its blocks are given back (once no PodAddress of it uses them)")
 	showVersion := flag.Bool("version", false, "print the version and exit")
@@ -83,6 +86,8 @@ type options struct {
 	blockRanges                                                  string
 	blockSize                                                    int
 	stickyIPs                                                    bool
+	cloudConfig                                                  string
+	stickyGrace                                                  time.Duration
 }
 
 // blocks reads -block-ranges and -block-size (nil: no blocks), naming
@@ -131,6 +136,13 @@ func run(o options, log *slog.Logger) error {
 	blocks, err := o.blocks()
 	if err != nil {
 		return err
+	}
+	cloud, err := cloudconfig.Load(o.cloudConfig)
+	if err != nil {
+		return fmt.Errorf("-cloud-config: %w", err)
+	}
+	if o.stickyGrace <= 0 {
+		return errors.New("-sticky-dead-node-grace must be positive")
 	}
 	cfg, err := k8s.RestConfig(o.kubeconfig)
 	if err != nil {
@@ -229,7 +241,7 @@ func run(o options, log *slog.Logger) error {
 				}
 				if o.stickyIPs {
 					wg.Go(func() {
-						k, err := k8s.NewStickyKeeper(cfg, log)
+						k, err := k8s.NewStickyKeeper(cfg, k8s.StickyOptions{Cloud: cloud, Grace: o.stickyGrace}, log)
 						if err == nil {
 							err = k.Run(ctx)
 						}

@@ -39,4 +39,3 @@ func Parse(data []byte, name string) (*openstack.Config, error) {
 	}
 	return &c, nil
 }
-

@@ -4,12 +4,15 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -22,6 +25,7 @@ import (
 	"k8s.io/client-go/util/workqueue"
 
 	"github.com/vpcni/vpcni/internal/apis/vpcni/v1alpha1"
+	"github.com/vpcni/vpcni/internal/provider/openstack"
 )
 
 // StickyKeeper is vpcni-controller's side of addresses that follow a
@@ -42,6 +46,7 @@ import (
 // It is level-triggered: each key (namespace/pod name) is recomputed from
 // the pod, its StatefulSet, its PodAddresses and the reservation.
 type StickyKeeper struct {
+	opts  StickyOptions
 	res   *reservations
 	log   *slog.Logger
 	queue workqueue.TypedRateLimitingInterface[string]
@@ -50,12 +55,31 @@ type StickyKeeper struct {
 	sets  cache.SharedIndexInformer
 	addrs cache.SharedIndexInformer
 	ars   cache.SharedIndexInformer
+	nodes cache.SharedIndexInformer
 
-	created, recorded, deleted atomic.Int64
+	mu        sync.Mutex
+	goneSince map[string]time.Time // nodes missing from the cache, since
+
+	created, recorded, deleted, takenOver atomic.Int64
+}
+
+// StickyOptions: how the keeper treats a dead node.
+type StickyOptions struct {
+	// Cloud reaches Neutron to take a reserved address off a dead node's
+	// port (nil: it waits for that node to give it back, which a dead
+	// node never does — the pod's ADDs get CNI error 11 until then).
+	Cloud *openstack.Config
+	// Grace is how long a Node must be gone, or its Ready condition False
+	// or Unknown, before it counts as dead (default 1m). A Node that has
+	// no Ready condition yet (its kubelet never reported) is alive.
+	Grace time.Duration
 }
 
 // NewStickyKeeper connects the reconciler; Run starts it.
-func NewStickyKeeper(cfg *rest.Config, log *slog.Logger) (*StickyKeeper, error) {
+func NewStickyKeeper(cfg *rest.Config, opts StickyOptions, log *slog.Logger) (*StickyKeeper, error) {
+	if opts.Grace == 0 {
+		opts.Grace = time.Minute
+	}
 	cfg = rest.CopyConfig(cfg)
 	cfg.UserAgent = "vpcni-controller"
 	res, err := newReservations(cfg)
@@ -74,7 +98,7 @@ func NewStickyKeeper(cfg *rest.Config, log *slog.Logger) (*StickyKeeper, error) 
 	if err != nil {
 		return nil, err
 	}
-	k := &StickyKeeper{res: res, log: log.With("reconciler", "sticky"),
+	k := &StickyKeeper{opts: opts, res: res, log: log.With("reconciler", "sticky"), goneSince: map[string]time.Time{},
 		queue: workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]())}
 	k.pods = metadatainformer.NewSharedInformerFactory(md, 10*time.Minute).
 		ForResource(schema.GroupVersionResource{Version: "v1", Resource: "pods"}).Informer()
@@ -88,7 +112,9 @@ func NewStickyKeeper(cfg *rest.Config, log *slog.Logger) (*StickyKeeper, error) 
 	}); err != nil {
 		return nil, err
 	}
-	k.sets = informers.NewSharedInformerFactory(cs, 10*time.Minute).Apps().V1().StatefulSets().Informer()
+	f := informers.NewSharedInformerFactory(cs, 10*time.Minute)
+	k.sets = f.Apps().V1().StatefulSets().Informer()
+	k.nodes = f.Core().V1().Nodes().Informer()
 	k.addrs = pas.informer("", 10*time.Minute, cache.Indexers{IndexPod: podIndex})
 	k.ars = res.informer(10 * time.Minute)
 
@@ -142,25 +168,44 @@ func NewStickyKeeper(cfg *rest.Config, log *slog.Logger) (*StickyKeeper, error) 
 	}
 	_, _ = k.sets.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: setChanged,
 		UpdateFunc: func(_, n any) { setChanged(n) }, DeleteFunc: setChanged})
+	// A node's change (its Ready condition, its deletion) wakes the
+	// reservations whose address it holds.
+	nodeChanged := func(obj any) {
+		if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+			obj = d.Obj
+		}
+		n, ok := obj.(*corev1.Node)
+		if !ok {
+			return
+		}
+		for _, o := range k.ars.GetStore().List() {
+			if ar := o.(*v1alpha1.AddressReservation); ar.Spec.Node == n.Name {
+				enqueue(ar)
+			}
+		}
+	}
+	_, _ = k.nodes.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		UpdateFunc: func(_, n any) { nodeChanged(n) }, DeleteFunc: nodeChanged})
 	return k, nil
 }
 
 // Figures counts reservations created, addresses recorded and
 // reservations deleted by this process.
-func (k *StickyKeeper) Figures() (created, recorded, deleted int64) {
-	return k.created.Load(), k.recorded.Load(), k.deleted.Load()
+func (k *StickyKeeper) Figures() (created, recorded, deleted, takenOver int64) {
+	return k.created.Load(), k.recorded.Load(), k.deleted.Load(), k.takenOver.Load()
 }
 
 // Run reconciles until ctx ends.
 func (k *StickyKeeper) Run(ctx context.Context) error {
 	defer k.queue.ShutDown()
-	for _, inf := range []cache.SharedIndexInformer{k.pods, k.sets, k.addrs, k.ars} {
+	for _, inf := range []cache.SharedIndexInformer{k.pods, k.sets, k.addrs, k.ars, k.nodes} {
 		go inf.Run(ctx.Done())
 	}
-	if !cache.WaitForCacheSync(ctx.Done(), k.pods.HasSynced, k.sets.HasSynced, k.addrs.HasSynced, k.ars.HasSynced) {
+	if !cache.WaitForCacheSync(ctx.Done(), k.pods.HasSynced, k.sets.HasSynced, k.addrs.HasSynced, k.ars.HasSynced, k.nodes.HasSynced) {
 		return fmt.Errorf("caches did not sync: %w", ctx.Err())
 	}
-	k.log.Info("keeping the addresses of StatefulSet pods annotated " + v1alpha1.AnnotationStickyIP)
+	k.log.Info("keeping the addresses of StatefulSet pods annotated "+v1alpha1.AnnotationStickyIP,
+		"deadNodeGrace", k.opts.Grace, "takeOverFromDeadNodes", k.opts.Cloud != nil)
 	runQueue(ctx, k.queue, k.reconcile, k.log)
 	return nil
 }
@@ -243,13 +288,20 @@ func (k *StickyKeeper) reconcile(ctx context.Context, key string) (time.Duration
 		k.log.Info("AddressReservation deleted", "pod", key, "address", ar.Spec.Address, "why", why)
 		return 0, nil
 	}
-	addr := k.addressOf(pod, key)
+	pa := k.podAddressOf(pod, key)
+	addr := ""
+	if pa != nil {
+		addr = pa.Spec.Address
+	}
 	if ar == nil {
 		if pod == nil {
 			return 0, nil // a pod never seen gets its reservation when it appears
 		}
 		ar = &v1alpha1.AddressReservation{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
 			Spec: v1alpha1.AddressReservationSpec{StatefulSet: set, Ordinal: ordinal, Address: addr}}
+		if pa != nil {
+			ar.Spec.Node, ar.Spec.Port = pa.Spec.Node, pa.Spec.ProviderPort
+		}
 		if err := k.res.Create(ctx, ar); err != nil && !apierrors.IsAlreadyExists(err) {
 			return 0, fmt.Errorf("create AddressReservation %s: %w", key, err)
 		}
@@ -257,30 +309,105 @@ func (k *StickyKeeper) reconcile(ctx context.Context, key string) (time.Duration
 		k.log.Info("AddressReservation created", "pod", key, "statefulSet", set, "address", addr)
 		return 0, nil
 	}
-	if ar.Spec.Address == "" && addr != "" {
+	// Where the address is now: the pod's PodAddress, when it has the
+	// reserved address (or the reservation none yet).
+	if pa != nil && (ar.Spec.Address == "" || ar.Spec.Address == addr) &&
+		(ar.Spec.Address != addr || ar.Spec.Node != pa.Spec.Node || ar.Spec.Port != pa.Spec.ProviderPort) {
 		up := ar.DeepCopy()
-		up.Spec.Address = addr
+		up.Spec.Address, up.Spec.Node, up.Spec.Port = addr, pa.Spec.Node, pa.Spec.ProviderPort
 		if err := k.res.Update(ctx, up); err != nil {
-			return 0, fmt.Errorf("record %s in AddressReservation %s: %w", addr, key, err)
+			return 0, fmt.Errorf("record %s on node %s in AddressReservation %s: %w", addr, pa.Spec.Node, key, err)
 		}
-		k.recorded.Add(1)
-		k.log.Info("address recorded in AddressReservation", "pod", key, "address", addr)
+		if ar.Spec.Address == "" {
+			k.recorded.Add(1)
+		}
+		k.log.Info("AddressReservation updated", "pod", key, "address", addr, "node", pa.Spec.Node, "port", pa.Spec.ProviderPort)
+		return 0, nil
+	}
+	if pa == nil && ar.Spec.Address != "" && ar.Spec.Node != "" {
+		return k.takeOver(ctx, ar)
 	}
 	return 0, nil
 }
 
-// addressOf is the address of the pod's PodAddress (this pod's, by UID
-// when the PodAddress names one), "" if it has none yet.
-func (k *StickyKeeper) addressOf(pod *metav1.PartialObjectMetadata, key string) string {
+// takeOver frees a reserved address held by a node that is dead, so the
+// node the pod starts on next can take it: off the dead node's port (the
+// marked fixed IP, If-Match), then the reservation forgets the node. A
+// node not dead yet is looked at again when its grace ends.
+func (k *StickyKeeper) takeOver(ctx context.Context, ar *v1alpha1.AddressReservation) (time.Duration, error) {
+	wait, why := k.dead(ar.Spec.Node)
+	if wait > 0 || why == "" {
+		return wait, nil
+	}
+	key := ar.Namespace + "/" + ar.Name
+	if k.opts.Cloud == nil {
+		k.log.Warn("reserved address held by a dead node: no -cloud-config to take it off its port; the pod's ADDs fail with CNI error 11 until the node gives it back",
+			"pod", key, "address", ar.Spec.Address, "node", ar.Spec.Node, "why", why)
+		return 0, nil
+	}
+	if ar.Spec.Port == "" {
+		return 0, fmt.Errorf("reserved address %s of %s: node %s is dead (%s) but the reservation names no port to take it from", ar.Spec.Address, key, ar.Spec.Node, why)
+	}
+	a, err := netip.ParseAddr(ar.Spec.Address)
+	if err != nil {
+		return 0, fmt.Errorf("AddressReservation %s: %w", key, err)
+	}
+	if err := openstack.TakeOff(ctx, *k.opts.Cloud, ar.Spec.Port, []netip.Addr{a}); err != nil {
+		return 0, fmt.Errorf("take %s off dead node %s's port %s: %w", a, ar.Spec.Node, ar.Spec.Port, err)
+	}
+	up := ar.DeepCopy()
+	up.Spec.Node, up.Spec.Port = "", ""
+	if err := k.res.Update(ctx, up); err != nil {
+		return 0, fmt.Errorf("AddressReservation %s: %s was taken off node %s's port, but the reservation still names it: %w", key, a, ar.Spec.Node, err)
+	}
+	k.takenOver.Add(1)
+	k.log.Info("reserved address taken off a dead node's port", "pod", key, "address", a, "node", ar.Spec.Node, "port", ar.Spec.Port, "why", why)
+	return 0, nil
+}
+
+// dead says why node counts as dead ("" : it does not), or how long until
+// it may.
+func (k *StickyKeeper) dead(node string) (wait time.Duration, why string) {
+	now := time.Now()
+	o, ok, _ := k.nodes.GetStore().GetByKey(node)
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if !ok {
+		since, seen := k.goneSince[node]
+		if !seen {
+			since = now
+			k.goneSince[node] = now
+		}
+		if left := k.opts.Grace - now.Sub(since); left > 0 {
+			return left, ""
+		}
+		return 0, fmt.Sprintf("its Node is gone (seen missing for %s)", now.Sub(since).Round(time.Second))
+	}
+	delete(k.goneSince, node)
+	for _, c := range o.(*corev1.Node).Status.Conditions {
+		if c.Type != corev1.NodeReady || c.Status == corev1.ConditionTrue {
+			continue
+		}
+		if left := k.opts.Grace - now.Sub(c.LastTransitionTime.Time); left > 0 {
+			return left, ""
+		}
+		return 0, fmt.Sprintf("its Node is Ready=%s since %s (%s)", c.Status, c.LastTransitionTime.UTC().Format(time.RFC3339), c.Reason)
+	}
+	return 0, ""
+}
+
+// podAddressOf is the pod's PodAddress (this pod's, by UID when the
+// PodAddress names one), nil if it has none yet.
+func (k *StickyKeeper) podAddressOf(pod *metav1.PartialObjectMetadata, key string) *v1alpha1.PodAddress {
 	if pod == nil {
-		return ""
+		return nil
 	}
 	list, _ := k.addrs.GetIndexer().ByIndex(IndexPod, key)
 	for _, o := range list {
 		pa := o.(*v1alpha1.PodAddress)
 		if pa.Spec.PodUID == "" || pa.Spec.PodUID == string(pod.UID) {
-			return pa.Spec.Address
+			return pa
 		}
 	}
-	return ""
+	return nil
 }

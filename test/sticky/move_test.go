@@ -37,6 +37,9 @@ import (
 
 const namespace = "sticky"
 
+// deadGrace is the keeper's grace for a node not Ready (production: 1m).
+const deadGrace = 2 * time.Second
+
 // node is vpcnid on one lab node, in Kubernetes mode, and a runtime there.
 type node struct {
 	host  lab.Host
@@ -98,7 +101,12 @@ func setup(t *testing.T) *env {
 
 	// vpcni-controller's reconciler, as the leader runs it.
 	kctx, kstop := context.WithCancel(context.Background())
-	keeper, err := k8s.NewStickyKeeper(fixture.Config, slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
+	// It reaches the lab's Neutron from here, as the controller's pod
+	// would from the cluster network.
+	cloud := &openstack.Config{Endpoint: l.URL, SubnetID: l.SubnetID}
+	cloud.Defaults()
+	keeper, err := k8s.NewStickyKeeper(fixture.Config, k8s.StickyOptions{Cloud: cloud, Grace: deadGrace},
+		slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -116,6 +124,7 @@ func setup(t *testing.T) *env {
 		if _, err := e.cs.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: h.Name}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 			t.Fatal(err)
 		}
+		e.setReady(h.Name, corev1.ConditionTrue) // as its kubelet would
 		// The API server on the node's own loopback, as a node reaches it.
 		fw, err := testbed.Forward(h.NS, apiHost, apiHost)
 		if err != nil {
@@ -159,6 +168,22 @@ func (e *env) cleanupAPI() {
 	_ = e.dyn.Resource(v1alpha1.Resource).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{})
 	for _, n := range e.nodes {
 		_ = e.cs.CoreV1().Nodes().Delete(ctx, n.host.Name, metav1.DeleteOptions{})
+	}
+}
+
+// setReady sets the Node's Ready condition, as a kubelet (True) or the
+// node lifecycle controller (Unknown, when the kubelet stops) does.
+func (e *env) setReady(name string, status corev1.ConditionStatus) {
+	e.t.Helper()
+	ctx := context.Background()
+	n, err := e.cs.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: status, Reason: "Test",
+		LastTransitionTime: metav1.Now(), LastHeartbeatTime: metav1.Now()}}
+	if _, err := e.cs.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{}); err != nil {
+		e.t.Fatal(err)
 	}
 }
 
@@ -258,6 +283,7 @@ func (e *env) reservation(name string) *v1alpha1.AddressReservation {
 	ar.Name = u.GetName()
 	ar.Spec.Address, _, _ = unstructured.NestedString(u.Object, "spec", "address")
 	ar.Spec.StatefulSet, _, _ = unstructured.NestedString(u.Object, "spec", "statefulSet")
+	ar.Spec.Node, _, _ = unstructured.NestedString(u.Object, "spec", "node")
 	return ar
 }
 
@@ -434,4 +460,81 @@ func (e *env) createPodObjectless(obj *corev1.Pod, n *node) *pod {
 	}
 	e.t.Cleanup(func() { _ = netnsutil.Delete(netns) })
 	return &pod{obj: obj, netns: netns, node: n}
+}
+
+// TestStickyDeadNode: pod cache-0 (sticky) runs on n1; n1 dies (its vpcnid
+// stops, its Node turns Ready=Unknown) without ever deleting the pod's
+// attachment. The pod is force-deleted and re-created on n2, whose ADDs get
+// CNI error 11 while n1's port holds the address; once n1 has been dead for
+// the grace, the controller takes the address off n1's port and the
+// re-created pod gets it on n2, where the legacy VM reaches it.
+func TestStickyDeadNode(t *testing.T) {
+	e := setup(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	n1, n2 := e.nodes[0], e.nodes[1]
+	set := e.statefulSet("cache", true, 1)
+	old := e.createPod(set, 0, n1)
+	waitFor(t, 10*time.Second, "the controller reserves cache-0's address", func() error {
+		if e.reservation("cache-0") == nil {
+			return errors.New("no AddressReservation sticky/cache-0")
+		}
+		return nil
+	})
+	if _, err := old.add(ctx, 0); err != nil {
+		t.Fatalf("ADD cache-0 on n1: %v", err)
+	}
+	addr := old.addr
+	waitFor(t, 10*time.Second, "cache-0's address and node recorded", func() error {
+		if ar := e.reservation("cache-0"); ar.Spec.Address != addr.String() || ar.Spec.Node != n1.host.Name {
+			return fmt.Errorf("reservation says %q on %q, cache-0 has %s on %s", ar.Spec.Address, ar.Spec.Node, addr, n1.host.Name)
+		}
+		return nil
+	})
+
+	// n1 dies: no DEL ever comes from it.
+	if err := n1.agent.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	died := time.Now()
+	e.setReady(n1.host.Name, corev1.ConditionUnknown)
+	zero := int64(0)
+	if err := e.cs.CoreV1().Pods(namespace).Delete(ctx, "cache-0", metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil {
+		t.Fatal(err)
+	}
+	moved := e.createPod(set, 0, n2)
+	// Before the grace ends the address stays where it is: n2 gets 11.
+	if _, err := moved.add(ctx, 0); err == nil {
+		t.Fatalf("cache-0 on n2 got %s at once, while dead n1's port holds %s and its grace runs", moved.addr, addr)
+	}
+	tries, err := moved.add(ctx, 30*time.Second)
+	if err != nil {
+		t.Fatalf("ADD of cache-0 on n2 after n1 died (%d tries): %v", tries, err)
+	}
+	up := time.Since(died)
+	if moved.addr != addr {
+		t.Fatalf("cache-0 re-created on n2 got %s, not its reserved %s", moved.addr, addr)
+	}
+	if up < deadGrace {
+		t.Errorf("cache-0 got its address on n2 %s after n1 died: sooner than the grace (%s)", up, deadGrace)
+	}
+	if on := e.portHolding(addr); !slices.Equal(on, []string{n2.host.Name}) {
+		t.Errorf("after the takeover %s is on the ports of %v, want n2's only", addr, on)
+	}
+	fmt.Printf("sticky-move detail: dead node takeover address=%s grace_ms=%d from_death_ms=%d add_tries=%d\n",
+		addr, deadGrace.Milliseconds(), up.Milliseconds(), tries)
+	p, err := lab.StartPinger(netnsutil.Path(e.lab.Legacy.NS), addr, 10*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Stop()
+	if err := p.WaitAnswered(5 * time.Second); err != nil {
+		t.Errorf("legacy VM -> cache-0 %s on n2: %v", addr, err)
+	}
+	waitFor(t, 10*time.Second, "the reservation names n2", func() error {
+		if ar := e.reservation("cache-0"); ar.Spec.Node != n2.host.Name {
+			return fmt.Errorf("reservation names %q", ar.Spec.Node)
+		}
+		return nil
+	})
 }
