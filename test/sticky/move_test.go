@@ -173,18 +173,23 @@ func (e *env) cleanupAPI() {
 
 // setReady sets the Node's Ready condition, as a kubelet (True) or the
 // node lifecycle controller (Unknown, when the kubelet stops) does.
-func (e *env) setReady(name string, status corev1.ConditionStatus) {
+//
+// It returns the transition time as stored: whole seconds (the API's
+// time format), so up to a second before the call.
+func (e *env) setReady(name string, status corev1.ConditionStatus) time.Time {
 	e.t.Helper()
 	ctx := context.Background()
 	n, err := e.cs.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
 	if err != nil {
 		e.t.Fatal(err)
 	}
+	now := metav1.NewTime(time.Now().Truncate(time.Second))
 	n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: status, Reason: "Test",
-		LastTransitionTime: metav1.Now(), LastHeartbeatTime: metav1.Now()}}
+		LastTransitionTime: now, LastHeartbeatTime: now}}
 	if _, err := e.cs.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{}); err != nil {
 		e.t.Fatal(err)
 	}
+	return now.Time
 }
 
 // statefulSet creates a StatefulSet (no controller manager runs: the test
@@ -496,8 +501,7 @@ func TestStickyDeadNode(t *testing.T) {
 	if err := n1.agent.Stop(); err != nil {
 		t.Fatal(err)
 	}
-	died := time.Now()
-	e.setReady(n1.host.Name, corev1.ConditionUnknown)
+	died := e.setReady(n1.host.Name, corev1.ConditionUnknown)
 	zero := int64(0)
 	if err := e.cs.CoreV1().Pods(namespace).Delete(ctx, "cache-0", metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil {
 		t.Fatal(err)
@@ -516,7 +520,7 @@ func TestStickyDeadNode(t *testing.T) {
 		t.Fatalf("cache-0 re-created on n2 got %s, not its reserved %s", moved.addr, addr)
 	}
 	if up < deadGrace {
-		t.Errorf("cache-0 got its address on n2 %s after n1 died: sooner than the grace (%s)", up, deadGrace)
+		t.Errorf("cache-0 got its address on n2 %s after n1 turned not Ready: sooner than the grace (%s)", up, deadGrace)
 	}
 	if on := e.portHolding(addr); !slices.Equal(on, []string{n2.host.Name}) {
 		t.Errorf("after the takeover %s is on the ports of %v, want n2's only", addr, on)
