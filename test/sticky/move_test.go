@@ -98,14 +98,16 @@ func setup(t *testing.T) *env {
 		t.Fatal(err)
 	}
 	t.Cleanup(e.cleanupAPI)
+	installRBAC(t, e.cs)
 
-	// vpcni-controller's reconciler, as the leader runs it.
+	// vpcni-controller's reconciler, as the leader runs it, with the
+	// controller's service account's rights.
 	kctx, kstop := context.WithCancel(context.Background())
 	// It reaches the lab's Neutron from here, as the controller's pod
 	// would from the cluster network.
 	cloud := &openstack.Config{Endpoint: l.URL, SubnetID: l.SubnetID}
 	cloud.Defaults()
-	keeper, err := k8s.NewStickyKeeper(fixture.Config, k8s.StickyOptions{Cloud: cloud, Grace: deadGrace},
+	keeper, err := k8s.NewStickyKeeper(as("vpcni-controller"), k8s.StickyOptions{Cloud: cloud, Grace: deadGrace},
 		slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})))
 	if err != nil {
 		t.Fatal(err)
@@ -120,6 +122,7 @@ func setup(t *testing.T) *env {
 	})
 
 	apiHost := strings.TrimPrefix(fixture.URL, "https://")
+	agentKubeconfig := kubeconfigAs(t, "vpcni-agent")
 	for _, h := range l.Nodes {
 		if _, err := e.cs.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: h.Name}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 			t.Fatal(err)
@@ -136,7 +139,7 @@ func setup(t *testing.T) *env {
 		cfg.SocketPath = filepath.Join(e.runDir, h.Name, "vpcnid.sock")
 		cfg.StateDir = filepath.Join(e.runDir, h.Name, "state")
 		cfg.MetricsAddr = ""
-		cfg.Kubernetes = config.Kubernetes{Mode: "on", Kubeconfig: fixture.Kubeconfig}
+		cfg.Kubernetes = config.Kubernetes{Mode: "on", Kubeconfig: agentKubeconfig}
 		cfg.Provider = config.Provider{Type: "openstack", Settings: &openstack.Config{
 			Endpoint: fmt.Sprintf("http://127.0.0.1:%d/", lab.EndpointPort), SubnetID: l.SubnetID}}
 		a, err := testbed.StartAgentIn(e.runDir, h.NS, bin, cfg)
