@@ -100,15 +100,11 @@ func NewReservations(cfg *rest.Config) (*Reservations, error) {
 // Run watches until ctx ends.
 func (r *Reservations) Run(ctx context.Context) { r.inf.Run(ctx.Done()) }
 
-// Synced: the first list arrived. Before it, Reserved knows of no
-// reservation: a sticky pod added then gets a fresh address (and the
-// controller records that one), rather than every ADD of the node waiting
-// on the API server.
-func (r *Reservations) Synced() bool { return r.inf.HasSynced() }
-
 // Reserved reports pod namespace/name's reservation and its address
 // (invalid while none is recorded, or when the recorded one does not
-// parse: the CRD's schema refuses that).
+// parse: the CRD's schema refuses that). Before the first list arrived it
+// knows of no reservation: a sticky pod added then gets a fresh address
+// this once, rather than every ADD of the node waiting on the API server.
 func (r *Reservations) Reserved(namespace, name string) (netip.Addr, bool) {
 	obj, ok, _ := r.inf.GetStore().GetByKey(namespace + "/" + name)
 	if !ok {

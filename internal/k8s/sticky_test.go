@@ -1,10 +1,14 @@
 package k8s
 
 import (
+	"strings"
 	"testing"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/cache"
 
 	"github.com/vpcni/vpcni/internal/apis/vpcni/v1alpha1"
 )
@@ -68,5 +72,50 @@ func TestStatefulSetOfAndKeeps(t *testing.T) {
 		if got := keeps(c.s, c.ordinal); got != c.want {
 			t.Errorf("%s: keeps = %v, want %v", c.name, got, c.want)
 		}
+	}
+}
+
+// dead: a Node without a Ready condition, or Ready, is alive; not Ready
+// (False or Unknown) or missing counts once the grace has passed since
+// the transition (or since it was first seen missing), and until then
+// says how long is left.
+func TestDeadNode(t *testing.T) {
+	k := &StickyKeeper{opts: StickyOptions{Grace: time.Minute}, goneSince: map[string]time.Time{},
+		nodes: cache.NewSharedIndexInformer(&cache.ListWatch{}, &corev1.Node{}, 0, cache.Indexers{})}
+	ago := func(d time.Duration) metav1.Time { return metav1.NewTime(time.Now().Add(-d)) }
+	add := func(name string, conds ...corev1.NodeCondition) {
+		if err := k.nodes.GetStore().Add(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}, Status: corev1.NodeStatus{Conditions: conds}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	add("fresh")
+	add("ready", corev1.NodeCondition{Type: corev1.NodeReady, Status: corev1.ConditionTrue, LastTransitionTime: ago(time.Hour)})
+	add("flapping", corev1.NodeCondition{Type: corev1.NodeReady, Status: corev1.ConditionFalse, LastTransitionTime: ago(10 * time.Second)})
+	add("down", corev1.NodeCondition{Type: corev1.NodeReady, Status: corev1.ConditionUnknown, LastTransitionTime: ago(2 * time.Minute)},
+		corev1.NodeCondition{Type: corev1.NodeMemoryPressure, Status: corev1.ConditionFalse})
+	for _, c := range []struct {
+		node     string
+		dead     bool
+		waitsFor time.Duration // at least
+	}{
+		{"fresh", false, 0},
+		{"ready", false, 0},
+		{"flapping", false, 49 * time.Second},
+		{"down", true, 0},
+		{"gone", false, 59 * time.Second}, // first seen missing now
+	} {
+		wait, why := k.dead(c.node)
+		if (why != "") != c.dead || wait < c.waitsFor || (c.waitsFor == 0 && wait != 0) {
+			t.Errorf("%s: wait %s, why %q; want dead=%v, wait >= %s", c.node, wait, why, c.dead, c.waitsFor)
+		}
+	}
+	// Missing for longer than the grace: dead; back again: forgotten.
+	k.goneSince["gone"] = time.Now().Add(-2 * time.Minute)
+	if wait, why := k.dead("gone"); wait != 0 || !strings.Contains(why, "Node is gone") {
+		t.Errorf("gone for 2m: wait %s, why %q", wait, why)
+	}
+	add("gone")
+	if _, why := k.dead("gone"); why != "" || len(k.goneSince) != 0 {
+		t.Errorf("back again: why %q, goneSince %v", why, k.goneSince)
 	}
 }
