@@ -2,13 +2,11 @@ package k8s
 
 import (
 	"context"
-	"fmt"
 	"net/netip"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
@@ -17,7 +15,7 @@ import (
 )
 
 // reservations is a typed client of the AddressReservation resource
-// (namespaced, named as its pod), JSON only like podAddresses.
+// (namespaced, named as its pod).
 type reservations struct {
 	rc     rest.Interface
 	params runtime.ParameterCodec
@@ -26,21 +24,11 @@ type reservations struct {
 const reservationResource = "addressreservations"
 
 func newReservations(cfg *rest.Config) (*reservations, error) {
-	s := runtime.NewScheme()
-	if err := v1alpha1.AddToScheme(s); err != nil {
-		return nil, fmt.Errorf("register %s: %w", v1alpha1.SchemeGroupVersion, err)
-	}
-	cfg = rest.CopyConfig(cfg)
-	cfg.APIPath = "/apis"
-	cfg.GroupVersion = &v1alpha1.SchemeGroupVersion
-	cfg.ContentType = runtime.ContentTypeJSON
-	cfg.AcceptContentTypes = runtime.ContentTypeJSON
-	cfg.NegotiatedSerializer = serializer.NewCodecFactory(s).WithoutConversion()
-	rc, err := rest.RESTClientFor(cfg)
+	rc, params, err := v1alpha1.NewRESTClient(cfg)
 	if err != nil {
-		return nil, fmt.Errorf("%s client: %w", v1alpha1.ReservationResource, err)
+		return nil, err
 	}
-	return &reservations{rc: rc, params: runtime.NewParameterCodec(s)}, nil
+	return &reservations{rc: rc, params: params}, nil
 }
 
 func (c *reservations) Create(ctx context.Context, ar *v1alpha1.AddressReservation) error {
