@@ -36,12 +36,16 @@ import (
 //     first sees the pod, normally before its node's ADD, so that ADD
 //     already treats the address as the pod's.
 //   - The address the pod first gets (its PodAddress) is recorded in the
-//     reservation once and never changed (the CRD refuses a change).
+//     reservation once and never changed (the CRD refuses a change); the
+//     node and port holding it follow the pod's PodAddress.
 //   - The reservation is deleted when its StatefulSet is deleted, loses
-//     the annotation, is replaced by another of the same name (UID), or is
-//     scaled to the pod's ordinal or fewer replicas: a pod that will not
-//     come back keeps nothing. A pod deleted to be re-created keeps it,
-//     whichever node it lands on.
+//     the annotation, or is scaled so that the pod's ordinal is no longer
+//     among its replicas, and when a pod of that name exists that the
+//     StatefulSet does not control: a pod that will not come back keeps
+//     nothing. A pod deleted to be re-created keeps it, whichever node it
+//     lands on.
+//   - With a cloud (StickyOptions.Cloud), an address whose node is dead
+//     and whose pod is gone is taken off that node's port (takeOver).
 //
 // It is level-triggered: each key (namespace/pod name) is recomputed from
 // the pod, its StatefulSet, its PodAddresses and the reservation.
