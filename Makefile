@@ -86,6 +86,7 @@ fuzz:
 # router's budget, on the lab's endpoint and on a lab (~50 s).
 k8s-api: build k8s-build
 	VPCNI_REQUIRE_ROOT=1 VPCNI_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 5m -v ./test/blocks 2>&1 | tee /tmp/vpcni-k8s-api.log | $(TESTFILTER) ; exit $${PIPESTATUS[0]}
+	VPCNI_REQUIRE_ROOT=1 VPCNI_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 5m -v ./test/sticky 2>&1 | tee /tmp/vpcni-sticky.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|vpcni-test:|^sticky-move' ; exit $${PIPESTATUS[0]}
 
 # Root-only: real namespaces, the built plugin driven by libcni, Debian's
 # reference plugins, a real neutron-server (scripts/neutron.sh installs and
@@ -132,6 +133,7 @@ bench: build
 	$(BIN)/vpcnictl bench datapath
 	$(BIN)/vpcnictl bench modes
 	$(BIN)/vpcnictl bench garp
+	VPCNI_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 5m -v -run TestStickyMove ./test/sticky 2>&1 | tee /tmp/vpcni-sticky-bench.log | grep -E '^(--- FAIL|FAIL)|^sticky-move' ; exit $${PIPESTATUS[0]}
 	$(BIN)/vpcnictl bench selfheal
 	$(BIN)/vpcnictl bench route-budget
 	@started=0; bash scripts/neutron.sh status >/dev/null 2>&1 || { bash scripts/neutron.sh up && started=1; }; \

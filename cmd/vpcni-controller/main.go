@@ -38,6 +38,7 @@ import (
 
 	"github.com/vpcni/vpcni/internal/ipam"
 	"github.com/vpcni/vpcni/internal/k8s"
+	"github.com/vpcni/vpcni/internal/provider/openstack"
 	"github.com/vpcni/vpcni/internal/routes"
 )
 
@@ -60,8 +61,10 @@ func main() {
 	flag.DurationVar(&o.certValidity, "cert-validity", 90*24*time.Hour, "lifetime of the webhook's serving certificate (renewed when a third is left; the CA lives four times as long)")
 	flag.StringVar(&o.blockRanges, "block-ranges", "", "comma-separated CIDRs split into per-node blocks (NodeBlocks) for agents in blocks mode (empty: no blocks)")
 	flag.IntVar(&o.blockSize, "block-size", 26, "prefix length of one block, e.g. 26 for 64 addresses")
+	flag.DurationVar(&o.stickyGrace, "sticky-dead-node-grace", time.Minute, "how long a Node must be gone or not Ready before the controller takes a sticky pod's address off its port (needs -cloud-config)")
+	flag.BoolVar(&o.stickyIPs, "sticky-ips", true, "keep AddressReservations for the pods of StatefulSets annotated vpcni.io/sticky-ip: \"true\" (needs the AddressReservation CRD)")
 	flag.DurationVar(&o.blockGrace, "block-reclaim-grace", 5*time.Minute, "how long a Node must be gone before its blocks are given back (once no PodAddress of it uses them)")
-	flag.StringVar(&o.cloudConfig, "cloud-config", "", "routed pod subnet on OpenStack: YAML with the openstack section (as the agent's) and routes.routerID; needs -block-ranges (empty: no routes)")
+	flag.StringVar(&o.cloudConfig, "cloud-config", "", "the cloud, for what only the controller does: YAML with an openstack section (the keys of vpcnid.yaml's provider.openstack) and, for the routed pod subnet, routes.routerID (needs -block-ranges); with openstack.subnetID, taking a sticky pod's address off a dead node's port (empty: no cloud)")
 	showVersion := flag.Bool("version", false, "print the version and exit")
 	flag.Parse()
 	if *showVersion {
@@ -86,6 +89,8 @@ type options struct {
 	grace, leaseDuration, certValidity, blockGrace               time.Duration
 	blockRanges, cloudConfig                                     string
 	blockSize                                                    int
+	stickyIPs                                                    bool
+	stickyGrace                                                  time.Duration
 }
 
 // blocks reads -block-ranges and -block-size (nil: no blocks), naming
@@ -135,16 +140,25 @@ func run(o options, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	// Routed pod subnet: read and checked before leading, so a bad file
-	// stops the replica at once.
+	if o.stickyGrace <= 0 {
+		return errors.New("-sticky-dead-node-grace must be positive")
+	}
+	// The cloud: read and checked before leading, so a bad file stops the
+	// replica at once.
 	var cloud *routes.CloudConfig
 	if o.cloudConfig != "" {
-		if blocks == nil {
-			return errors.New("-cloud-config routes the nodes' blocks: it needs -block-ranges")
-		}
 		if cloud, err = routes.LoadCloudConfig(o.cloudConfig); err != nil {
 			return err
 		}
+		if cloud.Routes.RouterID != "" && blocks == nil {
+			return errors.New("-cloud-config: routes.routerID routes the nodes' blocks: it needs -block-ranges")
+		}
+	}
+	// A sticky pod's address taken off a dead node's port needs the VMs'
+	// subnet (the fixed IP is named by it).
+	var stickyCloud *openstack.Config
+	if cloud != nil && cloud.OpenStack.SubnetID != "" {
+		stickyCloud = &cloud.OpenStack
 	}
 	cfg, err := k8s.RestConfig(o.kubeconfig)
 	if err != nil {
@@ -242,7 +256,7 @@ func run(o options, log *slog.Logger) error {
 						fail("blocks", err)
 					})
 				}
-				if cloud != nil {
+				if cloud != nil && cloud.Routes.RouterID != "" {
 					wg.Go(func() {
 						r, err := newRouteReconciler(ctx, cfg, cloud, blocks, log)
 						if err == nil {
@@ -251,6 +265,15 @@ func run(o options, log *slog.Logger) error {
 							routeMetrics.Set(nil)
 						}
 						fail("routes", err)
+					})
+				}
+				if o.stickyIPs {
+					wg.Go(func() {
+						k, err := k8s.NewStickyKeeper(cfg, k8s.StickyOptions{Cloud: stickyCloud, Grace: o.stickyGrace}, log)
+						if err == nil {
+							err = k.Run(ctx)
+						}
+						fail("sticky", err)
 					})
 				}
 				orphans, err := k8s.NewOrphans(cfg, o.grace, log)

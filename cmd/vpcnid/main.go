@@ -81,6 +81,13 @@ func run(configPath string) error {
 			return fmt.Errorf("kubernetes: %w", err)
 		}
 		a.SetCluster(node)
+		// Addresses that follow StatefulSet pods (AddressReservations).
+		res, err := k8s.NewReservations(rc)
+		if err != nil {
+			return fmt.Errorf("kubernetes: %w", err)
+		}
+		a.SetReservations(res)
+		go res.Run(ctx)
 		nodeDone := make(chan struct{})
 		go func() { node.Run(ctx); close(nodeDone) }()
 		// The store closes only after the Kubernetes side stopped using it.

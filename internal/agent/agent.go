@@ -29,15 +29,16 @@ import (
 
 // Agent is one node's vpcnid.
 type Agent struct {
-	cfg     config.Config
-	log     *slog.Logger
-	store   *store.Store
-	addrs   *addresses.Manager
-	dp      datapath.Datapath
-	started time.Time
-	metrics *metrics.Metrics
-	cluster Cluster   // nil: no orchestrator
-	snat    *snat.NAT // nil: SNAT off
+	cfg          config.Config
+	log          *slog.Logger
+	store        *store.Store
+	addrs        *addresses.Manager
+	dp           datapath.Datapath
+	started      time.Time
+	metrics      *metrics.Metrics
+	cluster      Cluster      // nil: no orchestrator
+	reservations Reservations // nil: only runtime requests pick an address
+	snat         *snat.NAT    // nil: SNAT off
 
 	locks keyedMutex // one ADD/DEL/CHECK at a time per attachment
 	// wiring is held shared by every change to the datapath together with

@@ -143,6 +143,11 @@ func (a *Agent) add(ctx context.Context, req *api.CNIRequest) (*types100.Result,
 	if aerr != nil {
 		return nil, aerr
 	}
+	podNS, podName, podUID := k8sPod(req.Args)
+	want, sticky, aerr := a.reserved(podNS, podName, want)
+	if aerr != nil {
+		return nil, aerr
+	}
 	rec, unlock, aerr := a.lockRecord(req)
 	if aerr != nil {
 		return nil, aerr
@@ -167,6 +172,8 @@ func (a *Agent) add(ctx context.Context, req *api.CNIRequest) (*types100.Result,
 		var s *addresses.Shortage
 		var bad *addresses.BadRequest
 		switch {
+		case errors.As(err, &s) && sticky && want.IsValid():
+			return nil, api.Errorf(api.CodeTryAgainLater, fmt.Sprintf("pod %s/%s keeps its address (AddressReservation): %s", podNS, podName, s.Msg), s.Details)
 		case errors.As(err, &s):
 			return nil, api.Errorf(api.CodeTryAgainLater, s.Msg, s.Details)
 		case errors.As(err, &bad):
@@ -175,10 +182,9 @@ func (a *Agent) add(ctx context.Context, req *api.CNIRequest) (*types100.Result,
 		return nil, api.Errorf(api.CodeInternal, "could not allocate an address", err.Error())
 	}
 	allocated := time.Now()
-	podNS, podName, podUID := k8sPod(req.Args)
 	rec = &alloc.Allocation{
 		ContainerID: req.ContainerID, IfName: req.IfName, Network: conf.Name, Netns: req.Netns, Lease: lease,
-		PodNamespace: podNS, PodName: podName, PodUID: podUID, Requested: want.IsValid(), Created: time.Now().UTC(),
+		PodNamespace: podNS, PodName: podName, PodUID: podUID, Requested: want.IsValid() || sticky, Created: time.Now().UTC(),
 	}
 	a.wiring.RLock()
 	defer a.wiring.RUnlock()
@@ -325,6 +331,11 @@ func (a *Agent) Del(ctx context.Context, req *api.CNIRequest) *api.Error {
 // release undoes one allocation: datapath, then record, then pool. The
 // caller holds the attachment's lock.
 func (a *Agent) release(ctx context.Context, rec *alloc.Allocation) error {
+	if !rec.Requested && a.reservedFor(rec) {
+		// Reserved after its ADD (the controller lagged): it is the
+		// pod's all the same, and must leave with it.
+		rec.Requested = true
+	}
 	if err := a.unwire(ctx, rec); err != nil {
 		return err
 	}

@@ -57,3 +57,50 @@ func (a *Agent) untake(rec *alloc.Allocation) {
 		a.log.Error("requested address of a failed ADD not given back to the provider", "address", rec.Address, "err", err)
 	}
 }
+
+// Reservations tells the agent which pods keep their address wherever they
+// start (internal/k8s/reservations: vpcni-controller's AddressReservations
+// of StatefulSet pods, read from an informer cache, so an ADD waits on no
+// API call).
+type Reservations interface {
+	// Reserved: ok when pod namespace/name has a reservation; addr is the
+	// reserved address, invalid until the pod first got one.
+	Reserved(namespace, name string) (addr netip.Addr, ok bool)
+}
+
+// SetReservations connects the agent to the pods' address reservations;
+// call it before Run. Without it no address follows a pod (except one the
+// runtime asks for by name).
+func (a *Agent) SetReservations(r Reservations) { a.reservations = r }
+
+// reserved is the address an ADD asks for once the pod's reservation is
+// taken into account, and whether the address is the pod's own (it leaves
+// with the pod at DEL, to the cloud, not the node's pool). A reserved
+// address is asked for; a reservation with none yet takes any address,
+// which becomes the pod's. A runtime's own request must agree with the
+// reservation: two answers to "which address is this pod's" is a
+// configuration error, not something to pick from.
+func (a *Agent) reserved(namespace, name string, want netip.Addr) (netip.Addr, bool, *api.Error) {
+	if a.reservations == nil || name == "" {
+		return want, false, nil
+	}
+	r, ok := a.reservations.Reserved(namespace, name)
+	switch {
+	case !ok:
+		return want, false, nil
+	case !r.IsValid():
+		return want, true, nil
+	case want.IsValid() && want != r:
+		return want, true, api.Errorf(api.CodeInvalidEnv, fmt.Sprintf("pod %s/%s asks for %s, but its AddressReservation keeps %s for it", namespace, name, want, r), "")
+	}
+	return r, true, nil
+}
+
+// reservedFor: the allocation's address is reserved for its pod.
+func (a *Agent) reservedFor(rec *alloc.Allocation) bool {
+	if a.reservations == nil || rec.PodName == "" {
+		return false
+	}
+	r, ok := a.reservations.Reserved(rec.PodNamespace, rec.PodName)
+	return ok && r == rec.Address
+}

@@ -2,7 +2,9 @@
 // (cluster-scoped), one per pod address, written by the node's vpcnid and
 // deleted by vpcni-controller once its pod is gone; and the NodeBlock
 // (cluster-scoped), one aligned block of a cluster-wide range given to one
-// node, written only by vpcni-controller.
+// node, written only by vpcni-controller; and the AddressReservation
+// (namespaced, named as its pod), the address a StatefulSet pod keeps
+// across re-creation, written only by vpcni-controller.
 //
 // The Go types here are the one definition of that API: the deep copies in
 // zz_generated.deepcopy.go and the CRD in deploy/ are generated from them

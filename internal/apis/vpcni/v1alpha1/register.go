@@ -21,6 +21,9 @@ var NodeBlockResource = SchemeGroupVersion.WithResource("nodeblocks")
 // NodeBlockKind is the NodeBlock object's kind.
 const NodeBlockKind = "NodeBlock"
 
+// ReservationResource is the AddressReservation API resource.
+var ReservationResource = SchemeGroupVersion.WithResource("addressreservations")
+
 var (
 	// SchemeBuilder registers this API's types.
 	SchemeBuilder = runtime.NewSchemeBuilder(addKnownTypes)
@@ -32,7 +35,8 @@ var (
 // list, get, watch and delete options a client encodes into query
 // parameters for this group.
 func addKnownTypes(s *runtime.Scheme) error {
-	s.AddKnownTypes(SchemeGroupVersion, &PodAddress{}, &PodAddressList{}, &NodeBlock{}, &NodeBlockList{})
+	s.AddKnownTypes(SchemeGroupVersion, &PodAddress{}, &PodAddressList{}, &NodeBlock{}, &NodeBlockList{},
+		&AddressReservation{}, &AddressReservationList{})
 	metav1.AddToGroupVersion(s, SchemeGroupVersion)
 	return nil
 }

@@ -1,0 +1,75 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// AddressReservation keeps a StatefulSet pod's address across its
+// re-creation, on any node. Its namespace and name are the pod's (web-0 in
+// namespace shop: AddressReservation shop/web-0), so there is at most one
+// per pod name and the agent finds it from the pod's CNI_ARGS alone.
+//
+// vpcni-controller creates it for each pod of a StatefulSet annotated
+// vpcni.io/sticky-ip: "true", records the address the pod first gets
+// (from its PodAddress), and deletes it when the StatefulSet is deleted,
+// loses the annotation, or is scaled below the pod's ordinal. An agent
+// whose ADD is for a pod with a reservation asks for the reserved address
+// (and gives it straight back to the cloud at DEL, so the next node can
+// take it); while another node still holds it the ADD fails with CNI
+// error 11 and the runtime retries. When that node is dead (its Node gone,
+// or not Ready, for longer than the controller's grace) the controller
+// takes the address off its port itself (needs -cloud-config).
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:resource:shortName=ar
+// +kubebuilder:printcolumn:name=Address,type=string,JSONPath=.spec.address
+// +kubebuilder:printcolumn:name=Node,type=string,JSONPath=.spec.node
+// +kubebuilder:printcolumn:name=StatefulSet,type=string,JSONPath=.spec.statefulSet
+// +kubebuilder:printcolumn:name=Age,type=date,JSONPath=.metadata.creationTimestamp
+type AddressReservation struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	Spec AddressReservationSpec `json:"spec"`
+}
+
+// AddressReservationSpec is the pod's StatefulSet and, once it got one,
+// its address.
+//
+// +kubebuilder:validation:XValidation:rule="!has(oldSelf.address) || size(oldSelf.address) == 0 || (has(self.address) && self.address == oldSelf.address)",message="a reservation's address never changes once recorded: delete the AddressReservation to give it up"
+type AddressReservationSpec struct {
+	// StatefulSet is the name of the pod's StatefulSet (same namespace).
+	// +kubebuilder:validation:MinLength=1
+	StatefulSet string `json:"statefulSet"`
+	// Ordinal is the pod's ordinal in the StatefulSet (web-3: 3); the
+	// reservation goes when the StatefulSet is scaled to Ordinal or fewer
+	// replicas.
+	// +kubebuilder:validation:Minimum=0
+	Ordinal int32 `json:"ordinal"`
+	// Address is the pod's IPv4 address, empty until it first got one.
+	// +kubebuilder:validation:MaxLength=15
+	// +kubebuilder:validation:XValidation:rule="size(self) == 0 || (isIP(self) && ip(self).family() == 4)",message="address must be an IPv4 address"
+	// +optional
+	Address string `json:"address,omitempty"`
+	// Node is the node whose pod last held the address and Port its cloud
+	// port (from the pod's PodAddress), empty once the controller took
+	// the address off a dead node's port: where to take it from when that
+	// node dies with it.
+	// +optional
+	Node string `json:"node,omitempty"`
+	// +optional
+	Port string `json:"port,omitempty"`
+}
+
+// AddressReservationList is a list of AddressReservations.
+//
+// +kubebuilder:object:root=true
+type AddressReservationList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []AddressReservation `json:"items"`
+}
+
+// AnnotationStickyIP on a StatefulSet ("true") makes its pods' addresses
+// follow them: each pod name keeps its first address.
+const AnnotationStickyIP = "vpcni.io/sticky-ip"
