@@ -33,6 +33,8 @@ import (
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 
+	"github.com/vpcni/vpcni/internal/cloudconfig"
+	"github.com/vpcni/vpcni/internal/floatingip"
 	"github.com/vpcni/vpcni/internal/ipam"
 	"github.com/vpcni/vpcni/internal/k8s"
 )
@@ -57,6 +59,10 @@ func main() {
 	flag.StringVar(&o.blockRanges, "block-ranges", "", "comma-separated CIDRs split into per-node blocks (NodeBlocks) for agents in blocks mode (empty: no blocks)")
 	flag.IntVar(&o.blockSize, "block-size", 26, "prefix length of one block, e.g. 26 for 64 addresses")
 	flag.DurationVar(&o.blockGrace, "block-reclaim-grace", 5*time.Minute, "how long a Node must be gone before its blocks are given back (once no PodAddress of it uses them)")
+	// Cloud access (issue 13): -cloud-config is shared with the router
+	// routes' reconciler; -floating-network is the floating IPs' own.
+	flag.StringVar(&o.cloudConfig, "cloud-config", "", "file with the openstack section (the agent's provider shape): Neutron access for floating IPs (empty: off)")
+	flag.StringVar(&o.floatingNetwork, "floating-network", "", "external network (name or ID) pods' floating IPs come from unless a pod's vpcni.io/floating-network says otherwise")
 	showVersion := flag.Bool("version", false, "print the version and exit")
 	flag.Parse()
 	if *showVersion {
@@ -81,6 +87,7 @@ type options struct {
 	grace, leaseDuration, certValidity, blockGrace               time.Duration
 	blockRanges                                                  string
 	blockSize                                                    int
+	cloudConfig, floatingNetwork                                 string
 }
 
 // blocks reads -block-ranges and -block-size (nil: no blocks), naming
@@ -133,6 +140,18 @@ func run(o options, log *slog.Logger) error {
 	cfg, err := k8s.RestConfig(o.kubeconfig)
 	if err != nil {
 		return err
+	}
+	var cloud *floatingip.Cloud
+	if o.cloudConfig != "" {
+		cc, err := cloudconfig.Load(o.cloudConfig)
+		if err != nil {
+			return err
+		}
+		nc, timeout, err := cc.Neutron(context.Background())
+		if err != nil {
+			return fmt.Errorf("-cloud-config: %w", err)
+		}
+		cloud = &floatingip.Cloud{NC: nc, Timeout: timeout}
 	}
 	cs, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
@@ -223,6 +242,15 @@ func run(o options, log *slog.Logger) error {
 							blockMetrics.Set(nil)
 						}
 						fail("blocks", err)
+					})
+				}
+				if cloud != nil {
+					wg.Go(func() {
+						r, err := k8s.NewFloatingIPs(cfg, cloud, o.floatingNetwork, log)
+						if err == nil {
+							err = r.Run(ctx)
+						}
+						fail("floating-ips", err)
 					})
 				}
 				orphans, err := k8s.NewOrphans(cfg, o.grace, log)
