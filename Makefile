@@ -84,7 +84,7 @@ fuzz:
 # pods reachable, reclaiming, racing writers, the controller binary with
 # its lease and RBAC (~40 s).
 k8s-api: build k8s-build
-	VPCNI_REQUIRE_ROOT=1 VPCNI_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 5m -v ./test/blocks 2>&1 | tee /tmp/vpcni-k8s-api.log | $(TESTFILTER) ; exit $${PIPESTATUS[0]}
+	VPCNI_REQUIRE_ROOT=1 VPCNI_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 5m -p 1 -v ./test/blocks ./test/fips 2>&1 | tee /tmp/vpcni-k8s-api.log | $(TESTFILTER) ; exit $${PIPESTATUS[0]}
 
 # Root-only: real namespaces, the built plugin driven by libcni, Debian's
 # reference plugins, a real neutron-server (scripts/neutron.sh installs and

@@ -201,14 +201,16 @@ func (c *Cloud) Ensure(ctx context.Context, w Want) (FIP, error) {
 		return FIP{ID: f.ID, Address: f.FloatingIP, Network: f.FloatingNetworkID, PortID: f.PortID, FixedIP: f.FixedIP, Owner: w.Owner, Policy: w.Policy}, nil
 	}
 	opts := floatingips.CreateOpts{FloatingNetworkID: netID, PortID: port, FixedIP: fixed, Description: mark}
+	what := "a floating IP"
 	if w.Address.IsValid() {
 		opts.FloatingIP = w.Address.String()
+		what = "floating IP " + opts.FloatingIP
 	}
 	cc, cancel := c.call(ctx)
 	defer cancel()
 	f, err := floatingips.Create(cc, c.NC, opts).Extract()
 	if err != nil {
-		return FIP{}, classify(fmt.Errorf("create a floating IP on network %s for %s on port %s: %w", w.Network, fixed, port, err))
+		return FIP{}, classify(fmt.Errorf("create %s on network %s for %s on port %s: %w", what, w.Network, fixed, port, err))
 	}
 	return FIP{ID: f.ID, Address: f.FloatingIP, Network: f.FloatingNetworkID, PortID: f.PortID, FixedIP: f.FixedIP, Owner: w.Owner, Policy: w.Policy}, nil
 }

@@ -87,14 +87,6 @@ func (s *Server) createFIP(_ *http.Request, body []byte) (int, any, *apiError) {
 	if !ok || len(ext.Subnets) == 0 {
 		return 0, nil, errorf(404, "NetworkNotFound", "Network %s could not be found.", b.FloatingNetworkID)
 	}
-	f := &FloatingIP{FloatingNetworkID: ext.ID, Description: deref(b.Description)}
-	if b.PortID != nil && *b.PortID != "" {
-		if err := s.associate(f, *b.PortID, deref(b.FixedIPAddress)); err != nil {
-			return 0, nil, err
-		}
-	} else if deref(b.FixedIPAddress) != "" {
-		return 0, nil, errorf(400, "BadRequest", "Bad floatingip request: fixed_ip_address cannot be specified without a port_id.")
-	}
 	sn := s.subnets[ext.Subnets[0]]
 	var a netip.Addr
 	if b.FloatingIPAddress != "" {
@@ -108,6 +100,16 @@ func (s *Server) createFIP(_ *http.Request, body []byte) (int, any, *apiError) {
 		a = want
 	} else if a, ok = sn.firstFree(nil); !ok {
 		return 0, nil, errorf(409, "IpAddressGenerationFailure", "No more IP addresses available on network %s.", ext.ID)
+	}
+	// Neutron allocates the external address first (its port on the
+	// external network), then checks the association.
+	f := &FloatingIP{FloatingNetworkID: ext.ID, Description: deref(b.Description)}
+	if b.PortID != nil && *b.PortID != "" {
+		if err := s.associate(f, *b.PortID, deref(b.FixedIPAddress)); err != nil {
+			return 0, nil, err
+		}
+	} else if deref(b.FixedIPAddress) != "" {
+		return 0, nil, errorf(400, "BadRequest", "Bad floatingip request: fixed_ip_address cannot be specified without a port_id.")
 	}
 	f.ID, f.FloatingIPAddress, f.ProjectID, f.TenantID, f.Revision = newID(), a.String(), project, project, 1
 	f.Status = "DOWN"
