@@ -22,8 +22,8 @@ func TestLoad(t *testing.T) {
 		t.Fatalf("a noauth endpoint: %+v, %v", c.OpenStack, err)
 	}
 	for body, want := range map[string][]string{
-		"{}\n": {"openstack: the section is required"},
-		"openstack:\n  timeout: 1ms\n": {"openstack.auth", "openstack.timeout"},
+		"{}\n":                              {"openstack: the section is required"},
+		"openstack:\n  timeout: 1ms\n":      {"openstack.auth", "openstack.timeout"},
 		"openstack:\n  endpoint: ftp://x\n": {"openstack.endpoint"},
 		"openstack:\n  endpoint: http://x/\n  bogus: 1\n": {"bogus"},
 	} {
