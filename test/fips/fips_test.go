@@ -76,6 +76,8 @@ type world struct {
 	cs  kubernetes.Interface
 	dyn dynamic.Interface
 	cni *testbed.CNI
+	// agentLog is vpcnid's log file.
+	agentLog string
 }
 
 // TestFloatingIPLifecycle: a pod asking for a floating IP is reached from
@@ -135,6 +137,11 @@ func TestFloatingIPLifecycle(t *testing.T) {
 			if !detachedBefore(w.l.API.Events()[before:], fip, addr) {
 				t.Fatalf("floating IP %s was not detached before %s left the port: %v", fip, addr, ev)
 			}
+			// The race was real: the agent tried to give the address
+			// back while the floating IP pointed at it, and was told no.
+			if log, err := os.ReadFile(w.agentLog); err != nil || !strings.Contains(string(log), addr.String()+" (floating IP "+fip.String()+")") {
+				t.Fatalf("vpcnid's log shows no release of %s held back for floating IP %s (%v): the DEL did not race the detach", addr, fip, err)
+			}
 			if err := probeWithin(c, 0, ext, fip); err == nil {
 				t.Fatalf("floating IP %s still reaches something after pod %s is gone", fip, name)
 			}
@@ -153,7 +160,7 @@ func TestFloatingIPLifecycle(t *testing.T) {
 			if policy == floatingip.Retain && !strings.Contains(msg, "retained") || policy == floatingip.Release && !strings.Contains(msg, "released") {
 				t.Errorf("the pod's VpcniFloatingIPDetached event says %q, want it to say %s", msg, policy)
 			}
-			t.Logf("vpcni-test: %s: pod deleted -> floating IP detached and %sd in %.1fs (event: %s)", policy, policy, time.Since(t0).Seconds(), msg)
+			t.Logf("vpcni-test: %s: DEL and pod deletion -> floating IP detached, then the address off the port, in %.1fs (event: %s)", policy, time.Since(t0).Seconds(), msg)
 		})
 	}
 
@@ -230,7 +237,7 @@ func up(t *testing.T, c context.Context) *world {
 	if _, err := cs.CoreV1().Namespaces().Create(c, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatal(err)
 	}
-	return &world{t: t, l: l, cs: cs, dyn: dyn, cni: cni}
+	return &world{t: t, l: l, cs: cs, dyn: dyn, cni: cni, agentLog: agent.LogPath}
 }
 
 func at(p netip.Prefix, last byte) netip.Addr {
