@@ -1,22 +1,24 @@
 // Package fips proves floating IPs for pods end to end: a real
 // kube-apiserver + etcd (internal/testbed/apiserver) holding the pods and
-// their PodAddresses, vpcni-controller's floating IP reconciler against
-// the lab's Neutron endpoint, and the lab itself (vpcnid on a node, the
+// their PodAddresses, the vpcni-controller binary (as the service account
+// deploy/rbac.yaml sets up; -cloud-config on the lab's Neutron endpoint), and the lab itself (vpcnid on a node, the
 // real plugin through libcni, the router namespace's DNAT/SNAT for
 // associated floating IPs, the external host 203.0.113.254 behind it).
 package fips
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
-	"net/http"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -90,18 +92,7 @@ func TestFloatingIPLifecycle(t *testing.T) {
 	c, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	w := up(t, c)
-	nc := openstack.NoAuthClient(w.l.URL, http.Client{Timeout: 30 * time.Second})
-	cloud := &floatingip.Cloud{NC: nc, Timeout: 15 * time.Second}
-
-	log := slog.New(slog.NewTextHandler(&testWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	r, err := k8s.NewFloatingIPs(fixture.Config, cloud, w.l.Prefix+"-external", log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rc, rcancel := context.WithCancel(c)
-	done := make(chan error, 1)
-	go func() { done <- r.Run(rc) }()
-	t.Cleanup(func() { rcancel(); <-done })
+	startController(t, c, w.l)
 
 	for _, policy := range []string{floatingip.Release, floatingip.Retain} {
 		t.Run(policy, func(t *testing.T) {
@@ -446,10 +437,61 @@ func until(c context.Context, d time.Duration, check func() error) error {
 	}
 }
 
-// testWriter sends the controller's log to the test's.
-type testWriter struct{ t *testing.T }
+// startController runs the vpcni-controller binary as its service
+// account (deploy/rbac.yaml, impersonated), with -cloud-config pointing at
+// the lab's endpoint, until the test ends; its log is shown then.
+func startController(t *testing.T, c context.Context, l *lab.Lab) {
+	t.Helper()
+	const sysNS = "vpcni-system"
+	if err := fixture.Apply(c, sysNS, "../../deploy/namespace.yaml", "../../deploy/rbac.yaml"); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	kc, err := fixture.KubeconfigAs(dir, sysNS, "vpcni-controller")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cloudCfg := filepath.Join(dir, "cloud.yaml")
+	if err := os.WriteFile(cloudCfg, []byte("openstack:\n  endpoint: "+l.URL+"\n  timeout: 15s\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(binDir, "vpcni-controller")
+	if _, err := os.Stat(bin); err != nil {
+		bin = filepath.Join(dir, "vpcni-controller")
+		if out, err := exec.Command("go", "build", "-o", bin, "github.com/vpcni/vpcni/cmd/vpcni-controller").CombinedOutput(); err != nil {
+			t.Fatalf("build vpcni-controller: %v\n%s", err, out)
+		}
+	}
+	var log bytes.Buffer
+	cmd := exec.Command(bin, "-kubeconfig", kc, "-id", "fips", "-lease-namespace", sysNS, "-lease-duration", "3s",
+		"-webhook-addr", "", "-health-addr", "", "-cloud-config", cloudCfg, "-floating-network", l.Prefix+"-external")
+	cmd.Stdout, cmd.Stderr = &lockedWriter{w: &log}, &lockedWriter{w: &log}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-done:
+		case <-time.After(15 * time.Second):
+			_ = cmd.Process.Kill()
+			<-done
+		}
+		if t.Failed() {
+			t.Logf("vpcni-controller's log:\n%s", log.String())
+		}
+	})
+}
 
-func (w *testWriter) Write(p []byte) (int, error) {
-	w.t.Log(strings.TrimSpace(string(p)))
-	return len(p), nil
+// lockedWriter lets the process's stdout and stderr share one buffer.
+type lockedWriter struct{ w *bytes.Buffer }
+
+var logMu sync.Mutex
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	logMu.Lock()
+	defer logMu.Unlock()
+	return l.w.Write(p)
 }
