@@ -31,6 +31,7 @@ import (
 	"github.com/gophercloud/gophercloud/v2"
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/extensions/layer3/floatingips"
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/networks"
+	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/ports"
 )
 
 // Policies: what becomes of a floating IP once its pod is gone.
@@ -186,10 +187,14 @@ func (c *Cloud) Ensure(ctx context.Context, w Want) (FIP, error) {
 			mine = &f
 		}
 	}
+	port, err := c.portOf(ctx, w.PortID, w.FixedIP)
+	if err != nil {
+		return FIP{}, err
+	}
 	mark := Mark(w.Owner, w.Policy)
-	port, fixed := w.PortID, w.FixedIP.String()
+	fixed := w.FixedIP.String()
 	if mine != nil {
-		if mine.PortID == w.PortID && mine.FixedIP == fixed && mine.Owner == w.Owner && mine.Policy == w.Policy {
+		if mine.PortID == port && mine.FixedIP == fixed && mine.Owner == w.Owner && mine.Policy == w.Policy {
 			return *mine, nil
 		}
 		cc, cancel := c.call(ctx)
@@ -213,6 +218,40 @@ func (c *Cloud) Ensure(ctx context.Context, w Want) (FIP, error) {
 		return FIP{}, classify(fmt.Errorf("create %s on network %s for %s on port %s: %w", what, w.Network, fixed, port, err))
 	}
 	return FIP{ID: f.ID, Address: f.FloatingIP, Network: f.FloatingNetworkID, PortID: f.PortID, FixedIP: f.FixedIP, Owner: w.Owner, Policy: w.Policy}, nil
+}
+
+// portOf is the port that holds fixed as a fixed IP: the node's VM port
+// the PodAddress names (fixed-ips mode), or, when it only allows the
+// address, the port that reserves it (address-pairs mode: device_id is the
+// VM port) or another NIC of the same VM (secondary NICs). Neutron
+// associates a floating IP only with a fixed IP of a port.
+func (c *Cloud) portOf(ctx context.Context, portID string, fixed netip.Addr) (string, error) {
+	cc, cancel := c.call(ctx)
+	defer cancel()
+	vm, err := ports.Get(cc, c.NC, portID).Extract()
+	if err != nil {
+		return "", fmt.Errorf("port %s: %w", portID, err)
+	}
+	for _, f := range vm.FixedIPs {
+		if f.IPAddress == fixed.String() {
+			return portID, nil
+		}
+	}
+	pages, err := ports.List(c.NC, ports.ListOpts{NetworkID: vm.NetworkID, FixedIPs: []ports.FixedIPOpts{{IPAddress: fixed.String()}}}).AllPages(cc)
+	if err != nil {
+		return "", fmt.Errorf("the port holding %s: %w", fixed, err)
+	}
+	all, err := ports.ExtractPorts(pages)
+	if err != nil {
+		return "", err
+	}
+	for _, p := range all {
+		if p.DeviceID == portID || vm.DeviceID != "" && p.DeviceID == vm.DeviceID {
+			return p.ID, nil
+		}
+	}
+	// Not (yet) on the node's ports: the agent may still be adding it.
+	return "", fmt.Errorf("no port of node port %s's VM holds %s as a fixed IP (yet)", portID, fixed)
 }
 
 // classify marks Neutron's refusals of the request itself (400, 404 of the

@@ -92,7 +92,12 @@ func TestProviderContract(t *testing.T) {
 // a floating IP on a fixed IP taken off its port, so the provider keeps
 // such an address until vpcni-controller's floating IP side detached it.
 func TestFloatingIPs(t *testing.T) {
-	neutrontest.RunFloatingIPs(t, realNeutron{}.ep(), "10.201.248.0/24", "198.51.100.0/24")
+	t.Run("fixed-ips", func(t *testing.T) {
+		neutrontest.RunFloatingIPs(t, realNeutron{}.ep(), "10.201.248.0/24", "198.51.100.0/24")
+	})
+	t.Run("address-pairs", func(t *testing.T) {
+		neutrontest.RunFloatingIPsPairs(t, realNeutron{mode: "address-pairs"}.ep(), "10.201.247.0/24", "198.51.101.0/24")
+	})
 }
 
 // TestPodMACs: with a datapath whose pods send from MACs of their own

@@ -55,5 +55,11 @@ func TestFloatingIPContract(t *testing.T) {
 	go New().Serve(l)
 	t.Cleanup(func() { l.Close() })
 	url := "http://" + l.Addr().String() + "/"
-	neutrontest.RunFloatingIPs(t, neutrontest.Endpoint{NC: openstack.NoAuthClient(url, http.Client{Timeout: 30 * time.Second}), URL: url}, "10.78.0.0/24", "203.0.113.0/24")
+	nc := openstack.NoAuthClient(url, http.Client{Timeout: 30 * time.Second})
+	t.Run("fixed-ips", func(t *testing.T) {
+		neutrontest.RunFloatingIPs(t, neutrontest.Endpoint{NC: nc, URL: url}, "10.78.0.0/24", "203.0.113.0/24")
+	})
+	t.Run("address-pairs", func(t *testing.T) {
+		neutrontest.RunFloatingIPsPairs(t, neutrontest.Endpoint{NC: nc, URL: url, Mode: "address-pairs"}, "10.79.0.0/24", "198.51.100.0/24")
+	})
 }

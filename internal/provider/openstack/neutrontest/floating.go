@@ -20,6 +20,7 @@ import (
 
 	"github.com/vpcni/vpcni/internal/floatingip"
 	"github.com/vpcni/vpcni/internal/provider"
+	"github.com/vpcni/vpcni/internal/provider/providertest"
 )
 
 // externalNet asks for an external network (router:external, which
@@ -49,51 +50,8 @@ func (o externalNet) ToNetworkCreateMap() (map[string]any, error) {
 //   - A named address: created with that address; one held by another
 //     owner or outside the external subnet is refused as ErrInvalid.
 func RunFloatingIPs(t *testing.T, e Endpoint, cidr, extCIDR string) {
-	c, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	name := fmt.Sprintf("vpcni-fip-%d-%d", os.Getpid(), seq.Add(1))
+	c, name, ext, extP, sn, cloud := fipSetup(t, e, cidr, extCIDR)
 	owner := name + "/pod"
-
-	ext, err := networks.Create(c, e.NC, externalNet{name: name + "-ext"}).Extract()
-	if err != nil {
-		t.Fatalf("external network: %v", err)
-	}
-	t.Cleanup(func() { e.DeleteNetwork(ext.ID) })
-	extP := netip.MustParsePrefix(extCIDR)
-	extGW := extP.Addr().Next().String()
-	_, err = subnets.Create(c, e.NC, subnets.CreateOpts{NetworkID: ext.ID, Name: name + "-ext", IPVersion: gophercloud.IPv4, CIDR: extCIDR, GatewayIP: &extGW}).Extract()
-	if err != nil {
-		t.Fatalf("external subnet: %v", err)
-	}
-	sn := e.NewSubnet(t, cidr, 40)
-	r, err := routers.Create(c, e.NC, routers.CreateOpts{Name: name, GatewayInfo: &routers.GatewayInfo{NetworkID: ext.ID}}).Extract()
-	if err != nil {
-		t.Fatalf("router: %v", err)
-	}
-	// Cleanups run last-in first-out: floating IPs, the interface, the
-	// router, then the networks.
-	t.Cleanup(func() {
-		cc, ccancel := context.WithTimeout(context.Background(), time.Minute)
-		defer ccancel()
-		_, _ = routers.RemoveInterface(cc, e.NC, r.ID, routers.RemoveInterfaceOpts{SubnetID: sn.ID}).Extract()
-		_ = routers.Delete(cc, e.NC, r.ID).ExtractErr()
-	})
-	if _, err := routers.AddInterface(c, e.NC, r.ID, routers.AddInterfaceOpts{SubnetID: sn.ID}).Extract(); err != nil {
-		t.Fatalf("router interface: %v", err)
-	}
-	cloud := &floatingip.Cloud{NC: e.NC, Timeout: 30 * time.Second}
-	t.Cleanup(func() {
-		cc, ccancel := context.WithTimeout(context.Background(), time.Minute)
-		defer ccancel()
-		if owned, err := cloud.Owned(cc, ""); err == nil {
-			for _, f := range owned {
-				if strings.HasPrefix(f.Owner, name+"/") {
-					_ = floatingips.Delete(cc, e.NC, f.ID).ExtractErr()
-				}
-			}
-		}
-	})
-
 	node := e.NewNode(t, sn, sn.Gateway.Next().Next())
 	prov := node.Provider
 	leases, err := prov.Assign(c, provider.AssignRequest{Count: 2})
@@ -197,6 +155,115 @@ func RunFloatingIPs(t *testing.T, e Endpoint, cidr, extCIDR string) {
 	if f := getFIP(t, c, e, nf.ID); f.PortID != "" || f.FixedIP != "" {
 		t.Fatalf("port deleted: its floating IP still says %q %q", f.PortID, f.FixedIP)
 	}
+}
+
+// RunFloatingIPsPairs is the address-pairs side of the contract (e.Mode
+// must be address-pairs): the PodAddress names the VM port, which only
+// allows the pod's address; Ensure finds the reservation port that holds
+// it and associates there; the provider keeps the reservation (and the
+// pair) while the floating IP points at it, and lets it go once detached.
+func RunFloatingIPsPairs(t *testing.T, e Endpoint, cidr, extCIDR string) {
+	c, name, ext, _, sn, cloud := fipSetup(t, e, cidr, extCIDR)
+	owner := name + "/pod"
+	node := e.NewNode(t, sn, sn.Gateway.Next().Next())
+	prov := node.Provider
+	leases, err := prov.Assign(c, provider.AssignRequest{Count: 1})
+	if err != nil || len(leases) != 1 {
+		t.Fatalf("assign a pod address: %v, %v", leases, err)
+	}
+	pod, vmPort := leases[0].Address, prov.Info().Port
+	res := reservationOf(t, c, e, pod)
+	if res == "" || res == vmPort {
+		t.Fatalf("no reservation port holds %s (VM port %s)", pod, vmPort)
+	}
+	got, err := cloud.Ensure(c, floatingip.Want{Owner: owner, Network: ext.ID, Policy: floatingip.Release, PortID: vmPort, FixedIP: pod})
+	if err != nil {
+		t.Fatalf("Ensure with the VM port named: %v", err)
+	}
+	if f := getFIP(t, c, e, got.ID); f.PortID != res || f.FixedIP != pod.String() {
+		t.Fatalf("floating IP on %q %q, want the reservation port %s", f.PortID, f.FixedIP, res)
+	}
+	err = prov.Release(c, []netip.Addr{pod})
+	if err == nil || !strings.Contains(err.Error(), "floating IP "+got.Address) {
+		t.Fatalf("Release of %s with floating IP %s: %v, want a refusal naming it", pod, got.Address, err)
+	}
+	if reservationOf(t, c, e, pod) != res {
+		t.Fatalf("the refused release took the reservation of %s away", pod)
+	}
+	if _, err := cloud.Detach(c, owner, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := prov.Release(c, []netip.Addr{pod}); err != nil || reservationOf(t, c, e, pod) != "" {
+		t.Fatalf("release after the detach: %v (reservation %q)", err, reservationOf(t, c, e, pod))
+	}
+}
+
+// reservationOf is the port holding a as a fixed IP ("" if none).
+func reservationOf(t *testing.T, c context.Context, e Endpoint, a netip.Addr) string {
+	t.Helper()
+	pages, err := ports.List(e.NC, ports.ListOpts{FixedIPs: []ports.FixedIPOpts{{IPAddress: a.String()}}}).AllPages(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	all, err := ports.ExtractPorts(pages)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(all) == 0 {
+		return ""
+	}
+	return all[0].ID
+}
+
+// fipSetup builds what a floating IP needs: an external network and
+// subnet, a tenant subnet, a router between them; and a Cloud whose marked
+// floating IPs of this run go first at cleanup.
+func fipSetup(t *testing.T, e Endpoint, cidr, extCIDR string) (c context.Context, name string, ext *networks.Network, extP netip.Prefix, sn providertest.Subnet, cloud *floatingip.Cloud) {
+	c, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	t.Cleanup(cancel)
+	name = fmt.Sprintf("vpcni-fip-%d-%d", os.Getpid(), seq.Add(1))
+
+	ext, err := networks.Create(c, e.NC, externalNet{name: name + "-ext"}).Extract()
+	if err != nil {
+		t.Fatalf("external network: %v", err)
+	}
+	t.Cleanup(func() { e.DeleteNetwork(ext.ID) })
+	extP = netip.MustParsePrefix(extCIDR)
+	extGW := extP.Addr().Next().String()
+	_, err = subnets.Create(c, e.NC, subnets.CreateOpts{NetworkID: ext.ID, Name: name + "-ext", IPVersion: gophercloud.IPv4, CIDR: extCIDR, GatewayIP: &extGW}).Extract()
+	if err != nil {
+		t.Fatalf("external subnet: %v", err)
+	}
+	sn = e.NewSubnet(t, cidr, 40)
+	r, err := routers.Create(c, e.NC, routers.CreateOpts{Name: name, GatewayInfo: &routers.GatewayInfo{NetworkID: ext.ID}}).Extract()
+	if err != nil {
+		t.Fatalf("router: %v", err)
+	}
+	// Cleanups run last-in first-out: floating IPs, the interface, the
+	// router, then the networks.
+	t.Cleanup(func() {
+		cc, ccancel := context.WithTimeout(context.Background(), time.Minute)
+		defer ccancel()
+		_, _ = routers.RemoveInterface(cc, e.NC, r.ID, routers.RemoveInterfaceOpts{SubnetID: sn.ID}).Extract()
+		_ = routers.Delete(cc, e.NC, r.ID).ExtractErr()
+	})
+	if _, err := routers.AddInterface(c, e.NC, r.ID, routers.AddInterfaceOpts{SubnetID: sn.ID}).Extract(); err != nil {
+		t.Fatalf("router interface: %v", err)
+	}
+	cloud = &floatingip.Cloud{NC: e.NC, Timeout: 30 * time.Second}
+	t.Cleanup(func() {
+		cc, ccancel := context.WithTimeout(context.Background(), time.Minute)
+		defer ccancel()
+		if owned, err := cloud.Owned(cc, ""); err == nil {
+			for _, f := range owned {
+				if strings.HasPrefix(f.Owner, name+"/") {
+					_ = floatingips.Delete(cc, e.NC, f.ID).ExtractErr()
+				}
+			}
+		}
+	})
+
+	return c, name, ext, extP, sn, cloud
 }
 
 func lastButOne(p netip.Prefix) netip.Addr {
