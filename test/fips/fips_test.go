@@ -168,7 +168,7 @@ func TestFloatingIPLifecycle(t *testing.T) {
 		// A named address outside the external network: Neutron's 400,
 		// told on the pod, nothing created.
 		pod := w.createPod(c, "outside", map[string]string{k8s.AnnotationFloatingIP: "192.0.2.77"})
-		w.createPodAddress(c, pod, at(w.l.Subnet, 52))
+		w.addPod(c, pod, at(w.l.Subnet, 52))
 		msg = w.waitEvent(c, "outside", "VpcniFloatingIPInvalid")
 		if !strings.Contains(msg, "192.0.2.77") {
 			t.Errorf("the event %q does not name the address", msg)
