@@ -82,7 +82,8 @@ fuzz:
 # loopback ports 26443/22379, state in /var/tmp/vpcni-apiserver; never the
 # e2e node's). Per-node blocks: three vpcnid nodes from one config with
 # pods reachable, reclaiming, racing writers, the controller binary with
-# its lease and RBAC (~40 s).
+# its lease and RBAC; the routed pod subnet's routes and pairs within the
+# router's budget, on the lab's endpoint and on a lab (~50 s).
 k8s-api: build k8s-build
 	VPCNI_REQUIRE_ROOT=1 VPCNI_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 5m -p 1 -v ./test/blocks ./test/fips 2>&1 | tee /tmp/vpcni-k8s-api.log | $(TESTFILTER) ; exit $${PIPESTATUS[0]}
 
@@ -132,6 +133,7 @@ bench: build
 	$(BIN)/vpcnictl bench modes
 	$(BIN)/vpcnictl bench garp
 	$(BIN)/vpcnictl bench selfheal
+	$(BIN)/vpcnictl bench route-budget
 	@started=0; bash scripts/neutron.sh status >/dev/null 2>&1 || { bash scripts/neutron.sh up && started=1; }; \
 	$(BIN)/vpcnictl bench neutron && $(BIN)/vpcnictl bench pool; rc=$$?; \
 	[ $$started = 1 ] && bash scripts/neutron.sh down; exit $$rc

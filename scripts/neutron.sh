@@ -6,6 +6,11 @@
 #   scripts/neutron.sh up      install (if missing) and start; idempotent
 #   scripts/neutron.sh down    stop what `up` started, by recorded PID
 #   scripts/neutron.sh status  say whether it answers
+#   scripts/neutron.sh max-routes N
+#                              (API mode) restart neutron-server alone with
+#                              max_routes = N (the router's extra-route
+#                              limit), its database kept; `up` writes
+#                              $MAX_ROUTES (default 30, Neutron's default)
 #
 #   MODE=api         (default) neutron-server alone, in-process RPC, no agents
 #   MODE=agents      also RabbitMQ, neutron-linuxbridge-agent and
@@ -19,6 +24,7 @@
 #   NQ=dir           state directory (default /var/tmp/vpcni-neutron, with
 #                    agents /var/tmp/vpcni-neutron-agents)
 #   NEUTRON_PORT     default 19696 (agents 19697); KEYSTONE_PORT default 15000
+#   MAX_ROUTES       max_routes written by `up` (default 30)
 set -euo pipefail
 cmd=${1:-up}
 MODE=${MODE:-api}
@@ -33,6 +39,7 @@ agents)
 esac
 KEYSTONE_PORT=${KEYSTONE_PORT:-15000}
 KEYSTONE=${KEYSTONE:-0}
+MAX_ROUTES=${MAX_ROUTES:-30}
 PHYSNET=provider   # the flat physical network's name (agents: the external network)
 PY=/usr/bin/python3
 export DEBIAN_FRONTEND=noninteractive
@@ -79,8 +86,25 @@ status)
   if [ "$MODE" = agents ] && ! agents_alive; then echo "neutron answers on 127.0.0.1:$NEUTRON_PORT, its agents do not"; exit 1; fi
   echo "neutron ($MODE) answers on 127.0.0.1:$NEUTRON_PORT"
   exit 0 ;;
+max-routes)
+  # The routed pod subnet's tests change the limit and put it back: only
+  # neutron-server restarts (~10 s), the database and its objects stay.
+  n=${2:-}
+  case $n in ''|*[!0-9]*) echo "usage: $0 max-routes N" >&2; exit 2 ;; esac
+  [ "$MODE" = api ] || { echo "max-routes is for MODE=api" >&2; exit 2; }
+  answers || { echo "neutron is not running: run $0 up first" >&2; exit 1; }
+  if [ "$(sed -n 's/^max_routes = //p' "$C/neutron.conf")" = "$n" ]; then say "max_routes is $n already"; exit 0; fi
+  sed -i "s/^max_routes = .*/max_routes = $n/" "$C/neutron.conf"
+  stop_recorded neutron-server
+  args="--config-file $C/neutron.conf --config-file $C/ml2_conf.ini"
+  [ "$(cat "$NQ/mode" 2>/dev/null)" = keystone ] && args="$args --config-file $C/auth-keystone.conf"
+  neutron-server $args >> "$NQ/log/neutron-server.stdout" 2>&1 &
+  record $! neutron-server "neutron-server --config-file $C/neutron.conf"
+  waitfor 120 answers
+  say "neutron-server restarted with max_routes = $n"
+  exit 0 ;;
 up) ;;
-*) echo "usage: $0 up|down|status" >&2; exit 2 ;;
+*) echo "usage: $0 up|down|status|max-routes N" >&2; exit 2 ;;
 esac
 
 mode=noauth; [ "$KEYSTONE" = 1 ] && mode=keystone
@@ -88,7 +112,8 @@ if [ "$MODE" = agents ]; then
   [ "$KEYSTONE" = 1 ] && { echo "KEYSTONE=1 is for MODE=api" >&2; exit 2; }
   mode=agents
 fi
-if answers && [ "$(cat "$NQ/mode" 2>/dev/null)" = "$mode" ] && { [ "$MODE" != agents ] || agents_alive; }; then
+if answers && [ "$(cat "$NQ/mode" 2>/dev/null)" = "$mode" ] && { [ "$MODE" != agents ] || agents_alive; } &&
+  [ "$(sed -n 's/^max_routes = //p' "$C/neutron.conf" 2>/dev/null)" = "$MAX_ROUTES" ]; then
   say "already up ($mode) on 127.0.0.1:$NEUTRON_PORT"
   exit 0
 fi
@@ -147,7 +172,7 @@ rpc_workers = 0
 rpc_state_report_workers = 0
 state_path = $NQ/state
 api_paste_config = $C/api-paste.ini
-max_routes = 30
+max_routes = $MAX_ROUTES
 log_file = $NQ/log/neutron-server.log
 
 [database]

@@ -3,7 +3,9 @@
 // the addresses of pods that are gone while their node's agent missed the
 // DEL (see internal/k8s), and, with -block-ranges, assigning per-node
 // blocks of those ranges to the nodes that ask (NodeBlocks) and taking
-// back the blocks of nodes gone for good. Every replica, leader or not, also serves the
+// back the blocks of nodes gone for good; with -cloud-config too, routing
+// each block through the Neutron router (one extra route and one VM-port
+// pair per block, within max_routes). Every replica, leader or not, also serves the
 // mutating admission webhook that makes pods on the pod network request
 // one vpcni.io/ip, with a certificate it mints and rotates itself.
 package main
@@ -30,6 +32,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 
@@ -37,6 +40,7 @@ import (
 	"github.com/vpcni/vpcni/internal/floatingip"
 	"github.com/vpcni/vpcni/internal/ipam"
 	"github.com/vpcni/vpcni/internal/k8s"
+	"github.com/vpcni/vpcni/internal/routes"
 )
 
 var version = "dev"
@@ -59,9 +63,7 @@ func main() {
 	flag.StringVar(&o.blockRanges, "block-ranges", "", "comma-separated CIDRs split into per-node blocks (NodeBlocks) for agents in blocks mode (empty: no blocks)")
 	flag.IntVar(&o.blockSize, "block-size", 26, "prefix length of one block, e.g. 26 for 64 addresses")
 	flag.DurationVar(&o.blockGrace, "block-reclaim-grace", 5*time.Minute, "how long a Node must be gone before its blocks are given back (once no PodAddress of it uses them)")
-	// Cloud access (issue 13): -cloud-config is shared with the router
-	// routes' reconciler; -floating-network is the floating IPs' own.
-	flag.StringVar(&o.cloudConfig, "cloud-config", "", "file with the openstack section (the agent's provider shape): Neutron access for floating IPs (empty: off)")
+	flag.StringVar(&o.cloudConfig, "cloud-config", "", "YAML with the openstack section (as the agent's): floating IPs for pods; with a routes section (routes.routerID) and -block-ranges also the routed pod subnet (empty: neither)")
 	flag.StringVar(&o.floatingNetwork, "floating-network", "", "external network (name or ID) pods' floating IPs come from unless a pod's vpcni.io/floating-network says otherwise")
 	showVersion := flag.Bool("version", false, "print the version and exit")
 	flag.Parse()
@@ -85,9 +87,8 @@ type options struct {
 	kubeconfig, namespace, lease, identity, healthAddr, logLevel string
 	webhookAddr, webhookService, webhookSecret, webhookConfig    string
 	grace, leaseDuration, certValidity, blockGrace               time.Duration
-	blockRanges                                                  string
+	blockRanges, cloudConfig, floatingNetwork                    string
 	blockSize                                                    int
-	cloudConfig, floatingNetwork                                 string
 }
 
 // blocks reads -block-ranges and -block-size (nil: no blocks), naming
@@ -137,21 +138,29 @@ func run(o options, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	cfg, err := k8s.RestConfig(o.kubeconfig)
-	if err != nil {
-		return err
-	}
-	var cloud *floatingip.Cloud
+	// -cloud-config: read and checked before leading, so a bad file stops
+	// the replica at once. Its openstack section serves the floating IPs;
+	// a routes section, the routed pod subnet.
+	var cloud *routes.CloudConfig
+	var fipCloud *cloudconfig.Config
 	if o.cloudConfig != "" {
-		cc, err := cloudconfig.Load(o.cloudConfig)
+		fc, err := cloudconfig.Load(o.cloudConfig)
 		if err != nil {
 			return err
 		}
-		nc, timeout, err := cc.Neutron(context.Background())
-		if err != nil {
-			return fmt.Errorf("-cloud-config: %w", err)
+		fipCloud = &fc
+		if fc.HasRoutes() {
+			if blocks == nil {
+				return errors.New("-cloud-config's routes section routes the nodes' blocks: it needs -block-ranges")
+			}
+			if cloud, err = routes.LoadCloudConfig(o.cloudConfig); err != nil {
+				return err
+			}
 		}
-		cloud = &floatingip.Cloud{NC: nc, Timeout: timeout}
+	}
+	cfg, err := k8s.RestConfig(o.kubeconfig)
+	if err != nil {
+		return err
 	}
 	cs, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
@@ -165,6 +174,7 @@ func run(o options, log *slog.Logger) error {
 	var runErr atomic.Value
 	// The leader's block figures, on /metrics beside /healthz.
 	blockMetrics := &k8s.BlockMetrics{}
+	routeMetrics := &k8s.RouteMetrics{}
 	var certs *k8s.Certs
 	if o.webhookAddr != "" {
 		certs, err = serveWebhook(ctx, cs, o, log)
@@ -179,7 +189,7 @@ func run(o options, log *slog.Logger) error {
 		}
 		mux := http.NewServeMux()
 		reg := prometheus.NewRegistry()
-		reg.MustRegister(blockMetrics)
+		reg.MustRegister(blockMetrics, routeMetrics)
 		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 		mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
 			if err := leaderHealth.Check(r); err != nil {
@@ -246,9 +256,23 @@ func run(o options, log *slog.Logger) error {
 				}
 				if cloud != nil {
 					wg.Go(func() {
-						r, err := k8s.NewFloatingIPs(cfg, cloud, o.floatingNetwork, log)
+						r, err := newRouteReconciler(ctx, cfg, cloud, blocks, log)
 						if err == nil {
+							routeMetrics.Set(r)
 							err = r.Run(ctx)
+							routeMetrics.Set(nil)
+						}
+						fail("routes", err)
+					})
+				}
+				if fipCloud != nil {
+					wg.Go(func() {
+						nc, timeout, err := fipCloud.Neutron(ctx, log)
+						if err == nil {
+							var r *k8s.FloatingIPs
+							if r, err = k8s.NewFloatingIPs(cfg, &floatingip.Cloud{NC: nc, Timeout: timeout}, o.floatingNetwork, log); err == nil {
+								err = r.Run(ctx)
+							}
 						}
 						fail("floating-ips", err)
 					})
@@ -301,4 +325,19 @@ func serveWebhook(ctx context.Context, cs kubernetes.Interface, o options, log *
 	go func() { <-ctx.Done(); _ = srv.Close() }()
 	log.Info("pod admission webhook", "addr", ln.Addr().String(), "path", k8s.WebhookPath, "service", o.namespace+"/"+o.webhookService)
 	return certs, nil
+}
+
+// newRouteReconciler logs in to Neutron and builds the routed pod
+// subnet's reconciler over the block ranges.
+func newRouteReconciler(ctx context.Context, cfg *rest.Config, cloud *routes.CloudConfig, blocks *ipam.Blocks, log *slog.Logger) (*k8s.RouteReconciler, error) {
+	nt, err := cloud.Connect(ctx, log)
+	if err != nil {
+		return nil, err
+	}
+	rec, err := routes.New(nt, routes.Options{Ranges: blocks.Ranges, MaxRoutes: cloud.Routes.MaxRoutes,
+		MaxPairs: cloud.OpenStack.MaxAddressPairs, Probe: cloud.Routes.Probe.Duration}, log.With("reconciler", "routes"))
+	if err != nil {
+		return nil, err
+	}
+	return k8s.NewRouteReconciler(cfg, rec, k8s.RouteOptions{Resync: cloud.Routes.Resync.Duration}, log)
 }

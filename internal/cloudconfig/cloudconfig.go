@@ -1,12 +1,14 @@
-// Package cloudconfig is vpcni-controller's -cloud-config file: how the
-// controller reaches the cloud for its cluster-wide work (floating IPs,
-// router routes). It has the shape of the agent's provider section, so one
-// Secret can serve both:
+// Package cloudconfig reads vpcni-controller's -cloud-config file for the
+// floating IPs: how the controller reaches Neutron. The file is the one
+// the routed pod subnet reads too (internal/routes.LoadCloudConfig, which
+// owns the routes section); its openstack section has the shape of the
+// agent's provider section, so one Secret can serve both:
 //
 //	openstack:
 //	  auth: {authURL: …, applicationCredentialID: …, applicationCredentialSecret: …}
 //	  # or credentialsFile: /etc/vpcni/cloud/credentials.yaml, or endpoint: (no Keystone)
 //	  timeout: 15s
+//	routes: {routerID: …}   # optional: the routed pod subnet (with -block-ranges)
 //
 // Fields the agent needs for its own port (subnetID, mode, …) are allowed
 // and ignored.
@@ -16,6 +18,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"strings"
 	"time"
@@ -29,7 +32,13 @@ import (
 // Config is the file.
 type Config struct {
 	OpenStack *openstack.Config `json:"openstack"`
+	// Routes is the routed pod subnet's section, read and checked by
+	// internal/routes; here only whether it is there.
+	Routes map[string]any `json:"routes,omitempty"`
 }
+
+// HasRoutes says whether the file configures the routed pod subnet.
+func (c Config) HasRoutes() bool { return c.Routes != nil }
 
 // Load reads, defaults and validates a file.
 func Load(path string) (Config, error) {
@@ -73,8 +82,22 @@ func (c *Config) Validate() error {
 }
 
 // Neutron logs in and returns a Neutron client, with the timeout of one
-// call the file gives.
-func (c Config) Neutron(ctx context.Context) (*gophercloud.ServiceClient, time.Duration, error) {
-	nc, err := openstack.NeutronClient(ctx, *c.OpenStack)
-	return nc, c.OpenStack.Timeout.Duration, err
+// call the file gives. A cloud that cannot be reached yet is tried again
+// (backoff up to a minute, each failure logged) until ctx ends, as the
+// routes' Connect does: the controller's other reconcilers need no cloud.
+func (c Config) Neutron(ctx context.Context, log *slog.Logger) (*gophercloud.ServiceClient, time.Duration, error) {
+	wait := time.Second
+	for {
+		nc, err := openstack.NetworkClient(ctx, *c.OpenStack)
+		if err == nil {
+			return nc, c.OpenStack.Timeout.Duration, nil
+		}
+		log.Warn("floating IPs: cannot log in to the cloud yet; trying again", "err", err, "in", wait)
+		select {
+		case <-ctx.Done():
+			return nil, 0, fmt.Errorf("%w (last: %w)", ctx.Err(), err)
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, time.Minute)
+	}
 }

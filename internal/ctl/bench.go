@@ -33,6 +33,7 @@ var benches = []struct {
 	{"modes", "every datapath mode on a fresh two-node lab: ADD p50/p99, pod/node throughput ratio, TCP request/response latency", benchModes},
 	{"garp", "a pod's address moves from n1 to n2 on a two-node lab: the legacy VM's outage with vpcni's gratuitous ARP and without", benchGARP},
 	{"selfheal", "each piece of the datapath taken away under pod churn: time until the agent puts it back, with the kernel watch and with the timer alone", benchSelfHeal},
+	{"route-budget", "one block per node on a router with fewer routes (the lab's Neutron endpoint): blocks routed, blocks reported with the fix, refused writes, then the limit raised", benchRouteBudget},
 	{"restart", "vpcnid restarted with N pods (default 200): time until it serves, the first ADD, the background restore", benchRestart},
 }
 

@@ -2,12 +2,10 @@ package k8s
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
@@ -25,21 +23,11 @@ type podAddresses struct {
 }
 
 func newPodAddresses(cfg *rest.Config) (*podAddresses, error) {
-	s := runtime.NewScheme()
-	if err := v1alpha1.AddToScheme(s); err != nil {
-		return nil, fmt.Errorf("register %s: %w", v1alpha1.SchemeGroupVersion, err)
-	}
-	cfg = rest.CopyConfig(cfg)
-	cfg.APIPath = "/apis"
-	cfg.GroupVersion = &v1alpha1.SchemeGroupVersion
-	cfg.ContentType = runtime.ContentTypeJSON
-	cfg.AcceptContentTypes = runtime.ContentTypeJSON
-	cfg.NegotiatedSerializer = serializer.NewCodecFactory(s).WithoutConversion()
-	rc, err := rest.RESTClientFor(cfg)
+	rc, params, err := v1alpha1.NewRESTClient(cfg)
 	if err != nil {
-		return nil, fmt.Errorf("%s client: %w", v1alpha1.Resource, err)
+		return nil, err
 	}
-	return &podAddresses{rc: rc, params: runtime.NewParameterCodec(s)}, nil
+	return &podAddresses{rc: rc, params: params}, nil
 }
 
 func (c *podAddresses) Get(ctx context.Context, name string) (*v1alpha1.PodAddress, error) {

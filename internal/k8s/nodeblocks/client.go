@@ -15,7 +15,6 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
@@ -33,21 +32,11 @@ type Client struct {
 
 // NewClient builds a client from cfg.
 func NewClient(cfg *rest.Config) (*Client, error) {
-	s := runtime.NewScheme()
-	if err := v1alpha1.AddToScheme(s); err != nil {
-		return nil, fmt.Errorf("register %s: %w", v1alpha1.SchemeGroupVersion, err)
-	}
-	cfg = rest.CopyConfig(cfg)
-	cfg.APIPath = "/apis"
-	cfg.GroupVersion = &v1alpha1.SchemeGroupVersion
-	cfg.ContentType = runtime.ContentTypeJSON
-	cfg.AcceptContentTypes = runtime.ContentTypeJSON
-	cfg.NegotiatedSerializer = serializer.NewCodecFactory(s).WithoutConversion()
-	rc, err := rest.RESTClientFor(cfg)
+	rc, params, err := v1alpha1.NewRESTClient(cfg)
 	if err != nil {
-		return nil, fmt.Errorf("%s client: %w", v1alpha1.NodeBlockResource, err)
+		return nil, err
 	}
-	return &Client{rc: rc, params: runtime.NewParameterCodec(s)}, nil
+	return &Client{rc: rc, params: params}, nil
 }
 
 const resource = "nodeblocks"

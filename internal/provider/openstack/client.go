@@ -91,11 +91,3 @@ func clients(ctx context.Context, cfg Config, rt http.RoundTripper) (nc, cc *gop
 	}
 	return nc, cc, nil
 }
-
-// NeutronClient logs in as cfg says (Endpoint, Auth or CredentialsFile,
-// Timeout) and returns a Neutron client: for a cluster-wide user of the
-// same cloud section, such as vpcni-controller, which has no VM port.
-func NeutronClient(ctx context.Context, cfg Config) (*gophercloud.ServiceClient, error) {
-	nc, _, err := clients(ctx, cfg, http.DefaultTransport)
-	return nc, err
-}

@@ -25,6 +25,7 @@ import (
 // +kubebuilder:subresource:status
 // +kubebuilder:printcolumn:name=CIDR,type=string,JSONPath=.spec.cidr
 // +kubebuilder:printcolumn:name=Node,type=string,JSONPath=.spec.node
+// +kubebuilder:printcolumn:name=Routed,type=string,JSONPath=`.status.conditions[?(@.type=="Routed")].reason`
 // +kubebuilder:printcolumn:name=Age,type=date,JSONPath=.metadata.creationTimestamp
 type NodeBlock struct {
 	metav1.TypeMeta   `json:",inline"`
@@ -50,9 +51,11 @@ type NodeBlockSpec struct {
 
 // NodeBlockStatus is what vpcni-controller last saw of the block.
 type NodeBlockStatus struct {
-	// Conditions: Assigned (the node may use the block) and Reclaimable
+	// Conditions: Assigned (the node may use the block), Reclaimable
 	// (its node is gone; False while PodAddresses of it still use the
-	// block, with how many).
+	// block, with how many) and, with a routed pod subnet on OpenStack,
+	// Routed (True: the router's route and the VM port's pair are set;
+	// False: why not, with the fix).
 	// +listType=map
 	// +listMapKey=type
 	// +optional
@@ -72,6 +75,7 @@ type NodeBlockList struct {
 const (
 	ConditionAssigned    = "Assigned"
 	ConditionReclaimable = "Reclaimable"
+	ConditionRouted      = "Routed"
 
 	ReasonRequested         = "RequestedByNode"
 	ReasonNodeGone          = "NodeGone"

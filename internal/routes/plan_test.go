@@ -1,0 +1,99 @@
+package routes
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"testing"
+	"time"
+
+	"pgregory.net/rapid"
+)
+
+// The plan's invariants over random routers, blocks and ports: the budget
+// is never exceeded, a block is Routed exactly when its route is kept or
+// added and its pair planned, a routed block keeps its route, routes of
+// others are never removed, our stale routes always are.
+func TestPlanProperties(t *testing.T) {
+	rng := netip.MustParsePrefix("10.91.0.0/16")
+	ours := func(p netip.Prefix) bool { return rng.Contains(p.Addr()) && p.Bits() >= 16 }
+	rapid.Check(t, func(t *rapid.T) {
+		nodes := rapid.IntRange(1, 12).Draw(t, "nodes")
+		ips := make([]netip.Addr, nodes)
+		room := map[netip.Addr]int{}
+		for i := range ips {
+			ips[i] = netip.AddrFrom4([4]byte{10, 90, 0, byte(11 + i)})
+			if rapid.IntRange(0, 9).Draw(t, "hasPort") > 0 {
+				room[ips[i]] = rapid.IntRange(0, 4).Draw(t, "room")
+			}
+		}
+		var blocks []Block
+		var routes []Route
+		nb := rapid.IntRange(0, 40).Draw(t, "blocks")
+		for i := range nb {
+			c := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 91, byte(i), 0}), 24)
+			n := rapid.IntRange(0, nodes-1).Draw(t, "node")
+			b := Block{Name: fmt.Sprint(i), CIDR: c, Node: fmt.Sprint(n), NodeIP: ips[n], Created: time.Unix(int64(rapid.IntRange(0, 5).Draw(t, "age")), 0)}
+			b.NodeGone = rapid.IntRange(0, 9).Draw(t, "gone") == 0
+			blocks = append(blocks, b)
+			switch rapid.IntRange(0, 3).Draw(t, "routed") {
+			case 1:
+				routes = append(routes, Route{c, b.NodeIP})
+			case 2: // pointing at the wrong node
+				routes = append(routes, Route{c, ips[rapid.IntRange(0, nodes-1).Draw(t, "wrong")]})
+			}
+		}
+		for i := range rapid.IntRange(0, 5).Draw(t, "stale") {
+			routes = append(routes, Route{netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 91, byte(200 + i), 0}), 24), ips[0]})
+		}
+		others := rapid.IntRange(0, 5).Draw(t, "others")
+		for i := range others {
+			routes = append(routes, Route{netip.PrefixFrom(netip.AddrFrom4([4]byte{192, 168, byte(i), 0}), 24), ips[0]})
+		}
+		limit := rapid.IntRange(others, 50).Draw(t, "limit")
+		in := planInput{blocks: blocks, routes: routes, limit: limit, pairRoom: room, ours: ours}
+		p := makePlan(in)
+
+		after := slices.DeleteFunc(slices.Clone(routes), func(r Route) bool { return slices.Contains(p.remove, r) })
+		after = append(after, p.add...)
+		if len(after) > limit && len(p.add) > 0 {
+			t.Fatalf("%d routes after the pass, limit %d", len(after), limit)
+		}
+		for _, r := range p.remove {
+			if !ours(r.Destination) {
+				t.Fatalf("removed a route of others: %v", r)
+			}
+		}
+		for _, r := range routes {
+			if ours(r.Destination) && !slices.ContainsFunc(blocks, func(b Block) bool { return b.CIDR == r.Destination }) && !slices.Contains(p.remove, r) {
+				t.Fatalf("stale route kept: %v", r)
+			}
+		}
+		for _, b := range blocks {
+			r := Route{b.CIDR, b.NodeIP}
+			routed := slices.Contains(after, r)
+			paired := slices.Contains(p.pairs[b.NodeIP], b.CIDR)
+			st := p.states[b.Name]
+			if b.NodeGone {
+				if st != NodeGone {
+					t.Fatalf("gone node's block %s: %s", b.Name, st)
+				}
+				continue
+			}
+			if (st == Routed) != (routed && paired) {
+				t.Fatalf("block %s: state %s, route %v, pair %v", b.Name, st, routed, paired)
+			}
+			if routed != paired {
+				t.Fatalf("block %s half planned: route %v, pair %v", b.Name, routed, paired)
+			}
+			if slices.Contains(routes, r) && st != Routed && st != NoPairBudget && st != NoNodeAddress {
+				t.Fatalf("block %s lost its route: %s", b.Name, st)
+			}
+		}
+		for ip, ps := range p.pairs {
+			if len(ps) > room[ip] {
+				t.Fatalf("port of %s gets %d pairs, room %d", ip, len(ps), room[ip])
+			}
+		}
+	})
+}
