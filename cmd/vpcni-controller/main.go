@@ -36,6 +36,8 @@ import (
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 
+	"github.com/vpcni/vpcni/internal/cloudconfig"
+	"github.com/vpcni/vpcni/internal/floatingip"
 	"github.com/vpcni/vpcni/internal/ipam"
 	"github.com/vpcni/vpcni/internal/k8s"
 	"github.com/vpcni/vpcni/internal/provider/openstack"
@@ -64,7 +66,8 @@ func main() {
 	flag.DurationVar(&o.stickyGrace, "sticky-dead-node-grace", time.Minute, "how long a Node must be gone or not Ready before the controller takes a sticky pod's address off its port (needs -cloud-config)")
 	flag.BoolVar(&o.stickyIPs, "sticky-ips", true, "keep AddressReservations for the pods of StatefulSets annotated vpcni.io/sticky-ip: \"true\" (needs the AddressReservation CRD)")
 	flag.DurationVar(&o.blockGrace, "block-reclaim-grace", 5*time.Minute, "how long a Node must be gone before its blocks are given back (once no PodAddress of it uses them)")
-	flag.StringVar(&o.cloudConfig, "cloud-config", "", "the cloud, for what only the controller does: YAML with an openstack section (the keys of vpcnid.yaml's provider.openstack) and, for the routed pod subnet, routes.routerID (needs -block-ranges); with openstack.subnetID, taking a sticky pod's address off a dead node's port (empty: no cloud)")
+	flag.StringVar(&o.cloudConfig, "cloud-config", "", "the cloud, for what only the controller does: YAML with an openstack section (the keys of vpcnid.yaml's provider.openstack): floating IPs for pods and, with openstack.subnetID, a sticky pod's address taken off a dead node's port; with a routes section (routes.routerID) and -block-ranges also the routed pod subnet (empty: none of these)")
+	flag.StringVar(&o.floatingNetwork, "floating-network", "", "external network (name or ID) pods' floating IPs come from unless a pod's vpcni.io/floating-network says otherwise")
 	showVersion := flag.Bool("version", false, "print the version and exit")
 	flag.Parse()
 	if *showVersion {
@@ -87,7 +90,7 @@ type options struct {
 	kubeconfig, namespace, lease, identity, healthAddr, logLevel string
 	webhookAddr, webhookService, webhookSecret, webhookConfig    string
 	grace, leaseDuration, certValidity, blockGrace               time.Duration
-	blockRanges, cloudConfig                                     string
+	blockRanges, cloudConfig, floatingNetwork                    string
 	blockSize                                                    int
 	stickyIPs                                                    bool
 	stickyGrace                                                  time.Duration
@@ -143,22 +146,31 @@ func run(o options, log *slog.Logger) error {
 	if o.stickyGrace <= 0 {
 		return errors.New("-sticky-dead-node-grace must be positive")
 	}
-	// The cloud: read and checked before leading, so a bad file stops the
-	// replica at once.
+	// -cloud-config: read and checked before leading, so a bad file stops
+	// the replica at once. Its openstack section serves the floating IPs
+	// and the sticky takeover; a routes section, the routed pod subnet.
 	var cloud *routes.CloudConfig
+	var fipCloud *cloudconfig.Config
 	if o.cloudConfig != "" {
-		if cloud, err = routes.LoadCloudConfig(o.cloudConfig); err != nil {
+		fc, err := cloudconfig.Load(o.cloudConfig)
+		if err != nil {
 			return err
 		}
-		if cloud.Routes.RouterID != "" && blocks == nil {
-			return errors.New("-cloud-config: routes.routerID routes the nodes' blocks: it needs -block-ranges")
+		fipCloud = &fc
+		if fc.HasRoutes() {
+			if blocks == nil {
+				return errors.New("-cloud-config's routes section routes the nodes' blocks: it needs -block-ranges")
+			}
+			if cloud, err = routes.LoadCloudConfig(o.cloudConfig); err != nil {
+				return err
+			}
 		}
 	}
 	// A sticky pod's address taken off a dead node's port needs the VMs'
 	// subnet (the fixed IP is named by it).
 	var stickyCloud *openstack.Config
-	if cloud != nil && cloud.OpenStack.SubnetID != "" {
-		stickyCloud = &cloud.OpenStack
+	if fipCloud != nil && fipCloud.OpenStack.SubnetID != "" {
+		stickyCloud = fipCloud.OpenStack
 	}
 	cfg, err := k8s.RestConfig(o.kubeconfig)
 	if err != nil {
@@ -256,7 +268,7 @@ func run(o options, log *slog.Logger) error {
 						fail("blocks", err)
 					})
 				}
-				if cloud != nil && cloud.Routes.RouterID != "" {
+				if cloud != nil {
 					wg.Go(func() {
 						r, err := newRouteReconciler(ctx, cfg, cloud, blocks, log)
 						if err == nil {
@@ -274,6 +286,18 @@ func run(o options, log *slog.Logger) error {
 							err = k.Run(ctx)
 						}
 						fail("sticky", err)
+					})
+				}
+				if fipCloud != nil {
+					wg.Go(func() {
+						nc, timeout, err := fipCloud.Neutron(ctx, log)
+						if err == nil {
+							var r *k8s.FloatingIPs
+							if r, err = k8s.NewFloatingIPs(cfg, &floatingip.Cloud{NC: nc, Timeout: timeout}, o.floatingNetwork, log); err == nil {
+								err = r.Run(ctx)
+							}
+						}
+						fail("floating-ips", err)
 					})
 				}
 				orphans, err := k8s.NewOrphans(cfg, o.grace, log)

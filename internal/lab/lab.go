@@ -77,7 +77,8 @@ type Lab struct {
 	nc        *gophercloud.ServiceClient
 	listeners []net.Listener
 	fabricErr error
-	routes    []string // extra routes programmed in the router
+	routes    []string        // extra routes programmed in the router
+	fipAddrs  map[string]bool // floating addresses on the router's ext0
 
 	hosts map[string]*Host // port ID -> host, for the fabric
 }
@@ -242,11 +243,11 @@ func (l *Lab) programRouter() error {
 	var post strings.Builder
 	addrs := map[string]bool{}
 	for _, f := range l.API.FloatingIPs() {
-		if f.FixedIPAddress == "" {
+		if f.Fixed() == "" {
 			continue
 		}
-		fmt.Fprintf(&b, "  ip daddr %s dnat to %s\n", f.FloatingIPAddress, f.FixedIPAddress)
-		fmt.Fprintf(&post, "  oifname \"ext0\" ip saddr %s snat to %s\n", f.FixedIPAddress, f.FloatingIPAddress)
+		fmt.Fprintf(&b, "  ip daddr %s dnat to %s\n", f.FloatingIPAddress, f.Fixed())
+		fmt.Fprintf(&post, "  oifname \"ext0\" ip saddr %s snat to %s\n", f.Fixed(), f.FloatingIPAddress)
 		addrs[f.FloatingIPAddress] = true
 	}
 	b.WriteString(" }\n chain post {\n  type nat hook postrouting priority srcnat; policy accept;\n")
@@ -257,10 +258,17 @@ func (l *Lab) programRouter() error {
 	if out, err := cmd.CombinedOutput(); err != nil {
 		errs = append(errs, fmt.Errorf("router NAT: %v: %s", err, strings.TrimSpace(string(out))))
 	}
-	// The floating addresses answer ARP on ext0.
+	// The floating addresses answer ARP on ext0 while associated; a
+	// detached one leaves, so the router does not answer for it itself.
 	for a := range addrs {
 		_ = netnsutil.Exec(l.Router.NS, "ip", "addr", "replace", a+"/32", "dev", "ext0")
 	}
+	for a := range l.fipAddrs {
+		if !addrs[a] {
+			_ = netnsutil.Exec(l.Router.NS, "ip", "addr", "del", a+"/32", "dev", "ext0")
+		}
+	}
+	l.fipAddrs = addrs
 	return errors.Join(errs...)
 }
 

@@ -32,9 +32,7 @@ type CloudConfig struct {
 	Routes    RoutesConfig     `json:"routes"`
 }
 
-// RoutesConfig is the routes section: without a routerID the controller
-// routes nothing (the cloud is then for other work: a sticky pod's
-// address taken off a dead node's port).
+// RoutesConfig is the routes section.
 type RoutesConfig struct {
 	// RouterID is the Neutron router that routes the pod blocks.
 	RouterID string `json:"routerID"`
@@ -90,6 +88,9 @@ func (c *CloudConfig) Validate() error {
 	}
 	if err := oc.Validate(); err != nil {
 		errs = append(errs, fmt.Errorf("openstack: %w", err))
+	}
+	if c.Routes.RouterID == "" {
+		errs = append(errs, errors.New("routes.routerID: is required: the Neutron router that routes the pod blocks"))
 	}
 	if c.Routes.MaxRoutes < 0 || c.Routes.MaxRoutes > 10000 {
 		errs = append(errs, fmt.Errorf("routes.maxRoutes: %d is outside 0..10000 (0: learn it from Neutron)", c.Routes.MaxRoutes))

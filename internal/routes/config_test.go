@@ -38,12 +38,12 @@ func TestCloudConfig(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = LoadCloudConfig(bad)
-	for _, want := range []string{"routes.maxRoutes", "routes.resync", "endpoint"} {
+	for _, want := range []string{"routes.routerID", "routes.maxRoutes", "routes.resync", "endpoint"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("error %v does not name %s", err, want)
 		}
 	}
-	if strings.Contains(err.Error(), "subnetID") || strings.Contains(err.Error(), "routerID") {
-		t.Errorf("subnetID and routerID are optional for the controller (no routerID: no routes): %v", err)
+	if strings.Contains(err.Error(), "subnetID") {
+		t.Errorf("subnetID is optional for the controller: %v", err)
 	}
 }

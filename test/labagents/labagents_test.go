@@ -23,9 +23,9 @@ import (
 	"time"
 
 	types100 "github.com/containernetworking/cni/pkg/types/100"
-	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/extensions/layer3/floatingips"
 
 	"github.com/vpcni/vpcni/internal/config"
+	"github.com/vpcni/vpcni/internal/floatingip"
 	"github.com/vpcni/vpcni/internal/netnsutil"
 	"github.com/vpcni/vpcni/internal/provider/openstack"
 	"github.com/vpcni/vpcni/internal/testbed"
@@ -246,11 +246,14 @@ func TestRealNeutronAgents(t *testing.T) {
 	// A floating IP on pod n1's address: the upstream router on the
 	// external network reaches the pod through the qrouter's DNAT, and the
 	// pod reaches upstream through its SNAT.
-	fip, err := floatingips.Create(c, nc, floatingips.CreateOpts{Description: prefix, FloatingNetworkID: w.extNetID, PortID: n1.portID, FixedIP: p1.ip.String()}).Extract()
+	// Made as vpcni-controller does (internal/floatingip): created
+	// already associated, marked for its pod.
+	cloud := &floatingip.Cloud{NC: nc, Timeout: 30 * time.Second}
+	fip, err := cloud.Ensure(c, floatingip.Want{Owner: prefix + "/p1", Network: w.extNetID, Policy: floatingip.Release, PortID: n1.portID, FixedIP: p1.ip})
 	if err != nil {
 		t.Fatalf("floating IP for %s: %v", p1.ip, err)
 	}
-	fipAddr := netip.MustParseAddr(fip.FloatingIP)
+	fipAddr := netip.MustParseAddr(fip.Address)
 	serve(t, netnsutil.Path(extNS), extGW)
 	if d, err := eventually(30*time.Second, func() error { return probe(c, netnsutil.Path(extNS), netip.Addr{}, fipAddr) }); err != nil {
 		t.Errorf("external -> floating IP %s -> pod %s: %v", fipAddr, p1.ip, err)
@@ -259,6 +262,21 @@ func TestRealNeutronAgents(t *testing.T) {
 	}
 	if _, err := eventually(20*time.Second, func() error { return probe(c, p1.ns, netip.Addr{}, extGW) }); err != nil {
 		t.Errorf("pod %s -> external %s through its floating IP: %v", p1.ip, extGW, err)
+	}
+
+	// The controller's detach (policy release) on the real L3 agent: the
+	// floating address stops reaching the pod, the pod's own address
+	// still does.
+	if done, err := cloud.Detach(c, prefix+"/p1", nil); err != nil || len(done) != 1 {
+		t.Fatalf("detach floating IP %s: %v, %v", fipAddr, done, err)
+	}
+	if d, err := dropped(func() error { return probe(c, netnsutil.Path(extNS), netip.Addr{}, fipAddr) }); err != nil {
+		t.Errorf("external -> floating IP %s after the detach: %v", fipAddr, err)
+	} else {
+		t.Logf("vpcni-test: floating IP %s detached and deleted: external traffic to it dropped %.1fs after", fipAddr, d.Seconds())
+	}
+	if err := probe(c, legacyNS, netip.Addr{}, p1.ip); err != nil {
+		t.Errorf("legacy VM -> pod %s after its floating IP went: %v", p1.ip, err)
 	}
 
 	// Port security on pod n2's address, edited by hand: dropped once it

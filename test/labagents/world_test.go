@@ -264,10 +264,14 @@ func sweep(ctx context.Context, nc *gophercloud.ServiceClient) error {
 			errs = append(errs, err)
 		}
 	}
-	if page, err := floatingips.List(nc, floatingips.ListOpts{Description: prefix}).AllPages(ctx); err == nil {
+	if page, err := floatingips.List(nc, floatingips.ListOpts{}).AllPages(ctx); err == nil {
 		fips, _ := floatingips.ExtractFloatingIPs(page)
 		for _, f := range fips {
-			keep(floatingips.Delete(ctx, nc, f.ID).ExtractErr())
+			// This test's own, and those marked for its pods as
+			// vpcni-controller marks them.
+			if f.Description == prefix || strings.HasPrefix(f.Description, "vpcni pod="+prefix+"/") {
+				keep(floatingips.Delete(ctx, nc, f.ID).ExtractErr())
+			}
 		}
 	} else {
 		keep(err)

@@ -87,6 +87,19 @@ func TestProviderContract(t *testing.T) {
 	}
 }
 
+// TestFloatingIPs: the floating IP contract (internal/lab/neutronapi runs
+// the same against the lab's endpoint) on the real server: Neutron leaves
+// a floating IP on a fixed IP taken off its port, so the provider keeps
+// such an address until vpcni-controller's floating IP side detached it.
+func TestFloatingIPs(t *testing.T) {
+	t.Run("fixed-ips", func(t *testing.T) {
+		neutrontest.RunFloatingIPs(t, realNeutron{}.ep(), "10.201.248.0/24", "198.51.100.0/24")
+	})
+	t.Run("address-pairs", func(t *testing.T) {
+		neutrontest.RunFloatingIPsPairs(t, realNeutron{mode: "address-pairs"}.ep(), "10.201.247.0/24", "198.51.101.0/24")
+	})
+}
+
 // TestPodMACs: with a datapath whose pods send from MACs of their own
 // (macvlan, bridge), the real server keeps each pair's MAC as vpcni writes
 // it, and fixed-ips mode is refused while port security is on.

@@ -23,27 +23,14 @@ type Router struct {
 	Revision  int     `json:"revision_number"`
 }
 
-// FloatingIP maps an external address to a fixed IP of a port.
-type FloatingIP struct {
-	ID                string `json:"id"`
-	FloatingNetworkID string `json:"floating_network_id"`
-	FloatingIPAddress string `json:"floating_ip_address"`
-	PortID            string `json:"port_id"`
-	FixedIPAddress    string `json:"fixed_ip_address"`
-	ProjectID         string `json:"project_id"`
-	TenantID          string `json:"tenant_id"`
-	Status            string `json:"status"`
-}
-
 func (s *Server) routeRouters(mux *http.ServeMux) {
 	mux.HandleFunc("POST /v2.0/routers", s.locked(s.createRouter))
 	mux.HandleFunc("GET /v2.0/routers/{id}", s.locked(s.getRouter))
 	mux.HandleFunc("PUT /v2.0/routers/{id}", s.locked(s.updateRouter))
 	mux.HandleFunc("PUT /v2.0/routers/{id}/add_extraroutes", s.locked(s.extraRoutes(true)))
 	mux.HandleFunc("PUT /v2.0/routers/{id}/remove_extraroutes", s.locked(s.extraRoutes(false)))
-	mux.HandleFunc("POST /v2.0/floatingips", s.locked(s.createFIP))
-	mux.HandleFunc("GET /v2.0/floatingips", s.locked(s.listFIPs))
-	mux.HandleFunc("DELETE /v2.0/floatingips/{id}", s.locked(s.deleteFIP))
+	mux.HandleFunc("PUT /v2.0/routers/{id}/add_router_interface", s.locked(s.addRouterInterface))
+	s.routeFloatingIPs(mux)
 }
 
 // Routers and floating IPs, for the fabric; call with the endpoint held.
@@ -53,15 +40,6 @@ func (s *Server) Routers() []Router {
 		c := *r
 		c.Routes = slices.Clone(r.Routes)
 		out = append(out, c)
-	}
-	return out
-}
-
-// FloatingIPs lists the floating IPs; call with the endpoint held.
-func (s *Server) FloatingIPs() []FloatingIP {
-	var out []FloatingIP
-	for _, f := range s.fips {
-		out = append(out, *f)
 	}
 	return out
 }
@@ -157,64 +135,4 @@ func (s *Server) extraRoutes(add bool) handler {
 		r.Revision++
 		return 200, map[string]any{"router": r}, nil
 	}
-}
-
-func (s *Server) createFIP(_ *http.Request, body []byte) (int, any, *apiError) {
-	f := &FloatingIP{}
-	if err := decode(body, "floatingip", f); err != nil {
-		return 0, nil, err
-	}
-	ext, ok := s.networks[f.FloatingNetworkID]
-	if !ok || len(ext.Subnets) == 0 {
-		return 0, nil, errorf(404, "NetworkNotFound", "Network %s could not be found.", f.FloatingNetworkID)
-	}
-	if f.PortID != "" {
-		p, ok := s.ports[f.PortID]
-		if !ok {
-			return 0, nil, errorf(404, "PortNotFound", "Port %s could not be found.", f.PortID)
-		}
-		if f.FixedIPAddress == "" {
-			if len(p.FixedIPs) != 1 {
-				return 0, nil, errorf(400, "BadRequest", "Port %s has multiple fixed IPv4 addresses. Must provide a specific IPv4 address when assigning a floating IP", p.ID)
-			}
-			f.FixedIPAddress = p.FixedIPs[0].IPAddress
-		}
-		if !slices.ContainsFunc(p.FixedIPs, func(x FixedIP) bool { return x.IPAddress == f.FixedIPAddress }) {
-			return 0, nil, errorf(400, "BadRequest", "Port %s does not have fixed ip %s", p.ID, f.FixedIPAddress)
-		}
-		for _, other := range s.fips {
-			if other.PortID == f.PortID && other.FixedIPAddress == f.FixedIPAddress {
-				return 0, nil, errorf(409, "FloatingIPPortAlreadyAssociated", "Cannot associate floating IP %s with port %s using fixed IP %s, as that fixed IP already has a floating IP on external network %s.", "new", p.ID, f.FixedIPAddress, ext.ID)
-			}
-		}
-	}
-	sn := s.subnets[ext.Subnets[0]]
-	a, ok := sn.firstFree(nil)
-	if !ok {
-		return 0, nil, errorf(409, "IpAddressGenerationFailure", "No more IP addresses available on network %s.", ext.ID)
-	}
-	f.ID, f.FloatingIPAddress, f.ProjectID, f.TenantID, f.Status = newID(), a.String(), project, project, "ACTIVE"
-	sn.used[a] = f.ID
-	s.fips[f.ID] = f
-	return 201, map[string]any{"floatingip": f}, nil
-}
-
-func (s *Server) listFIPs(*http.Request, []byte) (int, any, *apiError) {
-	out := []*FloatingIP{}
-	for _, f := range s.fips {
-		out = append(out, f)
-	}
-	return 200, map[string]any{"floatingips": out}, nil
-}
-
-func (s *Server) deleteFIP(req *http.Request, _ []byte) (int, any, *apiError) {
-	f, ok := s.fips[req.PathValue("id")]
-	if !ok {
-		return 0, nil, errorf(404, "FloatingIPNotFound", "Floating IP %s could not be found", req.PathValue("id"))
-	}
-	for _, sn := range s.subnets {
-		delete(sn.used, netip.MustParseAddr(f.FloatingIPAddress))
-	}
-	delete(s.fips, f.ID)
-	return 204, nil, nil
 }

@@ -21,6 +21,7 @@ type Server struct {
 	ports    map[string]*Port
 	routers  map[string]*Router
 	fips     map[string]*FloatingIP
+	journal  []Event // see Events
 	// MaxPairs is max_allowed_address_pair (10, like Neutron's default).
 	MaxPairs int
 	// MaxRoutes is max_routes (30, like Neutron's default).
@@ -421,6 +422,9 @@ func (s *Server) setFixedIPs(p *Port, want []FixedIP) *apiError {
 		}
 	}
 	s.release(p, gone)
+	for _, f := range gone {
+		s.note(Event{Kind: "fixed-ip-removed", Port: p.ID, Address: f.IPAddress})
+	}
 	for _, f := range next {
 		s.subnets[f.SubnetID].used[netip.MustParseAddr(f.IPAddress)] = p.ID
 	}
@@ -469,5 +473,6 @@ func (s *Server) deletePort(r *http.Request, _ []byte) (int, any, *apiError) {
 	}
 	s.release(p, p.FixedIPs)
 	delete(s.ports, p.ID)
+	s.portGone(p)
 	return 204, nil, nil
 }

@@ -533,6 +533,13 @@ func (p *Provider) releaseFixed(ctx context.Context, addrs []netip.Addr) error {
 			foreign = append(foreign, a)
 		}
 	}
+	keep, err := p.withFloatingIPs(ctx, map[string][]netip.Addr{p.portID: slices.Collect(maps.Keys(drop))})
+	if err != nil {
+		return err
+	}
+	for a := range keep {
+		delete(drop, a)
+	}
 	if len(drop) > 0 {
 		if err := p.apply(ctx, nil, drop); err != nil {
 			return err
@@ -542,9 +549,9 @@ func (p *Provider) releaseFixed(ctx context.Context, addrs []netip.Addr) error {
 		}
 	}
 	if len(foreign) > 0 {
-		return fmt.Errorf("left %v on port %s: vpcni did not put them there", foreign, p.portID)
+		err = fmt.Errorf("left %v on port %s: vpcni did not put them there", foreign, p.portID)
 	}
-	return nil
+	return errors.Join(err, floatingErr(keep, p.portID))
 }
 
 // apply makes the VM port hold add (marked as vpcni's) and no longer hold

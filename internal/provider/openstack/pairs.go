@@ -230,6 +230,21 @@ func (p *Provider) releasePairs(ctx context.Context, addrs []netip.Addr) error {
 			foreign = append(foreign, a)
 		}
 	}
+	// A floating IP on a reservation port would be detached by Neutron
+	// with the port, but the policy (release or retain) is the
+	// controller's to apply first; see withFloatingIPs.
+	byPort := map[string][]netip.Addr{}
+	for a, id := range dropRes {
+		byPort[id] = append(byPort[id], a)
+	}
+	keep, err := p.withFloatingIPs(ctx, byPort)
+	if err != nil {
+		return err
+	}
+	for a := range keep {
+		delete(drop, a)
+		delete(dropRes, a)
+	}
 	if len(drop) > 0 {
 		if err := p.applyPairs(ctx, nil, drop); err != nil {
 			return err
@@ -242,9 +257,9 @@ func (p *Provider) releasePairs(ctx context.Context, addrs []netip.Addr) error {
 		}
 	}
 	if len(foreign) > 0 {
-		return fmt.Errorf("left %v on port %s: vpcni did not put them there", foreign, p.portID)
+		err = fmt.Errorf("left %v on port %s: vpcni did not put them there", foreign, p.portID)
 	}
-	return nil
+	return errors.Join(err, floatingErr(keep, "its reservation port"))
 }
 
 // applyPairs makes the VM port allow add (with the MAC the datapath sends
