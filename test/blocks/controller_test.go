@@ -3,11 +3,9 @@ package blocks
 import (
 	"bytes"
 	"context"
-	"encoding/base64"
 	"fmt"
 	"io"
 	"net/http"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -17,14 +15,7 @@ import (
 	"testing"
 	"time"
 
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/client-go/discovery"
-	"k8s.io/client-go/discovery/cached/memory"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/restmapper"
-	"sigs.k8s.io/yaml"
 )
 
 const namespace = "vpcni-system"
@@ -34,75 +25,20 @@ const namespace = "vpcni-system"
 // vpcni-system). Objects already there are left as they are.
 func applyDeploy(t *testing.T) {
 	t.Helper()
-	ctx := context.Background()
-	dc := discovery.NewDiscoveryClientForConfigOrDie(fixture.Config)
-	mapper := restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(dc))
-	for _, f := range []string{"../../deploy/namespace.yaml", "../../deploy/rbac.yaml"} {
-		data, err := os.ReadFile(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, doc := range bytes.Split(data, []byte("\n---")) {
-			var obj map[string]any
-			if err := yaml.Unmarshal(doc, &obj); err != nil {
-				t.Fatalf("%s: %v", f, err)
-			}
-			if len(obj) == 0 {
-				continue
-			}
-			u := &unstructured.Unstructured{Object: obj}
-			gvk := u.GroupVersionKind()
-			m, err := mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
-			if err != nil {
-				t.Fatalf("%s: %s: %v", f, gvk, err)
-			}
-			ri := dyn(t).Resource(m.Resource)
-			var rc interface {
-				Create(context.Context, *unstructured.Unstructured, metav1.CreateOptions, ...string) (*unstructured.Unstructured, error)
-			} = ri
-			if m.Scope.Name() == "namespace" {
-				rc = ri.Namespace(namespace)
-			}
-			if _, err := rc.Create(ctx, u, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-				t.Fatalf("%s: create %s %s: %v", f, gvk.Kind, u.GetName(), err)
-			}
-		}
+	if err := fixture.Apply(context.Background(), namespace, "../../deploy/namespace.yaml", "../../deploy/rbac.yaml"); err != nil {
+		t.Fatal(err)
 	}
 }
 
 // serviceAccount is the fixture's admin impersonating vpcni's service
 // account sa: its requests get exactly the RBAC deploy/rbac.yaml grants.
-func serviceAccount(sa string) *rest.Config {
-	cfg := rest.CopyConfig(fixture.Config)
-	cfg.Impersonate = rest.ImpersonationConfig{UserName: "system:serviceaccount:" + namespace + ":" + sa,
-		Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + namespace, "system:authenticated"}}
-	return cfg
-}
+func serviceAccount(sa string) *rest.Config { return fixture.As(namespace, sa) }
 
 // kubeconfigAs writes serviceAccount(sa) as a kubeconfig for a process.
 func kubeconfigAs(t *testing.T, sa string) string {
 	t.Helper()
-	c := fixture.Config
-	b := base64.StdEncoding.EncodeToString
-	kc := fmt.Sprintf(`apiVersion: v1
-kind: Config
-clusters:
-- name: fixture
-  cluster: {server: %s, certificate-authority-data: %s}
-users:
-- name: %s
-  user:
-    client-certificate-data: %s
-    client-key-data: %s
-    as: system:serviceaccount:%s:%s
-    as-groups: [system:serviceaccounts, "system:serviceaccounts:%s", system:authenticated]
-contexts:
-- name: fixture
-  context: {cluster: fixture, user: %s}
-current-context: fixture
-`, c.Host, b(c.CAData), sa, b(c.CertData), b(c.KeyData), namespace, sa, namespace, sa)
-	path := filepath.Join(t.TempDir(), sa+".kubeconfig")
-	if err := os.WriteFile(path, []byte(kc), 0o600); err != nil {
+	path, err := fixture.KubeconfigAs(t.TempDir(), namespace, sa)
+	if err != nil {
 		t.Fatal(err)
 	}
 	return path

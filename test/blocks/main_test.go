@@ -5,8 +5,6 @@
 package blocks
 
 import (
-	"context"
-	"fmt"
 	"os"
 	"testing"
 	"time"
@@ -21,18 +19,6 @@ func TestMain(m *testing.M) {
 	testbed.RequireRoot("the API server tests (the cached Kubernetes build)")
 	// Another work tree's run holding the fixture is waited for, within
 	// the package's own timeout (make k8s-api: 5m).
-	s, err := apiserver.Start(context.Background(), apiserver.Options{LockWait: 3 * time.Minute,
-		CRDs: []string{"../../deploy/vpcni.io_nodeblocks.yaml", "../../deploy/vpcni.io_podaddresses.yaml"}})
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "vpcni-test: API server fixture:", err)
-		os.Exit(1)
-	}
-	fixture = s
-	fmt.Printf("vpcni-test: etcd + kube-apiserver up at %s in %s\n", s.URL, s.Started.Round(1e6))
-	code := m.Run()
-	if err := s.Stop(); err != nil {
-		fmt.Fprintln(os.Stderr, "vpcni-test: stop the API server fixture:", err)
-		code = 1
-	}
-	os.Exit(code)
+	os.Exit(apiserver.RunPackage(m, apiserver.Options{LockWait: 3 * time.Minute,
+		CRDs: []string{"../../deploy/vpcni.io_nodeblocks.yaml", "../../deploy/vpcni.io_podaddresses.yaml"}}, func(s *apiserver.Server) { fixture = s }))
 }

@@ -54,19 +54,8 @@ func TestMain(m *testing.M) {
 		fmt.Println("vpcni-test:", err)
 		os.Exit(1)
 	}
-	s, err := apiserver.Start(context.Background(), apiserver.Options{LockWait: 3 * time.Minute,
-		CRDs: []string{"../../deploy/vpcni.io_podaddresses.yaml"}})
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "vpcni-test: API server fixture:", err)
-		os.Exit(1)
-	}
-	fixture = s
-	code := m.Run()
-	if err := s.Stop(); err != nil {
-		fmt.Fprintln(os.Stderr, "vpcni-test: stop the API server fixture:", err)
-		code = 1
-	}
-	os.Exit(code)
+	os.Exit(apiserver.RunPackage(m, apiserver.Options{LockWait: 3 * time.Minute,
+		CRDs: []string{"../../deploy/vpcni.io_podaddresses.yaml"}}, func(s *apiserver.Server) { fixture = s }))
 }
 
 const ns = "fip"

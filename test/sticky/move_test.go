@@ -98,7 +98,7 @@ func setup(t *testing.T) *env {
 		t.Fatal(err)
 	}
 	t.Cleanup(e.cleanupAPI)
-	installRBAC(t, e.cs)
+	installRBAC(t)
 
 	// vpcni-controller's reconciler, as the leader runs it, with the
 	// controller's service account's rights.

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
+	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -14,6 +16,7 @@ import (
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/discovery/cached/memory"
 	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/restmapper"
 	"sigs.k8s.io/yaml"
 )
@@ -62,12 +65,24 @@ func (s *Server) Apply(ctx context.Context, namespace string, files ...string) e
 	return nil
 }
 
-// KubeconfigAs writes, into dir, a kubeconfig of the fixture's admin
-// impersonating service account namespace/sa: a process using it gets
-// exactly the RBAC that account is granted.
+// As is the fixture's admin impersonating service account namespace/sa:
+// its requests get exactly the RBAC that account is granted.
+func (s *Server) As(namespace, sa string) *rest.Config {
+	cfg := rest.CopyConfig(s.Config)
+	cfg.Impersonate = rest.ImpersonationConfig{UserName: "system:serviceaccount:" + namespace + ":" + sa,
+		Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + namespace, "system:authenticated"}}
+	return cfg
+}
+
+// KubeconfigAs writes As(namespace, sa) into dir as a kubeconfig, for a
+// process: it gets exactly the RBAC that account is granted.
 func (s *Server) KubeconfigAs(dir, namespace, sa string) (string, error) {
-	c := s.Config
+	c := s.As(namespace, sa)
 	b := base64.StdEncoding.EncodeToString
+	groups := make([]string, len(c.Impersonate.Groups))
+	for i, g := range c.Impersonate.Groups {
+		groups[i] = fmt.Sprintf("%q", g)
+	}
 	kc := fmt.Sprintf(`apiVersion: v1
 kind: Config
 clusters:
@@ -78,13 +93,32 @@ users:
   user:
     client-certificate-data: %s
     client-key-data: %s
-    as: system:serviceaccount:%s:%s
-    as-groups: [system:serviceaccounts, "system:serviceaccounts:%s", system:authenticated]
+    as: %s
+    as-groups: [%s]
 contexts:
 - name: fixture
   context: {cluster: fixture, user: %s}
 current-context: fixture
-`, c.Host, b(c.CAData), sa, b(c.CertData), b(c.KeyData), namespace, sa, namespace, sa)
+`, c.Host, b(c.CAData), sa, b(c.CertData), b(c.KeyData), c.Impersonate.UserName, strings.Join(groups, ", "), sa)
 	path := filepath.Join(dir, sa+".kubeconfig")
 	return path, os.WriteFile(path, []byte(kc), 0o600)
+}
+
+// RunPackage is a test package's TestMain around the fixture: it starts
+// the API server with opts (waiting for another run that holds it), hands
+// it to set, runs the tests and stops it, and returns the exit code.
+func RunPackage(m interface{ Run() int }, opts Options, set func(*Server)) int {
+	s, err := Start(context.Background(), opts)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "vpcni-test: API server fixture:", err)
+		return 1
+	}
+	set(s)
+	fmt.Printf("vpcni-test: etcd + kube-apiserver up at %s in %s\n", s.URL, s.Started.Round(time.Millisecond))
+	code := m.Run()
+	if err := s.Stop(); err != nil {
+		fmt.Fprintln(os.Stderr, "vpcni-test: stop the API server fixture:", err)
+		code = 1
+	}
+	return code
 }
