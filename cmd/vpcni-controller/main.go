@@ -40,6 +40,7 @@ import (
 	"github.com/vpcni/vpcni/internal/floatingip"
 	"github.com/vpcni/vpcni/internal/ipam"
 	"github.com/vpcni/vpcni/internal/k8s"
+	"github.com/vpcni/vpcni/internal/leaks"
 	"github.com/vpcni/vpcni/internal/provider/openstack"
 	"github.com/vpcni/vpcni/internal/routes"
 )
@@ -67,6 +68,9 @@ func main() {
 	flag.BoolVar(&o.stickyIPs, "sticky-ips", true, "keep AddressReservations for the pods of StatefulSets annotated vpcni.io/sticky-ip: \"true\" (needs the AddressReservation CRD)")
 	flag.DurationVar(&o.blockGrace, "block-reclaim-grace", 5*time.Minute, "how long a Node must be gone before its blocks are given back (once no PodAddress of it uses them)")
 	flag.StringVar(&o.cloudConfig, "cloud-config", "", "the cloud, for what only the controller does: YAML with an openstack section (the keys of vpcnid.yaml's provider.openstack): floating IPs for pods and, with openstack.subnetID, a sticky pod's address taken off a dead node's port; with a routes section (routes.routerID) and -block-ranges also the routed pod subnet (empty: none of these)")
+	flag.BoolVar(&o.leakGC, "leak-gc", true, "with -cloud-config (openstack.subnetID): release what Neutron holds for vpcni that nothing in the cluster names (marked fixed IPs of gone nodes' ports, reservation ports, floating IPs of gone pods) once orphaned for -leak-grace; vpcnictl audit shows the same comparison")
+	flag.DurationVar(&o.leakGrace, "leak-grace", 10*time.Minute, "how long a holding must stay orphaned, pass after pass, before the leak collector releases it")
+	flag.DurationVar(&o.leakPeriod, "leak-period", time.Minute, "how often the leak collector compares the cloud with the cluster")
 	flag.StringVar(&o.floatingNetwork, "floating-network", "", "external network (name or ID) pods' floating IPs come from unless a pod's vpcni.io/floating-network says otherwise")
 	showVersion := flag.Bool("version", false, "print the version and exit")
 	flag.Parse()
@@ -94,6 +98,8 @@ type options struct {
 	blockSize                                                    int
 	stickyIPs                                                    bool
 	stickyGrace                                                  time.Duration
+	leakGC                                                       bool
+	leakGrace, leakPeriod                                        time.Duration
 }
 
 // blocks reads -block-ranges and -block-size (nil: no blocks), naming
@@ -172,6 +178,15 @@ func run(o options, log *slog.Logger) error {
 	if fipCloud != nil && fipCloud.OpenStack.SubnetID != "" {
 		stickyCloud = fipCloud.OpenStack
 	}
+	if o.leakGrace < 0 || o.leakPeriod <= 0 {
+		return errors.New("-leak-grace must not be negative and -leak-period must be positive")
+	}
+	// The leak collector compares the pods' subnet with the cluster: it
+	// needs the subnet, hence openstack.subnetID.
+	var leakGC *leaks.Collector
+	if o.leakGC && stickyCloud != nil {
+		leakGC = &leaks.Collector{Grace: o.leakGrace, Period: o.leakPeriod, Log: log.With("reconciler", "leaks")}
+	}
 	cfg, err := k8s.RestConfig(o.kubeconfig)
 	if err != nil {
 		return err
@@ -204,6 +219,9 @@ func run(o options, log *slog.Logger) error {
 		mux := http.NewServeMux()
 		reg := prometheus.NewRegistry()
 		reg.MustRegister(blockMetrics, routeMetrics)
+		if leakGC != nil {
+			reg.MustRegister(leakGC)
+		}
 		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 		mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
 			if err := leaderHealth.Check(r); err != nil {
@@ -300,6 +318,15 @@ func run(o options, log *slog.Logger) error {
 						fail("floating-ips", err)
 					})
 				}
+				if leakGC != nil {
+					wg.Go(func() {
+						err := connectLeaks(ctx, cfg, leakGC, fipCloud, cloud, blocks, log)
+						if err == nil {
+							err = leakGC.Run(ctx)
+						}
+						fail("leaks", err)
+					})
+				}
 				orphans, err := k8s.NewOrphans(cfg, o.grace, log)
 				if err == nil {
 					err = orphans.Run(ctx)
@@ -348,6 +375,26 @@ func serveWebhook(ctx context.Context, cs kubernetes.Interface, o options, log *
 	go func() { <-ctx.Done(); _ = srv.Close() }()
 	log.Info("pod admission webhook", "addr", ln.Addr().String(), "path", k8s.WebhookPath, "service", o.namespace+"/"+o.webhookService)
 	return certs, nil
+}
+
+// connectLeaks logs in to Neutron and gives the leak collector its cloud
+// (the pods' subnet; with a routed pod subnet also its router and block
+// ranges) and its reader of the cluster.
+func connectLeaks(ctx context.Context, cfg *rest.Config, c *leaks.Collector, fc *cloudconfig.Config, rc *routes.CloudConfig, blocks *ipam.Blocks, log *slog.Logger) error {
+	nc, _, err := fc.Neutron(ctx, log)
+	if err != nil {
+		return err
+	}
+	n := &leaks.Neutron{NC: nc, OpenStack: fc.OpenStack, Log: c.Log}
+	if rc != nil {
+		n.RouterID, n.Ranges = rc.Routes.RouterID, blocks.Ranges
+	}
+	r, err := k8s.NewClusterReader(cfg)
+	if err != nil {
+		return err
+	}
+	c.Cloud, c.Cluster = n, r.Read
+	return nil
 }
 
 // newRouteReconciler logs in to Neutron and builds the routed pod

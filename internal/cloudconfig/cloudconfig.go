@@ -85,6 +85,7 @@ func (c *Config) Validate() error {
 // call the file gives. A cloud that cannot be reached yet is tried again
 // (backoff up to a minute, each failure logged) until ctx ends, as the
 // routes' Connect does: the controller's other reconcilers need no cloud.
+// The floating IPs and the leak collector each log in with it.
 func (c Config) Neutron(ctx context.Context, log *slog.Logger) (*gophercloud.ServiceClient, time.Duration, error) {
 	wait := time.Second
 	for {
@@ -92,7 +93,7 @@ func (c Config) Neutron(ctx context.Context, log *slog.Logger) (*gophercloud.Ser
 		if err == nil {
 			return nc, c.OpenStack.Timeout.Duration, nil
 		}
-		log.Warn("floating IPs: cannot log in to the cloud yet; trying again", "err", err, "in", wait)
+		log.Warn("cannot log in to the cloud yet; trying again", "err", err, "in", wait)
 		select {
 		case <-ctx.Done():
 			return nil, 0, fmt.Errorf("%w (last: %w)", ctx.Err(), err)

@@ -33,6 +33,8 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		err = bench(args[1:], stdout)
 	case "lab":
 		err = labCmd(args[1:], stdout)
+	case "audit":
+		err = audit(args[1:], stdout)
 	case "install-cni":
 		err = installCNI(args[1:], stdout)
 	case "uninstall-cni":
@@ -96,6 +98,12 @@ On a node:
       remove the conflist and the plugin; with --agent-config (vpcnid stopped) also give
       the node back what that config's datapath changed (bridge: the uplink's addresses,
       routes, neighbours and MTU)
+
+For the cluster (the controller's view, read-only):
+  vpcnictl audit -cloud-config F [-kubeconfig K] [-block-ranges CIDRs] [-o table|json]
+      what Neutron holds for vpcni (marked fixed IPs, reservation ports, floating IPs,
+      router routes, block pairs), who holds each, and what the leak collector would
+      release and why; a dry run
 
 On this machine, as root, in network namespaces only:
   vpcnictl lab up|down|status [--prefix P] [--nodes N] [--subnet CIDR] [--agents=false]

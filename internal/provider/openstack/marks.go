@@ -29,6 +29,13 @@ const (
 	maxDescription = 255
 )
 
+// Marked is what a port's description marks as vpcni's within subnet
+// (vpcni-controller's leak audit reads every port's marks).
+func Marked(desc string, subnet netip.Prefix) (map[netip.Addr]bool, error) {
+	_, m, err := splitMarks(desc, subnet)
+	return m, err
+}
+
 // splitMarks parses a description into the text around the marks and the
 // marked addresses within subnet.
 func splitMarks(desc string, subnet netip.Prefix) (rest string, marked map[netip.Addr]bool, err error) {

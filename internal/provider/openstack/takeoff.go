@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/netip"
 
+	"github.com/gophercloud/gophercloud/v2"
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/subnets"
 )
 
@@ -27,6 +28,19 @@ func TakeOff(ctx context.Context, cfg Config, portID string, addrs []netip.Addr)
 	if err != nil {
 		return err
 	}
+	return takeOff(ctx, nc, calls, cfg, portID, addrs)
+}
+
+// TakeOffWith is TakeOff through a Neutron client the caller already has
+// (vpcni-controller's leak collector, releasing the marked fixed IPs of a
+// port whose node is gone). The addresses being marked is what makes
+// them vpcni's, whatever the mode the config names.
+func TakeOffWith(ctx context.Context, nc *gophercloud.ServiceClient, cfg Config, portID string, addrs []netip.Addr) error {
+	cfg.Mode = "fixed-ips"
+	return takeOff(ctx, nc, &callCounter{}, cfg, portID, addrs)
+}
+
+func takeOff(ctx context.Context, nc *gophercloud.ServiceClient, calls *callCounter, cfg Config, portID string, addrs []netip.Addr) error {
 	p := &Provider{nc: nc, cfg: cfg, calls: calls, portID: portID}
 	c, cancel := context.WithTimeout(ctx, cfg.Timeout.Duration)
 	sn, err := subnets.Get(c, nc, cfg.SubnetID).Extract()

@@ -1,0 +1,132 @@
+package k8s
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/metadata"
+	"k8s.io/client-go/rest"
+
+	"github.com/vpcni/vpcni/internal/k8s/nodeblocks"
+	"github.com/vpcni/vpcni/internal/leaks"
+)
+
+// ClusterReader reads what the cluster says for the leak audit: Nodes,
+// pods (metadata only), PodAddresses, AddressReservations and NodeBlocks.
+// Each read is a list served from the API server's cache
+// (resourceVersion 0): a pass a minute costs the cluster little. A CRD
+// that is not installed reads as empty (sticky IPs or blocks not in use);
+// any other error fails the pass, so nothing is judged on half a picture.
+type ClusterReader struct {
+	cs   kubernetes.Interface
+	md   metadata.Interface
+	pas  *podAddresses
+	ars  *reservations
+	nbs  *nodeblocks.Client
+	opts metav1.ListOptions
+}
+
+// NewClusterReader connects one.
+func NewClusterReader(cfg *rest.Config) (*ClusterReader, error) {
+	cfg = rest.CopyConfig(cfg)
+	cfg.UserAgent = "vpcni-leaks"
+	r := &ClusterReader{opts: metav1.ListOptions{ResourceVersion: "0"}}
+	var err error
+	if r.cs, err = kubernetes.NewForConfig(cfg); err != nil {
+		return nil, err
+	}
+	if r.md, err = metadata.NewForConfig(cfg); err != nil {
+		return nil, err
+	}
+	if r.pas, err = newPodAddresses(cfg); err != nil {
+		return nil, err
+	}
+	if r.ars, err = newReservations(cfg); err != nil {
+		return nil, err
+	}
+	if r.nbs, err = nodeblocks.NewClient(cfg); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// absent: the resource's CRD is not installed.
+func absent(err error) bool { return apierrors.IsNotFound(err) }
+
+// Read implements the leak collector's cluster reader.
+func (r *ClusterReader) Read(ctx context.Context) (*leaks.Cluster, error) {
+	c := leaks.NewCluster()
+	nodes, err := r.cs.CoreV1().Nodes().List(ctx, r.opts)
+	if err != nil {
+		return nil, fmt.Errorf("list Nodes: %w", err)
+	}
+	for _, n := range nodes.Items {
+		var ips []netip.Addr
+		for _, a := range n.Status.Addresses {
+			if a.Type != corev1.NodeInternalIP {
+				continue
+			}
+			if ip, err := netip.ParseAddr(a.Address); err == nil {
+				ips = append(ips, ip)
+			}
+		}
+		c.AddNode(n.Name, ips)
+	}
+	pods, err := r.md.Resource(schema.GroupVersionResource{Version: "v1", Resource: "pods"}).List(ctx, r.opts)
+	if err != nil {
+		return nil, fmt.Errorf("list pods: %w", err)
+	}
+	uids := map[string]string{}
+	for _, p := range pods.Items {
+		c.Pods[p.Namespace+"/"+p.Name] = true
+		uids[p.Namespace+"/"+p.Name] = string(p.UID)
+	}
+	pas, err := r.pas.List(ctx, r.opts)
+	if err != nil {
+		return nil, fmt.Errorf("list PodAddresses: %w", err)
+	}
+	for _, pa := range pas.Items {
+		a, err := netip.ParseAddr(pa.Spec.Address)
+		if err != nil {
+			continue
+		}
+		pod := pa.Spec.PodNamespace + "/" + pa.Spec.PodName
+		uid, live := uids[pod]
+		live = live && (pa.Spec.PodUID == "" || pa.Spec.PodUID == uid)
+		// Two PodAddresses of one address (a pod re-created on another
+		// node while the old one's is not yet deleted): the live one wins.
+		if old, ok := c.Addresses[a]; ok && old.Live {
+			continue
+		}
+		c.Addresses[a] = leaks.PodAddress{Name: pa.Name, Pod: pod, Node: pa.Spec.Node, Live: live}
+	}
+	ars, err := r.ars.List(ctx, r.opts)
+	if err != nil && !absent(err) {
+		return nil, fmt.Errorf("list AddressReservations: %w", err)
+	}
+	if err == nil {
+		for _, ar := range ars.Items {
+			if a, err := netip.ParseAddr(ar.Spec.Address); err == nil {
+				c.Reservations[a] = ar.Namespace + "/" + ar.Name
+			}
+		}
+	}
+	nbs, err := r.nbs.List(ctx, r.opts)
+	if err != nil && !absent(err) {
+		return nil, fmt.Errorf("list NodeBlocks: %w", err)
+	}
+	if err == nil {
+		for _, nb := range nbs.Items {
+			if p, err := netip.ParsePrefix(nb.Spec.CIDR); err == nil {
+				c.Blocks[p.Masked()] = nb.Spec.Node
+			}
+		}
+	}
+	return c, nil
+}

@@ -1,0 +1,217 @@
+package leaks
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/netip"
+	"slices"
+	"time"
+
+	"github.com/gophercloud/gophercloud/v2"
+	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/extensions/layer3/floatingips"
+	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/ports"
+	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/subnets"
+
+	"github.com/vpcni/vpcni/internal/floatingip"
+	"github.com/vpcni/vpcni/internal/provider/openstack"
+	"github.com/vpcni/vpcni/internal/routes"
+)
+
+// Neutron is the cloud on OpenStack. What it reads: every port with an
+// address on the pods' subnet (marks in descriptions, reservation ports by
+// device_owner, block pairs), the floating IPs marked for pods and, with a
+// router, its routes. Neutron's policy the credential needs beyond the
+// controller's other work: get_port on the whole subnet (the ports of
+// every node), update_port (fixed_ips, description) and delete_port for
+// releases.
+type Neutron struct {
+	NC *gophercloud.ServiceClient
+	// OpenStack is the cloud config's openstack section: its subnetID (the
+	// pods' subnet), deviceOwner (of reservation ports) and timeout.
+	OpenStack *openstack.Config
+	// RouterID, Ranges: the routed pod subnet (empty: no routes or block
+	// pairs are read).
+	RouterID string
+	Ranges   []netip.Prefix
+	// Log hears of ports whose marks cannot be read: nothing on them is
+	// judged (never released on a guess).
+	Log *slog.Logger
+}
+
+func (n *Neutron) call(ctx context.Context) (context.Context, context.CancelFunc) {
+	t := n.OpenStack.Timeout.Duration
+	if t <= 0 {
+		t = 15 * time.Second
+	}
+	return context.WithTimeout(ctx, t)
+}
+
+func (n *Neutron) inRanges(p netip.Prefix) bool {
+	return slices.ContainsFunc(n.Ranges, func(r netip.Prefix) bool { return r.Bits() <= p.Bits() && r.Contains(p.Addr()) })
+}
+
+// Holdings implements Cloud.
+func (n *Neutron) Holdings(ctx context.Context) ([]Holding, error) {
+	if n.OpenStack == nil || n.OpenStack.SubnetID == "" {
+		return nil, fmt.Errorf("the cloud config's openstack section has no subnetID: the audit reads the pods' subnet")
+	}
+	cc, cancel := n.call(ctx)
+	sn, err := subnets.Get(cc, n.NC, n.OpenStack.SubnetID).Extract()
+	cancel()
+	if err != nil {
+		return nil, fmt.Errorf("subnet %s: %w", n.OpenStack.SubnetID, err)
+	}
+	subnet, err := netip.ParsePrefix(sn.CIDR)
+	if err != nil {
+		return nil, fmt.Errorf("subnet %s has CIDR %q: %w", sn.ID, sn.CIDR, err)
+	}
+	cc, cancel = n.call(ctx)
+	pages, err := ports.List(n.NC, ports.ListOpts{FixedIPs: []ports.FixedIPOpts{{SubnetID: sn.ID}}}).AllPages(cc)
+	cancel()
+	if err != nil {
+		return nil, fmt.Errorf("list the ports of subnet %s: %w", sn.ID, err)
+	}
+	all, err := ports.ExtractPorts(pages)
+	if err != nil {
+		return nil, err
+	}
+	// A node's own addresses: each port's unmarked fixed IPs, gathered per
+	// device (an instance's ports together).
+	own := map[string][]netip.Addr{} // port ID -> its unmarked fixed IPs
+	marks := map[string]map[netip.Addr]bool{}
+	byDevice := map[string][]netip.Addr{}
+	byID := map[string]ports.Port{}
+	for _, p := range all {
+		byID[p.ID] = p
+		m, err := openstack.Marked(p.Description, subnet)
+		if err != nil {
+			n.Log.Warn("a port's vpcni marks cannot be read: its addresses are neither audited nor released", "port", p.ID, "err", err)
+			m = nil
+		}
+		marks[p.ID] = m
+		for _, f := range p.FixedIPs {
+			a, err := netip.ParseAddr(f.IPAddress)
+			if err != nil || m[a] {
+				continue
+			}
+			own[p.ID] = append(own[p.ID], a)
+		}
+		if p.DeviceID != "" && p.DeviceOwner != n.OpenStack.DeviceOwner {
+			byDevice[p.DeviceID] = append(byDevice[p.DeviceID], own[p.ID]...)
+		}
+	}
+	nodeIPs := func(p ports.Port) []netip.Addr {
+		ips := slices.Clone(own[p.ID])
+		if p.DeviceID != "" {
+			ips = append(ips, byDevice[p.DeviceID]...)
+		}
+		slices.SortFunc(ips, netip.Addr.Compare)
+		return slices.Compact(ips)
+	}
+	var out []Holding
+	for _, p := range all {
+		if p.DeviceOwner == n.OpenStack.DeviceOwner {
+			h := Holding{Kind: ReservationPort, Resource: p.ID, VMPort: p.DeviceID}
+			for _, f := range p.FixedIPs {
+				if f.SubnetID == sn.ID {
+					h.Address = f.IPAddress
+				}
+			}
+			if vm, ok := byID[p.DeviceID]; ok && p.DeviceID != "" {
+				h.NodeIPs = nodeIPs(vm)
+			}
+			out = append(out, h)
+			continue
+		}
+		if marks[p.ID] == nil && len(n.Ranges) == 0 {
+			continue
+		}
+		for _, f := range p.FixedIPs {
+			if a, err := netip.ParseAddr(f.IPAddress); err == nil && marks[p.ID][a] {
+				out = append(out, Holding{Kind: FixedIP, Address: a.String(), Resource: p.ID, NodeIPs: nodeIPs(p)})
+			}
+		}
+		for _, ap := range p.AllowedAddressPairs {
+			if pf, err := netip.ParsePrefix(ap.IPAddress); err == nil && n.inRanges(pf) {
+				out = append(out, Holding{Kind: BlockPair, Address: pf.Masked().String(), Resource: p.ID, NodeIPs: nodeIPs(p)})
+			}
+		}
+	}
+	fc := &floatingip.Cloud{NC: n.NC, Timeout: n.OpenStack.Timeout.Duration}
+	fips, err := fc.Owned(ctx, "")
+	if err != nil {
+		return nil, err
+	}
+	for _, f := range fips {
+		out = append(out, Holding{Kind: FloatingIP, Address: f.Address, Resource: f.ID, Pod: f.Owner, Policy: f.Policy, Associated: f.PortID != ""})
+	}
+	if n.RouterID != "" {
+		cc, cancel := n.call(ctx)
+		rs, err := routes.NewNeutron(n.NC, n.RouterID, "").Routes(cc)
+		cancel()
+		if err != nil {
+			return nil, err
+		}
+		for _, r := range rs {
+			if n.inRanges(r.Destination) {
+				out = append(out, Holding{Kind: Route, Address: r.Destination.Masked().String(), Resource: n.RouterID, NodeIPs: []netip.Addr{r.NextHop}})
+			}
+		}
+	}
+	return out, nil
+}
+
+// Release implements Cloud: only what is still as listed goes.
+func (n *Neutron) Release(ctx context.Context, h Holding) error {
+	switch h.Kind {
+	case FixedIP:
+		a, err := netip.ParseAddr(h.Address)
+		if err != nil {
+			return err
+		}
+		// Takes the address off only if the port still marks it, fixed
+		// IP and mark in one If-Match PUT; a floating IP still pointing at
+		// it keeps it (the floating IP is released first, as an orphan of
+		// its own).
+		return openstack.TakeOffWith(ctx, n.NC, *n.OpenStack, h.Resource, []netip.Addr{a})
+	case ReservationPort:
+		cc, cancel := n.call(ctx)
+		p, err := ports.Get(cc, n.NC, h.Resource).Extract()
+		cancel()
+		if gophercloud.ResponseCodeIs(err, http.StatusNotFound) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if p.DeviceOwner != n.OpenStack.DeviceOwner || p.DeviceID != h.VMPort {
+			return fmt.Errorf("reservation port %s changed since the audit (device %s/%s): left alone", p.ID, p.DeviceOwner, p.DeviceID)
+		}
+		cc, cancel = n.call(ctx)
+		err = ports.Delete(cc, n.NC, h.Resource).ExtractErr()
+		cancel()
+		if err != nil && !gophercloud.ResponseCodeIs(err, http.StatusNotFound) {
+			return fmt.Errorf("delete reservation port %s: %w", h.Resource, err)
+		}
+		return nil
+	case FloatingIP:
+		cc, cancel := n.call(ctx)
+		f, err := floatingips.Get(cc, n.NC, h.Resource).Extract()
+		cancel()
+		if gophercloud.ResponseCodeIs(err, http.StatusNotFound) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if f.Description != floatingip.Mark(h.Pod, h.Policy) {
+			return fmt.Errorf("floating IP %s changed since the audit (%q): left alone", f.FloatingIP, f.Description)
+		}
+		fc := &floatingip.Cloud{NC: n.NC, Timeout: n.OpenStack.Timeout.Duration}
+		_, err = fc.Detach(ctx, h.Pod, func(x floatingip.FIP) bool { return x.ID != h.Resource })
+		return err
+	}
+	return fmt.Errorf("%s: released by the routes reconciler, not the collector", h.Kind)
+}
