@@ -68,6 +68,7 @@ func main() {
 	flag.BoolVar(&o.stickyIPs, "sticky-ips", true, "keep AddressReservations for the pods of StatefulSets annotated vpcni.io/sticky-ip: \"true\" (needs the AddressReservation CRD)")
 	flag.DurationVar(&o.blockGrace, "block-reclaim-grace", 5*time.Minute, "how long a Node must be gone before its blocks are given back (once no PodAddress of it uses them)")
 	flag.StringVar(&o.cloudConfig, "cloud-config", "", "the cloud, for what only the controller does: YAML with an openstack section (the keys of vpcnid.yaml's provider.openstack): floating IPs for pods and, with openstack.subnetID, a sticky pod's address taken off a dead node's port; with a routes section (routes.routerID) and -block-ranges also the routed pod subnet (empty: none of these)")
+	flag.BoolVar(&o.floatingIPs, "floating-ips", true, "with -cloud-config: serve pods' vpcni.io/floating-ip annotations (and detach a gone pod's floating IPs at once); false leaves floating IPs to the leak collector alone")
 	flag.BoolVar(&o.leakGC, "leak-gc", true, "with -cloud-config (openstack.subnetID): release what Neutron holds for vpcni that nothing in the cluster names (marked fixed IPs of gone nodes' ports, reservation ports, floating IPs of gone pods) once orphaned for -leak-grace; vpcnictl audit shows the same comparison")
 	flag.DurationVar(&o.leakGrace, "leak-grace", 10*time.Minute, "how long a holding must stay orphaned, pass after pass, before the leak collector releases it")
 	flag.DurationVar(&o.leakPeriod, "leak-period", time.Minute, "how often the leak collector compares the cloud with the cluster")
@@ -98,7 +99,7 @@ type options struct {
 	blockSize                                                    int
 	stickyIPs                                                    bool
 	stickyGrace                                                  time.Duration
-	leakGC                                                       bool
+	leakGC, floatingIPs                                          bool
 	leakGrace, leakPeriod                                        time.Duration
 }
 
@@ -306,7 +307,7 @@ func run(o options, log *slog.Logger) error {
 						fail("sticky", err)
 					})
 				}
-				if fipCloud != nil {
+				if fipCloud != nil && o.floatingIPs {
 					wg.Go(func() {
 						nc, timeout, err := fipCloud.Neutron(ctx, log)
 						if err == nil {

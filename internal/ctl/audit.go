@@ -66,14 +66,7 @@ func audit(args []string, out io.Writer) error {
 		}
 		ranges = append(ranges, p)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
-	defer cancel()
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	nc, err := openstack.NetworkClient(ctx, *fc.OpenStack)
-	if err != nil {
-		return fmt.Errorf("log in to the cloud: %w", err)
-	}
-	cloud := &leaks.Neutron{NC: nc, OpenStack: fc.OpenStack, Log: log}
+	var routerID string
 	if fc.HasRoutes() {
 		rc, err := routes.LoadCloudConfig(*cloudConfig)
 		if err != nil {
@@ -82,7 +75,18 @@ func audit(args []string, out io.Writer) error {
 		if len(ranges) == 0 {
 			return usageError{"audit: the cloud config has a routes section: give -block-ranges, as vpcni-controller has"}
 		}
-		cloud.RouterID, cloud.Ranges = rc.Routes.RouterID, ranges
+		routerID = rc.Routes.RouterID
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
+	defer cancel()
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	nc, err := openstack.NetworkClient(ctx, *fc.OpenStack)
+	if err != nil {
+		return fmt.Errorf("log in to the cloud: %w", err)
+	}
+	cloud := &leaks.Neutron{NC: nc, OpenStack: fc.OpenStack, Log: log, RouterID: routerID}
+	if routerID != "" {
+		cloud.Ranges = ranges
 	}
 	cfg, err := k8s.RestConfig(*kubeconfig)
 	if err != nil {

@@ -1,9 +1,11 @@
 package leaks
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -76,6 +78,12 @@ func (c *Collector) Pass(ctx context.Context) ([]Finding, error) {
 		}
 	}
 	c.mu.Unlock()
+	// Floating IPs first: one pointing at an orphaned address is detached
+	// before the address leaves its port (the provider refuses the other
+	// order), so both go in one pass.
+	slices.SortStableFunc(due, func(a, b int) int {
+		return cmp.Compare(rankRelease(fs[a].Kind), rankRelease(fs[b].Kind))
+	})
 	var errs []error
 	for _, i := range due {
 		f := &fs[i]
@@ -97,6 +105,13 @@ func (c *Collector) Pass(ctx context.Context) ([]Finding, error) {
 	c.last = fs
 	c.mu.Unlock()
 	return fs, errors.Join(errs...)
+}
+
+func rankRelease(k Kind) int {
+	if k == FloatingIP {
+		return 0
+	}
+	return 1
 }
 
 // Run passes every Period until ctx ends. A failed pass is logged and

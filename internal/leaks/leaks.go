@@ -229,9 +229,9 @@ func judgeAddress(h Holding, c *Cluster) Finding {
 	} else {
 		why += "; no pod or reservation names it"
 	}
-	release := "the collector takes the fixed IP and its mark off port " + h.Resource
+	release := "the collector takes the fixed IP and its mark off the port"
 	if h.Kind == ReservationPort {
-		release = "the collector deletes reservation port " + h.Resource
+		release = "the collector deletes the reservation port"
 	}
 	return orphan(h, why, release)
 }

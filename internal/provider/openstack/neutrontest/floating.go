@@ -219,22 +219,43 @@ func reservationOf(t *testing.T, c context.Context, e Endpoint, a netip.Addr) st
 // subnet, a tenant subnet, a router between them; and a Cloud whose marked
 // floating IPs of this run go first at cleanup.
 func fipSetup(t *testing.T, e Endpoint, cidr, extCIDR string) (c context.Context, name string, ext *networks.Network, extP netip.Prefix, sn providertest.Subnet, cloud *floatingip.Cloud) {
+	b := e.NewFloatingBed(t, cidr, extCIDR)
+	return b.Ctx, b.Name, b.Ext, b.ExtPrefix, b.Subnet, b.Cloud
+}
+
+// FloatingBed is a tenant subnet routed to an external network, where
+// floating IPs can point at the subnet's ports (RunFloatingIPs' setting,
+// and the leak audit's in test/leaks). Name prefixes what it made;
+// everything goes at the test's end.
+type FloatingBed struct {
+	Ctx       context.Context
+	Name      string
+	Ext       *networks.Network
+	ExtPrefix netip.Prefix
+	Subnet    providertest.Subnet
+	RouterID  string
+	Cloud     *floatingip.Cloud
+}
+
+// NewFloatingBed makes one: the tenant subnet cidr (a pool of 40), the
+// external network with extCIDR, and a router between them.
+func (e Endpoint) NewFloatingBed(t *testing.T, cidr, extCIDR string) FloatingBed {
 	c, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	t.Cleanup(cancel)
-	name = fmt.Sprintf("vpcni-fip-%d-%d", os.Getpid(), seq.Add(1))
+	name := fmt.Sprintf("vpcni-fip-%d-%d", os.Getpid(), seq.Add(1))
 
 	ext, err := networks.Create(c, e.NC, externalNet{name: name + "-ext"}).Extract()
 	if err != nil {
 		t.Fatalf("external network: %v", err)
 	}
 	t.Cleanup(func() { e.DeleteNetwork(ext.ID) })
-	extP = netip.MustParsePrefix(extCIDR)
+	extP := netip.MustParsePrefix(extCIDR)
 	extGW := extP.Addr().Next().String()
 	_, err = subnets.Create(c, e.NC, subnets.CreateOpts{NetworkID: ext.ID, Name: name + "-ext", IPVersion: gophercloud.IPv4, CIDR: extCIDR, GatewayIP: &extGW}).Extract()
 	if err != nil {
 		t.Fatalf("external subnet: %v", err)
 	}
-	sn = e.NewSubnet(t, cidr, 40)
+	sn := e.NewSubnet(t, cidr, 40)
 	r, err := routers.Create(c, e.NC, routers.CreateOpts{Name: name, GatewayInfo: &routers.GatewayInfo{NetworkID: ext.ID}}).Extract()
 	if err != nil {
 		t.Fatalf("router: %v", err)
@@ -250,7 +271,7 @@ func fipSetup(t *testing.T, e Endpoint, cidr, extCIDR string) (c context.Context
 	if _, err := routers.AddInterface(c, e.NC, r.ID, routers.AddInterfaceOpts{SubnetID: sn.ID}).Extract(); err != nil {
 		t.Fatalf("router interface: %v", err)
 	}
-	cloud = &floatingip.Cloud{NC: e.NC, Timeout: 30 * time.Second}
+	cloud := &floatingip.Cloud{NC: e.NC, Timeout: 30 * time.Second}
 	t.Cleanup(func() {
 		cc, ccancel := context.WithTimeout(context.Background(), time.Minute)
 		defer ccancel()
@@ -263,7 +284,7 @@ func fipSetup(t *testing.T, e Endpoint, cidr, extCIDR string) (c context.Context
 		}
 	})
 
-	return c, name, ext, extP, sn, cloud
+	return FloatingBed{Ctx: c, Name: name, Ext: ext, ExtPrefix: extP, Subnet: sn, RouterID: r.ID, Cloud: cloud}
 }
 
 func lastButOne(p netip.Prefix) netip.Addr {
