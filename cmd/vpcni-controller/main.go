@@ -1,11 +1,14 @@
 // Command vpcni-controller runs vpcni's cluster-wide reconcilers, one
-// active replica at a time (a Lease elects the leader). So far: releasing
-// the addresses of pods that are gone while their node's agent missed the
-// DEL (see internal/k8s), and, with -block-ranges, assigning per-node
-// blocks of those ranges to the nodes that ask (NodeBlocks) and taking
-// back the blocks of nodes gone for good; with -cloud-config too, routing
-// each block through the Neutron router (one extra route and one VM-port
-// pair per block, within max_routes). Every replica, leader or not, also serves the
+// active replica at a time (a Lease elects the leader): releasing the
+// addresses of pods that are gone while their node's agent missed the DEL
+// (see internal/k8s); with -block-ranges, assigning per-node blocks of
+// those ranges to the nodes that ask (NodeBlocks) and taking back the
+// blocks of nodes gone for good; keeping the AddressReservations of sticky
+// StatefulSet pods. With -cloud-config (Neutron) also: floating IPs for
+// pods, a sticky pod's address taken off a dead node's port, the leak
+// collector (internal/leaks) and, with a routes section, each block routed
+// through the Neutron router (one extra route and one VM-port pair per
+// block, within max_routes). Every replica, leader or not, also serves the
 // mutating admission webhook that makes pods on the pod network request
 // one vpcni.io/ip, with a certificate it mints and rotates itself.
 package main
@@ -69,7 +72,7 @@ func main() {
 	flag.DurationVar(&o.blockGrace, "block-reclaim-grace", 5*time.Minute, "how long a Node must be gone before its blocks are given back (once no PodAddress of it uses them)")
 	flag.StringVar(&o.cloudConfig, "cloud-config", "", "the cloud, for what only the controller does: YAML with an openstack section (the keys of vpcnid.yaml's provider.openstack): floating IPs for pods and, with openstack.subnetID, a sticky pod's address taken off a dead node's port; with a routes section (routes.routerID) and -block-ranges also the routed pod subnet (empty: none of these)")
 	flag.BoolVar(&o.floatingIPs, "floating-ips", true, "with -cloud-config: serve pods' vpcni.io/floating-ip annotations (and detach a gone pod's floating IPs at once); false leaves floating IPs to the leak collector alone")
-	flag.BoolVar(&o.leakGC, "leak-gc", true, "with -cloud-config (openstack.subnetID): release what Neutron holds for vpcni that nothing in the cluster names (marked fixed IPs of gone nodes' ports, reservation ports, floating IPs of gone pods) once orphaned for -leak-grace; vpcnictl audit shows the same comparison")
+	flag.BoolVar(&o.leakGC, "leak-gc", true, "with -cloud-config (openstack.subnetID): release what Neutron holds for vpcni that nothing in the cluster names (marked fixed IPs of gone nodes' ports, reservation and NIC ports of gone VMs, floating IPs of gone pods) once orphaned for -leak-grace; vpcnictl audit shows the same comparison")
 	flag.DurationVar(&o.leakGrace, "leak-grace", 10*time.Minute, "how long a holding must stay orphaned, pass after pass, before the leak collector releases it")
 	flag.DurationVar(&o.leakPeriod, "leak-period", time.Minute, "how often the leak collector compares the cloud with the cluster")
 	flag.StringVar(&o.floatingNetwork, "floating-network", "", "external network (name or ID) pods' floating IPs come from unless a pod's vpcni.io/floating-network says otherwise")

@@ -1,9 +1,9 @@
 // Package leaks is vpcni's leak audit and collector. It compares what the
 // cloud holds for vpcni — marked fixed IPs on VM ports, reservation ports,
-// floating IPs, router routes and block pairs — with what the cluster says
-// (Nodes, PodAddresses, pods, AddressReservations, NodeBlocks), and judges
-// each holding: held (by whom) or orphaned (why, and what releasing it
-// does).
+// NIC ports, floating IPs, router routes and block pairs — with what the
+// cluster says (Nodes, PodAddresses, pods, AddressReservations,
+// NodeBlocks), and judges each holding: held (by whom) or orphaned (why,
+// and what releasing it does).
 //
 // Releasing is two-phase: a Collector marks an orphan when it first sees
 // it and releases it only when a later pass, reading the cloud and the
@@ -29,13 +29,14 @@ type Kind string
 const (
 	FixedIP         Kind = "fixed-ip"         // a marked fixed IP on a node's (VM or NIC) port
 	ReservationPort Kind = "reservation-port" // address-pairs mode: a port holding one pod address
+	NICPort         Kind = "nic-port"         // a secondary or passthrough NIC's port
 	FloatingIP      Kind = "floating-ip"      // a floating IP marked for a pod
 	Route           Kind = "route"            // a router route to a block (routed pod subnet)
 	BlockPair       Kind = "block-pair"       // a VM port's pair for a block (routed pod subnet)
 )
 
 // Kinds lists every kind.
-var Kinds = []Kind{FixedIP, ReservationPort, FloatingIP, Route, BlockPair}
+var Kinds = []Kind{FixedIP, ReservationPort, NICPort, FloatingIP, Route, BlockPair}
 
 // Collected says whether the Collector releases an orphan of this kind.
 // Routes and block pairs have one writer, the routes reconciler, which
@@ -54,10 +55,15 @@ type Holding struct {
 	// NodeIPs are the addresses that tie it to a node: the node's own
 	// (unmarked) fixed IPs on its ports for fixed-ip and block-pair; those
 	// of the VM port a reservation port serves (none when that port is
-	// gone); a route's next hop.
+	// gone); those of its instance's other ports for a NIC; a route's next
+	// hop.
 	NodeIPs []netip.Addr `json:"nodeIPs,omitempty"`
 	// VMPort: reservation-port: the VM port it serves (its device_id).
 	VMPort string `json:"vmPort,omitempty"`
+	// Instance, Carries: nic-port: the instance its name gives, and
+	// every address it holds on the pods' subnet (its own and the pods').
+	Instance string       `json:"instance,omitempty"`
+	Carries  []netip.Addr `json:"carries,omitempty"`
 	// Pod, Policy, Associated: floating-ip: the pod in its mark
 	// ("namespace/name"), its policy (release|retain) and whether it
 	// points at a port.
@@ -173,6 +179,8 @@ func Judge(h Holding, c *Cluster) Finding {
 	switch h.Kind {
 	case FixedIP, ReservationPort:
 		return judgeAddress(h, c)
+	case NICPort:
+		return judgeNIC(h, c)
 	case FloatingIP:
 		if c.Pods[h.Pod] {
 			return held(h, "pod "+h.Pod, "the pod its mark names exists")
@@ -234,6 +242,24 @@ func judgeAddress(h Holding, c *Cluster) Finding {
 		release = "the collector deletes the reservation port"
 	}
 	return orphan(h, why, release)
+}
+
+// judgeNIC: a NIC is held while any address on it is a live pod's or
+// reserved, or its instance is a Node.
+func judgeNIC(h Holding, c *Cluster) Finding {
+	for _, a := range h.Carries {
+		if pa, ok := c.Addresses[a]; ok && pa.Live {
+			return held(h, "pod "+pa.Pod, "PodAddress "+pa.Name+" names "+a.String()+", on this NIC")
+		}
+		if r, ok := c.Reservations[a]; ok {
+			return held(h, "reservation "+r, a.String()+", on this NIC, is a sticky pod's")
+		}
+	}
+	if n, ok := c.nodeOf(h.NodeIPs); ok {
+		return held(h, "node "+n, "a NIC of its instance "+h.Instance)
+	}
+	return orphan(h, "no Node has an address of instance "+h.Instance+" ("+ips(h.NodeIPs)+"); no pod or reservation names one of its addresses ("+ips(h.Carries)+")",
+		"the collector deletes the NIC's port")
 }
 
 func judgeBlock(h Holding, c *Cluster) Finding {

@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -48,6 +49,9 @@ func TestJudge(t *testing.T) {
 		{"gone node, gone pod", Holding{Kind: FixedIP, Address: "10.0.0.51", Resource: "p9", NodeIPs: on(gone)}, Orphan, "which is gone"},
 		{"reservation port of a gone VM port", Holding{Kind: ReservationPort, Address: "10.0.0.71", Resource: "r1", VMPort: "p8"}, Orphan, "VM port p8 is gone"},
 		{"reservation port of a live node", Holding{Kind: ReservationPort, Address: "10.0.0.71", Resource: "r1", VMPort: "p1", NodeIPs: on(n1)}, Held, "node n1"},
+		{"NIC of a live node's instance", Holding{Kind: NICPort, Address: "10.0.0.80", Resource: "n1", Instance: "i1", NodeIPs: on(n1), Carries: on(netip.MustParseAddr("10.0.0.80"))}, Held, "node n1"},
+		{"NIC carrying a live pod's address", Holding{Kind: NICPort, Address: "10.0.0.80", Resource: "n2", Instance: "i9", Carries: []netip.Addr{netip.MustParseAddr("10.0.0.80"), netip.MustParseAddr("10.0.0.50")}}, Held, "pod default/web"},
+		{"NIC of a gone instance", Holding{Kind: NICPort, Address: "10.0.0.80", Resource: "n3", Instance: "i9", Carries: on(netip.MustParseAddr("10.0.0.80"))}, Orphan, "instance i9"},
 		{"floating IP of a live pod", Holding{Kind: FloatingIP, Address: "203.0.113.5", Resource: "f1", Pod: "default/web", Policy: "release", Associated: true}, Held, "exists"},
 		{"floating IP retained", Holding{Kind: FloatingIP, Address: "203.0.113.6", Resource: "f2", Pod: "default/old", Policy: "retain"}, Held, "next pod"},
 		{"floating IP retained but attached", Holding{Kind: FloatingIP, Address: "203.0.113.6", Resource: "f2", Pod: "default/old", Policy: "retain", Associated: true}, Orphan, "still points"},
@@ -97,10 +101,11 @@ func TestJudgeNeverOrphansWhatTheClusterNames(t *testing.T) {
 		for range rapid.IntRange(0, 3).Draw(t, "reservations") {
 			c.Reservations[addr("res")] = "ns/r"
 		}
-		kind := rapid.SampledFrom([]Kind{FixedIP, ReservationPort, FloatingIP}).Draw(t, "kind")
+		kind := rapid.SampledFrom([]Kind{FixedIP, ReservationPort, NICPort, FloatingIP}).Draw(t, "kind")
 		h := Holding{Kind: kind, Address: addr("held").String(), Resource: "x",
 			NodeIPs: []netip.Addr{addr("port")}, Pod: "ns/p" + string(rune('a'+rapid.IntRange(0, 5).Draw(t, "fippod"))),
 			Policy: rapid.SampledFrom([]string{"release", "retain"}).Draw(t, "policy"), Associated: rapid.Bool().Draw(t, "assoc")}
+		h.Carries = []netip.Addr{netip.MustParseAddr(h.Address), addr("carried")}
 		f := Judge(h, c)
 		if f.Verdict != Orphan {
 			return
@@ -109,6 +114,8 @@ func TestJudgeNeverOrphansWhatTheClusterNames(t *testing.T) {
 		switch {
 		case kind == FloatingIP && c.Pods[h.Pod]:
 			t.Fatalf("a live pod's floating IP judged orphan: %+v", f)
+		case kind == NICPort && slices.ContainsFunc(h.Carries, func(x netip.Addr) bool { return c.Addresses[x].Live || c.Reservations[x] != "" }):
+			t.Fatalf("a NIC carrying a live pod's or a reserved address judged orphan: %+v", f)
 		case kind != FloatingIP && c.Addresses[a].Live:
 			t.Fatalf("a live pod's address judged orphan: %+v", f)
 		case kind != FloatingIP && c.Reservations[a] != "":

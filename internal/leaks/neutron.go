@@ -21,8 +21,8 @@ import (
 
 // Neutron is the cloud on OpenStack. What it reads: every port with an
 // address on the pods' subnet (marks in descriptions, reservation ports by
-// device_owner, block pairs), the floating IPs marked for pods and, with a
-// router, its routes. Neutron's policy the credential needs beyond the
+// device_owner, NIC ports by name, block pairs), the floating IPs marked
+// for pods and, with a router, its routes. Neutron's policy the credential needs beyond the
 // controller's other work: get_port on the whole subnet (the ports of
 // every node), update_port (fixed_ips, description) and delete_port for
 // releases.
@@ -98,7 +98,9 @@ func (n *Neutron) Holdings(ctx context.Context) ([]Holding, error) {
 			}
 			own[p.ID] = append(own[p.ID], a)
 		}
-		if p.DeviceID != "" && p.DeviceOwner != n.OpenStack.DeviceOwner {
+		// An instance's own addresses: those of its ports that are not
+		// vpcni's (a NIC's addresses are its pods').
+		if _, _, nic := openstack.NICOf(p.Name); p.DeviceID != "" && p.DeviceOwner != n.OpenStack.DeviceOwner && !nic {
 			byDevice[p.DeviceID] = append(byDevice[p.DeviceID], own[p.ID]...)
 		}
 	}
@@ -121,6 +123,20 @@ func (n *Neutron) Holdings(ctx context.Context) ([]Holding, error) {
 			}
 			if vm, ok := byID[p.DeviceID]; ok && p.DeviceID != "" {
 				h.NodeIPs = nodeIPs(vm)
+			}
+			out = append(out, h)
+			continue
+		}
+		if _, inst, nic := openstack.NICOf(p.Name); nic {
+			h := Holding{Kind: NICPort, Resource: p.ID, Instance: inst, NodeIPs: slices.Clone(byDevice[inst])}
+			for _, f := range p.FixedIPs {
+				if a, err := netip.ParseAddr(f.IPAddress); err == nil && f.SubnetID == sn.ID {
+					h.Carries = append(h.Carries, a)
+				}
+			}
+			slices.SortFunc(h.Carries, netip.Addr.Compare)
+			if len(h.Carries) > 0 {
+				h.Address = h.Carries[0].String()
 			}
 			out = append(out, h)
 			continue
@@ -194,6 +210,28 @@ func (n *Neutron) Release(ctx context.Context, h Holding) error {
 		cancel()
 		if err != nil && !gophercloud.ResponseCodeIs(err, http.StatusNotFound) {
 			return fmt.Errorf("delete reservation port %s: %w", h.Resource, err)
+		}
+		return nil
+	case NICPort:
+		cc, cancel := n.call(ctx)
+		p, err := ports.Get(cc, n.NC, h.Resource).Extract()
+		cancel()
+		if gophercloud.ResponseCodeIs(err, http.StatusNotFound) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if _, inst, nic := openstack.NICOf(p.Name); !nic || inst != h.Instance || len(p.FixedIPs) != len(h.Carries) {
+			return fmt.Errorf("NIC port %s changed since the audit (%s, %d addresses): left alone", p.ID, p.Name, len(p.FixedIPs))
+		}
+		// Deleting an attached port detaches it from its VM too (Nova is
+		// told by Neutron); the instance is not a Node, or is gone.
+		cc, cancel = n.call(ctx)
+		err = ports.Delete(cc, n.NC, h.Resource).ExtractErr()
+		cancel()
+		if err != nil && !gophercloud.ResponseCodeIs(err, http.StatusNotFound) {
+			return fmt.Errorf("delete NIC port %s: %w", h.Resource, err)
 		}
 		return nil
 	case FloatingIP:

@@ -204,6 +204,23 @@ func TestLeakAuditAndCollector(t *testing.T) {
 	heldRes := resPort("vpcni-held", live.PortID)
 	leakRes := resPort("vpcni-leaked", "0b7c1a52-5d0e-4c53-9c1b-6e2f0a9d0000")
 
+	// NICs (secondary or passthrough): one of the live node's instance,
+	// one of an instance that is gone.
+	if _, err := ports.Update(c, nc, live.PortID, ports.UpdateOpts{DeviceID: ptr("inst-live")}).Extract(); err != nil {
+		t.Fatal(err)
+	}
+	nicPort := func(instance, device string) string {
+		t.Helper()
+		p, err := ports.Create(c, nc, ports.CreateOpts{NetworkID: netID, Name: "vpcni-secondary-" + instance, DeviceID: device,
+			FixedIPs: []ports.IP{{SubnetID: sn.ID}, {SubnetID: sn.ID}}}).Extract()
+		if err != nil {
+			t.Fatalf("NIC port: %v", err)
+		}
+		return p.ID
+	}
+	heldNIC := nicPort("inst-live", "inst-live")
+	leakNIC := nicPort("inst-gone", "")
+
 	// The routed pod subnet: a route and a pair of blocks no NodeBlock has.
 	leakRoute := netip.MustParsePrefix("10.94.1.0/26")
 	leakPair := netip.MustParsePrefix("10.94.2.0/26")
@@ -240,6 +257,7 @@ func TestLeakAuditAndCollector(t *testing.T) {
 		"fixed-ip " + webAddr.String(): leaks.Held, "fixed-ip " + poolAddr.String(): leaks.Held, "fixed-ip " + movedAddr.String(): leaks.Held,
 		"fixed-ip " + leakB.String(): leaks.Orphan, "fixed-ip " + leakC.String(): leaks.Orphan, "fixed-ip " + slowAddr.String(): leaks.Orphan,
 		"reservation-port " + heldRes: leaks.Held, "reservation-port " + leakRes: leaks.Orphan,
+		"nic-port " + heldNIC: leaks.Held, "nic-port " + leakNIC: leaks.Orphan,
 		"floating-ip " + webFIP.ID: leaks.Held, "floating-ip " + keptFIP.ID: leaks.Held, "floating-ip " + leakFIP.ID: leaks.Orphan,
 		"route " + leakRoute.String(): leaks.Orphan, "block-pair " + leakPair.String(): leaks.Orphan,
 	}
@@ -248,7 +266,7 @@ func TestLeakAuditAndCollector(t *testing.T) {
 		got := map[string]leaks.Finding{}
 		for _, f := range rep.Findings {
 			k := string(f.Kind) + " " + f.Address
-			if f.Kind == leaks.ReservationPort || f.Kind == leaks.FloatingIP {
+			if f.Kind == leaks.ReservationPort || f.Kind == leaks.NICPort || f.Kind == leaks.FloatingIP {
 				k = string(f.Kind) + " " + f.Resource
 			}
 			got[k] = f
@@ -264,15 +282,15 @@ func TestLeakAuditAndCollector(t *testing.T) {
 		}
 	}
 	check(rep, want)
-	if rep.Orphans != 7 {
-		t.Errorf("audit: %d orphans, want 7: %+v", rep.Orphans, rep.Findings)
+	if rep.Orphans != 8 {
+		t.Errorf("audit: %d orphans, want 8: %+v", rep.Orphans, rep.Findings)
 	}
 	if got := rep.Counts[leaks.FixedIP][leaks.Held]; got != 3 {
 		t.Errorf("audit: %d held fixed IPs, want 3", got)
 	}
 	table := run(t, filepath.Join(binDir, "vpcnictl"), "audit", "-kubeconfig", kc, "-cloud-config", cloudCfg, "-block-ranges", blockRange)
 	t.Logf("vpcni-test: vpcnictl audit (before the controller):\n%s", table)
-	if !strings.Contains(table, "KIND") || !strings.Contains(table, "audit: held=6 orphans=7") {
+	if !strings.Contains(table, "KIND") || !strings.Contains(table, "audit: held=7 orphans=8") {
 		t.Errorf("audit table without its header or summary:\n%s", table)
 	}
 	if t.Failed() {
@@ -294,25 +312,26 @@ func TestLeakAuditAndCollector(t *testing.T) {
 	for {
 		on := portIPs(t, e, gone.PortID)
 		_, resErr := ports.Get(c, nc, leakRes).Extract()
+		_, nicErr := ports.Get(c, nc, leakNIC).Extract()
 		_, fipErr := floatingips.Get(c, nc, leakFIP.ID).Extract()
 		r, err := routers.Get(c, nc, bed.RouterID).Extract()
 		if err != nil {
 			t.Fatal(err)
 		}
 		routeGone := !slices.ContainsFunc(r.Routes, func(x routers.Route) bool { return x.DestinationCIDR == leakRoute.String() })
-		if !slices.Contains(on, leakB) && !slices.Contains(on, leakC) && resErr != nil && fipErr != nil && routeGone && !pairOn(t, e, gone.PortID, leakPair) {
+		if !slices.Contains(on, leakB) && !slices.Contains(on, leakC) && resErr != nil && nicErr != nil && fipErr != nil && routeGone && !pairOn(t, e, gone.PortID, leakPair) {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("leaks not all released in 90s: gone port %v, reservation port err %v, floating IP err %v, route gone %v\n%s", on, resErr, fipErr, routeGone, ctrlLog.String())
+			t.Fatalf("leaks not all released in 90s: gone port %v, reservation port err %v, NIC port err %v, floating IP err %v, route gone %v\n%s", on, resErr, nicErr, fipErr, routeGone, ctrlLog.String())
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
 	t.Logf("vpcni-test: every leak released %s after the slow agent's address was marked", time.Since(marked).Round(100*time.Millisecond))
 	// Each release came a grace after its mark.
 	released := regexp.MustCompile(`orphan released"[^\n]*? kind=(\S+) address=(\S+)[^\n]* orphan_for=(\S+)`).FindAllStringSubmatch(ctrlLog.String(), -1)
-	if len(released) != 4 {
-		t.Errorf("%d releases logged, want 4 (two fixed IPs, a reservation port, a floating IP):\n%s", len(released), ctrlLog.String())
+	if len(released) != 5 {
+		t.Errorf("%d releases logged, want 5 (two fixed IPs, a reservation port, a NIC port, a floating IP):\n%s", len(released), ctrlLog.String())
 	}
 	for _, m := range released {
 		d, err := time.ParseDuration(m[3])
@@ -329,6 +348,9 @@ func TestLeakAuditAndCollector(t *testing.T) {
 	}
 	if _, err := ports.Get(c, nc, heldRes).Extract(); err != nil {
 		t.Errorf("held reservation port: %v", err)
+	}
+	if _, err := ports.Get(c, nc, heldNIC).Extract(); err != nil {
+		t.Errorf("held NIC port: %v", err)
 	}
 	if f, err := floatingips.Get(c, nc, webFIP.ID).Extract(); err != nil || f.FixedIP != webAddr.String() {
 		t.Errorf("live pod's floating IP: %+v, %v", f, err)
@@ -353,13 +375,15 @@ func TestLeakAuditAndCollector(t *testing.T) {
 	check(after, map[string]leaks.Verdict{"fixed-ip " + slowAddr.String(): leaks.Held, "fixed-ip " + movedAddr.String(): leaks.Held})
 	metrics := get(t, "http://"+healthAddr+"/metrics")
 	for _, m := range []string{`vpcni_leak_released_total{kind="fixed-ip"} 2`, `vpcni_leak_released_total{kind="floating-ip"} 1`,
-		`vpcni_leak_released_total{kind="reservation-port"} 1`, `vpcni_leak_holdings{kind="fixed-ip",verdict="orphan"} 0`} {
+		`vpcni_leak_released_total{kind="reservation-port"} 1`, `vpcni_leak_released_total{kind="nic-port"} 1`, `vpcni_leak_holdings{kind="fixed-ip",verdict="orphan"} 0`} {
 		if !strings.Contains(metrics, m) {
 			t.Errorf("metrics lack %s", m)
 		}
 	}
 	t.Logf("vpcni-test: vpcnictl audit (after):\n%s", run(t, filepath.Join(binDir, "vpcnictl"), "audit", "-kubeconfig", kc, "-cloud-config", cloudCfg, "-block-ranges", blockRange))
 }
+
+func ptr[T any](v T) *T { return &v }
 
 func audit(t *testing.T, kc, cloudCfg string) ctl.AuditReport {
 	t.Helper()

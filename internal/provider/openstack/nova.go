@@ -52,6 +52,18 @@ func (n nicPort) pods() []netip.Addr {
 
 func (p *Provider) nicName(kind string) string { return "vpcni-" + kind + "-" + p.instanceID }
 
+// NICOf says whether a port's name makes it one of vpcni's NICs, and of
+// which instance (vpcni-controller's leak audit finds the NICs of VMs
+// that are gone by it).
+func NICOf(name string) (kind, instance string, ok bool) {
+	for _, k := range []string{kindSecondary, kindPassthrough} {
+		if inst, found := strings.CutPrefix(name, "vpcni-"+k+"-"); found && inst != "" {
+			return k, inst, true
+		}
+	}
+	return "", "", false
+}
+
 func (p *Provider) nicPortOf(port ports.Port) nicPort {
 	n := nicPort{id: port.ID, mac: port.MACAddress, deviceID: port.DeviceID, revision: port.RevisionNumber}
 	for _, f := range port.FixedIPs {
