@@ -193,47 +193,14 @@ func (n *Neutron) Release(ctx context.Context, h Holding) error {
 		// its own).
 		return openstack.TakeOffWith(ctx, n.NC, *n.OpenStack, h.Resource, []netip.Addr{a})
 	case ReservationPort:
-		cc, cancel := n.call(ctx)
-		p, err := ports.Get(cc, n.NC, h.Resource).Extract()
-		cancel()
-		if gophercloud.ResponseCodeIs(err, http.StatusNotFound) {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		if p.DeviceOwner != n.OpenStack.DeviceOwner || p.DeviceID != h.VMPort {
-			return fmt.Errorf("reservation port %s changed since the audit (device %s/%s): left alone", p.ID, p.DeviceOwner, p.DeviceID)
-		}
-		cc, cancel = n.call(ctx)
-		err = ports.Delete(cc, n.NC, h.Resource).ExtractErr()
-		cancel()
-		if err != nil && !gophercloud.ResponseCodeIs(err, http.StatusNotFound) {
-			return fmt.Errorf("delete reservation port %s: %w", h.Resource, err)
-		}
-		return nil
+		return n.deletePort(ctx, h, func(p *ports.Port) bool { return p.DeviceOwner == n.OpenStack.DeviceOwner && p.DeviceID == h.VMPort })
 	case NICPort:
-		cc, cancel := n.call(ctx)
-		p, err := ports.Get(cc, n.NC, h.Resource).Extract()
-		cancel()
-		if gophercloud.ResponseCodeIs(err, http.StatusNotFound) {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		if _, inst, nic := openstack.NICOf(p.Name); !nic || inst != h.Instance || len(p.FixedIPs) != len(h.Carries) {
-			return fmt.Errorf("NIC port %s changed since the audit (%s, %d addresses): left alone", p.ID, p.Name, len(p.FixedIPs))
-		}
-		// Deleting an attached port detaches it from its VM too (Nova is
-		// told by Neutron); the instance is not a Node, or is gone.
-		cc, cancel = n.call(ctx)
-		err = ports.Delete(cc, n.NC, h.Resource).ExtractErr()
-		cancel()
-		if err != nil && !gophercloud.ResponseCodeIs(err, http.StatusNotFound) {
-			return fmt.Errorf("delete NIC port %s: %w", h.Resource, err)
-		}
-		return nil
+		// Deleting an attached port detaches it from its VM too (Neutron
+		// tells Nova); its instance is no Node, or is gone.
+		return n.deletePort(ctx, h, func(p *ports.Port) bool {
+			_, inst, nic := openstack.NICOf(p.Name)
+			return nic && inst == h.Instance && len(p.FixedIPs) == len(h.Carries)
+		})
 	case FloatingIP:
 		cc, cancel := n.call(ctx)
 		f, err := floatingips.Get(cc, n.NC, h.Resource).Extract()
@@ -252,4 +219,28 @@ func (n *Neutron) Release(ctx context.Context, h Holding) error {
 		return err
 	}
 	return fmt.Errorf("%s: released by the routes reconciler, not the collector", h.Kind)
+}
+
+// deletePort deletes a reservation or NIC port the audit found orphaned,
+// if it is still as listed (same says so); gone already is done.
+func (n *Neutron) deletePort(ctx context.Context, h Holding, same func(*ports.Port) bool) error {
+	cc, cancel := n.call(ctx)
+	p, err := ports.Get(cc, n.NC, h.Resource).Extract()
+	cancel()
+	if gophercloud.ResponseCodeIs(err, http.StatusNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if !same(p) {
+		return fmt.Errorf("%s %s changed since the audit (name %q, device %s/%s, %d addresses): left alone", h.Kind, p.ID, p.Name, p.DeviceOwner, p.DeviceID, len(p.FixedIPs))
+	}
+	cc, cancel = n.call(ctx)
+	err = ports.Delete(cc, n.NC, h.Resource).ExtractErr()
+	cancel()
+	if err != nil && !gophercloud.ResponseCodeIs(err, http.StatusNotFound) {
+		return fmt.Errorf("delete %s %s: %w", h.Kind, h.Resource, err)
+	}
+	return nil
 }

@@ -1,7 +1,6 @@
 package blocks
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -10,12 +9,12 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	"k8s.io/client-go/rest"
+
+	"github.com/vpcni/vpcni/internal/testbed"
 )
 
 const namespace = "vpcni-system"
@@ -44,69 +43,22 @@ func kubeconfigAs(t *testing.T, sa string) string {
 	return path
 }
 
-// syncBuffer is a log both the process and the test touch.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
+// controllerProc is one vpcni-controller replica.
 type controllerProc struct {
-	id   string
-	cmd  *exec.Cmd
-	log  *syncBuffer
-	done chan struct{}
+	id string
+	*testbed.Logged
 }
 
 // startController runs the vpcni-controller binary as its service account
 // (deploy/rbac.yaml), with leader election, blocks on, no webhook.
 func startController(t *testing.T, bin, kubeconfig, id string, args ...string) *controllerProc {
 	t.Helper()
-	c := &controllerProc{id: id, log: &syncBuffer{}, done: make(chan struct{})}
-	c.cmd = exec.Command(bin, append([]string{"-kubeconfig", kubeconfig, "-id", id, "-lease-namespace", namespace,
-		"-lease-duration", "3s", "-webhook-addr", "", "-health-addr", ""}, args...)...)
-	c.cmd.Stdout, c.cmd.Stderr = c.log, c.log
-	if err := c.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = c.cmd.Wait(); close(c.done) }()
-	t.Cleanup(func() {
-		c.stop()
-		if t.Failed() {
-			t.Logf("%s's log:\n%s", id, c.log)
-		}
-	})
-	return c
-}
-
-func (c *controllerProc) stop() {
-	select {
-	case <-c.done:
-		return
-	default:
-	}
-	_ = c.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-c.done:
-	case <-time.After(15 * time.Second):
-		_ = c.cmd.Process.Kill()
-		<-c.done
-	}
+	return &controllerProc{id: id, Logged: testbed.StartLogged(t, bin, append([]string{"-kubeconfig", kubeconfig, "-id", id, "-lease-namespace", namespace,
+		"-lease-duration", "3s", "-webhook-addr", "", "-health-addr", ""}, args...)...)}
 }
 
 func (c *controllerProc) leading() bool {
-	return strings.Contains(c.log.String(), "leading: reconcilers start")
+	return strings.Contains(c.Output(), "leading: reconcilers start")
 }
 
 // The real vpcni-controller binary, two replicas with the leader lease,
@@ -127,7 +79,7 @@ func TestControllerBinaryWithLeaseAndRBAC(t *testing.T) {
 	c1 := startController(t, bin, kc, "replica-1", append(args, "-health-addr", "127.0.0.1:29697")...)
 	waitFor(t, 20*time.Second, "replica-1 leads", func() error {
 		if !c1.leading() {
-			return fmt.Errorf("log so far:\n%s", c1.log)
+			return fmt.Errorf("log so far:\n%s", c1.Output())
 		}
 		return nil
 	})
@@ -161,7 +113,7 @@ func TestControllerBinaryWithLeaseAndRBAC(t *testing.T) {
 		t.Error("the follower exports block metrics")
 	}
 	t0 := time.Now()
-	c1.stop()
+	c1.Stop()
 	more := agents[0].assign(t, 14) // its block has 14 usable, 5 taken: a second block
 	t.Logf("leader stopped; the follower took over and served a block in %s", time.Since(t0).Round(time.Millisecond))
 	if !c2.leading() {
@@ -178,7 +130,7 @@ func TestControllerBinaryWithLeaseAndRBAC(t *testing.T) {
 	waitFor(t, 10*time.Second, "the binary's Event on the node", func() error {
 		return nodeEvent(t, "lease-1", "VpcniBlockAssigned", "assigned to node lease-1")
 	})
-	if log := c1.log.String() + c2.log.String(); strings.Contains(log, "forbidden") {
+	if log := c1.Output() + c2.Output(); strings.Contains(log, "forbidden") {
 		t.Errorf("a request was forbidden by RBAC:\n%s", log)
 	}
 }

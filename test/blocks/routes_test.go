@@ -328,7 +328,7 @@ func TestControllerBinaryRoutes(t *testing.T) {
 	if err := metricsSay("127.0.0.1:29699", `vpcni_controller_route_shortfall{fix="raise max_routes to 3 (neutron.conf; now 2, 0 of them others'): each of the 3 nodes needs a route of its own, so no block size fits them in 2"} 1`); err != nil {
 		t.Error(err)
 	}
-	if strings.Contains(c.log.String(), "forbidden") {
-		t.Errorf("a request was forbidden by RBAC:\n%s", c.log)
+	if strings.Contains(c.Output(), "forbidden") {
+		t.Errorf("a request was forbidden by RBAC:\n%s", c.Output())
 	}
 }

@@ -7,7 +7,6 @@
 package fips
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -17,8 +16,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -451,36 +448,6 @@ func startController(t *testing.T, c context.Context, l *lab.Lab) {
 			t.Fatalf("build vpcni-controller: %v\n%s", err, out)
 		}
 	}
-	var log bytes.Buffer
-	cmd := exec.Command(bin, "-kubeconfig", kc, "-id", "fips", "-lease-namespace", sysNS, "-lease-duration", "3s",
+	testbed.StartLogged(t, bin, "-kubeconfig", kc, "-id", "fips", "-lease-namespace", sysNS, "-lease-duration", "3s",
 		"-webhook-addr", "", "-health-addr", "", "-cloud-config", cloudCfg, "-floating-network", l.Prefix+"-external")
-	cmd.Stdout, cmd.Stderr = &lockedWriter{w: &log}, &lockedWriter{w: &log}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(done) }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-done:
-		case <-time.After(15 * time.Second):
-			_ = cmd.Process.Kill()
-			<-done
-		}
-		if t.Failed() {
-			t.Logf("vpcni-controller's log:\n%s", log.String())
-		}
-	})
-}
-
-// lockedWriter lets the process's stdout and stderr share one buffer.
-type lockedWriter struct{ w *bytes.Buffer }
-
-var logMu sync.Mutex
-
-func (l *lockedWriter) Write(p []byte) (int, error) {
-	logMu.Lock()
-	defer logMu.Unlock()
-	return l.w.Write(p)
 }

@@ -21,8 +21,6 @@ import (
 	"regexp"
 	"slices"
 	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -323,15 +321,15 @@ func TestLeakAuditAndCollector(t *testing.T) {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("leaks not all released in 90s: gone port %v, reservation port err %v, NIC port err %v, floating IP err %v, route gone %v\n%s", on, resErr, nicErr, fipErr, routeGone, ctrlLog.String())
+			t.Fatalf("leaks not all released in 90s: gone port %v, reservation port err %v, NIC port err %v, floating IP err %v, route gone %v", on, resErr, nicErr, fipErr, routeGone)
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
 	t.Logf("vpcni-test: every leak released %s after the slow agent's address was marked", time.Since(marked).Round(100*time.Millisecond))
 	// Each release came a grace after its mark.
-	released := regexp.MustCompile(`orphan released"[^\n]*? kind=(\S+) address=(\S+)[^\n]* orphan_for=(\S+)`).FindAllStringSubmatch(ctrlLog.String(), -1)
+	released := regexp.MustCompile(`orphan released"[^\n]*? kind=(\S+) address=(\S+)[^\n]* orphan_for=(\S+)`).FindAllStringSubmatch(ctrlLog.Output(), -1)
 	if len(released) != 5 {
-		t.Errorf("%d releases logged, want 5 (two fixed IPs, a reservation port, a NIC port, a floating IP):\n%s", len(released), ctrlLog.String())
+		t.Errorf("%d releases logged, want 5 (two fixed IPs, a reservation port, a NIC port, a floating IP)", len(released))
 	}
 	for _, m := range released {
 		d, err := time.ParseDuration(m[3])
@@ -407,58 +405,20 @@ func run(t *testing.T, bin string, args ...string) string {
 	return string(out)
 }
 
-// syncBuffer is the controller's log, read while it is written.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
-func startController(t *testing.T, kc, cloudCfg string) *syncBuffer {
+func startController(t *testing.T, kc, cloudCfg string) *testbed.Logged {
 	t.Helper()
-	log := &syncBuffer{}
-	cmd := exec.Command(filepath.Join(binDir, "vpcni-controller"), "-kubeconfig", kc, "-id", "leaks", "-lease-namespace", "vpcni-system",
+	return testbed.StartLogged(t, filepath.Join(binDir, "vpcni-controller"), "-kubeconfig", kc, "-id", "leaks", "-lease-namespace", "vpcni-system",
 		"-lease-duration", "3s", "-webhook-addr", "", "-health-addr", healthAddr, "-cloud-config", cloudCfg,
 		"-block-ranges", blockRange, "-block-size", "26", "-sticky-ips=false", "-floating-ips=false",
 		"-leak-grace", grace.String(), "-leak-period", "1s")
-	cmd.Stdout, cmd.Stderr = log, log
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(done) }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-done:
-		case <-time.After(15 * time.Second):
-			_ = cmd.Process.Kill()
-			<-done
-		}
-		if t.Failed() {
-			t.Logf("vpcni-controller's log:\n%s", log.String())
-		}
-	})
-	return log
 }
 
-func waitLog(t *testing.T, log *syncBuffer, pattern string, within time.Duration) {
+func waitLog(t *testing.T, log *testbed.Logged, pattern string, within time.Duration) {
 	t.Helper()
 	re := regexp.MustCompile(pattern)
-	for start := time.Now(); !re.MatchString(log.String()); time.Sleep(100 * time.Millisecond) {
+	for start := time.Now(); !re.MatchString(log.Output()); time.Sleep(100 * time.Millisecond) {
 		if time.Since(start) > within {
-			t.Fatalf("no %q in the controller's log within %s:\n%s", pattern, within, log.String())
+			t.Fatalf("no %q in the controller's log within %s", pattern, within)
 		}
 	}
 }
