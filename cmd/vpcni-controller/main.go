@@ -75,6 +75,7 @@ func main() {
 	flag.BoolVar(&o.leakGC, "leak-gc", true, "with -cloud-config (openstack.subnetID): release what Neutron holds for vpcni that nothing in the cluster names (marked fixed IPs of gone nodes' ports, reservation and NIC ports of gone VMs, floating IPs of gone pods) once orphaned for -leak-grace; vpcnictl audit shows the same comparison")
 	flag.DurationVar(&o.leakGrace, "leak-grace", 10*time.Minute, "how long a holding must stay orphaned, pass after pass, before the leak collector releases it")
 	flag.DurationVar(&o.leakPeriod, "leak-period", time.Minute, "how often the leak collector compares the cloud with the cluster")
+	flag.StringVar(&o.clusterID, "cluster-id", "", "this cluster's name in the Neutron tags that claim what the leak collector may release (default: the UID of namespace kube-system)")
 	flag.StringVar(&o.floatingNetwork, "floating-network", "", "external network (name or ID) pods' floating IPs come from unless a pod's vpcni.io/floating-network says otherwise")
 	showVersion := flag.Bool("version", false, "print the version and exit")
 	flag.Parse()
@@ -98,7 +99,7 @@ type options struct {
 	kubeconfig, namespace, lease, identity, healthAddr, logLevel string
 	webhookAddr, webhookService, webhookSecret, webhookConfig    string
 	grace, leaseDuration, certValidity, blockGrace               time.Duration
-	blockRanges, cloudConfig, floatingNetwork                    string
+	blockRanges, cloudConfig, floatingNetwork, clusterID         string
 	blockSize                                                    int
 	stickyIPs                                                    bool
 	stickyGrace                                                  time.Duration
@@ -182,8 +183,8 @@ func run(o options, log *slog.Logger) error {
 	if fipCloud != nil && fipCloud.OpenStack.SubnetID != "" {
 		stickyCloud = fipCloud.OpenStack
 	}
-	if o.leakGrace < 0 || o.leakPeriod <= 0 {
-		return errors.New("-leak-grace must not be negative and -leak-period must be positive")
+	if o.leakGrace <= 0 || o.leakPeriod <= 0 {
+		return errors.New("-leak-grace and -leak-period must be positive (a grace of zero would release on first sight)")
 	}
 	// The leak collector compares the pods' subnet with the cluster: it
 	// needs the subnet, hence openstack.subnetID.
@@ -324,7 +325,7 @@ func run(o options, log *slog.Logger) error {
 				}
 				if leakGC != nil {
 					wg.Go(func() {
-						err := connectLeaks(ctx, cfg, leakGC, fipCloud, cloud, blocks, log)
+						err := connectLeaks(ctx, cfg, leakGC, o.clusterID, fipCloud, cloud, blocks, log)
 						if err == nil {
 							err = leakGC.Run(ctx)
 						}
@@ -382,14 +383,19 @@ func serveWebhook(ctx context.Context, cs kubernetes.Interface, o options, log *
 }
 
 // connectLeaks logs in to Neutron and gives the leak collector its cloud
-// (the pods' subnet; with a routed pod subnet also its router and block
-// ranges) and its reader of the cluster.
-func connectLeaks(ctx context.Context, cfg *rest.Config, c *leaks.Collector, fc *cloudconfig.Config, rc *routes.CloudConfig, blocks *ipam.Blocks, log *slog.Logger) error {
+// (the pods' subnet, this cluster's ID; with a routed pod subnet also its
+// router and block ranges) and its reader of the cluster.
+func connectLeaks(ctx context.Context, cfg *rest.Config, c *leaks.Collector, clusterID string, fc *cloudconfig.Config, rc *routes.CloudConfig, blocks *ipam.Blocks, log *slog.Logger) error {
 	nc, _, err := fc.Neutron(ctx, log)
 	if err != nil {
 		return err
 	}
-	n := &leaks.Neutron{NC: nc, OpenStack: fc.OpenStack, Log: c.Log}
+	if clusterID == "" {
+		if clusterID, err = k8s.ClusterID(ctx, cfg); err != nil {
+			return err
+		}
+	}
+	n := &leaks.Neutron{NC: nc, OpenStack: fc.OpenStack, ClusterID: clusterID, Log: c.Log}
 	if rc != nil {
 		n.RouterID, n.Ranges = rc.Routes.RouterID, blocks.Ranges
 	}

@@ -22,10 +22,12 @@ import (
 
 // AuditReport is vpcnictl audit's JSON: every finding and the counts.
 type AuditReport struct {
-	Findings []leaks.Finding                      `json:"findings"`
-	Counts   map[leaks.Kind]map[leaks.Verdict]int `json:"counts"`
-	Held     int                                  `json:"held"`
-	Orphans  int                                  `json:"orphans"`
+	Findings  []leaks.Finding                      `json:"findings"`
+	Counts    map[leaks.Kind]map[leaks.Verdict]int `json:"counts"`
+	Held      int                                  `json:"held"`
+	Orphans   int                                  `json:"orphans"`
+	Unclaimed int                                  `json:"unclaimed"`
+	ClusterID string                               `json:"clusterID"`
 }
 
 // audit is the leak collector's comparison as a dry run: it reads the
@@ -38,6 +40,7 @@ func audit(args []string, out io.Writer) error {
 	cloudConfig := fs.String("cloud-config", "", "vpcni-controller's -cloud-config file (required: its openstack section, with subnetID; a routes section adds the router)")
 	blockRanges := fs.String("block-ranges", "", "vpcni-controller's -block-ranges (comma-separated CIDRs): with a routes section, the routes and pairs of these ranges are audited")
 	format := fs.String("o", "table", "output: table or json")
+	clusterID := fs.String("cluster-id", "", "vpcni-controller's -cluster-id (default: the UID of namespace kube-system, as the controller's)")
 	timeout := fs.Duration("timeout", time.Minute, "give up after this long")
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -84,13 +87,18 @@ func audit(args []string, out io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("log in to the cloud: %w", err)
 	}
-	cloud := &leaks.Neutron{NC: nc, OpenStack: fc.OpenStack, Log: log, RouterID: routerID}
-	if routerID != "" {
-		cloud.Ranges = ranges
-	}
 	cfg, err := k8s.RestConfig(*kubeconfig)
 	if err != nil {
 		return err
+	}
+	if *clusterID == "" {
+		if *clusterID, err = k8s.ClusterID(ctx, cfg); err != nil {
+			return err
+		}
+	}
+	cloud := &leaks.Neutron{NC: nc, OpenStack: fc.OpenStack, ClusterID: *clusterID, Log: log, RouterID: routerID}
+	if routerID != "" {
+		cloud.Ranges = ranges
 	}
 	reader, err := k8s.NewClusterReader(cfg)
 	if err != nil {
@@ -100,15 +108,18 @@ func audit(args []string, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	rep := AuditReport{Findings: findings, Counts: map[leaks.Kind]map[leaks.Verdict]int{}}
+	rep := AuditReport{Findings: findings, Counts: map[leaks.Kind]map[leaks.Verdict]int{}, ClusterID: *clusterID}
 	for _, k := range leaks.Kinds {
-		rep.Counts[k] = map[leaks.Verdict]int{leaks.Held: 0, leaks.Orphan: 0}
+		rep.Counts[k] = map[leaks.Verdict]int{leaks.Held: 0, leaks.Orphan: 0, leaks.Unclaimed: 0}
 	}
 	for _, f := range findings {
 		rep.Counts[f.Kind][f.Verdict]++
-		if f.Verdict == leaks.Orphan {
+		switch f.Verdict {
+		case leaks.Orphan:
 			rep.Orphans++
-		} else {
+		case leaks.Unclaimed:
+			rep.Unclaimed++
+		default:
 			rep.Held++
 		}
 	}
@@ -124,9 +135,9 @@ func printAudit(out io.Writer, rep AuditReport) error {
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "KIND\tADDRESS\tRESOURCE\tVERDICT\tHELD BY / WHY NOT\tRELEASE")
 	for _, f := range rep.Findings {
-		who := f.Holder + ": " + f.Reason
-		if f.Verdict == leaks.Orphan {
-			who = f.Reason
+		who := f.Reason
+		if f.Verdict == leaks.Held {
+			who = f.Holder + ": " + f.Reason
 		}
 		release := f.Release
 		if release == "" {
@@ -139,11 +150,12 @@ func printAudit(out io.Writer, rep AuditReport) error {
 	}
 	var parts []string
 	for _, k := range leaks.Kinds {
-		parts = append(parts, fmt.Sprintf("%s=%d/%d", k, rep.Counts[k][leaks.Held], rep.Counts[k][leaks.Orphan]))
+		parts = append(parts, fmt.Sprintf("%s=%d/%d/%d", k, rep.Counts[k][leaks.Held], rep.Counts[k][leaks.Orphan], rep.Counts[k][leaks.Unclaimed]))
 	}
-	_, err := fmt.Fprintf(out, "audit: held=%d orphans=%d (held/orphan: %s)\n", rep.Held, rep.Orphans, strings.Join(parts, " "))
-	if rep.Orphans > 0 {
-		_, err = fmt.Fprintln(out, "a dry run: vpcni-controller releases an orphan (collected kinds) once it stays orphaned for its -leak-grace")
+	_, err := fmt.Fprintf(out, "audit: held=%d orphans=%d unclaimed=%d (held/orphan/unclaimed: %s) cluster=%s\n",
+		rep.Held, rep.Orphans, rep.Unclaimed, strings.Join(parts, " "), rep.ClusterID)
+	if rep.Orphans+rep.Unclaimed > 0 {
+		_, err = fmt.Fprintln(out, "a dry run: vpcni-controller releases an orphan once it stays orphaned for its -leak-grace (routes and pairs: its routes reconciler); an unclaimed one never")
 	}
 	return err
 }

@@ -71,7 +71,9 @@ type Cloud struct {
 // Mark is the description of a floating IP owned by a pod.
 func Mark(owner, policy string) string { return "vpcni pod=" + owner + " policy=" + policy }
 
-func parseMark(desc string) (owner, policy string, ok bool) {
+// ParseMark reads a floating IP's description: the owner and policy of
+// one marked for a pod (vpcni-controller's leak audit lists them too).
+func ParseMark(desc string) (owner, policy string, ok bool) {
 	rest, ok := strings.CutPrefix(desc, "vpcni pod=")
 	if !ok {
 		return "", "", false
@@ -142,7 +144,7 @@ func (c *Cloud) list(ctx context.Context, opts floatingips.ListOpts, keep func(F
 	var out []FIP
 	for _, f := range all {
 		x := FIP{ID: f.ID, Address: f.FloatingIP, Network: f.FloatingNetworkID, PortID: f.PortID, FixedIP: f.FixedIP}
-		x.Owner, x.Policy, _ = parseMark(f.Description)
+		x.Owner, x.Policy, _ = ParseMark(f.Description)
 		if keep(x) {
 			out = append(out, x)
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -19,10 +20,12 @@ import (
 
 // ClusterReader reads what the cluster says for the leak audit: Nodes,
 // pods (metadata only), PodAddresses, AddressReservations and NodeBlocks.
-// Each read is a list served from the API server's cache
-// (resourceVersion 0): a pass a minute costs the cluster little. A CRD
-// that is not installed reads as empty (sticky IPs or blocks not in use);
-// any other error fails the pass, so nothing is judged on half a picture.
+// Each read is a quorum list (from etcd, not the API server's watch cache,
+// which may lag): the audit reads the cloud first, then the cluster, so
+// that whatever the cloud showed with its owner already recorded is seen
+// owned. A CRD that is not installed reads as empty (sticky IPs or blocks
+// not in use); any other error fails the pass, so nothing is judged on
+// half a picture.
 type ClusterReader struct {
 	cs   kubernetes.Interface
 	md   metadata.Interface
@@ -36,7 +39,7 @@ type ClusterReader struct {
 func NewClusterReader(cfg *rest.Config) (*ClusterReader, error) {
 	cfg = rest.CopyConfig(cfg)
 	cfg.UserAgent = "vpcni-leaks"
-	r := &ClusterReader{opts: metav1.ListOptions{ResourceVersion: "0"}}
+	r := &ClusterReader{}
 	var err error
 	if r.cs, err = kubernetes.NewForConfig(cfg); err != nil {
 		return nil, err
@@ -54,6 +57,21 @@ func NewClusterReader(cfg *rest.Config) (*ClusterReader, error) {
 		return nil, err
 	}
 	return r, nil
+}
+
+// ClusterID names this cluster in the cloud (the leak collector's claims):
+// the UID of its kube-system namespace, made once with the cluster and
+// never reused.
+func ClusterID(ctx context.Context, cfg *rest.Config) (string, error) {
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return "", err
+	}
+	ns, err := cs.CoreV1().Namespaces().Get(ctx, metav1.NamespaceSystem, metav1.GetOptions{})
+	if err != nil {
+		return "", fmt.Errorf("the cluster's ID (namespace kube-system's UID; or give it): %w", err)
+	}
+	return string(ns.UID), nil
 }
 
 // absent: the resource's CRD is not installed.
@@ -77,6 +95,11 @@ func (r *ClusterReader) Read(ctx context.Context) (*leaks.Cluster, error) {
 			}
 		}
 		c.AddNode(n.Name, ips)
+		if id, ok := strings.CutPrefix(n.Spec.ProviderID, "openstack://"); ok {
+			// openstack:///<id> (the cloud provider's), or with a region
+			// before the last slash.
+			c.Instances[id[strings.LastIndex(id, "/")+1:]] = n.Name
+		}
 	}
 	pods, err := r.md.Resource(schema.GroupVersionResource{Version: "v1", Resource: "pods"}).List(ctx, r.opts)
 	if err != nil {

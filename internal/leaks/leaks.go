@@ -5,15 +5,20 @@
 // NodeBlocks), and judges each holding: held (by whom) or orphaned (why,
 // and what releasing it does).
 //
-// Releasing is two-phase: a Collector marks an orphan when it first sees
-// it and releases it only when a later pass, reading the cloud and the
-// cluster afresh, still finds it orphaned a grace period after the mark.
-// An agent slow to write its PodAddress, or a node whose Node object is
-// being re-created, is thus never robbed. vpcnictl audit runs the same
+// Only what this cluster claimed (Cloud.Claim: tagged when first seen
+// held here) is ever released; an orphan never claimed is "unclaimed" —
+// maybe another cluster's on the same subnet or project.
+//
+// Releasing is two-phase: a Collector marks a claimed orphan when it first
+// sees it and releases it only when it is still orphaned a grace period
+// after the mark, in a second look at the cloud and the cluster read
+// afresh. What an agent claims within the grace (its PodAddress written
+// late), or a Node re-registering, is kept. vpcnictl audit runs the same
 // judgement as a dry run.
 package leaks
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"net/netip"
@@ -58,18 +63,26 @@ type Holding struct {
 	// gone); those of its instance's other ports for a NIC; a route's next
 	// hop.
 	NodeIPs []netip.Addr `json:"nodeIPs,omitempty"`
-	// VMPort: reservation-port: the VM port it serves (its device_id).
-	VMPort string `json:"vmPort,omitempty"`
-	// Instance, Carries: nic-port: the instance its name gives, and
-	// every address it holds on the pods' subnet (its own and the pods').
-	Instance string       `json:"instance,omitempty"`
-	Carries  []netip.Addr `json:"carries,omitempty"`
-	// Pod, Policy, Associated: floating-ip: the pod in its mark
-	// ("namespace/name"), its policy (release|retain) and whether it
-	// points at a port.
-	Pod        string `json:"pod,omitempty"`
-	Policy     string `json:"policy,omitempty"`
-	Associated bool   `json:"associated,omitempty"`
+	// Instance is the VM it is tied to, matched with Nodes'
+	// spec.providerID: a VM port's device_id (fixed-ip; for a
+	// reservation port, its VM port's), a NIC's from its name.
+	Instance string `json:"instance,omitempty"`
+	// Port: reservation-port: the VM port it serves (its device_id);
+	// floating-ip: the port it points at ("" detached).
+	Port string `json:"port,omitempty"`
+	// Carries: nic-port: every address it holds on the pods' subnet (its
+	// own and the pods').
+	Carries []netip.Addr `json:"carries,omitempty"`
+	// Claimed: the resource carries this cluster's tag (see Cloud.Claim):
+	// only a claimed orphan is released.
+	Claimed bool `json:"claimed"`
+	// Unreadable says why what the resource holds cannot be read (marks
+	// someone cut short): it is judged held, and never released.
+	Unreadable string `json:"unreadable,omitempty"`
+	// Pod, Policy: floating-ip: the pod in its mark ("namespace/name")
+	// and its policy (release|retain).
+	Pod    string `json:"pod,omitempty"`
+	Policy string `json:"policy,omitempty"`
 }
 
 // Key names a holding across passes.
@@ -89,6 +102,9 @@ type PodAddress struct {
 type Cluster struct {
 	// Nodes maps each Node's InternalIPs to its name.
 	Nodes map[netip.Addr]string
+	// Instances maps the VM of each Node's spec.providerID
+	// (openstack:///<id>) to its name.
+	Instances map[string]string
 	// NodeIPs maps each Node's name to its InternalIPs.
 	NodeIPs map[string][]netip.Addr
 	// Pods are the pods that exist, "namespace/name".
@@ -104,7 +120,7 @@ type Cluster struct {
 
 // NewCluster is an empty cluster to fill.
 func NewCluster() *Cluster {
-	return &Cluster{Nodes: map[netip.Addr]string{}, NodeIPs: map[string][]netip.Addr{}, Pods: map[string]bool{},
+	return &Cluster{Nodes: map[netip.Addr]string{}, Instances: map[string]string{}, NodeIPs: map[string][]netip.Addr{}, Pods: map[string]bool{},
 		Addresses: map[netip.Addr]PodAddress{}, Reservations: map[netip.Addr]string{}, Blocks: map[netip.Prefix]string{}}
 }
 
@@ -116,9 +132,13 @@ func (c *Cluster) AddNode(name string, ips []netip.Addr) {
 	}
 }
 
-// nodeOf is the Node with one of ips, if any.
-func (c *Cluster) nodeOf(ips []netip.Addr) (string, bool) {
-	for _, ip := range ips {
+// nodeOf is the Node of the holding's instance or with one of its
+// addresses, if any.
+func (c *Cluster) nodeOf(h Holding) (string, bool) {
+	if n, ok := c.Instances[h.Instance]; ok && h.Instance != "" {
+		return n, true
+	}
+	for _, ip := range h.NodeIPs {
 		if n, ok := c.Nodes[ip]; ok {
 			return n, true
 		}
@@ -132,6 +152,9 @@ type Verdict string
 const (
 	Held   Verdict = "held"
 	Orphan Verdict = "orphan"
+	// Unclaimed: nothing here holds it, but it was never seen held by
+	// this cluster (it carries no tag of it): reported, never released.
+	Unclaimed Verdict = "unclaimed"
 )
 
 // Finding is one holding judged.
@@ -174,8 +197,26 @@ func ips(a []netip.Addr) string {
 
 // Judge decides one holding. A live pod's address, a reserved address
 // and anything tied to an existing Node are held, whatever else is true:
-// only what nothing in the cluster names is an orphan.
+// only what nothing in the cluster names is an orphan — and only if the
+// resource is claimed (tagged) as this cluster's, else it is unclaimed:
+// maybe another cluster's on the same subnet or project, never released.
 func Judge(h Holding, c *Cluster) Finding {
+	if h.Unreadable != "" {
+		return held(h, "nobody known", "what it holds cannot be read ("+h.Unreadable+"): never released")
+	}
+	f := judge(h, c)
+	if f.Verdict == Orphan && h.Kind.Collected() && !h.Claimed {
+		f.Verdict = Unclaimed
+		f.Reason += "; it is not tagged as this cluster's (never seen held here: maybe another cluster's)"
+		f.Release = "none: tag it " + claimHint + " if it is this cluster's"
+	}
+	return f
+}
+
+// claimHint names the tag in a person's terms; the Cloud sets the value.
+const claimHint = "vpcni-cluster=<this cluster's ID>"
+
+func judge(h Holding, c *Cluster) Finding {
 	switch h.Kind {
 	case FixedIP, ReservationPort:
 		return judgeAddress(h, c)
@@ -185,7 +226,7 @@ func Judge(h Holding, c *Cluster) Finding {
 		if c.Pods[h.Pod] {
 			return held(h, "pod "+h.Pod, "the pod its mark names exists")
 		}
-		if h.Policy == "retain" && !h.Associated {
+		if h.Policy == "retain" && h.Port == "" {
 			return held(h, "policy retain", "kept, detached, for the next pod named "+h.Pod)
 		}
 		if h.Policy == "retain" {
@@ -197,6 +238,13 @@ func Judge(h Holding, c *Cluster) Finding {
 		return judgeBlock(h, c)
 	}
 	return orphan(h, "unknown kind "+string(h.Kind), "none: not understood")
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "none"
+	}
+	return s
 }
 
 func policyOr(p string) string {
@@ -218,7 +266,7 @@ func judgeAddress(h Holding, c *Cluster) Finding {
 	if r, ok := c.Reservations[a]; ok {
 		return held(h, "reservation "+r, "a sticky pod's address: the sticky keeper moves it")
 	}
-	if n, ok := c.nodeOf(h.NodeIPs); ok {
+	if n, ok := c.nodeOf(h); ok {
 		why := "its agent's: a pod's or the warm pool's"
 		if hasPA {
 			why += " (PodAddress " + pa.Name + " names a gone pod: the orphans reconciler deletes it and the agent gives the address back)"
@@ -227,10 +275,10 @@ func judgeAddress(h Holding, c *Cluster) Finding {
 	}
 	var why string
 	switch {
-	case h.Kind == ReservationPort && len(h.NodeIPs) == 0:
-		why = "its VM port " + h.VMPort + " is gone"
+	case h.Kind == ReservationPort && len(h.NodeIPs) == 0 && h.Instance == "":
+		why = "its VM port " + h.Port + " is gone"
 	default:
-		why = "no Node has its port's address (" + ips(h.NodeIPs) + ")"
+		why = "no Node has its port's address (" + ips(h.NodeIPs) + ") or instance (" + orNone(h.Instance) + ")"
 	}
 	if hasPA {
 		why += "; PodAddress " + pa.Name + " names pod " + pa.Pod + ", which is gone"
@@ -255,7 +303,7 @@ func judgeNIC(h Holding, c *Cluster) Finding {
 			return held(h, "reservation "+r, a.String()+", on this NIC, is a sticky pod's")
 		}
 	}
-	if n, ok := c.nodeOf(h.NodeIPs); ok {
+	if n, ok := c.nodeOf(h); ok {
 		return held(h, "node "+n, "a NIC of its instance "+h.Instance)
 	}
 	return orphan(h, "no Node has an address of instance "+h.Instance+" ("+ips(h.NodeIPs)+"); no pod or reservation names one of its addresses ("+ips(h.Carries)+")",
@@ -286,8 +334,12 @@ func judgeBlock(h Holding, c *Cluster) Finding {
 type Cloud interface {
 	// Holdings lists everything the cloud holds for vpcni.
 	Holdings(ctx context.Context) ([]Holding, error)
+	// Claim tags a held resource as this cluster's (once: Claimed
+	// holdings are not claimed again), so that it can be released when
+	// it is orphaned later; another cluster's never is.
+	Claim(ctx context.Context, h Holding) error
 	// Release gives an orphan back. It checks the cloud still holds it
-	// as listed (a port changed since is left alone).
+	// as listed (a resource changed since is left alone).
 	Release(ctx context.Context, h Holding) error
 }
 
@@ -310,19 +362,12 @@ func Audit(ctx context.Context, cloud Cloud, cluster func(context.Context) (*Clu
 	return out, nil
 }
 
-// Sort orders findings by kind, then orphans first, then address.
+// Sort orders findings by kind, then orphans, unclaimed, held, then by
+// resource and address.
 func Sort(fs []Finding) {
-	rank := func(k Kind) int { return slices.Index(Kinds, k) }
+	kind := func(k Kind) int { return slices.Index(Kinds, k) }
+	verdict := map[Verdict]int{Orphan: 0, Unclaimed: 1, Held: 2}
 	slices.SortStableFunc(fs, func(a, b Finding) int {
-		if d := rank(a.Kind) - rank(b.Kind); d != 0 {
-			return d
-		}
-		if a.Verdict != b.Verdict {
-			if a.Verdict == Orphan {
-				return -1
-			}
-			return 1
-		}
-		return strings.Compare(a.Key(), b.Key())
+		return cmp.Or(cmp.Compare(kind(a.Kind), kind(b.Kind)), cmp.Compare(verdict[a.Verdict], verdict[b.Verdict]), strings.Compare(a.Key(), b.Key()))
 	})
 }

@@ -23,6 +23,7 @@ var (
 func cluster() *Cluster {
 	c := NewCluster()
 	c.AddNode("n1", []netip.Addr{n1})
+	c.Instances["vm-1"] = "n1"
 	c.Pods["default/web"] = true
 	c.Addresses[netip.MustParseAddr("10.0.0.50")] = PodAddress{Name: "pa-web", Pod: "default/web", Node: "n1", Live: true}
 	c.Addresses[netip.MustParseAddr("10.0.0.51")] = PodAddress{Name: "pa-old", Pod: "default/old", Node: "n9", Live: false}
@@ -45,17 +46,20 @@ func TestJudge(t *testing.T) {
 		{"reserved on a gone node's port", Holding{Kind: FixedIP, Address: "10.0.0.60", Resource: "p9", NodeIPs: on(gone)}, Held, "sticky"},
 		{"pool address of a live node", Holding{Kind: FixedIP, Address: "10.0.0.70", Resource: "p1", NodeIPs: on(n1)}, Held, "warm pool"},
 		{"gone pod's address on a live node", Holding{Kind: FixedIP, Address: "10.0.0.51", Resource: "p1", NodeIPs: on(n1)}, Held, "orphans reconciler"},
-		{"gone node's port", Holding{Kind: FixedIP, Address: "10.0.0.70", Resource: "p9", NodeIPs: on(gone)}, Orphan, "no Node has"},
-		{"gone node, gone pod", Holding{Kind: FixedIP, Address: "10.0.0.51", Resource: "p9", NodeIPs: on(gone)}, Orphan, "which is gone"},
-		{"reservation port of a gone VM port", Holding{Kind: ReservationPort, Address: "10.0.0.71", Resource: "r1", VMPort: "p8"}, Orphan, "VM port p8 is gone"},
-		{"reservation port of a live node", Holding{Kind: ReservationPort, Address: "10.0.0.71", Resource: "r1", VMPort: "p1", NodeIPs: on(n1)}, Held, "node n1"},
+		{"gone node's port", Holding{Kind: FixedIP, Address: "10.0.0.70", Resource: "p9", NodeIPs: on(gone), Claimed: true}, Orphan, "no Node has"},
+		{"never claimed here", Holding{Kind: FixedIP, Address: "10.0.0.70", Resource: "p9", NodeIPs: on(gone)}, Unclaimed, "another cluster's"},
+		{"node by its instance", Holding{Kind: FixedIP, Address: "10.0.0.70", Resource: "p7", Instance: "vm-1", Claimed: true}, Held, "node n1"},
+		{"unreadable marks", Holding{Kind: FixedIP, Address: "?", Resource: "p6", Unreadable: "bad mark", Claimed: true}, Held, "never released"},
+		{"gone node, gone pod", Holding{Kind: FixedIP, Address: "10.0.0.51", Resource: "p9", NodeIPs: on(gone), Claimed: true}, Orphan, "which is gone"},
+		{"reservation port of a gone VM port", Holding{Kind: ReservationPort, Address: "10.0.0.71", Resource: "r1", Port: "p8", Claimed: true}, Orphan, "VM port p8 is gone"},
+		{"reservation port of a live node", Holding{Kind: ReservationPort, Address: "10.0.0.71", Resource: "r1", Port: "p1", NodeIPs: on(n1)}, Held, "node n1"},
 		{"NIC of a live node's instance", Holding{Kind: NICPort, Address: "10.0.0.80", Resource: "n1", Instance: "i1", NodeIPs: on(n1), Carries: on(netip.MustParseAddr("10.0.0.80"))}, Held, "node n1"},
 		{"NIC carrying a live pod's address", Holding{Kind: NICPort, Address: "10.0.0.80", Resource: "n2", Instance: "i9", Carries: []netip.Addr{netip.MustParseAddr("10.0.0.80"), netip.MustParseAddr("10.0.0.50")}}, Held, "pod default/web"},
-		{"NIC of a gone instance", Holding{Kind: NICPort, Address: "10.0.0.80", Resource: "n3", Instance: "i9", Carries: on(netip.MustParseAddr("10.0.0.80"))}, Orphan, "instance i9"},
-		{"floating IP of a live pod", Holding{Kind: FloatingIP, Address: "203.0.113.5", Resource: "f1", Pod: "default/web", Policy: "release", Associated: true}, Held, "exists"},
+		{"NIC of a gone instance", Holding{Kind: NICPort, Address: "10.0.0.80", Resource: "n3", Instance: "i9", Carries: on(netip.MustParseAddr("10.0.0.80")), Claimed: true}, Orphan, "instance i9"},
+		{"floating IP of a live pod", Holding{Kind: FloatingIP, Address: "203.0.113.5", Resource: "f1", Pod: "default/web", Policy: "release", Port: "p1"}, Held, "exists"},
 		{"floating IP retained", Holding{Kind: FloatingIP, Address: "203.0.113.6", Resource: "f2", Pod: "default/old", Policy: "retain"}, Held, "next pod"},
-		{"floating IP retained but attached", Holding{Kind: FloatingIP, Address: "203.0.113.6", Resource: "f2", Pod: "default/old", Policy: "retain", Associated: true}, Orphan, "still points"},
-		{"floating IP of a gone pod", Holding{Kind: FloatingIP, Address: "203.0.113.7", Resource: "f3", Pod: "default/old", Policy: "release"}, Orphan, "is gone"},
+		{"floating IP retained but attached", Holding{Kind: FloatingIP, Address: "203.0.113.6", Resource: "f2", Pod: "default/old", Policy: "retain", Port: "p1", Claimed: true}, Orphan, "still points"},
+		{"floating IP of a gone pod", Holding{Kind: FloatingIP, Address: "203.0.113.7", Resource: "f3", Pod: "default/old", Policy: "release", Claimed: true}, Orphan, "is gone"},
 		{"route of a block", Holding{Kind: Route, Address: "10.9.0.0/26", Resource: "r", NodeIPs: on(n1)}, Held, "NodeBlock"},
 		{"route of a gone node's block", Holding{Kind: Route, Address: "10.9.0.64/26", Resource: "r", NodeIPs: on(gone)}, Held, "given back after the grace"},
 		{"route with the wrong next hop", Holding{Kind: Route, Address: "10.9.0.0/26", Resource: "r", NodeIPs: on(gone)}, Orphan, "node n1's"},
@@ -71,7 +75,7 @@ func TestJudge(t *testing.T) {
 			if text := f.Holder + " " + f.Reason + " " + f.Release; !strings.Contains(text, tc.reason) {
 				t.Errorf("%q does not say %q", text, tc.reason)
 			}
-			if f.Verdict == Orphan && f.Release == "" {
+			if f.Verdict != Held && f.Release == "" {
 				t.Error("an orphan without what releasing it does")
 			}
 		})
@@ -104,11 +108,14 @@ func TestJudgeNeverOrphansWhatTheClusterNames(t *testing.T) {
 		kind := rapid.SampledFrom([]Kind{FixedIP, ReservationPort, NICPort, FloatingIP}).Draw(t, "kind")
 		h := Holding{Kind: kind, Address: addr("held").String(), Resource: "x",
 			NodeIPs: []netip.Addr{addr("port")}, Pod: "ns/p" + string(rune('a'+rapid.IntRange(0, 5).Draw(t, "fippod"))),
-			Policy: rapid.SampledFrom([]string{"release", "retain"}).Draw(t, "policy"), Associated: rapid.Bool().Draw(t, "assoc")}
+			Policy: rapid.SampledFrom([]string{"release", "retain"}).Draw(t, "policy"), Port: rapid.SampledFrom([]string{"", "p1"}).Draw(t, "port"), Claimed: rapid.Bool().Draw(t, "claimed")}
 		h.Carries = []netip.Addr{netip.MustParseAddr(h.Address), addr("carried")}
 		f := Judge(h, c)
-		if f.Verdict != Orphan {
+		if f.Verdict == Held {
 			return
+		}
+		if f.Verdict == Orphan && !h.Claimed {
+			t.Fatalf("an unclaimed holding judged orphan: %+v", f)
 		}
 		a := netip.MustParseAddr(h.Address)
 		switch {
@@ -126,20 +133,43 @@ func TestJudgeNeverOrphansWhatTheClusterNames(t *testing.T) {
 	})
 }
 
-// cloudLog is the collector's side of the unit test: a list of holdings
-// and a record of releases (the real cloud's contract is exercised in
-// test/leaks against neutron-server).
+// cloudLog is the collector's side of the unit test: holdings that
+// claims tag and releases remove, each recorded (the real cloud's
+// contract is exercised in test/leaks against neutron-server).
 type cloudLog struct {
 	mu       sync.Mutex
 	held     []Holding
+	claimed  []string
 	released []string
 	fail     error
+	// between runs after the first read of a pass (the cluster changing
+	// while the collector looks).
+	between func()
+	reads   int
 }
 
 func (c *cloudLog) Holdings(context.Context) ([]Holding, error) {
 	c.mu.Lock()
+	c.reads++
+	out := append([]Holding(nil), c.held...)
+	between := c.between
+	c.mu.Unlock()
+	if between != nil {
+		between()
+	}
+	return out, nil
+}
+
+func (c *cloudLog) Claim(_ context.Context, h Holding) error {
+	c.mu.Lock()
 	defer c.mu.Unlock()
-	return append([]Holding(nil), c.held...), nil
+	c.claimed = append(c.claimed, h.Key())
+	for i := range c.held {
+		if c.held[i].Key() == h.Key() {
+			c.held[i].Claimed = true
+		}
+	}
+	return nil
 }
 
 func (c *cloudLog) Release(_ context.Context, h Holding) error {
@@ -149,68 +179,98 @@ func (c *cloudLog) Release(_ context.Context, h Holding) error {
 		return c.fail
 	}
 	c.released = append(c.released, h.Key())
-	for i, x := range c.held {
-		if x.Key() == h.Key() {
-			c.held = append(c.held[:i], c.held[i+1:]...)
-			break
-		}
-	}
+	c.held = slices.DeleteFunc(c.held, func(x Holding) bool { return x.Key() == h.Key() })
 	return nil
 }
 
 func TestCollectorReleasesOnlyAfterTheGrace(t *testing.T) {
-	leak := Holding{Kind: FixedIP, Address: "10.0.0.70", Resource: "p9", NodeIPs: []netip.Addr{gone}}
-	adopted := Holding{Kind: FixedIP, Address: "10.0.0.80", Resource: "p9", NodeIPs: []netip.Addr{gone}}
+	on := []netip.Addr{gone}
+	leak := Holding{Kind: FixedIP, Address: "10.0.0.70", Resource: "p9", NodeIPs: on, Claimed: true}
+	adopted := Holding{Kind: FixedIP, Address: "10.0.0.80", Resource: "p9", NodeIPs: on, Claimed: true}
+	late := Holding{Kind: FixedIP, Address: "10.0.0.81", Resource: "p9", NodeIPs: on, Claimed: true}
+	foreign := Holding{Kind: FixedIP, Address: "10.0.0.90", Resource: "px", NodeIPs: on}
+	fip := Holding{Kind: FloatingIP, Address: "203.0.113.9", Resource: "f9", Pod: "default/old", Policy: "release", Port: "p9", Claimed: true}
 	route := Holding{Kind: Route, Address: "10.9.1.0/26", Resource: "r", NodeIPs: []netip.Addr{n1}}
-	live := Holding{Kind: FixedIP, Address: "10.0.0.50", Resource: "p9", NodeIPs: []netip.Addr{gone}}
-	cl := &cloudLog{held: []Holding{leak, adopted, route, live}}
+	live := Holding{Kind: FixedIP, Address: "10.0.0.50", Resource: "p1", NodeIPs: []netip.Addr{n1}}
+	cl := &cloudLog{held: []Holding{leak, adopted, late, foreign, fip, route, live}}
 	c := cluster()
+	clock := time.Date(2026, 11, 24, 0, 0, 0, 0, time.UTC)
 	col := &Collector{Cloud: cl, Cluster: func(context.Context) (*Cluster, error) { return c, nil },
-		Grace: 300 * time.Millisecond, Period: time.Hour, Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+		Grace: time.Minute, Period: time.Minute, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Now: func() time.Time { return clock }}
 	ctx := context.Background()
+	pass := func() []Finding {
+		t.Helper()
+		fs, err := col.Pass(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fs
+	}
+	of := func(fs []Finding, h Holding) Finding {
+		t.Helper()
+		for _, f := range fs {
+			if f.Key() == h.Key() {
+				return f
+			}
+		}
+		t.Fatalf("%s not in the findings", h.Key())
+		return Finding{}
+	}
 
-	fs, err := col.Pass(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	marked := 0
-	for _, f := range fs {
-		if f.Released {
-			t.Fatalf("released on first sight: %+v", f)
-		}
-		if f.OrphanSince != nil {
-			marked++
+	fs := pass()
+	for _, h := range []Holding{leak, adopted, late, fip} {
+		if f := of(fs, h); f.Verdict != Orphan || f.OrphanSince == nil || f.Released {
+			t.Fatalf("first sight of %s: %+v, want marked, not released", h.Key(), f)
 		}
 	}
-	if marked != 2 { // leak and adopted; the route is the routes reconciler's
-		t.Fatalf("%d marked, want 2: %+v", marked, fs)
+	if f := of(fs, foreign); f.Verdict != Unclaimed || f.OrphanSince != nil {
+		t.Fatalf("a holding never claimed here: %+v, want unclaimed, not marked", f)
 	}
-	// A slow agent's PodAddress shows up for one of them within the grace:
-	// its mark goes.
-	c.Pods["default/late"] = true
-	c.Addresses[netip.MustParseAddr("10.0.0.80")] = PodAddress{Name: "pa-late", Pod: "default/late", Node: "n9", Live: true}
+	if f := of(fs, route); f.OrphanSince != nil {
+		t.Fatalf("a route marked by the collector (the routes reconciler's): %+v", f)
+	}
+	if !slices.Equal(cl.claimed, []string{live.Key()}) {
+		t.Fatalf("claimed %v, want only the live pod's address", cl.claimed)
+	}
+
+	// Within the grace: nothing goes. A slow agent's PodAddress for one.
+	clock = clock.Add(59 * time.Second)
+	c.Pods["default/slow"] = true
+	c.Addresses[netip.MustParseAddr("10.0.0.80")] = PodAddress{Name: "pa-slow", Pod: "default/slow", Node: "n9", Live: true}
+	if pass(); len(cl.released) != 0 {
+		t.Fatalf("released within the grace: %v", cl.released)
+	}
+
+	// The grace passed; a PodAddress for "late" shows up between the
+	// pass's first look and its releases: the second look keeps it. A
+	// release that fails is tried again next pass.
+	clock = clock.Add(2 * time.Second)
+	second := cl.reads + 2 // this pass's second look
+	cl.between = func() {
+		if cl.reads == second {
+			c.Pods["default/late"] = true
+			c.Addresses[netip.MustParseAddr("10.0.0.81")] = PodAddress{Name: "pa-late", Pod: "default/late", Node: "n9", Live: true}
+		}
+	}
 	cl.fail = errors.New("neutron down")
-	time.Sleep(350 * time.Millisecond)
-	if _, err := col.Pass(ctx); err == nil {
-		t.Fatal("a failed release was not reported")
+	fs = pass()
+	if f := of(fs, leak); f.Error == "" || f.Released {
+		t.Fatalf("failed release: %+v, want its error", f)
 	}
 	cl.fail = nil
-	if _, err := col.Pass(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if len(cl.released) != 1 || cl.released[0] != leak.Key() {
-		t.Fatalf("released %v, want only %s", cl.released, leak.Key())
-	}
-	// The adopted one orphaned again: its grace starts again.
-	delete(c.Addresses, netip.MustParseAddr("10.0.0.80"))
-	fs, _ = col.Pass(ctx)
-	for _, f := range fs {
-		if f.Address == "10.0.0.80" && (f.Released || f.ReleaseAt == nil || time.Until(*f.ReleaseAt) < 200*time.Millisecond) {
-			t.Fatalf("re-orphaned holding not given a fresh grace: %+v", f)
-		}
+	pass()
+	if want := []string{fip.Key(), leak.Key()}; !slices.Equal(cl.released, want) {
+		t.Fatalf("released %v, want %v (the floating IP first; not the adopted, the late, the foreign or the live)", cl.released, want)
 	}
 	if got := testCount(col, FixedIP); got != 1 {
 		t.Errorf("released counter %d, want 1", got)
+	}
+
+	// The adopted one orphaned again: its grace starts again.
+	delete(c.Addresses, netip.MustParseAddr("10.0.0.80"))
+	fs = pass()
+	if f := of(fs, adopted); f.Released || f.ReleaseAt == nil || !f.ReleaseAt.Equal(clock.Add(time.Minute)) {
+		t.Fatalf("re-orphaned holding not given a fresh grace: %+v", f)
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/gophercloud/gophercloud/v2"
+	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/extensions/attributestags"
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/extensions/layer3/floatingips"
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/ports"
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/subnets"
@@ -19,24 +20,26 @@ import (
 	"github.com/vpcni/vpcni/internal/routes"
 )
 
+// ClusterTag is the Neutron tag that claims a resource for one cluster.
+func ClusterTag(clusterID string) string { return "vpcni-cluster=" + clusterID }
+
 // Neutron is the cloud on OpenStack. What it reads: every port with an
 // address on the pods' subnet (marks in descriptions, reservation ports by
 // device_owner, NIC ports by name, block pairs), the floating IPs marked
-// for pods and, with a router, its routes. Neutron's policy the credential needs beyond the
-// controller's other work: get_port on the whole subnet (the ports of
-// every node), update_port (fixed_ips, description) and delete_port for
-// releases.
+// for pods and, with a router, its routes. Claims are Neutron tags
+// (standard-attr-tag) on ports and floating IPs.
 type Neutron struct {
 	NC *gophercloud.ServiceClient
 	// OpenStack is the cloud config's openstack section: its subnetID (the
 	// pods' subnet), deviceOwner (of reservation ports) and timeout.
 	OpenStack *openstack.Config
+	// ClusterID names this cluster in claims (ClusterTag).
+	ClusterID string
 	// RouterID, Ranges: the routed pod subnet (empty: no routes or block
 	// pairs are read).
 	RouterID string
 	Ranges   []netip.Prefix
-	// Log hears of ports whose marks cannot be read: nothing on them is
-	// judged (never released on a guess).
+	// Log hears what the audit skips (a cloud without floating IPs).
 	Log *slog.Logger
 }
 
@@ -52,28 +55,36 @@ func (n *Neutron) inRanges(p netip.Prefix) bool {
 	return slices.ContainsFunc(n.Ranges, func(r netip.Prefix) bool { return r.Bits() <= p.Bits() && r.Contains(p.Addr()) })
 }
 
-// Holdings implements Cloud.
-func (n *Neutron) Holdings(ctx context.Context) ([]Holding, error) {
-	if n.OpenStack == nil || n.OpenStack.SubnetID == "" {
-		return nil, fmt.Errorf("the cloud config's openstack section has no subnetID: the audit reads the pods' subnet")
-	}
+func (n *Neutron) claimed(tags []string) bool { return slices.Contains(tags, ClusterTag(n.ClusterID)) }
+
+// subnetPorts reads the pods' subnet and every port with an address on it.
+func (n *Neutron) subnetPorts(ctx context.Context) (*subnets.Subnet, netip.Prefix, []ports.Port, error) {
 	cc, cancel := n.call(ctx)
 	sn, err := subnets.Get(cc, n.NC, n.OpenStack.SubnetID).Extract()
 	cancel()
 	if err != nil {
-		return nil, fmt.Errorf("subnet %s: %w", n.OpenStack.SubnetID, err)
+		return nil, netip.Prefix{}, nil, fmt.Errorf("subnet %s: %w", n.OpenStack.SubnetID, err)
 	}
 	subnet, err := netip.ParsePrefix(sn.CIDR)
 	if err != nil {
-		return nil, fmt.Errorf("subnet %s has CIDR %q: %w", sn.ID, sn.CIDR, err)
+		return nil, netip.Prefix{}, nil, fmt.Errorf("subnet %s has CIDR %q: %w", sn.ID, sn.CIDR, err)
 	}
 	cc, cancel = n.call(ctx)
+	defer cancel()
 	pages, err := ports.List(n.NC, ports.ListOpts{FixedIPs: []ports.FixedIPOpts{{SubnetID: sn.ID}}}).AllPages(cc)
-	cancel()
 	if err != nil {
-		return nil, fmt.Errorf("list the ports of subnet %s: %w", sn.ID, err)
+		return nil, netip.Prefix{}, nil, fmt.Errorf("list the ports of subnet %s: %w", sn.ID, err)
 	}
 	all, err := ports.ExtractPorts(pages)
+	return sn, subnet, all, err
+}
+
+// Holdings implements Cloud.
+func (n *Neutron) Holdings(ctx context.Context) ([]Holding, error) {
+	if n.OpenStack == nil || n.OpenStack.SubnetID == "" || n.ClusterID == "" {
+		return nil, fmt.Errorf("the audit needs the cloud config's openstack.subnetID (the pods' subnet) and the cluster's ID")
+	}
+	sn, subnet, all, err := n.subnetPorts(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -81,14 +92,14 @@ func (n *Neutron) Holdings(ctx context.Context) ([]Holding, error) {
 	// device (an instance's ports together).
 	own := map[string][]netip.Addr{} // port ID -> its unmarked fixed IPs
 	marks := map[string]map[netip.Addr]bool{}
+	bad := map[string]string{}
 	byDevice := map[string][]netip.Addr{}
 	byID := map[string]ports.Port{}
 	for _, p := range all {
 		byID[p.ID] = p
 		m, err := openstack.Marked(p.Description, subnet)
 		if err != nil {
-			n.Log.Warn("a port's vpcni marks cannot be read: its addresses are neither audited nor released", "port", p.ID, "err", err)
-			m = nil
+			bad[p.ID], m = err.Error(), nil // none of its addresses judged
 		}
 		marks[p.ID] = m
 		for _, f := range p.FixedIPs {
@@ -100,35 +111,36 @@ func (n *Neutron) Holdings(ctx context.Context) ([]Holding, error) {
 		}
 		// An instance's own addresses: those of its ports that are not
 		// vpcni's (a NIC's addresses are its pods').
-		if _, _, nic := openstack.NICOf(p.Name); p.DeviceID != "" && p.DeviceOwner != n.OpenStack.DeviceOwner && !nic {
+		if _, nic := openstack.NICOf(p.Name); p.DeviceID != "" && p.DeviceOwner != n.OpenStack.DeviceOwner && !nic {
 			byDevice[p.DeviceID] = append(byDevice[p.DeviceID], own[p.ID]...)
 		}
 	}
 	nodeIPs := func(p ports.Port) []netip.Addr {
-		ips := slices.Clone(own[p.ID])
+		addrs := slices.Clone(own[p.ID])
 		if p.DeviceID != "" {
-			ips = append(ips, byDevice[p.DeviceID]...)
+			addrs = append(addrs, byDevice[p.DeviceID]...)
 		}
-		slices.SortFunc(ips, netip.Addr.Compare)
-		return slices.Compact(ips)
+		slices.SortFunc(addrs, netip.Addr.Compare)
+		return slices.Compact(addrs)
 	}
 	var out []Holding
 	for _, p := range all {
+		claimed := n.claimed(p.Tags)
 		if p.DeviceOwner == n.OpenStack.DeviceOwner {
-			h := Holding{Kind: ReservationPort, Resource: p.ID, VMPort: p.DeviceID}
+			h := Holding{Kind: ReservationPort, Resource: p.ID, Port: p.DeviceID, Claimed: claimed}
 			for _, f := range p.FixedIPs {
 				if f.SubnetID == sn.ID {
 					h.Address = f.IPAddress
 				}
 			}
 			if vm, ok := byID[p.DeviceID]; ok && p.DeviceID != "" {
-				h.NodeIPs = nodeIPs(vm)
+				h.NodeIPs, h.Instance = nodeIPs(vm), vm.DeviceID
 			}
 			out = append(out, h)
 			continue
 		}
-		if _, inst, nic := openstack.NICOf(p.Name); nic {
-			h := Holding{Kind: NICPort, Resource: p.ID, Instance: inst, NodeIPs: slices.Clone(byDevice[inst])}
+		if inst, nic := openstack.NICOf(p.Name); nic {
+			h := Holding{Kind: NICPort, Resource: p.ID, Instance: inst, NodeIPs: slices.Clone(byDevice[inst]), Claimed: claimed}
 			for _, f := range p.FixedIPs {
 				if a, err := netip.ParseAddr(f.IPAddress); err == nil && f.SubnetID == sn.ID {
 					h.Carries = append(h.Carries, a)
@@ -141,28 +153,25 @@ func (n *Neutron) Holdings(ctx context.Context) ([]Holding, error) {
 			out = append(out, h)
 			continue
 		}
-		if marks[p.ID] == nil && len(n.Ranges) == 0 {
-			continue
+		if why, ok := bad[p.ID]; ok {
+			out = append(out, Holding{Kind: FixedIP, Address: "?", Resource: p.ID, Unreadable: why})
 		}
 		for _, f := range p.FixedIPs {
 			if a, err := netip.ParseAddr(f.IPAddress); err == nil && marks[p.ID][a] {
-				out = append(out, Holding{Kind: FixedIP, Address: a.String(), Resource: p.ID, NodeIPs: nodeIPs(p)})
+				out = append(out, Holding{Kind: FixedIP, Address: a.String(), Resource: p.ID, NodeIPs: nodeIPs(p), Instance: p.DeviceID, Claimed: claimed})
 			}
 		}
 		for _, ap := range p.AllowedAddressPairs {
 			if pf, err := netip.ParsePrefix(ap.IPAddress); err == nil && n.inRanges(pf) {
-				out = append(out, Holding{Kind: BlockPair, Address: pf.Masked().String(), Resource: p.ID, NodeIPs: nodeIPs(p)})
+				out = append(out, Holding{Kind: BlockPair, Address: pf.Masked().String(), Resource: p.ID, NodeIPs: nodeIPs(p), Instance: p.DeviceID})
 			}
 		}
 	}
-	fc := &floatingip.Cloud{NC: n.NC, Timeout: n.OpenStack.Timeout.Duration}
-	fips, err := fc.Owned(ctx, "")
+	fips, err := n.floatingIPs(ctx)
 	if err != nil {
 		return nil, err
 	}
-	for _, f := range fips {
-		out = append(out, Holding{Kind: FloatingIP, Address: f.Address, Resource: f.ID, Pod: f.Owner, Policy: f.Policy, Associated: f.PortID != ""})
-	}
+	out = append(out, fips...)
 	if n.RouterID != "" {
 		cc, cancel := n.call(ctx)
 		rs, err := routes.NewNeutron(n.NC, n.RouterID, "").Routes(cc)
@@ -179,6 +188,49 @@ func (n *Neutron) Holdings(ctx context.Context) ([]Holding, error) {
 	return out, nil
 }
 
+// floatingIPs lists the project's floating IPs marked for pods, with
+// their tags (one list: Neutron filters a description only by equality).
+// A cloud without the L3 extension (404) has none.
+func (n *Neutron) floatingIPs(ctx context.Context) ([]Holding, error) {
+	cc, cancel := n.call(ctx)
+	defer cancel()
+	pages, err := floatingips.List(n.NC, floatingips.ListOpts{}).AllPages(cc)
+	if gophercloud.ResponseCodeIs(err, http.StatusNotFound) {
+		n.Log.Debug("no floating IPs in this cloud (no L3 extension): none audited")
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("list floating IPs: %w", err)
+	}
+	all, err := floatingips.ExtractFloatingIPs(pages)
+	if err != nil {
+		return nil, err
+	}
+	var out []Holding
+	for _, f := range all {
+		if owner, policy, ok := floatingip.ParseMark(f.Description); ok {
+			out = append(out, Holding{Kind: FloatingIP, Address: f.FloatingIP, Resource: f.ID, Pod: owner, Policy: policy, Port: f.PortID, Claimed: n.claimed(f.Tags)})
+		}
+	}
+	return out, nil
+}
+
+// Claim implements Cloud: the cluster's tag on the port or floating IP
+// (PUT …/tags/<tag>: it touches nothing else of the resource).
+func (n *Neutron) Claim(ctx context.Context, h Holding) error {
+	kind := "ports"
+	if h.Kind == FloatingIP {
+		kind = "floatingips"
+	}
+	cc, cancel := n.call(ctx)
+	defer cancel()
+	err := attributestags.Add(cc, n.NC, kind, h.Resource, ClusterTag(n.ClusterID)).ExtractErr()
+	if gophercloud.ResponseCodeIs(err, http.StatusNotFound) {
+		return nil // gone meanwhile: nothing to claim
+	}
+	return err
+}
+
 // Release implements Cloud: only what is still as listed goes.
 func (n *Neutron) Release(ctx context.Context, h Holding) error {
 	switch h.Kind {
@@ -193,13 +245,20 @@ func (n *Neutron) Release(ctx context.Context, h Holding) error {
 		// its own).
 		return openstack.TakeOffWith(ctx, n.NC, *n.OpenStack, h.Resource, []netip.Addr{a})
 	case ReservationPort:
-		return n.deletePort(ctx, h, func(p *ports.Port) bool { return p.DeviceOwner == n.OpenStack.DeviceOwner && p.DeviceID == h.VMPort })
+		return n.deletePort(ctx, h, func(p *ports.Port) bool { return p.DeviceOwner == n.OpenStack.DeviceOwner && p.DeviceID == h.Port })
 	case NICPort:
 		// Deleting an attached port detaches it from its VM too (Neutron
 		// tells Nova); its instance is no Node, or is gone.
 		return n.deletePort(ctx, h, func(p *ports.Port) bool {
-			_, inst, nic := openstack.NICOf(p.Name)
-			return nic && inst == h.Instance && len(p.FixedIPs) == len(h.Carries)
+			inst, nic := openstack.NICOf(p.Name)
+			var carries []netip.Addr
+			for _, f := range p.FixedIPs {
+				if a, err := netip.ParseAddr(f.IPAddress); err == nil && f.SubnetID == n.OpenStack.SubnetID {
+					carries = append(carries, a)
+				}
+			}
+			slices.SortFunc(carries, netip.Addr.Compare)
+			return nic && inst == h.Instance && slices.Equal(carries, h.Carries)
 		})
 	case FloatingIP:
 		cc, cancel := n.call(ctx)
@@ -211,8 +270,8 @@ func (n *Neutron) Release(ctx context.Context, h Holding) error {
 		if err != nil {
 			return err
 		}
-		if f.Description != floatingip.Mark(h.Pod, h.Policy) {
-			return fmt.Errorf("floating IP %s changed since the audit (%q): left alone", f.FloatingIP, f.Description)
+		if f.Description != floatingip.Mark(h.Pod, h.Policy) || f.PortID != h.Port {
+			return fmt.Errorf("floating IP %s changed since the audit (%q, port %q): left alone", f.FloatingIP, f.Description, f.PortID)
 		}
 		fc := &floatingip.Cloud{NC: n.NC, Timeout: n.OpenStack.Timeout.Duration}
 		_, err = fc.Detach(ctx, h.Pod, func(x floatingip.FIP) bool { return x.ID != h.Resource })

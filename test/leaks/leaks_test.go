@@ -24,6 +24,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/extensions/attributestags"
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/extensions/layer3/extraroutes"
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/extensions/layer3/floatingips"
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/extensions/layer3/routers"
@@ -61,44 +62,38 @@ func TestMain(m *testing.M) {
 		fmt.Println("vpcni-test:", err)
 		os.Exit(1)
 	}
-	started := false
-	if exec.Command("bash", "../../scripts/neutron.sh", "status").Run() != nil {
-		cmd := exec.Command("bash", "../../scripts/neutron.sh", "up")
-		cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
-		if err := cmd.Run(); err != nil {
-			fmt.Println("vpcni-test: could not start neutron-server:", err)
-			_ = exec.Command("bash", "../../scripts/neutron.sh", "down").Run()
-			os.Exit(1)
-		}
-		started = true
-	}
-	code := apiserver.RunPackage(m, apiserver.Options{LockWait: 3 * time.Minute,
-		CRDs: []string{"../../deploy/vpcni.io_podaddresses.yaml", "../../deploy/vpcni.io_nodeblocks.yaml", "../../deploy/vpcni.io_addressreservations.yaml"}},
-		func(s *apiserver.Server) { fixture = s })
-	if started {
-		cmd := exec.Command("bash", "../../scripts/neutron.sh", "down")
-		cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
-		_ = cmd.Run()
-	}
-	os.Exit(code)
+	os.Exit(testbed.WithNeutron(func() int {
+		return apiserver.RunPackage(m, apiserver.Options{LockWait: 3 * time.Minute,
+			CRDs: []string{"../../deploy/vpcni.io_podaddresses.yaml", "../../deploy/vpcni.io_nodeblocks.yaml", "../../deploy/vpcni.io_addressreservations.yaml"}},
+			func(s *apiserver.Server) { fixture = s })
+	}))
 }
 
 const (
 	ns         = "leaks"
 	liveNode   = "leaks-live"
+	goneNode   = "leaks-gone"
 	blockRange = "10.94.0.0/16"
 	grace      = 6 * time.Second
-	healthAddr = "127.0.0.1:29697"
+	healthAddr = "127.0.0.1:29698"
 )
 
-// TestLeakAuditAndCollector plants a leak of each kind beside what is
-// held — a live pod's address on a gone node's port among them — and
-// shows: vpcnictl audit finds each leak and names each holder; the
-// controller marks the orphans and releases none of them on sight; an
-// orphan a slow agent claims within the grace is kept; the others are
-// released only after the grace (the floating IP before the fixed IP it
-// points at), the route and pair by the routes reconciler; nothing held
-// is touched; the audit then finds no orphan.
+// TestLeakAuditAndCollector: two nodes with pods, floating IPs,
+// reservation and NIC ports; a third VM port with vpcni's marks that is
+// another cluster's; a route and a pair of blocks nobody has. Shown:
+//
+//   - vpcnictl audit finds the route and pair orphaned, the other
+//     cluster's addresses unclaimed, everything else held, each by name;
+//   - the controller claims (tags) what this cluster holds;
+//   - then a node and a pod go: the audit finds each leak they leave (a
+//     fixed IP, a reservation port, a NIC port, a floating IP);
+//   - the controller marks them and releases none before the grace (the
+//     resources checked in Neutron a second before it ends), keeps the
+//     one a slow agent claims after its mark, releases the others (the
+//     floating IP before the address it points at) with no release
+//     refused; the routes reconciler removed the route and the pair;
+//     nothing held and nothing unclaimed is touched; the audit then finds
+//     no orphan.
 func TestLeakAuditAndCollector(t *testing.T) {
 	e := neutrontest.Endpoint{NC: openstack.NoAuthClient(endpoint, http.Client{Timeout: 60 * time.Second}), URL: endpoint, Mode: "fixed-ips"}
 	bed := e.NewFloatingBed(t, "10.95.0.0/24", "198.51.100.0/26")
@@ -108,8 +103,14 @@ func TestLeakAuditAndCollector(t *testing.T) {
 	sn := bed.Subnet
 	liveIP, goneIP := netip.MustParseAddr("10.95.0.11"), netip.MustParseAddr("10.95.0.12")
 	live, gone := e.NewNode(t, sn, liveIP), e.NewNode(t, sn, goneIP)
+	other := e.NewNode(t, sn, netip.MustParseAddr("10.95.0.13")) // another cluster's node
+	for port, inst := range map[string]string{live.PortID: "inst-live", gone.PortID: "inst-gone"} {
+		if _, err := ports.Update(c, nc, port, ports.UpdateOpts{DeviceID: ptr(inst)}).Extract(); err != nil {
+			t.Fatal(err)
+		}
+	}
 
-	// The agents' work: marked addresses on both ports.
+	// The agents' work: marked addresses on the three ports.
 	assign := func(n int, p provider.Provider) []netip.Addr {
 		ls, err := p.Assign(c, provider.AssignRequest{Count: n})
 		if err != nil || len(ls) != n {
@@ -123,6 +124,7 @@ func TestLeakAuditAndCollector(t *testing.T) {
 	}
 	la := assign(2, live.Provider)
 	ga := assign(4, gone.Provider)
+	foreign := assign(1, other.Provider)[0]
 	webAddr, poolAddr := la[0], la[1]
 	movedAddr, leakB, leakC, slowAddr := ga[0], ga[1], ga[2], ga[3]
 
@@ -137,24 +139,34 @@ func TestLeakAuditAndCollector(t *testing.T) {
 	if _, err := cs.CoreV1().Namespaces().Create(c, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	// Only the live node is a Node (and asks for a block of the routed
-	// pod subnet); the other's Node is gone.
-	n, err := cs.CoreV1().Nodes().Create(c, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: liveNode,
-		Annotations: map[string]string{v1alpha1.AnnotationBlocksWanted: "1"}}}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
+	// Both nodes are Nodes (the live one asks for a block of the routed
+	// pod subnet).
+	for name, ip := range map[string]netip.Addr{liveNode: liveIP, goneNode: goneIP} {
+		n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}
+		if name == liveNode {
+			n.Annotations = map[string]string{v1alpha1.AnnotationBlocksWanted: "1"}
+		}
+		n, err := cs.CoreV1().Nodes().Create(c, n, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		n.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: ip.String()}}
+		if _, err := cs.CoreV1().Nodes().UpdateStatus(c, n, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
 	}
-	n.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: liveIP.String()}}
-	if _, err := cs.CoreV1().Nodes().UpdateStatus(c, n, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	podAddress := func(name, node string, addr netip.Addr, portID string) {
+	newPod := func(name, node string) *corev1.Pod {
 		t.Helper()
 		p, err := cs.CoreV1().Pods(ns).Create(c, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name},
 			Spec: corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "c", Image: "none"}}}}, metav1.CreateOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
+		return p
+	}
+	podAddress := func(name, node string, addr netip.Addr, portID string) {
+		t.Helper()
+		p := newPod(name, node)
 		pa := &unstructured.Unstructured{Object: map[string]any{
 			"apiVersion": v1alpha1.SchemeGroupVersion.String(), "kind": v1alpha1.Kind,
 			"metadata": map[string]any{"name": k8s.PodAddressName(node, name, "eth0"), "labels": map[string]any{k8s.LabelNode: node}},
@@ -166,12 +178,13 @@ func TestLeakAuditAndCollector(t *testing.T) {
 		}
 	}
 	podAddress("web", liveNode, webAddr, live.PortID)
-	// A live pod whose address is on the gone node's port: never touched.
-	podAddress("moved", "leaks-gone", movedAddr, gone.PortID)
+	// A live pod on the node that will go: its address is never touched.
+	podAddress("moved", goneNode, movedAddr, gone.PortID)
+	newPod("gone-pod", goneNode)
 
-	// Floating IPs: the live pod's (held), a gone pod's pointing at a
-	// leaked address (orphan: detached and deleted, then the address can
-	// go), and one retained, detached, for a pod to come (held by policy).
+	// Floating IPs: the web pod's, gone-pod's (pointing at an address of
+	// the gone node that leaks with it) and one retained, detached, for a
+	// pod to come.
 	fipOf := func(owner, policy, port string, fixed netip.Addr) floatingip.FIP {
 		t.Helper()
 		f, err := bed.Cloud.Ensure(c, floatingip.Want{Owner: owner, Network: bed.Ext.ID, Policy: policy, PortID: port, FixedIP: fixed})
@@ -187,37 +200,25 @@ func TestLeakAuditAndCollector(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// Reservation ports (address-pairs mode): one of the live node's VM
-	// port, one whose VM port is gone.
+	// Reservation ports (address-pairs mode) and NICs (secondary or
+	// passthrough mode), each of both nodes.
 	netID := networkOf(t, e, sn.ID)
-	resPort := func(name, vm string) string {
+	newPort := func(name, owner, device string, addrs int) string {
 		t.Helper()
-		p, err := ports.Create(c, nc, ports.CreateOpts{NetworkID: netID, Name: name, DeviceOwner: "network:vpcni", DeviceID: vm,
-			FixedIPs: []ports.IP{{SubnetID: sn.ID}}}).Extract()
+		var fixed []ports.IP
+		for range addrs {
+			fixed = append(fixed, ports.IP{SubnetID: sn.ID})
+		}
+		p, err := ports.Create(c, nc, ports.CreateOpts{NetworkID: netID, Name: name, DeviceOwner: owner, DeviceID: device, FixedIPs: fixed}).Extract()
 		if err != nil {
-			t.Fatalf("reservation port: %v", err)
+			t.Fatalf("port %s: %v", name, err)
 		}
 		return p.ID
 	}
-	heldRes := resPort("vpcni-held", live.PortID)
-	leakRes := resPort("vpcni-leaked", "0b7c1a52-5d0e-4c53-9c1b-6e2f0a9d0000")
-
-	// NICs (secondary or passthrough): one of the live node's instance,
-	// one of an instance that is gone.
-	if _, err := ports.Update(c, nc, live.PortID, ports.UpdateOpts{DeviceID: ptr("inst-live")}).Extract(); err != nil {
-		t.Fatal(err)
-	}
-	nicPort := func(instance, device string) string {
-		t.Helper()
-		p, err := ports.Create(c, nc, ports.CreateOpts{NetworkID: netID, Name: "vpcni-secondary-" + instance, DeviceID: device,
-			FixedIPs: []ports.IP{{SubnetID: sn.ID}, {SubnetID: sn.ID}}}).Extract()
-		if err != nil {
-			t.Fatalf("NIC port: %v", err)
-		}
-		return p.ID
-	}
-	heldNIC := nicPort("inst-live", "inst-live")
-	leakNIC := nicPort("inst-gone", "")
+	heldRes := newPort("vpcni-res-live", "network:vpcni", live.PortID, 1)
+	leakRes := newPort("vpcni-res-gone", "network:vpcni", gone.PortID, 1)
+	heldNIC := newPort("vpcni-secondary-inst-live", "", "inst-live", 2)
+	leakNIC := newPort("vpcni-secondary-inst-gone", "", "inst-gone", 2)
 
 	// The routed pod subnet: a route and a pair of blocks no NodeBlock has.
 	leakRoute := netip.MustParsePrefix("10.94.1.0/26")
@@ -240,34 +241,24 @@ func TestLeakAuditAndCollector(t *testing.T) {
 	if err := os.WriteFile(cloudCfg, fmt.Appendf(nil, "openstack:\n  endpoint: %s\n  subnetID: %s\n  timeout: 30s\nroutes:\n  routerID: %s\n  maxRoutes: 30\n  resync: 1s\n", endpoint, sn.ID, bed.RouterID), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	if err := fixture.Apply(c, "vpcni-system", "../../deploy/namespace.yaml", "../../deploy/rbac.yaml"); err != nil {
+		t.Fatal(err)
+	}
 	kc, err := fixture.KubeconfigAs(dir, "vpcni-system", "vpcni-controller")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := fixture.Apply(c, "vpcni-system", "../../deploy/namespace.yaml", "../../deploy/rbac.yaml"); err != nil {
-		t.Fatal(err)
-	}
-
-	// The dry run, as the controller's service account: every leak found,
-	// every holder named.
-	rep := audit(t, kc, cloudCfg)
-	want := map[string]leaks.Verdict{
-		"fixed-ip " + webAddr.String(): leaks.Held, "fixed-ip " + poolAddr.String(): leaks.Held, "fixed-ip " + movedAddr.String(): leaks.Held,
-		"fixed-ip " + leakB.String(): leaks.Orphan, "fixed-ip " + leakC.String(): leaks.Orphan, "fixed-ip " + slowAddr.String(): leaks.Orphan,
-		"reservation-port " + heldRes: leaks.Held, "reservation-port " + leakRes: leaks.Orphan,
-		"nic-port " + heldNIC: leaks.Held, "nic-port " + leakNIC: leaks.Orphan,
-		"floating-ip " + webFIP.ID: leaks.Held, "floating-ip " + keptFIP.ID: leaks.Held, "floating-ip " + leakFIP.ID: leaks.Orphan,
-		"route " + leakRoute.String(): leaks.Orphan, "block-pair " + leakPair.String(): leaks.Orphan,
+	key := func(f leaks.Finding) string {
+		if f.Kind == leaks.ReservationPort || f.Kind == leaks.NICPort || f.Kind == leaks.FloatingIP {
+			return string(f.Kind) + " " + f.Resource
+		}
+		return string(f.Kind) + " " + f.Address
 	}
 	check := func(rep ctl.AuditReport, want map[string]leaks.Verdict) {
 		t.Helper()
 		got := map[string]leaks.Finding{}
 		for _, f := range rep.Findings {
-			k := string(f.Kind) + " " + f.Address
-			if f.Kind == leaks.ReservationPort || f.Kind == leaks.NICPort || f.Kind == leaks.FloatingIP {
-				k = string(f.Kind) + " " + f.Resource
-			}
-			got[k] = f
+			got[key(f)] = f
 		}
 		for k, v := range want {
 			f, ok := got[k]
@@ -279,31 +270,79 @@ func TestLeakAuditAndCollector(t *testing.T) {
 			}
 		}
 	}
-	check(rep, want)
-	if rep.Orphans != 8 {
-		t.Errorf("audit: %d orphans, want 8: %+v", rep.Orphans, rep.Findings)
+	held := func(keys ...string) map[string]leaks.Verdict {
+		m := map[string]leaks.Verdict{}
+		for _, k := range keys {
+			m[k] = leaks.Held
+		}
+		return m
 	}
-	if got := rep.Counts[leaks.FixedIP][leaks.Held]; got != 3 {
-		t.Errorf("audit: %d held fixed IPs, want 3", got)
+	fixed := func(a netip.Addr) string { return "fixed-ip " + a.String() }
+	always := held(fixed(webAddr), fixed(poolAddr), fixed(movedAddr), "reservation-port "+heldRes, "nic-port "+heldNIC,
+		"floating-ip "+webFIP.ID, "floating-ip "+keptFIP.ID)
+	always[fixed(foreign)] = leaks.Unclaimed
+
+	// The dry run before any controller ran, as the controller's service
+	// account: the route and pair orphaned, the other cluster's address
+	// unclaimed, the rest held.
+	rep := audit(t, kc, cloudCfg)
+	before := held(fixed(leakB), fixed(leakC), fixed(slowAddr), "reservation-port "+leakRes, "nic-port "+leakNIC, "floating-ip "+leakFIP.ID)
+	before["route "+leakRoute.String()], before["block-pair "+leakPair.String()] = leaks.Orphan, leaks.Orphan
+	check(rep, always)
+	check(rep, before)
+	if rep.Orphans != 2 || rep.Unclaimed != 1 || rep.Held != 13 {
+		t.Errorf("audit: held=%d orphans=%d unclaimed=%d, want 13, 2, 1", rep.Held, rep.Orphans, rep.Unclaimed)
 	}
 	table := run(t, filepath.Join(binDir, "vpcnictl"), "audit", "-kubeconfig", kc, "-cloud-config", cloudCfg, "-block-ranges", blockRange)
-	t.Logf("vpcni-test: vpcnictl audit (before the controller):\n%s", table)
-	if !strings.Contains(table, "KIND") || !strings.Contains(table, "audit: held=7 orphans=8") {
-		t.Errorf("audit table without its header or summary:\n%s", table)
+	t.Logf("vpcni-test: vpcnictl audit, before the controller:\n%s", table)
+	if !strings.Contains(table, "KIND") || !strings.Contains(table, "audit: held=13 orphans=2 unclaimed=1") {
+		t.Errorf("audit table without its header or summary")
 	}
 	if t.Failed() {
 		t.FailNow()
 	}
 
-	// The controller, leak collector on with a short grace.
-	ctrlLog := startController(t, kc, cloudCfg)
-	// Phase one: marked, not released — not even the one a slow agent
-	// claims only now.
-	waitLog(t, ctrlLog, "orphan marked.*address="+regexp.QuoteMeta(slowAddr.String())+" ", 30*time.Second)
+	// The controller claims what this cluster holds.
+	ctrl := startController(t, kc, cloudCfg)
+	claims := []string{gone.PortID, leakRes, leakNIC}
+	for start := time.Now(); !(tagged(t, e, "ports", claims...) && tagged(t, e, "floatingips", leakFIP.ID)); time.Sleep(200 * time.Millisecond) {
+		if time.Since(start) > 30*time.Second {
+			t.Fatalf("the controller did not claim %v and %s", claims, leakFIP.ID)
+		}
+	}
+	if tagged(t, e, "ports", other.PortID) {
+		t.Fatal("the other cluster's port was claimed")
+	}
+
+	// A node and a pod go: what they held leaks.
+	if err := cs.CoreV1().Nodes().Delete(c, goneNode, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := cs.CoreV1().Pods(ns).Delete(c, "gone-pod", metav1.DeleteOptions{GracePeriodSeconds: ptr(int64(0))}); err != nil {
+		t.Fatal(err)
+	}
+	rep = audit(t, kc, cloudCfg)
+	leaked := map[string]leaks.Verdict{fixed(leakB): leaks.Orphan, fixed(leakC): leaks.Orphan, fixed(slowAddr): leaks.Orphan,
+		"reservation-port " + leakRes: leaks.Orphan, "nic-port " + leakNIC: leaks.Orphan, "floating-ip " + leakFIP.ID: leaks.Orphan}
+	check(rep, always)
+	check(rep, leaked)
+	t.Logf("vpcni-test: vpcnictl audit after the node and the pod went:\n%s", run(t, filepath.Join(binDir, "vpcnictl"), "audit", "-kubeconfig", kc, "-cloud-config", cloudCfg, "-block-ranges", blockRange))
+
+	// Phase one: marked, released not yet — not even the one a slow
+	// agent claims only now.
+	waitLog(t, ctrl, "orphan marked.*address="+regexp.QuoteMeta(slowAddr.String())+" ", 30*time.Second)
 	marked := time.Now()
-	podAddress("slow", "leaks-gone", slowAddr, gone.PortID)
-	if on := portIPs(t, e, gone.PortID); !slices.Contains(on, leakB) || !slices.Contains(on, leakC) {
-		t.Fatalf("released on first sight: gone port holds %v", on)
+	podAddress("slow", goneNode, slowAddr, gone.PortID)
+	still := func() bool {
+		on := portIPs(t, e, gone.PortID)
+		_, resErr := ports.Get(c, nc, leakRes).Extract()
+		_, nicErr := ports.Get(c, nc, leakNIC).Extract()
+		_, fipErr := floatingips.Get(c, nc, leakFIP.ID).Extract()
+		return slices.Contains(on, leakB) && slices.Contains(on, leakC) && resErr == nil && nicErr == nil && fipErr == nil
+	}
+	time.Sleep(time.Until(marked.Add(grace - 1500*time.Millisecond)))
+	if !still() {
+		t.Fatalf("a leak was released before the grace (%s) had passed", grace)
 	}
 	// Phase two: after the grace.
 	deadline := time.Now().Add(90 * time.Second)
@@ -325,18 +364,21 @@ func TestLeakAuditAndCollector(t *testing.T) {
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
-	t.Logf("vpcni-test: every leak released %s after the slow agent's address was marked", time.Since(marked).Round(100*time.Millisecond))
-	// Each release came a grace after its mark.
-	released := regexp.MustCompile(`orphan released"[^\n]*? kind=(\S+) address=(\S+)[^\n]* orphan_for=(\S+)`).FindAllStringSubmatch(ctrlLog.Output(), -1)
-	if len(released) != 5 {
-		t.Errorf("%d releases logged, want 5 (two fixed IPs, a reservation port, a NIC port, a floating IP)", len(released))
-	}
+	t.Logf("vpcni-test: every leak released %s after the slow agent's address was marked (grace %s)", time.Since(marked).Round(100*time.Millisecond), grace)
+	log := ctrl.Output()
+	released := regexp.MustCompile(`orphan released"[^\n]*? kind=(\S+) address=(\S+)`).FindAllStringSubmatch(log, -1)
+	var order []string
 	for _, m := range released {
-		d, err := time.ParseDuration(m[3])
-		if err != nil || d < grace {
-			t.Errorf("%s %s released after %s, before the grace %s", m[1], m[2], m[3], grace)
-		}
+		order = append(order, m[1]+" "+m[2])
 	}
+	if len(order) != 5 || !slices.Contains(order, "floating-ip "+leakFIP.Address) ||
+		slices.Index(order, "floating-ip "+leakFIP.Address) > slices.Index(order, fixed(leakB)) {
+		t.Errorf("releases %v: want 5 (two fixed IPs, a reservation port, a NIC port, a floating IP), the floating IP before %s", order, leakB)
+	}
+	if strings.Contains(log, "releasing an orphan failed") {
+		t.Error("a release was refused")
+	}
+
 	// Nothing held was touched.
 	if on := portIPs(t, e, gone.PortID); !slices.Contains(on, movedAddr) || !slices.Contains(on, slowAddr) || !slices.Contains(on, goneIP) {
 		t.Errorf("gone node's port lost a held address: %v (want %s, %s, %s)", on, goneIP, movedAddr, slowAddr)
@@ -344,11 +386,13 @@ func TestLeakAuditAndCollector(t *testing.T) {
 	if on := portIPs(t, e, live.PortID); !slices.Contains(on, webAddr) || !slices.Contains(on, poolAddr) {
 		t.Errorf("live node's port lost an address: %v", on)
 	}
-	if _, err := ports.Get(c, nc, heldRes).Extract(); err != nil {
-		t.Errorf("held reservation port: %v", err)
+	if on := portIPs(t, e, other.PortID); !slices.Contains(on, foreign) {
+		t.Errorf("the other cluster's port lost its address: %v", on)
 	}
-	if _, err := ports.Get(c, nc, heldNIC).Extract(); err != nil {
-		t.Errorf("held NIC port: %v", err)
+	for _, id := range []string{heldRes, heldNIC} {
+		if _, err := ports.Get(c, nc, id).Extract(); err != nil {
+			t.Errorf("held port %s: %v", id, err)
+		}
 	}
 	if f, err := floatingips.Get(c, nc, webFIP.ID).Extract(); err != nil || f.FixedIP != webAddr.String() {
 		t.Errorf("live pod's floating IP: %+v, %v", f, err)
@@ -367,18 +411,35 @@ func TestLeakAuditAndCollector(t *testing.T) {
 			t.Fatalf("the live node's block is not routed: %+v", after.Counts)
 		}
 	}
-	if after.Orphans != 0 {
-		t.Errorf("audit after the collector: %d orphans: %+v", after.Orphans, after.Findings)
+	if after.Orphans != 0 || after.Unclaimed != 1 {
+		t.Errorf("audit after the collector: %d orphans, %d unclaimed, want 0 and 1", after.Orphans, after.Unclaimed)
 	}
-	check(after, map[string]leaks.Verdict{"fixed-ip " + slowAddr.String(): leaks.Held, "fixed-ip " + movedAddr.String(): leaks.Held})
+	check(after, always)
+	check(after, held(fixed(slowAddr)))
 	metrics := get(t, "http://"+healthAddr+"/metrics")
 	for _, m := range []string{`vpcni_leak_released_total{kind="fixed-ip"} 2`, `vpcni_leak_released_total{kind="floating-ip"} 1`,
-		`vpcni_leak_released_total{kind="reservation-port"} 1`, `vpcni_leak_released_total{kind="nic-port"} 1`, `vpcni_leak_holdings{kind="fixed-ip",verdict="orphan"} 0`} {
+		`vpcni_leak_released_total{kind="reservation-port"} 1`, `vpcni_leak_released_total{kind="nic-port"} 1`,
+		`vpcni_leak_holdings{kind="fixed-ip",verdict="orphan"} 0`, `vpcni_leak_holdings{kind="fixed-ip",verdict="unclaimed"} 1`} {
 		if !strings.Contains(metrics, m) {
 			t.Errorf("metrics lack %s", m)
 		}
 	}
-	t.Logf("vpcni-test: vpcnictl audit (after):\n%s", run(t, filepath.Join(binDir, "vpcnictl"), "audit", "-kubeconfig", kc, "-cloud-config", cloudCfg, "-block-ranges", blockRange))
+	t.Logf("vpcni-test: vpcnictl audit, after:\n%s", run(t, filepath.Join(binDir, "vpcnictl"), "audit", "-kubeconfig", kc, "-cloud-config", cloudCfg, "-block-ranges", blockRange))
+}
+
+// tagged says whether every resource of kind carries a vpcni cluster tag.
+func tagged(t *testing.T, e neutrontest.Endpoint, kind string, ids ...string) bool {
+	t.Helper()
+	for _, id := range ids {
+		tags, err := attributestags.List(context.Background(), e.NC, kind, id).Extract()
+		if err != nil {
+			t.Fatalf("tags of %s %s: %v", kind, id, err)
+		}
+		if !slices.ContainsFunc(tags, func(s string) bool { return strings.HasPrefix(s, "vpcni-cluster=") }) {
+			return false
+		}
+	}
+	return true
 }
 
 func ptr[T any](v T) *T { return &v }

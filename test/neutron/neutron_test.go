@@ -7,11 +7,9 @@ package neutron
 import (
 	"context"
 	"errors"
-	"fmt"
 	"net/http"
 	"net/netip"
 	"os"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -32,25 +30,8 @@ var nc *gophercloud.ServiceClient
 
 func TestMain(m *testing.M) {
 	testbed.RequireRoot("the real-Neutron tests")
-	started := false
-	if exec.Command("bash", "../../scripts/neutron.sh", "status").Run() != nil {
-		cmd := exec.Command("bash", "../../scripts/neutron.sh", "up")
-		cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
-		if err := cmd.Run(); err != nil {
-			fmt.Println("vpcni-test: could not start neutron-server:", err)
-			exec.Command("bash", "../../scripts/neutron.sh", "down").Run()
-			os.Exit(1)
-		}
-		started = true
-	}
 	nc = openstack.NoAuthClient(endpoint, http.Client{Timeout: 30 * time.Second})
-	code := m.Run()
-	if started {
-		cmd := exec.Command("bash", "../../scripts/neutron.sh", "down")
-		cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
-		_ = cmd.Run()
-	}
-	os.Exit(code)
+	os.Exit(testbed.WithNeutron(m.Run))
 }
 
 func ctx(t *testing.T) context.Context {

@@ -55,13 +55,13 @@ func (p *Provider) nicName(kind string) string { return "vpcni-" + kind + "-" + 
 // NICOf says whether a port's name makes it one of vpcni's NICs, and of
 // which instance (vpcni-controller's leak audit finds the NICs of VMs
 // that are gone by it).
-func NICOf(name string) (kind, instance string, ok bool) {
+func NICOf(name string) (instance string, ok bool) {
 	for _, k := range []string{kindSecondary, kindPassthrough} {
 		if inst, found := strings.CutPrefix(name, "vpcni-"+k+"-"); found && inst != "" {
-			return k, inst, true
+			return inst, true
 		}
 	}
-	return "", "", false
+	return "", false
 }
 
 func (p *Provider) nicPortOf(port ports.Port) nicPort {

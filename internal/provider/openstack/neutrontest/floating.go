@@ -265,6 +265,9 @@ func (e Endpoint) NewFloatingBed(t *testing.T, cidr, extCIDR string) FloatingBed
 	t.Cleanup(func() {
 		cc, ccancel := context.WithTimeout(context.Background(), time.Minute)
 		defer ccancel()
+		// Routes through the subnet (a routed pod subnet's) keep Neutron
+		// from removing the interface: they go first.
+		_, _ = routers.Update(cc, e.NC, r.ID, routers.UpdateOpts{Routes: &[]routers.Route{}}).Extract()
 		_, _ = routers.RemoveInterface(cc, e.NC, r.ID, routers.RemoveInterfaceOpts{SubnetID: sn.ID}).Extract()
 		_ = routers.Delete(cc, e.NC, r.ID).ExtractErr()
 	})
