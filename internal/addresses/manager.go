@@ -385,6 +385,30 @@ func (m *Manager) Provider() provider.Info {
 	return m.info
 }
 
+// CloudHolds reads from the cloud now whether the provider holds a for
+// this node, and on which port or NIC ("" the node's own), for vpcnictl
+// trace.
+func (m *Manager) CloudHolds(ctx context.Context, a netip.Addr) (held bool, where string, err error) {
+	prov := m.provider()
+	if prov == nil {
+		return false, "", errors.New("the provider is not connected yet")
+	}
+	leases, err := prov.Held(ctx)
+	if err != nil {
+		return false, "", err
+	}
+	where = prov.Info().Port
+	for _, l := range leases {
+		if l.Address == a {
+			if l.Interface != "" {
+				where = l.Interface
+			}
+			return true, where, nil
+		}
+	}
+	return false, where, nil
+}
+
 // Kick wakes Run now.
 func (m *Manager) Kick() {
 	select {

@@ -8,9 +8,11 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -62,6 +64,14 @@ func (a *Agent) Handler() http.Handler {
 			return
 		}
 		writeJSON(w, http.StatusOK, st)
+	})
+	mux.HandleFunc("GET "+api.PathTrace, func(w http.ResponseWriter, r *http.Request) {
+		tr, aerr := a.Trace(r.Context(), r.URL.Query().Get("pod"))
+		if aerr != nil {
+			writeError(w, aerr)
+			return
+		}
+		writeJSON(w, http.StatusOK, tr)
 	})
 	return mux
 }
@@ -200,4 +210,52 @@ func (a *Agent) State() (*api.State, error) {
 		st.Allocations = append(st.Allocations, *r)
 	}
 	return st, nil
+}
+
+// Trace is the path of pod ("namespace/name") through this node: for each
+// of its attachments the datapath's pieces (node and pod side) and the
+// cloud's (the address on the provider's port, read now).
+func (a *Agent) Trace(ctx context.Context, pod string) (*api.Trace, *api.Error) {
+	ns, name, ok := strings.Cut(pod, "/")
+	if !ok || ns == "" || name == "" {
+		return nil, api.Errorf(api.CodeInvalidEnv, "trace: pod must be namespace/name", fmt.Sprintf("got %q", pod))
+	}
+	records, err := a.store.List()
+	if err != nil {
+		return nil, api.Errorf(api.CodeIOFailure, "read agent state", err.Error())
+	}
+	tr := &api.Trace{Pod: pod, Node: a.cfg.NodeName, Datapath: a.dp.Info().Mode, Provider: a.cfg.Provider.Type}
+	for _, r := range records {
+		if r.PodNamespace != ns || r.PodName != name {
+			continue
+		}
+		a.wiring.RLock() // not while a reconcile rewrites the node side
+		hops := a.dp.Trace(ctx, r)
+		a.wiring.RUnlock()
+		hops = append(hops, a.cloudHop(ctx, r.Address))
+		tr.Attachments = append(tr.Attachments, api.TraceAttachment{ContainerID: r.ContainerID, IfName: r.IfName, Address: r.Address.String(), Hops: hops})
+	}
+	if len(tr.Attachments) == 0 {
+		return nil, api.Errorf(api.CodeUnknownContainer, "trace: this node's agent has no address for pod "+pod,
+			"is the pod on this node (kubectl get pod -o wide) and on vpcni's network?")
+	}
+	return tr, nil
+}
+
+// cloudHop is the address as the cloud holds it for this node.
+func (a *Agent) cloudHop(ctx context.Context, addr netip.Addr) api.Hop {
+	held, where, err := a.addrs.CloudHolds(ctx, addr)
+	what := fmt.Sprintf("%s held by provider %s", addr, a.cfg.Provider.Type)
+	if where != "" {
+		what += " on port " + where
+	}
+	switch {
+	case err != nil:
+		return api.Hop{Where: api.HopCloud, What: what, State: api.HopWrong, Detail: "cannot read the cloud: " + err.Error(),
+			Fix: "check the provider's endpoint and credentials (vpcnictl status; the agent's log)"}
+	case !held:
+		return api.Hop{Where: api.HopCloud, What: what, State: api.HopMissing, Detail: fmt.Sprintf("the provider does not hold %s for this node", addr),
+			Fix: "the agent asks the cloud for it again at its next resync (vpcnid.yaml resync, default 1m); if someone else took it, its log says so and the pod must be re-created"}
+	}
+	return api.Hop{Where: api.HopCloud, What: what, State: api.HopOK}
 }

@@ -23,6 +23,8 @@ const (
 	PathGC     = "/v1/gc"
 	PathStatus = "/v1/status"
 	PathState  = "/v1/state"
+	// PathTrace?pod=<namespace>/<name>: the pod's path (Trace).
+	PathTrace = "/v1/trace"
 )
 
 // DefaultSocket is where the agent listens unless configured otherwise.
@@ -124,3 +126,57 @@ type PoolState struct {
 	// counts them.
 	ProviderCalls map[string]int64 `json:"providerCalls,omitempty"`
 }
+
+// Trace is a pod's path as its node sees it, for vpcnictl trace: each of
+// its attachments, every piece of the path, ok or not, and what to do.
+type Trace struct {
+	Pod         string            `json:"pod"`
+	Node        string            `json:"node"`
+	Datapath    string            `json:"datapath"`
+	Provider    string            `json:"provider"`
+	Attachments []TraceAttachment `json:"attachments"`
+}
+
+// TraceAttachment is one of the pod's interfaces.
+type TraceAttachment struct {
+	ContainerID string `json:"containerID"`
+	IfName      string `json:"ifName"`
+	Address     string `json:"address"`
+	Hops        []Hop  `json:"hops"`
+}
+
+// OK says whether every hop of every attachment is ok.
+func (t *Trace) OK() bool {
+	for _, a := range t.Attachments {
+		for _, h := range a.Hops {
+			if h.State != HopOK {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// Hop is one piece of a pod's path.
+type Hop struct {
+	// Where: HopPod (inside its namespace), HopNode, HopCloud.
+	Where string `json:"where"`
+	// What names the piece, e.g. "route 10.0.0.5/32 dev vpc1a2b3c4d5e".
+	What string `json:"what"`
+	// State: HopOK, HopMissing or HopWrong.
+	State string `json:"state"`
+	// Detail says what is wrong; Fix what to do about it.
+	Detail string `json:"detail,omitempty"`
+	Fix    string `json:"fix,omitempty"`
+}
+
+// Where a hop is, and its states.
+const (
+	HopPod   = "pod"
+	HopNode  = "node"
+	HopCloud = "cloud"
+
+	HopOK      = "ok"
+	HopMissing = "missing"
+	HopWrong   = "wrong"
+)

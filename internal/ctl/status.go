@@ -33,6 +33,8 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		err = bench(args[1:], stdout)
 	case "lab":
 		err = labCmd(args[1:], stdout)
+	case "trace":
+		err = trace(args[1:], stdout)
 	case "audit":
 		err = audit(args[1:], stdout)
 	case "install-cni":
@@ -91,6 +93,10 @@ func usage(w io.Writer) {
 On a node:
   vpcnictl status [--socket PATH] [-o table|json]
       the agent's health, pool and allocations; exits 1 while the agent is not ready
+  vpcnictl trace NAMESPACE/POD [--socket PATH] [-o table|json]
+      every piece of the pod's path on this node (its interface, address, route and
+      neighbour; the host veth, route, proxy ARP entry, rules; the address on the cloud
+      port), ok, missing or wrong, and what to do; exits 1 if a piece is not ok
   vpcnictl install-cni [--plugin F] [--bin-dir D] [--conf-dir D] [--conflist F] [--name N] [--agent-config F]
       copy the plugin and write the conflist atomically (the DaemonSet's init step);
       with --agent-config also set the node's sysctls for that config's uplink

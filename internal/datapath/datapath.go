@@ -8,11 +8,13 @@ package datapath
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/netip"
 
 	"github.com/vpcni/vpcni/internal/alloc"
+	"github.com/vpcni/vpcni/internal/api"
 	"github.com/vpcni/vpcni/internal/registry"
 )
 
@@ -42,6 +44,10 @@ type Datapath interface {
 	// an item that could not be repaired or removed is in Report.Failed,
 	// for the next pass.
 	Reconcile(ctx context.Context, want Desired) (Report, error)
+	// Trace lists every piece of the allocation's path the mode made, on
+	// the node and in the pod, each ok or not and what to do (vpcnictl
+	// trace); Check's problems are the pieces that are not ok.
+	Trace(ctx context.Context, a *alloc.Allocation) []Hop
 	// Info describes the mode as configured on this node.
 	Info() Info
 	// Close releases the datapath's own resources; pods stay wired.
@@ -101,6 +107,58 @@ const (
 	// link was gone: Report.Broken). The agent counts these itself.
 	RepairRewired RepairKind = "rewired"
 )
+
+// Hop is one piece of a pod's path, as vpcnictl trace shows it (the wire
+// type: the agent serves a mode's trace as it is).
+type Hop = api.Hop
+
+// Where a hop is, and its states.
+const (
+	HopPod   = api.HopPod
+	HopNode  = api.HopNode
+	HopCloud = api.HopCloud
+
+	HopOK      = api.HopOK
+	HopMissing = api.HopMissing
+	HopWrong   = api.HopWrong
+)
+
+// What to do about a piece that is not ok, by where it is.
+const (
+	// FixNode: node-side pieces are the self-healing reconcile's.
+	FixNode = "the agent puts node-side pieces back by itself (selfHeal: at once on a kernel event, else every selfHeal.period); it stays broken only if something removes it again — vpcnictl status counts the repairs, the agent's log names them"
+	// FixPod: the agent does not enter a running pod to mend it.
+	FixPod = "the agent re-wires a pod whose wiring is broken when it starts (it checks every pod) — restart vpcnid on this node, or delete the pod"
+)
+
+// Problems joins the Detail of every hop that is not ok (nil when all
+// are): a mode's Check, from its Trace.
+func Problems(hops []Hop) error {
+	var errs []error
+	for _, h := range hops {
+		if h.State != HopOK {
+			errs = append(errs, errors.New(h.Detail))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// HopsOf is the trace of a mode that checks a pod as a whole: one hop per
+// problem its check found (where: HopNode), or one ok hop named what.
+func HopsOf(what string, problem error) []Hop {
+	if problem == nil {
+		return []Hop{{Where: HopNode, What: what, State: HopOK}}
+	}
+	list := []error{problem}
+	if j, ok := problem.(interface{ Unwrap() []error }); ok {
+		list = j.Unwrap()
+	}
+	hops := make([]Hop, 0, len(list))
+	for _, e := range list {
+		hops = append(hops, Hop{Where: HopNode, What: what, State: HopWrong, Detail: e.Error(), Fix: FixNode + "; " + FixPod})
+	}
+	return hops
+}
 
 // AddRepair adds a repair to the report.
 func (r *Report) AddRepair(kind RepairKind, format string, args ...any) {

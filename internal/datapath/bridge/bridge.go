@@ -312,6 +312,13 @@ func (b *Bridge) Check(_ context.Context, a *alloc.Allocation) (alloc.Wiring, er
 	return wiring(a), errors.Join(b.checkNode(a), b.checkPod(a))
 }
 
+// Trace implements datapath.Datapath: the pod as a whole, as Check sees
+// it (one hop per problem).
+func (b *Bridge) Trace(ctx context.Context, a *alloc.Allocation) []datapath.Hop {
+	_, err := b.Check(ctx, a)
+	return datapath.HopsOf("bridge wiring of "+a.Address.String(), err)
+}
+
 func (b *Bridge) checkNode(a *alloc.Allocation) error {
 	br, err := netlink.LinkByName(b.name)
 	if err != nil {

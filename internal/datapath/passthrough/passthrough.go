@@ -342,6 +342,13 @@ func (m *Mode) Check(_ context.Context, a *alloc.Allocation) (alloc.Wiring, erro
 	return m.wiring(a, nodeIfName(a)), m.check(a)
 }
 
+// Trace implements datapath.Datapath: the pod as a whole, as Check sees
+// it (one hop per problem).
+func (m *Mode) Trace(ctx context.Context, a *alloc.Allocation) []datapath.Hop {
+	_, err := m.Check(ctx, a)
+	return datapath.HopsOf("passthrough NIC of "+a.Address.String(), err)
+}
+
 func (m *Mode) check(a *alloc.Allocation) error {
 	opened, err := nlutil.OpenPod(a.Netns)
 	if err != nil {

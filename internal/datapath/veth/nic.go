@@ -194,30 +194,28 @@ func proxyOn(linkIdx int, ip netip.Addr) *netlink.Neigh {
 }
 
 // checkNIC reports what is missing of a NIC pod's node-side wiring.
-func (v *Veth) checkNIC(a *alloc.Allocation) []error {
+func (v *Veth) traceNIC(a *alloc.Allocation) []datapath.Hop {
+	var h hops
 	link, err := v.nicOf(a)
 	if err != nil {
-		return []error{err}
+		h.add(datapath.HopNode, "secondary NIC of "+a.Address.String(), false, datapath.HopMissing, err.Error())
+		return h
 	}
 	rules, err := nlutil.RetryDump(func() ([]netlink.Rule, error) { return netlink.RuleList(netlink.FAMILY_V4) })
 	if err != nil {
-		return []error{fmt.Errorf("list rules: %w", err)}
+		h.add(datapath.HopNode, "policy rules", false, datapath.HopWrong, fmt.Sprintf("list rules: %v", err))
+		return h
 	}
-	var problems []error
-	table := nicTable(link)
-	if !hasLocalPodsRule(rules) {
-		problems = append(problems, fmt.Errorf("no rule %d: lookup main suppress_prefixlength 31", ruleLocalPods))
-	}
-	if !hasRule(rules, a.Address, table) {
-		problems = append(problems, fmt.Errorf("no rule %d: from %s lookup %d (NIC %s)", ruleFromPod, a.Address, table, link.Attrs().Name))
-	}
-	if !hasTableDefault(table) {
-		problems = append(problems, fmt.Errorf("table %d of NIC %s has no default route", table, link.Attrs().Name))
-	}
-	if !v.hasProxyOn(link.Attrs().Index, a.Address) {
-		problems = append(problems, fmt.Errorf("no proxy ARP entry for %s on NIC %s", a.Address, link.Attrs().Name))
-	}
-	return problems
+	table, nic := nicTable(link), link.Attrs().Name
+	h.add(datapath.HopNode, fmt.Sprintf("rule %d: lookup main suppress_prefixlength 31", ruleLocalPods), hasLocalPodsRule(rules),
+		datapath.HopMissing, fmt.Sprintf("no rule %d: lookup main suppress_prefixlength 31", ruleLocalPods))
+	h.add(datapath.HopNode, fmt.Sprintf("rule %d: from %s lookup %d", ruleFromPod, a.Address, table), hasRule(rules, a.Address, table),
+		datapath.HopMissing, fmt.Sprintf("no rule %d: from %s lookup %d (NIC %s)", ruleFromPod, a.Address, table, nic))
+	h.add(datapath.HopNode, fmt.Sprintf("table %d default route (NIC %s)", table, nic), hasTableDefault(table),
+		datapath.HopMissing, fmt.Sprintf("table %d of NIC %s has no default route", table, nic))
+	h.add(datapath.HopNode, fmt.Sprintf("proxy ARP entry %s on NIC %s", a.Address, nic), v.hasProxyOn(link.Attrs().Index, a.Address),
+		datapath.HopMissing, fmt.Sprintf("no proxy ARP entry for %s on NIC %s", a.Address, nic))
+	return h
 }
 
 // hasRule finds vpcni's from-rule of ip pointing at table.

@@ -450,84 +450,99 @@ func (v *Veth) deleteHostLink(name, key string) error {
 
 // Check implements datapath.Datapath.
 func (v *Veth) Check(_ context.Context, a *alloc.Allocation) (alloc.Wiring, error) {
-	return wiring(a), v.check(a)
+	return wiring(a), datapath.Problems(v.trace(a))
 }
 
-func (v *Veth) check(a *alloc.Allocation) error {
+// Trace implements datapath.Datapath: the host veth, its /32 route, the
+// proxy ARP entry (or a secondary NIC's rules, table and entry), then the
+// pod's interface, address, default route and gateway neighbour.
+func (v *Veth) Trace(_ context.Context, a *alloc.Allocation) []datapath.Hop {
+	return v.trace(a)
+}
+
+// hops collects a trace.
+type hops []datapath.Hop
+
+// add records a piece: ok, or not with what is wrong.
+func (h *hops) add(where, what string, ok bool, state, detail string) {
+	hop := datapath.Hop{Where: where, What: what, State: datapath.HopOK}
+	if !ok {
+		hop.State, hop.Detail, hop.Fix = state, detail, datapath.FixNode
+		if where == datapath.HopPod {
+			hop.Fix = datapath.FixPod
+		}
+	}
+	*h = append(*h, hop)
+}
+
+func (v *Veth) trace(a *alloc.Allocation) []datapath.Hop {
+	var h hops
 	hostIf := HostIfName(a.ContainerID, a.IfName)
 	hostMAC := macFor(a.Key(), "host")
 	link, err := netlink.LinkByName(hostIf)
 	if err != nil {
-		return fmt.Errorf("host veth %s: %w", hostIf, err)
+		// Without the host veth the pod is cut off: the reconcile reports
+		// it broken and the agent re-wires the pod.
+		h.add(datapath.HopNode, "host veth "+hostIf, false, datapath.HopMissing, fmt.Sprintf("host veth %s: %v", hostIf, err))
+		return append(h, v.tracePod(a, hostMAC)...)
 	}
-	var problems []error
-	if link.Attrs().Alias != AliasPrefix+a.Key() {
-		problems = append(problems, fmt.Errorf("host veth %s has alias %q", hostIf, link.Attrs().Alias))
-	}
-	if link.Attrs().Flags&net.FlagUp == 0 {
-		problems = append(problems, fmt.Errorf("host veth %s is down", hostIf))
-	}
-	if !v.hasRoute(&netlink.Handle{}, link.Attrs().Index, a.Address, nil) {
-		problems = append(problems, fmt.Errorf("node has no route %s/32 dev %s", a.Address, hostIf))
-	}
+	alias := link.Attrs().Alias == AliasPrefix+a.Key()
+	h.add(datapath.HopNode, "host veth "+hostIf, alias, datapath.HopWrong, fmt.Sprintf("host veth %s has alias %q", hostIf, link.Attrs().Alias))
+	h.add(datapath.HopNode, "host veth "+hostIf+" up", link.Attrs().Flags&net.FlagUp != 0, datapath.HopWrong, fmt.Sprintf("host veth %s is down", hostIf))
+	h.add(datapath.HopNode, fmt.Sprintf("route %s/32 dev %s", a.Address, hostIf), v.hasRoute(&netlink.Handle{}, link.Attrs().Index, a.Address, nil),
+		datapath.HopMissing, fmt.Sprintf("node has no route %s/32 dev %s", a.Address, hostIf))
 	if a.NIC != nil {
-		problems = append(problems, v.checkNIC(a)...)
-	} else if !v.hasProxyEntry(a.Address) {
-		problems = append(problems, fmt.Errorf("no proxy ARP entry for %s on %s", a.Address, v.Uplink))
+		h = append(h, v.traceNIC(a)...)
+	} else {
+		h.add(datapath.HopNode, fmt.Sprintf("proxy ARP entry %s on %s", a.Address, v.Uplink), v.hasProxyEntry(a.Address),
+			datapath.HopMissing, fmt.Sprintf("no proxy ARP entry for %s on %s", a.Address, v.Uplink))
 	}
-	problems = append(problems, v.checkPod(a, hostMAC)...)
-	return errors.Join(problems...)
+	return append(h, v.tracePod(a, hostMAC)...)
 }
 
-func (v *Veth) checkPod(a *alloc.Allocation, hostMAC net.HardwareAddr) []error {
+func (v *Veth) tracePod(a *alloc.Allocation, hostMAC net.HardwareAddr) []datapath.Hop {
+	var h hops
 	podNs, err := netns.GetFromPath(a.Netns)
 	if err != nil {
-		return []error{fmt.Errorf("pod netns %s: %w", a.Netns, err)}
+		h.add(datapath.HopPod, "pod netns "+a.Netns, false, datapath.HopMissing, fmt.Sprintf("pod netns %s: %v", a.Netns, err))
+		return h
 	}
 	defer podNs.Close()
 	pod, err := netlink.NewHandleAt(podNs)
 	if err != nil {
-		return []error{fmt.Errorf("netlink in pod netns: %w", err)}
+		h.add(datapath.HopPod, "pod netns "+a.Netns, false, datapath.HopWrong, fmt.Sprintf("netlink in pod netns: %v", err))
+		return h
 	}
 	defer pod.Close()
 	link, err := pod.LinkByName(a.IfName)
 	if err != nil {
-		return []error{fmt.Errorf("pod interface %s: %w", a.IfName, err)}
+		h.add(datapath.HopPod, "pod interface "+a.IfName, false, datapath.HopMissing, fmt.Sprintf("pod interface %s: %v", a.IfName, err))
+		return h
 	}
-	var problems []error
-	if link.Attrs().Flags&net.FlagUp == 0 {
-		problems = append(problems, fmt.Errorf("pod interface %s is down", a.IfName))
-	}
+	h.add(datapath.HopPod, "pod interface "+a.IfName+" up", link.Attrs().Flags&net.FlagUp != 0, datapath.HopWrong, fmt.Sprintf("pod interface %s is down", a.IfName))
 	addrs, err := nlutil.RetryDump(func() ([]netlink.Addr, error) { return pod.AddrList(link, netlink.FAMILY_V4) })
 	if err != nil {
-		return append(problems, fmt.Errorf("pod addresses: %w", err))
+		h.add(datapath.HopPod, "pod addresses", false, datapath.HopWrong, fmt.Sprintf("pod addresses: %v", err))
+		return h
 	}
-	found := false
-	for _, ad := range addrs {
-		if ip, ok := netip.AddrFromSlice(ad.IP.To4()); ok && ip == a.Address {
-			found = true
-		}
-	}
-	if !found {
-		problems = append(problems, fmt.Errorf("pod interface %s lacks %s/32", a.IfName, a.Address))
-	}
-	if !v.hasRoute(pod, link.Attrs().Index, netip.Addr{}, Gateway.AsSlice()) {
-		problems = append(problems, fmt.Errorf("pod has no default route via %s dev %s", Gateway, a.IfName))
-	}
+	found := slices.ContainsFunc(addrs, func(ad netlink.Addr) bool {
+		ip, ok := netip.AddrFromSlice(ad.IP.To4())
+		return ok && ip == a.Address
+	})
+	h.add(datapath.HopPod, fmt.Sprintf("address %s/32 on %s", a.Address, a.IfName), found, datapath.HopMissing, fmt.Sprintf("pod interface %s lacks %s/32", a.IfName, a.Address))
+	h.add(datapath.HopPod, fmt.Sprintf("default route via %s dev %s", Gateway, a.IfName), v.hasRoute(pod, link.Attrs().Index, netip.Addr{}, Gateway.AsSlice()),
+		datapath.HopMissing, fmt.Sprintf("pod has no default route via %s dev %s", Gateway, a.IfName))
 	neighs, err := nlutil.RetryDump(func() ([]netlink.Neigh, error) { return pod.NeighList(link.Attrs().Index, netlink.FAMILY_V4) })
 	if err != nil {
-		return append(problems, fmt.Errorf("pod neighbours: %w", err))
+		h.add(datapath.HopPod, "pod neighbours", false, datapath.HopWrong, fmt.Sprintf("pod neighbours: %v", err))
+		return h
 	}
-	found = false
-	for _, n := range neighs {
-		if n.IP.Equal(Gateway.AsSlice()) && n.State == netlink.NUD_PERMANENT && n.HardwareAddr.String() == hostMAC.String() {
-			found = true
-		}
-	}
-	if !found {
-		problems = append(problems, fmt.Errorf("pod has no permanent neighbour %s -> %s", Gateway, hostMAC))
-	}
-	return problems
+	found = slices.ContainsFunc(neighs, func(n netlink.Neigh) bool {
+		return n.IP.Equal(Gateway.AsSlice()) && n.State == netlink.NUD_PERMANENT && n.HardwareAddr.String() == hostMAC.String()
+	})
+	h.add(datapath.HopPod, fmt.Sprintf("neighbour %s -> %s (permanent)", Gateway, hostMAC), found, datapath.HopMissing,
+		fmt.Sprintf("pod has no permanent neighbour %s -> %s", Gateway, hostMAC))
+	return h
 }
 
 // hasRoute looks for a /32 to dst on linkIdx (dst valid), or a default route

@@ -1,0 +1,85 @@
+package ctl
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"net/url"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/vpcni/vpcni/internal/api"
+)
+
+// trace prints a pod's path through this node, as its agent sees it: each
+// piece ok, missing or wrong, and what to do. It exits non-zero when a
+// piece is not ok, so a script can rely on the exit code.
+func trace(args []string, out io.Writer) error {
+	fs := flag.NewFlagSet("trace", flag.ContinueOnError)
+	socket := fs.String("socket", api.DefaultSocket, "vpcnid socket")
+	format := fs.String("o", "table", "output: table or json")
+	timeout := fs.Duration("timeout", 30*time.Second, "give up after this long (the cloud is read too)")
+	// The pod may come before or after the flags.
+	var pod string
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		pod, args = args[0], args[1:]
+	}
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if pod == "" && fs.NArg() == 1 {
+		pod = fs.Arg(0)
+	} else if fs.NArg() > 0 {
+		return usageError{"trace: one pod, namespace/name"}
+	}
+	if ns, name, ok := strings.Cut(pod, "/"); !ok || ns == "" || name == "" {
+		return usageError{fmt.Sprintf("trace: %q is not namespace/name", pod)}
+	}
+	if *format != "table" && *format != "json" {
+		return usageError{fmt.Sprintf("trace: unknown output format %q (table or json)", *format)}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
+	defer cancel()
+	var tr api.Trace
+	if err := api.NewClient(*socket).Do(ctx, api.PathTrace+"?pod="+url.QueryEscape(pod), nil, &tr); err != nil {
+		return fmt.Errorf("trace %s: %w", pod, err)
+	}
+	if *format == "json" {
+		enc := json.NewEncoder(out)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(tr); err != nil {
+			return err
+		}
+	} else {
+		printTrace(out, &tr)
+	}
+	if !tr.OK() {
+		return fmt.Errorf("trace %s: a piece of its path is not as it should be (see FIX)", pod)
+	}
+	return nil
+}
+
+func printTrace(out io.Writer, tr *api.Trace) {
+	fmt.Fprintf(out, "pod %s on node %s (datapath %s, provider %s)\n", tr.Pod, tr.Node, tr.Datapath, tr.Provider)
+	for _, a := range tr.Attachments {
+		fmt.Fprintf(out, "\n%s %s (container %.12s)\n", a.IfName, a.Address, a.ContainerID)
+		tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "WHERE\tPIECE\tSTATE\tDETAIL")
+		var fixes []string
+		for _, h := range a.Hops {
+			state := h.State
+			if h.State != api.HopOK {
+				state = strings.ToUpper(h.State)
+				fixes = append(fixes, h.What+": "+h.Fix)
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", h.Where, h.What, state, h.Detail)
+		}
+		tw.Flush()
+		for _, f := range fixes {
+			fmt.Fprintln(out, "FIX", f)
+		}
+	}
+}
