@@ -13,6 +13,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"time"
 
@@ -24,7 +25,25 @@ import (
 var (
 	bucketAllocs  = []byte("allocations")
 	bucketCooling = []byte("cooling")
+	// bucketMeta holds the file's schema version (keySchema, decimal).
+	// Files from before versions have none: schema 0.
+	bucketMeta = []byte("meta")
+	keySchema  = []byte("schema")
 )
+
+// Schema is the layout this vpcnid writes. A file of an older schema is
+// migrated forward when opened (migrations); a newer one is refused, so an
+// agent rolled back past a layout change never misreads it — the rollback
+// of a release that changed no layout (schema equal) just works, and the
+// previous release, which reads no meta bucket, ignores it.
+const Schema = 1
+
+// migrations[v] takes a file from schema v to v+1, inside the opening
+// transaction. 0 -> 1: the layout is unchanged (records as JSON, the
+// cooling bucket); the file only learns its version.
+var migrations = []func(*bolt.Tx) error{
+	func(*bolt.Tx) error { return nil },
+}
 
 // Key of an attachment, as records are filed.
 func Key(containerID, ifName string) string { return alloc.Key(containerID, ifName) }
@@ -73,12 +92,12 @@ func Open(dir string) (*Store, error) {
 		return nil, fmt.Errorf("open store %s: %w", path, err)
 	}
 	err = db.Update(func(tx *bolt.Tx) error {
-		for _, b := range [][]byte{bucketAllocs, bucketCooling} {
+		for _, b := range [][]byte{bucketAllocs, bucketCooling, bucketMeta} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return err
 			}
 		}
-		return nil
+		return migrate(tx)
 	})
 	if err != nil {
 		db.Close()
@@ -88,6 +107,35 @@ func Open(dir string) (*Store, error) {
 	go s.committer()
 	return s, nil
 }
+
+// migrate brings the file to Schema, in the caller's transaction (all or
+// nothing).
+func migrate(tx *bolt.Tx) error {
+	meta := tx.Bucket(bucketMeta)
+	from := 0
+	if v := meta.Get(keySchema); v != nil {
+		n, err := strconv.Atoi(string(v))
+		if err != nil {
+			return fmt.Errorf("schema %q is not a number", v)
+		}
+		from = n
+	}
+	if from > Schema {
+		return fmt.Errorf("%w: the file is schema %d, this vpcnid reads up to %d: it was written by a newer vpcnid; run that release (or newer) again, or move the file aside to start from the cloud's state", ErrNewerSchema, from, Schema)
+	}
+	for v := from; v < Schema; v++ {
+		if err := migrations[v](tx); err != nil {
+			return fmt.Errorf("migrate schema %d to %d: %w", v, v+1, err)
+		}
+	}
+	if from != Schema {
+		return meta.Put(keySchema, []byte(strconv.Itoa(Schema)))
+	}
+	return nil
+}
+
+// ErrNewerSchema: the file was written by a newer vpcnid.
+var ErrNewerSchema = errors.New("allocation store is newer than this vpcnid")
 
 // Close finishes pending writes and closes the file.
 func (s *Store) Close() error {

@@ -1,7 +1,10 @@
 package store
 
 import (
+	"errors"
 	"net/netip"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -188,4 +191,78 @@ func TestRecordsForTheRollbackAndTheMove(t *testing.T) {
 	if !strings.Contains(raw, `"hostIf":"vpc0123456789a"`) || !strings.Contains(raw, `"address":"10.0.0.7"`) {
 		t.Fatalf("record as stored: %s; want the previous release's hostIf and address fields", raw)
 	}
+}
+
+// The schema: a file of the previous release (no meta bucket) opens as
+// schema 0 and is migrated to Schema with its records kept; opened again it
+// stays there; a file a newer vpcnid wrote is refused, saying so, and left
+// as it is.
+func TestSchemaMigratesForwardAndRefusesNewer(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "allocations.db")
+	// The previous release's file: its two buckets, one record, no meta.
+	db, err := bolt.Open(path, 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := `{"containerID":"c1","ifName":"eth0","netns":"/run/netns/p1","address":"10.0.0.5","ready":true,"created":"2026-11-20T10:00:00Z"}`
+	if err := db.Update(func(tx *bolt.Tx) error {
+		b, err := tx.CreateBucket(bucketAllocs)
+		if err != nil {
+			return err
+		}
+		if _, err := tx.CreateBucket(bucketCooling); err != nil {
+			return err
+		}
+		return b.Put([]byte("c1/eth0"), []byte(rec))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+
+	schemaOf := func(s *Store) string {
+		var v string
+		_ = s.db.View(func(tx *bolt.Tx) error { v = string(tx.Bucket(bucketMeta).Get(keySchema)); return nil })
+		return v
+	}
+	for range 2 {
+		s, err := Open(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := schemaOf(s); got != strconv.Itoa(Schema) {
+			t.Fatalf("schema %q after open, want %d", got, Schema)
+		}
+		if r, err := s.Get("c1", "eth0"); err != nil || r == nil || r.Address != netip.MustParseAddr("10.0.0.5") || !r.Ready {
+			t.Fatalf("the previous release's record after the migration: %+v %v", r, err)
+		}
+		s.Close()
+	}
+
+	// A newer vpcnid's file.
+	s, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bucketMeta).Put(keySchema, []byte(strconv.Itoa(Schema+1))) }); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	if _, err := Open(dir); !errors.Is(err, ErrNewerSchema) || !strings.Contains(err.Error(), "written by a newer vpcnid") {
+		t.Fatalf("opening a newer file: %v, want ErrNewerSchema saying so", err)
+	}
+	db, err = bolt.Open(path, 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	_ = db.View(func(tx *bolt.Tx) error {
+		if v := string(tx.Bucket(bucketMeta).Get(keySchema)); v != strconv.Itoa(Schema+1) {
+			t.Errorf("the refused file's schema became %q", v)
+		}
+		if tx.Bucket(bucketAllocs).Get([]byte("c1/eth0")) == nil {
+			t.Error("the refused file lost its record")
+		}
+		return nil
+	})
 }
