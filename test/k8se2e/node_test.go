@@ -614,6 +614,7 @@ func TestKubernetesNode(t *testing.T) {
 	t.Run("bandwidth", func(t *testing.T) { checkBandwidth(t, n) })
 	t.Run("delete-releases", func(t *testing.T) { checkDeleteReleases(t, n) })
 	t.Run("agent-restart", func(t *testing.T) { checkAgentRestart(t, n) })
+	t.Run("upgrade", func(t *testing.T) { checkUpgrade(t, n) })
 	t.Run("setup-failure-event", func(t *testing.T) { checkFailureEvent(t, n) })
 	t.Run("controller-releases-orphans", func(t *testing.T) { checkOrphans(t, n) })
 	t.Run("ip-capacity", func(t *testing.T) { checkIPCapacity(t, n) })
