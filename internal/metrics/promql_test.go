@@ -49,7 +49,7 @@ func isIdent(c byte) bool { return isIdentStart(c) || c >= '0' && c <= '9' }
 func parsePromQL(expr string) (query, error) {
 	var q query
 	s := expr
-	i := 0
+	i, depth := 0, 0
 	skipSpace := func() {
 		for i < len(s) && strings.ContainsRune(" \t\r\n", rune(s[i])) {
 			i++
@@ -188,9 +188,20 @@ func parsePromQL(expr string) (query, error) {
 				}
 				q.selectors = append(q.selectors, sel)
 			}
+		case c == '(':
+			depth++
+			i++
+		case c == ')':
+			if depth--; depth < 0 {
+				return q, fmt.Errorf("unbalanced ')' in %q", expr)
+			}
+			i++
 		default:
-			i++ // an operator or a parenthesis
+			i++ // an operator or a comma
 		}
+	}
+	if depth != 0 {
+		return q, fmt.Errorf("unclosed '(' in %q", expr)
 	}
 	return q, nil
 }
@@ -218,7 +229,7 @@ func TestParsePromQL(t *testing.T) {
 			t.Errorf("%s:\n got %+v\nwant %+v", c.expr, got, c.want)
 		}
 	}
-	for _, bad := range []string{`x{a="b"`, `x{a}`, `{__name__="x"}`, `sum by (a (x)`, `x{a="b}`} {
+	for _, bad := range []string{`x{a="b"`, `x{a}`, `{__name__="x"}`, `sum by (a (x)`, `x{a="b}`, `sum(rate(x[5m])`, `x)`} {
 		if _, err := parsePromQL(bad); err == nil {
 			t.Errorf("%s: no error", bad)
 		}
