@@ -223,10 +223,7 @@ func run(o options, log *slog.Logger) error {
 		}
 		mux := http.NewServeMux()
 		reg := prometheus.NewRegistry()
-		reg.MustRegister(blockMetrics, routeMetrics)
-		if leakGC != nil {
-			reg.MustRegister(leakGC)
-		}
+		reg.MustRegister(k8s.ControllerCollectors(blockMetrics, routeMetrics, leakGC)...)
 		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 		mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
 			if err := leaderHealth.Check(r); err != nil {

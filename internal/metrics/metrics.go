@@ -37,6 +37,9 @@ type Metrics struct {
 	// PodHealth is the pods' datapath health at the last probe, by
 	// result (healthy, unhealthy).
 	PodHealth *prometheus.GaugeVec
+
+	// registered is everything on Registry, for Describe.
+	registered []prometheus.Collector
 }
 
 // New registers every instrument.
@@ -73,9 +76,22 @@ func New() *Metrics {
 	m.PodHealth = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "vpcni_pod_datapath", Help: "Pod interfaces by the result of their last datapath probe (healthy, unhealthy).",
 	}, []string{"result"})
-	m.Registry.MustRegister(m.Repairs, m.Reconciles, m.PodHealth, m.CNIDuration, m.CloudCalls, m.CloudLatency,
+	m.register(m.Repairs, m.Reconciles, m.PodHealth, m.CNIDuration, m.CloudCalls, m.CloudLatency,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
+}
+
+func (m *Metrics) register(cs ...prometheus.Collector) {
+	m.Registry.MustRegister(cs...)
+	m.registered = append(m.registered, cs...)
+}
+
+// Describe sends the descriptor of every metric the registry serves
+// (deploy/grafana's dashboard is checked against them).
+func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
+	for _, c := range m.registered {
+		c.Describe(ch)
+	}
 }
 
 // Snapshot is the agent's state as the gauges show it.
@@ -85,7 +101,7 @@ type Snapshot struct {
 }
 
 // Watch makes every scrape read the gauges from f.
-func (m *Metrics) Watch(f func() Snapshot) { m.Registry.MustRegister(&watcher{f: f, m: m}) }
+func (m *Metrics) Watch(f func() Snapshot) { m.register(&watcher{f: f, m: m}) }
 
 type watcher struct {
 	f func() Snapshot
