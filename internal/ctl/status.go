@@ -37,6 +37,8 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		err = trace(args[1:], stdout)
 	case "audit":
 		err = audit(args[1:], stdout)
+	case "doctor":
+		err = doctorCmd(args[1:], stdout)
 	case "install-cni":
 		err = installCNI(args[1:], stdout)
 	case "uninstall-cni":
@@ -97,6 +99,10 @@ On a node:
       every piece of the pod's path on this node (its interface, address, route and
       neighbour; the host veth, route, proxy ARP entry, rules; the address on the cloud
       port), ok, missing or wrong, and what to do; exits 1 if a piece is not ok
+  vpcnictl doctor [--agent-config F] [--socket PATH] [--cni-conf-dir D] [--cni-bin-dir D] [-o table|json]
+      the node's prerequisites and health, one line per check with what to do: kernel link
+      types of every mode, the mode's sysctls, the uplink, the CNI conf and bin dirs, the agent,
+      the cloud (openstack), the API server, clock skew; exits 1 when a check fails (as root)
   vpcnictl install-cni [--plugin F] [--bin-dir D] [--conf-dir D] [--conflist F] [--name N] [--agent-config F]
       copy the plugin and write the conflist atomically (the DaemonSet's init step);
       with --agent-config also set the node's sysctls for that config's uplink
