@@ -80,7 +80,8 @@ func (p *Provider) room() Step {
 				used++
 			}
 		}
-		limit, why := info.Capacity, info.CapacityReason
+		why := info.CapacityReason
+		limit = info.Capacity
 		if p.cfg.SecondaryNICs > 0 {
 			// Only the VM port's share is counted here; the rest spills
 			// onto secondary NICs.
