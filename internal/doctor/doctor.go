@@ -237,6 +237,7 @@ func Skew(what string, date, sent, received time.Time) Result {
 	r := Result{Name: "clock " + what}
 	if date.IsZero() {
 		r.Status, r.Detail = Warn, what+" sent no Date header: skew unknown"
+		r.Fix = "compare the clocks by hand (date -u here and there)"
 		return r
 	}
 	mid := sent.Add(received.Sub(sent) / 2)
