@@ -91,10 +91,11 @@ k8s-api: build k8s-build
 # Root-only: real namespaces, the built plugin driven by libcni, Debian's
 # reference plugins, a real neutron-server (scripts/neutron.sh installs and
 # starts it, and stops it again). The Keystone job runs last, on its own:
-# it restarts that neutron-server in Keystone mode.
+# it restarts that neutron-server in Keystone mode. test/doctor runs
+# vpcnictl doctor on a lab node with each planted fault (~1 s).
 TESTFILTER := grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|vpcni-test:|^chaos:|^\[neutron'
 integration: build
-	VPCNI_REQUIRE_ROOT=1 VPCNI_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout $(PKG_TEST_TIMEOUT) -v ./test/integration ./test/macvlan ./test/bridge ./test/neutron ./test/lab ./test/labnics 2>&1 | tee /tmp/vpcni-integration.log | $(TESTFILTER) ; exit $${PIPESTATUS[0]}
+	VPCNI_REQUIRE_ROOT=1 VPCNI_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout $(PKG_TEST_TIMEOUT) -v ./test/integration ./test/macvlan ./test/bridge ./test/neutron ./test/lab ./test/labnics ./test/doctor 2>&1 | tee /tmp/vpcni-integration.log | $(TESTFILTER) ; exit $${PIPESTATUS[0]}
 	VPCNI_REQUIRE_ROOT=1 $(GO) test -count=1 -timeout $(PKG_TEST_TIMEOUT) -v ./test/keystone 2>&1 | tee /tmp/vpcni-keystone.log | $(TESTFILTER) ; exit $${PIPESTATUS[0]}
 
 # The lab e2e, once, against the real Neutron with its linuxbridge and L3

@@ -178,16 +178,19 @@ func TestCNI(t *testing.T) {
 // project and whose policy refuses this one's port updates (Neutron's
 // default for a shared network's member).
 func TestCloudPolicyNamesPassthrough(t *testing.T) {
+	allow := false
+	const port = `{"id":"p1","network_id":"n1","project_id":"member","revision_number":3,"fixed_ips":[{"subnet_id":"s1","ip_address":"10.0.0.5"}]}`
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		switch {
+		case r.URL.Path == "/v2.0/ports/p1" && (r.Method == http.MethodGet || allow):
+			_, _ = w.Write([]byte(`{"port":` + port + `}`))
 		case r.URL.Path == "/v2.0/subnets/s1":
 			_, _ = w.Write([]byte(`{"subnet":{"id":"s1","network_id":"n1","cidr":"10.0.0.0/24","gateway_ip":"10.0.0.1","ip_version":4}}`))
 		case r.URL.Path == "/v2.0/ports" && r.Method == http.MethodGet && !slices.Contains(r.URL.Query()["fixed_ips"], "ip_address=10.0.0.5"):
 			_, _ = w.Write([]byte(`{"ports":[]}`))
 		case r.URL.Path == "/v2.0/ports" && r.Method == http.MethodGet:
-			_, _ = w.Write([]byte(`{"ports":[{"id":"p1","network_id":"n1","project_id":"member","revision_number":3,
-				"fixed_ips":[{"subnet_id":"s1","ip_address":"10.0.0.5"}]}]}`))
+			_, _ = w.Write([]byte(`{"ports":[` + port + `]}`))
 		case r.URL.Path == "/v2.0/networks/n1":
 			_, _ = w.Write([]byte(`{"network":{"id":"n1","project_id":"owner","shared":true}}`))
 		case r.URL.Path == "/v2.0/ports/p1" && r.Method == http.MethodPut:
@@ -208,6 +211,13 @@ func TestCloudPolicyNamesPassthrough(t *testing.T) {
 		t.Errorf("steps after the refused policy ran: %+v", rs)
 	}
 	expect(t, clock.Skew("neutron"), OK)
+
+	// An owner's or admin's credentials: the no-op update goes through.
+	allow = true
+	rs = Cloud(openstack.Diagnose(context.Background(), cfg, netip.MustParseAddr("10.0.0.5"), clock), cfg.Mode, "f")
+	expect(t, find(t, rs, "cloud policy"), OK, "project owner's", "update_port:fixed_ips", "VM port p1")
+	expect(t, find(t, rs, "cloud limits"), OK, "0 of ")
+	allow = false
 
 	// The port not found.
 	rs = Cloud(openstack.Diagnose(context.Background(), cfg, netip.MustParseAddr("10.0.0.6"), clock), cfg.Mode, "f")
@@ -245,4 +255,8 @@ func TestAPIServer(t *testing.T) {
 		expect(t, APIServer(context.Background(), rc, nil, "n1", &DateClock{}), Fail, want)
 	}
 	expect(t, APIServer(context.Background(), nil, errors.New("not in a pod"), "n1", &DateClock{}), Fail, "not in a pod", "kubernetes.mode: off")
+}
+
+func TestBTF(t *testing.T) {
+	expect(t, BTF(func(p string) bool { return p == "/sys/kernel/btf/vmlinux" }), OK, "bpf() syscall: no, BTF (/sys/kernel/btf/vmlinux): yes")
 }

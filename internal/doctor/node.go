@@ -122,3 +122,20 @@ func ReadUplink(name string) (Link, error) {
 	}
 	return out, nil
 }
+
+// BTF says whether the kernel has the bpf() syscall (it then shows
+// kernel.unprivileged_bpf_disabled) and describes its own types
+// (/sys/kernel/btf/vmlinux), which eBPF programs built once for every
+// kernel (CO-RE) need. Nothing in vpcni loads eBPF today, so either
+// answer is ok: it is said for the tools an operator may add.
+func BTF(exists func(path string) bool) Result {
+	yes := map[bool]string{true: "yes", false: "no"}
+	return Result{Name: "kernel bpf", Status: OK, Detail: fmt.Sprintf("bpf() syscall: %s, BTF (/sys/kernel/btf/vmlinux): %s; vpcni itself needs neither",
+		yes[exists("/proc/sys/kernel/unprivileged_bpf_disabled")], yes[exists("/sys/kernel/btf/vmlinux")])}
+}
+
+// Exists says whether path is there.
+func Exists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
+}

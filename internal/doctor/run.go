@@ -44,6 +44,7 @@ func Run(ctx context.Context, o Options) Report {
 		uplink, uplinkErr = ReadUplink(cfg.Uplink)
 	}
 	rep.add(kernel(mode, cfg, uplink.Name)...)
+	rep.add(BTF(Exists))
 	if cfgErr == nil {
 		if uplinkErr == nil {
 			if r, _ := datapath.Lookup(mode); r.Needs != nil {

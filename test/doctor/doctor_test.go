@@ -169,7 +169,18 @@ func TestPlantedFaults(t *testing.T) {
 			t.Logf("this kernel: %s %s: %s", r.Name, r.Status, r.Detail)
 		}
 	}
-	t.Logf("healthy node:\n%s", dump(rep))
+	// The table: a line per check, each a fix under it when not ok.
+	out, err := netnsutil.Output(n.ns, filepath.Join(binDir, "vpcnictl"), "doctor",
+		"--agent-config", n.configPath, "--cni-conf-dir", n.confDir, "--cni-bin-dir", n.binDir)
+	if err != nil {
+		t.Fatalf("vpcnictl doctor (table): %v\n%s", err, out)
+	}
+	for _, r := range rep.Results {
+		if !strings.Contains(out, "\n"+r.Name+" ") {
+			t.Errorf("the table has no line for %s:\n%s", r.Name, out)
+		}
+	}
+	t.Logf("healthy node:\n%s", out)
 
 	vpcniConf := filepath.Join(n.confDir, "10-vpcni.conflist")
 	write := func(path string, data []byte) {

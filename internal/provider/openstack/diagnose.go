@@ -49,7 +49,8 @@ func Diagnose(ctx context.Context, cfg Config, nodeIP netip.Addr, rt http.RoundT
 	if !step("port", fmt.Sprintf("VM port %s (by %s)", p.portID, cfg.PortLookup), err) {
 		return steps
 	}
-	if !step("policy", "the credentials may do what mode "+cfg.Mode+" needs", p.checkPolicy(ctx)) {
+	why, err := p.checkPolicy(ctx)
+	if !step("policy", why, err) {
 		return steps
 	}
 	return append(steps, p.room())

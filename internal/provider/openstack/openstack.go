@@ -93,7 +93,7 @@ func New(ctx context.Context, cfg Config, nodeIP netip.Addr) (*Provider, error) 
 	if err := p.findInstance(); err != nil {
 		return nil, err
 	}
-	if err := p.checkPolicy(ctx); err != nil {
+	if _, err := p.checkPolicy(ctx); err != nil {
 		return nil, err
 	}
 	// Learn the subnet's used addresses now, not on the first ADD that
