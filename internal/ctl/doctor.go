@@ -2,7 +2,6 @@ package ctl
 
 import (
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -21,20 +20,18 @@ func doctorCmd(args []string, out io.Writer) error {
 	fs.StringVar(&o.Socket, "socket", "", "vpcnid's socket (default: the config's socketPath)")
 	fs.StringVar(&o.ConfDir, "cni-conf-dir", "/host/etc/cni/net.d", "the runtime's CNI conf dir (on the node itself: /etc/cni/net.d)")
 	fs.StringVar(&o.BinDir, "cni-bin-dir", "/host/opt/cni/bin", "the runtime's CNI bin dir (on the node itself: /opt/cni/bin)")
-	format := fs.String("o", "table", "output: table or json")
+	format := formatFlag(fs)
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	if *format != "table" && *format != "json" {
-		return usageError{fmt.Sprintf("doctor: unknown output format %q (table or json)", *format)}
+	if err := checkFormat("doctor", *format); err != nil {
+		return err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	rep := doctor.Run(ctx, o)
 	if *format == "json" {
-		enc := json.NewEncoder(out)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(rep); err != nil {
+		if err := writeJSON(out, rep); err != nil {
 			return fmt.Errorf("write the report: %w", err)
 		}
 	} else {

@@ -83,6 +83,24 @@ func parseFlags(fs *flag.FlagSet, args []string) error {
 	}
 }
 
+// formatFlag adds a command's -o flag.
+func formatFlag(fs *flag.FlagSet) *string { return fs.String("o", "table", "output: table or json") }
+
+// checkFormat refuses an -o other than table or json.
+func checkFormat(cmd, format string) error {
+	if format != "table" && format != "json" {
+		return usageError{fmt.Sprintf("%s: unknown output format %q (table or json)", cmd, format)}
+	}
+	return nil
+}
+
+// writeJSON writes v as every -o json does: indented.
+func writeJSON(out io.Writer, v any) error {
+	enc := json.NewEncoder(out)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
 // usageError is a command line vpcnictl does not understand: Main prints
 // the usage with it and exits 2, as it does for an unknown command.
 type usageError struct{ msg string }
@@ -136,12 +154,12 @@ On this machine, as root, in network namespaces only:
 func status(args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("status", flag.ContinueOnError)
 	socket := fs.String("socket", api.DefaultSocket, "vpcnid socket")
-	format := fs.String("o", "table", "output: table or json")
+	format := formatFlag(fs)
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	if *format != "table" && *format != "json" {
-		return usageError{fmt.Sprintf("status: unknown output format %q (table or json)", *format)}
+	if err := checkFormat("status", *format); err != nil {
+		return err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -150,9 +168,7 @@ func status(args []string, out io.Writer) error {
 		return fmt.Errorf("agent status: %w", err)
 	}
 	if *format == "json" {
-		enc := json.NewEncoder(out)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(st); err != nil {
+		if err := writeJSON(out, st); err != nil {
 			return fmt.Errorf("write the status: %w", err)
 		}
 	} else {

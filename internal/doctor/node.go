@@ -24,6 +24,8 @@ const ProbeNSPrefix = "vpcni-doctor-"
 // created); the error is for the namespace itself.
 func ProbeLinks(kinds []string) (map[string]error, error) {
 	name := fmt.Sprintf("%s%d", ProbeNSPrefix, os.Getpid())
+	// A leftover of a killed run with this PID would stop the creation.
+	_ = netns.DeleteNamed(name)
 	ns, err := newNamedNS(name)
 	if err != nil {
 		return nil, fmt.Errorf("a namespace to probe link types in: %w", err)
