@@ -238,7 +238,8 @@ type Registration struct {
 	Prepare func(node Node, s Settings) error
 	// Needs says what the mode needs of the node's kernel, for a check
 	// that changes nothing (vpcnictl doctor). node.Uplink is the uplink's
-	// name, never empty.
+	// name, resolved (the sysctls name it); a caller that reads only the
+	// Links may leave it empty.
 	Needs func(node Node, s Settings) Needs
 	// Uninstall undoes what New changed on the node itself beyond the
 	// pods' own links (bridge mode: the uplink taken into a bridge), from
