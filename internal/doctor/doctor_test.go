@@ -260,3 +260,51 @@ func TestAPIServer(t *testing.T) {
 func TestBTF(t *testing.T) {
 	expect(t, BTF(func(p string) bool { return p == "/sys/kernel/btf/vmlinux" }), OK, "bpf() syscall: no, BTF (/sys/kernel/btf/vmlinux): yes")
 }
+
+// A mode that creates ports reads the project's port quota: room left,
+// none left, or a quota it may not read (said, not failed).
+func TestCloudPortQuota(t *testing.T) {
+	quota := `{"quota":{"port":{"used":7,"reserved":1,"limit":10}}}`
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		switch r.URL.Path {
+		case "/v2.0/subnets/s1":
+			_, _ = w.Write([]byte(`{"subnet":{"id":"s1","network_id":"n1","cidr":"10.0.0.0/24","gateway_ip":"10.0.0.1","ip_version":4}}`))
+		case "/v2.0/ports":
+			_, _ = w.Write([]byte(`{"ports":[{"id":"p1","network_id":"n1","project_id":"member","fixed_ips":[{"subnet_id":"s1","ip_address":"10.0.0.5"}],
+				"allowed_address_pairs":[{"ip_address":"10.0.0.9"}]}]}`))
+		case "/v2.0/networks/n1":
+			_, _ = w.Write([]byte(`{"network":{"id":"n1","project_id":"member"}}`))
+		case "/v2.0/quotas/member/details.json":
+			if quota == "" {
+				http.NotFound(w, r)
+				return
+			}
+			_, _ = w.Write([]byte(quota))
+		default:
+			http.NotFound(w, r)
+		}
+	}))
+	t.Cleanup(srv.Close)
+	cfg := openstack.Config{Endpoint: srv.URL, SubnetID: "s1", Mode: "address-pairs"}
+	cfg.Defaults()
+	diagnose := func() []Result {
+		return Cloud(openstack.Diagnose(context.Background(), cfg, netip.MustParseAddr("10.0.0.5"), http.DefaultTransport), cfg.Mode, "f")
+	}
+	rs := diagnose()
+	expect(t, find(t, rs, "cloud policy"), OK, "belongs to the VM port's project")
+	expect(t, find(t, rs, "cloud limits"), OK, "1 of 10 allowed address pairs")
+	expect(t, find(t, rs, "cloud quota"), OK, "8 of 10 ports")
+	quota = `{"quota":{"port":{"used":10,"reserved":0,"limit":10}}}`
+	expect(t, find(t, diagnose(), "cloud quota"), Warn, "can create no more", "quota set --ports")
+	quota = ""
+	expect(t, find(t, diagnose(), "cloud quota"), Warn, "cannot read the port quota of project member")
+
+	// fixed-ips creates no ports: no quota step.
+	cfg.Mode = "fixed-ips"
+	for _, r := range diagnose() {
+		if r.Name == "cloud quota" {
+			t.Errorf("fixed-ips read the port quota: %+v", r)
+		}
+	}
+}

@@ -25,7 +25,10 @@ func Cloud(steps []openstack.Step, mode, agentConfig string) []Result {
 		r := Result{Name: "cloud " + s.Name, Status: OK, Detail: s.Detail}
 		if s.Warn {
 			r.Status = Warn
-			r.Fix = "raise maxAddresses (fixed-ips; within the project's port quota) or maxAddressPairs (Neutron's max_allowed_address_pair) in " + agentConfig + ", or add nodes"
+			r.Fix = "raise maxAddresses (fixed-ips) or maxAddressPairs (Neutron's max_allowed_address_pair) in " + agentConfig + ", or add nodes"
+			if s.Name == "quota" {
+				r.Fix = "ask the cloud's admin for a larger port quota (openstack quota set --ports), or let these credentials read it"
+			}
 		}
 		if s.Err != nil {
 			r.Status, r.Detail, r.Fix = Fail, s.Err.Error(), cloudFix(s, mode, agentConfig)

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"net/http"
 	"net/netip"
+
+	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/extensions/quotas"
 )
 
 // Step is one stage of what the provider does at start, as vpcnictl
@@ -53,7 +55,35 @@ func Diagnose(ctx context.Context, cfg Config, nodeIP netip.Addr, rt http.RoundT
 	if !step("policy", why, err) {
 		return steps
 	}
-	return append(steps, p.room())
+	steps = append(steps, p.room())
+	if p.cfg.Mode != "fixed-ips" || p.cfg.SecondaryNICs > 0 {
+		steps = append(steps, p.portQuota(ctx))
+	}
+	return steps
+}
+
+// portQuota reads how many ports the VM port's project may still create:
+// the mode creates one per pod address (address-pairs' reservations,
+// passthrough's NICs) or per secondary NIC. A quota these credentials may
+// not read (or a Neutron without the quota details) is said, not failed.
+func (p *Provider) portQuota(ctx context.Context) Step {
+	s := Step{Name: "quota"}
+	q, err := quotas.GetDetail(ctx, p.nc, p.port.ProjectID).Extract()
+	if err != nil {
+		s.Warn, s.Detail = true, fmt.Sprintf("cannot read the port quota of project %s (%v): mode %s creates ports against it", p.port.ProjectID, err, p.cfg.Mode)
+		return s
+	}
+	used := q.Port.Used + q.Port.Reserved
+	if q.Port.Limit < 0 {
+		s.Detail = fmt.Sprintf("project %s: %d ports, no port quota", p.port.ProjectID, used)
+		return s
+	}
+	s.Detail = fmt.Sprintf("project %s: %d of %d ports in its quota", p.port.ProjectID, used, q.Port.Limit)
+	if used >= q.Port.Limit {
+		s.Warn = true
+		s.Detail += fmt.Sprintf(": mode %s can create no more", p.cfg.Mode)
+	}
+	return s
 }
 
 // room says how much of what bounds the node's addresses is used, from
