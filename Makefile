@@ -99,18 +99,21 @@ fuzz:
 # e2e node's). Per-node blocks: three vpcnid nodes from one config with
 # pods reachable, reclaiming, racing writers, the controller binary with
 # its lease and RBAC; the routed pod subnet's routes and pairs within the
-# router's budget, on the lab's endpoint and on a lab (~50 s).
+# router's budget, on the lab's endpoint and on a lab (~50 s). test/doctorapi:
+# vpcnictl doctor's API server check on a fixture of its own (ports
+# 26473/22409): accepted, no such Node, refused token, no RBAC (~5 s).
 k8s-api: build k8s-build
-	VPCNI_REQUIRE_ROOT=1 VPCNI_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 5m -p 1 -v ./test/blocks ./test/fips ./test/leaks 2>&1 | tee /tmp/vpcni-k8s-api.log | $(TESTFILTER) ; exit $${PIPESTATUS[0]}
+	VPCNI_REQUIRE_ROOT=1 VPCNI_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 5m -p 1 -v ./test/blocks ./test/fips ./test/leaks ./test/doctorapi 2>&1 | tee /tmp/vpcni-k8s-api.log | $(TESTFILTER) ; exit $${PIPESTATUS[0]}
 	VPCNI_REQUIRE_ROOT=1 VPCNI_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 5m -v ./test/sticky 2>&1 | tee /tmp/vpcni-sticky.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|vpcni-test:|^sticky-move' ; exit $${PIPESTATUS[0]}
 
 # Root-only: real namespaces, the built plugin driven by libcni, Debian's
 # reference plugins, a real neutron-server (scripts/neutron.sh installs and
 # starts it, and stops it again). The Keystone job runs last, on its own:
-# it restarts that neutron-server in Keystone mode.
+# it restarts that neutron-server in Keystone mode. test/doctor runs
+# vpcnictl doctor on a lab node with each planted fault (~1 s).
 TESTFILTER := grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|vpcni-test:|^chaos:|^\[neutron'
 integration: build
-	VPCNI_REQUIRE_ROOT=1 VPCNI_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout $(PKG_TEST_TIMEOUT) -v ./test/integration ./test/macvlan ./test/bridge ./test/neutron ./test/lab ./test/labnics 2>&1 | tee /tmp/vpcni-integration.log | $(TESTFILTER) ; exit $${PIPESTATUS[0]}
+	VPCNI_REQUIRE_ROOT=1 VPCNI_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout $(PKG_TEST_TIMEOUT) -v ./test/integration ./test/macvlan ./test/bridge ./test/neutron ./test/lab ./test/labnics ./test/doctor 2>&1 | tee /tmp/vpcni-integration.log | $(TESTFILTER) ; exit $${PIPESTATUS[0]}
 	VPCNI_REQUIRE_ROOT=1 $(GO) test -count=1 -timeout $(PKG_TEST_TIMEOUT) -v ./test/keystone 2>&1 | tee /tmp/vpcni-keystone.log | $(TESTFILTER) ; exit $${PIPESTATUS[0]}
 
 # The lab e2e, once, against the real Neutron with its linuxbridge and L3

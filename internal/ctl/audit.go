@@ -2,7 +2,6 @@ package ctl
 
 import (
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -39,7 +38,7 @@ func audit(args []string, out io.Writer) error {
 	kubeconfig := fs.String("kubeconfig", "", "kubeconfig (default: $KUBECONFIG, else in-cluster)")
 	cloudConfig := fs.String("cloud-config", "", "vpcni-controller's -cloud-config file (required: its openstack section, with subnetID; a routes section adds the router)")
 	blockRanges := fs.String("block-ranges", "", "vpcni-controller's -block-ranges (comma-separated CIDRs): with a routes section, the routes and pairs of these ranges are audited")
-	format := fs.String("o", "table", "output: table or json")
+	format := formatFlag(fs)
 	clusterID := fs.String("cluster-id", "", "vpcni-controller's -cluster-id (default: the UID of namespace kube-system, as the controller's)")
 	timeout := fs.Duration("timeout", time.Minute, "give up after this long")
 	if err := parseFlags(fs, args); err != nil {
@@ -124,9 +123,7 @@ func audit(args []string, out io.Writer) error {
 		}
 	}
 	if *format == "json" {
-		enc := json.NewEncoder(out)
-		enc.SetIndent("", "  ")
-		return enc.Encode(rep)
+		return writeJSON(out, rep)
 	}
 	return printAudit(out, rep)
 }

@@ -37,6 +37,8 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		err = trace(args[1:], stdout)
 	case "audit":
 		err = audit(args[1:], stdout)
+	case "doctor":
+		err = doctorCmd(args[1:], stdout)
 	case "install-cni":
 		err = installCNI(args[1:], stdout)
 	case "uninstall-cni":
@@ -81,6 +83,24 @@ func parseFlags(fs *flag.FlagSet, args []string) error {
 	}
 }
 
+// formatFlag adds a command's -o flag.
+func formatFlag(fs *flag.FlagSet) *string { return fs.String("o", "table", "output: table or json") }
+
+// checkFormat refuses an -o other than table or json.
+func checkFormat(cmd, format string) error {
+	if format != "table" && format != "json" {
+		return usageError{fmt.Sprintf("%s: unknown output format %q (table or json)", cmd, format)}
+	}
+	return nil
+}
+
+// writeJSON writes v as every -o json does: indented.
+func writeJSON(out io.Writer, v any) error {
+	enc := json.NewEncoder(out)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
 // usageError is a command line vpcnictl does not understand: Main prints
 // the usage with it and exits 2, as it does for an unknown command.
 type usageError struct{ msg string }
@@ -97,6 +117,10 @@ On a node:
       every piece of the pod's path on this node (its interface, address, route and
       neighbour; the host veth, route, proxy ARP entry, rules; the address on the cloud
       port), ok, missing or wrong, and what to do; exits 1 if a piece is not ok
+  vpcnictl doctor [--agent-config F] [--socket PATH] [--cni-conf-dir D] [--cni-bin-dir D] [-o table|json]
+      the node's prerequisites and health, one line per check with what to do: kernel link
+      types of every mode, the mode's sysctls, the uplink, the CNI conf and bin dirs, the agent,
+      the cloud (openstack), the API server, clock skew; exits 1 when a check fails (as root)
   vpcnictl install-cni [--plugin F] [--bin-dir D] [--conf-dir D] [--conflist F] [--name N] [--agent-config F]
       copy the plugin and write the conflist atomically (the DaemonSet's init step);
       with --agent-config also set the node's sysctls for that config's uplink
@@ -130,12 +154,12 @@ On this machine, as root, in network namespaces only:
 func status(args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("status", flag.ContinueOnError)
 	socket := fs.String("socket", api.DefaultSocket, "vpcnid socket")
-	format := fs.String("o", "table", "output: table or json")
+	format := formatFlag(fs)
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	if *format != "table" && *format != "json" {
-		return usageError{fmt.Sprintf("status: unknown output format %q (table or json)", *format)}
+	if err := checkFormat("status", *format); err != nil {
+		return err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -144,9 +168,7 @@ func status(args []string, out io.Writer) error {
 		return fmt.Errorf("agent status: %w", err)
 	}
 	if *format == "json" {
-		enc := json.NewEncoder(out)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(st); err != nil {
+		if err := writeJSON(out, st); err != nil {
 			return fmt.Errorf("write the status: %w", err)
 		}
 	} else {

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"strings"
 
 	"github.com/vpcni/vpcni/internal/alloc"
 	"github.com/vpcni/vpcni/internal/api"
@@ -235,6 +236,11 @@ type Registration struct {
 	// from a privileged step (vpcnictl install-cni) so that the agent
 	// itself need not be privileged. Nil: nothing to prepare.
 	Prepare func(node Node, s Settings) error
+	// Needs says what the mode needs of the node's kernel, for a check
+	// that changes nothing (vpcnictl doctor). node.Uplink is the uplink's
+	// name, resolved (the sysctls name it); a caller that reads only the
+	// Links may leave it empty.
+	Needs func(node Node, s Settings) Needs
 	// Uninstall undoes what New changed on the node itself beyond the
 	// pods' own links (bridge mode: the uplink taken into a bridge), from
 	// a privileged step (vpcnictl uninstall-cni) once the agent is
@@ -242,6 +248,36 @@ type Registration struct {
 	// mode changes nothing that outlives its pods.
 	Uninstall func(node Node, s Settings) error
 }
+
+// Needs is what a mode needs of the node's kernel: the link types it
+// creates and the sysctls it relies on (Prepare sets those it can).
+type Needs struct {
+	// Links are the link types the mode creates, as the kernel names them
+	// (ip link add ... type <kind>).
+	Links []string
+	// Sysctls are the settings the mode relies on.
+	Sysctls []Sysctl
+}
+
+// Sysctl is one kernel setting under /proc/sys.
+type Sysctl struct {
+	// Key is its path under /proc/sys: net/ipv4/ip_forward.
+	Key string
+	// Value is what the mode needs. Empty: only that the key exists,
+	// which the kernel shows only with a feature loaded (net/bridge with
+	// br_netfilter).
+	Value string
+	// Why the mode needs it, for a person told it is wrong.
+	Why string
+}
+
+// Name is the key as sysctl(8) writes it: net.ipv4.ip_forward.
+func (s Sysctl) Name() string { return strings.ReplaceAll(s.Key, "/", ".") }
+
+// Forwarding is IPv4 forwarding, which every mode whose pods' traffic
+// crosses the node's stack (routed pods, the service path, DNATed bridged
+// packets) needs.
+var Forwarding = Sysctl{Key: "net/ipv4/ip_forward", Value: "1", Why: "pod traffic is forwarded by the node's stack"}
 
 var modes = registry.New[Registration]("datapath mode")
 

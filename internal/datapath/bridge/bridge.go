@@ -78,6 +78,7 @@ func init() {
 			return New(node, *s.(*Settings))
 		},
 		Prepare: func(datapath.Node, datapath.Settings) error { return Prepare() },
+		Needs:   func(datapath.Node, datapath.Settings) datapath.Needs { return needs },
 		Uninstall: func(node datapath.Node, s datapath.Settings) error {
 			return Uninstall(node.Uplink, *s.(*Settings))
 		},

@@ -11,6 +11,7 @@ import (
 	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
 
+	"github.com/vpcni/vpcni/internal/datapath"
 	"github.com/vpcni/vpcni/internal/datapath/nlutil"
 )
 
@@ -23,15 +24,23 @@ func Prepare() error {
 	if err := checkBrNetfilter(); err != nil {
 		return err
 	}
-	return nlutil.EnableForwarding()
+	return nlutil.WriteSysctls(needs.Sysctls)
 }
+
+// needs: the bridge and its pods' veths, forwarding, and br_netfilter
+// (checkBrNetfilter).
+var needs = datapath.Needs{Links: []string{"bridge", "veth"}, Sysctls: []datapath.Sysctl{datapath.Forwarding,
+	{Key: brNetfilterDir, Why: "br_netfilter runs kube-proxy's rules on bridged pod traffic (modprobe br_netfilter)"}}}
+
+// brNetfilterDir is what the kernel shows only with br_netfilter.
+const brNetfilterDir = "net/bridge"
 
 // checkBrNetfilter: without br_netfilter the bridge's nf_call_iptables
 // option is accepted and does nothing, and pods silently lose Services.
 // The kernel shows net.bridge only when it has br_netfilter (per network
 // namespace).
 func checkBrNetfilter() error {
-	if _, err := os.Stat("/proc/sys/net/bridge"); err != nil {
+	if _, err := os.Stat("/proc/sys/" + brNetfilterDir); err != nil {
 		return errors.New("the kernel has no br_netfilter (no /proc/sys/net/bridge): bridged pod traffic would bypass iptables and pods could not reach Services; load it (modprobe br_netfilter) or choose another datapath mode")
 	}
 	return nil

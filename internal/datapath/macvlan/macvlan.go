@@ -75,6 +75,9 @@ func Registration(k Kind) datapath.Registration {
 		},
 		Prepare:   func(datapath.Node, datapath.Settings) error { return svcpath.Prepare() },
 		Uninstall: func(datapath.Node, datapath.Settings) error { return svcpath.RemoveNAT() },
+		Needs: func(datapath.Node, datapath.Settings) datapath.Needs {
+			return datapath.Needs{Links: append([]string{string(k)}, svcpath.Needs.Links...), Sysctls: svcpath.Needs.Sysctls}
+		},
 	}
 }
 

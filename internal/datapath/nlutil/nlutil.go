@@ -14,6 +14,8 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+
+	"github.com/vpcni/vpcni/internal/datapath"
 )
 
 // RetryDump repeats a netlink dump the kernel interrupted (its result
@@ -102,10 +104,20 @@ func WriteSysctl(key, value string) error {
 	return nil
 }
 
-// EnableForwarding turns on IPv4 forwarding, which every mode whose pods'
-// traffic crosses the node's stack (routed pods, the service path,
-// DNATed bridged packets) needs.
-func EnableForwarding() error { return WriteSysctl("net/ipv4/ip_forward", "1") }
+// EnableForwarding turns on IPv4 forwarding (datapath.Forwarding).
+func EnableForwarding() error { return WriteSysctls([]datapath.Sysctl{datapath.Forwarding}) }
+
+// WriteSysctls sets each sysctl that names a value (see WriteSysctl); one
+// that only has to exist is left to the mode to check.
+func WriteSysctls(list []datapath.Sysctl) error {
+	var errs []error
+	for _, s := range list {
+		if s.Value != "" {
+			errs = append(errs, WriteSysctl(s.Key, s.Value))
+		}
+	}
+	return errors.Join(errs...)
+}
 
 // DeleteOwnedVeth removes the node-side veth name (its other end goes with
 // it) if it is there and carries alias, or no alias yet: an ADD cut short

@@ -58,6 +58,8 @@ func init() {
 		},
 		Prepare:   func(datapath.Node, datapath.Settings) error { return svcpath.Prepare() },
 		Uninstall: func(datapath.Node, datapath.Settings) error { return svcpath.RemoveNAT() },
+		// The pod's NIC is the cloud's: only the service path is made here.
+		Needs: func(datapath.Node, datapath.Settings) datapath.Needs { return svcpath.Needs },
 	})
 }
 

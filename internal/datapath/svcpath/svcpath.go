@@ -87,7 +87,11 @@ func Open(cidrs []netip.Prefix, nodeIP netip.Addr, mtu int) (*Path, error) {
 // Prepare step runs it from the privileged init container. It writes only
 // what differs, so an agent without a writable /proc/sys starts once that
 // step ran.
-func Prepare() error { return nlutil.EnableForwarding() }
+func Prepare() error { return nlutil.WriteSysctls(Needs.Sysctls) }
+
+// Needs is what the service path needs of the node's kernel: its veths
+// and forwarding.
+var Needs = datapath.Needs{Links: []string{"veth"}, Sysctls: []datapath.Sysctl{datapath.Forwarding}}
 
 // HostIfName is the node-side name of an attachment's service veth: "vsv"
 // and 12 hex digits of a hash of container ID and interface, stable across

@@ -42,6 +42,9 @@ func init() {
 			return NewVeth(node.Uplink, node.MTU, *s.(*Settings).GARP)
 		},
 		Prepare: func(node datapath.Node, _ datapath.Settings) error { return PrepareNode(node.Uplink) },
+		Needs: func(node datapath.Node, _ datapath.Settings) datapath.Needs {
+			return datapath.Needs{Links: []string{"veth"}, Sysctls: nodeSysctls(node.Uplink)}
+		},
 	})
 }
 
@@ -159,10 +162,15 @@ func PrepareNode(uplink string) error {
 	if err != nil {
 		return err
 	}
-	return errors.Join(
-		nlutil.EnableForwarding(),
-		nlutil.WriteSysctl("net/ipv4/neigh/"+uplink+"/proxy_delay", "0"),
-	)
+	return nlutil.WriteSysctls(nodeSysctls(uplink))
+}
+
+// nodeSysctls are what routed pods need on the node: forwarding, and proxy
+// ARP answers on the uplink without the kernel's random delay (up to 0.8 s
+// by default, on every neighbour's first ARP for a pod).
+func nodeSysctls(uplink string) []datapath.Sysctl {
+	return []datapath.Sysctl{datapath.Forwarding,
+		{Key: "net/ipv4/neigh/" + uplink + "/proxy_delay", Value: "0", Why: "the node answers ARP for its pods on the uplink at once, not after up to 0.8 s"}}
 }
 
 // HostIfName is the node-side name of an attachment's veth: "vpc" and 11 hex

@@ -77,20 +77,51 @@ func init() {
 // New logs in, finds the subnet and this node's VM port. cfg has had its
 // Defaults.
 func New(ctx context.Context, cfg Config, nodeIP netip.Addr) (*Provider, error) {
-	calls := &callCounter{next: http.DefaultTransport}
+	p, err := connect(ctx, cfg, http.DefaultTransport)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout.Duration)
+	defer cancel()
+	networkID, err := p.readSubnet(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if err := p.findPort(ctx, networkID, nodeIP); err != nil {
+		return nil, err
+	}
+	if err := p.findInstance(); err != nil {
+		return nil, err
+	}
+	if _, err := p.checkPolicy(ctx); err != nil {
+		return nil, err
+	}
+	// Learn the subnet's used addresses now, not on the first ADD that
+	// finds the pool empty (it is read again only on a conflict).
+	_ = p.refreshUsed(ctx)
+	return p, nil
+}
+
+// connect logs in (Keystone) or readies the noauth clients; its requests
+// go through rt.
+func connect(ctx context.Context, cfg Config, rt http.RoundTripper) (*Provider, error) {
+	calls := &callCounter{next: rt}
 	nc, cc, err := clients(ctx, cfg, calls)
 	if err != nil {
 		return nil, err
 	}
-	p := &Provider{nc: nc, cc: cc, cfg: cfg, calls: calls}
-	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout.Duration)
-	defer cancel()
-	sn, err := subnets.Get(ctx, nc, cfg.SubnetID).Extract()
+	return &Provider{nc: nc, cc: cc, cfg: cfg, calls: calls}, nil
+}
+
+// readSubnet reads the pods' subnet: its CIDR, gateway and allocation
+// pools; it returns its network.
+func (p *Provider) readSubnet(ctx context.Context) (networkID string, err error) {
+	sn, err := subnets.Get(ctx, p.nc, p.cfg.SubnetID).Extract()
 	if err != nil {
-		return nil, explain(fmt.Errorf("subnet %s: %w", cfg.SubnetID, err))
+		return "", explain(fmt.Errorf("subnet %s: %w", p.cfg.SubnetID, err))
 	}
 	if p.subnet, err = netip.ParsePrefix(sn.CIDR); err != nil || !p.subnet.Addr().Is4() {
-		return nil, fmt.Errorf("subnet %s has CIDR %q: vpcni needs an IPv4 subnet", cfg.SubnetID, sn.CIDR)
+		return "", fmt.Errorf("subnet %s has CIDR %q: vpcni needs an IPv4 subnet", p.cfg.SubnetID, sn.CIDR)
 	}
 	p.gateway, _ = netip.ParseAddr(sn.GatewayIP)
 	for _, pool := range sn.AllocationPools {
@@ -100,22 +131,19 @@ func New(ctx context.Context, cfg Config, nodeIP netip.Addr) (*Provider, error) 
 			p.pools = append(p.pools, [2]netip.Addr{lo, hi})
 		}
 	}
-	if err := p.findPort(ctx, sn.NetworkID, nodeIP); err != nil {
-		return nil, err
-	}
-	if p.instanceID = cfg.InstanceID; p.instanceID == "" {
+	return sn.NetworkID, nil
+}
+
+// findInstance settles the node's Nova server: the configured one, else
+// the VM port's device.
+func (p *Provider) findInstance() error {
+	if p.instanceID = p.cfg.InstanceID; p.instanceID == "" {
 		p.instanceID = p.port.DeviceID
 	}
-	if cfg.usesNova() && p.instanceID == "" {
-		return nil, fmt.Errorf("VM port %s has no device_id: set instanceID (the node's Nova server), which mode %s needs to attach NICs", p.portID, cfg.Mode)
+	if p.cfg.usesNova() && p.instanceID == "" {
+		return fmt.Errorf("VM port %s has no device_id: set instanceID (the node's Nova server), which mode %s needs to attach NICs", p.portID, p.cfg.Mode)
 	}
-	if err := p.checkPolicy(ctx); err != nil {
-		return nil, err
-	}
-	// Learn the subnet's used addresses now, not on the first ADD that
-	// finds the pool empty (it is read again only on a conflict).
-	_ = p.refreshUsed(ctx)
-	return p, nil
+	return nil
 }
 
 // findPort finds this node's VM port by its IP or by instance ID.

@@ -1,0 +1,128 @@
+package openstack
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/netip"
+
+	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/extensions/quotas"
+)
+
+// Step is one stage of what the provider does at start, as vpcnictl
+// doctor reports it: its name, what it found, and its error (nil: passed).
+type Step struct {
+	Name   string
+	Detail string
+	Err    error
+	// Warn: passed, but something needs a look (no room left).
+	Warn bool
+}
+
+// Diagnose runs the provider's start-up steps one by one, as New does —
+// log in, read the subnet, find the VM port, check Neutron's policy for
+// the mode — and then reads how much room the limits leave, changing
+// nothing but what checkPolicy's no-op PUT changes (the port's revision).
+// Its requests go through rt. It returns the steps in order; after a
+// failed one the rest were not tried.
+func Diagnose(ctx context.Context, cfg Config, nodeIP netip.Addr, rt http.RoundTripper) (steps []Step) {
+	step := func(name, detail string, err error) bool {
+		steps = append(steps, Step{Name: name, Detail: detail, Err: err})
+		return err == nil
+	}
+	login := "no Keystone: endpoint " + cfg.Endpoint
+	if cfg.Endpoint == "" {
+		login = "Keystone " + cfg.Auth.AuthURL + " accepted the credentials"
+	}
+	p, err := connect(ctx, cfg, rt)
+	if !step("login", login, err) {
+		return steps
+	}
+	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout.Duration)
+	defer cancel()
+	networkID, err := p.readSubnet(ctx)
+	if !step("subnet", fmt.Sprintf("Neutron answers; subnet %s is %s", cfg.SubnetID, p.subnet), err) {
+		return steps
+	}
+	err = p.findPort(ctx, networkID, nodeIP)
+	if err == nil {
+		err = p.findInstance()
+	}
+	if !step("port", fmt.Sprintf("VM port %s (by %s)", p.portID, cfg.PortLookup), err) {
+		return steps
+	}
+	why, err := p.checkPolicy(ctx)
+	if !step("policy", why, err) {
+		return steps
+	}
+	steps = append(steps, p.room())
+	if p.cfg.Mode != "fixed-ips" || p.cfg.SecondaryNICs > 0 {
+		steps = append(steps, p.portQuota(ctx))
+	}
+	return steps
+}
+
+// portQuota reads how many ports the VM port's project may still create:
+// the mode creates one per pod address (address-pairs' reservations,
+// passthrough's NICs) or per secondary NIC. A quota these credentials may
+// not read (or a Neutron without the quota details) is said, not failed.
+func (p *Provider) portQuota(ctx context.Context) Step {
+	s := Step{Name: "quota"}
+	q, err := quotas.GetDetail(ctx, p.nc, p.port.ProjectID).Extract()
+	if err != nil {
+		s.Warn, s.Detail = true, fmt.Sprintf("cannot read the port quota of project %s (%v): mode %s creates ports against it", p.port.ProjectID, err, p.cfg.Mode)
+		return s
+	}
+	used := q.Port.Used + q.Port.Reserved
+	if q.Port.Limit < 0 {
+		s.Detail = fmt.Sprintf("project %s: %d ports, no port quota", p.port.ProjectID, used)
+		return s
+	}
+	s.Detail = fmt.Sprintf("project %s: %d of %d ports in its quota", p.port.ProjectID, used, q.Port.Limit)
+	if used >= q.Port.Limit {
+		s.Warn = true
+		s.Detail += fmt.Sprintf(": mode %s can create no more", p.cfg.Mode)
+	}
+	return s
+}
+
+// room says how much of what bounds the node's addresses is used, from
+// the VM port as last read.
+func (p *Provider) room() Step {
+	s := Step{Name: "limits"}
+	info := p.Info()
+	used, limit := 0, 0
+	switch {
+	case p.cfg.Mode == "address-pairs":
+		// Every pair counts against Neutron's limit, vpcni's or not.
+		used, limit = len(p.port.AllowedAddressPairs), p.cfg.MaxAddressPairs
+		s.Detail = fmt.Sprintf("%d of %d allowed address pairs on VM port %s (maxAddressPairs)", used, limit, p.portID)
+	case p.cfg.Mode == "passthrough":
+		s.Detail = fmt.Sprintf("up to %d pods: %s", info.Capacity, info.CapacityReason)
+		return s
+	default:
+		_, marked, on, err := p.state()
+		if err != nil {
+			s.Err = err
+			return s
+		}
+		for a := range marked {
+			if on[a] {
+				used++
+			}
+		}
+		why := info.CapacityReason
+		limit = info.Capacity
+		if p.cfg.SecondaryNICs > 0 {
+			// Only the VM port's share is counted here; the rest spills
+			// onto secondary NICs.
+			limit, why = min(p.cfg.MaxAddresses, marksFit(p.subnet)), "maxAddresses on the VM port, then secondary NICs"
+		}
+		s.Detail = fmt.Sprintf("%d of %d pod addresses on VM port %s (%d fixed IPs in all; bound: %s)", used, limit, p.portID, len(p.port.FixedIPs), why)
+	}
+	if used >= limit {
+		s.Warn = true
+		s.Detail += ": no room for another pod address on this node"
+	}
+	return s
+}
