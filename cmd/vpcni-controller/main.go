@@ -33,11 +33,15 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
+	"k8s.io/client-go/tools/record"
 
 	"github.com/vpcni/vpcni/internal/cloudconfig"
 	"github.com/vpcni/vpcni/internal/floatingip"
@@ -322,7 +326,7 @@ func run(o options, log *slog.Logger) error {
 				}
 				if leakGC != nil {
 					wg.Go(func() {
-						err := connectLeaks(ctx, cfg, leakGC, o.clusterID, fipCloud, cloud, blocks, log)
+						err := connectLeaks(ctx, cfg, cs, o, leakGC, fipCloud, cloud, blocks, log)
 						if err == nil {
 							err = leakGC.Run(ctx)
 						}
@@ -382,7 +386,8 @@ func serveWebhook(ctx context.Context, cs kubernetes.Interface, o options, log *
 // connectLeaks logs in to Neutron and gives the leak collector its cloud
 // (the pods' subnet, this cluster's ID; with a routed pod subnet also its
 // router and block ranges) and its reader of the cluster.
-func connectLeaks(ctx context.Context, cfg *rest.Config, c *leaks.Collector, clusterID string, fc *cloudconfig.Config, rc *routes.CloudConfig, blocks *ipam.Blocks, log *slog.Logger) error {
+func connectLeaks(ctx context.Context, cfg *rest.Config, cs kubernetes.Interface, o options, c *leaks.Collector, fc *cloudconfig.Config, rc *routes.CloudConfig, blocks *ipam.Blocks, log *slog.Logger) error {
+	clusterID := o.clusterID
 	nc, _, err := fc.Neutron(ctx, log)
 	if err != nil {
 		return err
@@ -401,6 +406,14 @@ func connectLeaks(ctx context.Context, cfg *rest.Config, c *leaks.Collector, clu
 		return err
 	}
 	c.Cloud, c.Cluster = n, r.Read
+	// What an operator must act on goes on the controller's Lease as an
+	// Event (kubectl -n vpcni-system describe lease vpcni-controller).
+	events := record.NewBroadcaster()
+	events.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: cs.CoreV1().Events(o.namespace)})
+	context.AfterFunc(ctx, events.Shutdown)
+	recorder := events.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "vpcni-controller"})
+	lease := &corev1.ObjectReference{Kind: "Lease", APIVersion: "coordination.k8s.io/v1", Namespace: o.namespace, Name: o.lease}
+	c.Tell = func(reason, msg string) { recorder.Event(lease, corev1.EventTypeWarning, reason, msg) }
 	return nil
 }
 

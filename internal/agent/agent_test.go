@@ -518,8 +518,9 @@ func (c *clusterLog) Changed(containerID, ifName string) {
 		c.macs = append(c.macs, "")
 	}
 }
-func (c *clusterLog) Failed(string, string, *api.Error) {}
-func (c *clusterLog) Ready() error                      { return nil }
+func (c *clusterLog) Failed(string, string, string, *api.Error) {}
+func (c *clusterLog) Unhealthy(string, string, string)          {}
+func (c *clusterLog) Ready() error                              { return nil }
 
 // The cluster hears of a new pod once its record holds the wiring (the
 // pod's MAC goes into its annotations), and of its release after the DEL.

@@ -16,8 +16,12 @@ import (
 type Cluster interface {
 	// Changed: the attachment's allocation was made or released.
 	Changed(containerID, ifName string)
-	// Failed: setting up a pod's network failed, for the reason given.
-	Failed(podNamespace, podName string, err *api.Error)
+	// Failed: a CNI verb (ADD or DEL) failed for a pod, for the reason
+	// given.
+	Failed(verb, podNamespace, podName string, err *api.Error)
+	// Unhealthy: a pod's datapath check found it broken (told once each
+	// time it turns unhealthy).
+	Unhealthy(podNamespace, podName, problem string)
 	// Ready is nil while the cluster side works, else why it does not.
 	Ready() error
 }
@@ -63,13 +67,18 @@ type PoolFigures struct {
 	// Connected: the provider is connected, so Capacity is its bound
 	// (before, Capacity is 0: unknown).
 	Connected bool
+	// Ready, Degraded and Reason are the agent's state as vpcnictl status
+	// shows it: not ready (why), or ready but degraded (the cloud fails).
+	Ready, Degraded bool
+	Reason          string
 }
 
 // Pool returns the pool's figures now.
 func (a *Agent) Pool() PoolFigures {
 	s := a.addrs.Status(time.Now())
 	return PoolFigures{Free: s.Free, Cooling: s.Cooling, Allocated: s.Allocated, Capacity: s.Provider.Capacity,
-		WarmTarget: a.cfg.Pool.WarmTarget, ProviderPort: s.Provider.Port, Connected: s.Provider.Name != ""}
+		WarmTarget: a.cfg.Pool.WarmTarget, ProviderPort: s.Provider.Port, Connected: s.Provider.Name != "",
+		Ready: s.Ready, Degraded: s.Degraded, Reason: s.Reason}
 }
 
 // ProviderPort is the cloud port the node's pod addresses live on ("" for
@@ -82,11 +91,11 @@ func (a *Agent) changed(rec *alloc.Allocation) {
 	}
 }
 
-func (a *Agent) failed(req *api.CNIRequest, aerr *api.Error) {
+func (a *Agent) failed(verb string, req *api.CNIRequest, aerr *api.Error) {
 	if a.cluster == nil || aerr == nil || req == nil {
 		return
 	}
 	if ns, name, _ := k8sPod(req.Args); name != "" {
-		a.cluster.Failed(ns, name, aerr)
+		a.cluster.Failed(verb, ns, name, aerr)
 	}
 }

@@ -126,7 +126,7 @@ func k8sPod(args string) (namespace, name, uid string) {
 func (a *Agent) Add(ctx context.Context, req *api.CNIRequest) (*types100.Result, *api.Error) {
 	res, aerr := a.add(ctx, req)
 	if aerr != nil {
-		a.failed(req, aerr)
+		a.failed("ADD", req, aerr)
 	}
 	return res, aerr
 }
@@ -309,6 +309,14 @@ func ipNet(p netip.Prefix) net.IPNet {
 // Del takes the attachment's datapath down, then frees its address. It
 // succeeds for attachments the agent never saw.
 func (a *Agent) Del(ctx context.Context, req *api.CNIRequest) *api.Error {
+	aerr := a.del(ctx, req)
+	if aerr != nil {
+		a.failed("DEL", req, aerr)
+	}
+	return aerr
+}
+
+func (a *Agent) del(ctx context.Context, req *api.CNIRequest) *api.Error {
 	if _, aerr := parseRequest(req, true, false); aerr != nil {
 		return aerr
 	}

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"strings"
 	"sync"
 	"time"
 
@@ -148,6 +149,7 @@ func (a *Agent) recordHealth(results map[string]api.PodHealth) {
 		if !a.health.failed[key] {
 			a.log.Warn("pod datapath unhealthy", "attachment", key, "problem", h.Problem)
 			a.health.failed[key] = true
+			a.unhealthy(key, h.Problem)
 		}
 	}
 	for key := range a.health.failed {
@@ -158,6 +160,17 @@ func (a *Agent) recordHealth(results map[string]api.PodHealth) {
 	a.health.byKey = results
 	a.metrics.PodHealth.WithLabelValues("healthy").Set(float64(healthy))
 	a.metrics.PodHealth.WithLabelValues("unhealthy").Set(float64(unhealthy))
+}
+
+// unhealthy tells the cluster of a pod whose datapath turned unhealthy.
+func (a *Agent) unhealthy(key, problem string) {
+	if a.cluster == nil {
+		return
+	}
+	cid, ifName, _ := strings.Cut(key, "/")
+	if r, err := a.store.Get(cid, ifName); err == nil && r != nil && r.PodName != "" {
+		a.cluster.Unhealthy(r.PodNamespace, r.PodName, problem)
+	}
 }
 
 // pingAll sends one ICMP echo from the node to every allocation's address

@@ -462,18 +462,90 @@ func (n *Node) annotate(ctx context.Context, pod *corev1.Pod, att *alloc.Allocat
 // Changed implements agent.Cluster.
 func (n *Node) Changed(containerID, ifName string) { n.queue.Add(attKey{containerID, ifName}) }
 
-// Failed implements agent.Cluster: a warning event on the pod, with the
-// reason and what to do.
-func (n *Node) Failed(podNamespace, podName string, aerr *api.Error) {
+// Events the agent puts on pods and on its Node, each saying what to do.
+const (
+	// EventSetupFailed: ADD failed (the runtime retries it).
+	EventSetupFailed = "VpcniSetupFailed"
+	// EventTeardownFailed: DEL failed; the address stays the pod's until
+	// the runtime's retry succeeds.
+	EventTeardownFailed = "VpcniTeardownFailed"
+	// EventDatapathUnhealthy: the agent's health probe found a pod's
+	// wiring broken.
+	EventDatapathUnhealthy = "VpcniDatapathUnhealthy"
+	// EventDegraded / EventRecovered: the node's agent serves from its
+	// pool while the cloud fails, and is whole again.
+	EventDegraded  = "VpcniDegraded"
+	EventRecovered = "VpcniRecovered"
+	// EventNotReady: the agent has not been ready for a minute (its
+	// provider refuses to start, the API server is unreachable, …).
+	EventNotReady = "VpcniNotReady"
+)
+
+func (n *Node) podRef(podNamespace, podName string) *corev1.ObjectReference {
 	ref := &corev1.ObjectReference{Kind: "Pod", APIVersion: "v1", Namespace: podNamespace, Name: podName}
 	if obj, ok, _ := n.pods.GetIndexer().GetByKey(podNamespace + "/" + podName); ok {
 		ref.UID = obj.(*corev1.Pod).UID
 	}
+	return ref
+}
+
+// nodeRef is the Node as the kubelet names it in its own events (its UID
+// is its name there), so kubectl describe node shows vpcni's beside them.
+func (n *Node) nodeRef() *corev1.ObjectReference {
+	return &corev1.ObjectReference{Kind: "Node", Name: n.name, UID: types.UID(n.name)}
+}
+
+// Failed implements agent.Cluster: a warning event on the pod, with the
+// reason and what to do.
+func (n *Node) Failed(verb, podNamespace, podName string, aerr *api.Error) {
 	msg := aerr.Msg
 	if aerr.Details != "" {
 		msg += ": " + aerr.Details
 	}
-	n.recorder.Eventf(ref, corev1.EventTypeWarning, "VpcniSetupFailed", "vpcni on node %s could not set up the pod's network (CNI error %d): %s", n.name, aerr.Code, msg)
+	if verb == "DEL" {
+		n.recorder.Eventf(n.podRef(podNamespace, podName), corev1.EventTypeWarning, EventTeardownFailed,
+			"vpcni on node %s could not take the pod's network down (CNI error %d): %s; its address stays allocated until the runtime's retry of the DEL succeeds (the agent's log says more)", n.name, aerr.Code, msg)
+		return
+	}
+	n.recorder.Eventf(n.podRef(podNamespace, podName), corev1.EventTypeWarning, EventSetupFailed, "vpcni on node %s could not set up the pod's network (CNI error %d): %s", n.name, aerr.Code, msg)
+}
+
+// Unhealthy implements agent.Cluster: a warning event on the pod.
+func (n *Node) Unhealthy(podNamespace, podName, problem string) {
+	n.recorder.Eventf(n.podRef(podNamespace, podName), corev1.EventTypeWarning, EventDatapathUnhealthy,
+		"vpcni on node %s found the pod's datapath broken: %s; on the node, vpcnictl trace %s/%s names each piece and what to do", n.name, problem, podNamespace, podName)
+}
+
+// stateEvents turns the agent's state into Node events, on changes only:
+// degraded and recovered at once; not ready once it has lasted a minute
+// (every start is not ready for a moment), again if the reason changes.
+type stateEvents struct {
+	degraded      bool
+	notReadySince time.Time
+	toldNotReady  string
+}
+
+func (n *Node) stateEvents(st *stateEvents, p agent.PoolFigures, now time.Time) {
+	switch {
+	case p.Ready && p.Degraded && !st.degraded:
+		n.recorder.Eventf(n.nodeRef(), corev1.EventTypeWarning, EventDegraded,
+			"vpcni on node %s is degraded: %s; pods on the node keep working, new pods get addresses only while its pool lasts (vpcnictl status and vpcnictl doctor on the node)", n.name, p.Reason)
+	case p.Ready && !p.Degraded && st.degraded:
+		n.recorder.Eventf(n.nodeRef(), corev1.EventTypeNormal, EventRecovered, "vpcni on node %s is no longer degraded", n.name)
+	}
+	st.degraded = p.Ready && p.Degraded
+	if p.Ready {
+		st.notReadySince, st.toldNotReady = time.Time{}, ""
+		return
+	}
+	if st.notReadySince.IsZero() {
+		st.notReadySince = now
+	}
+	if now.Sub(st.notReadySince) >= time.Minute && st.toldNotReady != p.Reason {
+		n.recorder.Eventf(n.nodeRef(), corev1.EventTypeWarning, EventNotReady,
+			"vpcni on node %s has not been ready for %s: %s; no pod can start on its network (vpcnictl doctor on the node checks each prerequisite)", n.name, now.Sub(st.notReadySince).Round(time.Second), p.Reason)
+		st.toldNotReady = p.Reason
+	}
 }
 
 // Ready implements agent.Cluster.
@@ -523,9 +595,11 @@ func (n *Node) probe(ctx context.Context) {
 // second: the pool filling is what lets pods onto the node.
 func (n *Node) poolLoop(ctx context.Context) {
 	var last map[string]string
+	var st stateEvents
 	for {
 		every := n.opts.PoolEvery
 		p := n.agent.Pool()
+		n.stateEvents(&st, p, time.Now())
 		want := map[string]string{
 			AnnotationPoolFree:      strconv.Itoa(p.Free),
 			AnnotationPoolAllocated: strconv.Itoa(p.Allocated),

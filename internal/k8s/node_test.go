@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/record"
 
 	"github.com/vpcni/vpcni/internal/agent"
 	"github.com/vpcni/vpcni/internal/alloc"
@@ -56,5 +57,46 @@ func TestNodeNotReadyWithoutAPIServer(t *testing.T) {
 			t.Fatalf("Ready() = %v, want the unreachable API server named", err)
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// The agent's state becomes Node events on changes only: degraded and
+// recovered at once, not ready once it has lasted a minute and again only
+// for another reason.
+func TestStateEvents(t *testing.T) {
+	rec := record.NewFakeRecorder(10)
+	n := &Node{name: "n1", recorder: rec}
+	var st stateEvents
+	t0 := time.Now()
+	steps := []struct {
+		p    agent.PoolFigures
+		at   time.Duration
+		want string // the event's reason, "" none
+	}{
+		{agent.PoolFigures{Ready: false, Reason: "connecting the provider"}, 0, ""},
+		{agent.PoolFigures{Ready: true}, 2 * time.Second, ""},
+		{agent.PoolFigures{Ready: true, Degraded: true, Reason: "neutron: 503"}, 3 * time.Second, EventDegraded},
+		{agent.PoolFigures{Ready: true, Degraded: true, Reason: "neutron: 503"}, 4 * time.Second, ""},
+		{agent.PoolFigures{Ready: true}, 5 * time.Second, EventRecovered},
+		{agent.PoolFigures{Ready: false, Reason: "provider refused: policy"}, 6 * time.Second, ""},
+		{agent.PoolFigures{Ready: false, Reason: "provider refused: policy"}, 50 * time.Second, ""},
+		{agent.PoolFigures{Ready: false, Reason: "provider refused: policy"}, 67 * time.Second, EventNotReady},
+		{agent.PoolFigures{Ready: false, Reason: "provider refused: policy"}, 90 * time.Second, ""},
+		{agent.PoolFigures{Ready: false, Reason: "no VM port with 10.0.0.5"}, 95 * time.Second, EventNotReady},
+	}
+	for i, s := range steps {
+		n.stateEvents(&st, s.p, t0.Add(s.at))
+		var got string
+		select {
+		case e := <-rec.Events:
+			got = strings.Fields(e)[1]
+			if !strings.Contains(e, "n1") {
+				t.Errorf("step %d: event %q does not name the node", i, e)
+			}
+		default:
+		}
+		if got != s.want {
+			t.Errorf("step %d (%+v at %s): event %q, want %q", i, s.p, s.at, got, s.want)
+		}
 	}
 }

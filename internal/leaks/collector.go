@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"slices"
 	"sync"
@@ -33,6 +34,10 @@ type Collector struct {
 	Log     *slog.Logger
 	// Now is the clock (nil: time.Now).
 	Now func() time.Time
+	// Tell, if set, hears what an operator must act on, as an Event's
+	// reason and message: unclaimed holdings found (more than last told),
+	// and passes that fail (the first of a run of failures).
+	Tell func(reason, message string)
 
 	mu       sync.Mutex
 	since    map[string]time.Time // orphan key -> when first seen orphaned
@@ -41,7 +46,17 @@ type Collector struct {
 	claimed  int64
 	failed   int64 // passes that could not read the cloud or the cluster
 	passes   int64
+	// toldUnclaimed: the unclaimed count last told; failing: the last
+	// pass failed (told once).
+	toldUnclaimed int
+	failing       bool
 }
+
+// Event reasons the collector tells.
+const (
+	EventUnclaimed  = "VpcniLeaksUnclaimed"
+	EventPassFailed = "VpcniLeakPassFailed"
+)
 
 func (c *Collector) now() time.Time {
 	if c.Now != nil {
@@ -55,6 +70,12 @@ func (c *Collector) now() time.Time {
 // cloud or the cluster could not be read (a failed release is in its
 // finding's Error, logged, and tried again next pass).
 func (c *Collector) Pass(ctx context.Context) ([]Finding, error) {
+	fs, err := c.pass(ctx)
+	c.tell(fs, err)
+	return fs, err
+}
+
+func (c *Collector) pass(ctx context.Context) ([]Finding, error) {
 	fs, err := Audit(ctx, c.Cloud, c.Cluster)
 	if err != nil {
 		c.count(false)
@@ -88,6 +109,34 @@ func (c *Collector) count(ok bool) {
 	if !ok {
 		c.failed++
 	}
+}
+
+// tell says what changed for an operator: a run of failing passes
+// starting, or more unclaimed holdings than last told.
+func (c *Collector) tell(fs []Finding, err error) {
+	if c.Tell == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err != nil {
+		if !c.failing {
+			c.Tell(EventPassFailed, "the leak collector cannot compare the cloud with the cluster (nothing is judged or released until it can): "+err.Error())
+		}
+		c.failing = true
+		return
+	}
+	c.failing = false
+	unclaimed := 0
+	for _, f := range fs {
+		if f.Verdict == Unclaimed {
+			unclaimed++
+		}
+	}
+	if unclaimed > c.toldUnclaimed {
+		c.Tell(EventUnclaimed, fmt.Sprintf("%d holdings in the cloud look like vpcni's but were never seen held by this cluster, so they are never released (another cluster's, or leaks older than the collector): vpcnictl audit lists them; tag those that are this cluster's %s", unclaimed, claimHint))
+	}
+	c.toldUnclaimed = unclaimed
 }
 
 // claim tags what is held here and not yet tagged.

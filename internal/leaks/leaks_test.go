@@ -142,6 +142,7 @@ type cloudLog struct {
 	claimed  []string
 	released []string
 	fail     error
+	readErr  error // the cloud cannot be read
 	// between runs after the first read of a pass (the cluster changing
 	// while the collector looks).
 	between func()
@@ -150,6 +151,10 @@ type cloudLog struct {
 
 func (c *cloudLog) Holdings(context.Context) ([]Holding, error) {
 	c.mu.Lock()
+	if c.readErr != nil {
+		defer c.mu.Unlock()
+		return nil, c.readErr
+	}
 	c.reads++
 	out := append([]Holding(nil), c.held...)
 	between := c.between
@@ -278,4 +283,31 @@ func testCount(c *Collector, k Kind) int64 {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.released[k]
+}
+
+// What an operator must act on is told once per change: the first of a
+// run of failing passes, and more unclaimed holdings than last told.
+func TestCollectorTells(t *testing.T) {
+	on := []netip.Addr{gone}
+	cl := &cloudLog{readErr: errors.New("neutron: 503")}
+	c := cluster()
+	var told []string
+	col := &Collector{Cloud: cl, Cluster: func(context.Context) (*Cluster, error) { return c, nil },
+		Grace: time.Minute, Period: time.Minute, Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Tell: func(reason, msg string) { told = append(told, reason) }}
+	ctx := context.Background()
+	for range 2 {
+		if _, err := col.Pass(ctx); err == nil {
+			t.Fatal("a pass that cannot read the cloud did not fail")
+		}
+	}
+	cl.readErr = nil
+	cl.held = []Holding{{Kind: FixedIP, Address: "10.0.0.90", Resource: "px", NodeIPs: on}}
+	col.Pass(ctx)
+	col.Pass(ctx) // the same one unclaimed: nothing new
+	cl.held = append(cl.held, Holding{Kind: NICPort, Address: "10.0.0.91", Resource: "nx", Instance: "i9", Carries: []netip.Addr{netip.MustParseAddr("10.0.0.91")}})
+	col.Pass(ctx)
+	if want := []string{EventPassFailed, EventUnclaimed, EventUnclaimed}; !slices.Equal(told, want) {
+		t.Fatalf("told %v, want %v", told, want)
+	}
 }

@@ -313,6 +313,21 @@ func TestLeakAuditAndCollector(t *testing.T) {
 	if tagged(t, e, "ports", other.PortID) {
 		t.Fatal("the other cluster's port was claimed")
 	}
+	// The other cluster's address is told to an operator, on the
+	// controller's Lease.
+	for start := time.Now(); ; time.Sleep(200 * time.Millisecond) {
+		evs, err := cs.CoreV1().Events("vpcni-system").List(c, metav1.ListOptions{FieldSelector: "reason=" + leaks.EventUnclaimed})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(evs.Items) > 0 && evs.Items[0].InvolvedObject.Kind == "Lease" {
+			t.Logf("vpcni-test: Event %s on Lease %s: %s", evs.Items[0].Reason, evs.Items[0].InvolvedObject.Name, evs.Items[0].Message)
+			break
+		}
+		if time.Since(start) > 20*time.Second {
+			t.Fatalf("no %s Event on the controller's Lease: %+v", leaks.EventUnclaimed, evs.Items)
+		}
+	}
 
 	// A node and a pod go: what they held leaks.
 	if err := cs.CoreV1().Nodes().Delete(c, goneNode, metav1.DeleteOptions{}); err != nil {
