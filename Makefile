@@ -11,7 +11,7 @@ LDFLAGS   := -s -w -X main.version=$(VERSION)
 GOBUILD   := CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)"
 PKG_TEST_TIMEOUT ?= 15m
 
-.PHONY: all build image k8s-build k8s-fixture deps generate verify-generate helm test unit fuzz k8s-api integration e2e-neutron-agents e2e-nova e2e-k8s chaos lint demo bench clean
+.PHONY: all build image k8s-build k8s-fixture deps generate verify-generate helm test unit fuzz k8s-api integration e2e-neutron-agents e2e-nova e2e-k8s e2e-k8s-helm chaos lint demo bench clean
 
 all: build
 
@@ -128,12 +128,20 @@ e2e-nova:
 e2e-k8s: build image k8s-build
 	VPCNI_REQUIRE_ROOT=1 VPCNI_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 30m -v -run 'TestKubernetesNode' ./test/k8se2e 2>&1 | tee /tmp/vpcni-e2e-k8s.log | $(TESTFILTER) ; exit $${PIPESTATUS[0]}
 
+# The same node installed through the Helm chart instead (test/k8se2e
+# TestHelmInstall): helm install of deploy/helm/vpcni with values that say
+# what the e2e overlay says, 10 pods checked as above, a helm upgrade that
+# rolls the agent with every pod reachable, helm uninstall.
+e2e-k8s-helm: build image k8s-build
+	bash scripts/helm.sh >/dev/null
+	VPCNI_REQUIRE_ROOT=1 VPCNI_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 20m -v -run 'TestHelmInstall' ./test/k8se2e 2>&1 | tee /tmp/vpcni-e2e-k8s-helm.log | $(TESTFILTER) ; exit $${PIPESTATUS[0]}
+
 # The chaos test at length (make test runs it with 3 rounds).
 CHAOS_ROUNDS ?= 20
 chaos: build
 	VPCNI_REQUIRE_ROOT=1 VPCNI_BIN=$(CURDIR)/$(BIN) VPCNI_CHAOS_ROUNDS=$(CHAOS_ROUNDS) $(GO) test -count=1 -timeout 60m -v -run 'TestChaos' ./test/neutron 2>&1 | $(TESTFILTER) ; exit $${PIPESTATUS[0]}
 
-test: deps lint verify-generate helm unit fuzz k8s-api integration e2e-neutron-agents e2e-nova e2e-k8s
+test: deps lint verify-generate helm unit fuzz k8s-api integration e2e-neutron-agents e2e-nova e2e-k8s e2e-k8s-helm
 
 demo: build
 	$(BIN)/vpcnictl demo

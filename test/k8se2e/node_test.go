@@ -826,6 +826,33 @@ func checkAgentRestart(t *testing.T, n *node) {
 	}
 	// Traffic from the legacy VM to a pod, all through the restart.
 	target := netip.AddrPortFrom(netip.MustParseAddr(web[0].Status.PodIP), 8080)
+	ok, failed := probeLegacy(target, func() {
+		old := n.pods("vpcni-system", "app.kubernetes.io/name=vpcnid")[0].Metadata.Name
+		n.mustKubectl("-n", "vpcni-system", "delete", "pod", old, "--wait=true")
+		n.waitNewAgent(old)
+	})
+	if failed > 0 || ok == 0 {
+		t.Errorf("legacy VM -> pod during the agent restart: %d ok, %d failed", ok, failed)
+	}
+	after, err := n.agentState()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(held(before), held(after)) {
+		t.Errorf("the restarted agent holds other allocations:\nbefore %v\nafter  %v", held(before), held(after))
+	}
+	for i, p := range web {
+		q := web[(i+1)%len(web)]
+		if out, err := n.get(p.Metadata.Name, q.Status.PodIP+":8080"); err != nil || out != q.Metadata.Name {
+			t.Errorf("after the restart %s -> %s: %q %v", p.Metadata.Name, q.Metadata.Name, out, err)
+		}
+	}
+	t.Logf("vpcni-test: agent pod deleted and restarted: %d probes from the legacy VM, 0 failed; %d allocations adopted", ok, len(after.Allocations))
+}
+
+// probeLegacy fetches target from the legacy VM every 100 ms while during
+// runs, and 2 s after, and counts the answers and the failures.
+func probeLegacy(target netip.AddrPort, during func()) (ok, failed int) {
 	stop := make(chan struct{})
 	result := make(chan [2]int, 1)
 	go func() {
@@ -845,40 +872,32 @@ func checkAgentRestart(t *testing.T, n *node) {
 			time.Sleep(100 * time.Millisecond)
 		}
 	}()
-	old := n.pods("vpcni-system", "app.kubernetes.io/name=vpcnid")[0].Metadata.Name
-	n.mustKubectl("-n", "vpcni-system", "delete", "pod", old, "--wait=true")
-	eventually(t, 2*time.Minute, "a new agent pod Ready", func() (bool, string) {
+	func() {
+		defer close(stop) // also when during fails the test (runtime.Goexit)
+		during()
+		time.Sleep(2 * time.Second)
+	}()
+	r := <-result
+	return r[0], r[1]
+}
+
+// waitNewAgent waits for the one agent pod to be another than old, and
+// Ready.
+func (n *node) waitNewAgent(old string) {
+	eventually(n.t, 2*time.Minute, "a new agent pod Ready", func() (bool, string) {
 		ps := n.pods("vpcni-system", "app.kubernetes.io/name=vpcnid")
 		return len(ps) == 1 && ps[0].Metadata.Name != old && ps[0].ready(), fmt.Sprintf("%d agent pods", len(ps))
 	})
-	time.Sleep(2 * time.Second)
-	close(stop)
-	r := <-result
-	if r[1] > 0 || r[0] == 0 {
-		t.Errorf("legacy VM -> pod during the agent restart: %d ok, %d failed", r[0], r[1])
+}
+
+// held lists an agent's allocations as address=container, sorted.
+func held(st *api.State) []string {
+	var s []string
+	for _, a := range st.Allocations {
+		s = append(s, a.Address.String()+"="+a.ContainerID)
 	}
-	after, err := n.agentState()
-	if err != nil {
-		t.Fatal(err)
-	}
-	addrs := func(st *api.State) []string {
-		var s []string
-		for _, a := range st.Allocations {
-			s = append(s, a.Address.String()+"="+a.ContainerID)
-		}
-		sort.Strings(s)
-		return s
-	}
-	if !slices.Equal(addrs(before), addrs(after)) {
-		t.Errorf("the restarted agent holds other allocations:\nbefore %v\nafter  %v", addrs(before), addrs(after))
-	}
-	for i, p := range web {
-		q := web[(i+1)%len(web)]
-		if out, err := n.get(p.Metadata.Name, q.Status.PodIP+":8080"); err != nil || out != q.Metadata.Name {
-			t.Errorf("after the restart %s -> %s: %q %v", p.Metadata.Name, q.Metadata.Name, out, err)
-		}
-	}
-	t.Logf("vpcni-test: agent pod deleted and restarted: %d probes from the legacy VM, 0 failed; %d allocations adopted", r[0], len(after.Allocations))
+	sort.Strings(s)
+	return s
 }
 
 // checkFailureEvent makes the cloud fail while the pool is empty: new pods
