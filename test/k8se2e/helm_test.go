@@ -24,7 +24,6 @@ import (
 // adopted, and `helm uninstall` removes what the chart made.
 func TestHelmInstall(t *testing.T) {
 	n := upNode(t)
-	conflist := filepath.Join(n.env["VPCNI_K8S_CNI_CONF_DIR"], "10-vpcni.conflist")
 	helmBin := strings.TrimSpace(mustRun(t, nil, "bash", filepath.Join(repo, "scripts", "helm.sh")))
 	// Helm's own cache and config away from the machine's.
 	home := t.TempDir()
@@ -40,42 +39,20 @@ func TestHelmInstall(t *testing.T) {
 	}
 	installed := time.Now()
 	helm("install", "vpcni", chart, "--namespace", "default", "-f", n.writeValues(4))
-	eventually(t, 3*time.Minute, "node Ready after helm install", func() (bool, string) {
-		if !n.nodeReady() {
-			return false, "node NotReady"
-		}
-		if _, err := os.Stat(conflist); err != nil {
-			t.Fatalf("the node turned Ready without vpcni's conflist: %v", err)
-		}
-		return true, ""
-	})
-	t.Logf("vpcni-test: node Ready %s after helm install (conflist %s installed)", time.Since(installed).Round(100*time.Millisecond), conflist)
-	n.waitReady("vpcni-system", "app.kubernetes.io/name=vpcnid", 1, 2*time.Minute)
-	n.waitReady("vpcni-system", "app.kubernetes.io/name=vpcni-controller", 2, 2*time.Minute)
-	n.waitWebhook(time.Minute)
+	n.waitInstalled("helm install", installed)
 	if out := helm("list", "--namespace", "default", "-q"); strings.TrimSpace(out) != "vpcni" {
 		t.Fatalf("helm list: %q, want the release vpcni", out)
 	}
 
-	busybox := n.env["VPCNI_K8S_BUSYBOX_IMAGE"]
-	start := time.Now()
-	n.apply(fmt.Sprintf(webManifest, 10, busybox))
-	web := n.waitReady("default", "app=web", 10, 3*time.Minute)
-	t.Logf("vpcni-test: 10-pod Deployment Ready in %s (installed with helm)", time.Since(start).Round(100*time.Millisecond))
+	web := n.runWeb()
 	t.Run("addresses", func(t *testing.T) { checkAddresses(t, n, web) })
 	t.Run("pod-to-pod", func(t *testing.T) { checkPodToPod(t, n, web) })
 	t.Run("service", func(t *testing.T) { checkService(t, n, web) })
-	t.Run("legacy-vm-to-pod", func(t *testing.T) {
-		for _, p := range web[:3] {
-			ip := netip.MustParseAddr(p.Status.PodIP)
-			if got, err := fetch(legacyNS, netip.AddrPortFrom(ip, 8080), 3*time.Second); err != nil || got != p.Metadata.Name {
-				t.Errorf("legacy VM -> %s (%s): %q %v", p.Metadata.Name, ip, got, err)
-			}
-		}
-	})
+	t.Run("legacy-vm-to-pod", func(t *testing.T) { checkLegacyToPods(t, web[:3]) })
 	t.Run("upgrade-rolls-agent", func(t *testing.T) { checkHelmUpgrade(t, n, helm, chart, web) })
 
-	n.mustKubectl("delete", "deployment", "web", "--wait=true")
+	// Their DEL needs the agent: gone before it is.
+	n.mustKubectl("delete", "deployment/web", "service/web", "--wait=true")
 	eventually(t, 2*time.Minute, "the web pods gone", func() (bool, string) {
 		ps := n.pods("default", "app=web")
 		return len(ps) == 0, fmt.Sprintf("%d pods", len(ps))
