@@ -57,6 +57,11 @@ func TestHelmInstall(t *testing.T) {
 		ps := n.pods("default", "app=web")
 		return len(ps) == 0, fmt.Sprintf("%d pods", len(ps))
 	})
+	// So must the controller's pods, which run on the pod network too: with
+	// the agent gone their DEL fails and they would hold the namespace in
+	// Terminating (the uninstall procedure in the chart's README).
+	helm("upgrade", "vpcni", chart, "--namespace", "default", "--reuse-values", "--set", "controller.replicas=0")
+	n.waitReady("vpcni-system", "app.kubernetes.io/name=vpcni-controller", 0, 2*time.Minute)
 	helm("uninstall", "vpcni", "--namespace", "default", "--wait", "--timeout", "2m")
 	for _, args := range [][]string{
 		{"get", "namespace", "vpcni-system"},
