@@ -189,6 +189,10 @@ controller:
 	if got := dig(ctl, "spec", "template", "spec", "containers", 0, "volumeMounts", 0, "mountPath"); got != "/etc/vpcni/cloud" {
 		t.Errorf("controller: cloud mounted at %v, want /etc/vpcni/cloud", got)
 	}
+	sum := sha256.Sum256([]byte(cloudConfig))
+	if got := dig(ctl, "spec", "template", "metadata", "annotations", "vpcni.io/cloud-config-sha256"); got != hex.EncodeToString(sum[:]) {
+		t.Errorf("controller: cloud-config-sha256 annotation %v, want the SHA-256 of cloudConfig (a change must roll it)", got)
+	}
 	if got := dig(only(t, objs, "Secret", "cni/vpcni-controller-cloud"), "stringData", "cloud.yaml"); got != cloudConfig {
 		t.Errorf("Secret vpcni-controller-cloud cloud.yaml = %q, want %q", got, cloudConfig)
 	}
