@@ -548,7 +548,6 @@ func (n *node) get(pod, hostport string) (string, error) {
 
 func TestKubernetesNode(t *testing.T) {
 	n := upNode(t)
-	conflist := filepath.Join(n.env["VPCNI_K8S_CNI_CONF_DIR"], "10-vpcni.conflist")
 
 	// No CNI yet: the node must stay NotReady, watched for a few seconds.
 	for end := time.Now().Add(3 * time.Second); time.Now().Before(end); time.Sleep(250 * time.Millisecond) {
@@ -567,21 +566,7 @@ func TestKubernetesNode(t *testing.T) {
 	n.dropNodeChainedPlugins()
 	applied := time.Now()
 	n.mustKubectl("apply", "-k", n.overlay)
-	eventually(t, 3*time.Minute, "node Ready after vpcni is installed", func() (bool, string) {
-		if !n.nodeReady() {
-			return false, "node NotReady"
-		}
-		if _, err := os.Stat(conflist); err != nil {
-			t.Fatalf("the node turned Ready without vpcni's conflist: %v", err)
-		}
-		return true, ""
-	})
-	t.Logf("vpcni-test: node Ready %s after kubectl apply -k deploy (conflist %s installed)", time.Since(applied).Round(100*time.Millisecond), conflist)
-	n.waitReady("vpcni-system", "app.kubernetes.io/name=vpcnid", 1, 2*time.Minute)
-	// The controller runs on the pod network: vpcni wires it too.
-	n.waitReady("vpcni-system", "app.kubernetes.io/name=vpcni-controller", 2, 2*time.Minute)
-	// Its webhook makes the pods below request vpcni.io/ip.
-	n.waitWebhook(time.Minute)
+	n.waitInstalled("kubectl apply -k deploy", applied)
 	eventually(t, time.Minute, "the "+k8s.TaintNotReady+" taint removed once the pool is warm", func() (bool, string) {
 		nd := n.getNode()
 		return !notReadyTainted(nd), fmt.Sprintf("taints %v", nd.Spec.Taints)
@@ -591,23 +576,11 @@ func TestKubernetesNode(t *testing.T) {
 	}
 	t.Logf("vpcni-test: node registered with the %s taint; vpcnid removed it with the pool warm; the webhook mutates pods", k8s.TaintNotReady)
 
-	busybox := n.env["VPCNI_K8S_BUSYBOX_IMAGE"]
-	start := time.Now()
-	n.apply(fmt.Sprintf(webManifest, 10, busybox))
-	web := n.waitReady("default", "app=web", 10, 3*time.Minute)
-	t.Logf("vpcni-test: 10-pod Deployment Ready in %s", time.Since(start).Round(100*time.Millisecond))
-
+	web := n.runWeb()
 	t.Run("addresses", func(t *testing.T) { checkAddresses(t, n, web) })
 	t.Run("pod-to-pod", func(t *testing.T) { checkPodToPod(t, n, web) })
 	t.Run("service", func(t *testing.T) { checkService(t, n, web) })
-	t.Run("legacy-vm-to-pod", func(t *testing.T) {
-		for _, p := range web[:3] {
-			ip := netip.MustParseAddr(p.Status.PodIP)
-			if got, err := fetch(legacyNS, netip.AddrPortFrom(ip, 8080), 3*time.Second); err != nil || got != p.Metadata.Name {
-				t.Errorf("legacy VM -> %s (%s): %q %v", p.Metadata.Name, ip, got, err)
-			}
-		}
-	})
+	t.Run("legacy-vm-to-pod", func(t *testing.T) { checkLegacyToPods(t, web[:3]) })
 	t.Run("snat-table", func(t *testing.T) { checkSNATTable(t, n, web) })
 	t.Run("chained-plugins-installed", func(t *testing.T) { checkChainedInstalled(t, n) })
 	t.Run("hostport", func(t *testing.T) { checkHostPort(t, n) })
@@ -620,6 +593,48 @@ func TestKubernetesNode(t *testing.T) {
 	t.Run("ip-capacity", func(t *testing.T) { checkIPCapacity(t, n) })
 	// Last: it drains the node and switches its datapath.
 	t.Run("macvlan-mode", func(t *testing.T) { checkMacvlanMode(t, n) })
+}
+
+// waitInstalled waits for the node to turn Ready once vpcni is installed
+// (how, at since) — never without vpcni's conflist — then for the agent,
+// both controller replicas and the webhook.
+func (n *node) waitInstalled(how string, since time.Time) {
+	conflist := filepath.Join(n.env["VPCNI_K8S_CNI_CONF_DIR"], "10-vpcni.conflist")
+	eventually(n.t, 3*time.Minute, "node Ready after vpcni is installed", func() (bool, string) {
+		if !n.nodeReady() {
+			return false, "node NotReady"
+		}
+		if _, err := os.Stat(conflist); err != nil {
+			n.t.Fatalf("the node turned Ready without vpcni's conflist: %v", err)
+		}
+		return true, ""
+	})
+	n.t.Logf("vpcni-test: node Ready %s after %s (conflist %s installed)", time.Since(since).Round(100*time.Millisecond), how, conflist)
+	n.waitReady("vpcni-system", "app.kubernetes.io/name=vpcnid", 1, 2*time.Minute)
+	// The controller runs on the pod network: vpcni wires it too.
+	n.waitReady("vpcni-system", "app.kubernetes.io/name=vpcni-controller", 2, 2*time.Minute)
+	// Its webhook makes the pods below request vpcni.io/ip.
+	n.waitWebhook(time.Minute)
+}
+
+// runWeb starts the 10-pod web Deployment and its Service and waits for
+// every pod to be Ready.
+func (n *node) runWeb() []pod {
+	start := time.Now()
+	n.apply(fmt.Sprintf(webManifest, 10, n.env["VPCNI_K8S_BUSYBOX_IMAGE"]))
+	web := n.waitReady("default", "app=web", 10, 3*time.Minute)
+	n.t.Logf("vpcni-test: 10-pod Deployment Ready in %s", time.Since(start).Round(100*time.Millisecond))
+	return web
+}
+
+// checkLegacyToPods: the legacy VM reaches each pod at its address.
+func checkLegacyToPods(t *testing.T, web []pod) {
+	for _, p := range web {
+		ip := netip.MustParseAddr(p.Status.PodIP)
+		if got, err := fetch(legacyNS, netip.AddrPortFrom(ip, 8080), 3*time.Second); err != nil || got != p.Metadata.Name {
+			t.Errorf("legacy VM -> %s (%s): %q %v", p.Metadata.Name, ip, got, err)
+		}
+	}
 }
 
 // checkMacvlanMode proves the DaemonSet path in a second datapath mode: the
@@ -827,6 +842,33 @@ func checkAgentRestart(t *testing.T, n *node) {
 	}
 	// Traffic from the legacy VM to a pod, all through the restart.
 	target := netip.AddrPortFrom(netip.MustParseAddr(web[0].Status.PodIP), 8080)
+	ok, failed := probeLegacy(target, func() {
+		old := n.pods("vpcni-system", "app.kubernetes.io/name=vpcnid")[0].Metadata.Name
+		n.mustKubectl("-n", "vpcni-system", "delete", "pod", old, "--wait=true")
+		n.waitNewAgent(old)
+	})
+	if failed > 0 || ok == 0 {
+		t.Errorf("legacy VM -> pod during the agent restart: %d ok, %d failed", ok, failed)
+	}
+	after, err := n.agentState()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(held(before), held(after)) {
+		t.Errorf("the restarted agent holds other allocations:\nbefore %v\nafter  %v", held(before), held(after))
+	}
+	for i, p := range web {
+		q := web[(i+1)%len(web)]
+		if out, err := n.get(p.Metadata.Name, q.Status.PodIP+":8080"); err != nil || out != q.Metadata.Name {
+			t.Errorf("after the restart %s -> %s: %q %v", p.Metadata.Name, q.Metadata.Name, out, err)
+		}
+	}
+	t.Logf("vpcni-test: agent pod deleted and restarted: %d probes from the legacy VM, 0 failed; %d allocations adopted", ok, len(after.Allocations))
+}
+
+// probeLegacy fetches target from the legacy VM every 100 ms while during
+// runs, and 2 s after, and counts the answers and the failures.
+func probeLegacy(target netip.AddrPort, during func()) (ok, failed int) {
 	stop := make(chan struct{})
 	result := make(chan [2]int, 1)
 	go func() {
@@ -846,40 +888,32 @@ func checkAgentRestart(t *testing.T, n *node) {
 			time.Sleep(100 * time.Millisecond)
 		}
 	}()
-	old := n.pods("vpcni-system", "app.kubernetes.io/name=vpcnid")[0].Metadata.Name
-	n.mustKubectl("-n", "vpcni-system", "delete", "pod", old, "--wait=true")
-	eventually(t, 2*time.Minute, "a new agent pod Ready", func() (bool, string) {
+	func() {
+		defer close(stop) // also when during fails the test (runtime.Goexit)
+		during()
+		time.Sleep(2 * time.Second)
+	}()
+	r := <-result
+	return r[0], r[1]
+}
+
+// waitNewAgent waits for the one agent pod to be another than old, and
+// Ready.
+func (n *node) waitNewAgent(old string) {
+	eventually(n.t, 2*time.Minute, "a new agent pod Ready", func() (bool, string) {
 		ps := n.pods("vpcni-system", "app.kubernetes.io/name=vpcnid")
 		return len(ps) == 1 && ps[0].Metadata.Name != old && ps[0].ready(), fmt.Sprintf("%d agent pods", len(ps))
 	})
-	time.Sleep(2 * time.Second)
-	close(stop)
-	r := <-result
-	if r[1] > 0 || r[0] == 0 {
-		t.Errorf("legacy VM -> pod during the agent restart: %d ok, %d failed", r[0], r[1])
+}
+
+// held lists an agent's allocations as address=container, sorted.
+func held(st *api.State) []string {
+	var s []string
+	for _, a := range st.Allocations {
+		s = append(s, a.Address.String()+"="+a.ContainerID)
 	}
-	after, err := n.agentState()
-	if err != nil {
-		t.Fatal(err)
-	}
-	addrs := func(st *api.State) []string {
-		var s []string
-		for _, a := range st.Allocations {
-			s = append(s, a.Address.String()+"="+a.ContainerID)
-		}
-		sort.Strings(s)
-		return s
-	}
-	if !slices.Equal(addrs(before), addrs(after)) {
-		t.Errorf("the restarted agent holds other allocations:\nbefore %v\nafter  %v", addrs(before), addrs(after))
-	}
-	for i, p := range web {
-		q := web[(i+1)%len(web)]
-		if out, err := n.get(p.Metadata.Name, q.Status.PodIP+":8080"); err != nil || out != q.Metadata.Name {
-			t.Errorf("after the restart %s -> %s: %q %v", p.Metadata.Name, q.Metadata.Name, out, err)
-		}
-	}
-	t.Logf("vpcni-test: agent pod deleted and restarted: %d probes from the legacy VM, 0 failed; %d allocations adopted", r[0], len(after.Allocations))
+	sort.Strings(s)
+	return s
 }
 
 // checkFailureEvent makes the cloud fail while the pool is empty: new pods
