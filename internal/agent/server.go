@@ -224,7 +224,11 @@ func (a *Agent) Trace(ctx context.Context, pod string) (*api.Trace, *api.Error) 
 	if err != nil {
 		return nil, api.Errorf(api.CodeIOFailure, "read agent state", err.Error())
 	}
-	tr := &api.Trace{Pod: pod, Node: a.cfg.NodeName, Datapath: a.dp.Info().Mode, Provider: a.cfg.Provider.Type}
+	info := a.dp.Info()
+	tr := &api.Trace{Pod: pod, Node: a.cfg.NodeName, Datapath: info.Mode, Provider: a.cfg.Provider.Type}
+	if info.NodeIP.IsValid() {
+		tr.NodeIP = info.NodeIP.String()
+	}
 	for _, r := range records {
 		if r.PodNamespace != ns || r.PodName != name {
 			continue

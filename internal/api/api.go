@@ -130,8 +130,11 @@ type PoolState struct {
 // Trace is a pod's path as its node sees it, for vpcnictl trace: each of
 // its attachments, every piece of the path, ok or not, and what to do.
 type Trace struct {
-	Pod         string            `json:"pod"`
-	Node        string            `json:"node"`
+	Pod  string `json:"pod"`
+	Node string `json:"node"`
+	// NodeIP is the node's address on the pods' network (a routed
+	// block's next hop).
+	NodeIP      string            `json:"nodeIP,omitempty"`
 	Datapath    string            `json:"datapath"`
 	Provider    string            `json:"provider"`
 	Attachments []TraceAttachment `json:"attachments"`

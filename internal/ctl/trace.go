@@ -22,6 +22,7 @@ func trace(args []string, out io.Writer) error {
 	socket := fs.String("socket", api.DefaultSocket, "vpcnid socket")
 	format := fs.String("o", "table", "output: table or json")
 	timeout := fs.Duration("timeout", 30*time.Second, "give up after this long (the cloud is read too)")
+	cloudConfig := fs.String("cloud-config", "", "also read the controller's side with this cloud file (vpcni-controller's -cloud-config): the pod's floating IPs and, with a routes section, its block's route on the router and pair on the VM port")
 	// The pod may come before or after the flags.
 	var pod string
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
@@ -46,6 +47,11 @@ func trace(args []string, out io.Writer) error {
 	var tr api.Trace
 	if err := api.NewClient(*socket).Do(ctx, api.PathTrace+"?pod="+url.QueryEscape(pod), nil, &tr); err != nil {
 		return fmt.Errorf("trace %s: %w", pod, err)
+	}
+	if *cloudConfig != "" {
+		if err := traceCloud(ctx, *cloudConfig, &tr); err != nil {
+			return fmt.Errorf("trace %s: the controller's side: %w", pod, err)
+		}
 	}
 	if *format == "json" {
 		enc := json.NewEncoder(out)

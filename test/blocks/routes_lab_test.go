@@ -2,10 +2,12 @@ package blocks
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -15,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/vpcni/vpcni/internal/api"
 	"github.com/vpcni/vpcni/internal/apis/vpcni/v1alpha1"
 	"github.com/vpcni/vpcni/internal/config"
 	"github.com/vpcni/vpcni/internal/k8s"
@@ -164,6 +167,29 @@ func TestRoutedPodSubnetOnTheLab(t *testing.T) {
 		c := meta.FindStatusCondition(nb.Status.Conditions, v1alpha1.ConditionRouted)
 		if c == nil || c.Status != metav1.ConditionTrue {
 			t.Errorf("NodeBlock %s: Routed %+v", nb.Name, c)
+		}
+	}
+	// vpcnictl trace on each node, with the controller's cloud file, sees
+	// the block's route on the router via that node and its pair on the
+	// node's VM port.
+	cloudCfg := filepath.Join(dir, "cloud.yaml")
+	if err := os.WriteFile(cloudCfg, fmt.Appendf(nil, "openstack:\n  endpoint: %s\n  subnetID: %s\nroutes:\n  routerID: %s\n", l.URL, l.SubnetID, l.RouterID), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for i, h := range l.Nodes {
+		out, err := exec.Command(filepath.Join(bin, "vpcnictl"), "trace", fmt.Sprintf("default/rt-%d", i+1), "--socket", filepath.Join(dir, h.Name, "vpcnid.sock"),
+			"--cloud-config", cloudCfg, "-o", "json").CombinedOutput()
+		var tr api.Trace
+		if jerr := json.Unmarshal(out, &tr); err != nil || jerr != nil || !tr.OK() {
+			t.Fatalf("trace of the pod on %s: %v %v\n%s", h.Name, err, jerr, out)
+		}
+		var route, pair bool
+		for _, hop := range tr.Attachments[0].Hops {
+			route = route || strings.HasPrefix(hop.What, "router "+l.RouterID+": route ") && strings.HasSuffix(hop.What, " via "+h.IP.String())
+			pair = pair || strings.HasPrefix(hop.What, "pair ") && strings.Contains(hop.What, "on the VM port of "+h.IP.String())
+		}
+		if !route || !pair {
+			t.Errorf("trace of the pod on %s lacks the block's route or pair: %+v", h.Name, tr.Attachments[0].Hops)
 		}
 	}
 	if err := l.FabricErr(); err != nil {

@@ -5,8 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
+	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -14,6 +17,7 @@ import (
 	"github.com/vpcni/vpcni/internal/api"
 	"github.com/vpcni/vpcni/internal/config"
 	"github.com/vpcni/vpcni/internal/datapath/veth"
+	"github.com/vpcni/vpcni/internal/floatingip"
 	"github.com/vpcni/vpcni/internal/lab"
 	"github.com/vpcni/vpcni/internal/netnsutil"
 	"github.com/vpcni/vpcni/internal/provider/openstack"
@@ -60,6 +64,28 @@ func TestTraceNamesEachPlantedFault(t *testing.T) {
 	}
 	if uplink == "" {
 		t.Fatal("no proxy ARP entry in the trace of a veth pod")
+	}
+	// The controller's side, with its cloud file: a floating IP of the pod.
+	cloudCfg := filepath.Join(t.TempDir(), "cloud.yaml")
+	if err := os.WriteFile(cloudCfg, fmt.Appendf(nil, "openstack:\n  endpoint: %s\n  subnetID: %s\n", l.URL, l.SubnetID), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	fc := &floatingip.Cloud{NC: openstack.NoAuthClient(l.URL, http.Client{Timeout: 10 * time.Second}), Timeout: 10 * time.Second}
+	fip, err := fc.Ensure(c, floatingip.Want{Owner: pod, Network: l.Prefix + "-external", Policy: floatingip.Release, PortID: l.Nodes[0].PortID, FixedIP: p.ip})
+	if err != nil {
+		t.Fatal(err)
+	}
+	withCloud, err := traceOf(t, n, pod, "--cloud-config", cloudCfg)
+	if err != nil || !withCloud.OK() {
+		t.Fatalf("trace with the cloud file: %v\n%+v", err, withCloud)
+	}
+	if !slices.ContainsFunc(withCloud.Attachments[0].Hops, func(h api.Hop) bool {
+		return h.Where == api.HopCloud && strings.HasPrefix(h.What, "floating IP "+fip.Address+" -> "+p.ip.String())
+	}) {
+		t.Errorf("no hop for floating IP %s in %+v", fip.Address, withCloud.Attachments[0].Hops)
+	}
+	if _, err := fc.Detach(c, pod, nil); err != nil {
+		t.Fatal(err)
 	}
 	table := vpcnictl(t, "trace", pod, "--socket", n.cfg.SocketPath)
 	if !strings.Contains(table, "proxy ARP entry "+p.ip.String()) || !strings.Contains(table, "WHERE") {
@@ -114,10 +140,10 @@ func TestTraceNamesEachPlantedFault(t *testing.T) {
 }
 
 // traceOf runs vpcnictl trace -o json; the error is its exit status.
-func traceOf(t *testing.T, n *labNode, pod string) (api.Trace, error) {
+func traceOf(t *testing.T, n *labNode, pod string, more ...string) (api.Trace, error) {
 	t.Helper()
 	var stderr strings.Builder
-	cmd := exec.Command(filepath.Join(binDir, "vpcnictl"), "trace", pod, "--socket", n.cfg.SocketPath, "-o", "json")
+	cmd := exec.Command(filepath.Join(binDir, "vpcnictl"), append([]string{"trace", pod, "--socket", n.cfg.SocketPath, "-o", "json"}, more...)...)
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	var tr api.Trace
