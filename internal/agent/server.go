@@ -18,6 +18,8 @@ import (
 
 	"github.com/vpcni/vpcni/internal/alloc"
 	"github.com/vpcni/vpcni/internal/api"
+	"github.com/vpcni/vpcni/internal/datapath"
+	"github.com/vpcni/vpcni/internal/snat"
 )
 
 // Listen opens the agent's unix socket, root-only (0600, in a 0700 dir). A
@@ -236,6 +238,9 @@ func (a *Agent) Trace(ctx context.Context, pod string) (*api.Trace, *api.Error) 
 		a.wiring.RLock() // not while a reconcile rewrites the node side
 		hops := a.dp.Trace(ctx, r)
 		a.wiring.RUnlock()
+		if a.snat != nil {
+			hops = append(hops, a.snatHop(ctx, r.Address))
+		}
 		hops = append(hops, a.cloudHop(ctx, r.Address))
 		tr.Attachments = append(tr.Attachments, api.TraceAttachment{ContainerID: r.ContainerID, IfName: r.IfName, Address: r.Address.String(), Hops: hops})
 	}
@@ -262,4 +267,19 @@ func (a *Agent) cloudHop(ctx context.Context, addr netip.Addr) api.Hop {
 			Fix: "the agent asks the cloud for it again at its next resync (vpcnid.yaml resync, default 1m); if someone else took it, its log says so and the pod must be re-created"}
 	}
 	return api.Hop{Where: api.HopCloud, What: what, State: api.HopOK}
+}
+
+// snatHop is the pod's address in the node's SNAT table (snat.enabled):
+// traffic leaving the VPC from it is masqueraded to the node's address.
+func (a *Agent) snatHop(ctx context.Context, addr netip.Addr) api.Hop {
+	what := fmt.Sprintf("SNAT: %s in nftables set ip %s pods", addr, snat.Table)
+	in, err := a.snat.HasPod(ctx, addr)
+	switch {
+	case err != nil:
+		return api.Hop{Where: api.HopNode, What: what, State: api.HopWrong, Detail: err.Error(), Fix: datapath.FixNode}
+	case !in:
+		return api.Hop{Where: api.HopNode, What: what, State: api.HopMissing,
+			Detail: fmt.Sprintf("%s is not in the SNAT table's pods set: its traffic beyond the VPC leaves with the pod's own address", addr), Fix: datapath.FixNode}
+	}
+	return api.Hop{Where: api.HopNode, What: what, State: api.HopOK}
 }

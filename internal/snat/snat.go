@@ -198,6 +198,15 @@ func prefixes(list []netip.Prefix) []string {
 	return out
 }
 
+// HasPod says whether the pods set holds ip (vpcnictl trace).
+func (n *NAT) HasPod(ctx context.Context, ip netip.Addr) (bool, error) {
+	elems, err := n.nft.ListElements(ctx, "set", "pods")
+	if err != nil {
+		return false, fmt.Errorf("nftables set ip %s pods: %w", Table, err)
+	}
+	return slices.ContainsFunc(elems, func(e *knftables.Element) bool { return len(e.Key) == 1 && e.Key[0] == ip.String() }), nil
+}
+
 // AddPod adds one pod address to the pods set (an ADD between two Syncs).
 func (n *NAT) AddPod(ctx context.Context, ip netip.Addr) error {
 	tx := n.nft.NewTransaction()

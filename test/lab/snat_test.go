@@ -9,10 +9,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/vpcni/vpcni/internal/api"
 	"github.com/vpcni/vpcni/internal/config"
 	"github.com/vpcni/vpcni/internal/lab"
 	"github.com/vpcni/vpcni/internal/netnsutil"
@@ -69,6 +71,20 @@ func TestSNAT(t *testing.T) {
 	}
 	if out := table(1); out != "" {
 		t.Errorf("n2 (SNAT off) has a table:\n%s", out)
+	}
+	// vpcnictl trace shows the pod in the SNAT table on n1, and no SNAT
+	// piece on n2 (SNAT off there).
+	for i, want := range []bool{true, false} {
+		tr, err := traceOf(t, nodes[i], "default/"+pods[i].id)
+		if err != nil || !tr.OK() {
+			t.Fatalf("trace of the pod on %s: %v %+v", l.Nodes[i].Name, err, tr)
+		}
+		has := slices.ContainsFunc(tr.Attachments[0].Hops, func(h api.Hop) bool {
+			return strings.HasPrefix(h.What, "SNAT: "+pods[i].ip.String()+" in nftables set ip "+snat.Table+" pods") && h.State == api.HopOK
+		})
+		if has != want {
+			t.Errorf("trace of the pod on %s: SNAT piece %v, want %v: %+v", l.Nodes[i].Name, has, want, tr.Attachments[0].Hops)
+		}
 	}
 	// The agent logs each node reconcile (debug): counted below.
 	reconciles := func() int {
