@@ -128,12 +128,22 @@ func (c *Certs) Ready() error {
 // Run syncs until ctx ends: at the next rotation due, at most a minute
 // apart (another replica may have rotated), sooner after an error.
 func (c *Certs) Run(ctx context.Context) {
+	rec, stop := eventRecorder(c.cs)
+	defer stop()
+	webhook := &corev1.ObjectReference{Kind: "MutatingWebhookConfiguration", APIVersion: "admissionregistration.k8s.io/v1", Name: c.opts.WebhookConfig}
+	failing := false
 	for {
 		next, err := c.Sync(ctx)
 		if err != nil && ctx.Err() == nil {
 			c.log.Warn("webhook certificates not in order", "err", err)
 			next = 5 * time.Second
+			// Told once per run of failures, on the webhook's configuration.
+			if !failing {
+				rec.Eventf(webhook, corev1.EventTypeWarning, EventWebhookCertificate,
+					"vpcni-controller cannot keep the webhook's certificate (Secret %s/%s): %v; a replica without one is not Ready, and pods created while none serves are admitted without their vpcni.io/ip request (VpcniIPNotRequested)", c.opts.Namespace, c.opts.Secret, err)
+			}
 		}
+		failing = err != nil
 		c.mu.Lock()
 		if c.cert == nil && err != nil {
 			c.err = err
@@ -146,6 +156,10 @@ func (c *Certs) Run(ctx context.Context) {
 		}
 	}
 }
+
+// EventWebhookCertificate is the Warning on the webhook's configuration
+// when its certificate cannot be kept.
+const EventWebhookCertificate = "VpcniWebhookCertificate"
 
 // certSet is the Secret's content, parsed.
 type certSet struct {

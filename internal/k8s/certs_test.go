@@ -160,3 +160,28 @@ func TestCertOptionsValidate(t *testing.T) {
 		t.Errorf("Validate = %v, want both problems named", err)
 	}
 }
+
+// A replica that cannot keep the certificate says so once, as a Warning
+// on the webhook's configuration, however many passes fail.
+func TestCertsFailureEvent(t *testing.T) {
+	cs := fake.NewClientset() // no MutatingWebhookConfiguration: every pass fails
+	c, err := NewCerts(cs, CertOptions{Namespace: "vpcni-system", Secret: "vpcni-webhook-cert", Service: "vpcni-webhook",
+		WebhookConfig: "vpcni", Validity: time.Hour}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 12*time.Second) // two failed passes, 5 s apart
+	defer cancel()
+	c.Run(ctx)
+	evs, err := cs.CoreV1().Events("").List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, e := range evs.Items {
+		got = append(got, e.Reason+" on "+e.InvolvedObject.Kind+" "+e.InvolvedObject.Name+": "+e.Message)
+	}
+	if len(got) != 1 || !strings.HasPrefix(got[0], EventWebhookCertificate+" on MutatingWebhookConfiguration vpcni: ") || c.Ready() == nil {
+		t.Fatalf("events %q (ready: %v), want one %s on the webhook's configuration", got, c.Ready(), EventWebhookCertificate)
+	}
+}

@@ -22,6 +22,7 @@ import (
 	"k8s.io/client-go/metadata/metadatainformer"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
 
 	"github.com/vpcni/vpcni/internal/apis/vpcni/v1alpha1"
@@ -60,6 +61,9 @@ type StickyKeeper struct {
 	addrs cache.SharedIndexInformer
 	ars   cache.SharedIndexInformer
 	nodes cache.SharedIndexInformer
+
+	cs       kubernetes.Interface
+	recorder record.EventRecorder // set by Run
 
 	mu        sync.Mutex
 	goneSince map[string]time.Time // nodes missing from the cache, since
@@ -102,7 +106,7 @@ func NewStickyKeeper(cfg *rest.Config, opts StickyOptions, log *slog.Logger) (*S
 	if err != nil {
 		return nil, err
 	}
-	k := &StickyKeeper{opts: opts, res: res, log: log.With("reconciler", "sticky"), goneSince: map[string]time.Time{},
+	k := &StickyKeeper{opts: opts, res: res, cs: cs, log: log.With("reconciler", "sticky"), goneSince: map[string]time.Time{},
 		queue: workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]())}
 	k.pods = metadatainformer.NewSharedInformerFactory(md, 10*time.Minute).
 		ForResource(schema.GroupVersionResource{Version: "v1", Resource: "pods"}).Informer()
@@ -202,6 +206,9 @@ func (k *StickyKeeper) Figures() (created, recorded, deleted, takenOver int64) {
 // Run reconciles until ctx ends.
 func (k *StickyKeeper) Run(ctx context.Context) error {
 	defer k.queue.ShutDown()
+	var stop func()
+	k.recorder, stop = eventRecorder(k.cs)
+	defer stop()
 	for _, inf := range []cache.SharedIndexInformer{k.pods, k.sets, k.addrs, k.ars, k.nodes} {
 		go inf.Run(ctx.Done())
 	}
@@ -334,6 +341,10 @@ func (k *StickyKeeper) reconcile(ctx context.Context, key string) (time.Duration
 	return 0, nil
 }
 
+// EventStickyAddressStuck is the Warning on a sticky pod whose reserved
+// address a dead node holds while the controller cannot take it off.
+const EventStickyAddressStuck = "VpcniStickyAddressStuck"
+
 // takeOver frees a reserved address held by a node that is dead, so the
 // node the pod starts on next can take it: off the dead node's port (the
 // marked fixed IP, If-Match), then the reservation forgets the node. A
@@ -347,6 +358,9 @@ func (k *StickyKeeper) takeOver(ctx context.Context, ar *v1alpha1.AddressReserva
 	if k.opts.Cloud == nil {
 		k.log.Warn("reserved address held by a dead node: no -cloud-config to take it off its port; the pod's ADDs fail with CNI error 11 until the node gives it back",
 			"pod", key, "address", ar.Spec.Address, "node", ar.Spec.Node, "why", why)
+		k.recorder.Eventf(&corev1.ObjectReference{Kind: "Pod", APIVersion: "v1", Namespace: ar.Namespace, Name: ar.Name}, corev1.EventTypeWarning, EventStickyAddressStuck,
+			"the pod's reserved address %s is held by node %s, which is dead (%s), and vpcni-controller has no -cloud-config to take it off that node's port: the pod's ADDs fail (CNI error 11) until the node gives it back — give the controller -cloud-config (an openstack section with subnetID), bring the node back, or delete AddressReservation %s to let the pod take another address",
+			ar.Spec.Address, ar.Spec.Node, why, key)
 		return 0, nil
 	}
 	if ar.Spec.Port == "" {

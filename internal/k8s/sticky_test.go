@@ -1,6 +1,9 @@
 package k8s
 
 import (
+	"context"
+	"io"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -9,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
 
 	"github.com/vpcni/vpcni/internal/apis/vpcni/v1alpha1"
 )
@@ -117,5 +121,34 @@ func TestDeadNode(t *testing.T) {
 	add("gone")
 	if _, why := k.dead("gone"); why != "" || len(k.goneSince) != 0 {
 		t.Errorf("back again: why %q, goneSince %v", why, k.goneSince)
+	}
+}
+
+// Without a cloud to take a dead node's reserved address off its port,
+// the keeper says so on the pod, once the node's grace is over, with what
+// to do.
+func TestStuckStickyAddressEvent(t *testing.T) {
+	rec := record.NewFakeRecorder(4)
+	k := &StickyKeeper{opts: StickyOptions{Grace: 20 * time.Millisecond}, recorder: rec, goneSince: map[string]time.Time{},
+		nodes: cache.NewSharedIndexInformer(&cache.ListWatch{}, &corev1.Node{}, 0, nil), log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	ar := &v1alpha1.AddressReservation{ObjectMeta: metav1.ObjectMeta{Namespace: "db", Name: "pg-0"},
+		Spec: v1alpha1.AddressReservationSpec{StatefulSet: "pg", Address: "10.0.0.7", Node: "n9", Port: "p9"}}
+	wait, err := k.takeOver(context.Background(), ar)
+	if err != nil || wait <= 0 || len(rec.Events) != 0 {
+		t.Fatalf("within the grace: wait %s, err %v, %d events; want a wait and no event", wait, err, len(rec.Events))
+	}
+	time.Sleep(wait)
+	if _, err := k.takeOver(context.Background(), ar); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case e := <-rec.Events:
+		for _, want := range []string{EventStickyAddressStuck, "10.0.0.7", "n9", "-cloud-config", "AddressReservation db/pg-0"} {
+			if !strings.Contains(e, want) {
+				t.Errorf("event %q does not say %q", e, want)
+			}
+		}
+	default:
+		t.Fatal("no event for the stuck address")
 	}
 }
