@@ -413,6 +413,10 @@ func connectLeaks(ctx context.Context, cfg *rest.Config, cs kubernetes.Interface
 	context.AfterFunc(ctx, events.Shutdown)
 	recorder := events.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "vpcni-controller"})
 	lease := &corev1.ObjectReference{Kind: "Lease", APIVersion: "coordination.k8s.io/v1", Namespace: o.namespace, Name: o.lease}
+	// kubectl describe finds an object's Events by its UID too.
+	if l, err := cs.CoordinationV1().Leases(o.namespace).Get(ctx, o.lease, metav1.GetOptions{}); err == nil {
+		lease.UID = l.UID
+	}
 	c.Tell = func(reason, msg string) { recorder.Event(lease, corev1.EventTypeWarning, reason, msg) }
 	return nil
 }

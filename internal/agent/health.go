@@ -130,6 +130,14 @@ func (a *Agent) checkOne(ctx context.Context, r *alloc.Allocation) error {
 // recordHealth keeps the results, sets the gauges and logs each pod that
 // turned unhealthy (once) and each that recovered.
 func (a *Agent) recordHealth(results map[string]api.PodHealth) {
+	// The cluster hears of pods that turned unhealthy after the lock is
+	// let go: /v1/state and the readiness probe read the results under it.
+	turned := map[string]string{}
+	defer func() {
+		for key, problem := range turned {
+			a.unhealthy(key, problem)
+		}
+	}()
 	a.health.mu.Lock()
 	defer a.health.mu.Unlock()
 	if a.health.failed == nil {
@@ -149,7 +157,7 @@ func (a *Agent) recordHealth(results map[string]api.PodHealth) {
 		if !a.health.failed[key] {
 			a.log.Warn("pod datapath unhealthy", "attachment", key, "problem", h.Problem)
 			a.health.failed[key] = true
-			a.unhealthy(key, h.Problem)
+			turned[key] = h.Problem
 		}
 	}
 	for key := range a.health.failed {

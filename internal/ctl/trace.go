@@ -2,7 +2,6 @@ package ctl
 
 import (
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -20,7 +19,7 @@ import (
 func trace(args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("trace", flag.ContinueOnError)
 	socket := fs.String("socket", api.DefaultSocket, "vpcnid socket")
-	format := fs.String("o", "table", "output: table or json")
+	format := formatFlag(fs)
 	timeout := fs.Duration("timeout", 30*time.Second, "give up after this long (the cloud is read too)")
 	cloudConfig := fs.String("cloud-config", "", "also read the controller's side with this cloud file (vpcni-controller's -cloud-config): the pod's floating IPs and, with a routes section, its block's route on the router and pair on the VM port")
 	// The pod may come before or after the flags.
@@ -39,8 +38,8 @@ func trace(args []string, out io.Writer) error {
 	if ns, name, ok := strings.Cut(pod, "/"); !ok || ns == "" || name == "" {
 		return usageError{fmt.Sprintf("trace: %q is not namespace/name", pod)}
 	}
-	if *format != "table" && *format != "json" {
-		return usageError{fmt.Sprintf("trace: unknown output format %q (table or json)", *format)}
+	if err := checkFormat("trace", *format); err != nil {
+		return err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 	defer cancel()
@@ -49,14 +48,17 @@ func trace(args []string, out io.Writer) error {
 		return fmt.Errorf("trace %s: %w", pod, err)
 	}
 	if *cloudConfig != "" {
+		// The agent's pieces stand on their own: a cloud that cannot be
+		// read is one more piece, marked wrong, on each attachment.
 		if err := traceCloud(ctx, *cloudConfig, &tr); err != nil {
-			return fmt.Errorf("trace %s: the controller's side: %w", pod, err)
+			for i := range tr.Attachments {
+				tr.Attachments[i].Hops = append(tr.Attachments[i].Hops, api.Hop{Where: api.HopCloud, What: "the controller's side (" + *cloudConfig + ")",
+					State: api.HopWrong, Detail: err.Error(), Fix: "check the cloud file's credentials and endpoint (vpcnictl audit -cloud-config uses the same)"})
+			}
 		}
 	}
 	if *format == "json" {
-		enc := json.NewEncoder(out)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(tr); err != nil {
+		if err := writeJSON(out, tr); err != nil {
 			return err
 		}
 	} else {

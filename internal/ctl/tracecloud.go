@@ -101,16 +101,19 @@ func blockHops(ctx context.Context, nc *gophercloud.ServiceClient, router string
 		return nil, err
 	}
 	const fix = "vpcni-controller routes each NodeBlock: the block's Routed condition (kubectl get nodeblocks -o yaml) says why not — the router's max_routes, the port's pairs — and its routes reconciler repairs drift at its next sync"
-	var block netip.Prefix
-	for _, r := range rs {
-		if r.Destination.Contains(addr) {
-			block = r.Destination
-			h := api.Hop{Where: api.HopCloud, What: fmt.Sprintf("router %s: route %s via %s", router, r.Destination, r.NextHop), State: api.HopOK}
-			if r.NextHop != nodeIP {
-				h.State, h.Detail, h.Fix = api.HopWrong, fmt.Sprintf("the next hop is %s, not this node's %s", r.NextHop, nodeIP), fix
-			}
-			return append([]api.Hop{h}, pairHop(ctx, nc, nodeIP, block, fix)...), nil
+	// The most specific route to the address is the one that carries it.
+	var best *routes.Route
+	for i, r := range rs {
+		if r.Destination.Contains(addr) && (best == nil || r.Destination.Bits() > best.Destination.Bits()) {
+			best = &rs[i]
 		}
+	}
+	if best != nil {
+		h := api.Hop{Where: api.HopCloud, What: fmt.Sprintf("router %s: route %s via %s", router, best.Destination, best.NextHop), State: api.HopOK}
+		if best.NextHop != nodeIP {
+			h.State, h.Detail, h.Fix = api.HopWrong, fmt.Sprintf("the next hop is %s, not this node's %s", best.NextHop, nodeIP), fix
+		}
+		return append([]api.Hop{h}, pairHop(ctx, nc, nodeIP, best.Destination, fix)...), nil
 	}
 	return []api.Hop{{Where: api.HopCloud, What: fmt.Sprintf("router %s: a route to the block of %s", router, addr), State: api.HopMissing,
 		Detail: fmt.Sprintf("router %s has no route to a block holding %s", router, addr), Fix: fix}}, nil

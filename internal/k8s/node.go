@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"regexp"
 	"strconv"
 	"sync"
 	"time"
@@ -472,12 +473,13 @@ const (
 	// EventDatapathUnhealthy: the agent's health probe found a pod's
 	// wiring broken.
 	EventDatapathUnhealthy = "VpcniDatapathUnhealthy"
-	// EventDegraded / EventRecovered: the node's agent serves from its
-	// pool while the cloud fails, and is whole again.
+	// EventDegraded / EventRecovered: the node's agent has served from
+	// its pool for 30 s while the cloud fails, and is whole again.
 	EventDegraded  = "VpcniDegraded"
 	EventRecovered = "VpcniRecovered"
-	// EventNotReady: the agent has not been ready for a minute (its
-	// provider refuses to start, the API server is unreachable, …).
+	// EventNotReady: the agent's pool has not been ready for a minute
+	// (the provider not connected, or refusing to start; no address left
+	// and none to be had).
 	EventNotReady = "VpcniNotReady"
 )
 
@@ -517,23 +519,40 @@ func (n *Node) Unhealthy(podNamespace, podName, problem string) {
 }
 
 // stateEvents turns the agent's state into Node events, on changes only:
-// degraded and recovered at once; not ready once it has lasted a minute
-// (every start is not ready for a moment), again if the reason changes.
+// degraded once it has lasted degradedFor (a flaky cloud's single failed
+// call is no news) and recovered after a told degradation; not ready once
+// it has lasted a minute (every start is not ready for a moment), again
+// only if the kind of reason changes (its figures move all the time).
 type stateEvents struct {
-	degraded      bool
+	degradedSince time.Time
+	toldDegraded  bool
 	notReadySince time.Time
 	toldNotReady  string
 }
 
+const degradedFor = 30 * time.Second
+
+// reasonKind is a reason without its figures.
+var figures = regexp.MustCompile(`[0-9]+(\.[0-9]+)?`)
+
+func reasonKind(r string) string { return figures.ReplaceAllString(r, "N") }
+
 func (n *Node) stateEvents(st *stateEvents, p agent.PoolFigures, now time.Time) {
+	degraded := p.Ready && p.Degraded
 	switch {
-	case p.Ready && p.Degraded && !st.degraded:
-		n.recorder.Eventf(n.nodeRef(), corev1.EventTypeWarning, EventDegraded,
-			"vpcni on node %s is degraded: %s; pods on the node keep working, new pods get addresses only while its pool lasts (vpcnictl status and vpcnictl doctor on the node)", n.name, p.Reason)
-	case p.Ready && !p.Degraded && st.degraded:
+	case degraded && st.degradedSince.IsZero():
+		st.degradedSince = now
+	case !degraded && st.toldDegraded:
 		n.recorder.Eventf(n.nodeRef(), corev1.EventTypeNormal, EventRecovered, "vpcni on node %s is no longer degraded", n.name)
+		fallthrough
+	case !degraded:
+		st.degradedSince, st.toldDegraded = time.Time{}, false
 	}
-	st.degraded = p.Ready && p.Degraded
+	if degraded && !st.toldDegraded && now.Sub(st.degradedSince) >= degradedFor {
+		n.recorder.Eventf(n.nodeRef(), corev1.EventTypeWarning, EventDegraded,
+			"vpcni on node %s has been degraded for %s: %s; pods on the node keep working, new pods get addresses only while its pool lasts (vpcnictl status and vpcnictl doctor on the node)", n.name, now.Sub(st.degradedSince).Round(time.Second), p.Reason)
+		st.toldDegraded = true
+	}
 	if p.Ready {
 		st.notReadySince, st.toldNotReady = time.Time{}, ""
 		return
@@ -541,10 +560,10 @@ func (n *Node) stateEvents(st *stateEvents, p agent.PoolFigures, now time.Time) 
 	if st.notReadySince.IsZero() {
 		st.notReadySince = now
 	}
-	if now.Sub(st.notReadySince) >= time.Minute && st.toldNotReady != p.Reason {
+	if kind := reasonKind(p.Reason); now.Sub(st.notReadySince) >= time.Minute && st.toldNotReady != kind {
 		n.recorder.Eventf(n.nodeRef(), corev1.EventTypeWarning, EventNotReady,
 			"vpcni on node %s has not been ready for %s: %s; no pod can start on its network (vpcnictl doctor on the node checks each prerequisite)", n.name, now.Sub(st.notReadySince).Round(time.Second), p.Reason)
-		st.toldNotReady = p.Reason
+		st.toldNotReady = kind
 	}
 }
 

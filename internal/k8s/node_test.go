@@ -60,29 +60,36 @@ func TestNodeNotReadyWithoutAPIServer(t *testing.T) {
 	}
 }
 
-// The agent's state becomes Node events on changes only: degraded and
-// recovered at once, not ready once it has lasted a minute and again only
-// for another reason.
+// The agent's state becomes Node events on changes only: degraded once
+// it has lasted 30 s (a single failed call is no news) and recovered after
+// that, not ready once it has lasted a minute and again only for another
+// kind of reason (its figures move all the time).
 func TestStateEvents(t *testing.T) {
 	rec := record.NewFakeRecorder(10)
 	n := &Node{name: "n1", recorder: rec}
 	var st stateEvents
 	t0 := time.Now()
+	degraded := agent.PoolFigures{Ready: true, Degraded: true, Reason: "neutron: 503"}
+	notReady := func(r string) agent.PoolFigures { return agent.PoolFigures{Ready: false, Reason: r} }
 	steps := []struct {
 		p    agent.PoolFigures
 		at   time.Duration
 		want string // the event's reason, "" none
 	}{
-		{agent.PoolFigures{Ready: false, Reason: "connecting the provider"}, 0, ""},
+		{notReady("connecting the provider"), 0, ""},
 		{agent.PoolFigures{Ready: true}, 2 * time.Second, ""},
-		{agent.PoolFigures{Ready: true, Degraded: true, Reason: "neutron: 503"}, 3 * time.Second, EventDegraded},
-		{agent.PoolFigures{Ready: true, Degraded: true, Reason: "neutron: 503"}, 4 * time.Second, ""},
-		{agent.PoolFigures{Ready: true}, 5 * time.Second, EventRecovered},
-		{agent.PoolFigures{Ready: false, Reason: "provider refused: policy"}, 6 * time.Second, ""},
-		{agent.PoolFigures{Ready: false, Reason: "provider refused: policy"}, 50 * time.Second, ""},
-		{agent.PoolFigures{Ready: false, Reason: "provider refused: policy"}, 67 * time.Second, EventNotReady},
-		{agent.PoolFigures{Ready: false, Reason: "provider refused: policy"}, 90 * time.Second, ""},
-		{agent.PoolFigures{Ready: false, Reason: "no VM port with 10.0.0.5"}, 95 * time.Second, EventNotReady},
+		{degraded, 3 * time.Second, ""},                       // a blip …
+		{agent.PoolFigures{Ready: true}, 4 * time.Second, ""}, // … over: nothing told
+		{degraded, 5 * time.Second, ""},
+		{degraded, 20 * time.Second, ""},
+		{degraded, 36 * time.Second, EventDegraded},
+		{degraded, 50 * time.Second, ""},
+		{agent.PoolFigures{Ready: true}, 51 * time.Second, EventRecovered},
+		{notReady("all 64 addresses are allocated (60) or cooling down (4)"), 52 * time.Second, ""},
+		{notReady("all 64 addresses are allocated (61) or cooling down (3)"), 100 * time.Second, ""},
+		{notReady("all 64 addresses are allocated (62) or cooling down (2)"), 113 * time.Second, EventNotReady},
+		{notReady("all 64 addresses are allocated (63) or cooling down (1)"), 120 * time.Second, ""},
+		{notReady("provider refused: policy"), 125 * time.Second, EventNotReady},
 	}
 	for i, s := range steps {
 		n.stateEvents(&st, s.p, t0.Add(s.at))

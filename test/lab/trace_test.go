@@ -92,41 +92,53 @@ func TestTraceNamesEachPlantedFault(t *testing.T) {
 		t.Errorf("trace table without its pieces:\n%s", table)
 	}
 
+	// One fault at a time, each repaired before the next: the trace names
+	// exactly the planted piece.
 	for _, fault := range []struct {
-		name  string
-		plant func()
-		piece string // the start of the hop's What
-		where string
+		name          string
+		plant, repair func()
+		piece         string // the start of the hop's What
+		where         string
 	}{
-		{"node route deleted", func() { mustRun(t, l.Nodes[0].NS, "ip", "route", "del", p.ip.String()+"/32", "dev", hostIf) },
+		{"node route deleted",
+			func() { mustRun(t, l.Nodes[0].NS, "ip", "route", "del", p.ip.String()+"/32", "dev", hostIf) },
+			func() { mustRun(t, l.Nodes[0].NS, "ip", "route", "add", p.ip.String()+"/32", "dev", hostIf) },
 			"route " + p.ip.String() + "/32 dev " + hostIf, api.HopNode},
-		{"proxy ARP entry deleted", func() {
-			mustRun(t, l.Nodes[0].NS, "ip", "neigh", "del", "proxy", p.ip.String(), "dev", uplink)
-		}, "proxy ARP entry " + p.ip.String(), api.HopNode},
-		{"pod default route deleted", func() { mustRun(t, p.name, "ip", "route", "del", "default") },
+		{"proxy ARP entry deleted",
+			func() { mustRun(t, l.Nodes[0].NS, "ip", "neigh", "del", "proxy", p.ip.String(), "dev", uplink) },
+			func() { mustRun(t, l.Nodes[0].NS, "ip", "neigh", "add", "proxy", p.ip.String(), "dev", uplink) },
+			"proxy ARP entry " + p.ip.String(), api.HopNode},
+		{"pod default route deleted",
+			func() { mustRun(t, p.name, "ip", "route", "del", "default") },
+			func() { mustRun(t, p.name, "ip", "route", "add", "default", "via", veth.Gateway.String(), "dev", "eth0") },
 			"default route via", api.HopPod},
-		{"address off the VM port", func() { setOnPort(t, l, l.Nodes[0].PortID, p.ip, false) },
+		{"address off the VM port",
+			func() { setOnPort(t, l, l.Nodes[0].PortID, p.ip, false) },
+			func() { setOnPort(t, l, l.Nodes[0].PortID, p.ip, true) },
 			p.ip.String() + " held by provider openstack", api.HopCloud},
 	} {
 		fault.plant()
 		tr, err := traceOf(t, n, pod)
 		if err == nil || tr.OK() {
 			t.Errorf("%s: trace exited 0 / found every piece ok", fault.name)
-			continue
 		}
-		var found *api.Hop
+		var bad []api.Hop
 		for _, h := range tr.Attachments[0].Hops {
-			if strings.HasPrefix(h.What, fault.piece) {
-				found = &h
+			if h.State != api.HopOK {
+				bad = append(bad, h)
 			}
 		}
 		switch {
-		case found == nil:
-			t.Errorf("%s: no piece %q in the trace", fault.name, fault.piece)
-		case found.State != api.HopMissing || found.Where != fault.where || found.Fix == "":
-			t.Errorf("%s: %+v, want %s missing with a fix", fault.name, *found, fault.where)
+		case len(bad) != 1 || !strings.HasPrefix(bad[0].What, fault.piece):
+			t.Errorf("%s: pieces not ok %+v, want only %q", fault.name, bad, fault.piece)
+		case bad[0].State != api.HopMissing || bad[0].Where != fault.where || bad[0].Fix == "":
+			t.Errorf("%s: %+v, want %s missing with a fix", fault.name, bad[0], fault.where)
 		default:
-			t.Logf("vpcni-test: %s: %s %s: %s; fix: %.80s…", fault.name, strings.ToUpper(found.State), found.What, found.Detail, found.Fix)
+			t.Logf("vpcni-test: %s: %s %s: %s; fix: %.80s…", fault.name, strings.ToUpper(bad[0].State), bad[0].What, bad[0].Detail, bad[0].Fix)
+		}
+		fault.repair()
+		if tr, err := traceOf(t, n, pod); err != nil || !tr.OK() {
+			t.Fatalf("%s repaired by hand: the trace still finds a piece not ok (%v): %+v", fault.name, err, tr.Attachments)
 		}
 	}
 

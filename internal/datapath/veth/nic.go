@@ -193,7 +193,8 @@ func proxyOn(linkIdx int, ip netip.Addr) *netlink.Neigh {
 	return &netlink.Neigh{LinkIndex: linkIdx, Family: netlink.FAMILY_V4, Flags: netlink.NTF_PROXY, IP: ip.AsSlice()}
 }
 
-// checkNIC reports what is missing of a NIC pod's node-side wiring.
+// traceNIC lists the pieces of a NIC pod's node-side wiring: the policy
+// rules, the NIC's table and its proxy ARP entry.
 func (v *Veth) traceNIC(a *alloc.Allocation) []datapath.Hop {
 	var h hops
 	link, err := v.nicOf(a)
