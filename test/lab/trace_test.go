@@ -110,7 +110,9 @@ func TestTraceNamesEachPlantedFault(t *testing.T) {
 			"proxy ARP entry " + p.ip.String(), api.HopNode},
 		{"pod default route deleted",
 			func() { mustRun(t, p.name, "ip", "route", "del", "default") },
-			func() { mustRun(t, p.name, "ip", "route", "add", "default", "via", veth.Gateway.String(), "dev", "eth0") },
+			func() {
+				mustRun(t, p.name, "ip", "route", "add", "default", "via", veth.Gateway.String(), "dev", "eth0")
+			},
 			"default route via", api.HopPod},
 		{"address off the VM port",
 			func() { setOnPort(t, l, l.Nodes[0].PortID, p.ip, false) },
