@@ -40,19 +40,21 @@ image:
 
 # Kubernetes for the end-to-end tests on a real node (cached in /var/cache/vpcni-k8s),
 # and the fixture's own test with Debian's bridge plugin (docs/k8s-node.md).
-# The release `make upgrade-e2e` rolls the node back to and upgrades it
-# from: the previous release's source (from git) built into its own image,
-# $(BIN)/prev/vpcni-image.tar, cached while UPGRADE_FROM stays. When
-# cutting a release, set it to the release before.
+# The release `make upgrade-e2e` installs first and upgrades from (and
+# later rolls back to): the previous release's source (from git) built
+# into its own image, $(BIN)/prev/vpcni-image.tar, with its deploy/ beside
+# it, cached while UPGRADE_FROM stays. When cutting a release, set it to
+# the release before.
 UPGRADE_FROM ?= dc642a0
 PREV_IMAGE   := vpcni/vpcni:release-$(UPGRADE_FROM)
 prev-image:
-	@if [ "$$(cat $(BIN)/prev/vpcni-image.name 2>/dev/null)" = "$(PREV_IMAGE)" ] && [ -f $(BIN)/prev/vpcni-image.tar ]; then \
+	@if [ "$$(cat $(BIN)/prev/vpcni-image.name 2>/dev/null)" = "$(PREV_IMAGE)" ] && [ -f $(BIN)/prev/vpcni-image.tar ] && [ -d $(BIN)/prev/deploy ]; then \
 		echo "previous release image $(PREV_IMAGE): cached"; \
 	else \
 		rm -rf $(BIN)/prev && mkdir -p $(BIN)/prev/src && \
 		git archive $(UPGRADE_FROM) | tar -x -C $(BIN)/prev/src && \
 		$(MAKE) -C $(BIN)/prev/src image BIN=$(CURDIR)/$(BIN)/prev IMAGE=$(PREV_IMAGE) VERSION=$(UPGRADE_FROM) && \
+		cp -r $(BIN)/prev/src/deploy $(BIN)/prev/deploy && \
 		rm -rf $(BIN)/prev/src $(BIN)/prev/image; \
 	fi
 
@@ -147,9 +149,10 @@ e2e-nova:
 e2e-k8s: build image prev-image k8s-build
 	VPCNI_REQUIRE_ROOT=1 VPCNI_BIN=$(CURDIR)/$(BIN) VPCNI_PREV_IMAGE=$(CURDIR)/$(BIN)/prev/vpcni-image.tar $(GO) test -count=1 -timeout 30m -v -run 'TestKubernetesNode' ./test/k8se2e 2>&1 | tee /tmp/vpcni-e2e-k8s.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|vpcni-test:|^upgrade' ; exit $${PIPESTATUS[0]}
 
-# Upgrade in place on the real node: the DaemonSet rolled back to the
-# previous release's image and forward again to this one while the legacy
-# VM probes every pod every 10 ms (make test runs it inside e2e-k8s).
+# Upgrade in place on the real node: the node installed with the previous
+# release (its deploy/ and image) and its pods, then this release applied
+# while the legacy VM probes every pod every 10 ms (make test runs it
+# inside e2e-k8s, which also rolls back and forward again later).
 upgrade-e2e: build image prev-image k8s-build
 	VPCNI_REQUIRE_ROOT=1 VPCNI_BIN=$(CURDIR)/$(BIN) VPCNI_PREV_IMAGE=$(CURDIR)/$(BIN)/prev/vpcni-image.tar $(GO) test -count=1 -timeout 30m -v -run 'TestKubernetesNode/^upgrade$$' ./test/k8se2e 2>&1 | tee /tmp/vpcni-upgrade-e2e.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|vpcni-test:|^upgrade' ; exit $${PIPESTATUS[0]}
 

@@ -20,6 +20,7 @@ import (
 	"github.com/vpcni/vpcni/internal/api"
 	"github.com/vpcni/vpcni/internal/datapath"
 	"github.com/vpcni/vpcni/internal/snat"
+	"github.com/vpcni/vpcni/internal/store"
 )
 
 // Listen opens the agent's unix socket, root-only (0600, in a 0700 dir). A
@@ -207,6 +208,7 @@ func (a *Agent) State() (*api.State, error) {
 		Allocations: make([]alloc.Allocation, 0, len(records)),
 		Health:      a.Health(),
 		StartedAt:   a.started.UTC().Format(time.RFC3339),
+		StoreSchema: store.Schema,
 	}
 	for _, r := range records {
 		st.Allocations = append(st.Allocations, *r)

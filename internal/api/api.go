@@ -98,6 +98,9 @@ type State struct {
 	// (container/ifname); missing: not probed yet (or probes are off).
 	Health    map[string]PodHealth `json:"health,omitempty"`
 	StartedAt string               `json:"startedAt"`
+	// StoreSchema is the layout of the agent's allocation store (the
+	// upgrade e2e sees a previous release's file migrated).
+	StoreSchema int `json:"storeSchema,omitempty"`
 }
 
 // PodHealth is the result of one probe of a pod's datapath.

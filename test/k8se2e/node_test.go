@@ -69,7 +69,13 @@ type node struct {
 	lab     labState
 	proxy   *faultproxy.Proxy
 	overlay string
+	// prev, set, makes overlays install the previous release (its
+	// deploy/ and image) instead of this one.
+	prev *release
 }
+
+// release is a vpcni release to install: its deploy/ and image name.
+type release struct{ deploy, image string }
 
 type labState struct {
 	URL      string `json:"endpoint"`
@@ -254,6 +260,15 @@ func eventually(t testing.TB, d time.Duration, what string, cond func() (bool, s
 // lab's subnet through the fault proxy, and the controller's release grace.
 // The e2e uses a small pool (smallPool) so that it sees the pool refill and
 // shrink in seconds; the benchmark keeps vpcnid's defaults.
+// currentImage is this release's image name (make image writes it).
+func currentImage(t testing.TB) string {
+	image, err := os.ReadFile(filepath.Join(binDir, "vpcni-image.name"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.TrimSpace(string(image))
+}
+
 func (n *node) writeOverlay(controllerGrace string, maxAddresses int, smallPool bool) string {
 	return n.writeOverlayWith(controllerGrace, maxAddresses, smallPool, "")
 }
@@ -284,16 +299,16 @@ pool:
 `
 	}
 	dir := n.t.TempDir()
-	mustRun(n.t, nil, "cp", "-r", filepath.Join(repo, "deploy"), filepath.Join(dir, "deploy"))
+	deploy, image := filepath.Join(repo, "deploy"), currentImage(n.t)
+	if n.prev != nil {
+		deploy, image = n.prev.deploy, n.prev.image
+	}
+	mustRun(n.t, nil, "cp", "-r", deploy, filepath.Join(dir, "deploy"))
 	ov := filepath.Join(dir, "overlay")
 	if err := os.Mkdir(ov, 0o755); err != nil {
 		n.t.Fatal(err)
 	}
-	image, err := os.ReadFile(filepath.Join(binDir, "vpcni-image.name"))
-	if err != nil {
-		n.t.Fatal(err)
-	}
-	name, tag, _ := strings.Cut(strings.TrimSpace(string(image)), ":")
+	name, tag, _ := strings.Cut(image, ":")
 	files := map[string]string{
 		"kustomization.yaml": fmt.Sprintf(`apiVersion: kustomize.config.k8s.io/v1beta1
 kind: Kustomization
@@ -562,11 +577,14 @@ func TestKubernetesNode(t *testing.T) {
 		t.Fatalf("the node registered without the %s taint: %v", k8s.TaintNotReady, nd.Spec.Taints)
 	}
 
+	// The previous release first: the upgrade below is the real one, with
+	// pods and a store it made.
+	n.prev = previousRelease(t)
 	n.overlay = n.writeOverlay("5s", 64, true)
 	n.dropNodeChainedPlugins()
 	applied := time.Now()
 	n.mustKubectl("apply", "-k", n.overlay)
-	n.waitInstalled("kubectl apply -k deploy", applied)
+	n.waitInstalled("kubectl apply -k deploy (the previous release, "+n.prev.image+")", applied)
 	eventually(t, time.Minute, "the "+k8s.TaintNotReady+" taint removed once the pool is warm", func() (bool, string) {
 		nd := n.getNode()
 		return !notReadyTainted(nd), fmt.Sprintf("taints %v", nd.Spec.Taints)
@@ -577,6 +595,11 @@ func TestKubernetesNode(t *testing.T) {
 	t.Logf("vpcni-test: node registered with the %s taint; vpcnid removed it with the pool warm; the webhook mutates pods", k8s.TaintNotReady)
 
 	web := n.runWeb()
+	// This release over it; every check below runs on this release.
+	t.Run("upgrade", func(t *testing.T) { checkUpgrade(t, n, web) })
+	if n.prev != nil {
+		t.Fatal("the node still runs the previous release: the checks below are this release's")
+	}
 	t.Run("addresses", func(t *testing.T) { checkAddresses(t, n, web) })
 	t.Run("pod-to-pod", func(t *testing.T) { checkPodToPod(t, n, web) })
 	t.Run("service", func(t *testing.T) { checkService(t, n, web) })
@@ -587,7 +610,8 @@ func TestKubernetesNode(t *testing.T) {
 	t.Run("bandwidth", func(t *testing.T) { checkBandwidth(t, n) })
 	t.Run("delete-releases", func(t *testing.T) { checkDeleteReleases(t, n) })
 	t.Run("agent-restart", func(t *testing.T) { checkAgentRestart(t, n) })
-	t.Run("upgrade", func(t *testing.T) { checkUpgrade(t, n) })
+	t.Run("trace-and-doctor-in-agent-pod", func(t *testing.T) { checkInAgentPod(t, n) })
+	t.Run("rollback", func(t *testing.T) { checkRollback(t, n) })
 	t.Run("setup-failure-event", func(t *testing.T) { checkFailureEvent(t, n) })
 	t.Run("controller-releases-orphans", func(t *testing.T) { checkOrphans(t, n) })
 	t.Run("ip-capacity", func(t *testing.T) { checkIPCapacity(t, n) })

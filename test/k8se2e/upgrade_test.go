@@ -1,102 +1,165 @@
 package k8se2e
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/netip"
 	"os"
 	"path/filepath"
-	"slices"
-	"sort"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/vpcni/vpcni/internal/api"
+	"github.com/vpcni/vpcni/internal/doctor"
+	"github.com/vpcni/vpcni/internal/store"
 )
 
-// checkUpgrade rolls vpcnid's DaemonSet back to the previous release's
-// image and forward again to this one (make prev-image builds the former
-// from git; VPCNI_PREV_IMAGE names its tarball), the way an operator
-// would (kubectl set image; the DaemonSet's rolling update), while the
-// legacy VM probes every web pod every 10 ms. Each way: no probe fails,
-// the new agent adopts every allocation the old one held (the same
-// addresses, the same containers), and the pods still reach each other.
-func checkUpgrade(t *testing.T, n *node) {
+// previousRelease is the release make prev-image built from git
+// (UPGRADE_FROM): its deploy/ and image, the image imported into the
+// node's containerd. VPCNI_PREV_IMAGE names the image's tarball.
+func previousRelease(t *testing.T) *release {
 	tarball := os.Getenv("VPCNI_PREV_IMAGE")
 	if tarball == "" {
-		t.Fatal("VPCNI_PREV_IMAGE is not set: make e2e-k8s and make upgrade-e2e build the previous release's image (make prev-image) and set it")
+		t.Fatal("VPCNI_PREV_IMAGE is not set: make e2e-k8s and make upgrade-e2e build the previous release (make prev-image) and set it")
 	}
-	prevName, err := os.ReadFile(filepath.Join(filepath.Dir(tarball), "vpcni-image.name"))
+	dir := filepath.Dir(tarball)
+	name, err := os.ReadFile(filepath.Join(dir, "vpcni-image.name"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	curName, err := os.ReadFile(filepath.Join(binDir, "vpcni-image.name"))
-	if err != nil {
-		t.Fatal(err)
+	if _, err := os.Stat(filepath.Join(dir, "deploy", "kustomization.yaml")); err != nil {
+		t.Fatalf("the previous release's deploy/: %v", err)
 	}
-	prev, cur := strings.TrimSpace(string(prevName)), strings.TrimSpace(string(curName))
 	mustRun(t, nil, "bash", filepath.Join(repo, "scripts/k8s-node.sh"), "import", tarball)
+	return &release{deploy: filepath.Join(dir, "deploy"), image: strings.TrimSpace(string(name))}
+}
 
-	web := n.pods("default", "app=web")
-	allocs := func() []string {
-		t.Helper()
-		s, err := n.agentState()
-		if err != nil {
-			t.Fatalf("agent state: %v", err)
-		}
-		var out []string
-		for _, a := range s.Allocations {
-			out = append(out, a.Address.String()+"="+a.ContainerID)
-		}
-		sort.Strings(out)
-		return out
+// wirings are the web pods' allocations as the agent holds them, by
+// container: address and wiring (what the datapath made). The same after
+// an agent change means every pod was adopted as it was, not re-wired.
+func (n *node) wirings(t *testing.T, web []pod) map[string]string {
+	t.Helper()
+	st, err := n.agentState()
+	if err != nil {
+		t.Fatalf("agent state: %v", err)
 	}
-	var adopted, held, probes, failed int
-	for _, step := range []struct{ name, image string }{{"rollback", prev}, {"upgrade", cur}} {
-		before := allocs()
-		ok, bad := probeAll(t, web, func() {
-			n.mustKubectl("-n", "vpcni-system", "set", "image", "daemonset/vpcnid", "install-cni="+step.image, "vpcnid="+step.image)
-			n.mustKubectl("-n", "vpcni-system", "rollout", "status", "daemonset/vpcnid", "--timeout=3m")
-			eventually(t, 2*time.Minute, "the "+step.name+" agent ready on "+step.image, func() (bool, string) {
-				ps := n.pods("vpcni-system", "app.kubernetes.io/name=vpcnid")
-				if len(ps) != 1 || !ps[0].ready() {
-					return false, fmt.Sprintf("%d agent pods", len(ps))
-				}
-				img := n.mustKubectl("-n", "vpcni-system", "get", "pod", ps[0].Metadata.Name, "-o", "jsonpath={.spec.containers[0].image}")
-				if !strings.HasSuffix(strings.TrimSpace(img), strings.TrimPrefix(step.image, "docker.io/")) {
-					return false, "agent pod runs " + img
-				}
-				_, err := n.agentState()
-				return err == nil, fmt.Sprintf("agent state: %v", err)
-			})
-			time.Sleep(2 * time.Second) // probes past the new agent's first reconcile
+	names := map[string]bool{}
+	for _, p := range web {
+		names[p.Metadata.Name] = true
+	}
+	out := map[string]string{}
+	for _, a := range st.Allocations {
+		if a.PodNamespace == "default" && names[a.PodName] {
+			w, _ := json.Marshal(a.Wiring)
+			out[a.ContainerID] = a.Address.String() + " " + string(w)
+		}
+	}
+	return out
+}
+
+// adopted counts the allocations of before that after holds unchanged.
+func adopted(before, after map[string]string) int {
+	n := 0
+	for k, v := range before {
+		if after[k] == v {
+			n++
+		}
+	}
+	return n
+}
+
+// roll changes the agent (with change) while the legacy VM probes every
+// web pod every 10 ms; it waits for the new agent pod ready on image and
+// probes on for 2 s past it (the new agent's first reconcile and checks
+// fall in that window). It returns the probes' counts and how long the
+// probing ran.
+func (n *node) roll(t *testing.T, web []pod, image string, change func()) (ok, failed int, took time.Duration) {
+	t.Helper()
+	start := time.Now()
+	ok, failed = probeAll(t, web, func() {
+		change()
+		n.mustKubectl("-n", "vpcni-system", "rollout", "status", "daemonset/vpcnid", "--timeout=3m")
+		eventually(t, 2*time.Minute, "the agent ready on "+image, func() (bool, string) {
+			ps := n.pods("vpcni-system", "app.kubernetes.io/name=vpcnid")
+			if len(ps) != 1 || !ps[0].ready() {
+				return false, fmt.Sprintf("%d agent pods", len(ps))
+			}
+			img := n.mustKubectl("-n", "vpcni-system", "get", "pod", ps[0].Metadata.Name, "-o", "jsonpath={.spec.containers[0].image}")
+			if !strings.HasSuffix(strings.TrimSpace(img), image) {
+				return false, "agent pod runs " + img
+			}
+			_, err := n.agentState()
+			return err == nil, fmt.Sprintf("agent state: %v", err)
 		})
-		after := allocs()
-		if !slices.Equal(before, after) {
-			t.Errorf("%s: the new agent holds other allocations:\nbefore %v\nafter  %v", step.name, before, after)
-		}
-		if bad > 0 || ok == 0 {
-			t.Errorf("%s to %s: %d probes from the legacy VM ok, %d failed", step.name, step.image, ok, bad)
-		}
-		for i, p := range web {
-			q := web[(i+1)%len(web)]
-			if out, err := n.get(p.Metadata.Name, q.Status.PodIP+":8080"); err != nil || out != q.Metadata.Name {
-				t.Errorf("after the %s %s -> %s: %q %v", step.name, p.Metadata.Name, q.Metadata.Name, out, err)
-			}
-		}
-		t.Logf("vpcni-test: %s to %s: %d probes of %d pods from the legacy VM, %d failed; %d of %d allocations adopted",
-			step.name, step.image, ok+bad, len(web), bad, len(after), len(before))
-		probes, failed = probes+ok+bad, failed+bad
-		if step.name == "upgrade" {
-			held = len(before)
-			if slices.Equal(before, after) {
-				adopted = len(after)
-			}
-		}
+		time.Sleep(2 * time.Second) // the observation window past readiness
+	})
+	return ok, failed, time.Since(start)
+}
+
+// checkUpgrade applies this release (its deploy/ and image, as an
+// operator would: kubectl apply -k) over the previous one, which wired
+// the web pods and wrote the store. No probe from the legacy VM fails; the
+// new agent adopts every web pod as it was wired and has migrated the
+// store to this release's schema; pods still reach each other.
+func checkUpgrade(t *testing.T, n *node, web []pod) {
+	prev := n.prev
+	before := n.wirings(t, web)
+	if st, err := n.agentState(); err != nil || st.StoreSchema != 0 {
+		t.Fatalf("the previous release's agent: %+v %v (want no store schema: it predates them)", st, err)
 	}
-	// pods: every pod vpcni wired on the node (the web pods the legacy VM
-	// probes, and the controller's replicas on the pod network).
-	fmt.Printf("upgrade: pods=%d failed_probes=%d adopted=%d\n", held, failed, adopted)
-	fmt.Printf("upgrade detail: from=%s to=%s probed_pods=%d probes=%d interval_ms=10 (rollback and upgrade)\n", prev, cur, len(web), probes)
+	n.prev = nil
+	cur := currentImage(t)
+	ok, failed, took := n.roll(t, web, cur, func() {
+		n.overlay = n.writeOverlay("5s", 64, true)
+		n.mustKubectl("apply", "-k", n.overlay)
+	})
+	after := n.wirings(t, web)
+	got := adopted(before, after)
+	if failed > 0 || ok == 0 {
+		t.Errorf("upgrade %s -> %s: %d probes from the legacy VM ok, %d failed", prev.image, cur, ok, failed)
+	}
+	if got != len(before) || len(before) != len(web) {
+		t.Errorf("upgrade: %d of %d web pods adopted as they were wired (%d pods)\nbefore %v\nafter  %v", got, len(before), len(web), before, after)
+	}
+	if st, err := n.agentState(); err != nil || st.StoreSchema != store.Schema {
+		t.Errorf("this release's agent: store schema %d, want %d (%v)", st.StoreSchema, store.Schema, err)
+	}
+	checkPodToPod(t, n, web)
+	perPod := took / time.Duration(max(1, (ok+failed)/len(web)))
+	fmt.Printf("upgrade: pods=%d failed_probes=%d adopted=%d\n", len(web), failed, got)
+	fmt.Printf("upgrade detail: from=%s to=%s probes=%d over=%s interval_per_pod=%s store_schema=0->%d\n",
+		prev.image, cur, ok+failed, took.Round(100*time.Millisecond), perPod.Round(100*time.Microsecond), store.Schema)
+	if perPod > 25*time.Millisecond {
+		t.Errorf("the legacy VM probed each pod every %s on average, not every ~10 ms: the figure above means less than it says", perPod)
+	}
+}
+
+// checkRollback rolls vpcnid's DaemonSet back to the previous release's
+// image and forward again (kubectl set image, as kubectl rollout undo
+// would), probing every web pod every 10 ms: each way no probe fails and
+// every web pod is adopted as it was wired.
+func checkRollback(t *testing.T, n *node) {
+	prev := previousRelease(t)
+	cur := currentImage(t)
+	web := n.pods("default", "app=web")
+	for _, step := range []struct{ name, image string }{{"rollback", prev.image}, {"forward again", cur}} {
+		before := n.wirings(t, web)
+		ok, failed, took := n.roll(t, web, step.image, func() {
+			n.mustKubectl("-n", "vpcni-system", "set", "image", "daemonset/vpcnid", "install-cni="+step.image, "vpcnid="+step.image)
+		})
+		after := n.wirings(t, web)
+		if failed > 0 || ok == 0 {
+			t.Errorf("%s to %s: %d probes ok, %d failed", step.name, step.image, ok, failed)
+		}
+		if got := adopted(before, after); got != len(before) {
+			t.Errorf("%s: %d of %d web pods adopted as they were wired", step.name, got, len(before))
+		}
+		checkPodToPod(t, n, web)
+		t.Logf("vpcni-test: %s to %s: %d probes of %d pods in %s from the legacy VM, %d failed; %d web pods adopted as wired",
+			step.name, step.image, ok+failed, len(web), took.Round(100*time.Millisecond), failed, len(after))
+	}
 }
 
 // probeAll fetches every pod from the legacy VM every 10 ms while during
@@ -135,4 +198,43 @@ func probeAll(t *testing.T, web []pod, during func()) (ok, failed int) {
 	close(stop)
 	wg.Wait()
 	return ok, failed
+}
+
+// checkInAgentPod runs vpcnictl trace and doctor as an operator would, in
+// the node's vpcnid container (kubectl exec): the trace of a web pod finds
+// every piece ok; doctor finds the node's CNI conf dir, chained plugins,
+// uplink, sysctls, agent and cloud ok from inside the pod.
+func checkInAgentPod(t *testing.T, n *node) {
+	web := n.pods("default", "app=web")
+	if len(web) == 0 {
+		t.Fatal("no web pod to trace")
+	}
+	agent := n.pods("vpcni-system", "app.kubernetes.io/name=vpcnid")[0].Metadata.Name
+	exec := func(args ...string) (string, error) {
+		return n.kubectl(append([]string{"-n", "vpcni-system", "exec", agent, "-c", "vpcnid", "--", "vpcnictl"}, args...)...)
+	}
+	out, err := exec("trace", "default/"+web[0].Metadata.Name, "-o", "json")
+	var tr api.Trace
+	if jerr := json.Unmarshal([]byte(out), &tr); err != nil || jerr != nil || !tr.OK() || len(tr.Attachments) != 1 {
+		t.Errorf("vpcnictl trace in the agent pod: %v %v\n%s", err, jerr, out)
+	} else {
+		t.Logf("vpcni-test: vpcnictl trace in the agent pod: %d pieces of %s's path, all ok", len(tr.Attachments[0].Hops), web[0].Metadata.Name)
+	}
+	out, _ = exec("doctor", "-o", "json") // its exit code is the sum; the checks are read one by one
+	var rep doctor.Report
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatalf("vpcnictl doctor in the agent pod: %v\n%s", err, out)
+	}
+	status := map[string]doctor.Status{}
+	var lines []string
+	for _, r := range rep.Results {
+		status[r.Name] = r.Status
+		lines = append(lines, fmt.Sprintf("%s %s: %s", r.Name, r.Status, r.Detail))
+	}
+	for _, name := range []string{"config", "cni conf", "cni plugins", "uplink", "agent", "cloud port", "sysctl net.ipv4.ip_forward"} {
+		if status[name] != doctor.OK {
+			t.Errorf("vpcnictl doctor in the agent pod: %s is %q, want ok:\n%s", name, status[name], strings.Join(lines, "\n"))
+		}
+	}
+	t.Logf("vpcni-test: vpcnictl doctor in the agent pod: %d checks\n%s", len(rep.Results), strings.Join(lines, "\n"))
 }
