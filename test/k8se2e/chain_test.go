@@ -49,8 +49,10 @@ func (n *node) dropNodeChainedPlugins() {
 	}
 }
 
-// checkChainedInstalled: the agent's init step installed the image's
-// portmap and bandwidth (the node had none) and said so in its log.
+// checkChainedInstalled: the agents' init step put the image's portmap
+// and bandwidth on the node (the node had none; the previous release's
+// install put them there, this release's keeps them, being the same
+// version) and said so in its log.
 func checkChainedInstalled(t *testing.T, n *node) {
 	release, err := os.ReadFile(filepath.Join(binDir, "cni-plugins", "VERSION"))
 	if err != nil {
@@ -59,9 +61,12 @@ func checkChainedInstalled(t *testing.T, n *node) {
 	agent := n.pods("vpcni-system", "app.kubernetes.io/name=vpcnid")[0].Metadata.Name
 	log := n.mustKubectl("-n", "vpcni-system", "logs", agent, "-c", "install-cni")
 	for _, p := range []string{"portmap", "bandwidth"} {
-		want := fmt.Sprintf("installed /host/opt/cni/bin/%s (CNI %s plugin %s; the node had none)", p, p, strings.TrimSpace(string(release)))
-		if !strings.Contains(log, want) {
-			t.Errorf("install-cni's log does not say %q:\n%s", want, log)
+		// The previous release installed them first (the node had none);
+		// this release's install-cni finds the same version and keeps it.
+		installed := fmt.Sprintf("installed /host/opt/cni/bin/%s (CNI %s plugin %s; the node had none)", p, p, strings.TrimSpace(string(release)))
+		kept := fmt.Sprintf("kept the node's /host/opt/cni/bin/%s (CNI %s plugin %s,", p, p, strings.TrimSpace(string(release)))
+		if !strings.Contains(log, installed) && !strings.Contains(log, kept) {
+			t.Errorf("install-cni's log says neither %q nor %q:\n%s", installed, kept, log)
 		}
 		about, _ := run(t, nil, filepath.Join(n.env["VPCNI_K8S_CNI_BIN_DIR"], p))
 		if !strings.Contains(about, strings.TrimSpace(string(release))) {
