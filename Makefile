@@ -66,6 +66,9 @@ k8s-fixture: k8s-build image
 
 deps:
 	bash scripts/install-deps.sh
+	@# helm's cold build (~2.5 min) starts now, in the background: its module
+	@# downloads overlap lint, vet and the Kubernetes build; make helm waits.
+	@[ -x "$${VPCNI_HELM_CACHE:-/var/cache/vpcni-helm}/v3.21.4/helm" ] || { nohup bash scripts/helm.sh >/tmp/vpcni-helm-build.log 2>&1 & }
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed: $$out"; exit 1; fi
@@ -154,13 +157,15 @@ e2e-k8s: build image prev-image k8s-build
 # while the legacy VM probes every pod every 10 ms (make test runs it
 # inside e2e-k8s, which also rolls back and forward again later).
 upgrade-e2e: build image prev-image k8s-build
-	VPCNI_REQUIRE_ROOT=1 VPCNI_BIN=$(CURDIR)/$(BIN) VPCNI_PREV_IMAGE=$(CURDIR)/$(BIN)/prev/vpcni-image.tar $(GO) test -count=1 -timeout 30m -v -run 'TestKubernetesNode/^upgrade$$' ./test/k8se2e 2>&1 | tee /tmp/vpcni-upgrade-e2e.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|vpcni-test:|^upgrade' ; exit $${PIPESTATUS[0]}
+	@VPCNI_REQUIRE_ROOT=1 VPCNI_BIN=$(CURDIR)/$(BIN) VPCNI_PREV_IMAGE=$(CURDIR)/$(BIN)/prev/vpcni-image.tar $(GO) test -count=1 -timeout 30m -v -run 'TestKubernetesNode/^upgrade$$' ./test/k8se2e 2>&1 | tee /tmp/vpcni-upgrade-e2e.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|vpcni-test:|^upgrade detail' ; rc=$${PIPESTATUS[0]}; \
+	grep '^upgrade:' /tmp/vpcni-upgrade-e2e.log | tail -1; exit $$rc
 
 # The same node installed through the Helm chart instead (test/k8se2e
 # TestHelmInstall): helm install of deploy/helm/vpcni with values that say
 # what the e2e overlay says, 10 pods checked as above, a helm upgrade that
 # rolls the agent with every pod reachable, helm uninstall (~70 s on the
-# node, ~2 min in all).
+# node, ~2 min in all). Not in `make test` (its time budget): make helm
+# there keeps the chart equal to deploy/; run this after changing either.
 e2e-k8s-helm: build image k8s-build
 	bash scripts/helm.sh >/dev/null
 	VPCNI_REQUIRE_ROOT=1 VPCNI_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 20m -v -run 'TestHelmInstall' ./test/k8se2e 2>&1 | tee /tmp/vpcni-e2e-k8s-helm.log | $(TESTFILTER) ; exit $${PIPESTATUS[0]}
@@ -170,7 +175,7 @@ CHAOS_ROUNDS ?= 20
 chaos: build
 	VPCNI_REQUIRE_ROOT=1 VPCNI_BIN=$(CURDIR)/$(BIN) VPCNI_CHAOS_ROUNDS=$(CHAOS_ROUNDS) $(GO) test -count=1 -timeout 60m -v -run 'TestChaos' ./test/neutron 2>&1 | $(TESTFILTER) ; exit $${PIPESTATUS[0]}
 
-test: deps lint verify-generate helm unit fuzz k8s-api integration e2e-neutron-agents e2e-nova e2e-k8s e2e-k8s-helm
+test: deps lint verify-generate helm unit fuzz k8s-api integration e2e-neutron-agents e2e-nova e2e-k8s
 
 demo: build
 	$(BIN)/vpcnictl demo

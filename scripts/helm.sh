@@ -7,7 +7,8 @@
 # (/var/cache/vpcni-helm); a no-op while that binary exists. Used by
 # `make helm` (the chart test) and test/k8se2e (the Helm install).
 #
-#   scripts/helm.sh            build if needed, print the binary's path
+#   scripts/helm.sh            build if needed (or wait for a build under
+#                              way), print the binary's path
 #   HELM_VERSION=v3.x.y scripts/helm.sh
 set -euo pipefail
 
@@ -19,8 +20,16 @@ if [ -x "$cache/helm" ]; then
   echo "$cache/helm"
   exit 0
 fi
-echo "building helm $version into $cache (cold: a few minutes)" >&2
+# One build at a time: `make deps` starts one in the background (its module
+# downloads overlap the other steps), and `make helm` waits for it here.
 mkdir -p "$cache"
+exec 9>"$cache/.lock"
+flock 9
+if [ -x "$cache/helm" ]; then
+  echo "$cache/helm"
+  exit 0
+fi
+echo "building helm $version into $cache (cold: a few minutes)" >&2
 # Built into a temporary GOBIN and moved in: an interrupted build leaves no
 # half-written binary that the check above would take for a cached one.
 tmp=$(mktemp -d "$cache/.build.XXXXXX")
