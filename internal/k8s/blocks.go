@@ -19,13 +19,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/kubernetes/scheme"
-	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
-	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/metadata/metadatainformer"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
 
 	"github.com/vpcni/vpcni/internal/apis/vpcni/v1alpha1"
@@ -64,10 +60,9 @@ type BlockAssigner struct {
 	addrs  cache.SharedIndexInformer
 	queue  workqueue.TypedRateLimitingInterface[string]
 	cs     kubernetes.Interface
-	events record.EventBroadcaster
 	// recorder puts Events on Nodes: a block assigned (Normal), the
 	// ranges full (Warning, with the fix), a block held back (Normal).
-	recorder record.EventRecorder
+	recorder events
 
 	mu        sync.Mutex
 	goneSince map[string]time.Time
@@ -94,29 +89,20 @@ func NewBlockAssigner(cfg *rest.Config, opts BlockOptions, log *slog.Logger) (*B
 	if opts.Blocks.Count() == 0 {
 		return nil, errors.New("block assigner: no block ranges")
 	}
-	cfg = rest.CopyConfig(cfg)
-	cfg.UserAgent = "vpcni-controller"
-	client, err := nodeblocks.NewClient(cfg)
+	c, err := newClients(cfg)
 	if err != nil {
 		return nil, err
 	}
-	pas, err := newPodAddresses(cfg)
+	client, err := nodeblocks.NewClient(c.cfg)
 	if err != nil {
 		return nil, err
 	}
-	md, err := metadata.NewForConfig(cfg)
-	if err != nil {
-		return nil, err
-	}
-	cs, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		return nil, err
-	}
-	b := &BlockAssigner{opts: opts, client: client, log: log.With("reconciler", "blocks"), cs: cs,
-		events:    record.NewBroadcaster(),
+	pas := c.pas
+	b := &BlockAssigner{opts: opts, client: client, log: log.With("reconciler", "blocks"), cs: c.cs,
+		recorder:  controllerEvents(),
 		queue:     workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]()),
 		goneSince: map[string]time.Time{}, recent: map[netip.Prefix]recentBlock{}}
-	b.nodes = metadatainformer.NewSharedInformerFactory(md, 10*time.Minute).
+	b.nodes = metadatainformer.NewSharedInformerFactory(c.md, 10*time.Minute).
 		ForResource(schema.GroupVersionResource{Version: "v1", Resource: "nodes"}).Informer()
 	// Of a Node only its name and the request are needed.
 	if err := b.nodes.SetTransform(func(obj any) (any, error) {
@@ -156,7 +142,6 @@ func NewBlockAssigner(cfg *rest.Config, opts BlockOptions, log *slog.Logger) (*B
 			b.queue.Add(o.Spec.Node)
 		}
 	}
-	b.recorder = b.events.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "vpcni-controller"})
 	handler := cache.ResourceEventHandlerFuncs{AddFunc: enqueue, UpdateFunc: func(_, n any) { enqueue(n) }, DeleteFunc: enqueue}
 	_, _ = b.nodes.AddEventHandler(handler)
 	_, _ = b.blocks.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: enqueue, UpdateFunc: func(_, n any) { enqueue(n) },
@@ -182,8 +167,7 @@ func (b *BlockAssigner) Conflicts() int64 { return b.conflicts.Load() }
 // Run reconciles until ctx ends.
 func (b *BlockAssigner) Run(ctx context.Context) error {
 	defer b.queue.ShutDown()
-	b.events.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: b.cs.CoreV1().Events("")})
-	defer b.events.Shutdown()
+	defer b.recorder.send(b.cs)()
 	go b.nodes.Run(ctx.Done())
 	go b.blocks.Run(ctx.Done())
 	go b.addrs.Run(ctx.Done())

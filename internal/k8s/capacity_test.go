@@ -156,7 +156,7 @@ func TestUnrequestedPods(t *testing.T) {
 		return &alloc.Allocation{ContainerID: "c-" + p, IfName: "eth0", PodNamespace: "default", PodName: p, PodUID: "uid-" + p}
 	}
 	rec := record.NewFakeRecorder(10)
-	n := &Node{name: "n1", opts: NodeOptions{IPResource: true}, pods: pods, recorder: rec, warned: map[types.UID]bool{},
+	n := &Node{name: "n1", opts: NodeOptions{IPResource: true}, pods: pods, recorder: events{EventRecorder: rec}, warned: map[types.UID]bool{},
 		// "gone": a pod the informer does not have.
 		agent: podsAgent{atts: []*alloc.Allocation{att("counted"), att("bypassed"), att("gone")}}}
 	got, err := n.unrequested()

@@ -128,8 +128,8 @@ func (c *Certs) Ready() error {
 // Run syncs until ctx ends: at the next rotation due, at most a minute
 // apart (another replica may have rotated), sooner after an error.
 func (c *Certs) Run(ctx context.Context) {
-	rec, stop := eventRecorder(c.cs)
-	defer stop()
+	rec := controllerEvents()
+	defer rec.send(c.cs)()
 	webhook := &corev1.ObjectReference{Kind: "MutatingWebhookConfiguration", APIVersion: "admissionregistration.k8s.io/v1", Name: c.opts.WebhookConfig}
 	failing := false
 	for {

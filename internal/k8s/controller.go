@@ -11,7 +11,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/metadata/metadatainformer"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
@@ -42,20 +41,15 @@ type Orphans struct {
 
 // NewOrphans connects the reconciler; Run starts it.
 func NewOrphans(cfg *rest.Config, grace time.Duration, log *slog.Logger) (*Orphans, error) {
-	cfg = rest.CopyConfig(cfg)
-	cfg.UserAgent = "vpcni-controller"
-	pas, err := newPodAddresses(cfg)
+	c, err := newClients(cfg)
 	if err != nil {
 		return nil, err
 	}
-	md, err := metadata.NewForConfig(cfg)
-	if err != nil {
-		return nil, err
-	}
+	pas := c.pas
 	o := &Orphans{Grace: grace, pas: pas, log: log.With("reconciler", "orphans"),
 		queue:     workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]()),
 		goneSince: map[string]time.Time{}}
-	o.pods = metadatainformer.NewSharedInformerFactory(md, 10*time.Minute).
+	o.pods = metadatainformer.NewSharedInformerFactory(c.md, 10*time.Minute).
 		ForResource(schema.GroupVersionResource{Version: "v1", Resource: "pods"}).Informer()
 	// Only namespace, name and UID are compared: the rest of each pod's
 	// metadata (managed fields, annotations, labels) is not kept.

@@ -16,13 +16,9 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/kubernetes/scheme"
-	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
-	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/metadata/metadatainformer"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
 
 	"github.com/vpcni/vpcni/internal/apis/vpcni/v1alpha1"
@@ -71,8 +67,7 @@ type FloatingIPs struct {
 	pods     cache.SharedIndexInformer // metadata: annotations, UID, deletion
 	addrs    cache.SharedIndexInformer
 	queue    workqueue.TypedRateLimitingInterface[string]
-	events   record.EventBroadcaster
-	recorder record.EventRecorder
+	recorder events
 
 	// owners are the pods that may hold a floating IP (seen in Neutron at
 	// start, or given one since): only their events cost a Neutron call,
@@ -83,24 +78,15 @@ type FloatingIPs struct {
 
 // NewFloatingIPs connects the reconciler; Run starts it.
 func NewFloatingIPs(cfg *rest.Config, cloud *floatingip.Cloud, network string, log *slog.Logger) (*FloatingIPs, error) {
-	cfg = rest.CopyConfig(cfg)
-	cfg.UserAgent = "vpcni-controller"
-	pas, err := newPodAddresses(cfg)
+	c, err := newClients(cfg)
 	if err != nil {
 		return nil, err
 	}
-	md, err := metadata.NewForConfig(cfg)
-	if err != nil {
-		return nil, err
-	}
-	cs, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		return nil, err
-	}
-	f := &FloatingIPs{Network: network, cloud: cloud, log: log.With("reconciler", "floating-ips"), cs: cs,
-		queue:  workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]()),
-		events: record.NewBroadcaster(), owners: map[string]bool{}}
-	f.pods = metadatainformer.NewSharedInformerFactory(md, 10*time.Minute).
+	pas := c.pas
+	f := &FloatingIPs{Network: network, cloud: cloud, log: log.With("reconciler", "floating-ips"), cs: c.cs,
+		queue:    workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]()),
+		recorder: controllerEvents(), owners: map[string]bool{}}
+	f.pods = metadatainformer.NewSharedInformerFactory(c.md, 10*time.Minute).
 		ForResource(schema.GroupVersionResource{Version: "v1", Resource: "pods"}).Informer()
 	// Only what the reconciler reads is kept of each pod.
 	if err := f.pods.SetTransform(func(obj any) (any, error) {
@@ -135,15 +121,13 @@ func NewFloatingIPs(cfg *rest.Config, cloud *floatingip.Cloud, network string, l
 	handler := cache.ResourceEventHandlerFuncs{AddFunc: enqueue, UpdateFunc: func(_, n any) { enqueue(n) }, DeleteFunc: enqueue}
 	_, _ = f.pods.AddEventHandler(handler)
 	_, _ = f.addrs.AddEventHandler(handler)
-	f.recorder = f.events.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "vpcni-controller"})
 	return f, nil
 }
 
 // Run reconciles until ctx ends.
 func (f *FloatingIPs) Run(ctx context.Context) error {
 	defer f.queue.ShutDown()
-	f.events.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: f.cs.CoreV1().Events("")})
-	defer f.events.Shutdown()
+	defer f.recorder.send(f.cs)()
 	go f.pods.Run(ctx.Done())
 	go f.addrs.Run(ctx.Done())
 	if !cache.WaitForCacheSync(ctx.Done(), f.pods.HasSynced, f.addrs.HasSynced) {

@@ -37,23 +37,15 @@ type ClusterReader struct {
 
 // NewClusterReader connects one.
 func NewClusterReader(cfg *rest.Config) (*ClusterReader, error) {
-	cfg = rest.CopyConfig(cfg)
-	cfg.UserAgent = "vpcni-leaks"
-	r := &ClusterReader{}
-	var err error
-	if r.cs, err = kubernetes.NewForConfig(cfg); err != nil {
+	c, err := newClients(cfg)
+	if err != nil {
 		return nil, err
 	}
-	if r.md, err = metadata.NewForConfig(cfg); err != nil {
+	r := &ClusterReader{cs: c.cs, md: c.md, pas: c.pas}
+	if r.ars, err = newReservations(c.cfg); err != nil {
 		return nil, err
 	}
-	if r.pas, err = newPodAddresses(cfg); err != nil {
-		return nil, err
-	}
-	if r.ars, err = newReservations(cfg); err != nil {
-		return nil, err
-	}
-	if r.nbs, err = nodeblocks.NewClient(cfg); err != nil {
+	if r.nbs, err = nodeblocks.NewClient(c.cfg); err != nil {
 		return nil, err
 	}
 	return r, nil

@@ -19,11 +19,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/kubernetes/scheme"
-	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
 
 	"github.com/vpcni/vpcni/internal/agent"
@@ -92,8 +89,7 @@ type Node struct {
 	node     cache.SharedIndexInformer // this node only
 	capacity nodeCapacity
 	queue    workqueue.TypedRateLimitingInterface[attKey]
-	recorder record.EventRecorder
-	events   record.EventBroadcaster
+	recorder events
 
 	mu       sync.Mutex
 	probeErr error
@@ -141,8 +137,7 @@ func NewNode(cfg *rest.Config, nodeName string, a Agent, log *slog.Logger, opts 
 		// ADD: annotate it then.
 		AddFunc: n.enqueuePod,
 	})
-	n.events = record.NewBroadcaster()
-	n.recorder = n.events.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "vpcnid", Host: nodeName})
+	n.recorder = newEvents(corev1.EventSource{Component: "vpcnid", Host: nodeName})
 	return n, nil
 }
 
@@ -180,8 +175,7 @@ func (n *Node) enqueuePod(obj any) {
 
 // Run serves until ctx ends.
 func (n *Node) Run(ctx context.Context) {
-	n.events.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: n.cs.CoreV1().Events("")})
-	defer n.events.Shutdown()
+	defer n.recorder.send(n.cs)()
 	// Changed queues keys from the start; the queue's own goroutine (for
 	// AddAfter) ends only when it is shut down.
 	defer n.queue.ShutDown()

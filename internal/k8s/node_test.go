@@ -66,7 +66,7 @@ func TestNodeNotReadyWithoutAPIServer(t *testing.T) {
 // kind of reason (its figures move all the time).
 func TestStateEvents(t *testing.T) {
 	rec := record.NewFakeRecorder(10)
-	n := &Node{name: "n1", recorder: rec}
+	n := &Node{name: "n1", recorder: events{EventRecorder: rec}}
 	var st stateEvents
 	t0 := time.Now()
 	degraded := agent.PoolFigures{Ready: true, Degraded: true, Reason: "neutron: 503"}

@@ -14,11 +14,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/kubernetes/scheme"
-	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
 
 	"github.com/vpcni/vpcni/internal/apis/vpcni/v1alpha1"
@@ -51,10 +48,9 @@ type RouteReconciler struct {
 	blocks cache.SharedIndexInformer
 	queue  workqueue.TypedRateLimitingInterface[string]
 	cs     kubernetes.Interface
-	events record.EventBroadcaster
 	// recorder puts Events on Nodes: a block routed (Normal), a block
 	// waiting for the router's or the port's room (Warning, with the fix).
-	recorder record.EventRecorder
+	recorder events
 
 	mu    sync.Mutex
 	seen  map[string]string // NodeBlock -> the state and message last published
@@ -89,7 +85,7 @@ func NewRouteReconciler(cfg *rest.Config, rec *routes.Reconciler, opts RouteOpti
 		return nil, err
 	}
 	r := &RouteReconciler{opts: opts, rec: rec, client: client, cs: cs, log: log.With("reconciler", "routes"),
-		events: record.NewBroadcaster(), seen: map[string]string{},
+		recorder: controllerEvents(), seen: map[string]string{},
 		queue: workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]())}
 	r.nodes = informers.NewSharedInformerFactory(cs, 10*time.Minute).Core().V1().Nodes().Informer()
 	// Of a Node only its name, UID and addresses matter here.
@@ -119,15 +115,13 @@ func NewRouteReconciler(cfg *rest.Config, rec *routes.Reconciler, opts RouteOpti
 	}, DeleteFunc: enqueue}
 	_, _ = r.nodes.AddEventHandler(handler)
 	_, _ = r.blocks.AddEventHandler(handler)
-	r.recorder = r.events.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "vpcni-controller"})
 	return r, nil
 }
 
 // Run reconciles until ctx ends.
 func (r *RouteReconciler) Run(ctx context.Context) error {
 	defer r.queue.ShutDown()
-	r.events.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: r.cs.CoreV1().Events("")})
-	defer r.events.Shutdown()
+	defer r.recorder.send(r.cs)()
 	go r.nodes.Run(ctx.Done())
 	go r.blocks.Run(ctx.Done())
 	if !cache.WaitForCacheSync(ctx.Done(), r.nodes.HasSynced, r.blocks.HasSynced) {

@@ -18,11 +18,9 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/metadata/metadatainformer"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
 
 	"github.com/vpcni/vpcni/internal/apis/vpcni/v1alpha1"
@@ -63,7 +61,7 @@ type StickyKeeper struct {
 	nodes cache.SharedIndexInformer
 
 	cs       kubernetes.Interface
-	recorder record.EventRecorder // set by Run
+	recorder events
 
 	mu        sync.Mutex
 	goneSince map[string]time.Time // nodes missing from the cache, since
@@ -88,27 +86,18 @@ func NewStickyKeeper(cfg *rest.Config, opts StickyOptions, log *slog.Logger) (*S
 	if opts.Grace == 0 {
 		opts.Grace = time.Minute
 	}
-	cfg = rest.CopyConfig(cfg)
-	cfg.UserAgent = "vpcni-controller"
-	res, err := newReservations(cfg)
+	c, err := newClients(cfg)
 	if err != nil {
 		return nil, err
 	}
-	pas, err := newPodAddresses(cfg)
+	res, err := newReservations(c.cfg)
 	if err != nil {
 		return nil, err
 	}
-	md, err := metadata.NewForConfig(cfg)
-	if err != nil {
-		return nil, err
-	}
-	cs, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		return nil, err
-	}
-	k := &StickyKeeper{opts: opts, res: res, cs: cs, log: log.With("reconciler", "sticky"), goneSince: map[string]time.Time{},
+	pas, cs := c.pas, c.cs
+	k := &StickyKeeper{opts: opts, res: res, cs: cs, recorder: controllerEvents(), log: log.With("reconciler", "sticky"), goneSince: map[string]time.Time{},
 		queue: workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]())}
-	k.pods = metadatainformer.NewSharedInformerFactory(md, 10*time.Minute).
+	k.pods = metadatainformer.NewSharedInformerFactory(c.md, 10*time.Minute).
 		ForResource(schema.GroupVersionResource{Version: "v1", Resource: "pods"}).Informer()
 	// Only what decides a reservation is kept: the owner and the UID.
 	if err := k.pods.SetTransform(func(obj any) (any, error) {
@@ -206,9 +195,7 @@ func (k *StickyKeeper) Figures() (created, recorded, deleted, takenOver int64) {
 // Run reconciles until ctx ends.
 func (k *StickyKeeper) Run(ctx context.Context) error {
 	defer k.queue.ShutDown()
-	var stop func()
-	k.recorder, stop = eventRecorder(k.cs)
-	defer stop()
+	defer k.recorder.send(k.cs)()
 	for _, inf := range []cache.SharedIndexInformer{k.pods, k.sets, k.addrs, k.ars, k.nodes} {
 		go inf.Run(ctx.Done())
 	}
