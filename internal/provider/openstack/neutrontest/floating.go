@@ -137,7 +137,7 @@ func RunFloatingIPs(t *testing.T, e Endpoint, cidr, extCIDR string) {
 	if err != nil || len(leases) != 1 {
 		t.Fatalf("assign %s: %v, %v", podB, leases, err)
 	}
-	named := lastButOne(extP)
+	named := freeOn(t, c, e, ext.ID, extP)
 	other.Address = named
 	nf, err := cloud.Ensure(c, other)
 	if err != nil || nf.Address != named.String() || nf.FixedIP != podB.String() {
@@ -288,6 +288,46 @@ func (e Endpoint) NewFloatingBed(t *testing.T, cidr, extCIDR string) FloatingBed
 	})
 
 	return FloatingBed{Ctx: c, Name: name, Ext: ext, ExtPrefix: extP, Subnet: sn, RouterID: r.ID, Cloud: cloud}
+}
+
+// freeOn is an address of the external subnet that no port or floating
+// IP holds yet, from its top down: Neutron picks floating IPs and the
+// router's gateway at random, so a fixed choice would collide now and then
+// (it did: a CI run's auto floating IP got .254).
+func freeOn(t *testing.T, c context.Context, e Endpoint, netID string, p netip.Prefix) netip.Addr {
+	t.Helper()
+	pages, err := ports.List(e.NC, ports.ListOpts{NetworkID: netID}).AllPages(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	all, err := ports.ExtractPorts(pages)
+	if err != nil {
+		t.Fatal(err)
+	}
+	used := map[string]bool{}
+	for _, port := range all {
+		for _, f := range port.FixedIPs {
+			used[f.IPAddress] = true
+		}
+	}
+	fpages, err := floatingips.List(e.NC, floatingips.ListOpts{FloatingNetworkID: netID}).AllPages(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fips, err := floatingips.ExtractFloatingIPs(fpages)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range fips {
+		used[f.FloatingIP] = true
+	}
+	for a := lastButOne(p); p.Contains(a) && a != p.Addr(); a = a.Prev() {
+		if !used[a.String()] {
+			return a
+		}
+	}
+	t.Fatalf("no free address left in %s", p)
+	return netip.Addr{}
 }
 
 func lastButOne(p netip.Prefix) netip.Addr {
