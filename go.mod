@@ -3,6 +3,7 @@ module github.com/vpcni/vpcni
 go 1.26.8
 
 require (
+	github.com/cilium/ebpf v0.20.0
 	github.com/containernetworking/cni v1.3.1
 	github.com/gophercloud/gophercloud/v2 v2.15.0
 	github.com/prometheus/client_golang v1.25.0

@@ -81,7 +81,9 @@ func New(ctx context.Context, cfg config.Config, log *slog.Logger) (_ *Agent, er
 	if err != nil {
 		return nil, err
 	}
-	dp, err := mode.New(datapath.Node{Uplink: cfg.Uplink, MTU: cfg.MTU, Log: log}, cfg.Datapath.Settings)
+	node := datapath.Node{Uplink: cfg.Uplink, MTU: cfg.MTU, Log: log}
+	clearOtherModes(node, cfg.Datapath.Mode, log)
+	dp, err := mode.New(node, cfg.Datapath.Settings)
 	if err != nil {
 		return nil, fmt.Errorf("datapath %s: %w", cfg.Datapath.Mode, err)
 	}
@@ -140,12 +142,21 @@ func newAgent(ctx context.Context, cfg config.Config, log *slog.Logger, st *stor
 	return a, nil
 }
 
+// fastPather is a datapath mode with a kernel fast path beside its plain
+// one (mode ebpf): whether it runs, and what it did.
+type fastPather interface{ FastPath() datapath.FastPath }
+
 // Metrics is the agent's instrumentation.
 func (a *Agent) Metrics() *metrics.Metrics { return a.metrics }
 
 func (a *Agent) snapshot() metrics.Snapshot {
 	s := a.addrs.Status(time.Now())
-	return metrics.Snapshot{Free: s.Free, Cooling: s.Cooling, Allocated: s.Allocated, Degraded: s.Degraded}
+	snap := metrics.Snapshot{Free: s.Free, Cooling: s.Cooling, Allocated: s.Allocated, Degraded: s.Degraded, Mode: a.dp.Info().Mode}
+	if f, ok := a.dp.(fastPather); ok {
+		fp := f.FastPath()
+		snap.FastPath = &fp
+	}
+	return snap
 }
 
 // Close releases the datapath's and the store's resources. Pods keep
@@ -442,3 +453,18 @@ func (k *keyedMutex) Lock(key string) func() {
 }
 
 func msBetween(a, b time.Time) float64 { return float64(b.Sub(a).Microseconds()) / 1000 }
+
+// clearOtherModes takes off the node what another mode, run here before,
+// left acting on pods (datapath.Registration.Clear). A failure is logged:
+// the configured mode still starts.
+func clearOtherModes(node datapath.Node, mode string, log *slog.Logger) {
+	for _, name := range datapath.Names() {
+		r, err := datapath.Lookup(name)
+		if err != nil || r.Clear == nil || name == mode {
+			continue
+		}
+		if err := r.Clear(node); err != nil {
+			log.Warn("could not clear what datapath mode "+name+" left on the node", "err", err)
+		}
+	}
+}

@@ -5,6 +5,7 @@ package builtin
 
 import (
 	_ "github.com/vpcni/vpcni/internal/datapath/bridge"
+	_ "github.com/vpcni/vpcni/internal/datapath/ebpf"
 	_ "github.com/vpcni/vpcni/internal/datapath/ipvlan"
 	_ "github.com/vpcni/vpcni/internal/datapath/macvlan"
 	_ "github.com/vpcni/vpcni/internal/datapath/passthrough"

@@ -104,6 +104,9 @@ const (
 	RepairNAT RepairKind = "nat"
 	// RepairNode: the node's own setup (a bridge holding the uplink).
 	RepairNode RepairKind = "node"
+	// RepairProgram: a fast path's BPF program on a link, or a map entry
+	// (mode ebpf).
+	RepairProgram RepairKind = "program"
 	// RepairRewired: a pod re-wired from inside its namespace (its node
 	// link was gone: Report.Broken). The agent counts these itself.
 	RepairRewired RepairKind = "rewired"
@@ -185,6 +188,18 @@ type Info struct {
 	PodVeth bool
 }
 
+// FastPath is the state of a mode's kernel fast path beside its plain one
+// (mode ebpf): a mode that has one says so through a FastPath method,
+// which the agent's metrics and status read.
+type FastPath struct {
+	// Active: the fast path's programs run.
+	Active bool
+	// Reason the fast path is off (or why its counters could not be read).
+	Reason string
+	// Packets is what the fast path did, by action, since it was loaded.
+	Packets map[string]uint64
+}
+
 // SetupError says which step of the wiring failed and whether the cause is
 // the caller's input (the pod namespace) rather than the node.
 type SetupError struct {
@@ -241,6 +256,12 @@ type Registration struct {
 	// name, resolved (the sysctls name it); a caller that reads only the
 	// Links may leave it empty.
 	Needs func(node Node, s Settings) Needs
+	// Clear takes off the node what the mode left there that would still
+	// act on pods another mode wires (mode ebpf: its tc programs, whose
+	// maps no one would keep current). The agent calls it at start for
+	// every mode but its own: switching modes needs no manual step.
+	// Idempotent and quick when there is nothing; nil: nothing to clear.
+	Clear func(node Node) error
 	// Uninstall undoes what New changed on the node itself beyond the
 	// pods' own links (bridge mode: the uplink taken into a bridge), from
 	// a privileged step (vpcnictl uninstall-cni) once the agent is

@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/vpcni/vpcni/internal/alloc"
+	"github.com/vpcni/vpcni/internal/datapath"
 	"github.com/vpcni/vpcni/internal/provider"
 )
 
@@ -98,7 +99,19 @@ func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 type Snapshot struct {
 	Free, Cooling, Allocated int
 	Degraded                 bool
+	// Mode is the datapath mode.
+	Mode string
+	// FastPath is the datapath's fast path (nil: the mode has none).
+	FastPath *datapath.FastPath
 }
+
+// The fast path's instruments, reported only by a mode that has one.
+var (
+	fastPathActive = prometheus.NewDesc("vpcni_datapath_fastpath_active",
+		"1 while the datapath's eBPF fast path runs; 0 when it could not load and pods take the plain routed path (the agent's log says why).", []string{"mode"}, nil)
+	fastPathPackets = prometheus.NewDesc("vpcni_datapath_fastpath_packets_total",
+		"Packets the eBPF fast path handled, by action: peer_from_uplink, peer_local, neigh_out (past the node's stack), pass_nat, pass_service, pass_other (to the stack).", []string{"mode", "action"}, nil)
+)
 
 // Watch makes every scrape read the gauges from f.
 func (m *Metrics) Watch(f func() Snapshot) { m.register(&watcher{f: f, m: m}) }
@@ -109,6 +122,8 @@ type watcher struct {
 }
 
 func (w *watcher) Describe(ch chan<- *prometheus.Desc) {
+	ch <- fastPathActive
+	ch <- fastPathPackets
 	w.m.Pool.Describe(ch)
 	w.m.Allocations.Describe(ch)
 	w.m.Degraded.Describe(ch)
@@ -128,6 +143,16 @@ func (w *watcher) Collect(ch chan<- prometheus.Metric) {
 	w.m.Pool.Collect(ch)
 	w.m.Allocations.Collect(ch)
 	w.m.Degraded.Collect(ch)
+	if fp := s.FastPath; fp != nil {
+		active := 0.0
+		if fp.Active {
+			active = 1
+		}
+		ch <- prometheus.MustNewConstMetric(fastPathActive, prometheus.GaugeValue, active, s.Mode)
+		for action, n := range fp.Packets {
+			ch <- prometheus.MustNewConstMetric(fastPathPackets, prometheus.CounterValue, float64(n), s.Mode, action)
+		}
+	}
 }
 
 // Serve exposes /metrics on addr until ctx ends.

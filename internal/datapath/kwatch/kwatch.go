@@ -18,6 +18,8 @@
 //     measured with `ip monitor neigh`), so the watch polls them: one
 //     dump of proxy entries every ProxyPoll, microseconds of work;
 //   - any IPv4 policy rule deleted (rules are few and rarely change);
+//   - a tc filter or qdisc deleted on such a link (mode ebpf's programs
+//     hang off the uplink's and the host veths' ingress);
 //   - a table, chain, set or rule deleted in an nftables table whose name
 //     starts with "vpcni". (Set elements carry no table in their
 //     notification; their loss waits for the timer.)
@@ -84,6 +86,7 @@ func Watch(ctx context.Context, uplink string, kick func(what string)) error {
 			return netlink.RouteSubscribeWithOptions(ch, done, netlink.RouteSubscribeOptions{ErrorCallback: cb, ReceiveBufferSize: rcvbuf, ReceiveBufferForceSize: true})
 		}, w.route),
 		keep(ctx, w, "policy rules", subscribeRules, w.rule),
+		keep(ctx, w, "tc", subscribeTC, w.tc),
 		keep(ctx, w, "nftables", subscribeNFT(here), w.nft),
 	)
 	// A handle of its own: its socket is opened here, in the namespace
@@ -223,6 +226,41 @@ func subscribeRules(ch chan uint16, done <-chan struct{}, _ func(error)) error {
 	return nil
 }
 
+// tcChange is a tc notification: its type and the link it is about.
+type tcChange struct {
+	typ     uint16
+	ifindex int32
+}
+
+// subscribeTC reports tc filter and qdisc deletions by link.
+func subscribeTC(ch chan tcChange, done <-chan struct{}, _ func(error)) error {
+	s, err := nl.Subscribe(unix.NETLINK_ROUTE, unix.RTNLGRP_TC)
+	if err != nil {
+		return err
+	}
+	go func() {
+		<-done
+		s.Close() // ends the Receive below
+	}()
+	go func() {
+		defer close(ch)
+		for {
+			msgs, _, err := s.Receive()
+			if err != nil {
+				return
+			}
+			for _, m := range msgs {
+				t := m.Header.Type
+				// struct tcmsg: family, 3 bytes of padding, ifindex.
+				if (t == unix.RTM_DELTFILTER || t == unix.RTM_DELQDISC) && len(m.Data) >= 8 {
+					ch <- tcChange{typ: t, ifindex: int32(nl.NativeEndian().Uint32(m.Data[4:8]))}
+				}
+			}
+		}
+	}()
+	return nil
+}
+
 // subscribeNFT watches deletions only, in the namespace ns: additions
 // are vpcni's own or another program's, and neither takes anything from
 // vpcni.
@@ -337,6 +375,20 @@ func (w *watcher) rule(msgType uint16) {
 	if msgType == unix.RTM_DELRULE {
 		w.kick("policy rule deleted")
 	}
+}
+
+func (w *watcher) tc(c tcChange) {
+	w.mu.Lock()
+	l, known := w.links[int(c.ifindex)]
+	w.mu.Unlock()
+	if !known || !l.watched {
+		return
+	}
+	what := "filter"
+	if c.typ == unix.RTM_DELQDISC {
+		what = "qdisc"
+	}
+	w.kick(fmt.Sprintf("tc %s deleted on %s", what, l.name))
 }
 
 func (w *watcher) nft(ev *nftables.MonitorEvent) {

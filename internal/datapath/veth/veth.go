@@ -42,9 +42,7 @@ func init() {
 			return NewVeth(node.Uplink, node.MTU, *s.(*Settings).GARP)
 		},
 		Prepare: func(node datapath.Node, _ datapath.Settings) error { return PrepareNode(node.Uplink) },
-		Needs: func(node datapath.Node, _ datapath.Settings) datapath.Needs {
-			return datapath.Needs{Links: []string{"veth"}, Sysctls: nodeSysctls(node.Uplink)}
-		},
+		Needs: func(node datapath.Node, _ datapath.Settings) datapath.Needs { return NodeNeeds(node.Uplink) },
 	})
 }
 
@@ -584,3 +582,14 @@ func (v *Veth) hasProxyEntry(ip netip.Addr) bool { return v.hasProxyOn(v.uplinkI
 // UplinkIP is the uplink's first IPv4 address (invalid if it has none): the
 // node's address on the pods' network, by which a cloud finds its port.
 func (v *Veth) UplinkIP() netip.Addr { return nlutil.LinkIPv4(v.Uplink) }
+
+// Wiring is what Setup makes for a (its host veth and pod interface with
+// their MACs, the pod's address and route), computed without looking at
+// the kernel: for a mode built on this one.
+func Wiring(a *alloc.Allocation) alloc.Wiring { return wiring(a) }
+
+// NodeNeeds is what routed pods need of the node's kernel (the uplink's
+// name resolved): veth links, forwarding, prompt proxy ARP.
+func NodeNeeds(uplink string) datapath.Needs {
+	return datapath.Needs{Links: []string{"veth"}, Sysctls: nodeSysctls(uplink)}
+}

@@ -1,0 +1,342 @@
+// Package ebpf is datapath mode "ebpf": the routed veth mode (package
+// veth, wired exactly as there) with a tc BPF fast path on top
+// (bpf/fastpath.c) that skips the node's IP stack for pod traffic:
+//
+//	uplink ingress     packet for a local pod -> bpf_redirect_peer into it
+//	host veth ingress  packet for a local pod -> bpf_redirect_peer into it;
+//	                   for a fast destination (the uplink's subnets, or
+//	                   fastCIDRs) -> bpf_fib_lookup + bpf_redirect_neigh
+//	                   out of the uplink, with the uplink's MAC as in veth
+//
+// What must pass netfilter still does: the Service CIDRs (kube-proxy),
+// every packet of a connection conntrack NATed (found with the
+// bpf_skb_ct_lookup kfunc: replies of ClusterIP, NodePort and hostPort
+// connections), ICMP, fragments, anything with IP options. The routed
+// path stays wired underneath, so proxy ARP, GARP and port security are
+// those of mode veth, and a packet the programs pass is routed as there.
+//
+// When the programs cannot load (no BTF, an old kernel, a verifier that
+// refuses them, no BPF filesystem) the mode logs why, reports
+// vpcni_datapath_fastpath_active 0 and runs as plain veth — unless
+// require is set, when the agent refuses to start. It is never half on:
+// without the uplink's program nothing is attached anywhere.
+//
+// Programs and maps are pinned under pinPath; the pods map (keyed by
+// address, holding the host veth's ifindex and both MACs) survives an
+// agent restart, the new agent's programs take over each filter in one
+// replace, and the old programs go once no filter holds them.
+package ebpf
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"strings"
+	"sync"
+
+	"github.com/vishvananda/netlink"
+
+	"github.com/vpcni/vpcni/internal/alloc"
+	"github.com/vpcni/vpcni/internal/datapath"
+	"github.com/vpcni/vpcni/internal/datapath/svcpath"
+	"github.com/vpcni/vpcni/internal/datapath/veth"
+)
+
+// Mode is the mode's name in vpcnid.yaml.
+const Mode = "ebpf"
+
+func init() {
+	datapath.Register(datapath.Registration{
+		Name:        Mode,
+		NewSettings: func() datapath.Settings { return &Settings{} },
+		New: func(node datapath.Node, s datapath.Settings) (datapath.Datapath, error) {
+			return New(node, s.(*Settings))
+		},
+		Prepare: func(node datapath.Node, s datapath.Settings) error {
+			if err := veth.PrepareNode(node.Uplink); err != nil {
+				return err
+			}
+			// The host's BPF filesystem, from the privileged step, so
+			// that pins outlive the agent's container.
+			return ensureBPFFS(s.(*Settings).PinPath)
+		},
+		Needs: func(node datapath.Node, _ datapath.Settings) datapath.Needs {
+			n := veth.NodeNeeds(node.Uplink)
+			n.Sysctls = append(n.Sysctls, datapath.Sysctl{Key: "net/core/bpf_jit_enable", Value: "1", Why: "the fast path's programs run JIT-compiled (interpreted, they are slower than the stack they skip)"})
+			return n
+		},
+		Uninstall: func(node datapath.Node, s datapath.Settings) error { return uninstall(node, s.(*Settings)) },
+		// Programs only: another mode's agent does not know this one's
+		// pin path, and pins alone act on nothing.
+		Clear: func(node datapath.Node) error { return clear(node.Uplink, "") },
+	})
+}
+
+// DefaultPinPath is where the programs and maps are pinned.
+const DefaultPinPath = "/sys/fs/bpf/vpcni"
+
+// Settings is the mode's section of vpcnid.yaml (datapath.ebpf).
+type Settings struct {
+	// GARP: as in mode veth (datapath.veth.garp), default true.
+	GARP *bool `json:"garp,omitempty"`
+	// ServiceCIDRs always pass through the node's stack, where kube-proxy
+	// DNATs them (default [10.96.0.0/12]).
+	svcpath.Settings
+	// FastCIDRs are the destinations a pod's packet may leave by the uplink
+	// for without the node's stack (default: the uplink's own subnets).
+	// Traffic elsewhere is routed by the stack, where SNAT and the node's
+	// firewall see it: list the VPC's other subnets here only if nothing
+	// on the node must see that traffic.
+	FastCIDRs []string `json:"fastCIDRs,omitempty"`
+	// PinPath is the directory on a BPF filesystem for the programs and
+	// maps (default /sys/fs/bpf/vpcni; bpffs is mounted on /sys/fs/bpf if
+	// it is not).
+	PinPath string `json:"pinPath,omitempty"`
+	// Require refuses to start without the fast path instead of falling
+	// back to the plain routed path.
+	Require bool `json:"require,omitempty"`
+	// KernelBTF is the kernel's BTF the programs are relocated against
+	// (default /sys/kernel/btf/vmlinux).
+	KernelBTF string `json:"kernelBTF,omitempty"`
+}
+
+// Defaults implements datapath.Settings.
+func (s *Settings) Defaults() {
+	if s.GARP == nil {
+		on := true
+		s.GARP = &on
+	}
+	s.Settings.Defaults()
+	if s.PinPath == "" {
+		s.PinPath = DefaultPinPath
+	}
+}
+
+// Validate implements datapath.Settings: every bad field at once.
+func (s *Settings) Validate() error {
+	errs := []error{s.Settings.Validate()}
+	for i, c := range s.FastCIDRs {
+		p, err := netip.ParsePrefix(c)
+		switch {
+		case err != nil:
+			errs = append(errs, fmt.Errorf("fastCIDRs[%d]: %q is not a CIDR", i, c))
+		case !p.Addr().Is4():
+			errs = append(errs, fmt.Errorf("fastCIDRs[%d]: %q: only IPv4 is supported so far", i, c))
+		case p.Masked() != p:
+			errs = append(errs, fmt.Errorf("fastCIDRs[%d]: %q has host bits set (did you mean %s?)", i, c, p.Masked()))
+		case p.Bits() == 0:
+			errs = append(errs, fmt.Errorf("fastCIDRs[%d]: %q would take every destination past the node's stack, its SNAT and firewall included", i, c))
+		}
+	}
+	if !strings.HasPrefix(s.PinPath, "/") {
+		errs = append(errs, fmt.Errorf("pinPath: %q is not an absolute path", s.PinPath))
+	}
+	return errors.Join(errs...)
+}
+
+// Datapath is the mode on one node.
+type Datapath struct {
+	*veth.Veth
+	log *slog.Logger
+
+	mu sync.Mutex
+	fp *fastPath // nil: fell back to the plain routed path
+	// why the fast path is off (fp nil).
+	why string
+}
+
+// New opens the routed veth mode and puts the fast path on it, or falls
+// back (see the package comment).
+func New(node datapath.Node, s *Settings) (*Datapath, error) {
+	v, err := veth.NewVeth(node.Uplink, node.MTU, *s.GARP)
+	if err != nil {
+		return nil, err
+	}
+	log := node.Log
+	if log == nil {
+		log = slog.Default()
+	}
+	d := &Datapath{Veth: v, log: log}
+	fp, err := start(v, s)
+	if err != nil {
+		var le *loadError
+		if s.Require || !errors.As(err, &le) {
+			_ = v.Close()
+			return nil, fmt.Errorf("ebpf fast path: %w", err)
+		}
+		d.why = err.Error()
+		// An earlier agent's programs would act on pods with maps no one
+		// keeps current any more: off they come.
+		if cerr := clear(v.Uplink, s.PinPath); cerr != nil {
+			log.Warn("ebpf: could not take an earlier agent's programs off", "err", cerr)
+		}
+		log.Warn("ebpf fast path unavailable: falling back to the plain routed veth path (pods work, through the node's stack); set datapath.ebpf.require to refuse this instead", "reason", err)
+		return d, nil
+	}
+	d.fp = fp
+	log.Info("ebpf fast path loaded", "uplink", v.Uplink, "pinPath", s.PinPath)
+	return d, nil
+}
+
+// start loads the programs, fills the prefix maps and puts the uplink's
+// program on (with the pods map a previous agent pinned, or empty until
+// the first Reconcile: an address not in it takes the routed path).
+func start(v *veth.Veth, s *Settings) (*fastPath, error) {
+	link, err := netlink.LinkByName(v.Uplink)
+	if err != nil {
+		return nil, err
+	}
+	fast, err := fastPrefixes(link, s)
+	if err != nil {
+		return nil, err
+	}
+	fp, err := load(s.KernelBTF, s.PinPath, link.Attrs().Index)
+	if err != nil {
+		return nil, err
+	}
+	if err := setPrefixes(fp.services, s.CIDRs()); err != nil {
+		fp.close()
+		return nil, fmt.Errorf("services map: %w", err)
+	}
+	if err := setPrefixes(fp.fast, fast); err != nil {
+		fp.close()
+		return nil, fmt.Errorf("fast map: %w", err)
+	}
+	// The uplink's program first: without it nothing else is attached.
+	if err := attach(fp.uplinkIdx, fp.uplink, progUplink); err != nil {
+		fp.close()
+		return nil, &loadError{err}
+	}
+	fp.attachedOnce = true
+	return fp, nil
+}
+
+// fastPrefixes are fastCIDRs, or the uplink's own IPv4 subnets.
+func fastPrefixes(uplink netlink.Link, s *Settings) ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for _, c := range s.FastCIDRs {
+		out = append(out, netip.MustParsePrefix(c))
+	}
+	if len(out) > 0 {
+		return out, nil
+	}
+	addrs, err := netlink.AddrList(uplink, netlink.FAMILY_V4)
+	if err != nil {
+		return nil, err
+	}
+	for _, a := range addrs {
+		if ip, ok := netip.AddrFromSlice(a.IP.To4()); ok {
+			ones, _ := a.Mask.Size()
+			if ones < 32 {
+				out = append(out, netip.PrefixFrom(ip, ones).Masked())
+			}
+		}
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("uplink %s has no IPv4 subnet to send pods' traffic to directly: set datapath.ebpf.fastCIDRs", uplink.Attrs().Name)
+	}
+	return out, nil
+}
+
+// Info implements datapath.Datapath.
+func (d *Datapath) Info() datapath.Info {
+	i := d.Veth.Info()
+	i.Mode = Mode
+	return i
+}
+
+// FastPath says whether the programs run, or why not, and what they did.
+func (d *Datapath) FastPath() datapath.FastPath {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.fp == nil {
+		return datapath.FastPath{Reason: d.why}
+	}
+	counts, err := d.fp.counters()
+	if err != nil {
+		return datapath.FastPath{Active: true, Reason: "counters: " + err.Error()}
+	}
+	return datapath.FastPath{Active: true, Packets: counts}
+}
+
+// Close implements datapath.Datapath: the programs stay attached and
+// pinned, for the next agent.
+func (d *Datapath) Close() error {
+	d.mu.Lock()
+	if d.fp != nil {
+		d.fp.close()
+		d.fp = nil
+		d.why = "closed"
+	}
+	d.mu.Unlock()
+	return d.Veth.Close()
+}
+
+// Setup implements datapath.Datapath: the routed wiring, then the pod in
+// the pods map and the program on its host veth. A pod on a secondary NIC
+// stays on the routed path (its traffic leaves by the NIC, which the
+// programs do not send out of).
+func (d *Datapath) Setup(ctx context.Context, a *alloc.Allocation) (alloc.Wiring, error) {
+	w, err := d.Veth.Setup(ctx, a)
+	if err != nil || a.NIC != nil {
+		return w, err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.fp == nil {
+		return w, nil
+	}
+	if err := d.accelerate(a, w); err != nil {
+		_ = d.fp.deletePod(a.Address)
+		_ = d.Veth.Teardown(ctx, a)
+		return alloc.Wiring{}, &datapath.SetupError{Step: "ebpf fast path", Err: err}
+	}
+	return w, nil
+}
+
+// accelerate records the pod and attaches the program to its host veth.
+func (d *Datapath) accelerate(a *alloc.Allocation, w alloc.Wiring) error {
+	host, podIf := w.Interfaces[0], w.Interfaces[1]
+	link, err := netlink.LinkByName(host.Name)
+	if err != nil {
+		return err
+	}
+	v, err := podEntry(link.Attrs().Index, podIf.MAC, host.MAC)
+	if err != nil {
+		return err
+	}
+	if err := d.fp.putPod(a.Address, v); err != nil {
+		return fmt.Errorf("pods map: %w", err)
+	}
+	return attach(link.Attrs().Index, d.fp.pod, progPod)
+}
+
+func podEntry(ifindex int, podMAC, hostMAC string) (pod, error) {
+	pm, err := net.ParseMAC(podMAC)
+	if err != nil {
+		return pod{}, err
+	}
+	hm, err := net.ParseMAC(hostMAC)
+	if err != nil {
+		return pod{}, err
+	}
+	return entry(ifindex, pm, hm), nil
+}
+
+// Teardown implements datapath.Datapath: the pod leaves the pods map
+// first, so nothing is redirected to a veth on its way out; its filter
+// goes with the veth.
+func (d *Datapath) Teardown(ctx context.Context, a *alloc.Allocation) error {
+	var errs []error
+	d.mu.Lock()
+	if d.fp != nil && a.Address.IsValid() {
+		if err := d.fp.deletePod(a.Address); err != nil {
+			errs = append(errs, fmt.Errorf("pods map: delete %s: %w", a.Address, err))
+		}
+	}
+	d.mu.Unlock()
+	return errors.Join(append(errs, d.Veth.Teardown(ctx, a))...)
+}

@@ -1,0 +1,218 @@
+package ebpf
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/vishvananda/netlink"
+
+	"github.com/vpcni/vpcni/internal/alloc"
+	"github.com/vpcni/vpcni/internal/datapath"
+	"github.com/vpcni/vpcni/internal/datapath/nlutil"
+	"github.com/vpcni/vpcni/internal/datapath/veth"
+)
+
+// Reconcile implements datapath.Datapath: mode veth's reconcile, then the
+// fast path's pieces: the uplink's program, each accelerated pod's map
+// entry and host veth program, no map entry for an address that is not a
+// pod here (a stale entry would redirect into a veth that is gone).
+func (d *Datapath) Reconcile(ctx context.Context, want datapath.Desired) (datapath.Report, error) {
+	rep, err := d.Veth.Reconcile(ctx, want)
+	if err != nil {
+		return rep, err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.fp == nil {
+		return rep, nil
+	}
+	if err := d.sync(want, &rep); err != nil {
+		return rep, err
+	}
+	return rep, nil
+}
+
+// ourVeths are the host veths mode veth made, by name.
+func ourVeths() (map[string]netlink.Link, error) {
+	links, err := nlutil.RetryDump(netlink.LinkList)
+	if err != nil {
+		return nil, fmt.Errorf("list links: %w", err)
+	}
+	out := map[string]netlink.Link{}
+	for _, l := range links {
+		if strings.HasPrefix(l.Attrs().Alias, datapath.AliasPrefix) && l.Type() == "veth" && strings.HasPrefix(l.Attrs().Name, "vpc") {
+			out[l.Attrs().Name] = l
+		}
+	}
+	return out, nil
+}
+
+func (d *Datapath) sync(want datapath.Desired, rep *datapath.Report) error {
+	fp := d.fp
+	veths, err := ourVeths()
+	if err != nil {
+		return err
+	}
+	entries, err := fp.podEntries()
+	if err != nil {
+		return fmt.Errorf("read the pods map: %w", err)
+	}
+	if id, err := attached(fp.uplinkIdx, progUplink); err != nil {
+		rep.Failed = append(rep.Failed, fmt.Sprintf("program on %s: %v", d.Uplink, err))
+	} else if id != fp.uplinkID {
+		if err := attach(fp.uplinkIdx, fp.uplink, progUplink); err != nil {
+			rep.Failed = append(rep.Failed, fmt.Sprintf("program on %s: %v", d.Uplink, err))
+		} else if id != 0 {
+			rep.AddRepair(datapath.RepairProgram, "%s on %s ran an older program (id %d): replaced", progUplink, d.Uplink, id)
+		} else if fp.attachedOnce {
+			rep.AddRepair(datapath.RepairProgram, "%s on %s", progUplink, d.Uplink)
+		}
+		fp.attachedOnce = true
+	}
+
+	keep := map[netip.Addr]bool{}
+	for _, a := range want.Leave {
+		keep[a.Address] = true
+	}
+	for _, a := range want.Allocations {
+		if a.NIC != nil || !a.Address.IsValid() {
+			continue
+		}
+		w := veth.Wiring(a)
+		link, ok := veths[w.Interfaces[0].Name]
+		if !ok || link.Attrs().Alias != datapath.AliasPrefix+a.Key() {
+			continue // no veth: mode veth reported it Broken, the entry goes below
+		}
+		keep[a.Address] = true
+		v, err := podEntry(link.Attrs().Index, w.Interfaces[1].MAC, w.Interfaces[0].MAC)
+		if err != nil {
+			rep.Failed = append(rep.Failed, fmt.Sprintf("pods map entry %s: %v", a.Address, err))
+			continue
+		}
+		if have, ok := entries[a.Address]; !ok || have != v {
+			if err := fp.putPod(a.Address, v); err != nil {
+				rep.Failed = append(rep.Failed, fmt.Sprintf("pods map entry %s: %v", a.Address, err))
+			} else {
+				rep.AddRepair(datapath.RepairProgram, "pods map entry %s -> %s", a.Address, link.Attrs().Name)
+			}
+		}
+		id, err := attached(link.Attrs().Index, progPod)
+		switch {
+		case err != nil:
+			rep.Failed = append(rep.Failed, fmt.Sprintf("program on %s: %v", link.Attrs().Name, err))
+		case id == fp.podID:
+		default:
+			if err := attach(link.Attrs().Index, fp.pod, progPod); err != nil {
+				rep.Failed = append(rep.Failed, fmt.Sprintf("program on %s: %v", link.Attrs().Name, err))
+			} else if id == 0 {
+				rep.AddRepair(datapath.RepairProgram, "%s on %s", progPod, link.Attrs().Name)
+			} else {
+				rep.AddRepair(datapath.RepairProgram, "%s on %s ran an older program (id %d): replaced", progPod, link.Attrs().Name, id)
+			}
+		}
+	}
+	for ip := range entries {
+		if keep[ip] {
+			continue
+		}
+		if err := fp.deletePod(ip); err != nil {
+			rep.Failed = append(rep.Failed, fmt.Sprintf("pods map entry %s: %v", ip, err))
+		} else {
+			rep.Removed = append(rep.Removed, fmt.Sprintf("pods map entry %s", ip))
+		}
+	}
+	return nil
+}
+
+// Check implements datapath.Datapath: mode veth's pieces and the fast
+// path's.
+func (d *Datapath) Check(ctx context.Context, a *alloc.Allocation) (alloc.Wiring, error) {
+	return veth.Wiring(a), datapath.Problems(d.Trace(ctx, a))
+}
+
+// Trace implements datapath.Datapath: mode veth's hops, then the uplink's
+// program, the pod's map entry and its host veth's program — or one hop
+// saying the node runs without the fast path, and why.
+func (d *Datapath) Trace(ctx context.Context, a *alloc.Allocation) []datapath.Hop {
+	hops := d.Veth.Trace(ctx, a)
+	if a.NIC != nil {
+		return append(hops, datapath.Hop{Where: datapath.HopNode, What: "ebpf fast path: not for a pod on a secondary NIC (routed by the stack)", State: datapath.HopOK})
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.fp == nil {
+		return append(hops, datapath.Hop{Where: datapath.HopNode, What: "ebpf fast path off, plain routed path: " + d.why, State: datapath.HopOK})
+	}
+	fp := d.fp
+	add := func(what string, ok bool, state, detail string) {
+		h := datapath.Hop{Where: datapath.HopNode, What: what, State: datapath.HopOK}
+		if !ok {
+			h.State, h.Detail, h.Fix = state, detail, datapath.FixNode
+		}
+		hops = append(hops, h)
+	}
+	id, err := attached(fp.uplinkIdx, progUplink)
+	add(fmt.Sprintf("tc program %s on %s ingress", progUplink, d.Uplink), err == nil && id == fp.uplinkID, datapath.HopMissing,
+		fmt.Sprintf("%s ingress does not run %s (id %d): attached %d, err %v", d.Uplink, progUplink, fp.uplinkID, id, err))
+	w := veth.Wiring(a)
+	hostIf := w.Interfaces[0].Name
+	link, err := netlink.LinkByName(hostIf)
+	if err != nil {
+		return hops // mode veth's hops say the veth is gone
+	}
+	want, err := podEntry(link.Attrs().Index, w.Interfaces[1].MAC, w.Interfaces[0].MAC)
+	var have pod
+	if err == nil {
+		err = fp.pods.Lookup(podKey(a.Address), &have)
+	}
+	add(fmt.Sprintf("pods map %s -> %s (ifindex %d)", a.Address, hostIf, link.Attrs().Index), err == nil && have == want, datapath.HopWrong,
+		fmt.Sprintf("pods map entry for %s: have %+v, want %+v (%v)", a.Address, have, want, err))
+	id, err = attached(link.Attrs().Index, progPod)
+	add(fmt.Sprintf("tc program %s on %s ingress", progPod, hostIf), err == nil && id == fp.podID, datapath.HopMissing,
+		fmt.Sprintf("%s ingress does not run %s (id %d): attached %d, err %v", hostIf, progPod, fp.podID, id, err))
+	return hops
+}
+
+// clear detaches vpcni's programs from the uplink and every host veth of
+// vpcni's and removes the pins: the node as mode veth leaves it.
+func clear(uplink, pinPath string) error {
+	var errs []error
+	if link, err := nlutil.Uplink(uplink); err == nil {
+		errs = append(errs, detachOurs(link.Attrs().Index, progUplink))
+	} else {
+		errs = append(errs, err)
+	}
+	veths, err := ourVeths()
+	if err != nil {
+		return errors.Join(append(errs, err)...)
+	}
+	for _, l := range veths {
+		errs = append(errs, detachOurs(l.Attrs().Index, progPod))
+	}
+	if pinPath != "" {
+		for _, name := range []string{progUplink, progPod, "pods", "fast", "services", "config", "stats"} {
+			if err := os.Remove(filepath.Join(pinPath, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
+				errs = append(errs, err)
+			}
+		}
+		_ = os.Remove(pinPath) // only if empty
+	}
+	return errors.Join(errs...)
+}
+
+// detachOurs removes vpcni's filter from a link if the one there is ours.
+func detachOurs(linkIdx int, name string) error {
+	id, err := attached(linkIdx, name)
+	if err != nil || id == 0 {
+		return err
+	}
+	return detach(linkIdx)
+}
+
+// uninstall is clear with the node's settings (vpcnictl uninstall-cni).
+func uninstall(node datapath.Node, s *Settings) error { return clear(node.Uplink, s.PinPath) }

@@ -1,0 +1,425 @@
+package lab
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	bpf "github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+
+	"github.com/vpcni/vpcni/internal/config"
+	"github.com/vpcni/vpcni/internal/datapath/ebpf"
+	"github.com/vpcni/vpcni/internal/datapath/svcpath"
+	"github.com/vpcni/vpcni/internal/lab"
+	"github.com/vpcni/vpcni/internal/netnsutil"
+	"github.com/vpcni/vpcni/internal/provider/openstack"
+	"github.com/vpcni/vpcni/internal/testbed"
+)
+
+// bpffsDir is a BPF filesystem of the tests' own on the host: each lab
+// agent runs under `ip netns exec`, whose /sys is its own, so pins under
+// /sys/fs/bpf would go with the agent; here they outlive it, as the
+// host's /sys/fs/bpf does on a real node.
+const bpffsDir = "/run/vpcni-test-bpffs"
+
+func mountBPFFS(t *testing.T) {
+	t.Helper()
+	var st unix.Statfs_t
+	if err := os.MkdirAll(bpffsDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Statfs(bpffsDir, &st); err == nil && uint32(st.Type) == 0xcafe4a11 {
+		return // mounted by an earlier run: reused
+	}
+	if err := unix.Mount("bpf", bpffsDir, "bpf", 0, "mode=0700"); err != nil {
+		t.Fatalf("mount a BPF filesystem on %s: %v", bpffsDir, err)
+	}
+}
+
+// TestEBPFLab: two nodes in datapath mode ebpf. Pods reach each other on
+// one node and across nodes, the nodes and the legacy VM reach them and
+// back (the lab's port security passes the pods' frames: they leave with
+// the node port's MAC); the fast path carries the pods' TCP past the
+// nodes' stacks (a FORWARD rule counting it stays at 0, the programs'
+// counters rise); a Service DNATed to a pod on the other node, and a
+// hostPort DNATed on a node, still work (their replies are NATed
+// connections the programs hand to the stack). The agent's restart drops
+// no connection and leaves no program behind; a program taken off comes
+// back; a node whose programs cannot load (no BTF) falls back to the plain
+// routed path, with nothing of the fast path left attached, and says so.
+func TestEBPFLab(t *testing.T) {
+	c, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	mountBPFFS(t)
+	l := labUp(t, c, "eb", 2, "10.89.0.0/24")
+	pins := filepath.Join(bpffsDir, l.Prefix)
+	t.Cleanup(func() { _ = os.RemoveAll(pins) })
+	const svcCIDR = "10.96.0.0/12"
+	nodes := startAgents(t, l, "1.1.0", func(cfg *config.Config) {
+		cfg.Provider = config.Provider{Type: "openstack", Settings: &openstack.Config{
+			Endpoint: fmt.Sprintf("http://127.0.0.1:%d/", lab.EndpointPort), SubnetID: l.SubnetID}}
+		cfg.Datapath = config.Datapath{Mode: ebpf.Mode, Settings: &ebpf.Settings{
+			Settings: svcpath.Settings{ServiceCIDRs: []string{svcCIDR}},
+			PinPath:  filepath.Join(pins, cfg.NodeName),
+			Require:  true,
+		}}
+		cfg.MetricsAddr = "127.0.0.1:9695" // in each node's namespace
+	})
+	a := addPod(t, c, l, nodes[0], "a")
+	b := addPod(t, c, l, nodes[0], "b")
+	pc := addPod(t, c, l, nodes[1], "c")
+	legacy := netnsutil.Path(l.Legacy.NS)
+	n1 := netnsutil.Path(l.Nodes[0].NS)
+	serveEcho(t, legacy, l.Legacy.IP)
+	serveEcho(t, n1, l.Nodes[0].IP)
+
+	// The stack's FORWARD chain on both nodes counts pod a <-> pod c TCP:
+	// the fast path must leave it at zero.
+	for _, ns := range []string{l.Nodes[0].NS, l.Nodes[1].NS} {
+		for _, rule := range [][]string{{"-s", a.ip.String(), "-d", pc.ip.String()}, {"-s", pc.ip.String(), "-d", a.ip.String()}} {
+			if err := netnsutil.Exec(ns, append(append([]string{"iptables", "-I", "FORWARD"}, rule...), "-p", "tcp")...); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	before := [2]map[string]uint64{stats(t, pins, "n1"), stats(t, pins, "n2")}
+	expectReach(t, c, []reachable{
+		{"pod a -> pod b (same node)", a.ns, b.ip},
+		{"pod b -> pod a (same node)", b.ns, a.ip},
+		{"pod a (n1) -> pod c (n2)", a.ns, pc.ip},
+		{"pod c (n2) -> pod a (n1)", pc.ns, a.ip},
+		{"pod a -> its node n1", a.ns, l.Nodes[0].IP},
+		{"node n1 -> pod a", n1, a.ip},
+		{"legacy VM -> pod a", legacy, a.ip},
+		{"legacy VM -> pod c", legacy, pc.ip},
+		{"pod a -> legacy VM", a.ns, l.Legacy.IP},
+		{"pod c -> legacy VM", pc.ns, l.Legacy.IP},
+	})
+	if t.Failed() {
+		t.FailNow()
+	}
+	after := [2]map[string]uint64{stats(t, pins, "n1"), stats(t, pins, "n2")}
+	for i, name := range []string{"n1", "n2"} {
+		for _, action := range []string{"peer_from_uplink", "neigh_out"} {
+			if after[i][action] <= before[i][action] {
+				t.Errorf("%s: the fast path's %s counter did not rise (%d -> %d): pod traffic took the stack (counters %v)", name, action, before[i][action], after[i][action], after[i])
+			}
+		}
+	}
+	if after[0]["peer_local"] <= before[0]["peer_local"] {
+		t.Errorf("n1: pod a <-> pod b did not go pod to pod (peer_local %d -> %d)", before[0]["peer_local"], after[0]["peer_local"])
+	}
+	for _, ns := range []string{l.Nodes[0].NS, l.Nodes[1].NS} {
+		if n := forwardCount(t, ns, a.ip.String()); n != 0 {
+			t.Errorf("%s: %d packets of pod a <-> pod c passed the stack's FORWARD chain: the fast path was not taken", ns, n)
+		}
+	}
+
+	// A Service: kube-proxy-style DNAT in n1 to pod c on n2. Pod a's packet
+	// to it passes n1's stack (a Service CIDR); pod c's reply reaches n1's
+	// uplink for pod a, belongs to a NATed connection, and must pass the
+	// stack too to come back from the Service's address.
+	const svc = "10.96.0.10"
+	if err := netnsutil.Exec(l.Nodes[0].NS, "iptables", "-t", "nat", "-A", "PREROUTING", "-d", svc, "-p", "tcp", "--dport", "80",
+		"-j", "DNAT", "--to-destination", testbed.HostPort(pc.ip, 7777)); err != nil {
+		t.Fatal(err)
+	}
+	// A hostPort: n1:8080 DNATed to pod a, as the portmap plugin does; pod
+	// a's reply to the legacy VM must be un-DNATed by n1's stack.
+	if err := netnsutil.Exec(l.Nodes[0].NS, "iptables", "-t", "nat", "-A", "PREROUTING", "-d", l.Nodes[0].IP.String(), "-p", "tcp", "--dport", "8080",
+		"-j", "DNAT", "--to-destination", testbed.HostPort(a.ip, 7777)); err != nil {
+		t.Fatal(err)
+	}
+	before[0] = stats(t, pins, "n1")
+	if err := probe(c, a.ns, svc+":80"); err != nil {
+		t.Errorf("pod a (n1) -> Service %s -> pod c (n2): %v", svc, err)
+	}
+	if err := probe(c, legacy, l.Nodes[0].IP.String()+":8080"); err != nil {
+		t.Errorf("legacy VM -> hostPort n1:8080 -> pod a: %v", err)
+	}
+	after[0] = stats(t, pins, "n1")
+	for _, action := range []string{"pass_service", "pass_nat"} {
+		if after[0][action] <= before[0][action] {
+			t.Errorf("n1: %s did not rise (%d -> %d)", action, before[0][action], after[0][action])
+		}
+	}
+	if err := l.FabricErr(); err != nil {
+		t.Fatalf("fabric: %v", err)
+	}
+	scrape := metricsOf(t, n1)
+	if !strings.Contains(scrape, `vpcni_datapath_fastpath_active{mode="ebpf"} 1`) || !regexp.MustCompile(`vpcni_datapath_fastpath_packets_total\{action="neigh_out",mode="ebpf"\} [1-9]`).MatchString(scrape) {
+		t.Errorf("n1's metrics lack the fast path:\n%s", grepLines(scrape, "fastpath"))
+	}
+
+	// Agents (re)started in a subtest run until the whole test ends.
+	outer := t
+	// Restart n2's agent under traffic: no connection to pod c fails, the
+	// pods map is the pinned one, and no program is left behind.
+	t.Run("restart", func(t *testing.T) {
+		progsBefore := ourPrograms(t)
+		mapBefore := pinnedMapID(t, filepath.Join(pins, "n2", "pods"))
+		var sent, failed atomic.Int64
+		stop := make(chan struct{})
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				sent.Add(1)
+				if err := probe(c, legacy, testbed.HostPort(pc.ip, 7777)); err != nil {
+					failed.Add(1)
+					t.Logf("legacy VM -> pod c during the restart: %v", err)
+				}
+				if err := probe(c, a.ns, testbed.HostPort(pc.ip, 7777)); err != nil {
+					failed.Add(1)
+					t.Logf("pod a -> pod c during the restart: %v", err)
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+		}()
+		nodes[1].restart(outer)
+		if err := nodes[1].agent.WaitReady(30 * time.Second); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(500 * time.Millisecond)
+		close(stop)
+		<-done
+		if failed.Load() != 0 || sent.Load() < 5 {
+			t.Errorf("%d of %d probes failed across the restart", failed.Load(), sent.Load())
+		}
+		if got := pinnedMapID(t, filepath.Join(pins, "n2", "pods")); got != mapBefore {
+			t.Errorf("the restarted agent made a new pods map (id %d, was %d): the pinned one was not reused", got, mapBefore)
+		}
+		eventually(t, 10*time.Second, "the old programs to be freed", func() error {
+			if now := ourPrograms(t); now != progsBefore {
+				return fmt.Errorf("%d vpcni programs loaded, %d before the restart", now, progsBefore)
+			}
+			return nil
+		})
+		expectReach(t, c, []reachable{{"legacy VM -> pod c", legacy, pc.ip}, {"pod a -> pod c", a.ns, pc.ip}})
+	})
+
+	// Take the programs off pod c's veth and n2's uplink: the agent's
+	// reconcile puts them back.
+	t.Run("reattach", func(t *testing.T) {
+		hostIf := hostVeth(t, l.Nodes[1].NS, pc.ip.String())
+		for _, dev := range []string{hostIf, "eth0"} {
+			if err := netnsutil.Exec(l.Nodes[1].NS, "tc", "filter", "del", "dev", dev, "ingress"); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, dev := range []string{hostIf, "eth0"} {
+			eventually(t, 45*time.Second, "the program back on "+dev, func() error {
+				out, err := netnsutil.Output(l.Nodes[1].NS, "tc", "filter", "show", "dev", dev, "ingress")
+				if err != nil || !strings.Contains(out, "vpcni_") {
+					return fmt.Errorf("tc filter show dev %s ingress: %q %v", dev, out, err)
+				}
+				return nil
+			})
+		}
+	})
+
+	// Deleting a pod takes it out of the pods map.
+	t.Run("delete", func(t *testing.T) {
+		if err := nodes[0].cni.Del(c, testbed.Runtime(b.id, b.ns, "eth0", nil)); err != nil {
+			t.Fatal(err)
+		}
+		m, err := bpf.LoadPinnedMap(filepath.Join(pins, "n1", "pods"), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer m.Close()
+		var v [16]byte
+		if err := m.Lookup(b.ip.As4(), &v); !errors.Is(err, bpf.ErrKeyNotExist) {
+			t.Errorf("pod b's address %s is still in n1's pods map after DEL (%v)", b.ip, err)
+		}
+	})
+
+	// n1 without BTF: the agent falls back, takes every program off, says
+	// why, and pods still reach each other through the stack.
+	t.Run("fallback", func(t *testing.T) {
+		if err := nodes[0].agent.Stop(); err != nil {
+			t.Fatal(err)
+		}
+		s := nodes[0].cfg.Datapath.Settings.(*ebpf.Settings)
+		s.Require = false
+		s.KernelBTF = "/nonexistent/vmlinux"
+		nodes[0].start(outer)
+		if err := nodes[0].agent.WaitReady(30 * time.Second); err != nil {
+			t.Fatal(err)
+		}
+		log, _ := os.ReadFile(nodes[0].agent.LogPath)
+		if !strings.Contains(string(log), "ebpf fast path unavailable: falling back") {
+			t.Errorf("n1's agent did not log its fallback:\n%s", log)
+		}
+		for _, dev := range []string{"eth0", hostVeth(t, l.Nodes[0].NS, a.ip.String())} {
+			out, err := netnsutil.Output(l.Nodes[0].NS, "tc", "filter", "show", "dev", dev, "ingress")
+			if err != nil || strings.Contains(out, "vpcni_") {
+				t.Errorf("after the fallback %s still runs a vpcni program: %q %v", dev, out, err)
+			}
+		}
+		if m := metricsOf(t, n1); !strings.Contains(m, `vpcni_datapath_fastpath_active{mode="ebpf"} 0`) {
+			t.Errorf("n1's metrics do not say the fast path is off:\n%s", grepLines(m, "fastpath"))
+		}
+		expectReach(t, c, []reachable{
+			{"pod a (n1, routed) -> pod c (n2, fast)", a.ns, pc.ip},
+			{"pod c -> pod a", pc.ns, a.ip},
+			{"legacy VM -> pod a", legacy, a.ip},
+		})
+	})
+}
+
+// stats reads a node's fast path counters from its pinned map.
+func stats(t *testing.T, pins, node string) map[string]uint64 {
+	t.Helper()
+	m, err := bpf.LoadPinnedMap(filepath.Join(pins, node, "stats"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	out := map[string]uint64{}
+	for i, name := range []string{"peer_from_uplink", "peer_local", "neigh_out", "pass_nat", "pass_service", "pass_other"} {
+		var per []uint64
+		if err := m.Lookup(uint32(i), &per); err != nil {
+			t.Fatal(err)
+		}
+		for _, n := range per {
+			out[name] += n
+		}
+	}
+	return out
+}
+
+// forwardCount is the packets FORWARD rules naming addr counted in ns.
+func forwardCount(t *testing.T, ns, addr string) int {
+	t.Helper()
+	out, err := netnsutil.Output(ns, "iptables", "-L", "FORWARD", "-v", "-x", "-n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	total := 0
+	for _, line := range strings.Split(out, "\n") {
+		f := strings.Fields(line)
+		if len(f) > 0 && strings.Contains(line, addr) {
+			n, _ := strconv.Atoi(f[0])
+			total += n
+		}
+	}
+	return total
+}
+
+// ourPrograms counts the vpcni fast path programs loaded on the machine.
+func ourPrograms(t *testing.T) int {
+	t.Helper()
+	n := 0
+	for id := bpf.ProgramID(0); ; {
+		next, err := bpf.ProgramGetNextID(id)
+		if errors.Is(err, os.ErrNotExist) {
+			return n
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		id = next
+		p, err := bpf.NewProgramFromID(id)
+		if err != nil {
+			continue // gone meanwhile
+		}
+		if info, err := p.Info(); err == nil && strings.HasPrefix(info.Name, "vpcni_") {
+			n++
+		}
+		p.Close()
+	}
+}
+
+func pinnedMapID(t *testing.T, path string) bpf.MapID {
+	t.Helper()
+	m, err := bpf.LoadPinnedMap(path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	info, err := m.Info()
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, _ := info.ID()
+	return id
+}
+
+// hostVeth is the host veth a pod's /32 is routed to in ns.
+func hostVeth(t *testing.T, ns, ip string) string {
+	t.Helper()
+	out, err := netnsutil.Output(ns, "ip", "-4", "route", "show", ip+"/32")
+	f := strings.Fields(out)
+	for i := range f {
+		if f[i] == "dev" && i+1 < len(f) {
+			return f[i+1]
+		}
+	}
+	t.Fatalf("no route to %s in %s: %q %v", ip, ns, out, err)
+	return ""
+}
+
+// metricsOf scrapes the agent's metrics inside a node's namespace (the
+// connection is dialled there; HTTP runs over it from any thread).
+func metricsOf(t *testing.T, ns string) string {
+	t.Helper()
+	var conn net.Conn
+	if err := netnsutil.Do(ns, func() (err error) {
+		conn, err = net.DialTimeout("tcp", "127.0.0.1:9695", 5*time.Second)
+		return err
+	}); err != nil {
+		t.Fatalf("metrics in %s: %v", ns, err)
+	}
+	client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
+		DialContext: func(context.Context, string, string) (net.Conn, error) { return conn, nil }}}
+	resp, err := client.Get("http://127.0.0.1:9695/metrics")
+	if err != nil {
+		t.Fatalf("metrics in %s: %v", ns, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(body)
+}
+
+func grepLines(s, sub string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
+// eventually retries f until it succeeds, failing the test after d.
+func eventually(t *testing.T, d time.Duration, what string, f func() error) {
+	t.Helper()
+	var err error
+	for deadline := time.Now().Add(d); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		if err = f(); err == nil {
+			return
+		}
+	}
+	t.Fatalf("waiting for %s: %v", what, err)
+}
