@@ -42,7 +42,7 @@ func init() {
 			return NewVeth(node.Uplink, node.MTU, *s.(*Settings).GARP)
 		},
 		Prepare: func(node datapath.Node, _ datapath.Settings) error { return PrepareNode(node.Uplink) },
-		Needs: func(node datapath.Node, _ datapath.Settings) datapath.Needs { return NodeNeeds(node.Uplink) },
+		Needs:   func(node datapath.Node, _ datapath.Settings) datapath.Needs { return NodeNeeds(node.Uplink) },
 	})
 }
 
