@@ -11,7 +11,7 @@ LDFLAGS   := -s -w -X main.version=$(VERSION)
 GOBUILD   := CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)"
 PKG_TEST_TIMEOUT ?= 15m
 
-.PHONY: all build image prev-image upgrade-e2e k8s-build k8s-fixture deps generate verify-generate helm test unit fuzz k8s-api integration e2e-neutron-agents e2e-nova e2e-k8s e2e-k8s-helm chaos lint demo bench clean
+.PHONY: e2e-lab-ebpf all build image prev-image upgrade-e2e k8s-build k8s-fixture deps generate verify-generate helm test unit fuzz k8s-api integration e2e-neutron-agents e2e-nova e2e-k8s e2e-k8s-helm chaos lint demo bench clean
 
 all: build
 
@@ -76,9 +76,11 @@ lint:
 
 # The PodAddress API's deep copies and its CRD (deploy/vpcni.io_podaddresses.yaml)
 # are generated from the Go types in internal/apis by controller-gen, pinned in
-# the //go:generate line there and fetched through the Go module proxy.
+# the //go:generate line there and fetched through the Go module proxy. Mode
+# ebpf's tc object (internal/datapath/ebpf/bpf/fastpath.o) is compiled from
+# fastpath.c by Debian's clang (bpf/build.sh), reproducibly.
 generate:
-	$(GO) generate ./internal/apis/...
+	$(GO) generate ./internal/apis/... ./internal/datapath/ebpf/...
 
 # Fails when a generated file differs from what the generator writes now. It
 # generates into a copy of the module, so the work tree is left as it is.
@@ -86,7 +88,8 @@ verify-generate:
 	@set -e; tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
 	cp -r go.mod go.sum internal deploy "$$tmp"/; \
 	(cd "$$tmp" && $(GO) generate ./internal/apis/...) || { echo "verify-generate: the generator did not run (it needs the Go module proxy once)"; exit 1; }; \
-	{ diff -ru internal/apis "$$tmp"/internal/apis && diff -ru deploy "$$tmp"/deploy; } || \
+	(cd "$$tmp" && $(GO) generate ./internal/datapath/ebpf/...) || { echo "verify-generate: clang could not build the ebpf object (make deps installs clang, llvm, libbpf-dev)"; exit 1; }; \
+	{ diff -ru internal/apis "$$tmp"/internal/apis && diff -ru deploy "$$tmp"/deploy && cmp internal/datapath/ebpf/bpf/fastpath.o "$$tmp"/internal/datapath/ebpf/bpf/fastpath.o; } || \
 	{ echo "verify-generate: generated files are stale: run make generate and commit the result"; exit 1; }
 
 # The Helm chart (deploy/helm/vpcni) against deploy/: helm template with the
@@ -130,6 +133,13 @@ TESTFILTER := grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|vpcni-test:|^chaos:|^\
 integration: build
 	VPCNI_REQUIRE_ROOT=1 VPCNI_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout $(PKG_TEST_TIMEOUT) -v ./test/integration ./test/macvlan ./test/bridge ./test/neutron ./test/lab ./test/labnics ./test/doctor 2>&1 | tee /tmp/vpcni-integration.log | $(TESTFILTER) ; exit $${PIPESTATUS[0]}
 	VPCNI_REQUIRE_ROOT=1 $(GO) test -count=1 -timeout $(PKG_TEST_TIMEOUT) -v ./test/keystone 2>&1 | tee /tmp/vpcni-keystone.log | $(TESTFILTER) ; exit $${PIPESTATUS[0]}
+
+# The whole lab e2e — the lab's tests and the real Neutron agents' lab — with
+# every node that runs mode veth in mode ebpf instead (VPCNI_ROUTED_MODE,
+# internal/testbed): the fast path on top of every routed-veth scenario
+# (~3.5 min; make test runs test/lab's TestEBPFLab, the mode's own e2e).
+e2e-lab-ebpf: build
+	VPCNI_ROUTED_MODE=ebpf VPCNI_REQUIRE_ROOT=1 VPCNI_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout $(PKG_TEST_TIMEOUT) -v ./test/lab ./test/labagents 2>&1 | tee /tmp/vpcni-e2e-lab-ebpf.log | $(TESTFILTER) ; exit $${PIPESTATUS[0]}
 
 # The lab e2e, once, against the real Neutron with its linuxbridge and L3
 # agents (scripts/neutron.sh MODE=agents: brq bridges, iptables/ebtables port

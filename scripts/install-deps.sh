@@ -3,7 +3,9 @@
 # missing is installed. Debian/Ubuntu, as root.
 set -euo pipefail
 
-pkgs=(iproute2 nftables iptables containernetworking-plugins iperf3 sockperf kmod procps util-linux)
+# clang, llvm and libbpf-dev build mode ebpf's tc programs (go generate,
+# make verify-generate); the committed object is what nodes run.
+pkgs=(iproute2 nftables iptables containernetworking-plugins iperf3 sockperf kmod procps util-linux clang llvm libbpf-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

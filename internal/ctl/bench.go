@@ -27,7 +27,7 @@ var benches = []struct {
 	run        func(args []string, out io.Writer) error
 }{
 	{"cni", "CNI ADD/DEL latency and bursts of concurrent ADDs on a one-node testbed, vpcni vs Debian's ptp+host-local", benchCNI},
-	{"datapath", "on a two-node lab, pod to pod vs node to node: iperf3 throughput and sockperf latency", benchDatapath},
+	{"datapath", "on a four-node lab, pod to pod in modes veth and ebpf vs node to node: iperf3 throughput, sockperf latency, TCP connect/request/response rate", benchDatapath},
 	{"neutron", "Neutron calls per pod through vpcnid, one batched update vs single ones (a real neutron-server at --endpoint)", benchNeutron},
 	{"pool", "the pool policy on a real neutron-server: calls per pod under churn, cold and warm ADD p99", benchPool},
 	{"modes", "every datapath mode on a fresh two-node lab: ADD p50/p99, pod/node throughput ratio, TCP request/response latency", benchModes},

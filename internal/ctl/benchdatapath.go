@@ -24,11 +24,15 @@ import (
 	"github.com/vpcni/vpcni/internal/testbed"
 )
 
-// benchDatapath compares, on the lab, a pod on n1 talking to a pod on n2
-// with node n1 talking to node n2 over the same VPC segment: TCP
-// throughput (Debian's iperf3) and request/response latency (sockperf
-// ping-pong), in alternating rounds, client pinned to CPU 0 and server to
-// CPU 1, medians.
+// benchDatapath compares, on one four-node lab, node n1 talking to node
+// n2 with pods talking over the same VPC segment in each routed mode:
+// mode veth (a pod on n1 to a pod on n2), mode ebpf (a pod on n3 to a
+// pod on n4: the fast path across nodes) and two ebpf pods on n3 (the
+// fast path on one node). Per path: TCP throughput (Debian's iperf3),
+// request/response latency (sockperf ping-pong) and connect/request/
+// response rate (a fresh TCP connection per one-byte exchange), in
+// rounds that alternate the paths' order, client pinned to CPU 0 and
+// server to CPU 1, medians.
 func benchDatapath(args []string, out io.Writer) (err error) {
 	fs := flag.NewFlagSet("bench datapath", flag.ContinueOnError)
 	rounds := fs.Int("rounds", 5, "alternating rounds")
@@ -46,7 +50,7 @@ func benchDatapath(args []string, out io.Writer) (err error) {
 		return err
 	}
 	const prefix = "vpcni-dpbench"
-	if err := labUp(prefix, 2, "10.91.0.0/24", true, labNodeConfig{}, io.Discard); err != nil {
+	if err := labUp(prefix, 4, "10.91.0.0/24", true, labNodeConfig{Datapath: "veth,veth,ebpf,ebpf"}, io.Discard); err != nil {
 		return err
 	}
 	defer func() { err = errors.Join(err, labDown(prefix, io.Discard)) }()
@@ -54,12 +58,12 @@ func benchDatapath(args []string, out io.Writer) (err error) {
 	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
 
-	// One pod on each node.
+	// One pod on each node, and a second one on n3.
 	var pods []end
-	for i, n := range st.Nodes {
+	for i, n := range append(slices.Clone(st.Nodes), st.Nodes[2]) {
 		cni, err := testbed.NewCNIIn(n.NS, []string{bin}, filepath.Join(labDir(prefix), n.Name, "cni-cache"), testbed.VpcniConfList("1.0.0", "vpcni-bench", n.Socket))
 		if err != nil {
 			return err
@@ -81,22 +85,33 @@ func benchDatapath(args []string, out io.Writer) (err error) {
 	}
 	nodes := []end{{ns: st.Nodes[0].NS, ip: st.Nodes[0].IP}, {ns: st.Nodes[1].NS, ip: st.Nodes[1].IP}}
 	load0 := loadAvg()
-	tput, rtt, err := comparePaths(ctx, map[string][2]end{"pod": {pods[0], pods[1]}, "node": {nodes[0], nodes[1]}}, *rounds, *secs)
+	m, err := comparePaths(ctx, map[string][2]end{
+		"node": {nodes[0], nodes[1]}, "veth": {pods[0], pods[1]}, "ebpf": {pods[2], pods[3]}, "ebpf-local": {pods[2], pods[4]},
+	}, *rounds, *secs)
 	if err != nil {
 		return err
 	}
-	pt, nt := median(tput["pod"]), median(tput["node"])
-	pr, nr := median(rtt["pod"]), median(rtt["node"])
-	fmt.Fprintf(out, "datapath-bench: lab VPC segment (bridge with port security), pod on n1 -> pod on n2 vs node n1 -> node n2; iperf3 TCP %d s and sockperf TCP ping-pong %d s per round, %d alternating rounds, client on CPU 0, server on CPU 1; medians\n", *secs, *secs, *rounds)
-	// Both paths are CPU-bound on CPU 0 (sender and every softirq hop of
+	fmt.Fprintf(out, "datapath-bench: lab VPC segment (bridge with port security); node n1 -> node n2; veth: pod on n1 -> pod on n2; ebpf: pod on n3 -> pod on n4; ebpf-local: pod -> pod on n3; iperf3 TCP, sockperf TCP ping-pong and TCP connect/request/response %d s each per round, %d alternating rounds, client on CPU 0, server on CPU 1; medians\n", *secs, *rounds)
+	// Every path is CPU-bound on CPU 0 (sender and every softirq hop of
 	// the data), so anything else running there moves the numbers; the
 	// load average says how busy the machine was.
 	fmt.Fprintf(out, "load average at start %s, at end %s (above ~1.5 the rounds scatter by several Gbit/s)\n", load0, loadAvg())
-	fmt.Fprintf(out, "pod->pod   %.2f Gbit/s  RTT %.1f us  (rounds: %v Gbit/s)\n", pt/1e9, pr, gbits(tput["pod"]))
-	fmt.Fprintf(out, "node->node %.2f Gbit/s  RTT %.1f us  (rounds: %v Gbit/s)\n", nt/1e9, nr, gbits(tput["node"]))
-	ratio, overhead := pt/nt, pr-nr
-	fmt.Fprintf(out, "targets: throughput %.2fx node (>= 0.95: %s), RTT %+.1f us (<= +3: %s)\n", ratio, met(ratio >= 0.95), overhead, met(overhead <= 3))
-	fmt.Fprintf(out, "datapath-bench: tput_ratio=%.2f rtt_overhead_us=%.1f\n", ratio, overhead)
+	nt, nr, nc := median(m.tput["node"]), median(m.rtt["node"]), median(m.crr["node"])
+	fmt.Fprintf(out, "%-11s %8s %8s %9s  %6s %6s %6s  %s\n", "path", "Gbit/s", "RTT us", "CRR/s", "tput", "rr", "crr", "(ratios vs node; throughput rounds in Gbit/s)")
+	ratios := map[string][3]float64{}
+	for _, k := range []string{"node", "veth", "ebpf", "ebpf-local"} {
+		t, r, c := median(m.tput[k]), median(m.rtt[k]), median(m.crr[k])
+		ratios[k] = [3]float64{t / nt, r / nr, c / nc}
+		fmt.Fprintf(out, "%-11s %8.2f %8.1f %9.0f  %5.2fx %5.2fx %5.2fx  %v\n", k, t/1e9, r, c, t/nt, r/nr, c/nc, gbits(m.tput[k]))
+	}
+	e, local := ratios["ebpf"], ratios["ebpf-local"]
+	fmt.Fprintf(out, "targets (mode ebpf, across nodes): throughput %.2fx node (>= 0.97: %s), TCP_RR latency %.2fx node (<= 1.05: %s); on one node: throughput %.2fx and latency %.2fx node (beats node: %s)\n",
+		e[0], met(e[0] >= 0.97), e[1], met(e[1] <= 1.05), local[0], local[1], met(local[0] > 1 && local[1] < 1))
+	// The line scripts read since the first bench (mode veth), unchanged.
+	v := ratios["veth"]
+	fmt.Fprintf(out, "datapath-bench: tput_ratio=%.2f rtt_overhead_us=%.1f\n", v[0], median(m.rtt["veth"])-nr)
+	fmt.Fprintf(out, "datapath-bench: mode=veth tput_ratio=%.2f rr_ratio=%.2f crr_ratio=%.2f\n", v[0], v[1], v[2])
+	fmt.Fprintf(out, "datapath-bench: mode=ebpf tput_ratio=%.2f rr_ratio=%.2f crr_ratio=%.2f\n", e[0], e[1], e[2])
 	return nil
 }
 
@@ -106,16 +121,25 @@ type end struct {
 	ip netip.Addr
 }
 
-// comparePaths measures each path (client -> server) with iperf3 and a
-// sockperf TCP ping-pong, in rounds that alternate the paths' order,
-// servers on CPU 1 and clients on CPU 0; it returns bits per second and
-// round trips in µs per path and round.
-func comparePaths(ctx context.Context, paths map[string][2]end, rounds, secs int) (tput, rtt map[string][]float64, err error) {
+// measures are per path and round: throughput in bits per second, TCP
+// request/response round trips in µs, connect/request/response
+// exchanges per second.
+type measures struct{ tput, rtt, crr map[string][]float64 }
+
+// comparePaths measures each path (client -> server) with iperf3, a
+// sockperf TCP ping-pong and a TCP connect/request/response loop, in
+// rounds that alternate the paths' order, servers on CPU 1 and clients on
+// CPU 0.
+func comparePaths(ctx context.Context, paths map[string][2]end, rounds, secs int) (_ measures, err error) {
 	var servers []*exec.Cmd
+	var closers []func()
 	defer func() {
 		for _, s := range servers {
 			_ = s.Process.Kill()
 			_ = s.Wait()
+		}
+		for _, c := range closers {
+			c()
 		}
 	}()
 	names := slices.Sorted(maps.Keys(paths))
@@ -127,13 +151,18 @@ func comparePaths(ctx context.Context, paths map[string][2]end, rounds, secs int
 		} {
 			cmd := exec.Command("ip", append([]string{"netns", "exec", e.ns, "taskset", "-c", "1"}, argv...)...)
 			if err := cmd.Start(); err != nil {
-				return nil, nil, err
+				return measures{}, err
 			}
 			servers = append(servers, cmd)
 		}
+		stop, err := crrServer(e.ns, netip.AddrPortFrom(e.ip, crrPort), 1)
+		if err != nil {
+			return measures{}, fmt.Errorf("%s CRR server: %w", k, err)
+		}
+		closers = append(closers, stop)
 	}
 	time.Sleep(500 * time.Millisecond) // the servers bind
-	tput, rtt = map[string][]float64{}, map[string][]float64{}
+	m := measures{tput: map[string][]float64{}, rtt: map[string][]float64{}, crr: map[string][]float64{}}
 	for r := range rounds {
 		order := slices.Clone(names)
 		if r%2 == 1 {
@@ -143,17 +172,22 @@ func comparePaths(ctx context.Context, paths map[string][2]end, rounds, secs int
 			from, to := paths[k][0], paths[k][1]
 			bps, err := iperf(ctx, from.ns, to.ip, secs)
 			if err != nil {
-				return nil, nil, fmt.Errorf("%s iperf3: %w", k, err)
+				return measures{}, fmt.Errorf("%s iperf3: %w", k, err)
 			}
 			us, err := sockperfRTT(ctx, from.ns, to.ip, secs)
 			if err != nil {
-				return nil, nil, fmt.Errorf("%s sockperf: %w", k, err)
+				return measures{}, fmt.Errorf("%s sockperf: %w", k, err)
 			}
-			tput[k] = append(tput[k], bps)
-			rtt[k] = append(rtt[k], us)
+			rate, err := crrRate(ctx, from.ns, netip.AddrPortFrom(to.ip, crrPort), secs, 0)
+			if err != nil {
+				return measures{}, fmt.Errorf("%s connect/request/response: %w", k, err)
+			}
+			m.tput[k] = append(m.tput[k], bps)
+			m.rtt[k] = append(m.rtt[k], us)
+			m.crr[k] = append(m.crr[k], rate)
 		}
 	}
-	return tput, rtt, nil
+	return m, nil
 }
 
 // loadAvg is the 1-minute load average ("?" if unreadable).

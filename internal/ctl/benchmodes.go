@@ -141,12 +141,12 @@ func benchMode(mode string, pods, rounds, secs int) (r modeResult, err error) {
 		}
 	}
 	nodes := [2]end{{ns: st.Nodes[0].NS, ip: st.Nodes[0].IP}, {ns: st.Nodes[1].NS, ip: st.Nodes[1].IP}}
-	tput, rtt, err := comparePaths(ctx, map[string][2]end{"pod": {first[0], first[1]}, "node": nodes}, rounds, secs)
+	m, err := comparePaths(ctx, map[string][2]end{"pod": {first[0], first[1]}, "node": nodes}, rounds, secs)
 	if err != nil {
 		return r, err
 	}
-	r.podTput, r.nodeTput = median(tput["pod"]), median(tput["node"])
-	r.podRTT, r.nodeRTT = median(rtt["pod"]), median(rtt["node"])
+	r.podTput, r.nodeTput = median(m.tput["pod"]), median(m.tput["node"])
+	r.podRTT, r.nodeRTT = median(m.rtt["pod"]), median(m.rtt["node"])
 	return r, nil
 }
 

@@ -51,7 +51,7 @@ func labCmd(args []string, out io.Writer) error {
 	subnet := fs.String("subnet", "10.90.0.0/24", "the tenant subnet")
 	agents := fs.Bool("agents", true, "run vpcnid on every node (false: none, e.g. for a real Kubernetes node whose DaemonSet runs it)")
 	var nc labNodeConfig
-	fs.StringVar(&nc.Datapath, "datapath", "veth", "the agents' datapath mode")
+	fs.StringVar(&nc.Datapath, "datapath", "veth", "the agents' datapath mode, or one per node: veth,veth,ebpf (the last one for the nodes after)")
 	fs.StringVar(&nc.ProviderMode, "provider-mode", "fixed-ips", "the agents' openstack provider mode (macvlan and bridge need address-pairs)")
 	if err := parseFlags(fs, args[1:]); err != nil {
 		return err
@@ -172,7 +172,8 @@ func labServe(prefix string, nodes int, subnet string, agents bool, nc labNodeCo
 	defer l.Close()
 	dir := labDir(prefix)
 	st := labState{Prefix: prefix, URL: l.URL, SubnetID: l.SubnetID, Router: l.Router, Legacy: l.Legacy}
-	for _, n := range l.Nodes {
+	modes := strings.Split(cmp.Or(nc.Datapath, "veth"), ",")
+	for i, n := range l.Nodes {
 		if !agents {
 			st.Nodes = append(st.Nodes, labNodeRef{Host: n})
 			continue
@@ -181,7 +182,7 @@ func labServe(prefix string, nodes int, subnet string, agents bool, nc labNodeCo
 		cfg.NodeName = n.Name
 		cfg.SocketPath = filepath.Join(dir, n.Name, "vpcnid.sock")
 		cfg.StateDir = filepath.Join(dir, n.Name, "state")
-		cfg.Datapath = config.Datapath{Mode: cmp.Or(nc.Datapath, "veth")}
+		cfg.Datapath = config.Datapath{Mode: modes[min(i, len(modes)-1)]}
 		// The lab serves Nova's os-interface beside Neutron: the NIC modes
 		// (passthrough, secondary NICs) attach ports through it.
 		cfg.Provider = config.Provider{Type: "openstack", Settings: &openstack.Config{

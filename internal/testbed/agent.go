@@ -17,6 +17,8 @@ import (
 	"github.com/vpcni/vpcni/internal/api"
 	_ "github.com/vpcni/vpcni/internal/builtin" // the modes and providers cfg names
 	"github.com/vpcni/vpcni/internal/config"
+	"github.com/vpcni/vpcni/internal/datapath/ebpf"
+	"github.com/vpcni/vpcni/internal/datapath/veth"
 	"github.com/vpcni/vpcni/internal/provider/static"
 )
 
@@ -150,6 +152,7 @@ func StartAgentIn(runDir, ns, binDir string, cfg config.Config) (*Agent, error) 
 // LaunchAgentIn is StartAgentIn without the wait. Its log is appended to,
 // so an earlier run's lines stay before the new ones.
 func LaunchAgentIn(runDir, ns, binDir string, cfg config.Config) (*Agent, error) {
+	routedMode(&cfg)
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -208,4 +211,20 @@ func (a *Agent) State() (*api.State, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	return &st, a.Client.Do(ctx, api.PathState, nil, &st)
+}
+
+// RoutedModeEnv, set to "ebpf", runs every agent a test configures in
+// mode veth in mode ebpf instead (its GARP setting kept): make
+// e2e-lab-ebpf runs the whole lab e2e so.
+const RoutedModeEnv = "VPCNI_ROUTED_MODE"
+
+func routedMode(cfg *config.Config) {
+	if os.Getenv(RoutedModeEnv) != ebpf.Mode || cfg.Datapath.Mode != "veth" {
+		return
+	}
+	s := &ebpf.Settings{}
+	if vs, ok := cfg.Datapath.Settings.(*veth.Settings); ok {
+		s.GARP = vs.GARP
+	}
+	cfg.Datapath = config.Datapath{Mode: ebpf.Mode, Settings: s}
 }
