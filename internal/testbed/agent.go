@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -146,7 +147,31 @@ func StartAgentIn(runDir, ns, binDir string, cfg config.Config) (*Agent, error) 
 		_ = a.Kill()
 		return nil, err
 	}
+	if err := checkRoutedMode(a, cfg); err != nil {
+		_ = a.Kill()
+		return nil, err
+	}
 	return a, nil
+}
+
+// checkRoutedMode makes sure an agent RoutedModeEnv switched to mode ebpf
+// runs its fast path: a run of the lab e2e in that mode that silently fell
+// back would prove nothing.
+func checkRoutedMode(a *Agent, cfg config.Config) error {
+	routedMode(&cfg)
+	if os.Getenv(RoutedModeEnv) == "" || cfg.Datapath.Mode != ebpf.Mode {
+		return nil
+	}
+	log, err := os.ReadFile(a.LogPath)
+	if err != nil {
+		return err
+	}
+	// The log is appended to across restarts: the latest word counts.
+	if loaded := strings.LastIndex(string(log), "ebpf fast path loaded"); loaded < 0 || loaded < strings.LastIndex(string(log), "ebpf fast path unavailable") {
+		return fmt.Errorf("%s=%s: vpcnid in %s did not load its fast path:\n%s", RoutedModeEnv, ebpf.Mode, cfg.NodeName, log)
+	}
+	fmt.Printf("vpcni-test: %s=%s: vpcnid on %s runs mode ebpf, fast path loaded\n", RoutedModeEnv, ebpf.Mode, cfg.NodeName)
+	return nil
 }
 
 // LaunchAgentIn is StartAgentIn without the wait. Its log is appended to,

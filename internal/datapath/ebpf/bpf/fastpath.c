@@ -93,15 +93,15 @@ struct {
 } stats SEC(".maps");
 
 // The kernel's struct bpf_ct_opts (net/netfilter/nf_conntrack_bpf.c),
-// which no uapi header carries; its size is what the kfunc checks.
+// which no uapi header carries, in its first, 12-byte form: every kernel
+// with the kfunc (5.18+) takes it; the zone fields added later are not
+// needed here.
 struct bpf_ct_opts {
 	__s32 netns_id;
 	__s32 error;
 	__u8 l4proto;
 	__u8 dir;
-	__u16 ct_zone_id;
-	__u8 ct_zone_dir;
-	__u8 reserved[3];
+	__u8 reserved[2];
 };
 
 // Only status is read, relocated against the running kernel's BTF.
@@ -119,6 +119,7 @@ extern void bpf_ct_release(struct nf_conn *ct) __ksym;
 #define IP_OFFSET 0x1fff
 #define BPF_F_CURRENT_NETNS (-1)
 #define AF_INET 2
+#define ENOENT 2
 
 static __always_inline int count(enum stat s, int verdict)
 {
@@ -155,8 +156,11 @@ static __always_inline struct iphdr *parse(struct __sk_buff *skb, struct bpf_soc
 	return ip;
 }
 
-// natted says whether conntrack holds the packet's connection with NAT
-// on it: then only the stack can rewrite the packet (un-DNAT a reply).
+// natted says whether the packet must go through the stack for NAT:
+// conntrack holds its connection with NAT on it (only the stack can
+// rewrite it, e.g. un-DNAT a reply), or the lookup itself failed for
+// another reason than "no such connection", when the stack is the safe
+// way.
 static __always_inline int natted(struct __sk_buff *skb, struct bpf_sock_tuple *t, __u8 proto)
 {
 	struct bpf_ct_opts opts = {.netns_id = BPF_F_CURRENT_NETNS, .l4proto = proto};
@@ -164,7 +168,7 @@ static __always_inline int natted(struct __sk_buff *skb, struct bpf_sock_tuple *
 	int nat;
 
 	if (!ct)
-		return 0;
+		return opts.error != -ENOENT;
 	nat = (ct->status & (IPS_SRC_NAT | IPS_DST_NAT)) != 0;
 	bpf_ct_release(ct);
 	return nat;
