@@ -210,6 +210,12 @@ func (a *Agent) State() (*api.State, error) {
 		StartedAt:   a.started.UTC().Format(time.RFC3339),
 		StoreSchema: store.Schema,
 	}
+	if f, ok := a.dp.(fastPather); ok {
+		st.FastPath = "on"
+		if fp := f.FastPath(); !fp.Active {
+			st.FastPath = "off: " + fp.Reason
+		}
+	}
 	for _, r := range records {
 		st.Allocations = append(st.Allocations, *r)
 	}

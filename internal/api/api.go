@@ -88,12 +88,15 @@ type State struct {
 	Degraded bool   `json:"degraded,omitempty"`
 	Provider string `json:"provider"`
 	// ProviderPort is the cloud port the node's pod addresses live on.
-	ProviderPort string             `json:"providerPort,omitempty"`
-	Datapath     string             `json:"datapath"`
-	Uplink       string             `json:"uplink"`
-	MTU          int                `json:"mtu"`
-	Pool         PoolState          `json:"pool"`
-	Allocations  []alloc.Allocation `json:"allocations"`
+	ProviderPort string `json:"providerPort,omitempty"`
+	Datapath     string `json:"datapath"`
+	// FastPath is the datapath's kernel fast path, for a mode that has
+	// one (ebpf): "on", or "off: <why>".
+	FastPath    string             `json:"fastPath,omitempty"`
+	Uplink      string             `json:"uplink"`
+	MTU         int                `json:"mtu"`
+	Pool        PoolState          `json:"pool"`
+	Allocations []alloc.Allocation `json:"allocations"`
 	// Health is the last probe of each allocation's datapath, by its key
 	// (container/ifname); missing: not probed yet (or probes are off).
 	Health    map[string]PodHealth `json:"health,omitempty"`

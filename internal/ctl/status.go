@@ -190,8 +190,12 @@ func printState(out io.Writer, st *api.State) {
 	case st.Degraded:
 		health = "ready, DEGRADED: " + st.Reason
 	}
-	fmt.Fprintf(out, "node      %s\nagent     %s (since %s)\nprovider  %s\ndatapath  %s via %s, mtu %d\n",
-		st.Node, health, st.StartedAt, st.Provider, st.Datapath, st.Uplink, st.MTU)
+	fast := ""
+	if st.FastPath != "" {
+		fast = ", fast path " + st.FastPath
+	}
+	fmt.Fprintf(out, "node      %s\nagent     %s (since %s)\nprovider  %s\ndatapath  %s via %s, mtu %d%s\n",
+		st.Node, health, st.StartedAt, st.Provider, st.Datapath, st.Uplink, st.MTU, fast)
 	p := st.Pool
 	fmt.Fprintf(out, "pool      free %d, cooling %d, allocated %d, capacity %d\n", p.Free, p.Cooling, p.Allocated, p.Capacity)
 	if len(st.Allocations) == 0 {

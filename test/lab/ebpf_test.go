@@ -158,6 +158,11 @@ func TestEBPFLab(t *testing.T) {
 	if err := l.FabricErr(); err != nil {
 		t.Fatalf("fabric: %v", err)
 	}
+	if st, err := nodes[0].agent.State(); err != nil {
+		t.Error(err)
+	} else if st.FastPath != "on" {
+		t.Errorf("n1's state: fastPath %q, want on", st.FastPath)
+	}
 	scrape := metricsOf(t, n1)
 	if !strings.Contains(scrape, `vpcni_datapath_fastpath_active{mode="ebpf"} 1`) || !regexp.MustCompile(`vpcni_datapath_fastpath_packets_total\{action="neigh_out",mode="ebpf"\} [1-9]`).MatchString(scrape) {
 		t.Errorf("n1's metrics lack the fast path:\n%s", grepLines(scrape, "fastpath"))
@@ -273,6 +278,11 @@ func TestEBPFLab(t *testing.T) {
 			if err != nil || strings.Contains(out, "vpcni_") {
 				t.Errorf("after the fallback %s still runs a vpcni program: %q %v", dev, out, err)
 			}
+		}
+		if st, err := nodes[0].agent.State(); err != nil {
+			t.Error(err)
+		} else if !strings.HasPrefix(st.FastPath, "off: kernel BTF /nonexistent/vmlinux") {
+			t.Errorf("n1's state after the fallback: fastPath %q, want off with the reason", st.FastPath)
 		}
 		if m := metricsOf(t, n1); !strings.Contains(m, `vpcni_datapath_fastpath_active{mode="ebpf"} 0`) {
 			t.Errorf("n1's metrics do not say the fast path is off:\n%s", grepLines(m, "fastpath"))

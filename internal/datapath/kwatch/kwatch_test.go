@@ -9,6 +9,11 @@ import (
 	"testing"
 	"time"
 
+	bpf "github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
 	"github.com/vpcni/vpcni/internal/netnsutil"
 )
 
@@ -62,7 +67,9 @@ func TestWatch(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	expect := func(change, want string) {
+	// expectAlso waits for a kick naming want; kicks naming also (a
+	// consequence of the same change that may be seen first) are fine.
+	expectAlso := func(change, want, also string) {
 		t.Helper()
 		sh(change)
 		deadline := time.After(2 * time.Second)
@@ -72,11 +79,18 @@ func TestWatch(t *testing.T) {
 				if strings.Contains(got, want) {
 					return
 				}
+				if also != "" && strings.Contains(got, also) {
+					continue
+				}
 				t.Errorf("%s: unexpected kick %q (waiting for %q)", change, got, want)
 			case <-deadline:
 				t.Fatalf("%s: no kick naming %q within 2s", change, want)
 			}
 		}
+	}
+	expect := func(change, want string) {
+		t.Helper()
+		expectAlso(change, want, "")
 	}
 	// settle lets an entry found gone be asked about again, as it is for
 	// a few polls, and then expects silence.
@@ -127,12 +141,49 @@ func TestWatch(t *testing.T) {
 	expect("ip rule del pref 1536", "policy rule deleted")
 	expect("nft delete chain ip vpcni_kwt c", "chain in table vpcni_kwt")
 	expect("nft delete table ip vpcni_kwt", "nftables table vpcni_kwt deleted")
+	// A tc filter (mode ebpf's programs) and qdisc taken off a link of
+	// vpcni's; another link's filter is not vpcni's business.
+	tcFilter(t, ns, "vpcabc")
+	tcFilter(t, ns, "other")
+	quiet("tc filter del dev other ingress")
+	expect("tc filter del dev vpcabc ingress", "tc filter deleted on vpcabc")
+	tcFilter(t, ns, "vpcabc")
+	expect("tc qdisc del dev vpcabc clsact", "deleted on vpcabc")
+	settle("deleted on vpcabc")
 	expect("ip link set vpcabc down", "link vpcabc down")
 	// A port of vpcni's bridge taken off it.
 	sh("ip link add vbr type bridge", "ip link set vbr alias vpcni:bridge", "ip link set otherp master vbr")
 	expect("ip link set otherp nomaster", "link otherp master")
 	expect("ip link del vpcabc", "link vpcabc deleted")
 	quiet("ip link del other")
-	// Last: the uplink going down also takes its proxy entries with it.
-	expect("ip link set up0 down", "link up0 down")
+	// Last: the uplink going down also takes its proxy entries with it
+	// (the poll may see that first).
+	expectAlso("ip link set up0 down", "link up0 down", "proxy neighbour 10.9.0.78")
+}
+
+// tcFilter puts a tc BPF filter (a program that passes every packet) on
+// the link's ingress in the namespace, as mode ebpf does.
+func tcFilter(t *testing.T, ns, link string) {
+	t.Helper()
+	prog, err := bpf.NewProgram(&bpf.ProgramSpec{Type: bpf.SchedCLS, License: "GPL",
+		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 0), asm.Return()}})
+	if err != nil {
+		t.Fatalf("load a tc program: %v", err)
+	}
+	defer prog.Close() // the filter holds it
+	err = netnsutil.Do(netnsutil.Path(ns), func() error {
+		l, err := netlink.LinkByName(link)
+		if err != nil {
+			return err
+		}
+		q := &netlink.GenericQdisc{QdiscAttrs: netlink.QdiscAttrs{LinkIndex: l.Attrs().Index, Handle: netlink.MakeHandle(0xffff, 0), Parent: netlink.HANDLE_CLSACT}, QdiscType: "clsact"}
+		if err := netlink.QdiscReplace(q); err != nil {
+			return err
+		}
+		return netlink.FilterAdd(&netlink.BpfFilter{FilterAttrs: netlink.FilterAttrs{LinkIndex: l.Attrs().Index, Parent: netlink.HANDLE_MIN_INGRESS, Handle: 1, Priority: 1, Protocol: unix.ETH_P_ALL},
+			Fd: prog.FD(), Name: "kwt", DirectAction: true})
+	})
+	if err != nil {
+		t.Fatalf("tc filter on %s: %v", link, err)
+	}
 }
