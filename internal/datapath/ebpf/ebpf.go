@@ -117,20 +117,8 @@ func (s *Settings) Defaults() {
 
 // Validate implements datapath.Settings: every bad field at once.
 func (s *Settings) Validate() error {
-	errs := []error{s.Settings.Validate()}
-	for i, c := range s.FastCIDRs {
-		p, err := netip.ParsePrefix(c)
-		switch {
-		case err != nil:
-			errs = append(errs, fmt.Errorf("fastCIDRs[%d]: %q is not a CIDR", i, c))
-		case !p.Addr().Is4():
-			errs = append(errs, fmt.Errorf("fastCIDRs[%d]: %q: only IPv4 is supported so far", i, c))
-		case p.Masked() != p:
-			errs = append(errs, fmt.Errorf("fastCIDRs[%d]: %q has host bits set (did you mean %s?)", i, c, p.Masked()))
-		case p.Bits() == 0:
-			errs = append(errs, fmt.Errorf("fastCIDRs[%d]: %q would take every destination past the node's stack, its SNAT and firewall included", i, c))
-		}
-	}
+	errs := []error{s.Settings.Validate(),
+		svcpath.ValidateCIDRs("fastCIDRs", s.FastCIDRs, "would take every destination past the node's stack, its SNAT and firewall included")}
 	if !strings.HasPrefix(s.PinPath, "/") {
 		errs = append(errs, fmt.Errorf("pinPath: %q is not an absolute path", s.PinPath))
 	}

@@ -35,6 +35,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/google/nftables"
@@ -202,28 +203,38 @@ func keep[T any](ctx context.Context, w *watcher, what string, open func(ch chan
 
 // subscribeRules: the netlink library has no rule subscription; rules
 // are only watched for deletion, which needs nothing but the header.
-func subscribeRules(ch chan uint16, done <-chan struct{}, _ func(error)) error {
-	s, err := nl.Subscribe(unix.NETLINK_ROUTE, unix.RTNLGRP_IPV4_RULE)
-	if err != nil {
-		return err
-	}
-	go func() {
-		<-done
-		s.Close() // ends the Receive below
-	}()
-	go func() {
-		defer close(ch)
-		for {
-			msgs, _, err := s.Receive()
-			if err != nil {
-				return
-			}
-			for _, m := range msgs {
-				ch <- m.Header.Type
-			}
+func subscribeRules(ch chan uint16, done <-chan struct{}, onErr func(error)) error {
+	return subscribeGroup(unix.RTNLGRP_IPV4_RULE, func(m syscall.NetlinkMessage) (uint16, bool) { return m.Header.Type, true })(ch, done, onErr)
+}
+
+// subscribeGroup reports the messages of one rtnetlink group that pick
+// keeps, as pick turns them, until done.
+func subscribeGroup[T any](group uint, pick func(syscall.NetlinkMessage) (T, bool)) func(ch chan T, done <-chan struct{}, _ func(error)) error {
+	return func(ch chan T, done <-chan struct{}, _ func(error)) error {
+		s, err := nl.Subscribe(unix.NETLINK_ROUTE, group)
+		if err != nil {
+			return err
 		}
-	}()
-	return nil
+		go func() {
+			<-done
+			s.Close() // ends the Receive below
+		}()
+		go func() {
+			defer close(ch)
+			for {
+				msgs, _, err := s.Receive()
+				if err != nil {
+					return
+				}
+				for _, m := range msgs {
+					if v, ok := pick(m); ok {
+						ch <- v
+					}
+				}
+			}
+		}()
+		return nil
+	}
 }
 
 // tcChange is a tc notification: its type and the link it is about.
@@ -233,33 +244,14 @@ type tcChange struct {
 }
 
 // subscribeTC reports tc filter and qdisc deletions by link.
-func subscribeTC(ch chan tcChange, done <-chan struct{}, _ func(error)) error {
-	s, err := nl.Subscribe(unix.NETLINK_ROUTE, unix.RTNLGRP_TC)
-	if err != nil {
-		return err
+var subscribeTC = subscribeGroup(unix.RTNLGRP_TC, func(m syscall.NetlinkMessage) (tcChange, bool) {
+	t := m.Header.Type
+	// struct tcmsg: family, 3 bytes of padding, ifindex.
+	if (t != unix.RTM_DELTFILTER && t != unix.RTM_DELQDISC) || len(m.Data) < 8 {
+		return tcChange{}, false
 	}
-	go func() {
-		<-done
-		s.Close() // ends the Receive below
-	}()
-	go func() {
-		defer close(ch)
-		for {
-			msgs, _, err := s.Receive()
-			if err != nil {
-				return
-			}
-			for _, m := range msgs {
-				t := m.Header.Type
-				// struct tcmsg: family, 3 bytes of padding, ifindex.
-				if (t == unix.RTM_DELTFILTER || t == unix.RTM_DELQDISC) && len(m.Data) >= 8 {
-					ch <- tcChange{typ: t, ifindex: int32(nl.NativeEndian().Uint32(m.Data[4:8]))}
-				}
-			}
-		}
-	}()
-	return nil
-}
+	return tcChange{typ: t, ifindex: int32(nl.NativeEndian().Uint32(m.Data[4:8]))}, true
+})
 
 // subscribeNFT watches deletions only, in the namespace ns: additions
 // are vpcni's own or another program's, and neither takes anything from

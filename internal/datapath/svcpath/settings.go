@@ -28,18 +28,25 @@ func (s *Settings) Defaults() {
 
 // Validate names every bad Service CIDR.
 func (s *Settings) Validate() error {
+	return ValidateCIDRs("serviceCIDRs", s.ServiceCIDRs, "would send all of the pod's traffic through the node")
+}
+
+// ValidateCIDRs names every entry of a list of IPv4 CIDRs (the field
+// field of a mode's section) that is not one, has host bits set, or is
+// 0.0.0.0/0, which would do what everything says.
+func ValidateCIDRs(field string, list []string, everything string) error {
 	var errs []error
-	for i, c := range s.ServiceCIDRs {
+	for i, c := range list {
 		p, err := netip.ParsePrefix(c)
 		switch {
 		case err != nil:
-			errs = append(errs, fmt.Errorf("serviceCIDRs[%d]: %q is not a CIDR", i, c))
+			errs = append(errs, fmt.Errorf("%s[%d]: %q is not a CIDR", field, i, c))
 		case !p.Addr().Is4():
-			errs = append(errs, fmt.Errorf("serviceCIDRs[%d]: %q: only IPv4 is supported so far", i, c))
+			errs = append(errs, fmt.Errorf("%s[%d]: %q: only IPv4 is supported so far", field, i, c))
 		case p.Masked() != p:
-			errs = append(errs, fmt.Errorf("serviceCIDRs[%d]: %q has host bits set (did you mean %s?)", i, c, p.Masked()))
+			errs = append(errs, fmt.Errorf("%s[%d]: %q has host bits set (did you mean %s?)", field, i, c, p.Masked()))
 		case p.Bits() == 0:
-			errs = append(errs, fmt.Errorf("serviceCIDRs[%d]: %q would send all of the pod's traffic through the node", i, c))
+			errs = append(errs, fmt.Errorf("%s[%d]: %q %s", field, i, c, everything))
 		}
 	}
 	return errors.Join(errs...)
