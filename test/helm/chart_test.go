@@ -110,7 +110,7 @@ provider:
 datapath: {mode: macvlan, macvlan: {serviceCIDRs: [10.96.0.0/12]}}
 pool: {warmTarget: 4, addWait: 3s}
 agent:
-  hostPaths: {socketDir: /run/vpcni-other, cniBin: /opt/other/bin}
+  hostPaths: {socketDir: /run/vpcni-other, cniBin: /opt/other/bin, bpffs: /run/other-bpffs}
 cloudSecret: {create: false, name: my-cloud}
 controller:
   replicas: 1
@@ -152,6 +152,7 @@ controller:
 		"cni-bin":    "/opt/other/bin",
 		"socket-dir": "/run/vpcni-other",
 		"cni-conf":   "/etc/cni/net.d",
+		"bpffs":      "/run/other-bpffs",
 	} {
 		var got any
 		switch name {
