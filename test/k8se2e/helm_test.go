@@ -154,7 +154,7 @@ func (n *node) writeValues(warmTarget int) string {
 			},
 			"hostPaths": map[string]any{
 				"cniBin": n.env["VPCNI_K8S_CNI_BIN_DIR"], "cniConf": n.env["VPCNI_K8S_CNI_CONF_DIR"],
-				"socketDir": hostSocketDir, "stateDir": hostStateDir,
+				"socketDir": hostSocketDir, "stateDir": hostStateDir, "bpffs": hostBPFDir,
 			},
 		},
 		"controller": map[string]any{"releaseGrace": "5s", "extraArgs": []string{"--lease-duration=6s"}},

@@ -44,6 +44,13 @@ const (
 	// patched away from /run/vpcni and /var/lib/vpcni).
 	hostSocketDir = "/run/vpcni-k8s-e2e"
 	hostStateDir  = "/var/tmp/vpcni-k8s/vpcni-state"
+	// hostBPFDir stands in for the node's /sys/fs/bpf (the DaemonSet's
+	// bpffs hostPath): a directory of the test's own, made a shared mount,
+	// on which the init container mounts the BPF filesystem as it would on
+	// /sys/fs/bpf. Not the machine's /sys/fs/bpf: here /sys is a private
+	// mount, which the runtime refuses to propagate, and the pins of other
+	// runs must not meet these.
+	hostBPFDir = "/run/vpcni-k8s-e2e-bpffs"
 )
 
 var (
@@ -167,6 +174,7 @@ func upNode(t *testing.T) *node {
 		t.Fatal(err)
 	}
 
+	sharedBPFDir(t)
 	t.Cleanup(func() {
 		if t.Failed() {
 			n.dumpOnFailure()
@@ -192,6 +200,27 @@ func upNode(t *testing.T) *node {
 	}
 	mustRun(t, nil, "bash", script, "import", filepath.Join(binDir, "vpcni-image.tar"))
 	return n
+}
+
+// sharedBPFDir makes hostBPFDir a shared mount of its own (bound onto
+// itself), so that the BPF filesystem the DaemonSet's init container
+// mounts there (propagation Bidirectional) is the host's, and the agent's
+// container sees it (HostToContainer). It goes, with the pins on it, once
+// the node is down (cleanups run last-registered first).
+func sharedBPFDir(t *testing.T) {
+	// A run killed before its cleanup left its mounts: start afresh.
+	_, _ = run(t, nil, "umount", "-R", hostBPFDir)
+	if err := os.MkdirAll(hostBPFDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	mustRun(t, nil, "mount", "--bind", hostBPFDir, hostBPFDir)
+	t.Cleanup(func() {
+		if _, err := run(t, nil, "umount", "-R", hostBPFDir); err != nil {
+			t.Errorf("unmount %s: %v", hostBPFDir, err)
+		}
+		_ = os.Remove(hostBPFDir)
+	})
+	mustRun(t, nil, "mount", "--make-shared", hostBPFDir)
 }
 
 func lastLine(s string) string {
@@ -303,6 +332,12 @@ pool:
 	if n.prev != nil {
 		deploy, image = n.prev.deploy, n.prev.image
 	}
+	// This release mounts the node's /sys/fs/bpf (mode ebpf's pins); the
+	// previous one has no such volume to move.
+	bpffsVolume := ""
+	if n.prev == nil {
+		bpffsVolume = fmt.Sprintf("        - name: bpffs\n          hostPath: {path: %s, type: DirectoryOrCreate}\n", hostBPFDir)
+	}
 	mustRun(n.t, nil, "cp", "-r", deploy, filepath.Join(dir, "deploy"))
 	ov := filepath.Join(dir, "overlay")
 	if err := os.Mkdir(ov, 0o755); err != nil {
@@ -348,7 +383,7 @@ spec:
           hostPath: {path: %s, type: DirectoryOrCreate}
         - name: state-dir
           hostPath: {path: %s, type: DirectoryOrCreate}
-`, n.env["VPCNI_K8S_CNI_BIN_DIR"], n.env["VPCNI_K8S_CNI_CONF_DIR"], hostSocketDir, hostStateDir),
+%s`, n.env["VPCNI_K8S_CNI_BIN_DIR"], n.env["VPCNI_K8S_CNI_CONF_DIR"], hostSocketDir, hostStateDir, bpffsVolume),
 		"vpcnid.yaml": fmt.Sprintf(`socketPath: /run/vpcni/vpcnid.sock
 stateDir: /var/lib/vpcni
 metricsAddr: 127.0.0.1:19695
@@ -615,7 +650,9 @@ func TestKubernetesNode(t *testing.T) {
 	t.Run("setup-failure-event", func(t *testing.T) { checkFailureEvent(t, n) })
 	t.Run("controller-releases-orphans", func(t *testing.T) { checkOrphans(t, n) })
 	t.Run("ip-capacity", func(t *testing.T) { checkIPCapacity(t, n) })
-	// Last: it drains the node and switches its datapath.
+	t.Run("ebpf-mode", func(t *testing.T) { checkEBPFMode(t, n) })
+	// Last: it drains the node and switches its datapath (and so also
+	// takes mode ebpf's programs off, the Clear of every other mode).
 	t.Run("macvlan-mode", func(t *testing.T) { checkMacvlanMode(t, n) })
 }
 
@@ -694,6 +731,14 @@ func checkMacvlanMode(t *testing.T, n *node) {
 		}
 		return st.Datapath == "macvlan" && st.Ready, fmt.Sprintf("datapath %q ready %v", st.Datapath, st.Ready)
 	})
+	// The ebpf-mode check ran before: the macvlan agent's start took that
+	// mode's program off the uplink (its Clear), or it would redirect into
+	// host veths no one keeps.
+	if st, err := n.agentState(); err != nil {
+		t.Fatal(err)
+	} else if out := ingressFilters(t, st.Uplink); strings.Contains(out, "vpcni_") {
+		t.Errorf("mode ebpf's program is still on the uplink %s in macvlan mode:\n%s", st.Uplink, out)
+	}
 	n.mustKubectl("-n", "vpcni-system", "scale", "deployment/vpcni-controller", "--replicas=2")
 	n.apply(fmt.Sprintf(webManifest, 4, n.env["VPCNI_K8S_BUSYBOX_IMAGE"]))
 	web := n.waitReady("default", "app=web", 4, 3*time.Minute)
