@@ -3,10 +3,14 @@ package k8se2e
 import (
 	"fmt"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // checkEBPFMode proves datapath mode ebpf through the DaemonSet, with
@@ -45,6 +49,16 @@ func checkEBPFMode(t *testing.T, n *node) {
 	log := n.mustKubectl("-n", "vpcni-system", "logs", agent, "-c", "vpcnid")
 	if strings.Contains(log, "ebpf fast path unavailable") || !strings.Contains(log, "ebpf fast path loaded") {
 		t.Fatalf("the agent in the DaemonSet did not load the fast path:\n%s", log)
+	}
+	// The pins are the host's, so they outlive the agent's container: the
+	// init container's BPF filesystem reached the host (Bidirectional), and
+	// the agent pinned there (HostToContainer), not on one of its own.
+	var fs unix.Statfs_t
+	if err := unix.Statfs(hostBPFDir, &fs); err != nil || uint32(fs.Type) != unix.BPF_FS_MAGIC {
+		t.Errorf("%s on the host is not a BPF filesystem (type %#x, %v): the init container's mount did not propagate", hostBPFDir, fs.Type, err)
+	}
+	if _, err := os.Stat(filepath.Join(hostBPFDir, "vpcni", "pods")); err != nil {
+		t.Errorf("the agent's pods map is not pinned on the host's BPF filesystem: %v", err)
 	}
 	// The overlay scaled the controller (on the pod network) to 0 while the
 	// agent rolled; back, its webhook makes the hostPort pod below request
