@@ -42,6 +42,9 @@ func checkEBPFMode(t *testing.T, n *node) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if st.FastPath != "on" {
+		t.Errorf("/v1/state: fastPath %q, want on", st.FastPath)
+	}
 	if out := ingressFilters(t, st.Uplink); !strings.Contains(out, "vpcni_uplink") {
 		t.Errorf("no vpcni_uplink program on the uplink %s's tc ingress:\n%s", st.Uplink, out)
 	}
