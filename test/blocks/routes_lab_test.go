@@ -162,13 +162,19 @@ func TestRoutedPodSubnetOnTheLab(t *testing.T) {
 		return nil
 	})
 	t.Logf("pods %v reached from the legacy VM %s after the second ADD", pods, time.Since(t0).Round(time.Millisecond))
-	_, items := nodeBlocks(t)
-	for _, nb := range items {
-		c := meta.FindStatusCondition(nb.Status.Conditions, v1alpha1.ConditionRouted)
-		if c == nil || c.Status != metav1.ConditionTrue {
-			t.Errorf("NodeBlock %s: Routed %+v", nb.Name, c)
+	// The route can carry traffic before the controller has written the
+	// Routed condition (its status update follows the router's answer):
+	// wait for the condition rather than read it once.
+	waitFor(t, 20*time.Second, "every NodeBlock Routed", func() error {
+		_, items := nodeBlocks(t)
+		for _, nb := range items {
+			c := meta.FindStatusCondition(nb.Status.Conditions, v1alpha1.ConditionRouted)
+			if c == nil || c.Status != metav1.ConditionTrue {
+				return fmt.Errorf("NodeBlock %s: Routed %+v", nb.Name, c)
+			}
 		}
-	}
+		return nil
+	})
 	// vpcnictl trace on each node, with the controller's cloud file, sees
 	// the block's route on the router via that node and its pair on the
 	// node's VM port.
