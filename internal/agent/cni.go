@@ -52,10 +52,10 @@ type netConf struct {
 // before anything is allocated.
 // (info is asked only then: some modes read the node's links for it.)
 func checkBandwidth(conf *netConf, info func() datapath.Info) *api.Error {
-	bw := conf.RuntimeConfig.Bandwidth
-	if bw == nil || (bw.IngressRate == 0 && bw.EgressRate == 0) {
+	if !shaped(conf) {
 		return nil
 	}
+	bw := conf.RuntimeConfig.Bandwidth
 	dp := info()
 	if dp.PodVeth {
 		return nil
@@ -63,6 +63,12 @@ func checkBandwidth(conf *netConf, info func() datapath.Info) *api.Error {
 	return api.Errorf(api.CodeInvalidConfig,
 		fmt.Sprintf("datapath %s cannot limit a pod's bandwidth: the pod's interface is not a veth, so the bandwidth plugin has no node-side end to shape", dp.Mode),
 		fmt.Sprintf("the pod asks for ingress %d bit/s, egress %d bit/s (kubernetes.io/ingress-bandwidth, kubernetes.io/egress-bandwidth): remove those annotations, or run the node in datapath veth or bridge", bw.IngressRate, bw.EgressRate))
+}
+
+// shaped says the runtime asks the bandwidth plugin to limit the pod.
+func shaped(conf *netConf) bool {
+	bw := conf.RuntimeConfig.Bandwidth
+	return bw != nil && (bw.IngressRate > 0 || bw.EgressRate > 0)
 }
 
 var containerIDRe = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$`)
@@ -185,6 +191,7 @@ func (a *Agent) add(ctx context.Context, req *api.CNIRequest) (*types100.Result,
 	rec = &alloc.Allocation{
 		ContainerID: req.ContainerID, IfName: req.IfName, Network: conf.Name, Netns: req.Netns, Lease: lease,
 		PodNamespace: podNS, PodName: podName, PodUID: podUID, Requested: want.IsValid() || sticky, Created: time.Now().UTC(),
+		Shaped: shaped(conf),
 	}
 	a.wiring.RLock()
 	defer a.wiring.RUnlock()

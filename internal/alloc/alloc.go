@@ -71,6 +71,11 @@ type Allocation struct {
 	// DEL gives it straight back to the provider, without a cooldown, so
 	// the pod may take it on another node at once.
 	Requested bool `json:"requested,omitempty"`
+	// Shaped: the runtime asked to limit the pod's bandwidth, which the
+	// bandwidth plugin chained after vpcni does with qdiscs on the pod's
+	// host veth: a mode's fast path that would bypass them (ebpf) leaves
+	// such a pod on its plain path.
+	Shaped bool `json:"shaped,omitempty"`
 	// Wiring is what the datapath made (nil until a wiring was recorded:
 	// the ADD is in flight, or the record predates wirings).
 	Wiring *Wiring `json:"wiring,omitempty"`

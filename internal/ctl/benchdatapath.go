@@ -20,6 +20,7 @@ import (
 
 	types100 "github.com/containernetworking/cni/pkg/types/100"
 
+	"github.com/vpcni/vpcni/internal/api"
 	"github.com/vpcni/vpcni/internal/netnsutil"
 	"github.com/vpcni/vpcni/internal/testbed"
 )
@@ -60,6 +61,17 @@ func benchDatapath(args []string, out io.Writer) (err error) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
+	// n3 and n4 measure the fast path: one that fell back would print mode
+	// veth's figures on the ebpf line.
+	for _, n := range st.Nodes[2:] {
+		s, err := (&testbed.Agent{Client: api.NewClient(n.Socket)}).State()
+		if err != nil {
+			return err
+		}
+		if s.FastPath != "on" {
+			return fmt.Errorf("%s runs mode %s with its fast path %q: nothing to measure", n.Name, s.Datapath, s.FastPath)
+		}
+	}
 
 	// One pod on each node, and a second one on n3.
 	var pods []end

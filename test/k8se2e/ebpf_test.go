@@ -20,7 +20,8 @@ import (
 // adopted (their map entries and host veth programs); the controller's
 // pods and the hostPort pod are new ones, wired in this mode. Then
 // pod -> pod, pod -> ClusterIP, legacy VM -> pod, legacy VM -> hostPort and
-// legacy VM -> NodePort answer, and the agent's own counters show that the
+// legacy VM -> NodePort answer, a pod with bandwidth limits is shaped to
+// them (it stays on the routed path), and the agent's own counters show that the
 // fast path carried the pods' traffic past the stack (peer_from_uplink,
 // peer_local, neigh_out) while the Service and the NATed connections went
 // through it (pass_service, pass_nat). A fallback to the plain path
@@ -79,6 +80,11 @@ func checkEBPFMode(t *testing.T, n *node) {
 	checkLegacyToPods(t, web)
 	checkHostPort(t, n)
 	checkNodePort(t, n, web)
+	// A pod with bandwidth limits stays on the routed path, where the
+	// bandwidth plugin's qdiscs on its host veth shape it (the fast path
+	// would bypass them, and its clsact would keep the plugin's ingress
+	// qdisc off the link).
+	checkBandwidth(t, n)
 	after := fastPathCounters(t)
 	if after.active != 1 {
 		t.Errorf("vpcni_datapath_fastpath_active{mode=\"ebpf\"} = %v, want 1", after.active)

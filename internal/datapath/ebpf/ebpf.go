@@ -18,8 +18,11 @@
 // When the programs cannot load (no BTF, an old kernel, a verifier that
 // refuses them, no BPF filesystem) the mode logs why, reports
 // vpcni_datapath_fastpath_active 0 and runs as plain veth — unless
-// require is set, when the agent refuses to start. It is never half on:
-// without the uplink's program nothing is attached anywhere.
+// require is set, when the agent refuses to start — and tries again every
+// retryEvery from its reconcile. At start it is never half on: the
+// uplink's program goes on first, and if anything fails nothing of the
+// fast path stays attached. A pod whose bandwidth is limited (the
+// bandwidth plugin's qdiscs on its host veth) stays on the routed path.
 //
 // Programs and maps are pinned under pinPath; the pods map (keyed by
 // address, holding the host veth's ifindex and both MACs) survives an
@@ -36,6 +39,7 @@ import (
 	"net/netip"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/vishvananda/netlink"
 
@@ -69,9 +73,10 @@ func init() {
 			return n
 		},
 		Uninstall: func(node datapath.Node, s datapath.Settings) error { return uninstall(node, s.(*Settings)) },
-		// Programs only: another mode's agent does not know this one's
-		// pin path, and pins alone act on nothing.
-		Clear: func(node datapath.Node) error { return clear(node.Uplink, "") },
+		// Programs, and the pins at the default path (another mode's
+		// agent does not know this one's settings): a later switch back
+		// must not start from a map that old.
+		Clear: func(node datapath.Node) error { return clear(node.Uplink, DefaultPinPath) },
 	})
 }
 
@@ -130,10 +135,14 @@ type Datapath struct {
 	*veth.Veth
 	log *slog.Logger
 
+	s   *Settings
+
 	mu sync.Mutex
 	fp *fastPath // nil: fell back to the plain routed path
 	// why the fast path is off (fp nil).
 	why string
+	// tried is when the fast path was last started.
+	tried time.Time
 }
 
 // New opens the routed veth mode and puts the fast path on it, or falls
@@ -147,26 +156,38 @@ func New(node datapath.Node, s *Settings) (*Datapath, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	d := &Datapath{Veth: v, log: log}
-	fp, err := start(v, s)
+	d := &Datapath{Veth: v, log: log, s: s}
+	if err := d.tryStart(); err != nil && s.Require {
+		_ = v.Close()
+		return nil, fmt.Errorf("ebpf fast path (datapath.ebpf.require is set): %w", err)
+	}
+	return d, nil
+}
+
+// retryEvery is how often a node that fell back tries the fast path again
+// (a kfunc's module loaded later, a BPF filesystem mounted).
+const retryEvery = time.Minute
+
+// tryStart loads and attaches the fast path, or falls back: off with
+// everything an earlier agent left, the reason kept and logged.
+func (d *Datapath) tryStart() error {
+	d.tried = time.Now()
+	fp, err := start(d.Veth, d.s)
 	if err != nil {
-		var le *loadError
-		if s.Require || !errors.As(err, &le) {
-			_ = v.Close()
-			return nil, fmt.Errorf("ebpf fast path: %w", err)
-		}
 		d.why = err.Error()
 		// An earlier agent's programs would act on pods with maps no one
 		// keeps current any more: off they come.
-		if cerr := clear(v.Uplink, s.PinPath); cerr != nil {
-			log.Warn("ebpf: could not take an earlier agent's programs off", "err", cerr)
+		if cerr := clear(d.Uplink, d.s.PinPath); cerr != nil {
+			d.log.Warn("ebpf: could not take an earlier agent's programs off", "err", cerr)
 		}
-		log.Warn("ebpf fast path unavailable: falling back to the plain routed veth path (pods work, through the node's stack); set datapath.ebpf.require to refuse this instead", "reason", err)
-		return d, nil
+		if !d.s.Require {
+			d.log.Warn("ebpf fast path unavailable: falling back to the plain routed veth path (pods work, through the node's stack); set datapath.ebpf.require to refuse this instead", "reason", err, "retry", retryEvery)
+		}
+		return err
 	}
-	d.fp = fp
-	log.Info("ebpf fast path loaded", "uplink", v.Uplink, "pinPath", s.PinPath)
-	return d, nil
+	d.fp, d.why = fp, ""
+	d.log.Info("ebpf fast path loaded", "uplink", d.Uplink, "pinPath", d.s.PinPath)
+	return nil
 }
 
 // start loads the programs, fills the prefix maps and puts the uplink's
@@ -185,6 +206,12 @@ func start(v *veth.Veth, s *Settings) (*fastPath, error) {
 	if err != nil {
 		return nil, err
 	}
+	// The pinned map may name veths gone since (pods deleted while no
+	// agent or another mode ran): a redirect to them would drop.
+	if err := fp.pruneStale(); err != nil {
+		fp.close()
+		return nil, fmt.Errorf("pods map: %w", err)
+	}
 	if err := setPrefixes(fp.services, s.CIDRs()); err != nil {
 		fp.close()
 		return nil, fmt.Errorf("services map: %w", err)
@@ -196,7 +223,7 @@ func start(v *veth.Veth, s *Settings) (*fastPath, error) {
 	// The uplink's program first: without it nothing else is attached.
 	if err := attach(fp.uplinkIdx, fp.uplink, progUplink); err != nil {
 		fp.close()
-		return nil, &loadError{err}
+		return nil, err
 	}
 	fp.attachedOnce = true
 	return fp, nil
@@ -266,10 +293,12 @@ func (d *Datapath) Close() error {
 // Setup implements datapath.Datapath: the routed wiring, then the pod in
 // the pods map and the program on its host veth. A pod on a secondary NIC
 // stays on the routed path (its traffic leaves by the NIC, which the
-// programs do not send out of).
+// programs do not send out of), and so does a shaped pod (the bandwidth
+// plugin's qdiscs on its host veth would be bypassed, and its ingress
+// qdisc cannot share the link with clsact).
 func (d *Datapath) Setup(ctx context.Context, a *alloc.Allocation) (alloc.Wiring, error) {
 	w, err := d.Veth.Setup(ctx, a)
-	if err != nil || a.NIC != nil {
+	if err != nil || a.NIC != nil || a.Shaped {
 		return w, err
 	}
 	d.mu.Lock()
@@ -277,7 +306,9 @@ func (d *Datapath) Setup(ctx context.Context, a *alloc.Allocation) (alloc.Wiring
 	if d.fp == nil {
 		return w, nil
 	}
-	if err := d.accelerate(a, w); err != nil {
+	if err := d.accelerate(a, w); errors.Is(err, errShaped) {
+		_ = d.fp.deletePod(a.Address)
+	} else if err != nil {
 		_ = d.fp.deletePod(a.Address)
 		_ = d.Veth.Teardown(ctx, a)
 		return alloc.Wiring{}, &datapath.SetupError{Step: "ebpf fast path", Err: err}
@@ -290,6 +321,9 @@ func (d *Datapath) accelerate(a *alloc.Allocation, w alloc.Wiring) error {
 	host, podIf := w.Interfaces[0], w.Interfaces[1]
 	link, err := netlink.LinkByName(host.Name)
 	if err != nil {
+		return err
+	}
+	if err := unshaped(link); err != nil {
 		return err
 	}
 	v, err := podEntry(link.Attrs().Index, podIf.MAC, host.MAC)

@@ -15,6 +15,8 @@ import (
 	"github.com/cilium/ebpf/btf"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/vpcni/vpcni/internal/datapath"
 )
 
 //go:generate sh bpf/build.sh
@@ -68,12 +70,6 @@ type fastPath struct {
 	attachedOnce bool
 }
 
-// loadError is why the fast path cannot run here: the mode falls back.
-type loadError struct{ err error }
-
-func (e *loadError) Error() string { return e.err.Error() }
-func (e *loadError) Unwrap() error { return e.err }
-
 // load loads the programs against the running kernel (its BTF at
 // kernelBTF, "" = /sys/kernel/btf/vmlinux) with their maps pinned in
 // pinDir, reusing the maps a previous agent pinned there when their shape
@@ -87,13 +83,13 @@ func load(kernelBTF, pinDir string, uplinkIdx int) (_ *fastPath, err error) {
 	var kernel *btf.Spec
 	if kernelBTF != "" {
 		if kernel, err = btf.LoadSpec(kernelBTF); err != nil {
-			return nil, &loadError{fmt.Errorf("kernel BTF %s: %w", kernelBTF, err)}
+			return nil, fmt.Errorf("kernel BTF %s: %w", kernelBTF, err)
 		}
 	} else if kernel, err = btf.LoadKernelSpec(); err != nil {
-		return nil, &loadError{fmt.Errorf("kernel BTF: %w (the kernel needs CONFIG_DEBUG_INFO_BTF)", err)}
+		return nil, fmt.Errorf("kernel BTF: %w (the kernel needs CONFIG_DEBUG_INFO_BTF)", err)
 	}
 	if err := ensureBPFFS(pinDir); err != nil {
-		return nil, &loadError{err}
+		return nil, err
 	}
 	for _, m := range spec.Maps {
 		m.Pinning = bpf.PinByName
@@ -111,9 +107,9 @@ func load(kernelBTF, pinDir string, uplinkIdx int) (_ *fastPath, err error) {
 	if err != nil {
 		var ve *bpf.VerifierError
 		if errors.As(err, &ve) {
-			return nil, &loadError{fmt.Errorf("the kernel's verifier refused the programs: %w", ve)}
+			return nil, fmt.Errorf("the kernel's verifier refused the programs: %w", ve)
 		}
-		return nil, &loadError{fmt.Errorf("load the programs: %w", err)}
+		return nil, fmt.Errorf("load the programs: %w", err)
 	}
 	fp := &fastPath{
 		uplink: coll.DetachProgram(progUplink), pod: coll.DetachProgram(progPod),
@@ -137,14 +133,14 @@ func load(kernelBTF, pinDir string, uplinkIdx int) (_ *fastPath, err error) {
 		// nothing holds it any more.
 		_ = os.Remove(path)
 		if err := p.Pin(path); err != nil {
-			return nil, &loadError{fmt.Errorf("pin %s: %w", path, err)}
+			return nil, fmt.Errorf("pin %s: %w", path, err)
 		}
 	}
 	if fp.uplinkID, err = progID(fp.uplink); err != nil {
-		return nil, &loadError{err}
+		return nil, err
 	}
 	if fp.podID, err = progID(fp.pod); err != nil {
-		return nil, &loadError{err}
+		return nil, err
 	}
 	if err := fp.config.Put(uint32(0), uint32(uplinkIdx)); err != nil {
 		return nil, fmt.Errorf("config map: %w", err)
@@ -342,6 +338,63 @@ func detach(linkIdx int) error {
 		Priority: filterPriority, Protocol: unix.ETH_P_ALL,
 	}}
 	if err := netlink.FilterDel(f); err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.EINVAL) {
+		return err
+	}
+	return nil
+}
+
+// pruneStale drops the entries of the pods map whose host veth is not
+// there any more as recorded (gone, or its ifindex now another link's).
+func (fp *fastPath) pruneStale() error {
+	entries, err := fp.podEntries()
+	if err != nil {
+		return err
+	}
+	for ip, v := range entries {
+		l, err := netlink.LinkByIndex(int(v.Ifindex))
+		if err == nil && l.Type() == "veth" && strings.HasPrefix(l.Attrs().Alias, datapath.AliasPrefix) && bytes.Equal(l.Attrs().HardwareAddr, v.HostMAC[:]) {
+			continue
+		}
+		if err := fp.deletePod(ip); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// errShaped: the host veth carries the bandwidth plugin's qdiscs.
+var errShaped = errors.New("the pod's bandwidth is limited on its host veth")
+
+// unshaped refuses a host veth with an ingress qdisc (the bandwidth
+// plugin's egress limit, which cannot share the link with clsact and
+// which a program ahead of it would bypass) or a tbf (its ingress limit,
+// which redirect_peer would skip).
+func unshaped(link netlink.Link) error {
+	qdiscs, err := netlink.QdiscList(link)
+	if err != nil {
+		return err
+	}
+	for _, q := range qdiscs {
+		if t := q.Type(); t == "ingress" || t == "tbf" {
+			return errShaped
+		}
+	}
+	return nil
+}
+
+// dropEmptyClsact deletes the link's clsact qdisc if it holds no filter.
+func dropEmptyClsact(linkIdx int) error {
+	link, err := netlink.LinkByIndex(linkIdx)
+	if err != nil {
+		return err
+	}
+	for _, parent := range []uint32{netlink.HANDLE_MIN_INGRESS, netlink.HANDLE_MIN_EGRESS} {
+		if fs, err := netlink.FilterList(link, parent); err != nil || len(fs) > 0 {
+			return err
+		}
+	}
+	q := &netlink.GenericQdisc{QdiscAttrs: netlink.QdiscAttrs{LinkIndex: linkIdx, Handle: netlink.MakeHandle(0xffff, 0), Parent: netlink.HANDLE_CLSACT}, QdiscType: "clsact"}
+	if err := netlink.QdiscDel(q); err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.EINVAL) {
 		return err
 	}
 	return nil

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/vishvananda/netlink"
 
@@ -20,7 +21,9 @@ import (
 // Reconcile implements datapath.Datapath: mode veth's reconcile, then the
 // fast path's pieces: the uplink's program, each accelerated pod's map
 // entry and host veth program, no map entry for an address that is not a
-// pod here (a stale entry would redirect into a veth that is gone).
+// pod here (a stale entry would redirect into a veth that is gone), no
+// program on a shaped pod's veth. A node that fell back tries the fast
+// path again every retryEvery.
 func (d *Datapath) Reconcile(ctx context.Context, want datapath.Desired) (datapath.Report, error) {
 	rep, err := d.Veth.Reconcile(ctx, want)
 	if err != nil {
@@ -28,6 +31,9 @@ func (d *Datapath) Reconcile(ctx context.Context, want datapath.Desired) (datapa
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	if d.fp == nil && d.why != "closed" && time.Since(d.tried) >= retryEvery {
+		_ = d.tryStart() // logs either way
+	}
 	if d.fp == nil {
 		return rep, nil
 	}
@@ -88,6 +94,14 @@ func (d *Datapath) sync(want datapath.Desired, rep *datapath.Report) error {
 		if !ok || link.Attrs().Alias != datapath.AliasPrefix+a.Key() {
 			continue // no veth: mode veth reported it Broken, the entry goes below
 		}
+		if a.Shaped || errors.Is(unshaped(link), errShaped) {
+			// Routed, so its bandwidth limits hold: no entry (below), no
+			// program of ours ahead of the plugin's.
+			if err := detachOurs(link.Attrs().Index, progPod); err != nil {
+				rep.Failed = append(rep.Failed, fmt.Sprintf("program on shaped %s: %v", link.Attrs().Name, err))
+			}
+			continue
+		}
 		keep[a.Address] = true
 		v, err := podEntry(link.Attrs().Index, w.Interfaces[1].MAC, w.Interfaces[0].MAC)
 		if err != nil {
@@ -129,10 +143,12 @@ func (d *Datapath) sync(want datapath.Desired, rep *datapath.Report) error {
 	return nil
 }
 
-// Check implements datapath.Datapath: mode veth's pieces and the fast
-// path's.
+// Check implements datapath.Datapath: mode veth's pieces only. A fast
+// path piece missing makes the pod slower, not broken — the reconcile
+// puts it back — so it must not make the agent re-wire the pod or call it
+// unhealthy; Trace shows it.
 func (d *Datapath) Check(ctx context.Context, a *alloc.Allocation) (alloc.Wiring, error) {
-	return veth.Wiring(a), datapath.Problems(d.Trace(ctx, a))
+	return d.Veth.Check(ctx, a)
 }
 
 // Trace implements datapath.Datapath: mode veth's hops, then the uplink's
@@ -142,6 +158,9 @@ func (d *Datapath) Trace(ctx context.Context, a *alloc.Allocation) []datapath.Ho
 	hops := d.Veth.Trace(ctx, a)
 	if a.NIC != nil {
 		return append(hops, datapath.Hop{Where: datapath.HopNode, What: "ebpf fast path: not for a pod on a secondary NIC (routed by the stack)", State: datapath.HopOK})
+	}
+	if a.Shaped {
+		return append(hops, datapath.Hop{Where: datapath.HopNode, What: "ebpf fast path: not for a pod with bandwidth limits (routed by the stack, through the bandwidth plugin's qdiscs)", State: datapath.HopOK})
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -164,6 +183,9 @@ func (d *Datapath) Trace(ctx context.Context, a *alloc.Allocation) []datapath.Ho
 	link, err := netlink.LinkByName(hostIf)
 	if err != nil {
 		return hops // mode veth's hops say the veth is gone
+	}
+	if errors.Is(unshaped(link), errShaped) {
+		return append(hops, datapath.Hop{Where: datapath.HopNode, What: "ebpf fast path: not for " + hostIf + ", which carries bandwidth limits (routed by the stack)", State: datapath.HopOK})
 	}
 	want, err := podEntry(link.Attrs().Index, w.Interfaces[1].MAC, w.Interfaces[0].MAC)
 	var have pod
@@ -205,13 +227,18 @@ func clear(uplink, pinPath string) error {
 	return errors.Join(errs...)
 }
 
-// detachOurs removes vpcni's filter from a link if the one there is ours.
+// detachOurs removes vpcni's filter from a link if the one there is ours,
+// and the clsact qdisc with it when no filter is left on it (an empty
+// clsact would keep the bandwidth plugin's ingress qdisc off the link).
 func detachOurs(linkIdx int, name string) error {
 	id, err := attached(linkIdx, name)
 	if err != nil || id == 0 {
 		return err
 	}
-	return detach(linkIdx)
+	if err := detach(linkIdx); err != nil {
+		return err
+	}
+	return dropEmptyClsact(linkIdx)
 }
 
 // uninstall is clear with the node's settings (vpcnictl uninstall-cni).

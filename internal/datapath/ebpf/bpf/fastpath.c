@@ -14,7 +14,9 @@
 //
 // Everything else returns TC_ACT_OK and takes the routed path exactly as
 // in mode veth, which stays fully wired underneath: a packet the programs
-// do not know what to do with is never dropped, only slower. What must see
+// do not know what to do with is not dropped, only slower. (A redirect to
+// an ifindex that is gone would drop: the agent keeps the pods map to live
+// veths, pruning it before the uplink's program goes on.) What must see
 // netfilter does: Service CIDRs (kube-proxy DNATs them), and any packet of
 // a connection conntrack NATed (replies of a DNATed ClusterIP, NodePort or
 // hostPort connection), found with the bpf_skb_ct_lookup kfunc.
@@ -120,6 +122,7 @@ extern void bpf_ct_release(struct nf_conn *ct) __ksym;
 #define BPF_F_CURRENT_NETNS (-1)
 #define AF_INET 2
 #define ENOENT 2
+#define PACKET_HOST 0
 
 static __always_inline int count(enum stat s, int verdict)
 {
@@ -211,7 +214,9 @@ int vpcni_uplink(struct __sk_buff *skb)
 	struct pod *p;
 	__u8 proto;
 
-	if (!ip)
+	// A frame not addressed to the node (promiscuous mode, broadcast) or
+	// VLAN-tagged is the stack's to judge.
+	if (!ip || skb->pkt_type != PACKET_HOST || skb->vlan_present)
 		return TC_ACT_OK;
 	p = bpf_map_lookup_elem(&pods, &t.ipv4.daddr);
 	if (!p)
@@ -259,10 +264,13 @@ int vpcni_pod(struct __sk_buff *skb)
 	fib.ipv4_src = t.ipv4.saddr;
 	fib.ipv4_dst = t.ipv4.daddr;
 	fib.ifindex = skb->ingress_ifindex;
-	// tot_len 0: the kernel checks the MTU against the skb itself, GSO
-	// included.
+	// tot_len 0: on success the kernel checks the MTU against the skb
+	// itself, GSO included.
+	// Only a complete answer: without a neighbour entry the kernel skips
+	// its MTU check too, and the stack, given the packet, resolves the
+	// next hop for the packets after it.
 	rc = bpf_fib_lookup(skb, &fib, sizeof(fib), 0);
-	if ((rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH) || fib.ifindex != *uplink)
+	if (rc != BPF_FIB_LKUP_RET_SUCCESS || fib.ifindex != *uplink)
 		return count(STAT_PASS_OTHER, TC_ACT_OK);
 	if (forwarded(skb))
 		return count(STAT_PASS_OTHER, TC_ACT_OK);
