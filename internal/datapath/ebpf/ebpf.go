@@ -135,7 +135,7 @@ type Datapath struct {
 	*veth.Veth
 	log *slog.Logger
 
-	s   *Settings
+	s *Settings
 
 	mu sync.Mutex
 	fp *fastPath // nil: fell back to the plain routed path
