@@ -124,12 +124,20 @@ func TestCritestNetworking(t *testing.T) {
 		t.Fatalf("scripts/critest.sh build said %v", built)
 	}
 
-	// A crashed run's vpcnid first (by its recorded PID), then its store.
+	// A crashed run's leftovers: its node first, while its vpcnid (if it
+	// still runs) can answer the sandboxes' DEL; then that vpcnid, by its
+	// recorded PID, and its store. (A node another test left is taken
+	// down by `up` itself.)
+	if ns, _ := os.ReadFile(filepath.Join(fixtureState(), "run/netns")); strings.TrimSpace(string(ns)) == nodeNS {
+		if _, err := run(nil, "bash", k8sNode, "down"); err != nil {
+			t.Logf("a crashed run's node: %v", err)
+		}
+	}
 	if err := testbed.StopRecorded(runDir); err != nil {
 		t.Fatal(err)
 	}
 	_ = os.RemoveAll(runDir)
-	_ = os.RemoveAll(stateDir)
+	_ = os.RemoveAll(filepath.Dir(stateDir))
 
 	// Cleanups run last-registered first: the fixture goes down (its
 	// sandboxes' CNI DEL needs vpcnid), then vpcnid, then the lab.
@@ -156,7 +164,7 @@ func TestCritestNetworking(t *testing.T) {
 			t.Errorf("vpcnid: %v", err)
 		}
 		_ = os.RemoveAll(runDir)
-		_ = os.RemoveAll(stateDir)
+		_ = os.RemoveAll(filepath.Dir(stateDir))
 	})
 
 	t.Cleanup(func() {
@@ -480,6 +488,14 @@ func dumpAgentLog(t *testing.T, a *testbed.Agent) {
 		log = log[len(log)-8000:]
 	}
 	t.Logf("vpcnid log (tail):\n%s", log)
+}
+
+// fixtureState is scripts/k8s-node.sh's state dir.
+func fixtureState() string {
+	if d := os.Getenv("VPCNI_K8S_STATE"); d != "" {
+		return d
+	}
+	return "/var/tmp/vpcni-k8s"
 }
 
 func lastLine(s string) string {
