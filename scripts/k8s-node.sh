@@ -509,19 +509,20 @@ cmd_up() {
 	write_configs
 	log "pki and configs written ($NETNS, node $NODE_NAME at $NODE_IP)"
 
-	mkdir -p "$STATE/etcd"
-	start etcd etcd --name vpcni-k8s --data-dir "$STATE/etcd/data" \
-		--listen-client-urls http://127.0.0.1:2379 --advertise-client-urls http://127.0.0.1:2379 \
-		--listen-peer-urls http://127.0.0.1:2380 --initial-advertise-peer-urls http://127.0.0.1:2380 \
-		--initial-cluster vpcni-k8s=http://127.0.0.1:2380 --unsafe-no-fsync
-	start containerd containerd -c "$CTRD/config.toml"
 	if [ "$mode" = cri-only ]; then
+		start containerd containerd -c "$CTRD/config.toml"
 		wait_for 30 "containerd socket" ctr_ version
 		import_images
 		log "containerd up (CRI_ONLY: no control plane, no kubelet), images imported"
 		print_env
 		return
 	fi
+	mkdir -p "$STATE/etcd"
+	start etcd etcd --name vpcni-k8s --data-dir "$STATE/etcd/data" \
+		--listen-client-urls http://127.0.0.1:2379 --advertise-client-urls http://127.0.0.1:2379 \
+		--listen-peer-urls http://127.0.0.1:2380 --initial-advertise-peer-urls http://127.0.0.1:2380 \
+		--initial-cluster vpcni-k8s=http://127.0.0.1:2380 --unsafe-no-fsync
+	start containerd containerd -c "$CTRD/config.toml"
 	wait_for 30 "etcd healthy" sh -c "nsenter --net=/run/netns/$NETNS curl -fsS http://127.0.0.1:2379/health | grep -q true"
 	log "etcd healthy"
 
