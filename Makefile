@@ -11,7 +11,7 @@ LDFLAGS   := -s -w -X main.version=$(VERSION)
 GOBUILD   := CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)"
 PKG_TEST_TIMEOUT ?= 15m
 
-.PHONY: e2e-lab-ebpf all build image prev-image upgrade-e2e k8s-build k8s-fixture deps generate verify-generate helm test unit fuzz k8s-api integration e2e-neutron-agents e2e-nova e2e-k8s e2e-k8s-helm chaos lint demo bench clean
+.PHONY: e2e-lab-ebpf all build image prev-image upgrade-e2e k8s-build k8s-fixture deps generate verify-generate helm test unit fuzz k8s-api integration e2e-neutron-agents e2e-nova e2e-k8s e2e-k8s-helm critest chaos lint demo bench clean
 
 all: build
 
@@ -179,6 +179,17 @@ upgrade-e2e: build image prev-image k8s-build
 e2e-k8s-helm: build image k8s-build
 	bash scripts/helm.sh >/dev/null
 	VPCNI_REQUIRE_ROOT=1 VPCNI_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 20m -v -run 'TestHelmInstall' ./test/k8se2e 2>&1 | tee /tmp/vpcni-e2e-k8s-helm.log | $(TESTFILTER) ; exit $${PIPESTATUS[0]}
+
+# cri-tools' critest networking tests (unpatched, v1.36.0 as crictl) against
+# the fixture's containerd (CRI_ONLY) in a lab node with vpcnid and
+# deploy/10-vpcni.conflist (test/critest). Ends with `critest: passed=C/D`
+# and writes /var/tmp/vpcni-conformance/critest.result for make conformance.
+# Not in `make test`: a cold critest build is ~2-3 min. Holds the fixture's
+# lock: other runs of the fixture share its state dir.
+critest: build k8s-build
+	bash scripts/cni-plugins.sh $(BIN)/cni-plugins
+	bash scripts/critest.sh build >/dev/null
+	flock /tmp/vpcni-k8s.lock env VPCNI_REQUIRE_ROOT=1 VPCNI_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 15m -v ./test/critest 2>&1 | tee /tmp/vpcni-critest-run.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|vpcni-test:|^critest:' ; exit $${PIPESTATUS[0]}
 
 # The chaos test at length (make test runs it with 3 rounds).
 CHAOS_ROUNDS ?= 20

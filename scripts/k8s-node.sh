@@ -185,6 +185,11 @@ BRIDGE_SUBNET=${BRIDGE_SUBNET:-10.244.0.0/24}
 BRIDGE_NAME=vpcni-br0
 APISERVER_PORT=6443
 COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler containerd kubelet kube-proxy)
+# CRI_ONLY=1 up runs containerd alone (same config, CNI dirs and images):
+# for CRI clients such as critest, whose sandboxes a kubelet would kill as
+# orphans it never admitted (HandlePodCleanups, "Clean up containers for
+# orphaned pod we had not seen before").
+CRI_ONLY_COMPONENTS=(containerd)
 # The kubelet sets these host-wide sysctls (protectKernelDefaults: false);
 # `up` records them and `down` puts them back.
 KUBELET_SYSCTLS=(vm.overcommit_memory vm.panic_on_oom kernel.panic kernel.panic_on_oops kernel.keys.root_maxkeys kernel.keys.root_maxbytes)
@@ -457,9 +462,14 @@ apiserver_ready() {
 		"https://127.0.0.1:$APISERVER_PORT/readyz" | grep -qx ok
 }
 
+# wanted_components: what `up` starts in this mode; running_mode: the mode
+# the running node was started in.
+wanted_components() { if [ "${CRI_ONLY:-}" = 1 ]; then echo "${CRI_ONLY_COMPONENTS[@]}"; else echo "${COMPONENTS[@]}"; fi; }
+running_mode() { cat "$RUN/mode" 2>/dev/null || echo full; }
+
 all_running() {
 	local c
-	for c in "${COMPONENTS[@]}"; do [ -n "$(pid_of "$c")" ] || return 1; done
+	for c in $(wanted_components); do [ -n "$(pid_of "$c")" ] || return 1; done
 }
 
 cmd_up() {
@@ -467,7 +477,9 @@ cmd_up() {
 	[ -f "$CACHE/stamp" ] || die "nothing built for Kubernetes $K8S_VERSION: run $0 build first"
 	local id
 	id=$(netns_id "$NETNS")
-	if all_running && [ "$(cat "$RUN/netns-id" 2>/dev/null)" = "$id" ] && [ "$(recorded_netns)" = "$NETNS" ]; then
+	local mode=full
+	[ "${CRI_ONLY:-}" != 1 ] || mode=cri-only
+	if all_running && [ "$(running_mode)" = "$mode" ] && [ "$(cat "$RUN/netns-id" 2>/dev/null)" = "$id" ] && [ "$(recorded_netns)" = "$NETNS" ]; then
 		load_node
 		[ "${CNI:-}" != bridge ] || cni_bridge >/dev/null
 		log "already up in $NETNS"
@@ -488,6 +500,7 @@ cmd_up() {
 	for f in "$LOGS"/*.log; do [ -e "$f" ] && mv "$f" "$f.prev"; done
 	echo "$NETNS" >"$RUN/netns"
 	echo "$id" >"$RUN/netns-id"
+	echo "$mode" >"$RUN/mode"
 	printf 'NODE_NAME=%s\nNODE_IP=%s\n' "$NODE_NAME" "$NODE_IP" >"$RUN/node"
 	for s in "${KUBELET_SYSCTLS[@]}"; do echo "$s=$(sysctl -n "$s")"; done >"$RUN/sysctls"
 	for p in /var/log/containers /var/lib/cni; do [ ! -e "$p" ] || echo "$p"; done >"$RUN/preexisting"
@@ -496,6 +509,14 @@ cmd_up() {
 	write_configs
 	log "pki and configs written ($NETNS, node $NODE_NAME at $NODE_IP)"
 
+	if [ "$mode" = cri-only ]; then
+		start containerd containerd -c "$CTRD/config.toml"
+		wait_for 30 "containerd socket" ctr_ version
+		import_images
+		log "containerd up (CRI_ONLY: no control plane, no kubelet), images imported"
+		print_env
+		return
+	fi
 	mkdir -p "$STATE/etcd"
 	start etcd etcd --name vpcni-k8s --data-dir "$STATE/etcd/data" \
 		--listen-client-urls http://127.0.0.1:2379 --advertise-client-urls http://127.0.0.1:2379 \
@@ -519,10 +540,7 @@ cmd_up() {
 		--allow-privileged=true --profiling=false
 
 	wait_for 30 "containerd socket" ctr_ version
-	ctr_ images import "$CACHE/images/pause.tar" >/dev/null
-	ctr_ images import "$CACHE/images/busybox.tar" >/dev/null
-	[ ! -f "$CACHE/images/iperf3.tar" ] || ctr_ images import "$CACHE/images/iperf3.tar" >/dev/null
-	for f in ${IMAGES:-}; do ctr_ images import "$f" >/dev/null; done
+	import_images
 	log "containerd up, pause, busybox and iperf3 imported"
 	wait_for 90 "kube-apiserver ready" apiserver_ready
 	log "kube-apiserver ready"
@@ -552,6 +570,14 @@ cmd_up() {
 		log "node $NODE_NAME Ready"
 	fi
 	print_env
+}
+
+import_images() {
+	local f
+	ctr_ images import "$CACHE/images/pause.tar" >/dev/null
+	ctr_ images import "$CACHE/images/busybox.tar" >/dev/null
+	[ ! -f "$CACHE/images/iperf3.tar" ] || ctr_ images import "$CACHE/images/iperf3.tar" >/dev/null
+	for f in ${IMAGES:-}; do ctr_ images import "$f" >/dev/null; done
 }
 
 load_node() {
@@ -702,11 +728,13 @@ cmd_status() {
 	echo "netns      ${NETNS:-none}"
 	echo "node       ${NODE_NAME:-?} ${NODE_IP:-}"
 	echo "kubeconfig $ADMIN_KUBECONFIG (kubectl: $0 kubectl …)"
-	for c in "${COMPONENTS[@]}"; do
+	[ "$(running_mode)" != cri-only ] || CRI_ONLY=1
+	echo "mode       $(running_mode)"
+	for c in $(wanted_components); do
 		pid=$(pid_of "$c")
 		if [ -n "$pid" ]; then printf '%-24s pid %s\n' "$c" "$pid"; else printf '%-24s not running\n' "$c"; rc=1; fi
 	done
-	if ((rc == 0)); then
+	if ((rc == 0)) && [ "${CRI_ONLY:-}" != 1 ]; then
 		kubectl_ get nodes -o wide 2>&1 || true
 		kubectl_ get pods -A -o wide 2>&1 || true
 	fi
@@ -720,10 +748,11 @@ usage: scripts/k8s-node.sh build|up|down|status|env|cni bridge|import …|kubect
   build    install Debian packages if missing; build Kubernetes (one binary: kube-apiserver,
            kubelet, kube-controller-manager, kube-scheduler, kube-proxy, kubectl), crictl,
            the pause, busybox and iperf3 images. Cached in /var/cache/vpcni-k8s/<version>.
-  up       NETNS=<existing netns> [CNI=bridge] [IMAGES="a.tar b.tar"] [NODE_NAME=…] [NODE_IP=…] [WAIT_READY=1]
+  up       NETNS=<existing netns> [CNI=bridge] [IMAGES="a.tar b.tar"] [NODE_NAME=…] [NODE_IP=…] [WAIT_READY=1] [CRI_ONLY=1]
            run etcd, the control plane, containerd, kubelet and kube-proxy (iptables) in
            that network namespace; state in /var/tmp/vpcni-k8s. No CNI conflist unless
-           CNI=bridge: the node stays NotReady until a CNI installs one.
+           CNI=bridge: the node stays NotReady until a CNI installs one. CRI_ONLY=1: containerd
+           alone (for CRI clients such as critest; a kubelet would kill their sandboxes).
   down     stop everything by recorded PID, remove pods, mounts, cgroups and state (logs kept)
   status   what runs; exits 1 unless all of it does
   env      the interface as shell assignments (kubeconfig, kubectl, CNI dirs, images)
