@@ -239,8 +239,7 @@ type specResult struct{ name, state, message string }
 
 // readGinkgoReport reads ginkgo's JSON report: the specs that ran or were
 // skipped at run time. Specs the focus left out are reported as skipped
-// without a failure message and before the suite ran (no start time); they
-// are not counted.
+// too, but never attempted (NumAttempts 0); they are not counted.
 func readGinkgoReport(path string) ([]specResult, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
@@ -252,7 +251,7 @@ func readGinkgoReport(path string) ([]specResult, error) {
 			LeafNodeText            string
 			LeafNodeType            string
 			State                   string
-			StartTime               time.Time
+			NumAttempts             int
 			Failure                 *struct{ Message string }
 		}
 	}
@@ -269,7 +268,7 @@ func readGinkgoReport(path string) ([]specResult, error) {
 			if r.Failure != nil {
 				msg = strings.Join(strings.Fields(r.Failure.Message), " ")
 			}
-			if r.State == "skipped" && msg == "" && r.StartTime.IsZero() {
+			if r.State == "skipped" && r.NumAttempts == 0 {
 				continue // left out by the focus
 			}
 			if len(msg) > 300 {
