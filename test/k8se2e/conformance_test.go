@@ -53,14 +53,22 @@ func TestConformance(t *testing.T) {
 		_ = os.Remove(filepath.Join(results, f))
 	}
 
-	// The kubelet points pods at the cluster DNS Service, which CoreDNS
-	// (built by conformance.sh) serves once vpcni wires its pod.
-	t.Setenv("CLUSTER_DNS", clusterDNS)
+	// For the DNS tests the kubelet points pods at the cluster DNS Service,
+	// which CoreDNS (built by conformance.sh) serves once vpcni wires its pod.
+	withDNS := strings.Contains(focus, "DNS")
+	if withDNS {
+		mustRun(t, nil, "bash", conf, "build-coredns")
+		t.Setenv("CLUSTER_DNS", clusterDNS)
+	}
 	n := upNode(t)
 	script := filepath.Join(repo, "scripts/k8s-node.sh")
 	// The framework's images under the names it asks for; every pod it
 	// makes uses IfNotPresent, so nothing is pulled.
-	for _, f := range []string{"agnhost.tar", "e2e-busybox.tar", "e2e-pause.tar", "coredns.tar"} {
+	images := []string{"agnhost.tar", "e2e-busybox.tar", "e2e-pause.tar"}
+	if withDNS {
+		images = append(images, "coredns.tar")
+	}
+	for _, f := range images {
 		mustRun(t, nil, "bash", script, "import", filepath.Join(cache, "images", f))
 	}
 	n.overlay = n.writeOverlay("30s", 128, false)
@@ -77,13 +85,15 @@ func TestConformance(t *testing.T) {
 		return !notReadyTainted(nd), fmt.Sprintf("taints %v", nd.Spec.Taints)
 	})
 
-	coredns, err := os.ReadFile(filepath.Join(cache, "images", "coredns.name"))
-	if err != nil {
-		t.Fatal(err)
+	if withDNS {
+		coredns, err := os.ReadFile(filepath.Join(cache, "images", "coredns.name"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		n.apply(fmt.Sprintf(corednsManifest, strings.TrimSpace(string(coredns)), clusterDNS))
+		n.waitReady("kube-system", "k8s-app=kube-dns", 1, 2*time.Minute)
+		t.Logf("vpcni-test: CoreDNS Ready behind %s", clusterDNS)
 	}
-	n.apply(fmt.Sprintf(corednsManifest, strings.TrimSpace(string(coredns)), clusterDNS))
-	n.waitReady("kube-system", "k8s-app=kube-dns", 1, 2*time.Minute)
-	t.Logf("vpcni-test: CoreDNS Ready behind %s", clusterDNS)
 
 	report := filepath.Join(results, "e2e-report.json")
 	logf, err := os.Create(filepath.Join(results, "e2e.log"))
