@@ -128,12 +128,13 @@ libs_of() {
 }
 
 build_images() {
-	local img=$CACHE/images mk=$CACHE/bin/mkimage agn bb pause src tmp b applet args=()
+	local img=$CACHE/images mk=$CACHE/bin/mkimage agn bb pause dnst src tmp b applet args=()
 	mkdir -p "$img"
 	agn=$(image_ref Agnhost)
 	bb=$(image_ref BusyBox)
 	pause=$(image_ref Pause)
-	[ -n "$agn" ] && [ -n "$bb" ] && [ -n "$pause" ] || die "cannot read the image names from manifest.go"
+	dnst=$(image_ref GlibcDnsTesting)
+	[ -n "$agn" ] && [ -n "$bb" ] && [ -n "$pause" ] && [ -n "$dnst" ] || die "cannot read the image names from manifest.go"
 	src=$(cd "$CACHE/e2e-mod" && "$GO" list -f '{{.Dir}}' k8s.io/kubernetes/test/images/agnhost)
 	tmp=$(mktemp -d)
 	# What agnhost's Dockerfile puts in its Alpine image, from Debian:
@@ -145,28 +146,33 @@ build_images() {
 	# getent (the DNS tests' /etc/hosts checks) is glibc's: tell it where to look.
 	printf 'passwd: files\ngroup: files\nhosts: files dns\n' >"$tmp/nsswitch.conf"
 	printf 'root:x:0:\nuser-defined-in-image:x:1000:\ngroup-defined-in-image:x:50000:user-defined-in-image\n' >"$tmp/group"
-	args=(-name "$agn" -out "$img/agnhost.tar" -entrypoint /agnhost -cmd pause
-		-env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
-		-file "$CACHE/bin/agnhost:/agnhost:0755" -symlink /agnhost-2:agnhost
-		-file "$src/porter/localhost.crt:/localhost.crt:0644" -file "$src/porter/localhost.key:/localhost.key:0600"
+	# The tools both Debian-built images share (the DNS tests' second
+	# querier, glibc-dns-testing, is Debian with dnsutils: dig and glibc's
+	# getent; agnhost gets them too, as its Dockerfile adds bind-tools).
+	local tools=(-env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 		-file "$tmp/passwd:/etc/passwd:0644" -file "$tmp/group:/etc/group:0644" -file "$tmp/nsswitch.conf:/etc/nsswitch.conf:0644"
 		-file /etc/ssl/certs/ca-certificates.crt:/etc/ssl/certs/ca-certificates.crt:0644
-		-dir /uploads -dir /tmp:1777 -dir /root -dir /home/user-defined-in-image -dir /var/run)
+		-dir /tmp:1777 -dir /root -dir /var/run)
 	local debbins=(/usr/bin/curl /bin/nc.openbsd /bin/ss /bin/ip /usr/bin/dig /usr/bin/nslookup /usr/bin/host /usr/bin/getent /bin/bash)
 	for b in "${debbins[@]}"; do
-		args+=(-file "$(readlink -f "$b"):/usr/bin/$(basename "$b"):0755")
+		tools+=(-file "$(readlink -f "$b"):/usr/bin/$(basename "$b"):0755")
 	done
 	# The shell is Debian's dash, not busybox's: Debian builds busybox as a
 	# standalone shell that runs its own applets (ip, …) before anything
 	# in PATH.
 	debbins+=(/bin/dash)
-	args+=(-file "$(readlink -f /bin/dash):/bin/sh:0755" -symlink /usr/bin/nc:nc.openbsd -symlink /bin/bash:/usr/bin/bash)
-	mapfile -t -O "${#args[@]}" args < <(libs_of "${debbins[@]}")
-	args+=(-file /bin/busybox:/bin/busybox:0755)
+	tools+=(-file "$(readlink -f /bin/dash):/bin/sh:0755" -symlink /usr/bin/nc:nc.openbsd -symlink /bin/bash:/usr/bin/bash)
+	mapfile -t -O "${#tools[@]}" tools < <(libs_of "${debbins[@]}")
+	tools+=(-file /bin/busybox:/bin/busybox:0755)
 	for applet in $(/bin/busybox --list); do
 		case " sh ash bash nc ss ip dig nslookup host curl getent busybox " in *" $applet "*) continue ;; esac
-		args+=(-symlink "/bin/$applet:busybox")
+		tools+=(-symlink "/bin/$applet:busybox")
 	done
+	"$mk" -name "$dnst" -out "$img/glibc-dns-testing.tar" -cmd sh "${tools[@]}" >/dev/null
+	args=(-name "$agn" -out "$img/agnhost.tar" -entrypoint /agnhost -cmd pause "${tools[@]}"
+		-file "$CACHE/bin/agnhost:/agnhost:0755" -symlink /agnhost-2:agnhost
+		-file "$src/porter/localhost.crt:/localhost.crt:0644" -file "$src/porter/localhost.key:/localhost.key:0600"
+		-dir /uploads -dir /home/user-defined-in-image)
 	"$mk" "${args[@]}" >/dev/null
 	# busybox: the same static busybox as the fixture's own image.
 	args=(-name "$bb" -out "$img/e2e-busybox.tar" -cmd sh -file /bin/busybox:/bin/busybox:0755 -dir /tmp:1777 -dir /etc -dir /root -dir /var)
@@ -177,8 +183,8 @@ build_images() {
 	# pause: this repo's tools/pause, under the framework's tag.
 	"$mk" -name "$pause" -out "$img/e2e-pause.tar" -entrypoint /pause -file "$CACHE/bin/pause:/pause:0755" >/dev/null
 	rm -rf "$tmp"
-	printf '%s\n' "$agn" "$bb" "$pause" >"$img/e2e.names"
-	log "images: $agn $bb $pause"
+	printf '%s\n' "$agn" "$bb" "$pause" "$dnst" >"$img/e2e.names"
+	log "images: $agn $bb $pause $dnst"
 }
 
 # The stamp: what the outputs depend on. Go's own caches make a rebuild
@@ -199,7 +205,7 @@ cmd_build() {
 	bash "$REPO/scripts/k8s-node.sh" build
 	ensure_apt
 	key=$(stamp_key)
-	if [ "$(cat "$CACHE/e2e.stamp" 2>/dev/null)" = "$key" ] && [ -x "$CACHE/bin/e2e.test" ] && [ -f "$CACHE/images/agnhost.tar" ]; then
+	if [ "$(cat "$CACHE/e2e.stamp" 2>/dev/null)" = "$key" ] && [ -x "$CACHE/bin/e2e.test" ] && [ -f "$CACHE/images/agnhost.tar" ] && [ -f "$CACHE/images/glibc-dns-testing.tar" ]; then
 		log "e2e.test, agnhost and images: cached ($CACHE)"
 		return
 	fi
@@ -208,7 +214,7 @@ cmd_build() {
 	build_bins
 	build_images
 	echo "$key" >"$CACHE/e2e.stamp"
-	log "built in $(($(date +%s) - t0)) s: $CACHE/bin/e2e.test, $CACHE/images/{agnhost,e2e-busybox,e2e-pause}.tar"
+	log "built in $(($(date +%s) - t0)) s: $CACHE/bin/e2e.test, $CACHE/images/{agnhost,glibc-dns-testing,e2e-busybox,e2e-pause}.tar"
 }
 
 # CoreDNS has a stamp of its own: only the DNS tests need it, and the
