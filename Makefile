@@ -197,7 +197,7 @@ conformance-build: k8s-build
 
 conformance: build image conformance-build
 	@mkdir -p $(CONFORMANCE_RESULTS) && touch $(CONFORMANCE_RESULTS)/.started
-	VPCNI_CONFORMANCE=1 VPCNI_CONFORMANCE_RESULTS=$(CONFORMANCE_RESULTS) VPCNI_CONFORMANCE_FOCUS='$(CONFORMANCE_FOCUS)' VPCNI_REQUIRE_ROOT=1 VPCNI_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 150m -v -run 'TestConformance' ./test/k8se2e 2>&1 | tee /tmp/vpcni-conformance.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|vpcni-test:|k8s-e2e' ; rc=$${PIPESTATUS[0]}; \
+	VPCNI_CONFORMANCE=1 VPCNI_CONFORMANCE_RESULTS=$(CONFORMANCE_RESULTS) VPCNI_CONFORMANCE_FOCUS='$(CONFORMANCE_FOCUS)' VPCNI_REQUIRE_ROOT=1 VPCNI_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 90m -v -run 'TestConformance' ./test/k8se2e 2>&1 | tee /tmp/vpcni-conformance.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|vpcni-test:|k8s-e2e' ; rc=$${PIPESTATUS[0]}; \
 	VPCNI_CONFORMANCE_RESULTS=$(CONFORMANCE_RESULTS) bash scripts/conformance.sh summary; exit $$rc
 
 conformance-subset:

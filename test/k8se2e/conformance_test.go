@@ -104,7 +104,7 @@ func TestConformance(t *testing.T) {
 	args := []string{"--net=/run/netns/" + nodeNS, "--", filepath.Join(cache, "bin", "e2e.test"),
 		"--provider=local", "--kubeconfig=" + n.env["VPCNI_K8S_KUBECONFIG"],
 		"--ginkgo.focus=" + focus, "--ginkgo.skip=" + skip,
-		"--ginkgo.json-report=" + report, "--ginkgo.no-color", "--ginkgo.timeout=2h",
+		"--ginkgo.json-report=" + report, "--ginkgo.no-color", "--ginkgo.v", "--ginkgo.timeout=75m",
 		// No cluster/log-dump.sh here; the fixture keeps its own logs.
 		"--dump-logs-on-failure=false",
 		"--report-dir=" + results,
