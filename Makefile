@@ -11,7 +11,7 @@ LDFLAGS   := -s -w -X main.version=$(VERSION)
 GOBUILD   := CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)"
 PKG_TEST_TIMEOUT ?= 15m
 
-.PHONY: e2e-lab-ebpf all build image prev-image upgrade-e2e k8s-build k8s-fixture deps generate verify-generate helm test unit fuzz k8s-api integration e2e-neutron-agents e2e-nova e2e-k8s e2e-k8s-helm critest chaos lint demo bench clean
+.PHONY: conformance conformance-subset conformance-build e2e-lab-ebpf all build image prev-image upgrade-e2e k8s-build k8s-fixture deps generate verify-generate helm test unit fuzz k8s-api integration e2e-neutron-agents e2e-nova e2e-k8s e2e-k8s-helm critest chaos lint demo bench clean
 
 all: build
 
@@ -190,6 +190,31 @@ critest: build k8s-build
 	bash scripts/cni-plugins.sh $(BIN)/cni-plugins
 	bash scripts/critest.sh build >/dev/null
 	flock /tmp/vpcni-k8s.lock env VPCNI_REQUIRE_ROOT=1 VPCNI_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 15m -v ./test/critest 2>&1 | tee /tmp/vpcni-critest-run.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|vpcni-test:|^critest:' ; exit $${PIPESTATUS[0]}
+
+# Kubernetes' own [sig-network] conformance tests against vpcni on the real
+# node (test/k8se2e TestConformance): e2e.test and the agnhost, busybox and
+# pause images the framework asks for, built from k8s.io/kubernetes at the
+# fixture's version by scripts/conformance.sh (cached beside the fixture),
+# run with --provider=local inside the node's namespace. The last line is
+# `conformance: k8s_passed=A/B critest_passed=C/D`; critest's figures come
+# from $(CONFORMANCE_RESULTS)/critest.result when a critest step wrote it in
+# this run (make conformance runs make critest first; a failed critest
+# run writes its figures too). Not in `make test` (time budget). conformance-subset: the
+# Granular Checks and HostPort only.
+CONFORMANCE_RESULTS ?= /var/tmp/vpcni-conformance
+CONFORMANCE_FOCUS   ?=
+CONFORMANCE_SUBSET  := \[sig-network\] Networking Granular Checks: Pods|\[sig-network\] HostPort .*\[Conformance\]
+conformance-build: k8s-build
+	bash scripts/conformance.sh build
+
+conformance: build image conformance-build
+	@mkdir -p $(CONFORMANCE_RESULTS) && touch $(CONFORMANCE_RESULTS)/.started
+	-$(MAKE) critest
+	VPCNI_CONFORMANCE=1 VPCNI_CONFORMANCE_RESULTS=$(CONFORMANCE_RESULTS) VPCNI_CONFORMANCE_FOCUS='$(CONFORMANCE_FOCUS)' VPCNI_REQUIRE_ROOT=1 VPCNI_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 90m -v -run 'TestConformance' ./test/k8se2e 2>&1 | tee /tmp/vpcni-conformance.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|vpcni-test:|k8s-e2e' ; rc=$${PIPESTATUS[0]}; \
+	VPCNI_CONFORMANCE_RESULTS=$(CONFORMANCE_RESULTS) bash scripts/conformance.sh summary; exit $$rc
+
+conformance-subset:
+	$(MAKE) conformance CONFORMANCE_FOCUS='$(CONFORMANCE_SUBSET)'
 
 # The chaos test at length (make test runs it with 3 rounds).
 CHAOS_ROUNDS ?= 20

@@ -381,6 +381,9 @@ failSwapOn: false
 failCgroupV1: false
 podLogsDir: $STATE/kubelet/pod-logs
 clusterDomain: cluster.local
+# CLUSTER_DNS: the cluster DNS Service's address, for a caller that runs
+# one (the conformance run's CoreDNS); without it pods get the node's.
+${CLUSTER_DNS:+clusterDNS: [$CLUSTER_DNS]}
 resolvConf: /etc/resolv.conf
 rotateCertificates: false
 serverTLSBootstrap: false
@@ -748,7 +751,7 @@ usage: scripts/k8s-node.sh build|up|down|status|env|cni bridge|import …|kubect
   build    install Debian packages if missing; build Kubernetes (one binary: kube-apiserver,
            kubelet, kube-controller-manager, kube-scheduler, kube-proxy, kubectl), crictl,
            the pause, busybox and iperf3 images. Cached in /var/cache/vpcni-k8s/<version>.
-  up       NETNS=<existing netns> [CNI=bridge] [IMAGES="a.tar b.tar"] [NODE_NAME=…] [NODE_IP=…] [WAIT_READY=1] [CRI_ONLY=1]
+  up       NETNS=<existing netns> [CNI=bridge] [IMAGES="a.tar b.tar"] [NODE_NAME=…] [NODE_IP=…] [WAIT_READY=1] [CRI_ONLY=1] [CLUSTER_DNS=IP]
            run etcd, the control plane, containerd, kubelet and kube-proxy (iptables) in
            that network namespace; state in /var/tmp/vpcni-k8s. No CNI conflist unless
            CNI=bridge: the node stays NotReady until a CNI installs one. CRI_ONLY=1: containerd
