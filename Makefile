@@ -11,7 +11,7 @@ LDFLAGS   := -s -w -X main.version=$(VERSION)
 GOBUILD   := CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)"
 PKG_TEST_TIMEOUT ?= 15m
 
-.PHONY: e2e-lab-ebpf all build image prev-image upgrade-e2e k8s-build k8s-fixture deps generate verify-generate helm test unit fuzz k8s-api integration e2e-neutron-agents e2e-nova e2e-k8s e2e-k8s-helm chaos lint demo bench clean
+.PHONY: e2e-lab-ebpf all build image prev-image upgrade-e2e k8s-build k8s-fixture deps generate verify-generate helm test unit fuzz k8s-api integration e2e-neutron-agents e2e-nova e2e-k8s e2e-k8s-twonode e2e-k8s-helm chaos lint demo bench clean
 
 all: build
 
@@ -169,6 +169,13 @@ e2e-k8s: build image prev-image k8s-build
 upgrade-e2e: build image prev-image k8s-build
 	@VPCNI_REQUIRE_ROOT=1 VPCNI_BIN=$(CURDIR)/$(BIN) VPCNI_PREV_IMAGE=$(CURDIR)/$(BIN)/prev/vpcni-image.tar $(GO) test -count=1 -timeout 30m -v -run 'TestKubernetesNode/^upgrade$$' ./test/k8se2e 2>&1 | tee /tmp/vpcni-upgrade-e2e.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|vpcni-test:|^upgrade detail' ; rc=$${PIPESTATUS[0]}; \
 	grep '^upgrade:' /tmp/vpcni-upgrade-e2e.log | tail -1; exit $$rc
+
+# vpcni on two real kubelets (scripts/k8s-node.sh up + join: the control
+# plane and a kubelet in lab node 1, a second kubelet in lab node 2): one
+# DaemonSet, cross-node pod<->pod, ClusterIP, NodePort and hostPort
+# (test/k8se2e TestTwoNodes). Not part of `make test`.
+e2e-k8s-twonode: build image k8s-build
+	VPCNI_REQUIRE_ROOT=1 VPCNI_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 20m -v -run 'TestTwoNodes' ./test/k8se2e 2>&1 | tee /tmp/vpcni-e2e-k8s-twonode.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|vpcni-test:' ; exit $${PIPESTATUS[0]}
 
 # The same node installed through the Helm chart instead (test/k8se2e
 # TestHelmInstall): helm install of deploy/helm/vpcni with values that say
