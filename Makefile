@@ -11,7 +11,7 @@ LDFLAGS   := -s -w -X main.version=$(VERSION)
 GOBUILD   := CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)"
 PKG_TEST_TIMEOUT ?= 15m
 
-.PHONY: e2e-lab-ebpf all build image prev-image upgrade-e2e k8s-build k8s-fixture deps generate verify-generate helm test unit fuzz k8s-api integration e2e-neutron-agents e2e-nova e2e-k8s e2e-k8s-twonode e2e-k8s-helm chaos lint demo bench clean
+.PHONY: e2e-lab-ebpf all build image prev-image upgrade-e2e k8s-build k8s-fixture deps generate verify-generate helm test unit fuzz k8s-api integration e2e-neutron-agents e2e-nova e2e-k8s e2e-k8s-twonode bench-startup e2e-k8s-helm chaos lint demo bench clean
 
 all: build
 
@@ -210,7 +210,14 @@ bench: build
 	[ $$started = 1 ] && bash scripts/neutron.sh down; exit $$rc
 	$(BIN)/vpcnictl bench restart
 	$(MAKE) image k8s-build
-	VPCNI_K8S_BENCH=1 VPCNI_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 40m -v -run 'TestK8sBench' ./test/k8se2e 2>&1 | tee /tmp/vpcni-k8s-bench.log | grep -E '^(--- |FAIL|ok|bench:|k8s-bench:|bandwidth:)|node_test|bench_test|chain_test' ; exit $${PIPESTATUS[0]}
+	$(MAKE) bench-startup
+	VPCNI_K8S_BENCH=1 VPCNI_K8S_BENCH_ROUNDS=0 VPCNI_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 40m -v -run 'TestK8sBench' ./test/k8se2e 2>&1 | tee /tmp/vpcni-k8s-bench.log | grep -E '^(--- |FAIL|ok|bench:|k8s-bench:|bandwidth:)|node_test|bench_test|chain_test' ; exit $${PIPESTATUS[0]}
+
+# Pod startup at scale on two real nodes (test/k8se2e TestPodStartup):
+# batches of 2 x 100 pods, vpcni and Debian's bridge plugin alternating
+# (3 rounds each); prints the pod-startup: line. Part of `make bench`.
+bench-startup: build image k8s-build
+	VPCNI_K8S_BENCH=1 VPCNI_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 60m -v -run 'TestPodStartup' ./test/k8se2e 2>&1 | tee /tmp/vpcni-pod-startup.log | grep -E '^(--- |FAIL|ok|bench:|pod-startup:)|startup_test' ; exit $${PIPESTATUS[0]}
 
 clean:
 	rm -rf $(BIN)
