@@ -11,7 +11,7 @@ LDFLAGS   := -s -w -X main.version=$(VERSION)
 GOBUILD   := CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)"
 PKG_TEST_TIMEOUT ?= 15m
 
-.PHONY: conformance conformance-subset conformance-build e2e-lab-ebpf all build image prev-image upgrade-e2e k8s-build k8s-fixture deps generate verify-generate helm test unit fuzz k8s-api integration e2e-neutron-agents e2e-nova e2e-k8s e2e-k8s-helm critest chaos lint demo bench clean
+.PHONY: conformance conformance-subset conformance-build e2e-lab-ebpf all build image prev-image upgrade-e2e k8s-build k8s-fixture deps generate verify-generate helm test unit fuzz k8s-api integration e2e-neutron-agents e2e-nova e2e-k8s e2e-k8s-twonode bench-startup e2e-k8s-helm critest chaos lint demo bench clean
 
 all: build
 
@@ -170,6 +170,13 @@ upgrade-e2e: build image prev-image k8s-build
 	@VPCNI_REQUIRE_ROOT=1 VPCNI_BIN=$(CURDIR)/$(BIN) VPCNI_PREV_IMAGE=$(CURDIR)/$(BIN)/prev/vpcni-image.tar $(GO) test -count=1 -timeout 30m -v -run 'TestKubernetesNode/^upgrade$$' ./test/k8se2e 2>&1 | tee /tmp/vpcni-upgrade-e2e.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|vpcni-test:|^upgrade detail' ; rc=$${PIPESTATUS[0]}; \
 	grep '^upgrade:' /tmp/vpcni-upgrade-e2e.log | tail -1; exit $$rc
 
+# vpcni on two real kubelets (scripts/k8s-node.sh up + join: the control
+# plane and a kubelet in lab node 1, a second kubelet in lab node 2): one
+# DaemonSet, cross-node pod<->pod, ClusterIP, NodePort and hostPort
+# (test/k8se2e TestTwoNodes). Not part of `make test`.
+e2e-k8s-twonode: build image k8s-build
+	VPCNI_REQUIRE_ROOT=1 VPCNI_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 20m -v -run 'TestTwoNodes' ./test/k8se2e 2>&1 | tee /tmp/vpcni-e2e-k8s-twonode.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|vpcni-test:' ; exit $${PIPESTATUS[0]}
+
 # The same node installed through the Helm chart instead (test/k8se2e
 # TestHelmInstall): helm install of deploy/helm/vpcni with values that say
 # what the e2e overlay says, 10 pods checked as above, a helm upgrade that
@@ -239,7 +246,14 @@ bench: build
 	[ $$started = 1 ] && bash scripts/neutron.sh down; exit $$rc
 	$(BIN)/vpcnictl bench restart
 	$(MAKE) image k8s-build
-	VPCNI_K8S_BENCH=1 VPCNI_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 40m -v -run 'TestK8sBench' ./test/k8se2e 2>&1 | tee /tmp/vpcni-k8s-bench.log | grep -E '^(--- |FAIL|ok|bench:|k8s-bench:|bandwidth:)|node_test|bench_test|chain_test' ; exit $${PIPESTATUS[0]}
+	$(MAKE) bench-startup
+	VPCNI_K8S_BENCH=1 VPCNI_K8S_BENCH_ROUNDS=0 VPCNI_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 40m -v -run 'TestK8sBench' ./test/k8se2e 2>&1 | tee /tmp/vpcni-k8s-bench.log | grep -E '^(--- |FAIL|ok|bench:|k8s-bench:|bandwidth:)|node_test|bench_test|chain_test' ; exit $${PIPESTATUS[0]}
+
+# Pod startup at scale on two real nodes (test/k8se2e TestPodStartup):
+# batches of 2 x 100 pods, vpcni and Debian's bridge plugin alternating
+# (3 rounds each); prints the pod-startup: line. Part of `make bench`.
+bench-startup: build image k8s-build
+	VPCNI_K8S_BENCH=1 VPCNI_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 60m -v -run 'TestPodStartup' ./test/k8se2e 2>&1 | tee /tmp/vpcni-pod-startup.log | grep -E '^(--- |FAIL|ok|bench:|pod-startup:)|startup_test' ; exit $${PIPESTATUS[0]}
 
 clean:
 	rm -rf $(BIN)

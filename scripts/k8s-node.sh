@@ -169,16 +169,48 @@ cmd_build() {
 
 # ---------------------------------------------------------------- node
 
-# Fixed layout under $STATE (removed again by `down`, except logs/).
+# Fixed layout under $STATE (removed again by `down`, except logs/). The
+# first node (`up`: the control plane and a kubelet) lives at $STATE
+# itself; a node added by `join` under $STATE/nodes/<name> (node_layout).
 PKI=$STATE/pki
-RUN=$STATE/run                 # <component>.pid, netns, node
-LOGS=$STATE/logs
-CNI_CONF_DIR=$STATE/cni/net.d
-CNI_BIN_DIR=$STATE/cni/bin
-CTRD=$STATE/containerd
-CTRD_SOCK=$CTRD/containerd.sock
-KUBELET_ROOT=$STATE/kubelet/root
 ADMIN_KUBECONFIG=$STATE/admin.kubeconfig
+NODES_DIR=$STATE/nodes
+
+# node_layout [name]: the paths of the first node (no name) or of the
+# joined node <name>. A joined node runs in a mount namespace of its own in
+# which its own CNI dirs are bound over $STATE/cni, so that every node sees
+# its CNI dirs at the same path, as every host has /etc/cni/net.d: one
+# DaemonSet's hostPaths then serve all nodes. CNI_HOST_DIR is where the
+# node's CNI dirs are as seen from the host.
+node_layout() {
+	JOINED_NAME=${1:-}
+	if [ -z "$JOINED_NAME" ]; then
+		NODE_DIR=$STATE
+		LOGS=$STATE/logs
+		CNI_HOST_DIR=$STATE/cni
+		CGROUP_TOP=kubepods # the kubelet's default cgroupRoot "/" + kubepods
+	else
+		NODE_DIR=$NODES_DIR/$JOINED_NAME
+		LOGS=$STATE/logs/$JOINED_NAME
+		CNI_HOST_DIR=$NODE_DIR/cni
+		# Two kubelets on one host must not share the kubepods cgroups:
+		# the joined one's cgroupRoot is this.
+		CGROUP_TOP=vpcni-node-$JOINED_NAME
+	fi
+	RUN=$NODE_DIR/run # <component>.pid, netns, node
+	CNI_CONF_DIR=$STATE/cni/net.d # as the node sees it
+	CNI_BIN_DIR=$STATE/cni/bin
+	CTRD=$NODE_DIR/containerd
+	CTRD_SOCK=$CTRD/containerd.sock
+	KUBELET_DIR=$NODE_DIR/kubelet
+	KUBELET_ROOT=$KUBELET_DIR/root
+	KUBE_PROXY_DIR=$NODE_DIR/kube-proxy
+	CRICTL_YAML=$NODE_DIR/crictl.yaml
+}
+node_layout
+
+joined_nodes() { [ -d "$NODES_DIR" ] && find "$NODES_DIR" -mindepth 1 -maxdepth 1 -type d -printf '%f\n' | sort; return 0; }
+
 SERVICE_CIDR=${SERVICE_CIDR:-10.96.0.0/16}
 CLUSTER_CIDR=${CLUSTER_CIDR:-10.244.0.0/16}
 BRIDGE_SUBNET=${BRIDGE_SUBNET:-10.244.0.0/24}
@@ -190,6 +222,8 @@ COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler container
 # orphans it never admitted (HandlePodCleanups, "Clean up containers for
 # orphaned pod we had not seen before").
 CRI_ONLY_COMPONENTS=(containerd)
+# A joined node: mntns is the process that holds its mount namespace.
+JOIN_COMPONENTS=(mntns containerd kubelet kube-proxy)
 # The kubelet sets these host-wide sysctls (protectKernelDefaults: false);
 # `up` records them and `down` puts them back.
 KUBELET_SYSCTLS=(vm.overcommit_memory vm.panic_on_oom kernel.panic kernel.panic_on_oops kernel.keys.root_maxkeys kernel.keys.root_maxbytes)
@@ -198,7 +232,21 @@ KUBELET_SYSCTLS=(vm.overcommit_memory vm.panic_on_oom kernel.panic kernel.panic_
 # exec`: that also unshares the mount namespace and remounts /sys, which
 # hides /sys/fs/cgroup from the kubelet and keeps the kubelet's volume
 # mounts out of containerd's sight.
-in_ns() { nsenter --net="/run/netns/$NETNS" -- "$@"; }
+in_ns() { nsenter $(ns_args) -- "$@"; }
+
+# ns_args: nsenter's arguments for the current node: its network namespace
+# and, for a joined node whose mount namespace still exists, that too.
+ns_args() {
+	local h
+	echo "--net=/run/netns/$NETNS"
+	if [ -n "$JOINED_NAME" ]; then
+		h=$(pid_of mntns)
+		[ -z "$h" ] || echo "--mount=/proc/$h/ns/mnt"
+	fi
+}
+
+# The control plane's namespace (the first node's): kubectl runs there.
+cp_netns() { cat "$STATE/run/netns" 2>/dev/null || true; }
 
 recorded_netns() { cat "$RUN/netns" 2>/dev/null || true; }
 
@@ -223,7 +271,8 @@ start() { # component binary args...
 	local name=$1 bin pid
 	shift
 	bin=$(readlink -f "$(command -v "$1")")
-	setsid nsenter --net="/run/netns/$NETNS" -- "$@" >>"$LOGS/$name.log" 2>&1 </dev/null &
+	# shellcheck disable=SC2046 # ns_args prints one argument a line
+	setsid nsenter $(ns_args) -- "$@" >>"$LOGS/$name.log" 2>&1 </dev/null &
 	pid=$!
 	echo "$pid $bin" >"$RUN/$name.pid"
 }
@@ -261,8 +310,8 @@ wait_for() { # seconds description command...
 	die "$what: not within ${secs}s (logs: $LOGS)"
 }
 
-kubectl_() { in_ns "$CACHE/bin/kubectl" --kubeconfig "$ADMIN_KUBECONFIG" "$@"; }
-crictl_() { "$CACHE/bin/crictl" --config "$STATE/crictl.yaml" "$@"; }
+kubectl_() { nsenter --net="/run/netns/$(cp_netns)" -- "$CACHE/bin/kubectl" --kubeconfig "$ADMIN_KUBECONFIG" "$@"; }
+crictl_() { "$CACHE/bin/crictl" --config "$CRICTL_YAML" "$@"; }
 ctr_() { ctr -a "$CTRD_SOCK" -n k8s.io "$@"; }
 
 node_ip() {
@@ -282,14 +331,14 @@ sign() { # name subject extension-lines
 	rm -f "$PKI/$1.csr"
 }
 
-kubeconfig() { # name user-cert -> $PKI/name.kubeconfig (server on the namespace's loopback)
-	cat >"$PKI/$1.kubeconfig" <<EOK
+kubeconfig() { # name user-cert [server] -> $PKI/name.kubeconfig (default server: the namespace's loopback)
+	cat >"${KUBECONFIG_OUT:-$PKI/$1.kubeconfig}" <<EOK
 apiVersion: v1
 kind: Config
 clusters:
 - name: vpcni-k8s
   cluster:
-    server: https://127.0.0.1:$APISERVER_PORT
+    server: ${3:-https://127.0.0.1:$APISERVER_PORT}
     certificate-authority-data: $(base64 -w0 "$PKI/ca.crt")
 users:
 - name: $1
@@ -329,9 +378,11 @@ first_service_ip() { # 10.96.0.0/16 -> 10.96.0.1
 # ---- configuration files
 
 write_configs() {
-	mkdir -p "$CTRD" "$STATE/kubelet" "$STATE/kube-proxy" "$CNI_CONF_DIR" "$CNI_BIN_DIR" "$STATE/cni/state"
-	cp /usr/lib/cni/* "$CNI_BIN_DIR/"
-	printf 'runtime-endpoint: unix://%s\nimage-endpoint: unix://%s\ntimeout: 10\n' "$CTRD_SOCK" "$CTRD_SOCK" >"$STATE/crictl.yaml"
+	local kubeconfig_dir=${JOINED_NAME:+$NODE_DIR}
+	kubeconfig_dir=${kubeconfig_dir:-$PKI}
+	mkdir -p "$CTRD" "$KUBELET_DIR" "$KUBE_PROXY_DIR" "$CNI_HOST_DIR/net.d" "$CNI_HOST_DIR/bin" "$CNI_HOST_DIR/state"
+	cp /usr/lib/cni/* "$CNI_HOST_DIR/bin/"
+	printf 'runtime-endpoint: unix://%s\nimage-endpoint: unix://%s\ntimeout: 10\n' "$CTRD_SOCK" "$CTRD_SOCK" >"$CRICTL_YAML"
 	cat >"$CTRD/config.toml" <<EOC
 version = 2
 root = "$CTRD/root"
@@ -360,7 +411,7 @@ state = "$CTRD/state"
     conf_dir = "$CNI_CONF_DIR"
     max_conf_num = 1
 EOC
-	cat >"$STATE/kubelet/config.yaml" <<EOC
+	cat >"$KUBELET_DIR/config.yaml" <<EOC
 apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 address: 0.0.0.0
@@ -379,7 +430,8 @@ imageServiceEndpoint: unix://$CTRD_SOCK
 cgroupDriver: cgroupfs
 failSwapOn: false
 failCgroupV1: false
-podLogsDir: $STATE/kubelet/pod-logs
+podLogsDir: $KUBELET_DIR/pod-logs
+${JOINED_NAME:+cgroupRoot: /$CGROUP_TOP}
 clusterDomain: cluster.local
 # CLUSTER_DNS: the cluster DNS Service's address, for a caller that runs
 # one (the conformance run's CoreDNS); without it pods get the node's.
@@ -404,11 +456,11 @@ syncFrequency: 10s
 fileCheckFrequency: 10s
 nodeStatusUpdateFrequency: 5s
 EOC
-	cat >"$STATE/kube-proxy/config.yaml" <<EOC
+	cat >"$KUBE_PROXY_DIR/config.yaml" <<EOC
 apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
 clientConnection:
-  kubeconfig: $PKI/kube-proxy.kubeconfig
+  kubeconfig: $kubeconfig_dir/kube-proxy.kubeconfig
 mode: iptables
 hostnameOverride: $NODE_NAME
 healthzBindAddress: 127.0.0.1:10256
@@ -429,10 +481,17 @@ EOC
 # conflist); `CNI=bridge up` or `cni bridge` writes Debian's bridge plugin.
 
 cni_bridge() {
-	local f=$CNI_CONF_DIR/10-vpcni-k8s-bridge.conflist
+	local d=$CNI_HOST_DIR/net.d subnet=$BRIDGE_SUBNET
+	local f=$d/10-vpcni-k8s-bridge.conflist
+	# A joined node's pods get its own podCIDR (the first node's is the
+	# first /24, BRIDGE_SUBNET's default).
+	if [ -n "$JOINED_NAME" ]; then
+		subnet=$(kubectl_ get node "$JOINED_NAME" -o 'jsonpath={.spec.podCIDR}')
+		[ -n "$subnet" ] || die "node $JOINED_NAME has no podCIDR yet"
+	fi
 	# containerd 1.6 ignores a conflist mv-ed in from another directory:
 	# write it inside net.d under a name it skips, then rename it there.
-	cat >"$CNI_CONF_DIR/.bridge.tmp" <<EOC
+	cat >"$d/.bridge.tmp" <<EOC
 {
   "cniVersion": "1.0.0",
   "name": "vpcni-k8s-bridge",
@@ -445,7 +504,7 @@ cni_bridge() {
       "hairpinMode": true,
       "ipam": {
         "type": "host-local",
-        "ranges": [[{"subnet": "$BRIDGE_SUBNET"}]],
+        "ranges": [[{"subnet": "$subnet"}]],
         "routes": [{"dst": "0.0.0.0/0"}],
         "dataDir": "$STATE/cni/state/host-local"
       }
@@ -454,7 +513,7 @@ cni_bridge() {
   ]
 }
 EOC
-	mv "$CNI_CONF_DIR/.bridge.tmp" "$f"
+	mv "$d/.bridge.tmp" "$f"
 	echo "$f"
 }
 
@@ -559,11 +618,11 @@ cmd_up() {
 	start kube-scheduler "$CACHE/bin/kube-scheduler" --kubeconfig="$PKI/scheduler.kubeconfig" \
 		--authentication-kubeconfig="$PKI/scheduler.kubeconfig" --authorization-kubeconfig="$PKI/scheduler.kubeconfig" \
 		--bind-address=127.0.0.1 --secure-port=10259 --leader-elect=false
-	mkdir -p "$KUBELET_ROOT" "$STATE/kubelet/pod-logs" "$STATE/kubelet/certs"
-	start kubelet "$CACHE/bin/kubelet" --config="$STATE/kubelet/config.yaml" --kubeconfig="$PKI/kubelet.kubeconfig" \
-		--root-dir="$KUBELET_ROOT" --cert-dir="$STATE/kubelet/certs" \
+	mkdir -p "$KUBELET_ROOT" "$KUBELET_DIR/pod-logs" "$KUBELET_DIR/certs"
+	start kubelet "$CACHE/bin/kubelet" --config="$KUBELET_DIR/config.yaml" --kubeconfig="$PKI/kubelet.kubeconfig" \
+		--root-dir="$KUBELET_ROOT" --cert-dir="$KUBELET_DIR/certs" \
 		--hostname-override="$NODE_NAME" --node-ip="$NODE_IP" -v=2
-	start kube-proxy "$CACHE/bin/kube-proxy" --config="$STATE/kube-proxy/config.yaml" -v=2
+	start kube-proxy "$CACHE/bin/kube-proxy" --config="$KUBE_PROXY_DIR/config.yaml" -v=2
 	wait_for 60 "node $NODE_NAME registered" kubectl_ get node "$NODE_NAME"
 	log "node $NODE_NAME registered"
 	wait_for 60 "default service account" kubectl_ get serviceaccount default
@@ -593,7 +652,7 @@ load_node() {
 # and what tests read); also kept in $STATE/env.
 print_env() {
 	load_node
-	cat <<EOE | tee "$STATE/env"
+	cat <<EOE | tee "$NODE_DIR/env"
 VPCNI_K8S_NETNS=$NETNS
 VPCNI_K8S_NODE=$NODE_NAME
 VPCNI_K8S_NODE_IP=$NODE_IP
@@ -608,6 +667,9 @@ VPCNI_K8S_SERVICE_CIDR=$SERVICE_CIDR
 VPCNI_K8S_PAUSE_IMAGE=$PAUSE_IMAGE
 VPCNI_K8S_BUSYBOX_IMAGE=$BUSYBOX_IMAGE
 VPCNI_K8S_IPERF3_IMAGE=$IPERF3_IMAGE
+VPCNI_K8S_CNI_CONF_HOST_DIR=$CNI_HOST_DIR/net.d
+VPCNI_K8S_CNI_BIN_HOST_DIR=$CNI_HOST_DIR/bin
+VPCNI_K8S_JOINED=${JOINED_NAME:+1}
 EOE
 }
 
@@ -645,19 +707,39 @@ kube_iptables_cleanup() {
 }
 
 cmd_down() {
+	local name
+	node_layout
 	NETNS=${NETNS:-$(recorded_netns)}
-	local have_ns=0 pid nspaths p h top
-	[ -n "$NETNS" ] && [ -e "/run/netns/$NETNS" ] && [ "$(netns_id "$NETNS")" = "$(cat "$RUN/netns-id" 2>/dev/null)" ] && have_ns=1
 	load_node
 	stop_components kube-controller-manager kube-scheduler
-	# Pods with a network go first, while the kubelet, the API and a CNI
-	# agent running as a pod are still there to tear them down.
-	if ((have_ns)) && [ -n "$(pid_of kubelet)" ] && [ -n "$(pid_of kube-apiserver)" ]; then
+	# Pods with a network go first, on every node, while the kubelets, the
+	# API and a CNI agent running as a pod are still there to tear them down.
+	if [ -n "$(cp_netns)" ] && [ -e "/run/netns/$(cp_netns)" ] && [ -n "$(pid_of kubelet)" ] && [ -n "$(pid_of kube-apiserver)" ]; then
 		kubectl_ delete pods --all-namespaces --field-selector spec.hostNetwork!=true --grace-period=1 --wait=true --timeout=60s >/dev/null 2>&1 || log "down: pods did not all go through the API; removing them through the runtime"
 		log "down: pods with a network deleted"
 	fi
+	for name in $(joined_nodes); do
+		node_layout "$name"
+		NETNS=$(recorded_netns)
+		node_teardown || return 1
+		rm -rf "${NODES_DIR:?}/$name"
+		log "down: joined node $name removed"
+	done
+	node_layout
+	NETNS=$(recorded_netns)
+	node_teardown || return 1
+	find "$STATE" -mindepth 1 -maxdepth 1 ! -name logs -exec rm -rf {} +
+	log "down: stopped; logs kept in $LOGS"
+}
+
+# node_teardown stops the current node (node_layout): its kubelet,
+# kube-proxy, containers and containerd — and for the first node the
+# control plane — and removes what they left on the host.
+node_teardown() {
+	local have_ns=0 pid nspaths p h
+	[ -n "$NETNS" ] && [ -e "/run/netns/$NETNS" ] && [ "$(netns_id "$NETNS")" = "$(cat "$RUN/netns-id" 2>/dev/null)" ] && have_ns=1
 	stop_components kubelet kube-proxy
-	log "down: kubelet and kube-proxy stopped"
+	log "down${JOINED_NAME:+ $JOINED_NAME}: kubelet and kube-proxy stopped"
 	nspaths=$(pod_netns_paths)
 	if [ -n "$(pid_of containerd)" ]; then
 		if [ -x "$CACHE/bin/crictl" ]; then
@@ -670,8 +752,8 @@ cmd_down() {
 		for p in $(ctr_ tasks ls -q 2>/dev/null); do ctr_ tasks rm -f "$p" >/dev/null 2>&1 || true; done
 		for p in $(ctr_ containers ls -q 2>/dev/null); do ctr_ containers rm "$p" >/dev/null 2>&1 || true; done
 	fi
-	# Shims started by our containerd (they outlive it) and anything left in
-	# the kubelet's cgroups: all of it ours, stopped by PID.
+	# Shims started by this node's containerd (they outlive it) and anything
+	# left in its kubelet's cgroups: all of it ours, stopped by PID.
 	# A shim listens on /run/containerd/s/<sha256 of address/namespace/id>
 	# and leaves it behind when killed.
 	local shim_exe id
@@ -682,32 +764,43 @@ cmd_down() {
 		stop_pid "$pid" 5
 		[ -z "$id" ] || rm -f "/run/containerd/s/$(printf '%s' "$CTRD_SOCK/k8s.io/$id" | sha256sum | cut -c1-64)"
 	done
-	for pid in $(find /sys/fs/cgroup/pids/kubepods -name cgroup.procs -exec cat {} + 2>/dev/null); do
+	for pid in $(find "/sys/fs/cgroup/pids/$CGROUP_TOP" -name cgroup.procs -exec cat {} + 2>/dev/null); do
 		kill -9 "$pid" 2>/dev/null || true
 	done
-	log "down: containers removed"
-	stop_components containerd kube-apiserver etcd
-	log "down: containerd, kube-apiserver, etcd stopped"
+	log "down${JOINED_NAME:+ $JOINED_NAME}: containers removed"
+	if [ -n "$JOINED_NAME" ]; then
+		stop_components containerd
+	else
+		stop_components containerd kube-apiserver etcd
+		log "down: containerd, kube-apiserver, etcd stopped"
+	fi
 	if ((have_ns)); then
 		[ -x "$CACHE/bin/kube-proxy" ] && in_ns "$CACHE/bin/kube-proxy" --cleanup >/dev/null 2>&1 || true
 		kube_iptables_cleanup
 		ip -n "$NETNS" link del "$BRIDGE_NAME" 2>/dev/null || true
 	fi
-	# Mounts: the pods' network namespaces, then every mount under $STATE.
+	# A joined node's mount namespace ends with its last process: its
+	# mounts (the CNI dirs, the pods' network namespaces, the kubelet's
+	# volumes) go with it.
+	stop_components mntns
+	# Mounts: the pods' network namespaces, then every mount under $STATE
+	# (of the first node: a joined node's were in its own mount namespace).
 	for p in $nspaths; do
 		umount "$p" 2>/dev/null || umount -l "$p" 2>/dev/null || true
 		rm -f "$p"
 	done
-	{ grep -oE " $STATE/[^ ]+" /proc/self/mounts || true; } | sort -r | while read -r p; do
-		umount "$p" 2>/dev/null || umount -l "$p" 2>/dev/null || true
-	done
-	# cgroups the kubelet (kubepods) created, deepest first
-	for h in /sys/fs/cgroup/*/; do
-		for top in kubepods; do
-			[ ! -d "$h$top" ] || find "$h$top" -depth -type d -exec rmdir {} + 2>/dev/null || true
+	if [ -z "$JOINED_NAME" ]; then
+		{ grep -oE " $STATE/[^ ]+" /proc/self/mounts || true; } | sort -r | while read -r p; do
+			umount "$p" 2>/dev/null || umount -l "$p" 2>/dev/null || true
 		done
+	fi
+	# cgroups the kubelet created (kubepods, or a joined node's cgroupRoot
+	# with its kubepods), deepest first
+	for h in /sys/fs/cgroup/*/; do
+		[ ! -d "$h$CGROUP_TOP" ] || find "$h$CGROUP_TOP" -depth -type d -exec rmdir {} + 2>/dev/null || true
 	done
-	# the kubelet's log links, and the dirs it and libcni made if they were not there
+	[ -z "$JOINED_NAME" ] || return 0
+	# the kubelets' log links, and the dirs they and libcni made if they were not there
 	find /var/log/containers -maxdepth 1 -lname "$STATE/*" -delete 2>/dev/null || true
 	for p in /var/log/containers /var/lib/cni; do
 		grep -qxF "$p" "$RUN/preexisting" 2>/dev/null || find "$p" -depth -type d -empty -delete 2>/dev/null || true
@@ -720,12 +813,138 @@ cmd_down() {
 		log "down: mounts remain under $STATE; left the state in place"
 		return 1
 	fi
-	find "$STATE" -mindepth 1 -maxdepth 1 ! -name logs -exec rm -rf {} +
-	log "down: stopped; logs kept in $LOGS"
+}
+
+# ---- join: another node (containerd, kubelet, kube-proxy) in another
+# network namespace, registered with the first node's API server at its
+# lab address.
+
+# The host paths a joined node gets its own copy of, in its mount namespace:
+# its CNI dirs at the first node's path, libcni's cache, and PRIVATE (the
+# caller's per-node hostPaths, e.g. a CNI agent's socket and state dirs).
+join_private_dirs() { echo "$STATE/cni" /var/lib/cni ${PRIVATE:-}; }
+
+# new_mount_ns starts the process that holds the joined node's mount
+# namespace (a slave of the host's, so new network namespaces and mounts
+# of the host still show), binds the node's private dirs in it, and makes
+# its mounts shared within it (the kubelet's Bidirectional and
+# HostToContainer volumes need shared mounts; nothing goes back to the host).
+new_mount_ns() {
+	local pid exe i d src script=""
+	exe=$(readlink -f "$(command -v sleep)")
+	setsid unshare --mount --propagation slave -- sleep infinity >/dev/null 2>&1 </dev/null &
+	pid=$!
+	echo "$pid $exe" >"$RUN/mntns.pid"
+	for ((i = 0; i < 50; i++)); do
+		[ "$(readlink "/proc/$pid/exe" 2>/dev/null)" = "$exe" ] && break
+		sleep 0.1
+	done
+	[ -n "$(pid_of mntns)" ] || die "the mount namespace holder did not start"
+	for d in $(join_private_dirs); do
+		case $d in
+		"$STATE/cni") src=$CNI_HOST_DIR ;;
+		*) src=$NODE_DIR/private/$(echo "${d#/}" | tr / _) ;;
+		esac
+		mkdir -p "$src" "$d"
+		script+="mount --bind '$src' '$d' && "
+	done
+	nsenter --mount="/proc/$pid/ns/mnt" -- sh -c "${script}mount --make-rshared /" ||
+		die "cannot set up the mount namespace of $JOINED_NAME"
+}
+
+# prepare_cgroup_root creates the joined kubelet's cgroupRoot in every
+# cgroup v1 hierarchy (the kubelet refuses one that does not exist);
+# cpuset needs its cpus and mems before anything can join a child.
+prepare_cgroup_root() {
+	local h
+	for h in /sys/fs/cgroup/*/; do
+		[ -d "$h" ] && [ ! -L "${h%/}" ] || continue
+		[ -f "${h}cgroup.procs" ] || continue
+		mkdir -p "$h$CGROUP_TOP"
+	done
+	if [ -d /sys/fs/cgroup/cpuset/"$CGROUP_TOP" ]; then
+		cat /sys/fs/cgroup/cpuset/cpuset.cpus >/sys/fs/cgroup/cpuset/"$CGROUP_TOP"/cpuset.cpus
+		cat /sys/fs/cgroup/cpuset/cpuset.mems >/sys/fs/cgroup/cpuset/"$CGROUP_TOP"/cpuset.mems
+	fi
+}
+
+joined_running() {
+	local c
+	for c in "${JOIN_COMPONENTS[@]}"; do [ -n "$(pid_of "$c")" ] || return 1; done
+}
+
+cmd_join() {
+	[ -n "${NETNS:-}" ] || die "NETNS is not set (the network namespace of the node to join, e.g. NETNS=vpcni-k8s-n2)"
+	[ -e "/run/netns/$NETNS" ] || die "network namespace $NETNS does not exist"
+	node_layout
+	local cp_ip id name=${NODE_NAME:-$NETNS}
+	[ -n "$(pid_of kube-apiserver)" ] || die "no control plane runs: NETNS=… $0 up first"
+	[ "$name" != "$(. "$RUN/node" && echo "$NODE_NAME")" ] || die "$name is the first node"
+	cp_ip=$(. "$RUN/node" && echo "$NODE_IP")
+	node_layout "$name"
+	id=$(netns_id "$NETNS")
+	if joined_running && [ "$(cat "$RUN/netns-id" 2>/dev/null)" = "$id" ] && [ "$(recorded_netns)" = "$NETNS" ]; then
+		load_node
+		[ "${CNI:-}" != bridge ] || cni_bridge >/dev/null
+		log "already joined: $name in $NETNS"
+		print_env
+		return
+	fi
+	if [ -d "$NODE_DIR" ]; then
+		log "stopping the leftovers of an earlier $name"
+		local saved=$NETNS
+		NETNS=$(recorded_netns) node_teardown >/dev/null
+		NETNS=$saved
+		rm -rf "$NODE_DIR"
+	fi
+	NODE_NAME=$name
+	ip -n "$NETNS" link set lo up
+	NODE_IP=${NODE_IP:-$(node_ip)}
+	[ -n "$NODE_IP" ] || die "no IPv4 address in $NETNS to advertise: give it one or set NODE_IP"
+	mkdir -p "$RUN" "$LOGS"
+	for f in "$LOGS"/*.log; do [ -e "$f" ] && mv "$f" "$f.prev"; done
+	echo "$NETNS" >"$RUN/netns"
+	echo "$id" >"$RUN/netns-id"
+	printf 'NODE_NAME=%s\nNODE_IP=%s\nCP_IP=%s\n' "$NODE_NAME" "$NODE_IP" "$cp_ip" >"$RUN/node"
+
+	# Its own kubelet identity (the Node authorizer and NodeRestriction
+	# check the name); kube-proxy's certificate is the cluster's.
+	sign "kubelet-$NODE_NAME" "/O=system:nodes/CN=system:node:$NODE_NAME" 'extendedKeyUsage=clientAuth'
+	KUBECONFIG_OUT=$NODE_DIR/kubelet.kubeconfig kubeconfig "kubelet-$NODE_NAME" "kubelet-$NODE_NAME" "https://$cp_ip:$APISERVER_PORT"
+	KUBECONFIG_OUT=$NODE_DIR/kube-proxy.kubeconfig kubeconfig kube-proxy kube-proxy "https://$cp_ip:$APISERVER_PORT"
+	write_configs
+	prepare_cgroup_root
+	new_mount_ns
+	log "join: configs and mount namespace ready ($NETNS, node $NODE_NAME at $NODE_IP, API at $cp_ip:$APISERVER_PORT)"
+
+	start containerd containerd -c "$CTRD/config.toml"
+	wait_for 30 "containerd socket" ctr_ version
+	ctr_ images import "$CACHE/images/pause.tar" >/dev/null
+	ctr_ images import "$CACHE/images/busybox.tar" >/dev/null
+	[ ! -f "$CACHE/images/iperf3.tar" ] || ctr_ images import "$CACHE/images/iperf3.tar" >/dev/null
+	for f in ${IMAGES:-}; do ctr_ images import "$f" >/dev/null; done
+	mkdir -p "$KUBELET_ROOT" "$KUBELET_DIR/pod-logs" "$KUBELET_DIR/certs"
+	start kubelet "$CACHE/bin/kubelet" --config="$KUBELET_DIR/config.yaml" --kubeconfig="$NODE_DIR/kubelet.kubeconfig" \
+		--root-dir="$KUBELET_ROOT" --cert-dir="$KUBELET_DIR/certs" \
+		--hostname-override="$NODE_NAME" --node-ip="$NODE_IP" -v=2
+	start kube-proxy "$CACHE/bin/kube-proxy" --config="$KUBE_PROXY_DIR/config.yaml" -v=2
+	wait_for 60 "node $NODE_NAME registered" kubectl_ get node "$NODE_NAME"
+	log "node $NODE_NAME registered"
+	if [ "${CNI:-}" = bridge ]; then
+		wait_for 30 "podCIDR of $NODE_NAME" sh -c "[ -n \"\$(nsenter --net=/run/netns/$(cp_netns) $CACHE/bin/kubectl --kubeconfig $ADMIN_KUBECONFIG get node $NODE_NAME -o jsonpath={.spec.podCIDR})\" ]"
+		cni_bridge >/dev/null
+		log "bridge conflist written"
+	fi
+	if [ "${CNI:-}" = bridge ] || [ "${WAIT_READY:-}" = 1 ]; then
+		wait_for 120 "node $NODE_NAME Ready" node_ready
+		log "node $NODE_NAME Ready"
+	fi
+	print_env
 }
 
 cmd_status() {
-	local c pid rc=0
+	local c pid rc=0 name
+	node_layout
 	NETNS=${NETNS:-$(recorded_netns)}
 	load_node
 	echo "netns      ${NETNS:-none}"
@@ -737,11 +956,31 @@ cmd_status() {
 		pid=$(pid_of "$c")
 		if [ -n "$pid" ]; then printf '%-24s pid %s\n' "$c" "$pid"; else printf '%-24s not running\n' "$c"; rc=1; fi
 	done
+	for name in $(joined_nodes); do
+		node_layout "$name"
+		echo "joined     $name in $(recorded_netns)"
+		for c in "${JOIN_COMPONENTS[@]}"; do
+			pid=$(pid_of "$c")
+			if [ -n "$pid" ]; then printf '  %-22s pid %s\n' "$c" "$pid"; else printf '  %-22s not running\n' "$c"; rc=1; fi
+		done
+	done
 	if ((rc == 0)) && [ "${CRI_ONLY:-}" != 1 ]; then
 		kubectl_ get nodes -o wide 2>&1 || true
 		kubectl_ get pods -A -o wide 2>&1 || true
 	fi
 	return $rc
+}
+
+# select_node: NODE=<name> picks a joined node for env, cni, on, import,
+# crictl and ctr; without it they act on the first node.
+select_node() {
+	node_layout
+	if [ -n "${NODE:-}" ] && [ "$NODE" != "$(load_node && echo "${NODE_NAME:-}")" ]; then
+		[ -d "$NODES_DIR/$NODE" ] || die "no joined node $NODE"
+		node_layout "$NODE"
+	fi
+	NETNS=$(recorded_netns)
+	[ -n "$NETNS" ] || die "no node is up (NETNS=… $0 up)"
 }
 
 usage() {
@@ -756,13 +995,20 @@ usage: scripts/k8s-node.sh build|up|down|status|env|cni bridge|import …|kubect
            that network namespace; state in /var/tmp/vpcni-k8s. No CNI conflist unless
            CNI=bridge: the node stays NotReady until a CNI installs one. CRI_ONLY=1: containerd
            alone (for CRI clients such as critest; a kubelet would kill their sandboxes).
-  down     stop everything by recorded PID, remove pods, mounts, cgroups and state (logs kept)
+  join     NETNS=<another netns> [CNI=bridge] [IMAGES=…] [NODE_NAME=…] [NODE_IP=…] [WAIT_READY=1] [PRIVATE="dir…"]
+           another node: containerd, kubelet and kube-proxy in that network namespace and a
+           mount namespace of its own (its CNI dirs at the first node's paths, and a private
+           copy of each PRIVATE host dir), registered at the first node's API (its IP:6443)
+  down     stop everything (joined nodes too) by recorded PID, remove pods, mounts, cgroups
+           and state (logs kept)
   status   what runs; exits 1 unless all of it does
   env      the interface as shell assignments (kubeconfig, kubectl, CNI dirs, images)
-  cni bridge   write Debian's bridge conflist (10.244.0.0/24 in the node's namespace)
+  cni bridge   write Debian's bridge conflist (the node's podCIDR, in the node's namespace)
+  on CMD…      run CMD in the node's network (and, joined, mount) namespace
   kubectl …    kubectl in the node's namespace with the admin kubeconfig
   import FILE.tar…   import docker-save tarballs (make image: bin/vpcni-image.tar) into the node
   crictl … / ctr …   against the node's containerd
+  NODE=<joined node> picks that node for env, cni, on, import, crictl and ctr
 
 env: K8S_VERSION (1.36.3) VPCNI_K8S_CACHE (/var/cache/vpcni-k8s) VPCNI_K8S_STATE (/var/tmp/vpcni-k8s)
      SERVICE_CIDR (10.96.0.0/16) CLUSTER_CIDR (10.244.0.0/16) BRIDGE_SUBNET (10.244.0.0/24) CRICTL=0
@@ -777,18 +1023,22 @@ main() {
 	up) cmd_up ;;
 	down) cmd_down ;;
 	status) cmd_status ;;
+	join) cmd_join ;;
 	env)
 		[ -f "$RUN/node" ] || die "no node is up (NETNS=… $0 up)"
-		NETNS=$(recorded_netns)
+		select_node
 		print_env ;;
 	cni)
 		[ "${1:-}" = bridge ] || die "usage: $0 cni bridge"
+		select_node
 		cni_bridge ;;
+	on) select_node; in_ns "$@" ;;
 	kubectl) need_netns; kubectl_ "$@" ;;
-	crictl) crictl_ "$@" ;;
-	ctr) ctr_ "$@" ;;
+	crictl) select_node; crictl_ "$@" ;;
+	ctr) select_node; ctr_ "$@" ;;
 	import)
 		[ $# -gt 0 ] || die "usage: $0 import IMAGE.tar…"
+		select_node
 		for f in "$@"; do ctr_ images import "$f"; done ;;
 	*) usage; [ -z "$cmd" ] || [ "$cmd" = help ] || exit 2 ;;
 	esac

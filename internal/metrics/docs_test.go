@@ -21,6 +21,8 @@ var (
 		"vpcni_snat":    true, // the SNAT nftables table
 		"vpcni_svcpath": true, // the service path's nftables table
 		"vpcni_ready_s": true, // a figure the node e2e's benchmark prints
+		"vpcni_p99_s":   true, // figures of the pod-startup benchmark (test/k8se2e)
+		"vpcni_total_s": true,
 		"vpcni_uplink":  true, // datapath ebpf's tc program on the uplink
 		"vpcni_pod":     true, // datapath ebpf's tc program on a host veth
 	}

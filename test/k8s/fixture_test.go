@@ -105,7 +105,11 @@ func leftovers(netnsBefore []string) []string {
 			left = append(left, "mount "+f[1])
 		}
 	}
+	// kubepods, or a joined node's cgroupRoot (k8s-node.sh join)
 	if cg, _ := filepath.Glob("/sys/fs/cgroup/*/kubepods"); len(cg) > 0 {
+		left = append(left, fmt.Sprintf("cgroups %v", cg))
+	}
+	if cg, _ := filepath.Glob("/sys/fs/cgroup/*/vpcni-node-*"); len(cg) > 0 {
 		left = append(left, fmt.Sprintf("cgroups %v", cg))
 	}
 	for _, ns := range netnsutil.List("") {
@@ -116,6 +120,9 @@ func leftovers(netnsBefore []string) []string {
 	return left
 }
 
+// bridgePodYAML's pods tolerate vpcni.io/not-ready: the fixture registers
+// the node with that taint (as deploy/ advises), and only vpcni's agent
+// removes it; with the bridge plugin no agent runs.
 const bridgePodYAML = `
 apiVersion: v1
 kind: Pod
@@ -124,6 +131,7 @@ metadata:
   labels: {app: web}
 spec:
   terminationGracePeriodSeconds: 1
+  tolerations: [{key: vpcni.io/not-ready, operator: Exists, effect: NoSchedule}]
   containers:
   - name: web
     image: vpcni.local/busybox:test
@@ -146,6 +154,7 @@ metadata:
   name: vpcni-image
 spec:
   restartPolicy: Never
+  tolerations: [{key: vpcni.io/not-ready, operator: Exists, effect: NoSchedule}]
   containers:
   - name: vpcni
     image: vpcni/vpcni:dev

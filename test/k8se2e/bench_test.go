@@ -17,10 +17,14 @@ import (
 // bridge plugin and with vpcni (alternating rounds, medians), then the
 // agent's memory with 100 pods, and what iperf3 from the legacy VM gets
 // through a pod's bandwidth annotations. `make bench` runs it
-// (VPCNI_K8S_BENCH=1); it prints the lines
+// (VPCNI_K8S_BENCH=1) with VPCNI_K8S_BENCH_ROUNDS=0: the 10-pod rounds are
+// too small to tell the plugins apart, TestPodStartup (2 x 100 pods on two
+// nodes) measures that now. It prints the lines
 //
 //	bandwidth: limit_mbit=L egress_mbit=E ingress_mbit=I egress_ratio=.. ingress_ratio=..
 //	k8s-bench: vpcni_ready_s=X bridge_ready_s=Y agent_rss_mb_100pods=Z
+//
+// (without the two rounds' figures when there were no rounds).
 func TestK8sBench(t *testing.T) {
 	if os.Getenv("VPCNI_K8S_BENCH") == "" {
 		t.Skip("vpcni-test: the Kubernetes benchmark runs from make bench (VPCNI_K8S_BENCH=1); NOT RUN here")
@@ -67,6 +71,10 @@ func TestK8sBench(t *testing.T) {
 	time.Sleep(5 * time.Second) // the agent's annotations and PodAddresses settle
 	rss, pid := agentRSS(t)
 	t.Logf("vpcnid (pid %d) RSS with 100 pods: %.1f MB", pid, rss)
+	if rounds == 0 {
+		fmt.Printf("k8s-bench: agent_rss_mb_100pods=%.1f\n", rss)
+		return
+	}
 	fmt.Printf("bench: bridge rounds %v s, vpcni rounds %v s\n", bridge, vpcni)
 	fmt.Printf("k8s-bench: vpcni_ready_s=%.2f bridge_ready_s=%.2f agent_rss_mb_100pods=%.1f\n", median(vpcni), median(bridge), rss)
 }

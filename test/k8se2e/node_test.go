@@ -79,6 +79,16 @@ type node struct {
 	// prev, set, makes overlays install the previous release (its
 	// deploy/ and image) instead of this one.
 	prev *release
+	// joined are the nodes after the first (upNodes), each with its env
+	// (scripts/k8s-node.sh join) and its own fault proxy.
+	joined []joinedNode
+}
+
+// joinedNode is a node that scripts/k8s-node.sh join added: its kubelet
+// registered at the first node's API server.
+type joinedNode struct {
+	env   map[string]string
+	proxy *faultproxy.Proxy
 }
 
 // release is a vpcni release to install: its deploy/ and image name.
@@ -146,7 +156,20 @@ func fetch(ns string, addr netip.AddrPort, timeout time.Duration) (string, error
 
 // upNode brings up the lab (one node, no vpcnid) and the Kubernetes node
 // in it; everything is torn down when the test ends.
-func upNode(t *testing.T) *node {
+func upNode(t *testing.T) *node { return upNodes(t, 1) }
+
+// nodeNSName is the lab's namespace of node i (0-based): the first is
+// nodeNS.
+func nodeNSName(i int) string { return fmt.Sprintf("%s-n%d", labPrefix, i+1) }
+
+// privateHostDirs are the DaemonSet's hostPaths that are per node (its
+// socket, state and BPF filesystem): a joined node gets its own copy of
+// each (scripts/k8s-node.sh join PRIVATE=…), as separate hosts would.
+var privateHostDirs = []string{hostSocketDir, hostStateDir, hostBPFDir}
+
+// upNodes is upNode with count nodes in the lab: the first runs the
+// control plane and a kubelet, the others join it.
+func upNodes(t *testing.T, count int) *node {
 	script := filepath.Join(repo, "scripts/k8s-node.sh")
 	start := time.Now()
 	mustRun(t, nil, "bash", script, "build")
@@ -156,22 +179,31 @@ func upNode(t *testing.T) *node {
 	}
 	n := &node{t: t}
 	vpcnictl := filepath.Join(binDir, "vpcnictl")
-	mustRun(t, nil, vpcnictl, "lab", "up", "--prefix", labPrefix, "--nodes", "1", "--agents=false")
+	mustRun(t, nil, vpcnictl, "lab", "up", "--prefix", labPrefix, "--nodes", strconv.Itoa(count), "--agents=false")
 	t.Cleanup(func() { _, _ = run(t, nil, vpcnictl, "lab", "down", "--prefix", labPrefix) })
 	data, err := os.ReadFile(filepath.Join("/run/vpcni-lab", labPrefix, "state.json"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := json.Unmarshal(data, &n.lab); err != nil || len(n.lab.Nodes) != 1 {
+	if err := json.Unmarshal(data, &n.lab); err != nil || len(n.lab.Nodes) != count {
 		t.Fatalf("lab state: %v %s", err, data)
 	}
-	n.proxy, err = faultproxy.New(strings.TrimSuffix(n.lab.URL, "/"), 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { n.proxy.Close() })
-	if err := netnsutil.Do(netnsutil.Path(nodeNS), func() error { _, err := n.proxy.Listen(proxyAddr); return err }); err != nil {
-		t.Fatal(err)
+	// Every node's agent reaches the cloud at proxyAddr in its own
+	// namespace.
+	for i := 0; i < count; i++ {
+		p, err := faultproxy.New(strings.TrimSuffix(n.lab.URL, "/"), 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { p.Close() })
+		if err := netnsutil.Do(netnsutil.Path(nodeNSName(i)), func() error { _, err := p.Listen(proxyAddr); return err }); err != nil {
+			t.Fatal(err)
+		}
+		if i == 0 {
+			n.proxy = p
+		} else {
+			n.joined = append(n.joined, joinedNode{proxy: p})
+		}
 	}
 
 	sharedBPFDir(t)
@@ -199,7 +231,25 @@ func upNode(t *testing.T) *node {
 		}
 	}
 	mustRun(t, nil, "bash", script, "import", filepath.Join(binDir, "vpcni-image.tar"))
+	for i := range n.joined {
+		start = time.Now()
+		out := mustRun(t, []string{"NETNS=" + nodeNSName(i+1), "PRIVATE=" + strings.Join(privateHostDirs, " "),
+			"IMAGES=" + filepath.Join(binDir, "vpcni-image.tar")}, "bash", script, "join")
+		t.Logf("kubernetes node %s joined in %s", nodeNSName(i+1), time.Since(start).Round(time.Millisecond))
+		n.joined[i].env = parseEnv(out)
+	}
 	return n
+}
+
+// parseEnv reads the KEY=value lines scripts/k8s-node.sh prints.
+func parseEnv(out string) map[string]string {
+	env := map[string]string{}
+	for _, line := range strings.Split(out, "\n") {
+		if k, v, ok := strings.Cut(strings.TrimSpace(line), "="); ok && strings.HasPrefix(k, "VPCNI_K8S_") {
+			env[k] = v
+		}
+	}
+	return env
 }
 
 // sharedBPFDir makes hostBPFDir a shared mount of its own (bound onto

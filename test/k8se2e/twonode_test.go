@@ -1,0 +1,322 @@
+package k8se2e
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vpcni/vpcni/internal/api"
+)
+
+// twoNodeWeb is one web Deployment per node (pinned by hostname), a
+// ClusterIP Service and a NodePort Service for each: every Service's
+// backends are on one node only, so a client on the other node, or the
+// legacy VM at the other node's address, proves the cross-node path.
+const twoNodeWeb = `apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: web-%[1]s
+spec:
+  replicas: 3
+  selector:
+    matchLabels: {app: web-%[1]s}
+  template:
+    metadata:
+      labels: {app: web-%[1]s, tier: web}
+    spec:
+      terminationGracePeriodSeconds: 1
+      nodeSelector: {kubernetes.io/hostname: %[2]s}
+      containers:
+        - name: web
+          image: %[3]s
+          imagePullPolicy: Never
+          command: [/bin/sh, -c, 'mkdir -p /www && hostname > /www/index.html && exec httpd -f -p 8080 -h /www']
+          readinessProbe:
+            tcpSocket: {port: 8080}
+            periodSeconds: 1
+---
+apiVersion: v1
+kind: Service
+metadata:
+  name: web-%[1]s
+spec:
+  selector: {app: web-%[1]s}
+  ports:
+    - {port: 80, targetPort: 8080}
+---
+apiVersion: v1
+kind: Service
+metadata:
+  name: np-%[1]s
+spec:
+  type: NodePort
+  selector: {app: web-%[1]s}
+  ports:
+    - {port: 80, targetPort: 8080, nodePort: %[4]d}
+`
+
+// twoNodeHostPort is a pod with a hostPort, pinned to one node.
+const twoNodeHostPort = `apiVersion: v1
+kind: Pod
+metadata:
+  name: hostport-%[1]s
+  labels: {app: hostport-%[1]s}
+spec:
+  terminationGracePeriodSeconds: 1
+  nodeSelector: {kubernetes.io/hostname: %[2]s}
+  containers:
+    - name: web
+      image: %[3]s
+      imagePullPolicy: Never
+      command: [/bin/sh, -c, 'mkdir -p /www && hostname > /www/index.html && exec httpd -f -p 8080 -h /www']
+      ports: [{containerPort: 8080, hostPort: %[4]d, protocol: TCP}]
+      readinessProbe:
+        tcpSocket: {port: 8080}
+        periodSeconds: 1
+`
+
+// TestTwoNodes runs vpcni on two real kubelets: the control plane and a
+// kubelet in lab node 1, a second kubelet (its own containerd,
+// kube-proxy, mount namespace and cgroups) in lab node 2 registered at node
+// 1's API server, both on the lab's VPC. vpcni is installed once through
+// the DaemonSet (kubectl apply -k, the same overlay as TestKubernetesNode),
+// which then runs on both nodes. It checks: both nodes turn Ready (not
+// before vpcni), pods on each node get addresses on that node's VM port,
+// pod <-> pod across nodes, a pod -> a ClusterIP whose only backends are on
+// the other node, NodePort from the legacy VM at each node's address (to
+// backends on either node), and a hostPort on each node from the legacy VM.
+func TestTwoNodes(t *testing.T) {
+	start := time.Now()
+	n := upNodes(t, 2)
+	names := []string{n.env["VPCNI_K8S_NODE"], n.joined[0].env["VPCNI_K8S_NODE"]}
+	ips := []netip.Addr{n.lab.Nodes[0].IP, n.lab.Nodes[1].IP}
+	if names[1] == "" || names[0] == names[1] {
+		t.Fatalf("node names %q", names)
+	}
+	if got := n.joined[0].env["VPCNI_K8S_NODE_IP"]; got != ips[1].String() {
+		t.Fatalf("the joined node advertises %s, the lab gave it %s", got, ips[1])
+	}
+	for i, name := range names {
+		if n.nodeReadyNamed(name) {
+			t.Fatalf("node %d (%s) is Ready before any CNI was installed", i+1, name)
+		}
+	}
+	t.Logf("vpcni-test: two nodes registered (%s at %s, %s at %s), both NotReady without a CNI, in %s",
+		names[0], ips[0], names[1], ips[1], time.Since(start).Round(100*time.Millisecond))
+
+	n.overlay = n.writeOverlay("5s", 64, true)
+	applied := time.Now()
+	n.mustKubectl("apply", "-k", n.overlay)
+	eventually(t, 3*time.Minute, "both nodes Ready after vpcni is installed", func() (bool, string) {
+		for _, name := range names {
+			if !n.nodeReadyNamed(name) {
+				return false, name + " NotReady"
+			}
+		}
+		return true, ""
+	})
+	// Each node's conflist, where its containerd reads it: the joined
+	// node's is in its own CNI dir (its mount namespace binds it at the
+	// first node's path, the DaemonSet's hostPath).
+	for _, dir := range []string{n.env["VPCNI_K8S_CNI_CONF_HOST_DIR"], n.joined[0].env["VPCNI_K8S_CNI_CONF_HOST_DIR"]} {
+		if !fileExists(filepath.Join(dir, "10-vpcni.conflist")) {
+			t.Fatalf("no vpcni conflist in %s", dir)
+		}
+	}
+	t.Logf("vpcni-test: both nodes Ready %s after kubectl apply -k (one DaemonSet, a conflist in each node's CNI dir)", time.Since(applied).Round(100*time.Millisecond))
+	agents := n.waitReady("vpcni-system", "app.kubernetes.io/name=vpcnid", 2, 2*time.Minute)
+	if on := n.podNodes(agents); on[names[0]] != 1 || on[names[1]] != 1 {
+		t.Fatalf("vpcnid pods per node: %v, want one on each", on)
+	}
+	n.waitReady("vpcni-system", "app.kubernetes.io/name=vpcni-controller", 2, 2*time.Minute)
+	n.waitWebhook(time.Minute)
+	for i, name := range names {
+		st, err := n.agentStateOn(i)
+		if err != nil || !st.Ready {
+			t.Fatalf("the agent on %s: %+v %v", name, st, err)
+		}
+	}
+
+	busybox := n.env["VPCNI_K8S_BUSYBOX_IMAGE"]
+	sides := []string{"a", "b"}
+	nodePorts := []int{30081, 30082}
+	t0 := time.Now()
+	for i, s := range sides {
+		n.apply(fmt.Sprintf(twoNodeWeb, s, names[i], busybox, nodePorts[i]))
+	}
+	web := make([][]pod, 2)
+	for i, s := range sides {
+		web[i] = n.waitReady("default", "app=web-"+s, 3, 3*time.Minute)
+	}
+	t.Logf("vpcni-test: 3 web pods on each node Ready in %s", time.Since(t0).Round(100*time.Millisecond))
+
+	t.Run("addresses", func(t *testing.T) {
+		seen := map[string]string{}
+		subnet := netip.PrefixFrom(ips[0], 24).Masked()
+		for i, ps := range web {
+			onPort := n.portIPsOf(i)
+			for _, p := range ps {
+				full := n.podNode(p.Metadata.Name)
+				if full != names[i] {
+					t.Errorf("%s runs on %q, want %s", p.Metadata.Name, full, names[i])
+				}
+				ip, err := netip.ParseAddr(p.Status.PodIP)
+				if err != nil || !subnet.Contains(ip) {
+					t.Errorf("%s: address %q not in the VPC subnet %s", p.Metadata.Name, p.Status.PodIP, subnet)
+					continue
+				}
+				if other, dup := seen[ip.String()]; dup {
+					t.Errorf("%s and %s both have %s", other, p.Metadata.Name, ip)
+				}
+				seen[ip.String()] = p.Metadata.Name
+				if !onPort[ip.String()] {
+					t.Errorf("%s: %s is not on %s's VM port in the cloud", p.Metadata.Name, ip, names[i])
+				}
+			}
+		}
+		t.Logf("vpcni-test: %d pods on two nodes: distinct VPC addresses, each on its own node's VM port", len(seen))
+	})
+
+	t.Run("cross-node-pod-to-pod", func(t *testing.T) {
+		pairs := 0
+		for i := range web {
+			for _, p := range web[i] {
+				for _, q := range web[1-i] {
+					out, err := n.get(p.Metadata.Name, q.Status.PodIP+":8080")
+					if err != nil || out != q.Metadata.Name {
+						t.Errorf("%s (%s) -> %s (%s): %q %v", p.Metadata.Name, names[i], q.Metadata.Name, q.Status.PodIP, out, err)
+					}
+					pairs++
+				}
+			}
+		}
+		t.Logf("vpcni-test: pod <-> pod across the nodes: %d pairs answered with the right hostname", pairs)
+	})
+
+	t.Run("clusterip-backed-by-other-node", func(t *testing.T) {
+		for i, s := range sides {
+			// The client is on node i, the Service's backends on the other.
+			other := sides[1-i]
+			clusterIP := strings.TrimSpace(n.mustKubectl("get", "svc", "web-"+other, "-o", "jsonpath={.spec.clusterIP}"))
+			want := map[string]bool{}
+			for _, q := range web[1-i] {
+				want[q.Metadata.Name] = true
+			}
+			answered := map[string]bool{}
+			for k := 0; k < 9; k++ {
+				out, err := n.get(web[i][0].Metadata.Name, clusterIP+":80")
+				if err != nil || !want[out] {
+					t.Fatalf("%s on %s -> ClusterIP %s (web-%s, backends on %s): %q %v", web[i][0].Metadata.Name, names[i], clusterIP, other, names[1-i], out, err)
+				}
+				answered[out] = true
+			}
+			t.Logf("vpcni-test: pod on %s (web-%s) -> ClusterIP %s backed only by %s: 9 requests, %d backends answered", names[i], s, clusterIP, names[1-i], len(answered))
+		}
+	})
+
+	t.Run("nodeport-from-legacy-vm", func(t *testing.T) {
+		for i := range sides {
+			want := map[string]bool{}
+			for _, q := range web[i] {
+				want[q.Metadata.Name] = true
+			}
+			// Each NodePort at both nodes' addresses: its backends are on
+			// node i, so one of the two is forwarded across the VPC.
+			for j, ip := range ips {
+				addr := netip.AddrPortFrom(ip, uint16(nodePorts[i]))
+				var got string
+				eventually(t, 15*time.Second, "legacy VM -> "+addr.String(), func() (bool, string) {
+					var err error
+					got, err = fetch(legacyNS, addr, 2*time.Second)
+					return err == nil && want[got], fmt.Sprintf("%q %v", got, err)
+				})
+				t.Logf("vpcni-test: legacy VM -> NodePort %s (node %s; backends on %s) answered by %s", addr, names[j], names[i], got)
+			}
+		}
+	})
+
+	t.Run("hostport-from-legacy-vm", func(t *testing.T) {
+		for i, s := range sides {
+			addr := netip.AddrPortFrom(ips[i], hostPort)
+			if got, err := fetch(legacyNS, addr, 2*time.Second); err == nil {
+				t.Fatalf("%s answers %q before any pod maps it: the check would prove nothing", addr, got)
+			}
+			n.apply(fmt.Sprintf(twoNodeHostPort, s, names[i], busybox, hostPort))
+			p := n.waitReady("default", "app=hostport-"+s, 1, 2*time.Minute)[0]
+			var got string
+			eventually(t, 15*time.Second, "legacy VM -> "+addr.String(), func() (bool, string) {
+				var err error
+				got, err = fetch(legacyNS, addr, 2*time.Second)
+				return err == nil && got == p.Metadata.Name, fmt.Sprintf("%q %v", got, err)
+			})
+			t.Logf("vpcni-test: legacy VM -> %s (hostPort on %s) answered by pod %s at %s", addr, names[i], got, p.Status.PodIP)
+		}
+	})
+	t.Logf("vpcni-test: two-node checks done in %s", time.Since(start).Round(100*time.Millisecond))
+}
+
+func fileExists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
+}
+
+func (n *node) nodeReadyNamed(name string) bool {
+	out, err := n.kubectl("get", "node", name, "-o", `jsonpath={.status.conditions[?(@.type=="Ready")].status}`)
+	return err == nil && strings.TrimSpace(out) == "True"
+}
+
+// podNode is the node a pod runs on.
+func (n *node) podNode(name string) string {
+	return strings.TrimSpace(n.mustKubectl("get", "pod", name, "-o", "jsonpath={.spec.nodeName}"))
+}
+
+// podNodes counts the pods (of vpcni-system) per node.
+func (n *node) podNodes(ps []pod) map[string]int {
+	on := map[string]int{}
+	for _, p := range ps {
+		out := n.mustKubectl("-n", p.Metadata.Namespace, "get", "pod", p.Metadata.Name, "-o", "jsonpath={.spec.nodeName}")
+		on[strings.TrimSpace(out)]++
+	}
+	return on
+}
+
+// agentStateOn asks node i's agent through its socket: for a joined node,
+// from inside its namespaces (k8s-node.sh on), where its private socket
+// dir is.
+func (n *node) agentStateOn(i int) (*api.State, error) {
+	if i == 0 {
+		return n.agentState()
+	}
+	out, err := run(n.t, []string{"NODE=" + n.joined[i-1].env["VPCNI_K8S_NODE"]}, "bash", filepath.Join(repo, "scripts/k8s-node.sh"),
+		"on", filepath.Join(binDir, "vpcnictl"), "status", "--socket", hostSocketDir+"/vpcnid.sock", "-o", "json")
+	if err != nil {
+		return nil, err
+	}
+	st := &api.State{}
+	return st, json.Unmarshal([]byte(out), st)
+}
+
+// portIPsOf is portIPs of lab node i.
+func (n *node) portIPsOf(i int) map[string]bool {
+	var body struct {
+		Port struct {
+			FixedIPs []struct {
+				IP string `json:"ip_address"`
+			} `json:"fixed_ips"`
+		} `json:"port"`
+	}
+	out := mustRun(n.t, nil, "curl", "-fsS", n.lab.URL+"v2.0/ports/"+n.lab.Nodes[i].PortID)
+	if err := json.Unmarshal([]byte(out), &body); err != nil {
+		n.t.Fatal(err)
+	}
+	m := map[string]bool{}
+	for _, f := range body.Port.FixedIPs {
+		m[f.IP] = true
+	}
+	return m
+}
