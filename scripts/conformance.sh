@@ -4,7 +4,8 @@
 # real-node fixture (scripts/k8s-node.sh), and the summary line that joins
 # them with cri-tools' critest.
 #
-#   scripts/conformance.sh build         e2e.test, agnhost and the test images (cached)
+#   scripts/conformance.sh build         e2e.test, agnhost and the test images (cached;
+#                                        waits for a build under way)
 #   scripts/conformance.sh build-coredns CoreDNS and its image, for the DNS tests (cached)
 #   scripts/conformance.sh summary       print the closing `conformance:` line
 #
@@ -203,6 +204,12 @@ stamp_key() {
 cmd_build() {
 	local key t0
 	bash "$REPO/scripts/k8s-node.sh" build
+	# One build at a time: `make test` starts one in the background (it
+	# overlaps the integration suites, which mostly wait on their servers),
+	# and the e2e that needs e2e.test waits for it here.
+	mkdir -p "$CACHE"
+	exec 8>"$CACHE/.e2e-build.lock"
+	flock 8
 	ensure_apt
 	key=$(stamp_key)
 	if [ "$(cat "$CACHE/e2e.stamp" 2>/dev/null)" = "$key" ] && [ -x "$CACHE/bin/e2e.test" ] && [ -f "$CACHE/images/agnhost.tar" ] && [ -f "$CACHE/images/glibc-dns-testing.tar" ]; then

@@ -27,8 +27,13 @@ func (n *node) fullPods(args ...string) []corev1.Pod {
 
 func (n *node) getNode() *corev1.Node {
 	n.t.Helper()
+	return n.getNodeNamed(n.env["VPCNI_K8S_NODE"])
+}
+
+func (n *node) getNodeNamed(name string) *corev1.Node {
+	n.t.Helper()
 	var nd corev1.Node
-	if err := n.getJSON(&nd, "get", "node", n.env["VPCNI_K8S_NODE"]); err != nil {
+	if err := n.getJSON(&nd, "get", "node", name); err != nil {
 		n.t.Fatal(err)
 	}
 	return &nd

@@ -37,14 +37,16 @@ spec:
         periodSeconds: 1
 `
 
-// dropNodeChainedPlugins removes the node's own portmap and bandwidth
-// (scripts/k8s-node.sh copies Debian's into the CNI bin dir), so that
-// install-cni has to put the image's there: the path of a node that lacks
-// them.
+// dropNodeChainedPlugins removes every node's own portmap and bandwidth
+// (scripts/k8s-node.sh copies Debian's into each node's CNI bin dir), so
+// that install-cni has to put the image's there: the path of a node that
+// lacks them.
 func (n *node) dropNodeChainedPlugins() {
-	for _, p := range []string{"portmap", "bandwidth"} {
-		if err := os.Remove(filepath.Join(n.env["VPCNI_K8S_CNI_BIN_DIR"], p)); err != nil && !os.IsNotExist(err) {
-			n.t.Fatal(err)
+	for _, e := range n.envs() {
+		for _, p := range []string{"portmap", "bandwidth"} {
+			if err := os.Remove(filepath.Join(e["VPCNI_K8S_CNI_BIN_HOST_DIR"], p)); err != nil && !os.IsNotExist(err) {
+				n.t.Fatal(err)
+			}
 		}
 	}
 }

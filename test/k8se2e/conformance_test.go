@@ -10,18 +10,19 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/vpcni/vpcni/internal/k8s"
 )
 
 // The focus of `make conformance`: Kubernetes' own [sig-network] tests that
-// a one-node cluster with vpcni can run. `make conformance-subset` narrows
-// it to the Granular Checks and HostPort (VPCNI_CONFORMANCE_FOCUS).
+// the two-node cluster with vpcni can run. `make conformance-subset` narrows
+// it to conformanceSubset (VPCNI_CONFORMANCE_FOCUS), which TestTwoNodes
+// runs in `make test`.
 const (
 	conformanceFocus = `\[sig-network\] Networking Granular Checks: Pods|` +
 		`\[sig-network\] HostPort .*\[Conformance\]|` +
 		`\[sig-network\] Services .*\[Conformance\]|` +
 		`\[sig-network\] DNS .*\[Conformance\]`
+	conformanceSubset = `\[sig-network\] Networking Granular Checks: Pods|` +
+		`\[sig-network\] HostPort .*\[Conformance\]`
 	// Feature-gated tests (SCTP and the like) need what the fixture does not
 	// turn on; disruptive ones restart the node's components.
 	conformanceSkip = `\[Feature:|\[Disruptive\]|\[Flaky\]`
@@ -29,22 +30,63 @@ const (
 
 // TestConformance runs e2e.test — built from k8s.io/kubernetes at the
 // fixture's version by scripts/conformance.sh, upstream tests as they are —
-// against the real node with vpcni installed from deploy/, inside the
-// node's network namespace (the API server listens only there). It writes
-// the figures `make conformance` prints (VPCNI_CONFORMANCE_RESULTS) and
-// fails when any selected upstream test fails.
+// against two real nodes (the control plane and a kubelet in lab node 1,
+// a second kubelet joined from lab node 2) with vpcni installed from
+// deploy/, inside the first node's network namespace (the API server
+// listens only there). It writes the figures `make conformance` prints
+// (VPCNI_CONFORMANCE_RESULTS) and fails when any selected upstream test
+// fails.
 func TestConformance(t *testing.T) {
 	if os.Getenv("VPCNI_CONFORMANCE") == "" {
 		t.Skip("vpcni-test: Kubernetes' conformance tests run from make conformance (VPCNI_CONFORMANCE=1); NOT RUN here")
 	}
-	results := envOr("VPCNI_CONFORMANCE_RESULTS", "/var/tmp/vpcni-conformance")
 	focus := envOr("VPCNI_CONFORMANCE_FOCUS", conformanceFocus)
-	skip := envOr("VPCNI_CONFORMANCE_SKIP", conformanceSkip)
+	// For the DNS tests the kubelets point pods at the cluster DNS Service,
+	// which CoreDNS (built by conformance.sh) serves once vpcni wires its pod.
+	withDNS := strings.Contains(focus, "DNS")
+	conformanceBuild(t, withDNS)
+	if withDNS {
+		t.Setenv("CLUSTER_DNS", clusterDNS)
+	}
+	n := upNodes(t, 2)
+	n.overlay = n.writeOverlay("30s", 128, false)
+	// The image's portmap serves the HostPort tests, as on nodes without
+	// their own.
+	n.dropNodeChainedPlugins()
+	n.installAll()
+	n.runUpstreamE2E(focus, envOr("VPCNI_CONFORMANCE_SKIP", conformanceSkip),
+		envOr("VPCNI_CONFORMANCE_RESULTS", "/var/tmp/vpcni-conformance"), withDNS)
+}
+
+// conformanceCache is where scripts/conformance.sh keeps e2e.test and the
+// images (beside the fixture's build).
+func conformanceCache() string {
+	return filepath.Join(envOr("VPCNI_K8S_CACHE", "/var/cache/vpcni-k8s"), envOr("K8S_VERSION", "1.36.3"))
+}
+
+// conformanceBuild builds (or finds cached) e2e.test, agnhost and the
+// images, and CoreDNS when the DNS tests run.
+func conformanceBuild(t *testing.T, withDNS bool) {
 	conf := filepath.Join(repo, "scripts/conformance.sh")
 	start := time.Now()
 	mustRun(t, nil, "bash", conf, "build")
+	if withDNS {
+		mustRun(t, nil, "bash", conf, "build-coredns")
+	}
 	t.Logf("e2e.test and images (cached): %s", time.Since(start).Round(time.Millisecond))
-	cache := filepath.Join(envOr("VPCNI_K8S_CACHE", "/var/cache/vpcni-k8s"), envOr("K8S_VERSION", "1.36.3"))
+}
+
+// runUpstreamE2E runs Kubernetes' e2e.test with focus and skip against the
+// cluster, where vpcni already serves every node: the framework's images
+// go into every node's containerd first (every pod it makes uses
+// IfNotPresent, so nothing is pulled), and CoreDNS behind clusterDNS
+// with the DNS tests. Every selected spec is logged by name with its
+// outcome (`k8s-e2e PASS|SKIP|FAIL …`); results gets e2e.log, ginkgo's
+// JSON report, JUnit and k8s.result (k8s_passed=A/B). The test fails
+// unless every selected spec passed.
+func (n *node) runUpstreamE2E(focus, skip, results string, withDNS bool) {
+	t := n.t
+	cache := conformanceCache()
 	// No result of an earlier run may stand for this one.
 	if err := os.MkdirAll(results, 0o755); err != nil {
 		t.Fatal(err)
@@ -52,39 +94,13 @@ func TestConformance(t *testing.T) {
 	for _, f := range []string{"k8s.result", "e2e-report.json", "e2e.log"} {
 		_ = os.Remove(filepath.Join(results, f))
 	}
-
-	// For the DNS tests the kubelet points pods at the cluster DNS Service,
-	// which CoreDNS (built by conformance.sh) serves once vpcni wires its pod.
-	withDNS := strings.Contains(focus, "DNS")
-	if withDNS {
-		mustRun(t, nil, "bash", conf, "build-coredns")
-		t.Setenv("CLUSTER_DNS", clusterDNS)
-	}
-	n := upNode(t)
-	script := filepath.Join(repo, "scripts/k8s-node.sh")
-	// The framework's images under the names it asks for; every pod it
-	// makes uses IfNotPresent, so nothing is pulled.
 	images := []string{"agnhost.tar", "e2e-busybox.tar", "e2e-pause.tar"}
 	if withDNS {
 		images = append(images, "glibc-dns-testing.tar", "coredns.tar")
 	}
 	for _, f := range images {
-		mustRun(t, nil, "bash", script, "import", filepath.Join(cache, "images", f))
+		n.importAll(filepath.Join(cache, "images", f))
 	}
-	n.overlay = n.writeOverlay("30s", 128, false)
-	// The image's portmap serves the HostPort tests, as on a node without
-	// its own.
-	n.dropNodeChainedPlugins()
-	applied := time.Now()
-	n.mustKubectl("apply", "-k", n.overlay)
-	n.waitInstalled("kubectl apply -k deploy", applied)
-	// The framework waits for schedulable nodes; vpcnid lifts its taint
-	// once its pool is warm.
-	eventually(t, 2*time.Minute, "the "+k8s.TaintNotReady+" taint removed", func() (bool, string) {
-		nd := n.getNode()
-		return !notReadyTainted(nd), fmt.Sprintf("taints %v", nd.Spec.Taints)
-	})
-
 	if withDNS {
 		coredns, err := os.ReadFile(filepath.Join(cache, "images", "coredns.name"))
 		if err != nil {
@@ -112,7 +128,7 @@ func TestConformance(t *testing.T) {
 	cmd := exec.Command("nsenter", args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.Dir = results
-	start = time.Now()
+	start := time.Now()
 	runErr := cmd.Run()
 	took := time.Since(start).Round(time.Second)
 
@@ -148,7 +164,7 @@ func TestConformance(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(results, "k8s.result"), []byte(line+"\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("k8s-e2e: %s failed=%d skipped=%d in %s (focus %q, skip %q; log %s)", line, len(failed), len(skipped), took, focus, skip, logf.Name())
+	t.Logf("k8s-e2e: %s failed=%d skipped=%d on %d nodes in %s (focus %q, skip %q; log %s)", line, len(failed), len(skipped), len(n.envs()), took, focus, skip, logf.Name())
 	if total == 0 {
 		t.Fatalf("the focus selected no upstream test: nothing was proved (e2e.test: %v)", runErr)
 	}

@@ -706,28 +706,6 @@ func TestKubernetesNode(t *testing.T) {
 	t.Run("macvlan-mode", func(t *testing.T) { checkMacvlanMode(t, n) })
 }
 
-// waitInstalled waits for the node to turn Ready once vpcni is installed
-// (how, at since) — never without vpcni's conflist — then for the agent,
-// both controller replicas and the webhook.
-func (n *node) waitInstalled(how string, since time.Time) {
-	conflist := filepath.Join(n.env["VPCNI_K8S_CNI_CONF_DIR"], "10-vpcni.conflist")
-	eventually(n.t, 3*time.Minute, "node Ready after vpcni is installed", func() (bool, string) {
-		if !n.nodeReady() {
-			return false, "node NotReady"
-		}
-		if _, err := os.Stat(conflist); err != nil {
-			n.t.Fatalf("the node turned Ready without vpcni's conflist: %v", err)
-		}
-		return true, ""
-	})
-	n.t.Logf("vpcni-test: node Ready %s after %s (conflist %s installed)", time.Since(since).Round(100*time.Millisecond), how, conflist)
-	n.waitReady("vpcni-system", "app.kubernetes.io/name=vpcnid", 1, 2*time.Minute)
-	// The controller runs on the pod network: vpcni wires it too.
-	n.waitReady("vpcni-system", "app.kubernetes.io/name=vpcni-controller", 2, 2*time.Minute)
-	// Its webhook makes the pods below request vpcni.io/ip.
-	n.waitWebhook(time.Minute)
-}
-
 // runWeb starts the 10-pod web Deployment and its Service and waits for
 // every pod to be Ready.
 func (n *node) runWeb() []pod {

@@ -37,17 +37,11 @@ func TestPodStartup(t *testing.T) {
 	}
 	n := upNodes(t, 2)
 	script := filepath.Join(repo, "scripts/k8s-node.sh")
-	names := []string{n.env["VPCNI_K8S_NODE"], n.joined[0].env["VPCNI_K8S_NODE"]}
+	names := n.nodeNames()
 
 	// vpcni's defaults (pool of 8, batches of 8), room for 100 pods a node.
 	n.overlay = n.writeOverlay("30s", 128, false)
-	n.mustKubectl("apply", "-k", n.overlay)
-	eventually(t, 3*time.Minute, "both nodes Ready", func() (bool, string) {
-		return n.nodeReadyNamed(names[0]) && n.nodeReadyNamed(names[1]), "NotReady"
-	})
-	n.waitReady("vpcni-system", "app.kubernetes.io/name=vpcnid", 2, 3*time.Minute)
-	n.waitReady("vpcni-system", "app.kubernetes.io/name=vpcni-controller", 2, 3*time.Minute)
-	n.waitWebhook(time.Minute)
+	n.installAll()
 
 	vpcniNet := netip.PrefixFrom(n.lab.Nodes[0].IP, 24).Masked()
 	bridgeNet := netip.MustParsePrefix("10.244.0.0/16")

@@ -90,10 +90,13 @@ spec:
 // pod <-> pod across nodes, a pod -> a ClusterIP whose only backends are on
 // the other node, NodePort from the legacy VM at each node's address (to
 // backends on either node), and a hostPort on each node from the legacy VM.
+// Then, on the same cluster, Kubernetes' own Granular Checks and HostPort
+// conformance tests (conformanceSubset): `make test` runs this.
 func TestTwoNodes(t *testing.T) {
 	start := time.Now()
+	conformanceBuild(t, false)
 	n := upNodes(t, 2)
-	names := []string{n.env["VPCNI_K8S_NODE"], n.joined[0].env["VPCNI_K8S_NODE"]}
+	names := n.nodeNames()
 	ips := []netip.Addr{n.lab.Nodes[0].IP, n.lab.Nodes[1].IP}
 	if names[1] == "" || names[0] == names[1] {
 		t.Fatalf("node names %q", names)
@@ -110,31 +113,7 @@ func TestTwoNodes(t *testing.T) {
 		names[0], ips[0], names[1], ips[1], time.Since(start).Round(100*time.Millisecond))
 
 	n.overlay = n.writeOverlay("5s", 64, true)
-	applied := time.Now()
-	n.mustKubectl("apply", "-k", n.overlay)
-	eventually(t, 3*time.Minute, "both nodes Ready after vpcni is installed", func() (bool, string) {
-		for _, name := range names {
-			if !n.nodeReadyNamed(name) {
-				return false, name + " NotReady"
-			}
-		}
-		return true, ""
-	})
-	// Each node's conflist, where its containerd reads it: the joined
-	// node's is in its own CNI dir (its mount namespace binds it at the
-	// first node's path, the DaemonSet's hostPath).
-	for _, dir := range []string{n.env["VPCNI_K8S_CNI_CONF_HOST_DIR"], n.joined[0].env["VPCNI_K8S_CNI_CONF_HOST_DIR"]} {
-		if !fileExists(filepath.Join(dir, "10-vpcni.conflist")) {
-			t.Fatalf("no vpcni conflist in %s", dir)
-		}
-	}
-	t.Logf("vpcni-test: both nodes Ready %s after kubectl apply -k (one DaemonSet, a conflist in each node's CNI dir)", time.Since(applied).Round(100*time.Millisecond))
-	agents := n.waitReady("vpcni-system", "app.kubernetes.io/name=vpcnid", 2, 2*time.Minute)
-	if on := n.podNodes(agents); on[names[0]] != 1 || on[names[1]] != 1 {
-		t.Fatalf("vpcnid pods per node: %v, want one on each", on)
-	}
-	n.waitReady("vpcni-system", "app.kubernetes.io/name=vpcni-controller", 2, 2*time.Minute)
-	n.waitWebhook(time.Minute)
+	n.installAll()
 	for i, name := range names {
 		st, err := n.agentStateOn(i)
 		if err != nil || !st.Ready {
@@ -258,6 +237,14 @@ func TestTwoNodes(t *testing.T) {
 		}
 	})
 	t.Logf("vpcni-test: two-node checks done in %s", time.Since(start).Round(100*time.Millisecond))
+	if t.Failed() {
+		return // the upstream tests would only fail on the same fault
+	}
+	// Kubernetes' own tests last, on the same two nodes (their pods
+	// beside the ones above): its results beside make conformance's, in
+	// a directory of their own.
+	n.runUpstreamE2E(envOr("VPCNI_CONFORMANCE_FOCUS", conformanceSubset), envOr("VPCNI_CONFORMANCE_SKIP", conformanceSkip),
+		filepath.Join(envOr("VPCNI_CONFORMANCE_RESULTS", "/var/tmp/vpcni-conformance"), "twonode-subset"), false)
 }
 
 func fileExists(p string) bool {
