@@ -129,13 +129,14 @@ libs_of() {
 }
 
 build_images() {
-	local img=$CACHE/images mk=$CACHE/bin/mkimage agn bb pause dnst src tmp b applet args=()
+	local img=$CACHE/images mk=$CACHE/bin/mkimage agn bb pause dnst nginx src tmp b applet args=()
 	mkdir -p "$img"
 	agn=$(image_ref Agnhost)
 	bb=$(image_ref BusyBox)
 	pause=$(image_ref Pause)
 	dnst=$(image_ref GlibcDnsTesting)
-	[ -n "$agn" ] && [ -n "$bb" ] && [ -n "$pause" ] && [ -n "$dnst" ] || die "cannot read the image names from manifest.go"
+	nginx=$(image_ref Nginx)
+	[ -n "$agn" ] && [ -n "$bb" ] && [ -n "$pause" ] && [ -n "$dnst" ] && [ -n "$nginx" ] || die "cannot read the image names from manifest.go"
 	src=$(cd "$CACHE/e2e-mod" && "$GO" list -f '{{.Dir}}' k8s.io/kubernetes/test/images/agnhost)
 	tmp=$(mktemp -d)
 	# What agnhost's Dockerfile puts in its Alpine image, from Debian:
@@ -183,9 +184,13 @@ build_images() {
 	"$mk" "${args[@]}" >/dev/null
 	# pause: this repo's tools/pause, under the framework's tag.
 	"$mk" -name "$pause" -out "$img/e2e-pause.tar" -entrypoint /pause -file "$CACHE/bin/pause:/pause:0755" >/dev/null
+	# nginx: the EndpointSlice and Endpoints tests' pods run it (only their
+	# endpoints are checked, nothing connects): critest's web server image,
+	# Debian's nginx, under the framework's name.
+	bash "$REPO/scripts/critest.sh" nginx-image "$nginx" "$img/e2e-nginx.tar"
 	rm -rf "$tmp"
-	printf '%s\n' "$agn" "$bb" "$pause" "$dnst" >"$img/e2e.names"
-	log "images: $agn $bb $pause $dnst"
+	printf '%s\n' "$agn" "$bb" "$pause" "$dnst" "$nginx" >"$img/e2e.names"
+	log "images: $agn $bb $pause $dnst $nginx"
 }
 
 # The stamp: what the outputs depend on. Go's own caches make a rebuild
@@ -195,7 +200,7 @@ stamp_key() {
 	{
 		echo "$K8S_VERSION"
 		"$GO" version
-		sha256sum "$REPO/scripts/conformance.sh" "$CACHE/mod/go.mod"
+		sha256sum "$REPO/scripts/conformance.sh" "$REPO/scripts/critest.sh" "$CACHE/mod/go.mod"
 		cat "$REPO"/tools/mkimage/*.go "$REPO"/internal/ociimage/*.go "$REPO"/tools/pause/*.go | sha256sum
 		dpkg-query -W -f='${Package} ${Version}\n' "${APT_PKGS[@]}"
 	} | sha256sum | cut -c1-32
@@ -212,7 +217,7 @@ cmd_build() {
 	flock 8
 	ensure_apt
 	key=$(stamp_key)
-	if [ "$(cat "$CACHE/e2e.stamp" 2>/dev/null)" = "$key" ] && [ -x "$CACHE/bin/e2e.test" ] && [ -f "$CACHE/images/agnhost.tar" ] && [ -f "$CACHE/images/glibc-dns-testing.tar" ]; then
+	if [ "$(cat "$CACHE/e2e.stamp" 2>/dev/null)" = "$key" ] && [ -x "$CACHE/bin/e2e.test" ] && [ -f "$CACHE/images/agnhost.tar" ] && [ -f "$CACHE/images/glibc-dns-testing.tar" ] && [ -f "$CACHE/images/e2e-nginx.tar" ]; then
 		log "e2e.test, agnhost and images: cached ($CACHE)"
 		return
 	fi
@@ -221,7 +226,7 @@ cmd_build() {
 	build_bins
 	build_images
 	echo "$key" >"$CACHE/e2e.stamp"
-	log "built in $(($(date +%s) - t0)) s: $CACHE/bin/e2e.test, $CACHE/images/{agnhost,glibc-dns-testing,e2e-busybox,e2e-pause}.tar"
+	log "built in $(($(date +%s) - t0)) s: $CACHE/bin/e2e.test, $CACHE/images/{agnhost,glibc-dns-testing,e2e-busybox,e2e-pause,e2e-nginx}.tar"
 }
 
 # CoreDNS has a stamp of its own: only the DNS tests need it, and the

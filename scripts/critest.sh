@@ -4,6 +4,8 @@
 #
 #   scripts/critest.sh build    build what is missing (a no-op when cached);
 #                               prints CRITEST=… and CRITEST_IMAGES=… lines
+#   scripts/critest.sh nginx-image NAME OUT
+#                               the web server image alone, named NAME
 #
 # critest is built from sigs.k8s.io/cri-tools at the version the fixture's
 # crictl is (CRICTL_VERSION in scripts/k8s-node.sh), the way crictl is built
@@ -95,8 +97,10 @@ build_busybox() {
 # GET / answers 200 at pod-IP:80 and at 127.0.0.1:hostPort. This is
 # Debian's nginx (1.22) and its shared libraries with a configuration that
 # does that: master as root, workers as nobody, port 80, a static index.
+# build_nginx NAME OUT writes it as image NAME to OUT (scripts/conformance.sh
+# asks for one too, under the e2e framework's nginx name).
 build_nginx() {
-	local tmp bin args
+	local name=$1 out=$2 tmp bin args
 	tmp=$(mktemp -d)
 	deb_root nginx "$tmp/root"
 	bin=$tmp/root/usr/sbin/nginx
@@ -122,7 +126,7 @@ EOC
 	printf 'root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n' >"$tmp/files/passwd"
 	printf 'root:x:0:\nnogroup:x:65534:\n' >"$tmp/files/group"
 	# shellcheck disable=SC2046 # libs prints one argument a word
-	args=(-name "$CRITEST_NGINX" -out "$CRITEST_IMG/nginx.tar" -entrypoint /usr/sbin/nginx
+	args=(-name "$name" -out "$out" -entrypoint /usr/sbin/nginx
 		-file "$bin:/usr/sbin/nginx:0755" $(libs "$bin")
 		-file "$tmp/files/nginx.conf:/etc/nginx/nginx.conf:0644"
 		-file "$tmp/files/index.html:/usr/share/nginx/html/index.html:0644"
@@ -156,7 +160,7 @@ cmd_critest_build() {
 		rm -f "$CRITEST_IMG/stamp"
 		mkdir -p "$CRITEST_IMG"
 		build_busybox
-		build_nginx
+		build_nginx "$CRITEST_NGINX" "$CRITEST_IMG/nginx.tar"
 		echo "$key" >"$CRITEST_IMG/stamp"
 		log "critest: images $CRITEST_BUSYBOX $CRITEST_NGINX ($CRITEST_IMG)"
 	fi
@@ -168,8 +172,9 @@ cmd_critest_build() {
 
 case ${1:-} in
 build) cmd_critest_build ;;
+nginx-image) build_nginx "$2" "$3" ;;
 *)
-	echo "usage: $0 build" >&2
+	echo "usage: $0 build | nginx-image NAME OUT" >&2
 	exit 2
 	;;
 esac

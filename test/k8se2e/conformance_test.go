@@ -12,15 +12,13 @@ import (
 	"time"
 )
 
-// The focus of `make conformance`: Kubernetes' own [sig-network] tests that
-// the two-node cluster with vpcni can run. `make conformance-subset` narrows
-// it to conformanceSubset (VPCNI_CONFORMANCE_FOCUS), which TestTwoNodes
-// runs in `make test`.
+// The focus of `make conformance`: every [sig-network] test of Kubernetes'
+// conformance suite (47 at v1.36.3: the Granular Checks, HostPort,
+// Services, DNS, EndpointSlice, Proxy, … ). `make conformance-subset`
+// narrows it (VPCNI_CONFORMANCE_FOCUS) to conformanceSubset, the Granular
+// Checks and HostPort, which TestTwoNodes runs in `make test`.
 const (
-	conformanceFocus = `\[sig-network\] Networking Granular Checks: Pods|` +
-		`\[sig-network\] HostPort .*\[Conformance\]|` +
-		`\[sig-network\] Services .*\[Conformance\]|` +
-		`\[sig-network\] DNS .*\[Conformance\]`
+	conformanceFocus  = `\[sig-network\] .*\[Conformance\]`
 	conformanceSubset = `\[sig-network\] Networking Granular Checks: Pods|` +
 		`\[sig-network\] HostPort .*\[Conformance\]`
 	// Feature-gated tests (SCTP and the like) need what the fixture does not
@@ -41,11 +39,16 @@ func TestConformance(t *testing.T) {
 		t.Skip("vpcni-test: Kubernetes' conformance tests run from make conformance (VPCNI_CONFORMANCE=1); NOT RUN here")
 	}
 	focus := envOr("VPCNI_CONFORMANCE_FOCUS", conformanceFocus)
+	skip := envOr("VPCNI_CONFORMANCE_SKIP", conformanceSkip)
+	conformanceBuild(t, false)
 	// For the DNS tests the kubelets point pods at the cluster DNS Service,
 	// which CoreDNS (built by conformance.sh) serves once vpcni wires its pod.
-	withDNS := strings.Contains(focus, "DNS")
-	conformanceBuild(t, withDNS)
+	withDNS := false
+	for _, name := range selectedSpecs(t, focus, skip) {
+		withDNS = withDNS || strings.HasPrefix(name, "[sig-network] DNS ")
+	}
 	if withDNS {
+		conformanceBuild(t, true)
 		t.Setenv("CLUSTER_DNS", clusterDNS)
 	}
 	n := upNodes(t, 2)
@@ -54,8 +57,29 @@ func TestConformance(t *testing.T) {
 	// their own.
 	n.dropNodeChainedPlugins()
 	n.installAll()
-	n.runUpstreamE2E(focus, envOr("VPCNI_CONFORMANCE_SKIP", conformanceSkip),
-		envOr("VPCNI_CONFORMANCE_RESULTS", "/var/tmp/vpcni-conformance"), withDNS)
+	n.runUpstreamE2E(focus, skip, envOr("VPCNI_CONFORMANCE_RESULTS", "/var/tmp/vpcni-conformance"), withDNS)
+}
+
+// selectedSpecs are the names of the upstream specs focus and skip select,
+// from a dry run of e2e.test (which asks no cluster). None is a fault: the
+// run would prove nothing.
+func selectedSpecs(t *testing.T, focus, skip string) []string {
+	report := filepath.Join(t.TempDir(), "dry-run.json")
+	mustRun(t, nil, filepath.Join(conformanceCache(), "bin", "e2e.test"), "--provider=local", "--ginkgo.dry-run",
+		"--ginkgo.focus="+focus, "--ginkgo.skip="+skip, "--ginkgo.json-report="+report, "--ginkgo.no-color")
+	specs, _, err := readGinkgoReport(report)
+	if err != nil {
+		t.Fatalf("e2e.test's dry run: %v", err)
+	}
+	var names []string
+	for _, s := range specs {
+		names = append(names, s.name)
+	}
+	if len(names) == 0 {
+		t.Fatalf("focus %q (skip %q) selects no upstream test", focus, skip)
+	}
+	t.Logf("vpcni-test: %d upstream specs selected (focus %q, skip %q)", len(names), focus, skip)
+	return names
 }
 
 // conformanceCache is where scripts/conformance.sh keeps e2e.test and the
@@ -94,7 +118,7 @@ func (n *node) runUpstreamE2E(focus, skip, results string, withDNS bool) {
 	for _, f := range []string{"k8s.result", "e2e-report.json", "e2e.log"} {
 		_ = os.Remove(filepath.Join(results, f))
 	}
-	images := []string{"agnhost.tar", "e2e-busybox.tar", "e2e-pause.tar"}
+	images := []string{"agnhost.tar", "e2e-busybox.tar", "e2e-pause.tar", "e2e-nginx.tar"}
 	if withDNS {
 		images = append(images, "glibc-dns-testing.tar", "coredns.tar")
 	}

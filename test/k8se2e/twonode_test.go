@@ -243,7 +243,7 @@ func TestTwoNodes(t *testing.T) {
 	// Kubernetes' own tests last, on the same two nodes (their pods
 	// beside the ones above): its results beside make conformance's, in
 	// a directory of their own.
-	n.runUpstreamE2E(envOr("VPCNI_CONFORMANCE_FOCUS", conformanceSubset), envOr("VPCNI_CONFORMANCE_SKIP", conformanceSkip),
+	n.runUpstreamE2E(conformanceSubset, conformanceSkip,
 		filepath.Join(envOr("VPCNI_CONFORMANCE_RESULTS", "/var/tmp/vpcni-conformance"), "twonode-subset"), false)
 }
 
