@@ -24,7 +24,10 @@ import (
 //	pod-startup: pods=200 vpcni_p99_s=X bridge_p99_s=Y vpcni_total_s=Z bridge_total_s=W
 //
 // with the p99 over every pod of a plugin's rounds and the total as the
-// median of its rounds (p50 and every round are logged too).
+// median of its rounds (p50 and every round are logged too). Two `bench:`
+// lines before it say where the time goes: vpcni's agents' own ADD time
+// (their request histogram, per vpcni round), and one last batch of
+// hostNetwork pods, which no CNI serves: the floor of these nodes.
 func TestPodStartup(t *testing.T) {
 	if os.Getenv("VPCNI_K8S_BENCH") == "" {
 		t.Skip("vpcni-test: the pod-startup benchmark runs from make bench-startup (VPCNI_K8S_BENCH=1); NOT RUN here")
@@ -67,7 +70,7 @@ func TestPodStartup(t *testing.T) {
 				time.Sleep(2 * time.Second) // containerd reloads its CNI config
 			}
 			before := n.cniAdds()
-			secs, total := n.startupBatch(fmt.Sprintf("%s-%d", plugin, r), names, perNode, want)
+			secs, total := n.startupBatch(fmt.Sprintf("%s-%d", plugin, r), names, perNode, want, false)
 			per[plugin] = append(per[plugin], secs...)
 			totals[plugin] = append(totals[plugin], total)
 			t.Logf("round %d %s: %d pods, p50 %.2fs p99 %.2fs max %.2fs, batch %.2fs", r+1, plugin, len(secs),
@@ -92,6 +95,12 @@ func TestPodStartup(t *testing.T) {
 			}
 		}
 	}
+	// The floor no CNI can go below on these nodes: the same batch with
+	// hostNetwork pods (a sandbox and a container each, no network
+	// namespace, no CNI call), once, after the alternating rounds.
+	floor, floorTotal := n.startupBatch("hostnetwork", names, perNode, vpcniNet, true)
+	t.Logf("hostNetwork (no CNI): %d pods, p50 %.2fs p99 %.2fs max %.2fs, batch %.2fs", len(floor),
+		percentile(floor, 50), percentile(floor, 99), percentile(floor, 100), floorTotal)
 	for _, plugin := range []string{"vpcni", "bridge"} {
 		fmt.Printf("bench: %s per-pod p50 %.2fs p99 %.2fs over %d pods; batches %v s\n", plugin,
 			percentile(per[plugin], 50), percentile(per[plugin], 99), len(per[plugin]), roundTo(totals[plugin]))
@@ -100,6 +109,8 @@ func TestPodStartup(t *testing.T) {
 		fmt.Printf("bench: vpcni's agents' ADD over %.0f pods: mean %.0f ms, p99 <= %gs (of each pod's creation-to-Ready)\n",
 			adds.count, 1000*adds.sum/adds.count, adds.quantile(0.99))
 	}
+	fmt.Printf("bench: hostNetwork pods (no CNI at all) per-pod p50 %.2fs p99 %.2fs over %d pods; batch %.2f s\n",
+		percentile(floor, 50), percentile(floor, 99), len(floor), floorTotal)
 	fmt.Printf("pod-startup: pods=%d vpcni_p99_s=%.2f bridge_p99_s=%.2f vpcni_total_s=%.2f bridge_total_s=%.2f\n",
 		2*perNode, percentile(per["vpcni"], 99), percentile(per["bridge"], 99), median(totals["vpcni"]), median(totals["bridge"]))
 }
@@ -112,6 +123,7 @@ metadata:
 spec:
   terminationGracePeriodSeconds: 1
   nodeSelector: {kubernetes.io/hostname: %[2]s}
+  hostNetwork: %[4]t
   containers:
     - name: c
       image: %[3]s
@@ -125,15 +137,15 @@ spec:
 // (creationTimestamp, the Ready condition's lastTransitionTime: whole
 // seconds, so each figure is within 1 s); the batch's time is from the
 // create call until a poll (every 250 ms) finds every pod Ready. It checks
-// every pod's address came from the plugin under test, then deletes the
-// pods and waits for them to be gone. (A kubectl watch, for finer times,
+// every pod's address came from the plugin under test (hostNetwork pods:
+// their node's), then deletes the pods and waits for them to be gone. (A kubectl watch, for finer times,
 // ended by itself mid-batch here; the timestamps cannot miss a pod.)
-func (n *node) startupBatch(tag string, nodes []string, perNode int, want netip.Prefix) ([]float64, float64) {
+func (n *node) startupBatch(tag string, nodes []string, perNode int, want netip.Prefix, hostNetwork bool) ([]float64, float64) {
 	t := n.t
 	var manifest strings.Builder
 	total := perNode * len(nodes)
 	for i := 0; i < total; i++ {
-		fmt.Fprintf(&manifest, startupPod, fmt.Sprintf("su-%s-%03d", tag, i), nodes[i%len(nodes)], n.env["VPCNI_K8S_BUSYBOX_IMAGE"])
+		fmt.Fprintf(&manifest, startupPod, fmt.Sprintf("su-%s-%03d", tag, i), nodes[i%len(nodes)], n.env["VPCNI_K8S_BUSYBOX_IMAGE"], hostNetwork)
 	}
 	f := filepath.Join(t.TempDir(), "pods.yaml")
 	if err := os.WriteFile(f, []byte(manifest.String()), 0o644); err != nil {
