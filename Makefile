@@ -199,9 +199,10 @@ critest: build k8s-build
 	bash scripts/critest.sh build >/dev/null
 	flock /tmp/vpcni-k8s.lock env VPCNI_REQUIRE_ROOT=1 VPCNI_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 15m -v ./test/critest 2>&1 | tee /tmp/vpcni-critest-run.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|vpcni-test:|^critest:' ; exit $${PIPESTATUS[0]}
 
-# Kubernetes' own [sig-network] conformance tests against vpcni on two real
-# nodes (test/k8se2e TestConformance): e2e.test and the agnhost, busybox and
-# pause images the framework asks for, built from k8s.io/kubernetes at the
+# Kubernetes' own [sig-network] conformance tests (every one: 47 at
+# v1.36.3) against vpcni on two real nodes (test/k8se2e TestConformance):
+# e2e.test and the agnhost, busybox, nginx, pause (and DNS) images the
+# framework asks for, built from k8s.io/kubernetes at the
 # fixture's version by scripts/conformance.sh (cached beside the fixture),
 # run with --provider=local inside the first node's namespace. The last line is
 # `conformance: k8s_passed=A/B critest_passed=C/D`; critest's figures come
