@@ -217,7 +217,8 @@ cmd_build() {
 	flock 8
 	ensure_apt
 	key=$(stamp_key)
-	if [ "$(cat "$CACHE/e2e.stamp" 2>/dev/null)" = "$key" ] && [ -x "$CACHE/bin/e2e.test" ] && [ -f "$CACHE/images/agnhost.tar" ] && [ -f "$CACHE/images/glibc-dns-testing.tar" ] && [ -f "$CACHE/images/e2e-nginx.tar" ]; then
+	if [ "$(cat "$CACHE/e2e.stamp" 2>/dev/null)" = "$key" ] && [ -x "$CACHE/bin/e2e.test" ] && [ -f "$CACHE/images/agnhost.tar" ] && [ -f "$CACHE/images/glibc-dns-testing.tar" ] &&
+		[ -f "$CACHE/images/e2e-busybox.tar" ] && [ -f "$CACHE/images/e2e-pause.tar" ] && [ -f "$CACHE/images/e2e-nginx.tar" ]; then
 		log "e2e.test, agnhost and images: cached ($CACHE)"
 		return
 	fi

@@ -172,7 +172,10 @@ cmd_critest_build() {
 
 case ${1:-} in
 build) cmd_critest_build ;;
-nginx-image) build_nginx "$2" "$3" ;;
+nginx-image)
+	[ $# -eq 3 ] || die "usage: $0 nginx-image NAME OUT"
+	build_nginx "$2" "$3"
+	;;
 *)
 	echo "usage: $0 build | nginx-image NAME OUT" >&2
 	exit 2

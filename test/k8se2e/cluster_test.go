@@ -86,8 +86,11 @@ func (n *node) waitInstalled(how string, since time.Time) {
 	})
 	t.Logf("vpcni-test: %d node(s) Ready %s after %s (vpcni's conflist in each node's CNI dir)", len(names), time.Since(since).Round(100*time.Millisecond), how)
 	agents := n.waitReady("vpcni-system", "app.kubernetes.io/name=vpcnid", len(names), 2*time.Minute)
-	if on := n.podNodes(agents); len(on) != len(names) {
-		t.Fatalf("vpcnid pods per node: %v, want one on each of %v", on, names)
+	on := n.podNodes(agents)
+	for _, name := range names {
+		if on[name] != 1 {
+			t.Fatalf("vpcnid pods per node: %v, want one on each of %v", on, names)
+		}
 	}
 	// The controller runs on the pod network: vpcni wires it too.
 	n.waitReady("vpcni-system", "app.kubernetes.io/name=vpcni-controller", 2, 2*time.Minute)

@@ -1,11 +1,13 @@
 package k8se2e
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"sort"
 	"strings"
 	"testing"
@@ -41,11 +43,14 @@ func TestConformance(t *testing.T) {
 	focus := envOr("VPCNI_CONFORMANCE_FOCUS", conformanceFocus)
 	skip := envOr("VPCNI_CONFORMANCE_SKIP", conformanceSkip)
 	conformanceBuild(t, false)
-	// For the DNS tests the kubelets point pods at the cluster DNS Service,
-	// which CoreDNS (built by conformance.sh) serves once vpcni wires its pod.
+	// The kubelets point pods at the cluster DNS Service, which CoreDNS
+	// (built by conformance.sh) serves once vpcni wires its pod: the DNS
+	// tests need it, and so do others (the Services tests resolve Service
+	// names). Only the subset's tests are known to do without.
+	subset := regexp.MustCompile(conformanceSubset)
 	withDNS := false
 	for _, name := range selectedSpecs(t, focus, skip) {
-		withDNS = withDNS || strings.HasPrefix(name, "[sig-network] DNS ")
+		withDNS = withDNS || !subset.MatchString(name)
 	}
 	if withDNS {
 		conformanceBuild(t, true)
@@ -135,6 +140,16 @@ func (n *node) runUpstreamE2E(focus, skip, results string, withDNS bool) {
 		t.Logf("vpcni-test: CoreDNS Ready behind %s", clusterDNS)
 	}
 
+	// e2e.test must end, and report, while this test still has time to
+	// take the cluster down: go test's own timeout kills the binary
+	// without running the cleanups, leaving both nodes running.
+	timeout := 75 * time.Minute
+	if d, ok := t.Deadline(); ok {
+		timeout = min(timeout, time.Until(d)-3*time.Minute)
+		if timeout < time.Minute {
+			t.Fatalf("%s left before go test's timeout: too little for the upstream tests and the teardown", time.Until(d).Round(time.Second))
+		}
+	}
 	report := filepath.Join(results, "e2e-report.json")
 	logf, err := os.Create(filepath.Join(results, "e2e.log"))
 	if err != nil {
@@ -144,12 +159,16 @@ func (n *node) runUpstreamE2E(focus, skip, results string, withDNS bool) {
 	args := []string{"--net=/run/netns/" + nodeNS, "--", filepath.Join(cache, "bin", "e2e.test"),
 		"--provider=local", "--kubeconfig=" + n.env["VPCNI_K8S_KUBECONFIG"],
 		"--ginkgo.focus=" + focus, "--ginkgo.skip=" + skip,
-		"--ginkgo.json-report=" + report, "--ginkgo.no-color", "--ginkgo.v", "--ginkgo.timeout=75m",
+		"--ginkgo.json-report=" + report, "--ginkgo.no-color", "--ginkgo.v", "--ginkgo.timeout=" + timeout.String(),
 		// No cluster/log-dump.sh here; the fixture keeps its own logs.
 		"--dump-logs-on-failure=false",
 		"--report-dir=" + results,
 	}
-	cmd := exec.Command("nsenter", args...)
+	// Past ginkgo's own timeout (it reports what ran), the process is
+	// killed.
+	ctx, cancel := context.WithTimeout(context.Background(), timeout+time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "nsenter", args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.Dir = results
 	start := time.Now()
