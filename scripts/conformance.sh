@@ -14,17 +14,16 @@
 # `make conformance` and `make conformance-subset` drive both.
 set -euo pipefail
 
-REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-K8S_VERSION=${K8S_VERSION:-1.36.3}
-CACHE_ROOT=${VPCNI_K8S_CACHE:-/var/cache/vpcni-k8s}
-CACHE=$CACHE_ROOT/$K8S_VERSION
-GO=${GO:-$(command -v go || echo /usr/local/go/bin/go)}
+# The fixture's cache layout, Go, version and helpers (sourcing runs
+# nothing); this script's own log and die below.
+# shellcheck source=k8s-node.sh
+. "$(dirname "${BASH_SOURCE[0]}")/k8s-node.sh"
 # Where the runs leave their results: the e2e's JUnit report and summary,
 # and (written by the critest step when it ran) critest's figures.
 RESULTS=${VPCNI_CONFORMANCE_RESULTS:-/var/tmp/vpcni-conformance}
 # Debian packages whose binaries (with their shared libraries) go into the
 # agnhost image, standing in for the Alpine packages its Dockerfile adds.
-APT_PKGS=(curl netcat-openbsd iproute2 bind9-dnsutils busybox-static)
+E2E_APT_PKGS=(curl netcat-openbsd iproute2 bind9-dnsutils busybox-static)
 # CoreDNS for the DNS conformance tests: the version kubeadm pins for this
 # Kubernetes (cmd/kubeadm/app/constants CoreDNSVersion), built from its Go
 # module; the image name is ours (the test's manifest says Never pull).
@@ -33,18 +32,6 @@ COREDNS_IMAGE=vpcni.local/coredns:v$COREDNS_VERSION
 
 log() { printf '[conformance %s] %s\n' "$(date +%T)" "$*" >&2; }
 die() { echo "conformance: $*" >&2; exit 1; }
-
-ensure_apt() {
-	local missing=() p
-	for p in "${APT_PKGS[@]}"; do
-		dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || missing+=("$p")
-	done
-	if ((${#missing[@]})); then
-		log "apt-get install ${missing[*]}"
-		apt-get update -qq >/dev/null
-		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-	fi
-}
 
 # The e2e's own throwaway module, beside the fixture's: the fixture's go.mod
 # (k8s.io/kubernetes at $K8S_VERSION, every staging module replaced by its
@@ -202,7 +189,7 @@ stamp_key() {
 		"$GO" version
 		sha256sum "$REPO/scripts/conformance.sh" "$REPO/scripts/critest.sh" "$CACHE/mod/go.mod"
 		cat "$REPO"/tools/mkimage/*.go "$REPO"/internal/ociimage/*.go "$REPO"/tools/pause/*.go | sha256sum
-		dpkg-query -W -f='${Package} ${Version}\n' "${APT_PKGS[@]}"
+		dpkg-query -W -f='${Package} ${Version}\n' "${E2E_APT_PKGS[@]}"
 	} | sha256sum | cut -c1-32
 }
 
@@ -215,7 +202,7 @@ cmd_build() {
 	mkdir -p "$CACHE"
 	exec 8>"$CACHE/.e2e-build.lock"
 	flock 8
-	ensure_apt
+	ensure_apt "${E2E_APT_PKGS[@]}"
 	key=$(stamp_key)
 	if [ "$(cat "$CACHE/e2e.stamp" 2>/dev/null)" = "$key" ] && [ -x "$CACHE/bin/e2e.test" ] && [ -f "$CACHE/images/agnhost.tar" ] && [ -f "$CACHE/images/glibc-dns-testing.tar" ] &&
 		[ -f "$CACHE/images/e2e-busybox.tar" ] && [ -f "$CACHE/images/e2e-pause.tar" ] && [ -f "$CACHE/images/e2e-nginx.tar" ]; then

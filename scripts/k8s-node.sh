@@ -28,9 +28,11 @@ elapsed() { echo "scale=2; ($(date +%s%N) - $T0) / 1000000000" | bc; }
 
 # ---------------------------------------------------------------- build
 
+# ensure_apt PKG…: installs those of the Debian packages that are missing
+# (scripts/conformance.sh uses it too, for its own list).
 ensure_apt() {
-	local missing=()
-	for p in "${APT_PKGS[@]}"; do
+	local missing=() p
+	for p in "$@"; do
 		dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || missing+=("$p")
 	done
 	if ((${#missing[@]})); then
@@ -151,7 +153,7 @@ build_key() {
 
 cmd_build() {
 	local key
-	ensure_apt
+	ensure_apt "${APT_PKGS[@]}"
 	key=$(build_key)
 	if [ "$(cat "$CACHE/stamp" 2>/dev/null)" = "$key" ]; then
 		build_iperf3_image
