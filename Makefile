@@ -191,13 +191,13 @@ e2e-k8s-helm: build image k8s-build
 # cri-tools' critest networking tests (unpatched, v1.36.0 as crictl) against
 # the fixture's containerd (CRI_ONLY) in a lab node with vpcnid and
 # deploy/10-vpcni.conflist (test/critest). Ends with `critest: passed=C/D`
-# and writes /var/tmp/vpcni-conformance/critest.result for make conformance.
+# and writes $(CONFORMANCE_RESULTS)/critest.result for make conformance.
 # Not in `make test`: a cold critest build is ~2-3 min. Holds the fixture's
 # lock: other runs of the fixture share its state dir.
 critest: build k8s-build
 	bash scripts/cni-plugins.sh $(BIN)/cni-plugins
 	bash scripts/critest.sh build >/dev/null
-	flock /tmp/vpcni-k8s.lock env VPCNI_REQUIRE_ROOT=1 VPCNI_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 15m -v ./test/critest 2>&1 | tee /tmp/vpcni-critest-run.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|vpcni-test:|^critest:' ; exit $${PIPESTATUS[0]}
+	flock /tmp/vpcni-k8s.lock env VPCNI_CONFORMANCE_DIR=$(CONFORMANCE_RESULTS) VPCNI_REQUIRE_ROOT=1 VPCNI_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 15m -v ./test/critest 2>&1 | tee /tmp/vpcni-critest-run.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|vpcni-test:|^critest:' ; exit $${PIPESTATUS[0]}
 
 # Kubernetes' own [sig-network] conformance tests (every one: 47 at
 # v1.36.3) against vpcni on two real nodes (test/k8se2e TestConformance):
@@ -219,7 +219,7 @@ conformance-build: k8s-build
 
 conformance: build image conformance-build
 	@mkdir -p $(CONFORMANCE_RESULTS) && touch $(CONFORMANCE_RESULTS)/.started
-	-$(MAKE) critest
+	-$(MAKE) critest CONFORMANCE_RESULTS=$(CONFORMANCE_RESULTS)
 	VPCNI_CONFORMANCE=1 VPCNI_CONFORMANCE_RESULTS=$(CONFORMANCE_RESULTS) VPCNI_CONFORMANCE_FOCUS='$(CONFORMANCE_FOCUS)' VPCNI_REQUIRE_ROOT=1 VPCNI_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 90m -v -run 'TestConformance' ./test/k8se2e 2>&1 | tee /tmp/vpcni-conformance.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|vpcni-test:|k8s-e2e' ; rc=$${PIPESTATUS[0]}; \
 	VPCNI_CONFORMANCE_RESULTS=$(CONFORMANCE_RESULTS) bash scripts/conformance.sh summary; exit $$rc
 
