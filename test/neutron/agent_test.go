@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -138,13 +139,20 @@ func TestAgentAgainstNeutron(t *testing.T) {
 		paths[i], _ = tb.AddPod(10 + i)
 	}
 	var wg sync.WaitGroup
+	var done atomic.Int32
 	burstErrs := make([]error, n)
 	for i := range n {
 		wg.Go(func() {
 			_, burstErrs[i] = cni.Add(c, testbed.Runtime(fmt.Sprintf("burst-%d", i), paths[i], "eth0", nil))
+			done.Add(1)
 		})
 	}
-	time.Sleep(700 * time.Millisecond) // a Neutron PUT takes 0.4-0.9 s here
+	// The kill lands once the first ADDs are served from the pool, while
+	// the rest wait on a Neutron PUT (0.4-0.9 s here), or at 700 ms: a
+	// fixed sleep alone was seen to land after a fast PUT had served all.
+	for start := time.Now(); done.Load() == 0 && time.Since(start) < 700*time.Millisecond; {
+		time.Sleep(5 * time.Millisecond)
+	}
 	if err := agent.Kill(); err != nil {
 		t.Fatal(err)
 	}
