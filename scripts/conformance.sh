@@ -193,6 +193,14 @@ stamp_key() {
 	} | sha256sum | cut -c1-32
 }
 
+# all_built: every image build_images writes is there.
+all_built() {
+	local f
+	for f in agnhost glibc-dns-testing e2e-busybox e2e-pause e2e-nginx; do
+		[ -f "$CACHE/images/$f.tar" ] || return 1
+	done
+}
+
 cmd_build() {
 	local key t0
 	bash "$REPO/scripts/k8s-node.sh" build
@@ -204,8 +212,7 @@ cmd_build() {
 	flock 8
 	ensure_apt "${E2E_APT_PKGS[@]}"
 	key=$(stamp_key)
-	if [ "$(cat "$CACHE/e2e.stamp" 2>/dev/null)" = "$key" ] && [ -x "$CACHE/bin/e2e.test" ] && [ -f "$CACHE/images/agnhost.tar" ] && [ -f "$CACHE/images/glibc-dns-testing.tar" ] &&
-		[ -f "$CACHE/images/e2e-busybox.tar" ] && [ -f "$CACHE/images/e2e-pause.tar" ] && [ -f "$CACHE/images/e2e-nginx.tar" ]; then
+	if [ "$(cat "$CACHE/e2e.stamp" 2>/dev/null)" = "$key" ] && [ -x "$CACHE/bin/e2e.test" ] && all_built; then
 		log "e2e.test, agnhost and images: cached ($CACHE)"
 		return
 	fi

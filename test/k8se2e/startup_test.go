@@ -138,8 +138,9 @@ spec:
 // seconds, so each figure is within 1 s); the batch's time is from the
 // create call until a poll (every 250 ms) finds every pod Ready. It checks
 // every pod's address came from the plugin under test (hostNetwork pods:
-// their node's), then deletes the pods and waits for them to be gone. (A kubectl watch, for finer times,
-// ended by itself mid-batch here; the timestamps cannot miss a pod.)
+// their node's), then deletes the pods and waits for them to be gone. (A
+// kubectl watch, for finer times, ended by itself mid-batch here; the
+// timestamps cannot miss a pod.)
 func (n *node) startupBatch(tag string, nodes []string, perNode int, want netip.Prefix, hostNetwork bool) ([]float64, float64) {
 	t := n.t
 	var manifest strings.Builder

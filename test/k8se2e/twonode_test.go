@@ -94,7 +94,7 @@ spec:
 // conformance tests (conformanceSubset): `make test` runs this.
 func TestTwoNodes(t *testing.T) {
 	start := time.Now()
-	conformanceBuild(t, false)
+	conformanceBuild(t, "build")
 	n := upNodes(t, 2)
 	names := n.nodeNames()
 	ips := []netip.Addr{n.lab.Nodes[0].IP, n.lab.Nodes[1].IP}
