@@ -13,25 +13,28 @@ import (
 // State of an address the node holds.
 type State int
 
-// The states an address moves through: Free → Allocated → Cooling → Free.
+// The states an address moves through: Free → Allocated → Cooling → Free;
+// an address whose wiring keeps failing goes from Allocated to Aside, and
+// back to Free (last in line) when its time out is over.
 const (
 	Unknown State = iota
 	Free
 	Allocated
 	Cooling
+	Aside
 )
 
 func (s State) String() string {
-	return [...]string{"unknown", "free", "allocated", "cooling"}[s]
+	return [...]string{"unknown", "free", "allocated", "cooling", "aside"}[s]
 }
 
 // Counts of held addresses by state.
 type Counts struct {
-	Free, Cooling, Allocated int
+	Free, Cooling, Allocated, Aside int
 }
 
 // Held is every address the node holds.
-func (c Counts) Held() int { return c.Free + c.Cooling + c.Allocated }
+func (c Counts) Held() int { return c.Free + c.Cooling + c.Allocated + c.Aside }
 
 // Pool tracks held addresses. It is not safe for concurrent use.
 type Pool struct {
@@ -40,6 +43,7 @@ type Pool struct {
 	state     map[netip.Addr]State
 	owner     map[netip.Addr]string
 	coolUntil map[netip.Addr]time.Time
+	asideTill map[netip.Addr]time.Time
 }
 
 // NewPool returns an empty pool whose released addresses rest for cooldown.
@@ -49,6 +53,7 @@ func NewPool(cooldown time.Duration) *Pool {
 		state:     map[netip.Addr]State{},
 		owner:     map[netip.Addr]string{},
 		coolUntil: map[netip.Addr]time.Time{},
+		asideTill: map[netip.Addr]time.Time{},
 	}
 }
 
@@ -141,8 +146,9 @@ func (p *Pool) Release(a netip.Addr, now time.Time) (until time.Time, err error)
 	return until, nil
 }
 
-// Unallocate puts an address that never reached a pod (its ADD failed) back
-// at the head of the free list, without a cooldown.
+// Unallocate puts an address that never reached a pod (its ADD failed for
+// a reason of its own, not the address's) back at the head of the free
+// list, without a cooldown.
 func (p *Pool) Unallocate(a netip.Addr) error {
 	if s := p.state[a]; s != Allocated {
 		return fmt.Errorf("unallocate %s: address is %s, not allocated", a, s)
@@ -151,6 +157,49 @@ func (p *Pool) Unallocate(a netip.Addr) error {
 	p.state[a] = Free
 	p.free = slices.Insert(p.free, 0, a)
 	return nil
+}
+
+// Requeue puts an address that never reached a pod back at the end of the
+// free list: its wiring failed, so every other free address goes out
+// before it is tried again.
+func (p *Pool) Requeue(a netip.Addr) error {
+	if s := p.state[a]; s != Allocated {
+		return fmt.Errorf("requeue %s: address is %s, not allocated", a, s)
+	}
+	delete(p.owner, a)
+	p.state[a] = Free
+	p.free = append(p.free, a)
+	return nil
+}
+
+// SetAside takes an allocated address that never reached a pod out of use
+// until the given time: held, but handed to nobody.
+func (p *Pool) SetAside(a netip.Addr, until time.Time) error {
+	if s := p.state[a]; s != Allocated {
+		return fmt.Errorf("set aside %s: address is %s, not allocated", a, s)
+	}
+	delete(p.owner, a)
+	p.state[a] = Aside
+	p.asideTill[a] = until
+	return nil
+}
+
+// Unaside puts the addresses set aside whose time is over at now back at
+// the end of the free list, and returns them.
+func (p *Pool) Unaside(now time.Time) []netip.Addr {
+	var done []netip.Addr
+	for a, until := range p.asideTill {
+		if !now.Before(until) {
+			done = append(done, a)
+		}
+	}
+	slices.SortFunc(done, netip.Addr.Compare)
+	for _, a := range done {
+		delete(p.asideTill, a)
+		p.state[a] = Free
+		p.free = append(p.free, a)
+	}
+	return done
 }
 
 // Promote frees every address whose cooldown is over and returns them.
@@ -170,13 +219,16 @@ func (p *Pool) Promote(now time.Time) []netip.Addr {
 	return done
 }
 
-// Remove forgets a free or cooling address the provider no longer holds.
+// Remove forgets a free, cooling or set-aside address the provider no
+// longer holds.
 func (p *Pool) Remove(a netip.Addr) error {
 	switch p.state[a] {
 	case Free:
 		p.free = slices.DeleteFunc(p.free, func(x netip.Addr) bool { return x == a })
 	case Cooling:
 		delete(p.coolUntil, a)
+	case Aside:
+		delete(p.asideTill, a)
 	case Allocated:
 		return fmt.Errorf("remove %s: address is allocated to %s", a, p.owner[a])
 	default:
@@ -188,8 +240,8 @@ func (p *Pool) Remove(a netip.Addr) error {
 
 // Counts returns how many addresses are in each state.
 func (p *Pool) Counts() Counts {
-	c := Counts{Free: len(p.free), Cooling: len(p.coolUntil)}
-	c.Allocated = len(p.state) - c.Free - c.Cooling
+	c := Counts{Free: len(p.free), Cooling: len(p.coolUntil), Aside: len(p.asideTill)}
+	c.Allocated = len(p.state) - c.Free - c.Cooling - c.Aside
 	return c
 }
 

@@ -28,6 +28,7 @@ type poolModel struct {
 	state  map[netip.Addr]ipam.State
 	owner  map[netip.Addr]string
 	until  map[netip.Addr]time.Time
+	aside  map[netip.Addr]time.Time
 	free   [][]netip.Addr
 	owners int
 }
@@ -40,6 +41,7 @@ func newPoolModel(cooldown time.Duration) *poolModel {
 		state:    map[netip.Addr]ipam.State{},
 		owner:    map[netip.Addr]string{},
 		until:    map[netip.Addr]time.Time{},
+		aside:    map[netip.Addr]time.Time{},
 	}
 	// A small universe so that actions keep hitting the same addresses.
 	for i := 1; i <= 10; i++ {
@@ -202,6 +204,60 @@ func (m *poolModel) Unallocate(t *rapid.T) {
 	m.free = slices.Insert(m.free, 0, []netip.Addr{a})
 }
 
+func (m *poolModel) Requeue(t *rapid.T) {
+	a := m.addr(t, "addr")
+	err := m.pool.Requeue(a)
+	if m.state[a] != ipam.Allocated {
+		if err == nil {
+			t.Fatalf("Requeue(%s) of a %s address succeeded", a, m.state[a])
+		}
+		return
+	}
+	if err != nil {
+		t.Fatalf("Requeue(%s): %v", a, err)
+	}
+	delete(m.owner, a)
+	m.state[a] = ipam.Free
+	m.free = append(m.free, []netip.Addr{a})
+}
+
+func (m *poolModel) SetAside(t *rapid.T) {
+	a := m.addr(t, "addr")
+	until := m.now.Add(time.Duration(rapid.IntRange(0, 60).Draw(t, "aside")) * time.Second)
+	err := m.pool.SetAside(a, until)
+	if m.state[a] != ipam.Allocated {
+		if err == nil {
+			t.Fatalf("SetAside(%s) of a %s address succeeded", a, m.state[a])
+		}
+		return
+	}
+	if err != nil {
+		t.Fatalf("SetAside(%s): %v", a, err)
+	}
+	delete(m.owner, a)
+	m.state[a] = ipam.Aside
+	m.aside[a] = until
+}
+
+func (m *poolModel) Unaside(t *rapid.T) {
+	got := m.pool.Unaside(m.now)
+	var want []netip.Addr
+	for a, u := range m.aside {
+		if !m.now.Before(u) {
+			want = append(want, a)
+		}
+	}
+	slices.SortFunc(want, netip.Addr.Compare)
+	if !slices.Equal(got, want) {
+		t.Fatalf("Unaside(%s) = %v, want %v", m.now, got, want)
+	}
+	for _, a := range want {
+		delete(m.aside, a)
+		m.state[a] = ipam.Free
+		m.free = append(m.free, []netip.Addr{a})
+	}
+}
+
 func (m *poolModel) Advance(t *rapid.T) {
 	// Whole seconds, zero included, so that cooldowns often end at the
 	// same instant and exactly at "now".
@@ -236,6 +292,8 @@ func (m *poolModel) Remove(t *rapid.T) {
 		m.dropFree(a)
 	case ipam.Cooling:
 		delete(m.until, a)
+	case ipam.Aside:
+		delete(m.aside, a)
 	default:
 		if err == nil {
 			t.Fatalf("Remove(%s) of a %s address succeeded", a, m.state[a])
@@ -264,6 +322,8 @@ func (m *poolModel) Check(t *rapid.T) {
 			want.Cooling++
 		case ipam.Allocated:
 			want.Allocated++
+		case ipam.Aside:
+			want.Aside++
 		}
 		if s != ipam.Unknown {
 			held = append(held, a)
@@ -282,7 +342,7 @@ func (m *poolModel) Check(t *rapid.T) {
 		t.Fatalf("Counts().Held() = %d, want %d", got, len(held))
 	}
 	if got := m.pool.Held(); !slices.Equal(got, held) {
-		t.Fatalf("Held() = %v, want free ∪ cooling ∪ allocated = %v", got, held)
+		t.Fatalf("Held() = %v, want free ∪ cooling ∪ allocated ∪ aside = %v", got, held)
 	}
 	next, ok := m.pool.NextCooled()
 	if len(m.until) == 0 {
