@@ -11,8 +11,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"net/netip"
+	"slices"
 	"sync"
 	"time"
 
@@ -47,10 +49,16 @@ type Policy struct {
 // Connect builds the provider; the cloud may not answer yet.
 type Connect func(ctx context.Context) (provider.Provider, error)
 
-// Store persists the cooling addresses (the agent writes them with each
-// release); the manager forgets those whose rest is over.
+// Store persists the addresses at rest and those leaving. The agent writes
+// both with the release of a pod's record, in the same transaction (a
+// cooling address with the release, a leaving one — a requested address
+// going back to the cloud — in place of it); the manager forgets them.
 type Store interface {
+	// Uncool forgets cooling addresses whose rest is over.
 	Uncool(addrs []netip.Addr) error
+	// Left forgets leaving addresses: the cloud has them back, or the node
+	// got them again from it.
+	Left(addrs []netip.Addr) error
 }
 
 // Manager is one node's address manager. Its methods are safe for
@@ -64,6 +72,9 @@ type Manager struct {
 	// Synced, if set, is called after every successful reconciliation with
 	// the provider (the set of idle addresses may have changed).
 	Synced func()
+	// Report, if set, hears of what a person should look at (an address
+	// set aside because it cannot be wired), besides the log.
+	Report func(reason, message string)
 
 	mu          sync.Mutex // guards everything below but the refill state
 	pool        *ipam.Pool
@@ -76,11 +87,23 @@ type Manager struct {
 	// then addresses restored as cooling stay cooling: the provider may
 	// have taken them back while the agent was away.
 	synced bool
-	// giveBack: requested addresses whose pods are gone but whose release
-	// to the provider failed. Kept out of the pool (sync does not adopt
-	// them) and retried by Run, so another node can have them once the
-	// cloud answers. Memory only: after a restart sync adopts them as free.
+	// giveBack: requested addresses whose pods are gone, on their way back
+	// to the provider (leaving). Never in the pool at the same time: sync
+	// does not adopt them, and one the node gets again from the provider
+	// (a release that let it go and failed on another address, or whose
+	// answer was lost) or takes back for its pod leaves this list first —
+	// a later retry would otherwise take it off a running pod. Run retries
+	// them until the provider has them. Persisted by the agent's store
+	// (Restore reads them back), so a restart does not adopt them as free.
 	giveBack map[netip.Addr]bool
+	// wireFailures counts, per address, the ADDs in a row whose wiring
+	// failed (Unwired); Wired clears it.
+	wireFailures map[netip.Addr]int
+	// exhaustedProbe: when the provider said it has no more, the next time
+	// Run asks it again although nothing else would (warmTarget 0), and
+	// the pause after that.
+	exhaustedProbe time.Time
+	exhaustedPause time.Duration
 
 	refillMu     sync.Mutex // one provider refill, resync or trim at a time
 	surplusSince time.Time  // when free first went above MaxFree (zero: not above)
@@ -102,19 +125,21 @@ func New(policy Policy, node string, connect Connect, store Store, log *slog.Log
 	return &Manager{
 		policy: policy, node: node, connect: connect, store: store, log: log,
 		pool: ipam.NewPool(policy.Cooldown), leases: map[netip.Addr]alloc.Lease{}, giveBack: map[netip.Addr]bool{},
+		wireFailures: map[netip.Addr]int{},
 		providerErr: errConnecting,
 		kick:        make(chan struct{}, 1),
 		tried:       make(chan struct{}),
 	}
 }
 
-// Restore puts the store's allocations and cooling addresses into the
-// pool, before anything else happens. An allocation whose address another
-// one holds already is returned and left out: wiring or releasing it would
-// touch the other's pod, so a person resolves it. Cooling entries whose
-// rest is over are forgotten.
-func (m *Manager) Restore(allocs []*alloc.Allocation, cooling map[netip.Addr]time.Time, now time.Time) (conflicts []*alloc.Allocation, err error) {
-	var expired []netip.Addr
+// Restore puts the store's allocations, cooling and leaving addresses into
+// the pool, before anything else happens. An allocation whose address
+// another one holds already is returned and left out: wiring or releasing
+// it would touch the other's pod, so a person resolves it. Cooling entries
+// whose rest is over are forgotten; leaving ones go back to the provider
+// once Run connects it (one a pod here holds again stays the pod's).
+func (m *Manager) Restore(allocs []*alloc.Allocation, cooling map[netip.Addr]time.Time, leaving []netip.Addr, now time.Time) (conflicts []*alloc.Allocation, err error) {
+	var expired, stayed []netip.Addr
 	m.mu.Lock()
 	for _, a := range allocs {
 		if err := m.pool.Restore(a.Address, a.Key()); err != nil {
@@ -131,8 +156,15 @@ func (m *Manager) Restore(allocs []*alloc.Allocation, cooling map[netip.Addr]tim
 		_ = m.pool.RestoreCooling(ip, until)
 		m.leases[ip] = alloc.Lease{Address: ip}
 	}
+	for _, ip := range leaving {
+		if m.pool.State(ip) != ipam.Unknown {
+			stayed = append(stayed, ip)
+			continue
+		}
+		m.giveBack[ip] = true
+	}
 	m.mu.Unlock()
-	return conflicts, m.store.Uncool(expired)
+	return conflicts, errors.Join(m.store.Uncool(expired), m.store.Left(stayed))
 }
 
 // errConnecting is the provider's state until Run's first attempt to
@@ -223,11 +255,13 @@ func (m *Manager) Take(ctx context.Context, owner string) (alloc.Lease, error) {
 	}
 }
 
-// take promotes what has cooled and takes the longest-rested free lease.
+// take promotes what has cooled (and what was set aside long enough) and
+// takes the longest-rested free lease.
 func (m *Manager) take(owner string) (alloc.Lease, bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.promoteLocked(time.Now())
+	m.pool.Unaside(time.Now())
 	ip, ok := m.pool.Take(owner)
 	if !ok {
 		return alloc.Lease{}, false
@@ -261,14 +295,62 @@ func (m *Manager) exhausted() *Shortage {
 		Details: "free addresses by deleting pods, wait for the cooldown, or give the node more addresses"}
 }
 
-// Untake puts back a lease that never reached a pod (its ADD failed),
-// first in line and without a cooldown.
+// Untake puts back a lease that never reached a pod because its ADD
+// failed for a reason of its own (the record could not be written): first
+// in line and without a cooldown.
 func (m *Manager) Untake(ip netip.Addr) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if err := m.pool.Unallocate(ip); err != nil {
 		m.log.Error("return unused address", "address", ip, "err", err)
 	}
+}
+
+// setAsideAfter wiring failures in a row set an address aside; it is tried
+// again after setAsideFor, doubled with every further failure up to
+// setAsideMax: a NIC that shows up late still gets its address used, and
+// an address that never wires costs one failed ADD per period.
+const (
+	setAsideAfter = 3
+	setAsideFor   = time.Minute
+	setAsideMax   = time.Hour
+)
+
+// Unwired puts back a lease whose wiring failed (the ADD's datapath setup):
+// the address may be why (a passthrough or secondary NIC that never shows
+// up in the guest), so every other free address goes out before it is
+// tried again, and after setAsideAfter failures in a row it is set aside —
+// held, handed to nobody, reported — for a while.
+func (m *Manager) Unwired(ip netip.Addr, cause error) {
+	m.mu.Lock()
+	m.wireFailures[ip]++
+	n := m.wireFailures[ip]
+	if n < setAsideAfter {
+		if err := m.pool.Requeue(ip); err != nil {
+			m.log.Error("return unused address", "address", ip, "err", err)
+		}
+		m.mu.Unlock()
+		return
+	}
+	pause := min(setAsideFor<<(n-setAsideAfter), setAsideMax)
+	if err := m.pool.SetAside(ip, time.Now().Add(pause)); err != nil {
+		m.log.Error("set aside an address that cannot be wired", "address", ip, "err", err)
+		m.mu.Unlock()
+		return
+	}
+	m.mu.Unlock()
+	msg := fmt.Sprintf("address %s on node %s could not be wired %d times in a row and is set aside for %s (the pool hands out other addresses meanwhile): %v", ip, m.node, n, pause, cause)
+	m.log.Error("address set aside: it cannot be wired", "address", ip, "failures", n, "retry_in", pause, "err", cause)
+	if m.Report != nil {
+		m.Report("AddressSetAside", msg)
+	}
+}
+
+// Wired forgets the wiring failures of an address that was wired.
+func (m *Manager) Wired(ip netip.Addr) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	delete(m.wireFailures, ip)
 }
 
 // CoolUntil is when an address released at now may be reused (zero: at
@@ -321,6 +403,9 @@ func (m *Manager) Idle() []netip.Addr {
 // and node annotations.
 type Status struct {
 	Free, Cooling, Allocated int
+	// Aside: held but handed to nobody, their wiring kept failing.
+	// Leaving: requested addresses on their way back to the provider.
+	Aside, Leaving int
 	// Ready: an ADD could be served now; Reason says why not, or what is
 	// wrong while it still can (degraded).
 	Ready  bool
@@ -344,14 +429,17 @@ func (m *Manager) Status(now time.Time) Status {
 	if m.synced {
 		due = m.pool.Due(now)
 	}
-	s := Status{Free: c.Free + due, Cooling: c.Cooling - due, Allocated: c.Allocated, Provider: m.info,
-		Degraded: m.degradedLocked(), Addresses: map[string][]netip.Addr{}}
+	s := Status{Free: c.Free + due, Cooling: c.Cooling - due, Allocated: c.Allocated, Aside: c.Aside, Leaving: len(m.giveBack),
+		Provider: m.info, Degraded: m.degradedLocked(), Addresses: map[string][]netip.Addr{}}
 	if m.prov != nil {
 		s.Provider = m.prov.Info()
 	}
 	for _, ip := range m.pool.Held() {
 		st := m.pool.State(ip).String()
 		s.Addresses[st] = append(s.Addresses[st], ip)
+	}
+	if len(m.giveBack) > 0 {
+		s.Addresses["leaving"] = slices.SortedFunc(maps.Keys(m.giveBack), netip.Addr.Compare)
 	}
 	switch {
 	case s.Free > 0 && s.Degraded:
@@ -555,9 +643,18 @@ func (m *Manager) sync(ctx context.Context, prov provider.Provider) error {
 			m.leases[l.Address] = l
 		}
 	}
+	// Leaving addresses the provider no longer holds are back with it
+	// (a release that landed though its answer said it failed).
+	var left []netip.Addr
+	for ip := range m.giveBack {
+		if _, ok := heldSet[ip]; !ok {
+			delete(m.giveBack, ip)
+			left = append(left, ip)
+		}
+	}
 	m.synced = true
 	m.mu.Unlock()
-	if err := m.store.Uncool(gone); err != nil {
+	if err := errors.Join(m.store.Uncool(gone), m.store.Left(left)); err != nil {
 		return err
 	}
 	if len(lost) > 0 {
@@ -576,7 +673,11 @@ func (m *Manager) probe(ctx context.Context) {
 	m.mu.Lock()
 	prov, perr := m.prov, m.providerErr
 	m.mu.Unlock()
-	if prov == nil || perr == nil || errors.Is(perr, provider.ErrExhausted) {
+	if prov == nil || perr == nil {
+		return
+	}
+	if errors.Is(perr, provider.ErrExhausted) {
+		m.probeExhausted(ctx)
 		return
 	}
 	if _, err := prov.Held(ctx); err != nil {
@@ -587,6 +688,31 @@ func (m *Manager) probe(ctx context.Context) {
 		m.providerErr = nil
 	}
 	m.mu.Unlock()
+}
+
+// probeExhausted asks the provider for one address again, backing off,
+// while it last said it has no more and nothing else would ask: with no
+// free address, a warm target of 0 and the node below its capacity,
+// STATUS says not ready on that answer, so no ADD comes to find out that
+// the subnet has room again. (With a warm target, topUp asks every tick.)
+func (m *Manager) probeExhausted(ctx context.Context) {
+	m.refillMu.Lock()
+	defer m.refillMu.Unlock()
+	m.mu.Lock()
+	c := m.pool.Counts()
+	idle := c.Free > 0 || m.policy.WarmTarget > 0 || m.info.Capacity > 0 && c.Held() >= m.info.Capacity
+	due := !time.Now().Before(m.exhaustedProbe)
+	m.mu.Unlock()
+	if idle || !due {
+		return
+	}
+	if got, _ := m.obtain(ctx, 1); got > 0 {
+		m.log.Info("the provider has addresses again")
+		m.exhaustedPause = 0
+		return
+	}
+	m.exhaustedPause = min(max(2*m.exhaustedPause, m.policy.Tick), 5*time.Minute)
+	m.exhaustedProbe = time.Now().Add(m.exhaustedPause)
 }
 
 // topUp asks the provider for addresses until WarmTarget are free, in
@@ -628,19 +754,33 @@ func (m *Manager) obtain(ctx context.Context, n int) (int, error) {
 	}
 	got, err := prov.Assign(ctx, provider.AssignRequest{Count: n})
 	m.mu.Lock()
-	defer m.mu.Unlock()
 	added := 0
+	var back []netip.Addr
 	for _, l := range got {
 		if s := m.pool.State(l.Address); s != ipam.Unknown {
 			m.log.Error("provider returned an address the pool already has", "address", l.Address, "state", s)
 			continue
 		}
+		if m.giveBack[l.Address] {
+			// The cloud let it go (though the release said it failed) and
+			// gave it to the node anew: it is the node's now, not leaving.
+			delete(m.giveBack, l.Address)
+			back = append(back, l.Address)
+		}
 		_ = m.pool.AddFree(l.Address)
 		m.leases[l.Address] = l
 		added++
 	}
-	m.providerErr = err
+	// A caller that gave up (an ADD whose runtime stopped waiting) says
+	// nothing about the provider: only the provider's own failure counts.
+	if err == nil || ctx.Err() == nil {
+		m.providerErr = err
+	}
 	m.info = prov.Info()
+	m.mu.Unlock()
+	if err := m.store.Left(back); err != nil {
+		m.log.Warn("forget leaving addresses the node holds again; the next start gives them back if still unused", "addresses", back, "err", err)
+	}
 	return added, err
 }
 

@@ -39,6 +39,8 @@ func (s *memStore) Uncool(addrs []netip.Addr) error {
 	return nil
 }
 
+func (s *memStore) Left([]netip.Addr) error { return nil }
+
 func (s *memStore) cool(a netip.Addr) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -331,7 +333,7 @@ func TestRestore(t *testing.T) {
 	now := time.Now()
 	st.cool(ip("4"))
 	st.cool(ip("5"))
-	conflicts, err := m.Restore(recs, map[netip.Addr]time.Time{ip("4"): now.Add(time.Minute), ip("5"): now.Add(-time.Second)}, now)
+	conflicts, err := m.Restore(recs, map[netip.Addr]time.Time{ip("4"): now.Add(time.Minute), ip("5"): now.Add(-time.Second)}, nil, now)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -417,7 +419,7 @@ func TestBeforeTheFirstSync(t *testing.T) {
 	}, &memStore{cooling: map[netip.Addr]bool{held: true, gone: true}}, logger())
 	now := time.Now()
 	// Both restored with their rest already over by the time anyone asks.
-	if _, err := m.Restore(nil, map[netip.Addr]time.Time{held: now.Add(10 * time.Millisecond), gone: now.Add(10 * time.Millisecond)}, now); err != nil {
+	if _, err := m.Restore(nil, map[netip.Addr]time.Time{held: now.Add(10 * time.Millisecond), gone: now.Add(10 * time.Millisecond)}, nil, now); err != nil {
 		t.Fatal(err)
 	}
 	run(t, m)
@@ -469,8 +471,8 @@ func TestGiveBackRetries(t *testing.T) {
 		return slices.ContainsFunc(held, func(l alloc.Lease) bool { return l.Address == ip })
 	}
 	poolHolds := func() bool {
-		for _, list := range m.Status(time.Now()).Addresses {
-			if slices.Contains(list, ip) {
+		for state, list := range m.Status(time.Now()).Addresses {
+			if state != "leaving" && slices.Contains(list, ip) {
 				return true
 			}
 		}
@@ -493,6 +495,9 @@ func TestGiveBackRetries(t *testing.T) {
 	}
 	if !providerHolds() {
 		t.Fatal("the provider let go of the address while it refused releases")
+	}
+	if st := m.Status(time.Now()); !slices.Contains(st.Addresses["leaving"], ip) || st.Leaving != 1 {
+		t.Fatalf("STATUS does not show %s leaving: %+v", ip, st.Addresses)
 	}
 	c.noRelease.Store(false)
 	eventually(t, "the address given back once the cloud lets it go", func() bool { return !providerHolds() })

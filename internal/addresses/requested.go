@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"net/netip"
 	"slices"
 	"time"
@@ -99,14 +98,15 @@ func (m *Manager) claim(owner string, ip netip.Addr) (l alloc.Lease, ok bool, er
 }
 
 // GiveBack hands a requested address back to the provider once its pod
-// is gone (the store recorded that): it is the pod's, not the node's, so
+// is gone (the store recorded its record's release and the address as
+// leaving, in one transaction): it is the pod's, not the node's, so
 // another node may take it at once (the pod started elsewhere). The pool
-// forgets it now, marked as leaving so that no resync adopts it, and the
-// provider releases it before GiveBack returns — a DEL that returns has
-// freed the address for the pod's next node. When the provider fails (or
-// takes longer than giveBackWait), the address stays leaving and Run
-// retries it. The caller must not hold a lock an ADD needs: this waits on
-// the cloud.
+// forgets it now, marked as leaving so that no resync adopts it, and asks
+// the provider to release it, waiting up to giveBackWait. When the
+// provider fails or is slow, GiveBack returns the error and the address
+// stays leaving — Run retries it, across restarts too — so the pod's next
+// node gets "try again later" until it is back with the provider. The
+// caller must not hold a lock an ADD needs: this waits on the cloud.
 func (m *Manager) GiveBack(ctx context.Context, owner string, ip netip.Addr) error {
 	if err := m.forget(owner, ip); err != nil {
 		return err
@@ -151,8 +151,11 @@ func (m *Manager) forget(owner string, ip netip.Addr) error {
 	return nil
 }
 
-// release gives addresses back to the provider and forgets them in
-// giveBack once it did. The caller holds refillMu.
+// release gives addresses back to the provider and forgets them as
+// leaving once it did. On a failure they all stay leaving, also those the
+// provider may have let go of before it failed: releasing one again is
+// harmless, and one the node gets anew from the provider leaves the list
+// then (obtain, sync). The caller holds refillMu.
 func (m *Manager) release(ctx context.Context, prov provider.Provider, ips []netip.Addr) error {
 	if prov == nil {
 		return errors.New("provider not connected")
@@ -165,22 +168,40 @@ func (m *Manager) release(ctx context.Context, prov provider.Provider, ips []net
 		delete(m.giveBack, ip)
 	}
 	m.mu.Unlock()
+	if err := m.store.Left(ips); err != nil {
+		m.log.Warn("forget addresses given back; the next start gives them back again (harmless)", "addresses", ips, "err", err)
+	}
 	return nil
 }
 
 // retryGiveBack releases the requested addresses still leaving. The list
-// is read under refillMu: a TakeAddress (which holds it) may have taken
-// one back for its pod, returned to this node, and removed it from the
-// list — a list read before would release a running pod's address.
+// is read under refillMu, which every path that puts an address into the
+// pool holds (TakeAddress taking one back for its pod, a refill, a sync):
+// a list read before would release a running pod's address. An address
+// the pool holds is never released from here, whatever the list says.
 func (m *Manager) retryGiveBack(ctx context.Context) error {
 	m.refillMu.Lock()
 	defer m.refillMu.Unlock()
 	m.mu.Lock()
-	prov, ips := m.prov, slices.Collect(maps.Keys(m.giveBack))
+	prov := m.prov
+	var ips, pooled []netip.Addr
+	for ip := range m.giveBack {
+		if m.pool.State(ip) != ipam.Unknown {
+			delete(m.giveBack, ip)
+			pooled = append(pooled, ip)
+			continue
+		}
+		ips = append(ips, ip)
+	}
 	m.mu.Unlock()
+	if len(pooled) > 0 {
+		m.log.Error("leaving addresses found in the pool; kept, not given back", "addresses", pooled)
+		_ = m.store.Left(pooled)
+	}
 	if len(ips) == 0 {
 		return nil
 	}
+	slices.SortFunc(ips, netip.Addr.Compare)
 	if err := m.release(ctx, prov, ips); err != nil {
 		m.log.Warn("requested addresses not given back to the provider yet; retrying", "addresses", ips, "err", err)
 		return err

@@ -176,7 +176,11 @@ func (a *Agent) restore(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	conflicts, err := a.addrs.Restore(records, cooling, time.Now())
+	leaving, err := a.store.Leaving()
+	if err != nil {
+		return err
+	}
+	conflicts, err := a.addrs.Restore(records, cooling, leaving, time.Now())
 	if err != nil {
 		return err
 	}

@@ -227,9 +227,13 @@ func TestFailedSetupReturnsTheAddress(t *testing.T) {
 	if r, _ := a.store.Get("c1", "eth0"); r != nil {
 		t.Fatalf("a failed ADD left a record: %+v", r)
 	}
-	// The address goes back first in line: the next ADD gets it.
-	if ip := a.add(t, "c2", ns); ip != netip.MustParseAddr("10.9.1.2") {
-		t.Fatalf("next ADD got %s, want the unused 10.9.1.2 back", ip)
+	// The address goes back to the pool, last in line (its wiring may
+	// fail again): the next ADD gets another one, and it is not lost.
+	if ip := a.add(t, "c2", ns); ip == netip.MustParseAddr("10.9.1.2") {
+		t.Fatalf("next ADD got %s, whose wiring just failed, first", ip)
+	}
+	if free := a.addrs.Status(time.Now()).Addresses["free"]; !slices.Contains(free, netip.MustParseAddr("10.9.1.2")) {
+		t.Fatalf("the address of the failed ADD is not free again: %v", free)
 	}
 	// A pod namespace that does not exist is the request's fault (code 4).
 	if _, aerr := a.Add(context.Background(), req("c3", filepath.Join(n.netns, "gone"))); aerr == nil || aerr.Code != api.CodeInvalidEnv {

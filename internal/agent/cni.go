@@ -212,18 +212,26 @@ func (a *Agent) add(ctx context.Context, req *api.CNIRequest) (*types100.Result,
 		if err == nil {
 			_ = a.dp.Teardown(ctx, rec)
 		}
-		a.untake(rec)
+		a.untake(rec, nil)
 		return nil, api.Errorf(api.CodeIOFailure, "could not record the allocation; the pod was not wired", perr.Error())
 	}
 	if err != nil {
-		if derr := a.store.Delete(rec.ContainerID, rec.IfName); derr != nil {
+		if derr := a.dropRecord(rec); derr != nil {
 			// The record stays: the next start or DEL cleans up.
 			a.log.Error("could not drop the record of a failed ADD", "container", rec.ContainerID, "err", derr)
 			return nil, setupError(err)
 		}
-		a.untake(rec)
+		// Unless the request was bad or the runtime gave up, the address
+		// itself may be why the wiring failed.
+		var se *datapath.SetupError
+		var wiringErr error
+		if ctx.Err() == nil && !(errors.As(err, &se) && se.BadRequest) {
+			wiringErr = err
+		}
+		a.untake(rec, wiringErr)
 		return nil, setupError(err)
 	}
+	a.addrs.Wired(rec.Address)
 	a.snatPod(ctx, rec.Address)
 	rec.Wiring, rec.Ready = &wired, true
 	// Marking the record ready is not waited for: it only changes the
@@ -374,15 +382,16 @@ func (a *Agent) unwire(ctx context.Context, rec *alloc.Allocation) error {
 		return err
 	}
 	now := time.Now()
-	until := a.addrs.CoolUntil(now)
 	if rec.Requested {
-		until = time.Time{} // it leaves the node: nothing cools here
+		// It leaves the node (nothing cools here), recorded as leaving
+		// with the record's release; given back by release, after the lock.
+		if err := a.store.Leave(rec); err != nil {
+			return fmt.Errorf("update allocation store: %w", err)
+		}
+		return nil
 	}
-	if err := a.store.Release(rec, until); err != nil {
+	if err := a.store.Release(rec, a.addrs.CoolUntil(now)); err != nil {
 		return fmt.Errorf("update allocation store: %w", err)
-	}
-	if rec.Requested {
-		return nil // given back by release, after the lock
 	}
 	if err := a.addrs.Release(rec.Key(), rec.Address, now); err != nil {
 		a.log.Error("address not returned to the pool", "address", rec.Address, "record", rec.Key(), "err", err)

@@ -43,14 +43,29 @@ func requestedAddress(args string, conf *netConf) (netip.Addr, *api.Error) {
 	return ip, nil
 }
 
+// dropRecord removes the record of an ADD that failed before its pod ever
+// used the address; a requested address is recorded as leaving in the same
+// write (untake gives it back).
+func (a *Agent) dropRecord(rec *alloc.Allocation) error {
+	if rec.Requested {
+		return a.store.Leave(rec)
+	}
+	return a.store.Delete(rec.ContainerID, rec.IfName)
+}
+
 // untake undoes the allocation of an ADD that failed before its pod ever
 // used the address: a requested address goes back to the provider (it is
 // the pod's, and the pod may be retried on another node) in the
-// background — the failed ADD holds the node's wiring lock — any other to
-// the head of the pool.
-func (a *Agent) untake(rec *alloc.Allocation) {
+// background — the failed ADD holds the node's wiring lock. Any other
+// goes back to the pool: behind every other free address when its wiring
+// failed (wiringErr: the address may be why), else first in line.
+func (a *Agent) untake(rec *alloc.Allocation, wiringErr error) {
 	if !rec.Requested {
-		a.addrs.Untake(rec.Address)
+		if wiringErr != nil {
+			a.addrs.Unwired(rec.Address, wiringErr)
+		} else {
+			a.addrs.Untake(rec.Address)
+		}
 		return
 	}
 	if err := a.addrs.GiveBackLater(rec.Key(), rec.Address); err != nil {

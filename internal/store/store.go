@@ -1,7 +1,8 @@
 // Package store keeps the agent's allocation records (alloc.Allocation,
 // as JSON) in a bbolt file: one record per container interface, written
 // before ADD answers and removed only after DEL has taken the datapath
-// down, plus the addresses cooling down after release. Records written by
+// down, plus the addresses cooling down after release and those leaving the
+// node (requested addresses going back to the provider). Records written by
 // earlier versions (without lease or wiring) read as allocations without
 // them; the agent checks and completes them at start.
 package store
@@ -25,6 +26,12 @@ import (
 var (
 	bucketAllocs  = []byte("allocations")
 	bucketCooling = []byte("cooling")
+	// bucketLeaving holds requested addresses on their way back to the
+	// provider (key: the address; value: the record's key it left), so
+	// that a restart does not take them for the node's free addresses. An
+	// older vpcnid ignores the bucket (and, rolled back to, adopts them
+	// as free again, as it always did).
+	bucketLeaving = []byte("leaving")
 	// bucketMeta holds the file's schema version (keySchema, decimal).
 	// Files from before versions have none: schema 0.
 	bucketMeta = []byte("meta")
@@ -92,7 +99,7 @@ func Open(dir string) (*Store, error) {
 		return nil, fmt.Errorf("open store %s: %w", path, err)
 	}
 	err = db.Update(func(tx *bolt.Tx) error {
-		for _, b := range [][]byte{bucketAllocs, bucketCooling, bucketMeta} {
+		for _, b := range [][]byte{bucketAllocs, bucketCooling, bucketLeaving, bucketMeta} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return err
 			}
@@ -222,8 +229,11 @@ func (s *Store) Put(r *alloc.Allocation) error {
 		if err := tx.Bucket(bucketAllocs).Put([]byte(r.Key()), data); err != nil {
 			return err
 		}
-		// An address handed out again is no longer cooling.
-		return tx.Bucket(bucketCooling).Delete([]byte(r.Address.String()))
+		// An address handed out again is no longer cooling, nor leaving.
+		if err := tx.Bucket(bucketCooling).Delete([]byte(r.Address.String())); err != nil {
+			return err
+		}
+		return tx.Bucket(bucketLeaving).Delete([]byte(r.Address.String()))
 	})
 }
 
@@ -292,6 +302,53 @@ func (s *Store) Release(r *alloc.Allocation, until time.Time) error {
 		}
 		v, _ := until.MarshalText()
 		return tx.Bucket(bucketCooling).Put([]byte(r.Address.String()), v)
+	})
+}
+
+// Leave removes a record whose address leaves the node (a requested
+// address, the pod's own, going back to the provider) and, in the same
+// transaction, marks the address leaving until Left: a crash in between
+// can neither lose the record's release nor let the address be taken
+// for a free one of the node's.
+func (s *Store) Leave(r *alloc.Allocation) error {
+	return s.update(func(tx *bolt.Tx) error {
+		if err := tx.Bucket(bucketAllocs).Delete([]byte(r.Key())); err != nil {
+			return err
+		}
+		return tx.Bucket(bucketLeaving).Put([]byte(r.Address.String()), []byte(r.Key()))
+	})
+}
+
+// Leaving lists the addresses on their way back to the provider.
+func (s *Store) Leaving() ([]netip.Addr, error) {
+	var out []netip.Addr
+	err := s.db.View(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketLeaving).ForEach(func(k, _ []byte) error {
+			a, err := netip.ParseAddr(string(k))
+			if err != nil {
+				return fmt.Errorf("leaving entry %q: %w", k, err)
+			}
+			out = append(out, a)
+			return nil
+		})
+	})
+	return out, err
+}
+
+// Left forgets leaving addresses (the provider has them back, or the node
+// holds them again).
+func (s *Store) Left(addrs []netip.Addr) error {
+	if len(addrs) == 0 {
+		return nil
+	}
+	return s.update(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bucketLeaving)
+		for _, a := range addrs {
+			if err := b.Delete([]byte(a.String())); err != nil {
+				return err
+			}
+		}
+		return nil
 	})
 }
 

@@ -27,7 +27,10 @@ type Datapath struct {
 	links map[string]link     // by allocation key
 	stale map[netip.Addr]bool // node-side pieces of addresses no link has
 	fail  map[string]error    // the next Setup of a key fails so
-	calls map[string]int      // by method
+	// failAddr: every Setup of an address fails so (an address the node
+	// cannot wire: its NIC never shows up).
+	failAddr map[netip.Addr]error
+	calls    map[string]int // by method
 	// NoPodVeth makes Info say the pod's interface is no veth (as in
 	// macvlan mode); by default the fake is veth-like. Atomic: the agent's
 	// loops may ask Info while a test flips it.
@@ -44,7 +47,7 @@ type link struct {
 // New returns an empty node.
 func New() *Datapath {
 	return &Datapath{links: map[string]link{}, stale: map[netip.Addr]bool{}, fail: map[string]error{},
-		calls: map[string]int{}}
+		failAddr: map[netip.Addr]error{}, calls: map[string]int{}}
 }
 
 var _ datapath.Datapath = (*Datapath)(nil)
@@ -83,6 +86,9 @@ func (d *Datapath) Setup(_ context.Context, a *alloc.Allocation) (alloc.Wiring, 
 	if err := d.fail[a.Key()]; err != nil {
 		delete(d.fail, a.Key())
 		return alloc.Wiring{}, &datapath.SetupError{Step: "fake setup", Err: err}
+	}
+	if err := d.failAddr[a.Address]; err != nil {
+		return alloc.Wiring{}, &datapath.SetupError{Step: "fake setup of " + a.Address.String(), Err: err}
 	}
 	if _, err := os.Stat(a.Netns); err != nil {
 		return alloc.Wiring{}, &datapath.SetupError{Step: "open pod netns " + a.Netns, BadRequest: true, Err: err}
@@ -183,6 +189,17 @@ func (d *Datapath) FailNextSetup(key string, err error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.fail[key] = err
+}
+
+// FailAddress makes every Setup of ip fail with err (nil: wire it again).
+func (d *Datapath) FailAddress(ip netip.Addr, err error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if err == nil {
+		delete(d.failAddr, ip)
+		return
+	}
+	d.failAddr[ip] = err
 }
 
 // DropRoute removes a wired allocation's node-side piece (a person
