@@ -126,9 +126,9 @@ func New(policy Policy, node string, connect Connect, store Store, log *slog.Log
 		policy: policy, node: node, connect: connect, store: store, log: log,
 		pool: ipam.NewPool(policy.Cooldown), leases: map[netip.Addr]alloc.Lease{}, giveBack: map[netip.Addr]bool{},
 		wireFailures: map[netip.Addr]int{},
-		providerErr: errConnecting,
-		kick:        make(chan struct{}, 1),
-		tried:       make(chan struct{}),
+		providerErr:  errConnecting,
+		kick:         make(chan struct{}, 1),
+		tried:        make(chan struct{}),
 	}
 }
 
