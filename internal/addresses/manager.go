@@ -385,14 +385,14 @@ func (m *Manager) Owns(owner string, ip netip.Addr) bool {
 	return m.pool.State(ip) == ipam.Allocated && m.pool.Owner(ip) == owner
 }
 
-// Idle lists the addresses the node holds that no pod uses (free and
-// cooling): anything wired for them is stale.
+// Idle lists the addresses the node holds that no pod uses (free,
+// cooling, set aside): anything wired for them is stale.
 func (m *Manager) Idle() []netip.Addr {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	var out []netip.Addr
 	for _, ip := range m.pool.Held() {
-		if s := m.pool.State(ip); s == ipam.Free || s == ipam.Cooling {
+		if s := m.pool.State(ip); s != ipam.Allocated {
 			out = append(out, ip)
 		}
 	}
@@ -635,6 +635,7 @@ func (m *Manager) sync(ctx context.Context, prov provider.Provider) error {
 			gone = append(gone, ip)
 			_ = m.pool.Remove(ip)
 			delete(m.leases, ip)
+			delete(m.wireFailures, ip)
 		}
 	}
 	for _, l := range held {

@@ -48,7 +48,7 @@ func New() *Metrics {
 	m := &Metrics{
 		Registry: prometheus.NewRegistry(),
 		Pool: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "vpcni_pool_addresses", Help: "Addresses the node holds, by state (free, cooling, allocated).",
+			Name: "vpcni_pool_addresses", Help: "Addresses the node holds, by state (free, cooling, allocated; aside: their wiring kept failing; leaving: requested addresses on their way back to the cloud).",
 		}, []string{"state"}),
 		Allocations: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "vpcni_allocations", Help: "Pod interfaces with an address.",
@@ -97,7 +97,7 @@ func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 
 // Snapshot is the agent's state as the gauges show it.
 type Snapshot struct {
-	Free, Cooling, Allocated int
+	Free, Cooling, Allocated, Aside, Leaving int
 	Degraded                 bool
 	// Mode is the datapath mode.
 	Mode string
@@ -134,6 +134,8 @@ func (w *watcher) Collect(ch chan<- prometheus.Metric) {
 	w.m.Pool.WithLabelValues("free").Set(float64(s.Free))
 	w.m.Pool.WithLabelValues("cooling").Set(float64(s.Cooling))
 	w.m.Pool.WithLabelValues("allocated").Set(float64(s.Allocated))
+	w.m.Pool.WithLabelValues("aside").Set(float64(s.Aside))
+	w.m.Pool.WithLabelValues("leaving").Set(float64(s.Leaving))
 	w.m.Allocations.Set(float64(s.Allocated))
 	degraded := 0.0
 	if s.Degraded {
