@@ -203,7 +203,7 @@ func (a *Agent) State() (*api.State, error) {
 	st := &api.State{
 		Node: a.cfg.NodeName, Ready: s.Ready, Reason: s.Reason, Degraded: s.Degraded,
 		Provider: a.cfg.Provider.Type, ProviderPort: s.Provider.Port, Datapath: dp.Mode, Uplink: dp.Uplink, MTU: dp.MTU,
-		Pool: api.PoolState{Free: s.Free, Cooling: s.Cooling, Allocated: s.Allocated, Capacity: s.Provider.Capacity,
+		Pool: api.PoolState{Free: s.Free, Cooling: s.Cooling, Allocated: s.Allocated, Aside: s.Aside, Leaving: s.Leaving, Capacity: s.Provider.Capacity,
 			CapacityReason: s.Provider.CapacityReason, Addresses: byState, ProviderCalls: s.Provider.Calls},
 		Allocations: make([]alloc.Allocation, 0, len(records)),
 		Health:      a.Health(),

@@ -121,12 +121,18 @@ type PoolState struct {
 	Free      int `json:"free"`
 	Cooling   int `json:"cooling"`
 	Allocated int `json:"allocated"`
+	// Aside: held but handed to nobody, their wiring kept failing (tried
+	// again later). Leaving: requested addresses on their way back to the
+	// cloud (another node gets them once they are back).
+	Aside   int `json:"aside,omitempty"`
+	Leaving int `json:"leaving,omitempty"`
 	// Capacity is how many addresses the provider could hold for this node
 	// at most (0: unknown).
 	Capacity int `json:"capacity"`
 	// CapacityReason says what bounds Capacity.
 	CapacityReason string `json:"capacityReason,omitempty"`
-	// Addresses lists every held address by state: free, cooling, allocated.
+	// Addresses lists every held address by state: free, cooling,
+	// allocated, aside, leaving.
 	Addresses map[string][]string `json:"addresses,omitempty"`
 	// ProviderCalls counts the provider's cloud requests by method, if it
 	// counts them.

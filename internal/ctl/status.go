@@ -11,6 +11,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -198,6 +199,12 @@ func printState(out io.Writer, st *api.State) {
 		st.Node, health, st.StartedAt, st.Provider, st.Datapath, st.Uplink, st.MTU, fast)
 	p := st.Pool
 	fmt.Fprintf(out, "pool      free %d, cooling %d, allocated %d, capacity %d\n", p.Free, p.Cooling, p.Allocated, p.Capacity)
+	if p.Aside > 0 {
+		fmt.Fprintf(out, "          %d set aside (their wiring kept failing; tried again later): %s\n", p.Aside, strings.Join(p.Addresses["aside"], " "))
+	}
+	if p.Leaving > 0 {
+		fmt.Fprintf(out, "          %d leaving (requested addresses going back to the cloud): %s\n", p.Leaving, strings.Join(p.Addresses["leaving"], " "))
+	}
 	if len(st.Allocations) == 0 {
 		fmt.Fprintln(out, "no allocations")
 		return
