@@ -542,18 +542,7 @@ func (m *Manager) Run(ctx context.Context) {
 			m.resync(ctx)
 			lastSync = time.Now()
 		}
-		m.mu.Lock()
-		m.promoteLocked(time.Now())
-		cooled := m.uncool
-		m.uncool = nil
-		m.mu.Unlock()
-		if err := m.store.Uncool(cooled); err != nil {
-			m.log.Warn("forget cooled addresses; they stay in the store until the next start", "err", err)
-		}
-		m.topUp(ctx)
-		m.trimSurplus(ctx)
-		_ = m.retryGiveBack(ctx) // logged; the next tick retries
-		m.probe(ctx)
+		m.maintain(ctx)
 		select {
 		case <-ctx.Done():
 			return
@@ -561,6 +550,24 @@ func (m *Manager) Run(ctx context.Context) {
 		case <-m.kick:
 		}
 	}
+}
+
+// maintain is one round of Run's work with the provider connected: forget
+// cooled addresses in the store, top the pool up, give surplus and leaving
+// addresses back, and ask a failing provider again.
+func (m *Manager) maintain(ctx context.Context) {
+	m.mu.Lock()
+	m.promoteLocked(time.Now())
+	cooled := m.uncool
+	m.uncool = nil
+	m.mu.Unlock()
+	if err := m.store.Uncool(cooled); err != nil {
+		m.log.Warn("forget cooled addresses; they stay in the store until the next start", "err", err)
+	}
+	m.topUp(ctx)
+	m.trimSurplus(ctx)
+	_ = m.retryGiveBack(ctx) // logged; the next round retries
+	m.probe(ctx)
 }
 
 // tryConnect builds the provider and reconciles the pool with what it
