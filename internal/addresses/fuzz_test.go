@@ -358,7 +358,7 @@ func FuzzManagerOps(f *testing.F) {
 	// refill takes the other back, a round retries the give-back), a
 	// restart while an address is leaving, an address that cannot be
 	// wired.
-	f.Add([]byte{1, 4, 1, 5, 12, 1 << 3 * 4 + 1, 5, 0, 5, 0, 0, 0, 0, 0, 0, 0, 8, 0, 8, 0})
+	f.Add([]byte{1, 4, 1, 5, 12, 1<<3*4 + 1, 5, 0, 5, 0, 0, 0, 0, 0, 0, 0, 8, 0, 8, 0})
 	f.Add([]byte{1, 7, 12, 0, 5, 0, 7, 0, 12, 0, 8, 0, 9, 0, 0, 0})
 	f.Add([]byte{0, 0, 3, 0, 0, 0, 3, 0, 0, 0, 3, 0, 0, 0, 0, 0, 8, 0, 9, 0})
 	f.Add([]byte{12, 2, 1, 3, 5, 0, 10, 0, 0, 0, 8, 0, 9, 0, 12, 3, 0, 0, 9, 0})

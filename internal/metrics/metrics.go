@@ -98,7 +98,7 @@ func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 // Snapshot is the agent's state as the gauges show it.
 type Snapshot struct {
 	Free, Cooling, Allocated, Aside, Leaving int
-	Degraded                 bool
+	Degraded                                 bool
 	// Mode is the datapath mode.
 	Mode string
 	// FastPath is the datapath's fast path (nil: the mode has none).
