@@ -175,7 +175,7 @@ func TestUnrequestedPods(t *testing.T) {
 	}
 	// Once its address is released the pod is forgotten.
 	n.agent = podsAgent{atts: []*alloc.Allocation{att("counted")}}
-	if got, _ := n.unrequested(); got != 0 || len(n.warned) != 0 {
-		t.Errorf("after the release: %d unrequested, %d pods remembered", got, len(n.warned))
+	if got, err := n.unrequested(); err != nil || got != 0 || len(n.warned) != 0 {
+		t.Errorf("after the release: %d unrequested (%v), %d pods remembered", got, err, len(n.warned))
 	}
 }

@@ -97,8 +97,8 @@ func TestPodPatch(t *testing.T) {
 			if len(got.Spec.Containers[1].Resources.Requests) != 0 || !RequestsIP(got) {
 				t.Errorf("second container %+v, RequestsIP %v", got.Spec.Containers[1].Resources, RequestsIP(got))
 			}
-			if again, _ := PodPatch(got); again != nil {
-				t.Errorf("a patched pod patched again: %s", again)
+			if again, err := PodPatch(got); err != nil || again != nil {
+				t.Errorf("a patched pod patched again: %s, %v", again, err)
 			}
 		})
 	}

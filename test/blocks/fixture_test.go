@@ -2,6 +2,8 @@ package blocks
 
 import (
 	"context"
+	"errors"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -9,6 +11,7 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
@@ -38,7 +41,14 @@ func TestStartStopAndLeftovers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	oldPID, _ := strconv.Atoi(strings.Fields(string(data))[0])
+	f := strings.Fields(string(data)) // "<pid> <exe>"
+	if len(f) == 0 {
+		t.Fatalf("kube-apiserver.pid is empty")
+	}
+	oldPID, err := strconv.Atoi(f[0])
+	if err != nil {
+		t.Fatalf("kube-apiserver.pid: %v", err)
+	}
 	// A crashed run: the lock goes with its process, the servers run on.
 	s.ReleaseLock()
 	s2, err := apiserver.Start(ctx, opts)
@@ -55,12 +65,14 @@ func TestStartStopAndLeftovers(t *testing.T) {
 	cs = kubernetes.NewForConfigOrDie(s2.Config)
 	if _, err := cs.CoreV1().Namespaces().Get(ctx, "left-behind", metav1.GetOptions{}); err == nil {
 		t.Error("the second start kept the first one's etcd data")
+	} else if !apierrors.IsNotFound(err) {
+		t.Errorf("get namespace left-behind: %v, want not found", err)
 	}
 	if err := s2.Stop(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := os.Stat(filepath.Join(opts.Dir, "etcd.pid")); err == nil {
-		t.Error("Stop left etcd's PID file")
+	if _, err := os.Stat(filepath.Join(opts.Dir, "etcd.pid")); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("etcd's PID file after Stop: %v, want none", err)
 	}
 }
 

@@ -72,8 +72,8 @@ func TestBadInput(t *testing.T) {
 			if ks := e.kernel(); !ks.empty() {
 				t.Errorf("left kernel state on the node: %+v", ks)
 			}
-			if _, err := bedtest.HandleIn(t, podNS).LinkByName("eth0"); err == nil {
-				t.Errorf("left eth0 in the pod")
+			if err := bedtest.NoLink(bedtest.HandleIn(t, podNS), "eth0"); err != nil {
+				t.Errorf("eth0 in the pod: %v", err)
 			}
 		})
 	}

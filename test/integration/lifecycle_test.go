@@ -105,8 +105,8 @@ func TestLifecycle(t *testing.T) {
 				t.Errorf("after DEL the agent still has %+v (pool %+v)", st.Allocations, st.Pool)
 			}
 			e.waitClean()
-			if _, err := pod.LinkByName("eth0"); err == nil {
-				t.Errorf("pod eth0 survived DEL")
+			if err := bedtest.NoLink(pod, "eth0"); err != nil {
+				t.Errorf("pod eth0 after DEL: %v", err)
 			}
 			if err := bedtest.ProbeWithin(nbr, testbed.HostPort(ip, 7777), 500*time.Millisecond); err == nil {
 				t.Errorf("pod address %s still answers after DEL", ip)

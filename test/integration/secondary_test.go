@@ -162,8 +162,7 @@ func TestSecondaryNIC(t *testing.T) {
 	if err := c.Del(bedtest.Ctx(t), testbed.Runtime(nicID, nicNS, "eth0", nil)); err != nil {
 		t.Fatal(err)
 	}
-	rules, _ = netnsutil.Output(node, "ip", "rule")
-	if strings.Contains(rules, onNIC.String()) {
+	if rules = bedtest.Sh(t, node, "ip", "rule"); strings.Contains(rules, onNIC.String()) {
 		t.Errorf("rules of %s left after DEL:\n%s", onNIC, rules)
 	}
 	h := e.node()

@@ -64,8 +64,8 @@ func TestGC(t *testing.T) {
 		return len(ks.Links) == 2 && len(ks.Routes) == 2 && len(ks.Proxies) == 2
 	})
 	for _, id := range []string{"gc-1", "gc-2"} {
-		if _, err := e.node().LinkByName(veth.HostIfName(id, "eth0")); err == nil {
-			t.Errorf("link of GC'd %s is still there", id)
+		if err := bedtest.NoLink(e.node(), veth.HostIfName(id, "eth0")); err != nil {
+			t.Errorf("host link of GC'd %s: %v", id, err)
 		}
 	}
 }
@@ -95,8 +95,8 @@ func TestStatus(t *testing.T) {
 	if st := e.state(); len(st.Allocations) != 5 || st.Pool.Allocated != 5 || st.Pool.Free != 0 {
 		t.Fatalf("after the failed ADD: %d records, pool %+v", len(st.Allocations), st.Pool)
 	}
-	if _, err := bedtest.HandleIn(t, netnsutil.Path(e.TB.PodNS(5))).LinkByName("eth0"); err == nil {
-		t.Fatalf("the failed ADD left eth0 in the pod")
+	if err := bedtest.NoLink(bedtest.HandleIn(t, netnsutil.Path(e.TB.PodNS(5))), "eth0"); err != nil {
+		t.Fatalf("eth0 in the pod after the failed ADD: %v", err)
 	}
 	if err := c.Del(bedtest.Ctx(t), testbed.Runtime("st-0", e.TB.PodNS(0), "eth0", nil)); err != nil {
 		t.Fatal(err)
@@ -186,8 +186,8 @@ func TestChainPortmapBandwidth(t *testing.T) {
 				t.Fatalf("DEL: %v", err)
 			}
 			e.waitClean()
-			nat, _ := netnsutil.Output(e.TB.NodeNS(), "iptables-save", "-t", "nat")
-			nft, _ := netnsutil.Output(e.TB.NodeNS(), "nft", "list", "ruleset")
+			nat := bedtest.Sh(t, e.TB.NodeNS(), "iptables-save", "-t", "nat")
+			nft := bedtest.Sh(t, e.TB.NodeNS(), "nft", "list", "ruleset")
 			if strings.Contains(nat+nft, "18080") {
 				t.Errorf("portmap rules survived DEL:\n%s\n%s", nat, nft)
 			}

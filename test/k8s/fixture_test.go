@@ -99,7 +99,10 @@ func leftovers(netnsBefore []string) []string {
 			left = append(left, fmt.Sprintf("process %s %s", filepath.Base(filepath.Dir(p)), strings.ReplaceAll(string(cmdline), "\x00", " ")))
 		}
 	}
-	mounts, _ := os.ReadFile("/proc/self/mounts")
+	mounts, err := os.ReadFile("/proc/self/mounts")
+	if err != nil {
+		left = append(left, "mounts unknown: "+err.Error())
+	}
 	for _, l := range strings.Split(string(mounts), "\n") {
 		if f := strings.Fields(l); len(f) > 1 && (strings.HasPrefix(f[1], state+"/") || f[1] == state) {
 			left = append(left, "mount "+f[1])
@@ -311,10 +314,16 @@ func TestFixtureWithBridgeCNI(t *testing.T) {
 	if left := leftovers(netnsBefore); len(left) > 0 {
 		t.Fatalf("down left:\n%s", strings.Join(left, "\n"))
 	}
-	if out, err := netnsutil.Output(nodeNS, "ip", "link", "show", "vpcni-br0"); err == nil {
-		t.Errorf("down left the bridge in %s: %s", nodeNS, out)
+	// Absent only from a listing that worked: a failed command (the
+	// namespace gone, a tool missing) proves nothing.
+	if out, err := netnsutil.Output(nodeNS, "ip", "-o", "link", "show"); err != nil {
+		t.Errorf("list links in %s: %v\n%s", nodeNS, err, out)
+	} else if strings.Contains(out, " vpcni-br0:") {
+		t.Errorf("down left the bridge in %s:\n%s", nodeNS, out)
 	}
-	if out, _ := netnsutil.Output(nodeNS, "iptables-save"); strings.Contains(out, "KUBE-SERVICES") {
+	if out, err := netnsutil.Output(nodeNS, "iptables-save"); err != nil {
+		t.Errorf("iptables-save in %s: %v\n%s", nodeNS, err, out)
+	} else if strings.Contains(out, "KUBE-SERVICES") {
 		t.Errorf("down left kube-proxy's rules in %s", nodeNS)
 	}
 }

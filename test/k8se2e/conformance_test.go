@@ -13,20 +13,20 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/vpcni/vpcni/internal/testbed/conformance"
 )
 
 // The focus of `make conformance`: every [sig-network] test of Kubernetes'
-// conformance suite (47 at v1.36.3: the Granular Checks, HostPort,
-// Services, DNS, EndpointSlice, Proxy, … ). `make conformance-subset`
-// narrows it (VPCNI_CONFORMANCE_FOCUS) to conformanceSubset, the Granular
-// Checks and HostPort, which TestTwoNodes runs in `make test`.
+// conformance suite (47 at v1.36.3). `make conformance-subset` narrows it
+// (VPCNI_CONFORMANCE_FOCUS) to conformanceSubset, the Granular Checks and
+// HostPort, which TestTwoNodes runs in `make test`. How many specs each
+// must select is pinned by Kubernetes version in
+// internal/testbed/conformance.
 const (
-	conformanceFocus  = `\[sig-network\] .*\[Conformance\]`
-	conformanceSubset = `\[sig-network\] Networking Granular Checks: Pods|` +
-		`\[sig-network\] HostPort .*\[Conformance\]`
-	// Feature-gated tests (SCTP and the like) need what the fixture does not
-	// turn on; disruptive ones restart the node's components.
-	conformanceSkip = `\[Feature:|\[Disruptive\]|\[Flaky\]`
+	conformanceFocus  = conformance.Focus
+	conformanceSubset = conformance.Subset
+	conformanceSkip   = conformance.Skip
 )
 
 // TestConformance runs e2e.test — built from k8s.io/kubernetes at the
@@ -64,11 +64,13 @@ func TestConformance(t *testing.T) {
 }
 
 // selectedSpecs are the names of the upstream specs focus and skip select,
-// from a dry run of e2e.test (which asks no cluster). None is a fault: the
-// run would prove nothing.
+// from a dry run of e2e.test (which asks no cluster). None is a fault (the
+// run would prove nothing), and so is a count other than the one pinned
+// for the fixture's Kubernetes (conformance.CheckSelected): it fails here,
+// before the long run.
 func selectedSpecs(t *testing.T, focus, skip string) []string {
 	report := filepath.Join(t.TempDir(), "dry-run.json")
-	mustRun(t, nil, filepath.Join(conformanceCache(), "bin", "e2e.test"), "--provider=local", "--ginkgo.dry-run",
+	mustRun(t, nil, filepath.Join(conformanceCache(t), "bin", "e2e.test"), "--provider=local", "--ginkgo.dry-run",
 		"--ginkgo.focus="+focus, "--ginkgo.skip="+skip, "--ginkgo.json-report="+report, "--ginkgo.no-color")
 	specs, _, err := readGinkgoReport(report)
 	if err != nil {
@@ -78,17 +80,26 @@ func selectedSpecs(t *testing.T, focus, skip string) []string {
 	for _, s := range specs {
 		names = append(names, s.name)
 	}
-	if len(names) == 0 {
-		t.Fatalf("focus %q (skip %q) selects no upstream test", focus, skip)
-	}
 	t.Logf("vpcni-test: %d upstream specs selected (focus %q, skip %q)", len(names), focus, skip)
+	if err := conformance.CheckSelected(k8sVersion(t), focus, skip, len(names)); err != nil {
+		t.Fatalf("vpcni-test: %v", err)
+	}
 	return names
+}
+
+// k8sVersion is the Kubernetes version the fixture builds.
+func k8sVersion(t *testing.T) string {
+	v, err := conformance.FixtureVersion(repo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
 }
 
 // conformanceCache is where scripts/conformance.sh keeps e2e.test and the
 // images (beside the fixture's build).
-func conformanceCache() string {
-	return filepath.Join(envOr("VPCNI_K8S_CACHE", "/var/cache/vpcni-k8s"), envOr("K8S_VERSION", "1.36.3"))
+func conformanceCache(t *testing.T) string {
+	return filepath.Join(envOr("VPCNI_K8S_CACHE", "/var/cache/vpcni-k8s"), k8sVersion(t))
 }
 
 // conformanceBuild runs scripts/conformance.sh's build step what (build:
@@ -107,10 +118,11 @@ func conformanceBuild(t *testing.T, what string) {
 // with the DNS tests. Every selected spec is logged by name with its
 // outcome (`k8s-e2e PASS|SKIP|FAIL …`); results gets e2e.log, ginkgo's
 // JSON report, JUnit and k8s.result (k8s_passed=A/B). The test fails
-// unless every selected spec passed.
+// unless every selected spec passed and the focus selected as many as are
+// pinned for the fixture's Kubernetes (conformance.CheckSelected).
 func (n *node) runUpstreamE2E(focus, skip, results string, withDNS bool) {
 	t := n.t
-	cache := conformanceCache()
+	cache := conformanceCache(t)
 	// No result of an earlier run may stand for this one.
 	if err := os.MkdirAll(results, 0o755); err != nil {
 		t.Fatal(err)
@@ -205,6 +217,9 @@ func (n *node) runUpstreamE2E(focus, skip, results string, withDNS bool) {
 	t.Logf("k8s-e2e: %s failed=%d skipped=%d on %d nodes in %s (focus %q, skip %q; log %s)", line, len(failed), len(skipped), len(n.envs()), took, focus, skip, logf.Name())
 	if total == 0 {
 		t.Fatalf("the focus selected no upstream test: nothing was proved (e2e.test: %v)", runErr)
+	}
+	if err := conformance.CheckSelected(k8sVersion(t), focus, skip, total); err != nil {
+		t.Errorf("k8s-e2e: %v", err)
 	}
 	if len(failed) > 0 || len(skipped) > 0 {
 		n.dumpOnFailure()

@@ -116,8 +116,8 @@ func TestApplicationCredential(t *testing.T) {
 	if err := p.Release(c, provider.Addresses(got)); err != nil {
 		t.Fatal(err)
 	}
-	if held, _ := p.Held(c); len(held) != 0 {
-		t.Fatalf("Held after Release = %v", held)
+	if held, err := p.Held(c); err != nil || len(held) != 0 {
+		t.Fatalf("Held after Release = %v, %v; want none", held, err)
 	}
 
 	// The same through a credentials file, as a mounted Secret would give it.

@@ -357,7 +357,10 @@ func forwardCount(t *testing.T, ns, addr string) int {
 	for _, line := range strings.Split(out, "\n") {
 		f := strings.Fields(line)
 		if len(f) > 0 && strings.Contains(line, addr) {
-			n, _ := strconv.Atoi(f[0])
+			n, err := strconv.Atoi(f[0])
+			if err != nil {
+				t.Fatalf("FORWARD rule in %s without a packet count: %q", ns, line)
+			}
 			total += n
 		}
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/vpcni/vpcni/internal/netnsutil"
 	"github.com/vpcni/vpcni/internal/provider/openstack"
 	"github.com/vpcni/vpcni/internal/testbed"
+	"github.com/vpcni/vpcni/internal/testbed/bedtest"
 )
 
 // TestPassthroughLab: two nodes in datapath mode passthrough, provider
@@ -94,13 +95,13 @@ func TestPassthroughLab(t *testing.T) {
 		if err := cni.Del(c, rt); err != nil {
 			t.Fatalf("CNI %s DEL: %v", v, err)
 		}
-		if out, _ := netnsutil.Output(name, "ip", "-o", "link"); strings.Contains(out, "eth0") || strings.Contains(out, "vpcni-svc") {
+		if out := bedtest.Sh(t, name, "ip", "-o", "link"); strings.Contains(out, "eth0") || strings.Contains(out, "vpcni-svc") {
 			t.Errorf("CNI %s DEL left links in the pod:\n%s", v, out)
 		}
 		back := ptOnNode(t, nodes[0], nic.MAC)
 		if back == "" {
 			t.Errorf("CNI %s DEL: the NIC %s is not back on the node", v, nic.MAC)
-		} else if out, _ := netnsutil.Output(l.Nodes[0].NS, "ip", "-o", "-4", "addr", "show", "dev", back); strings.TrimSpace(out) != "" {
+		} else if out := bedtest.Sh(t, l.Nodes[0].NS, "ip", "-o", "-4", "addr", "show", "dev", back); strings.TrimSpace(out) != "" {
 			t.Errorf("CNI %s DEL: the NIC came back as %s with addresses: %s", v, back, out)
 		}
 	}

@@ -21,6 +21,7 @@ import (
 	"github.com/vpcni/vpcni/internal/provider/openstack"
 	"github.com/vpcni/vpcni/internal/snat"
 	"github.com/vpcni/vpcni/internal/testbed"
+	"github.com/vpcni/vpcni/internal/testbed/bedtest"
 )
 
 // TestSNAT: with snat.enabled the external host (outside the VPC, behind a
@@ -149,7 +150,7 @@ func TestSNAT(t *testing.T) {
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("uninstall-cni: %v\n%s", err, out)
 	}
-	if out, _ := netnsutil.Output(l.Nodes[0].NS, "nft", "list", "ruleset"); strings.Contains(out, snat.Table) {
+	if out := bedtest.Sh(t, l.Nodes[0].NS, "nft", "list", "ruleset"); strings.Contains(out, snat.Table) {
 		t.Errorf("uninstall-cni left vpcni's table:\n%s", out)
 	}
 }

@@ -118,9 +118,12 @@ func TestAddressPairLimit(t *testing.T) {
 	if err != nil || len(after.AllowedAddressPairs) != 2 {
 		t.Fatalf("after Release the VM port has pairs %v, want only the foreign two", after.AllowedAddressPairs)
 	}
-	res, _ := ports.List(nc, ports.ListOpts{DeviceOwner: "network:vpcni", DeviceID: vm[0].ID}).AllPages(ctx(t))
-	if left, _ := ports.ExtractPorts(res); len(left) != 0 {
-		t.Fatalf("%d reservation ports left after Release", len(left))
+	res, err := ports.List(nc, ports.ListOpts{DeviceOwner: "network:vpcni", DeviceID: vm[0].ID}).AllPages(ctx(t))
+	if err != nil {
+		t.Fatalf("list reservation ports: %v", err)
+	}
+	if left, err := ports.ExtractPorts(res); err != nil || len(left) != 0 {
+		t.Fatalf("%d reservation ports left after Release (%v)", len(left), err)
 	}
 }
 

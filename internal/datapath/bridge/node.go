@@ -91,8 +91,10 @@ func bridgePort(br netlink.Link) (string, error) {
 }
 
 // takeUplink makes the bridge hold the uplink and the node's IPv4 life.
-// Every step is skipped when already done, so a restart changes nothing
-// and a move cut short is finished. The order keeps the node reachable:
+// Every step is skipped when already done, so a restart changes nothing,
+// a move cut short is finished, and an address the node's DHCP client
+// re-added on the uplink moves again with its renewed lifetimes. The
+// order keeps the node reachable:
 //
 //  1. the bridge is made, with the uplink's MAC and MTU, passing bridged
 //     IPv4 to iptables, up;
@@ -100,9 +102,10 @@ func bridgePort(br netlink.Link) (string, error) {
 //     the kernel still answers ARP and delivers to the node's address,
 //     which is local on any interface, and replies leave through the
 //     uplink's routes (sending on a port is fine);
-//  3. the addresses are added to the bridge, each route is replaced by
-//     the same route through the bridge (one atomic replace each), the
-//     permanent neighbours are copied;
+//  3. the addresses are added to the bridge (one it holds already takes
+//     the uplink's lifetimes: a DHCP renewal, see moveIPv4), each route
+//     is replaced by the same route through the bridge (one atomic
+//     replace each), the permanent neighbours are copied;
 //  4. only then do the uplink's addresses and neighbours go.
 func takeUplink(uplink, name string) (netlink.Link, error) {
 	up, err := netlink.LinkByName(uplink)
@@ -121,7 +124,7 @@ func takeUplink(uplink, name string) (netlink.Link, error) {
 			return nil, fmt.Errorf("make %s a port of %s: %w", uplink, name, err)
 		}
 	}
-	if err := moveIPv4(up, br); err != nil {
+	if err := moveIPv4(up, br, true); err != nil {
 		return nil, fmt.Errorf("move the node's IPv4 from %s to %s: %w", uplink, name, err)
 	}
 	return br, nil
@@ -187,11 +190,22 @@ func ensureBridge(name string, up netlink.Link) (netlink.Link, error) {
 }
 
 // moveIPv4 moves what the node's IPv4 needs of one interface to another:
-// its addresses (with their flags, scope, lifetimes and labels), its
-// routes in every table (metric, protocol, scope, source, type kept; the
-// kernel's own prefix and local routes follow the addresses), and its
+// its addresses (with their flags, scope, labels and remaining lifetimes),
+// its routes in every table (metric, protocol, scope, source, type kept;
+// the kernel's own prefix and local routes follow the addresses), and its
 // permanent neighbours. Nothing to move: nothing done.
-func moveIPv4(from, to netlink.Link) error {
+//
+// An address both hold follows the uplink's copy: the node's DHCP client
+// writes only the uplink, and a lease renewal re-adds the address there
+// with fresh lifetimes while the bridge's copy counts down the old ones —
+// when those end, the kernel deletes the node's address. So with renew
+// (taking the uplink) to's copy is replaced: the kernel sets its
+// lifetimes from from's and keeps its own flags (a replace changes
+// valid_lft and preferred_lft, not noprefixroute: measured on 6.18;
+// changing flags would take the node's address away for a moment).
+// Without renew (giving back), a copy the uplink holds already is newer
+// than the bridge's and is kept.
+func moveIPv4(from, to netlink.Link, renew bool) error {
 	addrs, err := nlutil.RetryDump(func() ([]netlink.Addr, error) { return netlink.AddrList(from, netlink.FAMILY_V4) })
 	if err != nil {
 		return fmt.Errorf("list addresses: %w", err)
@@ -215,7 +229,12 @@ func moveIPv4(from, to netlink.Link) error {
 			// The library would invent one; 0.0.0.0 tells it to send none.
 			moved.Broadcast = net.IPv4zero
 		}
-		if err := netlink.AddrAdd(to, &moved); err != nil && !errors.Is(err, unix.EEXIST) {
+		if renew {
+			// Adds it, or sets the lifetimes of to's copy (see above).
+			if err := netlink.AddrReplace(to, &moved); err != nil {
+				return fmt.Errorf("add or renew %s on %s: %w", a.IPNet, to.Attrs().Name, err)
+			}
+		} else if err := netlink.AddrAdd(to, &moved); err != nil && !errors.Is(err, unix.EEXIST) {
 			return fmt.Errorf("add %s to %s: %w", a.IPNet, to.Attrs().Name, err)
 		}
 	}
@@ -388,7 +407,7 @@ func Uninstall(uplink string, s Settings) error {
 			return fmt.Errorf("give %s its MTU %d back: %w", uplink, br.Attrs().MTU, err)
 		}
 	}
-	if err := moveIPv4(br, up); err != nil {
+	if err := moveIPv4(br, up, false); err != nil {
 		return fmt.Errorf("move the node's IPv4 back from %s to %s: %w", s.Bridge, uplink, err)
 	}
 	if err := netlink.LinkSetNoMaster(up); err != nil {

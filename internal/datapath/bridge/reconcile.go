@@ -16,7 +16,9 @@ import (
 // links:
 //   - the node side: the bridge is there, up, passing bridged IPv4 to
 //     iptables and holding the uplink with the node's IPv4 (a bridge
-//     deleted by hand is made again, a move cut short is finished);
+//     deleted by hand is made again, a move cut short is finished, an
+//     address a DHCP renewal put back on the uplink moves to the bridge
+//     with the renewed lifetimes);
 //   - a desired allocation whose host veth is there is put back up and on
 //     the bridge; one whose host veth is gone is Broken (only a Setup
 //     inside the pod can bring it back);

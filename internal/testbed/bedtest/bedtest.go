@@ -11,6 +11,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -177,6 +178,22 @@ func WaitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 			t.Fatalf("timed out after %s waiting for %s", d, what)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// NoLink is nil when h's namespace has no link called name, else what is
+// wrong: the link is there, or the lookup failed for another reason (which
+// proves nothing about the link).
+func NoLink(h *netlink.Handle, name string) error {
+	l, err := h.LinkByName(name)
+	var nf netlink.LinkNotFoundError
+	switch {
+	case err == nil:
+		return fmt.Errorf("link %s is there (index %d)", name, l.Attrs().Index)
+	case errors.As(err, &nf):
+		return nil
+	default:
+		return fmt.Errorf("look up link %s: %w", name, err)
 	}
 }
 
