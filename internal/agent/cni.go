@@ -29,8 +29,6 @@ type netConf struct {
 	Name       string    `json:"name"`
 	DNS        types.DNS `json:"dns"`
 	PrevResult any       `json:"prevResult,omitempty"`
-	// ValidAttachments is GC's list of attachments still in use.
-	ValidAttachments []types.GCAttachment `json:"cni.dev/valid-attachments,omitempty"`
 	// RuntimeConfig holds what the runtime passes for the capabilities the
 	// conflist gives vpcni: "ips" (specific addresses asked for) and
 	// "bandwidth" (the pod's kubernetes.io/ingress-bandwidth and
@@ -446,15 +444,28 @@ func checkPrevResult(prev any, rec *alloc.Allocation) error {
 }
 
 // GC releases every allocation of this network that is not among the
-// runtime's valid attachments.
+// runtime's valid attachments (gcValid). A GC that lists none at all
+// releases nothing.
 func (a *Agent) GC(ctx context.Context, req *api.CNIRequest) *api.Error {
 	conf, aerr := parseRequest(req, false, false)
 	if aerr != nil {
 		return aerr
 	}
-	valid := map[string]bool{}
-	for _, v := range conf.ValidAttachments {
-		valid[alloc.Key(v.ContainerID, v.IfName)] = true
+	valid, listed, err := gcValid(req.Config)
+	if err != nil {
+		return api.Errorf(api.CodeDecodingFailure, "GC's list of valid attachments cannot be read", err.Error())
+	}
+	if !listed {
+		// Read as an empty list, a GC that names no attachment would
+		// unwire every pod of the network on this node. It succeeds
+		// doing nothing instead, and says so once per call: an error
+		// would fail the runtime's GC of the whole chain (libcni joins
+		// the plugins' errors) over something the runtime cannot change
+		// by retrying, while nothing leaks for good without this GC — a
+		// DEL still releases each pod, and under Kubernetes
+		// vpcni-controller releases the records of pods that are gone.
+		a.log.Warn("GC names no valid attachments (neither "+strings.Join(gcKeys, " nor ")+"): releasing nothing", "network", conf.Name)
+		return nil
 	}
 	records, err := a.store.List()
 	if err != nil {
@@ -482,6 +493,61 @@ func (a *Agent) GC(ctx context.Context, req *api.CNIRequest) *api.Error {
 		return api.Errorf(api.CodeInternal, "GC could not release every stale allocation", err.Error())
 	}
 	return nil
+}
+
+// gcKeys are the keys a runtime lists GC's still-valid attachments under.
+// CNI spec 1.1.0 as first released named the list "cni.dev/attachments"
+// (SPEC.md of containernetworking/cni v1.2.0-v1.2.2) while libcni of the
+// same releases sent only "cni.dev/valid-attachments" (libcni/api.go,
+// GCNetworkList); the spec text was corrected to the latter in v1.2.3
+// (containernetworking/cni #1101, #1103), whose libcni sends both. So a
+// runtime on libcni v1.2.0-v1.2.2 sends only the second key, and one
+// that follows the released spec text only the first.
+//
+// What the runtimes send today (read from their source, August 2026):
+//   - containerd (main, v2.4.0-beta.0-70-g301026e58) sends no CNI GC at
+//     all: its CRI plugin talks CNI through go-cni v1.1.13 (vendor/
+//     modules.txt:211), which calls libcni's Add, Del, Check and Status
+//     (vendor/github.com/containerd/go-cni/namespace.go:41, cni.go:148)
+//     and never GCNetworkList.
+//   - CRI-O (main, v1.36.0-191-gf954a17e50; since v1.32.0) runs one GC
+//     per network at start (server/server.go:283 networkGC ->
+//     pkg/config/config.go:2405 -> ocicni v0.5.0 pkg/ocicni/ocicni.go:857
+//     GC) through libcni v1.3.0, whose GCNetworkList sends both keys
+//     (vendor/github.com/containernetworking/cni/libcni/api.go:823-826).
+//     ocicni passes the network's list as GCArgs.ValidAttachments
+//     (ocicni.go:884), nil when no pod is on that network: both keys
+//     then say null.
+//
+// libcni sends neither key when its caller passes no GCArgs at all.
+var gcKeys = []string{"cni.dev/valid-attachments", "cni.dev/attachments"}
+
+// gcValid reads GC's valid attachments from the network config: the
+// union of the lists under either key (an attachment either names is
+// kept). listed is false when neither key is there; a key present with
+// null is an empty list (every attachment stale), as CRI-O sends it for a
+// network without pods.
+func gcValid(config []byte) (valid map[string]bool, listed bool, err error) {
+	var raw map[string]json.RawMessage
+	if err := json.Unmarshal(config, &raw); err != nil {
+		return nil, false, err
+	}
+	valid = map[string]bool{}
+	for _, k := range gcKeys {
+		v, ok := raw[k]
+		if !ok {
+			continue
+		}
+		listed = true
+		var list []types.GCAttachment
+		if err := json.Unmarshal(v, &list); err != nil {
+			return nil, false, fmt.Errorf("%s: %w", k, err)
+		}
+		for _, at := range list {
+			valid[alloc.Key(at.ContainerID, at.IfName)] = true
+		}
+	}
+	return valid, listed, nil
 }
 
 // Status says whether an ADD could be served now.
