@@ -254,6 +254,13 @@ func (a *Agent) lockRecord(req *api.CNIRequest) (rec *alloc.Allocation, unlock f
 // readd answers an ADD for an attachment already recorded: the same address,
 // re-wired if the kernel lost any of it.
 func (a *Agent) readd(ctx context.Context, rec *alloc.Allocation, req *api.CNIRequest, conf *netConf) (*types100.Result, *api.Error) {
+	// A record in conflict is never wired: that would take its address
+	// from the pod that holds it.
+	if holder, err := a.heldByAnother(rec); err != nil {
+		return nil, api.Errorf(api.CodeIOFailure, "read allocation store", err.Error())
+	} else if holder != "" {
+		return nil, api.Errorf(api.CodeInternal, fmt.Sprintf("container %s interface %s is recorded with %s, which the node gives to %s: vpcni does not wire it twice; DEL this attachment", rec.ContainerID, rec.IfName, rec.Address, holder), "")
+	}
 	if rec.Netns != req.Netns {
 		// Same container and interface, new namespace (a restarted sandbox
 		// that kept its ID): move the address there.
@@ -341,9 +348,16 @@ func (a *Agent) del(ctx context.Context, req *api.CNIRequest) *api.Error {
 	return nil
 }
 
-// release undoes one allocation: datapath, then record, then pool. The
-// caller holds the attachment's lock.
+// release undoes one allocation: datapath, then record, then pool. A
+// record whose address another record holds only goes from the store
+// (dropConflict). The caller holds the attachment's lock.
 func (a *Agent) release(ctx context.Context, rec *alloc.Allocation) error {
+	if holder, err := a.heldByAnother(rec); err != nil || holder != "" {
+		if err != nil {
+			return err
+		}
+		return a.dropConflict(rec, holder)
+	}
 	if !rec.Requested && a.reservedFor(rec) {
 		// Reserved after its ADD (the controller lagged): it is the
 		// pod's all the same, and must leave with it.
@@ -359,6 +373,45 @@ func (a *Agent) release(ctx context.Context, rec *alloc.Allocation) error {
 			a.log.Error("requested address not given back to the provider", "address", rec.Address, "record", rec.Key(), "err", err)
 		}
 	}
+	return nil
+}
+
+// heldByAnother names the record the pool gives rec's address to when that
+// is another record in the store, "" otherwise: rec is then the loser of
+// two records for one address (restore gave the address to the other).
+// The store is read only when the pool does not give the address to rec,
+// which it otherwise always does.
+func (a *Agent) heldByAnother(rec *alloc.Allocation) (string, error) {
+	if a.addrs.Owns(rec.Key(), rec.Address) {
+		return "", nil
+	}
+	records, err := a.store.List()
+	if err != nil {
+		return "", fmt.Errorf("read allocation store: %w", err)
+	}
+	for _, r := range records {
+		if r.Address == rec.Address && r.Key() != rec.Key() && a.addrs.Owns(r.Key(), r.Address) {
+			return r.Key(), nil
+		}
+	}
+	return "", nil
+}
+
+// dropConflict forgets a record whose address another record holds: its
+// record goes, and nothing else. A teardown would take the address's
+// node-side pieces — the proxy ARP entry, the eBPF map entry, the route,
+// all keyed by the address alone — from the pod that holds it, and the
+// address is that pod's, so it goes neither to the pool nor to the
+// provider. The record's own links, if it has any, carry its key: with
+// the record gone they are no one's, and the node reconcile this kicks
+// removes them while it keeps (or puts back) the holder's pieces.
+func (a *Agent) dropConflict(rec *alloc.Allocation, holder string) error {
+	if err := a.store.Delete(rec.ContainerID, rec.IfName); err != nil {
+		return fmt.Errorf("update allocation store: %w", err)
+	}
+	a.log.Warn("dropped a record whose address another record holds; the address stays with that one",
+		"container", rec.ContainerID, "ifName", rec.IfName, "address", rec.Address, "holder", holder)
+	a.kick("conflict")
 	return nil
 }
 
