@@ -318,8 +318,9 @@ func ipNet(p netip.Prefix) net.IPNet {
 	return net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
 }
 
-// Del takes the attachment's datapath down, then frees its address. It
-// succeeds for attachments the agent never saw.
+// Del takes the attachment's datapath down, then frees its address
+// (release: a record whose address another record holds only goes from
+// the store). It succeeds for attachments the agent never saw.
 func (a *Agent) Del(ctx context.Context, req *api.CNIRequest) *api.Error {
 	aerr := a.del(ctx, req)
 	if aerr != nil {
