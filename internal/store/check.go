@@ -49,7 +49,7 @@ var errLocked = errors.New("locked")
 // panicked is a panic guard caught.
 type panicked struct{ v any }
 
-func (p *panicked) Error() string { return fmt.Sprintf("bbolt failed reading it (%v)", p.v) }
+func (p *panicked) Error() string { return fmt.Sprintf("reading it failed (%v)", p.v) }
 
 // guard runs fn and returns a panic inside it — bbolt's, or a fault
 // reading the mapped file, which SetPanicOnFault makes a panic rather than
@@ -152,18 +152,19 @@ func currentMeta(data []byte) (m boltMeta, ok bool, err error) {
 	return m, ok, nil
 }
 
-// checkFile refuses a store file bbolt would crash or hang on (see the
-// top of this file). A missing or empty file is new; one without a valid
-// meta page bbolt refuses itself. It holds the file's lock while it reads
-// (errLocked when another process holds it), so that it never reads a
-// file another agent is writing.
-func checkFile(path string) error {
+// checkFile says why bbolt would crash or hang on a store file (bad; see
+// the top of this file), or why the file could not be read (err;
+// errLocked when another process holds it: the check holds the file's
+// lock while it reads, so that it never reads a file another agent is
+// writing). A missing or empty file is new; one without a valid meta page
+// bbolt refuses itself.
+func checkFile(path string) (bad, err error) {
 	f, err := os.OpenFile(path, os.O_RDWR, 0)
 	if errors.Is(err, os.ErrNotExist) {
-		return nil
+		return nil, nil
 	}
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer f.Close() // and with it the lock, for bbolt to take
 	for deadline := time.Now().Add(lockWait); ; time.Sleep(50 * time.Millisecond) {
@@ -172,28 +173,25 @@ func checkFile(path string) error {
 			break
 		}
 		if !errors.Is(err, syscall.EWOULDBLOCK) {
-			return err
+			return nil, fmt.Errorf("lock: %w", err)
 		}
 		if time.Now().After(deadline) {
-			return errLocked
+			return nil, errLocked
 		}
 	}
 	fi, err := f.Stat()
 	if err != nil || fi.Size() == 0 {
-		return err
-	}
-	if fi.Size() != int64(int(fi.Size())) {
-		return fmt.Errorf("it is %d bytes", fi.Size())
+		return nil, err
 	}
 	// Mapped, not read: the file may be large, and the mapping is only as
 	// long as the file, so every access is bounds-checked (guard covers a
 	// file cut short meanwhile).
 	data, err := syscall.Mmap(int(f.Fd()), 0, int(fi.Size()), syscall.PROT_READ, syscall.MAP_SHARED)
 	if err != nil {
-		return fmt.Errorf("map it: %w", err)
+		return nil, fmt.Errorf("map it: %w", err)
 	}
 	defer syscall.Munmap(data)
-	return guard(func() error { return checkBytes(data) })
+	return guard(func() error { return checkBytes(data) }), nil
 }
 
 // checkBytes is checkFile on the file's bytes.

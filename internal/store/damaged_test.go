@@ -224,8 +224,8 @@ func TestOpenAcceptsALargeStore(t *testing.T) {
 	}
 	s.Close()
 	start := time.Now()
-	if err := checkFile(filepath.Join(dir, "allocations.db")); err != nil {
-		t.Fatalf("a store vpcnid wrote fails the check: %v", err)
+	if bad, err := checkFile(filepath.Join(dir, "allocations.db")); bad != nil || err != nil {
+		t.Fatalf("a store vpcnid wrote fails the check: %v %v", bad, err)
 	}
 	took := time.Since(start)
 	s, err = Open(dir)

@@ -92,11 +92,13 @@ func Open(dir string) (*Store, error) {
 		return nil, fmt.Errorf("state dir: %w", err)
 	}
 	path := filepath.Join(dir, "allocations.db")
-	switch err := checkFile(path); {
+	switch bad, err := checkFile(path); {
 	case errors.Is(err, errLocked):
 		return nil, fmt.Errorf("store %s is locked: is another vpcnid running on this node?", path)
 	case err != nil:
-		return nil, damaged(path, err)
+		return nil, fmt.Errorf("open store %s: %w", path, err)
+	case bad != nil:
+		return nil, damaged(path, bad)
 	}
 	db, closeFile, err := openBolt(path)
 	switch {
