@@ -240,3 +240,18 @@ func TestOpenAcceptsALargeStore(t *testing.T) {
 	fi, _ := os.Stat(filepath.Join(dir, "allocations.db"))
 	t.Logf("checked %d bytes in %v", fi.Size(), took)
 }
+
+// A store another agent holds is reported as locked, not as damaged: the
+// check reads the file only under its lock.
+func TestOpenLockedStore(t *testing.T) {
+	dir := t.TempDir()
+	s, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	_, err = Open(dir)
+	if err == nil || errors.Is(err, ErrDamaged) || !strings.Contains(err.Error(), "is another vpcnid running") {
+		t.Fatalf("opening a held store: %v, want it said to be locked", err)
+	}
+}
