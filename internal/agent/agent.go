@@ -186,8 +186,10 @@ func (a *Agent) restore(ctx context.Context) error {
 		return err
 	}
 	for _, c := range conflicts {
-		// Never wired nor released: that would touch the other record's
-		// pod. An operator resolves it (vpcnictl status).
+		// Never wired nor released: either would touch the other
+		// record's pod. Its DEL (or GC, or the controller's release)
+		// drops the record alone (release: heldByAnother). vpcnictl
+		// status lists both records for an operator to resolve.
 		a.log.Error("allocation record conflicts with another for its address; keeping the first, leaving this one alone",
 			"container", c.ContainerID, "ifName", c.IfName, "address", c.Address)
 	}
@@ -292,7 +294,7 @@ func (a *Agent) takeKick(otherwise string) string {
 // trigger is the metric label for a reconcile's reason.
 func trigger(why string) string {
 	switch why {
-	case "start", "sync", "timer", "snat":
+	case "start", "sync", "timer", "snat", "conflict":
 		return why
 	}
 	return "watch"

@@ -29,8 +29,6 @@ type netConf struct {
 	Name       string    `json:"name"`
 	DNS        types.DNS `json:"dns"`
 	PrevResult any       `json:"prevResult,omitempty"`
-	// ValidAttachments is GC's list of attachments still in use.
-	ValidAttachments []types.GCAttachment `json:"cni.dev/valid-attachments,omitempty"`
 	// RuntimeConfig holds what the runtime passes for the capabilities the
 	// conflist gives vpcni: "ips" (specific addresses asked for) and
 	// "bandwidth" (the pod's kubernetes.io/ingress-bandwidth and
@@ -264,6 +262,13 @@ func (a *Agent) lockRecord(req *api.CNIRequest) (rec *alloc.Allocation, unlock f
 // readd answers an ADD for an attachment already recorded: the same address,
 // re-wired if the kernel lost any of it.
 func (a *Agent) readd(ctx context.Context, rec *alloc.Allocation, req *api.CNIRequest, conf *netConf) (*types100.Result, *api.Error) {
+	// A record in conflict is never wired: that would take its address
+	// from the pod that holds it.
+	if holder, err := a.heldByAnother(rec); err != nil {
+		return nil, api.Errorf(api.CodeIOFailure, "read allocation store", err.Error())
+	} else if holder != "" {
+		return nil, api.Errorf(api.CodeInternal, fmt.Sprintf("container %s interface %s is recorded with %s, which the node gives to %s: vpcni does not wire it twice; DEL this attachment", rec.ContainerID, rec.IfName, rec.Address, holder), "")
+	}
 	if rec.Netns != req.Netns {
 		// Same container and interface, new namespace (a restarted sandbox
 		// that kept its ID): move the address there.
@@ -321,8 +326,9 @@ func ipNet(p netip.Prefix) net.IPNet {
 	return net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
 }
 
-// Del takes the attachment's datapath down, then frees its address. It
-// succeeds for attachments the agent never saw.
+// Del takes the attachment's datapath down, then frees its address
+// (release: a record whose address another record holds only goes from
+// the store). It succeeds for attachments the agent never saw.
 func (a *Agent) Del(ctx context.Context, req *api.CNIRequest) *api.Error {
 	aerr := a.del(ctx, req)
 	if aerr != nil {
@@ -351,9 +357,16 @@ func (a *Agent) del(ctx context.Context, req *api.CNIRequest) *api.Error {
 	return nil
 }
 
-// release undoes one allocation: datapath, then record, then pool. The
-// caller holds the attachment's lock.
+// release undoes one allocation: datapath, then record, then pool. A
+// record whose address another record holds only goes from the store
+// (dropConflict). The caller holds the attachment's lock.
 func (a *Agent) release(ctx context.Context, rec *alloc.Allocation) error {
+	if holder, err := a.heldByAnother(rec); err != nil || holder != "" {
+		if err != nil {
+			return err
+		}
+		return a.dropConflict(rec, holder)
+	}
 	if !rec.Requested && a.reservedFor(rec) {
 		// Reserved after its ADD (the controller lagged): it is the
 		// pod's all the same, and must leave with it.
@@ -369,6 +382,45 @@ func (a *Agent) release(ctx context.Context, rec *alloc.Allocation) error {
 			a.log.Error("requested address not given back to the provider", "address", rec.Address, "record", rec.Key(), "err", err)
 		}
 	}
+	return nil
+}
+
+// heldByAnother names the record the pool gives rec's address to when that
+// is another record in the store, "" otherwise: rec is then the loser of
+// two records for one address (restore gave the address to the other).
+// The store is read only when the pool does not give the address to rec,
+// which it otherwise always does.
+func (a *Agent) heldByAnother(rec *alloc.Allocation) (string, error) {
+	if a.addrs.Owns(rec.Key(), rec.Address) {
+		return "", nil
+	}
+	records, err := a.store.List()
+	if err != nil {
+		return "", fmt.Errorf("read allocation store: %w", err)
+	}
+	for _, r := range records {
+		if r.Address == rec.Address && r.Key() != rec.Key() && a.addrs.Owns(r.Key(), r.Address) {
+			return r.Key(), nil
+		}
+	}
+	return "", nil
+}
+
+// dropConflict forgets a record whose address another record holds: its
+// record goes, and nothing else. A teardown would take the address's
+// node-side pieces — the proxy ARP entry, the eBPF map entry, the route,
+// all keyed by the address alone — from the pod that holds it, and the
+// address is that pod's, so it goes neither to the pool nor to the
+// provider. The record's own links, if it has any, carry its key: with
+// the record gone they are no one's, and the node reconcile this kicks
+// removes them while it keeps (or puts back) the holder's pieces.
+func (a *Agent) dropConflict(rec *alloc.Allocation, holder string) error {
+	if err := a.store.Delete(rec.ContainerID, rec.IfName); err != nil {
+		return fmt.Errorf("update allocation store: %w", err)
+	}
+	a.log.Warn("dropped a record whose address another record holds; the address stays with that one",
+		"container", rec.ContainerID, "ifName", rec.IfName, "address", rec.Address, "holder", holder)
+	a.kick("conflict")
 	return nil
 }
 
@@ -455,15 +507,28 @@ func checkPrevResult(prev any, rec *alloc.Allocation) error {
 }
 
 // GC releases every allocation of this network that is not among the
-// runtime's valid attachments.
+// runtime's valid attachments (gcValid). A GC that lists none at all
+// releases nothing.
 func (a *Agent) GC(ctx context.Context, req *api.CNIRequest) *api.Error {
 	conf, aerr := parseRequest(req, false, false)
 	if aerr != nil {
 		return aerr
 	}
-	valid := map[string]bool{}
-	for _, v := range conf.ValidAttachments {
-		valid[alloc.Key(v.ContainerID, v.IfName)] = true
+	valid, listed, err := gcValid(req.Config)
+	if err != nil {
+		return api.Errorf(api.CodeDecodingFailure, "GC's list of valid attachments cannot be read", err.Error())
+	}
+	if !listed {
+		// Read as an empty list, a GC that names no attachment would
+		// unwire every pod of the network on this node. It succeeds
+		// doing nothing instead, and says so once per call: an error
+		// would fail the runtime's GC of the whole chain (libcni joins
+		// the plugins' errors) over something the runtime cannot change
+		// by retrying, while nothing leaks for good without this GC — a
+		// DEL still releases each pod, and under Kubernetes
+		// vpcni-controller releases the records of pods that are gone.
+		a.log.Warn("GC names no valid attachments (neither "+strings.Join(gcKeys, " nor ")+"): releasing nothing", "network", conf.Name)
+		return nil
 	}
 	records, err := a.store.List()
 	if err != nil {
@@ -491,6 +556,61 @@ func (a *Agent) GC(ctx context.Context, req *api.CNIRequest) *api.Error {
 		return api.Errorf(api.CodeInternal, "GC could not release every stale allocation", err.Error())
 	}
 	return nil
+}
+
+// gcKeys are the keys a runtime lists GC's still-valid attachments under.
+// CNI spec 1.1.0 as first released named the list "cni.dev/attachments"
+// (SPEC.md of containernetworking/cni v1.2.0-v1.2.2) while libcni of the
+// same releases sent only "cni.dev/valid-attachments" (libcni/api.go,
+// GCNetworkList); the spec text was corrected to the latter in v1.2.3
+// (containernetworking/cni #1101, #1103), whose libcni sends both. So a
+// runtime on libcni v1.2.0-v1.2.2 sends only the second key, and one
+// that follows the released spec text only the first.
+//
+// What the runtimes send today (read from their source, August 2026):
+//   - containerd (main, v2.4.0-beta.0-70-g301026e58) sends no CNI GC at
+//     all: its CRI plugin talks CNI through go-cni v1.1.13 (vendor/
+//     modules.txt:211), which calls libcni's Add, Del, Check and Status
+//     (vendor/github.com/containerd/go-cni/namespace.go:41, cni.go:148)
+//     and never GCNetworkList.
+//   - CRI-O (main, v1.36.0-191-gf954a17e50; since v1.32.0) runs one GC
+//     per network at start (server/server.go:283 networkGC ->
+//     pkg/config/config.go:2405 -> ocicni v0.5.0 pkg/ocicni/ocicni.go:857
+//     GC) through libcni v1.3.0, whose GCNetworkList sends both keys
+//     (vendor/github.com/containernetworking/cni/libcni/api.go:823-826).
+//     ocicni passes the network's list as GCArgs.ValidAttachments
+//     (ocicni.go:884), nil when no pod is on that network: both keys
+//     then say null.
+//
+// libcni sends neither key when its caller passes no GCArgs at all.
+var gcKeys = []string{"cni.dev/valid-attachments", "cni.dev/attachments"}
+
+// gcValid reads GC's valid attachments from the network config: the
+// union of the lists under either key (an attachment either names is
+// kept). listed is false when neither key is there; a key present with
+// null is an empty list (every attachment stale), as CRI-O sends it for a
+// network without pods.
+func gcValid(config []byte) (valid map[string]bool, listed bool, err error) {
+	var raw map[string]json.RawMessage
+	if err := json.Unmarshal(config, &raw); err != nil {
+		return nil, false, err
+	}
+	valid = map[string]bool{}
+	for _, k := range gcKeys {
+		v, ok := raw[k]
+		if !ok {
+			continue
+		}
+		listed = true
+		var list []types.GCAttachment
+		if err := json.Unmarshal(v, &list); err != nil {
+			return nil, false, fmt.Errorf("%s: %w", k, err)
+		}
+		for _, at := range list {
+			valid[alloc.Key(at.ContainerID, at.IfName)] = true
+		}
+	}
+	return valid, listed, nil
 }
 
 // Status says whether an ADD could be served now.

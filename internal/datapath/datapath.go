@@ -35,6 +35,11 @@ type Datapath interface {
 	Check(ctx context.Context, a *alloc.Allocation) (alloc.Wiring, error)
 	// Teardown takes a deleted pod off the network. Idempotent: what is
 	// already gone is fine; anything vpcni did not make is left alone.
+	// It also removes the node-side pieces that name only the address
+	// (a proxy ARP entry, an eBPF map entry, a /32 route), so the caller
+	// never tears down an allocation whose address another one holds
+	// (it drops such a record, and Reconcile removes its links, which
+	// carry its key).
 	Teardown(ctx context.Context, a *alloc.Allocation) error
 	// Reconcile brings the node side in line with what should be there,
 	// in one pass over the kernel's state: the node-side pieces of every

@@ -72,7 +72,7 @@ func New() *Metrics {
 		Name: "vpcni_datapath_repairs_total", Help: "Pieces of the node's datapath found missing and put back, by kind.",
 	}, []string{"kind"})
 	m.Reconciles = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "vpcni_datapath_reconciles_total", Help: "Node datapath reconciles, by trigger (start, watch, timer, sync, snat).",
+		Name: "vpcni_datapath_reconciles_total", Help: "Node datapath reconciles, by trigger (start, watch, timer, sync, snat, conflict).",
 	}, []string{"trigger"})
 	m.PodHealth = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "vpcni_pod_datapath", Help: "Pod interfaces by the result of their last datapath probe (healthy, unhealthy).",

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+	berrors "go.etcd.io/bbolt/errors"
 
 	"github.com/vpcni/vpcni/internal/alloc"
 )
@@ -38,11 +39,13 @@ var (
 	keySchema  = []byte("schema")
 )
 
-// Schema is the layout this vpcnid writes. A file of an older schema is
-// migrated forward when opened (migrations); a newer one is refused, so an
-// agent rolled back past a layout change never misreads it — the rollback
-// of a release that changed no layout (schema equal) just works, and the
-// previous release, which reads no meta bucket, ignores it.
+// Schema is the layout this vpcnid writes. A file of schema 0 (from before
+// versions) to Schema-1 is migrated forward when opened (migrations); a
+// newer one is refused, so an agent rolled back past a layout change never
+// misreads it — the rollback of a release that changed no layout (schema
+// equal) just works, and the previous release, which reads no meta
+// bucket, ignores it. A schema no vpcnid writes (not a number, negative)
+// marks a damaged file: refused as such (ErrDamaged).
 const Schema = 1
 
 // migrations[v] takes a file from schema v to v+1, inside the opening
@@ -84,29 +87,60 @@ type write struct {
 	done chan error
 }
 
+// lockWait bounds the wait for another agent's lock on the file.
+const lockWait = 2 * time.Second
+
 // Open opens (creating) the store in dir. It fails fast when another agent
-// holds the file.
+// holds the file, and refuses a file it cannot trust — damaged, hostile,
+// or holding what this vpcnid cannot read — with ErrDamaged and what to
+// do, rather than crash on it (check.go).
 func Open(dir string) (*Store, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("state dir: %w", err)
 	}
 	path := filepath.Join(dir, "allocations.db")
-	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 2 * time.Second})
-	if err != nil {
-		if errors.Is(err, bolt.ErrTimeout) {
-			return nil, fmt.Errorf("store %s is locked: is another vpcnid running on this node?", path)
-		}
+	switch bad, err := checkFile(path); {
+	case errors.Is(err, errLocked):
+		return nil, fmt.Errorf("store %s is locked: is another vpcnid running on this node?", path)
+	case err != nil:
+		return nil, fmt.Errorf("open store %s: %w", path, err)
+	case bad != nil:
+		return nil, damaged(path, bad)
+	}
+	db, closeFile, err := openBolt(path)
+	switch {
+	case errors.Is(err, berrors.ErrTimeout):
+		return nil, fmt.Errorf("store %s is locked: is another vpcnid running on this node?", path)
+	case err != nil && refusedByBolt(err):
+		return nil, damaged(path, err)
+	case err != nil:
 		return nil, fmt.Errorf("open store %s: %w", path, err)
 	}
-	err = db.Update(func(tx *bolt.Tx) error {
-		for _, b := range [][]byte{bucketAllocs, bucketCooling, bucketLeaving, bucketMeta} {
-			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
-				return err
+	if err := guard(func() error { return readAll(db) }); err != nil {
+		db.Close() // a read transaction's panic leaves nothing held
+		return nil, damaged(path, err)
+	}
+	err = guard(func() error {
+		return db.Update(func(tx *bolt.Tx) error {
+			for _, b := range [][]byte{bucketAllocs, bucketCooling, bucketLeaving, bucketMeta} {
+				if _, err := tx.CreateBucketIfNotExists(b); err != nil {
+					return err
+				}
 			}
-		}
-		return migrate(tx)
+			return migrate(tx)
+		})
 	})
-	if err != nil {
+	var p *panicked
+	switch {
+	case errors.As(err, &p):
+		// A write that panicked may hold bbolt's write lock: Close would
+		// wait on it.
+		closeFile()
+		return nil, damaged(path, err)
+	case errors.Is(err, berrors.ErrIncompatibleValue):
+		db.Close()
+		return nil, damaged(path, fmt.Errorf("a bucket of vpcni's is a plain key: %w", err))
+	case err != nil:
 		db.Close()
 		return nil, fmt.Errorf("init store %s: %w", path, err)
 	}
@@ -115,17 +149,27 @@ func Open(dir string) (*Store, error) {
 	return s, nil
 }
 
+// schemaOf reads the file's schema from its meta bucket: 0 when it has
+// none (a file from before versions).
+func schemaOf(meta *bolt.Bucket) (int, error) {
+	v := meta.Get(keySchema)
+	if v == nil {
+		return 0, nil
+	}
+	n, err := strconv.Atoi(string(v))
+	if err != nil || n < 0 {
+		return 0, fmt.Errorf("its schema %q is not one any vpcnid writes", v)
+	}
+	return n, nil
+}
+
 // migrate brings the file to Schema, in the caller's transaction (all or
 // nothing).
 func migrate(tx *bolt.Tx) error {
 	meta := tx.Bucket(bucketMeta)
-	from := 0
-	if v := meta.Get(keySchema); v != nil {
-		n, err := strconv.Atoi(string(v))
-		if err != nil {
-			return fmt.Errorf("schema %q is not a number", v)
-		}
-		from = n
+	from, err := schemaOf(meta)
+	if err != nil {
+		return err
 	}
 	if from > Schema {
 		return fmt.Errorf("%w: the file is schema %d, this vpcnid reads up to %d: it was written by a newer vpcnid; run that release (or newer) again, or move the file aside to start from the cloud's state", ErrNewerSchema, from, Schema)
@@ -260,16 +304,35 @@ func (s *Store) MarkReady(r *alloc.Allocation) error {
 	})
 }
 
+// decode reads a record as the store files it: an allocation of an IPv4
+// address, as JSON, under its own attachment's key. The agent keys its
+// work and its pool by both.
+func decode(k, v []byte) (*alloc.Allocation, error) {
+	r := &alloc.Allocation{}
+	if err := json.Unmarshal(v, r); err != nil {
+		return nil, fmt.Errorf("record %q: %w", k, err)
+	}
+	if !r.Address.Is4() {
+		return nil, fmt.Errorf("record %q: address %q is not an IPv4 address", k, r.Address)
+	}
+	if r.Key() != string(k) {
+		return nil, fmt.Errorf("record %q is filed under another attachment's key (it names %q)", k, r.Key())
+	}
+	return r, nil
+}
+
 // Get returns the record for an attachment, if any.
 func (s *Store) Get(containerID, ifName string) (*alloc.Allocation, error) {
 	var rec *alloc.Allocation
 	err := s.db.View(func(tx *bolt.Tx) error {
-		data := tx.Bucket(bucketAllocs).Get([]byte(Key(containerID, ifName)))
+		k := []byte(Key(containerID, ifName))
+		data := tx.Bucket(bucketAllocs).Get(k)
 		if data == nil {
 			return nil
 		}
-		rec = &alloc.Allocation{}
-		return json.Unmarshal(data, rec)
+		var err error
+		rec, err = decode(k, data)
+		return err
 	})
 	return rec, err
 }
@@ -279,9 +342,9 @@ func (s *Store) List() ([]*alloc.Allocation, error) {
 	var out []*alloc.Allocation
 	err := s.db.View(func(tx *bolt.Tx) error {
 		return tx.Bucket(bucketAllocs).ForEach(func(k, v []byte) error {
-			r := &alloc.Allocation{}
-			if err := json.Unmarshal(v, r); err != nil {
-				return fmt.Errorf("record %s: %w", k, err)
+			r, err := decode(k, v)
+			if err != nil {
+				return err
 			}
 			out = append(out, r)
 			return nil
@@ -324,15 +387,23 @@ func (s *Store) Leaving() ([]netip.Addr, error) {
 	var out []netip.Addr
 	err := s.db.View(func(tx *bolt.Tx) error {
 		return tx.Bucket(bucketLeaving).ForEach(func(k, _ []byte) error {
-			a, err := netip.ParseAddr(string(k))
+			a, err := decodeLeaving(k)
 			if err != nil {
-				return fmt.Errorf("leaving entry %q: %w", k, err)
+				return err
 			}
 			out = append(out, a)
 			return nil
 		})
 	})
 	return out, err
+}
+
+func decodeLeaving(k []byte) (netip.Addr, error) {
+	a, err := netip.ParseAddr(string(k))
+	if err != nil || !a.Is4() {
+		return a, fmt.Errorf("leaving entry %q: not an IPv4 address", k)
+	}
+	return a, nil
 }
 
 // Left forgets leaving addresses (the provider has them back, or the node
@@ -360,20 +431,28 @@ func (s *Store) Delete(containerID, ifName string) error {
 	})
 }
 
+// decodeCooling reads a cooling entry: an IPv4 address, and until when.
+func decodeCooling(k, v []byte) (a netip.Addr, until time.Time, err error) {
+	a, err = netip.ParseAddr(string(k))
+	if err != nil || !a.Is4() {
+		return a, until, fmt.Errorf("cooling entry %q: not an IPv4 address", k)
+	}
+	if err := until.UnmarshalText(v); err != nil {
+		return a, until, fmt.Errorf("cooling entry %s: %w", a, err)
+	}
+	return a, until, nil
+}
+
 // Cooling lists the addresses cooling down and until when.
 func (s *Store) Cooling() (map[netip.Addr]time.Time, error) {
 	out := map[netip.Addr]time.Time{}
 	err := s.db.View(func(tx *bolt.Tx) error {
 		return tx.Bucket(bucketCooling).ForEach(func(k, v []byte) error {
-			a, err := netip.ParseAddr(string(k))
+			a, until, err := decodeCooling(k, v)
 			if err != nil {
-				return fmt.Errorf("cooling entry %q: %w", k, err)
+				return err
 			}
-			var t time.Time
-			if err := t.UnmarshalText(v); err != nil {
-				return fmt.Errorf("cooling entry %s: %w", a, err)
-			}
-			out[a] = t
+			out[a] = until
 			return nil
 		})
 	})

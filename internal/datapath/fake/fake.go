@@ -1,10 +1,12 @@
 // Package fake is a stateful datapath for tests without root: it keeps
-// what a node's kernel would hold — a link per wired allocation, its
-// node-side pieces (route, neighbour entry) and stale pieces of idle
-// addresses — and lets a test damage it as a person or a crash would. It
-// obeys the same rules as a real mode: Setup refuses a pod namespace that
-// does not exist, Teardown is idempotent, Reconcile repairs node-side
-// pieces, reports missing links and removes what nothing wants.
+// what a node's kernel would hold — a link per wired allocation with its
+// route, and a piece per address (as the routed modes' proxy ARP entry or
+// eBPF map entry, keyed by the address alone) — and lets a test damage it
+// as a person or a crash would. It obeys the same rules as a real mode:
+// Setup refuses a pod namespace that does not exist, Teardown is
+// idempotent and takes the address's piece down with the link, Reconcile
+// repairs node-side pieces, reports missing links and removes what
+// nothing wants.
 package fake
 
 import (
@@ -24,9 +26,11 @@ import (
 // Datapath is the fake node. The zero value is not usable: call New.
 type Datapath struct {
 	mu    sync.Mutex
-	links map[string]link     // by allocation key
-	stale map[netip.Addr]bool // node-side pieces of addresses no link has
-	fail  map[string]error    // the next Setup of a key fails so
+	links map[string]link // by allocation key
+	// neigh holds the per-address pieces (a proxy entry): they carry no
+	// attachment, so whoever tears an address down takes its piece.
+	neigh map[netip.Addr]bool
+	fail  map[string]error // the next Setup of a key fails so
 	// failAddr: every Setup of an address fails so (an address the node
 	// cannot wire: its NIC never shows up).
 	failAddr map[netip.Addr]error
@@ -46,7 +50,7 @@ type link struct {
 
 // New returns an empty node.
 func New() *Datapath {
-	return &Datapath{links: map[string]link{}, stale: map[netip.Addr]bool{}, fail: map[string]error{},
+	return &Datapath{links: map[string]link{}, neigh: map[netip.Addr]bool{}, fail: map[string]error{},
 		failAddr: map[netip.Addr]error{}, calls: map[string]int{}}
 }
 
@@ -99,7 +103,7 @@ func (d *Datapath) Setup(_ context.Context, a *alloc.Allocation) (alloc.Wiring, 
 		}
 	}
 	d.links[a.Key()] = link{netns: a.Netns, address: a.Address, route: true}
-	delete(d.stale, a.Address)
+	d.neigh[a.Address] = true
 	return wiring(a), nil
 }
 
@@ -116,6 +120,8 @@ func (d *Datapath) Check(_ context.Context, a *alloc.Allocation) (alloc.Wiring, 
 		return wiring(a), fmt.Errorf("%s is wired to %s in %s", a.Key(), l.address, l.netns)
 	case !l.route:
 		return wiring(a), fmt.Errorf("%s has no route", a.Key())
+	case !d.neigh[a.Address]:
+		return wiring(a), fmt.Errorf("%s has no proxy entry", a.Address)
 	}
 	return wiring(a), nil
 }
@@ -127,7 +133,8 @@ func (d *Datapath) Trace(ctx context.Context, a *alloc.Allocation) []datapath.Ho
 	return datapath.HopsOf("fake wiring of "+a.Address.String(), err)
 }
 
-// Teardown implements datapath.Datapath.
+// Teardown implements datapath.Datapath. Like mode veth's, it removes
+// the address's proxy entry whether or not the link was there.
 func (d *Datapath) Teardown(_ context.Context, a *alloc.Allocation) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -135,6 +142,7 @@ func (d *Datapath) Teardown(_ context.Context, a *alloc.Allocation) error {
 	if l, ok := d.links[a.Key()]; ok && l.address == a.Address {
 		delete(d.links, a.Key())
 	}
+	delete(d.neigh, a.Address)
 	return nil
 }
 
@@ -160,6 +168,10 @@ func (d *Datapath) Reconcile(_ context.Context, want datapath.Desired) (datapath
 			d.links[a.Key()] = l
 			rep.AddRepair(datapath.RepairRoute, "%s: route", a.Key())
 		}
+		if !d.neigh[a.Address] {
+			d.neigh[a.Address] = true
+			rep.AddRepair(datapath.RepairNeighbour, "%s: proxy entry %s", a.Key(), a.Address)
+		}
 	}
 	for k := range d.links {
 		if !keep[k] {
@@ -168,8 +180,8 @@ func (d *Datapath) Reconcile(_ context.Context, want datapath.Desired) (datapath
 		}
 	}
 	for _, ip := range want.Idle {
-		if d.stale[ip] {
-			delete(d.stale, ip)
+		if d.neigh[ip] {
+			delete(d.neigh, ip)
 			rep.Removed = append(rep.Removed, "stale piece of "+ip.String())
 		}
 	}
@@ -223,12 +235,13 @@ func (d *Datapath) DropLink(key string) {
 	delete(d.links, key)
 }
 
-// Orphan adds a link of vpcni's that no record knows (a crash between
-// wiring and recording).
+// Orphan adds a link of vpcni's, with its address's proxy entry, that
+// no record knows (a crash between wiring and recording).
 func (d *Datapath) Orphan(key, netns string, ip netip.Addr) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.links[key] = link{netns: netns, address: ip, route: true}
+	d.neigh[ip] = true
 }
 
 // Stale leaves a node-side piece for ip (a proxy entry of an address no
@@ -236,7 +249,7 @@ func (d *Datapath) Orphan(key, netns string, ip netip.Addr) {
 func (d *Datapath) Stale(ip netip.Addr) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	d.stale[ip] = true
+	d.neigh[ip] = true
 }
 
 // Links lists the wired keys, sorted.
@@ -251,19 +264,29 @@ func (d *Datapath) Links() []string {
 	return out
 }
 
-// Wired says whether key is wired with ip, its route included.
+// Wired says whether key is wired with ip, its route and the address's
+// proxy entry included.
 func (d *Datapath) Wired(key string, ip netip.Addr) bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	l, ok := d.links[key]
-	return ok && l.address == ip && l.route
+	return ok && l.address == ip && l.route && d.neigh[ip]
 }
 
-// HasStale says whether a stale piece of ip is left.
+// HasStale says whether a piece of ip is left that no link of ip's
+// accounts for.
 func (d *Datapath) HasStale(ip netip.Addr) bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return d.stale[ip]
+	if !d.neigh[ip] {
+		return false
+	}
+	for _, l := range d.links {
+		if l.address == ip {
+			return false
+		}
+	}
+	return true
 }
 
 // Calls counts calls by method name.
