@@ -112,7 +112,8 @@ unit:
 FUZZ_TARGETS := \
 	FuzzDecodeRequest:./internal/agent \
 	FuzzParseConfig:./internal/cniplugin \
-	FuzzOpen:./internal/store
+	FuzzOpen:./internal/store \
+	FuzzManagerOps:./internal/addresses
 FUZZTIME ?= 10s
 # Minimizing a new input stops the fuzzing meanwhile, for up to 60 s by
 # default; a whole store file (32 KiB) barely shrinks, so minimizing it
