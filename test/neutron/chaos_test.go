@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"github.com/containernetworking/cni/libcni"
+	"github.com/containernetworking/cni/pkg/types"
+	types100 "github.com/containernetworking/cni/pkg/types/100"
 
 	"github.com/vpcni/vpcni/internal/config"
 	"github.com/vpcni/vpcni/internal/datapath/veth"
@@ -128,8 +130,13 @@ func TestChaos(t *testing.T) {
 		}
 		t.Cleanup(func() { srv.Close() })
 	}
-	live := make([]bool, pods) // the runtime's view: ADD succeeded, no DEL since
-	gen := make([]int, pods)   // container generation: a new ID per ADD after a DEL
+	// The runtime's view of each pod's current container: live (its ADD
+	// succeeded, no DEL since), dying (its ADD or its DEL failed: the
+	// runtime DELs it until that succeeds, and only then makes a new one),
+	// or neither (none yet, or DELeted).
+	live := make([]bool, pods)
+	dying := make([]bool, pods)
+	gen := make([]int, pods) // container generation: a new ID per container
 	id := func(i int) string { return fmt.Sprintf("c%d-g%d", i, gen[i]) }
 	// The last `sticky` pods ask for an address by name, at the top of the
 	// allocation pool: the agent picks lowest first and holds at most
@@ -140,6 +147,21 @@ func TestChaos(t *testing.T) {
 			return ""
 		}
 		return fmt.Sprintf("10.78.0.%d", 140+i)
+	}
+	// stolen: a requested address the runtime saw given to a pod that did
+	// not ask for it (the agent handed out an address it should have given
+	// back, or kept for its pod).
+	var stolen []string
+	noteAdd := func(i int, res types.Result) {
+		r, err := types100.GetResult(res)
+		if err != nil || len(r.IPs) != 1 {
+			stolen = append(stolen, fmt.Sprintf("ADD %s answered %v (%v)", id(i), res, err))
+			return
+		}
+		a := r.IPs[0].Address.IP.String()
+		if want := requested(i); want != "" && a != want || want == "" && ownerOf(requested, pods, a) >= 0 {
+			stolen = append(stolen, fmt.Sprintf("ADD %s got %s (requested %q; %s is pod %d's)", id(i), a, want, a, ownerOf(requested, pods, a)))
+		}
 	}
 	rt := func(i int) *libcni.RuntimeConf {
 		r := testbed.Runtime(id(i), paths[i], "eth0", nil)
@@ -185,25 +207,30 @@ func TestChaos(t *testing.T) {
 						continue
 					}
 					busy[i] = true
-					wasLive, r := live[i], rt(i)
+					del, r := live[i] || dying[i], rt(i)
 					mu.Unlock()
 					var err error
-					if wasLive {
+					var res types.Result
+					if del {
 						err = cni.Del(c, r)
 					} else {
-						_, err = cni.Add(c, r)
+						res, err = cni.Add(c, r)
 					}
 					mu.Lock()
 					switch {
-					case wasLive && err == nil:
-						live[i] = false
+					case del && err == nil:
+						live[i], dying[i] = false, false
 						gen[i]++
-					case !wasLive && err == nil:
+					case del:
+						// A failed DEL: the pod is going, its container
+						// DELed again until that succeeds.
+						live[i], dying[i] = false, true
+					case err == nil:
 						live[i] = true
-					case !wasLive:
-						// A failed ADD: the runtime DELs it before trying
-						// again (below, once the agent answers).
-						live[i] = false
+						noteAdd(i, res)
+					default:
+						// A failed ADD: DELed before a new container.
+						dying[i] = true
 					}
 					busy[i] = false
 					mu.Unlock()
@@ -221,16 +248,18 @@ func TestChaos(t *testing.T) {
 		wg.Wait()
 		w.agent = agent
 
-		// Settle: faults off; the runtime DELs what it does not consider
-		// live (failed ADDs included), as kubelet would.
+		// Settle: faults off; the runtime DELs the containers whose ADD or
+		// DEL failed, as kubelet would.
 		proxy.SetFaults(faultproxy.Faults{})
 		for i := range pods {
-			if live[i] {
+			if !dying[i] {
 				continue
 			}
 			if err := retry(c, func() error { return cni.Del(c, rt(i)) }); err != nil {
 				t.Fatalf("round %d (seed %d): DEL %s: %v", round, seed, id(i), err)
 			}
+			dying[i] = false
+			gen[i]++
 		}
 		l, d, o := w.check(t, round)
 		leaked, doubled, orphans = leaked+l, doubled+d, orphans+o
@@ -242,12 +271,18 @@ func TestChaos(t *testing.T) {
 			if live[i] {
 				continue
 			}
-			gen[i]++ // a new sandbox, as kubelet makes after a DEL
-			if err := addBack(c, cni, rt(i)); err != nil {
+			res, err := addBack(c, cni, rt(i))
+			if err != nil {
 				t.Fatalf("round %d (seed %d): the agent did not serve pod %d (%s) within %s with the faults off: %v", round, seed, i, id(i), addBackWait, err)
 			}
 			live[i] = true
+			noteAdd(i, res)
 		}
+		for _, s := range stolen {
+			doubled++
+			t.Errorf("round %d (seed %d): a requested address went to the wrong pod: %s", round, seed, s)
+		}
+		stolen = nil
 		w.reachable(t, round, seed)
 		l, d, o = w.check(t, round)
 		leaked, doubled, orphans = leaked+l, doubled+d, orphans+o
@@ -275,17 +310,27 @@ const addBackWait = 45 * time.Second
 
 // addBack ADDs a pod as kubelet does: after a failed ADD, DEL, then ADD
 // again, until it succeeds or addBackWait passes.
-func addBack(c context.Context, cni *testbed.CNI, r *libcni.RuntimeConf) error {
-	var err error
+func addBack(c context.Context, cni *testbed.CNI, r *libcni.RuntimeConf) (types.Result, error) {
 	for end := time.Now().Add(addBackWait); ; time.Sleep(500 * time.Millisecond) {
-		if _, err = cni.Add(c, r); err == nil {
-			return nil
+		res, err := cni.Add(c, r)
+		if err == nil {
+			return res, nil
 		}
 		_ = cni.Del(c, r)
 		if time.Now().After(end) {
-			return err
+			return nil, err
 		}
 	}
+}
+
+// ownerOf is the pod that asks for address a by name, or -1.
+func ownerOf(requested func(int) string, pods int, a string) int {
+	for i := range pods {
+		if requested(i) == a {
+			return i
+		}
+	}
+	return -1
 }
 
 // keepLog saves a failed run's agent log where it outlives the test.
@@ -395,6 +440,13 @@ func (w *chaosWorld) check(t *testing.T, round int) (leaked, doubled, orphans in
 				}
 				byIP[al.Address.String()] = al.ContainerID
 				records[al.ContainerID] = al.Address
+				var i int
+				if o := ownerOf(w.requested, len(w.live), al.Address.String()); o >= 0 {
+					if _, err := fmt.Sscanf(al.ContainerID, "c%d-", &i); err != nil || i != o {
+						doubled++
+						lastErr += fmt.Sprintf(" %s, pod %d's requested address, is on %s;", al.Address, o, al.ContainerID)
+					}
+				}
 			}
 			for i, isLive := range w.live {
 				a, recorded := records[w.id(i)]
