@@ -247,6 +247,7 @@ func TestChaos(t *testing.T) {
 		}
 		wg.Wait()
 		w.agent = agent
+		stormed := time.Now()
 
 		// Settle: faults off; the runtime DELs the containers whose ADD or
 		// DEL failed, as kubelet would.
@@ -265,29 +266,47 @@ func TestChaos(t *testing.T) {
 		leaked, doubled, orphans = leaked+l, doubled+d, orphans+o
 		stormLive := count(live)
 
-		// The floor: the runtime ADDs back every pod it does not have; each
-		// is served within a bound and answers from its address.
+		checked := time.Now()
+
+		// The floor: the runtime ADDs back every pod it does not have, all
+		// at once as kubelet starts them; each is served within a bound
+		// and answers from its address.
+		var unserved []string
 		for i := range pods {
 			if live[i] {
 				continue
 			}
-			res, err := addBack(c, cni, rt(i))
-			if err != nil {
-				t.Fatalf("round %d (seed %d): the agent did not serve pod %d (%s) within %s with the faults off: %v", round, seed, i, id(i), addBackWait, err)
-			}
-			live[i] = true
-			noteAdd(i, res)
+			r := rt(i)
+			wg.Go(func() {
+				res, err := addBack(c, cni, r)
+				mu.Lock()
+				defer mu.Unlock()
+				if err != nil {
+					unserved = append(unserved, fmt.Sprintf("pod %d (%s): %v", i, r.ContainerID, err))
+					return
+				}
+				live[i] = true
+				noteAdd(i, res)
+			})
 		}
+		wg.Wait()
+		if len(unserved) > 0 {
+			t.Fatalf("round %d (seed %d): with the faults off the agent did not serve within %s:\n%s", round, seed, addBackWait, strings.Join(unserved, "\n"))
+		}
+		added := time.Now()
 		for _, s := range stolen {
 			doubled++
 			t.Errorf("round %d (seed %d): a requested address went to the wrong pod: %s", round, seed, s)
 		}
 		stolen = nil
 		w.reachable(t, round, seed)
+		reached := time.Now()
 		l, d, o = w.check(t, round)
 		leaked, doubled, orphans = leaked+l, doubled+d, orphans+o
-		t.Logf("vpcni-test: chaos round %d (%s): faults %+v, killed after %s; live pods after the storm %d, all %d after the ADDs; proxy %v, partial faults so far %d",
-			round, time.Since(began).Round(100*time.Millisecond), f, killAt, stormLive, pods, proxy.Counts(), proxy.Partial())
+		ms := func(a, b time.Time) time.Duration { return b.Sub(a).Round(100 * time.Millisecond) }
+		t.Logf("vpcni-test: chaos round %d (%s: storm %s, settle and check %s, ADDs %s, probes %s, check %s): faults %+v, killed after %s; live pods after the storm %d, all %d after the ADDs; proxy %v, partial faults so far %d",
+			round, ms(began, time.Now()), ms(began, stormed), ms(stormed, checked), ms(checked, added), ms(added, reached), ms(reached, time.Now()),
+			f, killAt, stormLive, pods, proxy.Counts(), proxy.Partial())
 	}
 	partial := proxy.Partial()
 	fmt.Printf("chaos: rounds=%d leaked=%d doubled=%d orphans=%d partial_faults=%d\n", rounds, leaked, doubled, orphans, partial)
