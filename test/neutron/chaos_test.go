@@ -183,8 +183,8 @@ func TestChaos(t *testing.T) {
 			Conflict409: 0.15 * rng.Float64(), Precondition412: 0.2 * rng.Float64(),
 			PartialPut: 0.3 * rng.Float64(), FailedReadBack: 0.3 * rng.Float64(), HoldFor: 4 * time.Second,
 			Nth: []faultproxy.NthCall{
-				{Method: http.MethodPut, Path: "/v2.0/ports/*", N: 1 + rng.IntN(6), Status: nthStatus[rng.IntN(len(nthStatus))]},
-				{Method: http.MethodGet, Path: "/v2.0/ports/*", N: 1 + rng.IntN(10), Status: http.StatusInternalServerError},
+				{Method: http.MethodPut, Path: "/v2.0/ports/*", N: 1 + rng.IntN(4), Status: nthStatus[rng.IntN(len(nthStatus))]},
+				{Method: http.MethodGet, Path: "/v2.0/ports/*", N: 1 + rng.IntN(4), Status: http.StatusInternalServerError},
 			},
 		}
 		proxy.SetFaults(f)
