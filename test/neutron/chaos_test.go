@@ -40,7 +40,9 @@ import (
 // hold: the addresses Neutron holds for the node = the agent's pool in
 // every state it lists (free, cooling, allocated and whatever else it
 // names, e.g. addresses it is giving back), and the VM port holds no pod
-// address without vpcni's mark; no address on two live containers; every
+// address without vpcni's mark; no address on two live containers, and
+// a requested address never on a pod that did not ask for it (seen at
+// every ADD, too: the agent never picks those addresses itself); every
 // live container wired, and nothing vpcni made in the kernel without a
 // live container. Then the runtime ADDs back every pod it does not have
 // (retrying, as kubelet does): each must be served within a bound and
