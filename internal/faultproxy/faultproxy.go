@@ -43,8 +43,9 @@ import (
 // Faults.HoldFor is not set.
 const DefaultHoldFor = 30 * time.Second
 
-// maxInspectBody bounds how much of a request body is read to build the
-// Conflict409 message.
+// maxInspectBody bounds how much of a request body is read to name an
+// address in a 409, or to cut a PartialPut short (and how much of the port
+// a PartialPut reads): a larger body passes untouched.
 const maxInspectBody = 1 << 20
 
 // Faults are per-request probabilities in [0, 1]; values outside are clamped.

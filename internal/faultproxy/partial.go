@@ -27,11 +27,23 @@ var partialLists = [...]string{"fixed_ips", "allowed_address_pairs"}
 // write, or the port cannot be read — the client's request goes through
 // untouched and counts as passed.
 func (p *Proxy) servePartial(w http.ResponseWriter, r *http.Request, frac float64) {
-	body, err := io.ReadAll(io.LimitReader(r.Body, maxInspectBody+1))
-	r.Body.Close()
-	r.Body = io.NopCloser(bytes.NewReader(body))
+	orig := r.Body
+	body, err := io.ReadAll(io.LimitReader(orig, maxInspectBody+1))
+	whole := err == nil && len(body) <= maxInspectBody
+	// What is forwarded, if anything: the body as the client sent it.
+	restore := func() {
+		if whole {
+			r.Body = io.NopCloser(bytes.NewReader(body))
+		} else {
+			r.Body = struct {
+				io.Reader
+				io.Closer
+			}{io.MultiReader(bytes.NewReader(body), orig), orig}
+		}
+	}
+	restore()
 	drop, landed := false, false
-	if err == nil && len(body) <= maxInspectBody {
+	if whole {
 		drop, landed = p.writePart(r, body, frac)
 	}
 	id, _ := portID(r.URL.Path)
@@ -44,7 +56,7 @@ func (p *Proxy) servePartial(w http.ResponseWriter, r *http.Request, frac float6
 	}
 	p.mu.Unlock()
 	if !landed {
-		r.Body = io.NopCloser(bytes.NewReader(body))
+		restore()
 		sw := &statusWriter{ResponseWriter: w}
 		p.rp.ServeHTTP(sw, r)
 		p.wrote(r, sw.code, false)

@@ -367,6 +367,17 @@ func TestPartialPutPassesWhenItCannot(t *testing.T) {
 		t.Fatalf("racing writer: port %+v, backend got %+v, counts %v", got, reqs, p.Counts())
 	}
 
+	// A body too large to inspect: forwarded whole.
+	b = newPortBackend(t, cur)
+	p, u = startOn(t, b, 1, Faults{PartialPut: 1})
+	body = putBody(t, strings.Repeat("x", maxInspectBody), fixed("10.0.0.10", "10.0.0.5", "10.0.0.6"), nil)
+	if a := mustDo(t, c, "PUT", u+"/v2.0/ports/abc", body); a.code != 200 {
+		t.Fatalf("large body: got %d", a.code)
+	}
+	if reqs := b.received(); len(reqs) != 1 || reqs[0].Body != body || p.Counts()["passed"] != 1 || p.Partial() != 0 {
+		t.Fatalf("large body: backend got %d requests (body intact: %v), counts %v", len(reqs), len(reqs) == 1 && reqs[0].Body == body, p.Counts())
+	}
+
 	// Not a port update: untouched.
 	if a := mustDo(t, c, "GET", u+"/v2.0/ports/abc", ""); a.code != 200 || p.Counts()["passed"] != 2 {
 		t.Fatalf("GET: %+v, counts %v", a, p.Counts())
