@@ -265,9 +265,8 @@ func TestChaos(t *testing.T) {
 			gen[i]++
 		}
 		l, d, o := w.check(t, round)
-		leaked, doubled, orphans = leaked+l, doubled+d, orphans+o
+		leaked, doubled, orphans = leaked+l, doubled+d+reportStolen(t, round, seed, &stolen), orphans+o
 		stormLive := count(live)
-
 		checked := time.Now()
 
 		// The floor: the runtime ADDs back every pod it does not have, all
@@ -292,15 +291,11 @@ func TestChaos(t *testing.T) {
 			})
 		}
 		wg.Wait()
+		doubled += reportStolen(t, round, seed, &stolen)
 		if len(unserved) > 0 {
 			t.Fatalf("round %d (seed %d): with the faults off the agent did not serve within %s:\n%s", round, seed, addBackWait, strings.Join(unserved, "\n"))
 		}
 		added := time.Now()
-		for _, s := range stolen {
-			doubled++
-			t.Errorf("round %d (seed %d): a requested address went to the wrong pod: %s", round, seed, s)
-		}
-		stolen = nil
 		w.reachable(t, round, seed)
 		reached := time.Now()
 		l, d, o = w.check(t, round)
@@ -342,6 +337,18 @@ func addBack(c context.Context, cni *testbed.CNI, r *libcni.RuntimeConf) (types.
 			return nil, err
 		}
 	}
+}
+
+// reportStolen fails the test for each requested address seen on the
+// wrong pod since the last report, and counts them.
+func reportStolen(t *testing.T, round int, seed uint64, stolen *[]string) int {
+	t.Helper()
+	for _, s := range *stolen {
+		t.Errorf("round %d (seed %d): a requested address went to the wrong pod: %s", round, seed, s)
+	}
+	n := len(*stolen)
+	*stolen = nil
+	return n
 }
 
 // ownerOf is the pod that asks for address a by name, or -1.
