@@ -2,6 +2,7 @@ package testbed
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -200,12 +201,54 @@ func LaunchAgentIn(runDir, ns, binDir string, cfg config.Config) (*Agent, error)
 	return a, nil
 }
 
-// Restart starts the same agent again after it stopped or was killed.
+// RestartServeWait bounds how long Restart waits for the agent to serve.
+const RestartServeWait = time.Minute
+
+// Restart starts the same agent again after it stopped or was killed, and
+// returns once it serves pods (WaitServing), not merely answers on its
+// socket: an agent that answers its state but refuses every ADD has not
+// come back. On that failure the agent is returned too, still running
+// (Down stops it), for its log.
 func (t *Topology) Restart(binDir string, a *Agent) (*Agent, error) {
-	return t.StartAgent(binDir, a.Config)
+	n, err := t.StartAgent(binDir, a.Config)
+	if err != nil {
+		return nil, err
+	}
+	if err := n.WaitServing(RestartServeWait); err != nil {
+		return n, err
+	}
+	return n, nil
 }
 
-// WaitReady waits until the agent answers on its socket.
+// statusRequest is the CNI STATUS a runtime sends (the plugin forwards
+// the network configuration; the agent reads none of it).
+var statusRequest = &api.CNIRequest{Config: json.RawMessage(`{"cniVersion":"1.1.0","name":"testbed","type":"vpcni"}`)}
+
+// WaitServing waits until the agent's STATUS verb says it can serve an
+// ADD now, as a runtime asks before it sends pods; past d it returns the
+// last answer.
+func (a *Agent) WaitServing(d time.Duration) error {
+	deadline := time.Now().Add(d)
+	for {
+		if a.Exited() {
+			log, _ := os.ReadFile(a.LogPath)
+			return fmt.Errorf("vpcnid exited before it served: %s", log)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		err := a.Client.Do(ctx, api.PathStatus, statusRequest, nil)
+		cancel()
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("vpcnid did not become ready to serve pods within %s: STATUS: %w", d, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// WaitReady waits until the agent answers on its socket (its state; it
+// may not serve pods yet: see WaitServing).
 func (a *Agent) WaitReady(d time.Duration) error {
 	deadline := time.Now().Add(d)
 	for {
