@@ -138,6 +138,10 @@ type fuzzStore struct {
 }
 
 func (s *fuzzStore) Uncool([]netip.Addr) error { return nil } // no cooldown here
+func (s *fuzzStore) Claim(a netip.Addr) error {
+	s.leaving[a] = true
+	return nil
+}
 func (s *fuzzStore) Left(addrs []netip.Addr) error {
 	for _, a := range addrs {
 		delete(s.leaving, a)

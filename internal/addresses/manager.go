@@ -59,6 +59,9 @@ type Store interface {
 	// Left forgets leaving addresses: the cloud has them back, or the node
 	// got them again from it.
 	Left(addrs []netip.Addr) error
+	// Claim marks a requested address leaving before the provider is asked
+	// for it, until the pod's record (or Left) clears the mark.
+	Claim(addr netip.Addr) error
 }
 
 // Manager is one node's address manager. Its methods are safe for

@@ -40,6 +40,7 @@ func (s *memStore) Uncool(addrs []netip.Addr) error {
 }
 
 func (s *memStore) Left([]netip.Addr) error { return nil }
+func (s *memStore) Claim(netip.Addr) error  { return nil }
 
 func (s *memStore) cool(a netip.Addr) {
 	s.mu.Lock()

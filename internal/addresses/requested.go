@@ -49,9 +49,29 @@ func (m *Manager) TakeAddress(ctx context.Context, owner string, ip netip.Addr) 
 		m.mu.Unlock()
 		return alloc.Lease{}, &Shortage{Msg: fmt.Sprintf("requested address %s: the provider is not connected; try again later", ip), Details: fmt.Sprint(perr)}
 	}
+	// Marked leaving in the store before the provider is asked: an agent
+	// that dies before the ADD records the pod gives the address back at
+	// its next start, rather than adopting it as a free one of the node's
+	// that another pod may take (the record's write clears the mark).
+	if err := m.store.Claim(ip); err != nil {
+		return alloc.Lease{}, fmt.Errorf("requested address %s: record the claim: %w", ip, err)
+	}
 	got, err := prov.Assign(ctx, provider.AssignRequest{Addresses: []netip.Addr{ip}})
 	i := slices.IndexFunc(got, func(l alloc.Lease) bool { return l.Address == ip })
 	if i < 0 {
+		m.mu.Lock()
+		switch {
+		case m.giveBack[ip]:
+			// Leaving already (a pod of this node's had it): it stays so.
+		case errors.Is(err, provider.ErrOutside) || errors.Is(err, provider.ErrTaken):
+			// The provider did not give it to the node: nothing to undo.
+			defer func() { _ = m.store.Left([]netip.Addr{ip}) }()
+		default:
+			// The assignment may have landed with its answer lost: give it
+			// back (releasing an address the node does not hold is a no-op).
+			m.giveBack[ip] = true
+		}
+		m.mu.Unlock()
 		switch {
 		case errors.Is(err, provider.ErrOutside):
 			return alloc.Lease{}, &BadRequest{Msg: fmt.Sprintf("requested address %s cannot be a pod address on node %s: %v", ip, m.node, err)}

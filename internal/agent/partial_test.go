@@ -149,3 +149,37 @@ func TestLeavingAddressSurvivesARestart(t *testing.T) {
 	}
 	a.checkInvariant(t, n)
 }
+
+// An agent that dies after the provider gave a requested address to the
+// node but before the ADD recorded its pod gives the address back at its
+// next start: it is the pod's (retried maybe on another node), never a
+// free address of this node's for another pod to take.
+func TestRequestedAddressOfAnUnrecordedAddLeaves(t *testing.T) {
+	n := newNode(t, "10.9.33.0/29", func(c *config.Config) { // .2-.6
+		c.Pool.WarmTarget, c.Pool.BatchSize = 1, 1
+		c.Resync.Duration = time.Second
+	})
+	a := n.start()
+	sticky := netip.MustParseAddr("10.9.33.6")
+	// The ADD's allocation, then the agent dies before the record.
+	if _, err := a.addrs.TakeAddress(context.Background(), "s1/eth0", sticky); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(a.held(t), sticky) {
+		t.Fatalf("the provider does not hold %s after TakeAddress", sticky)
+	}
+	a.stop()
+	a = n.start()
+	a.waitSynced(t)
+	for deadline := time.Now().Add(8 * time.Second); slices.Contains(a.held(t), sticky); time.Sleep(10 * time.Millisecond) {
+		for _, state := range []string{"free", "cooling", "allocated"} {
+			if slices.Contains(a.addrs.Status(time.Now()).Addresses[state], sticky) {
+				t.Fatalf("after a restart the pool counts the unrecorded pod's %s as %s", sticky, state)
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s not given back after the restart", sticky)
+		}
+	}
+	a.checkInvariant(t, n)
+}

@@ -382,6 +382,16 @@ func (s *Store) Leave(r *alloc.Allocation) error {
 	})
 }
 
+// Claim marks a requested address leaving before the provider is asked
+// for it: if the agent dies before the pod's record is written (Put clears
+// the mark), the next start gives the address back instead of taking it
+// for a free one.
+func (s *Store) Claim(a netip.Addr) error {
+	return s.update(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketLeaving).Put([]byte(a.String()), []byte("claimed"))
+	})
+}
+
 // Leaving lists the addresses on their way back to the provider.
 func (s *Store) Leaving() ([]netip.Addr, error) {
 	var out []netip.Addr
