@@ -46,7 +46,13 @@ func (b *backend) received() []seen {
 
 // start returns a listening proxy to b and its base URL.
 func start(t *testing.T, b *backend, seed uint64, f Faults) (*Proxy, string) {
-	p, err := New(b.srv.URL, seed)
+	return listen(t, b.srv.URL, seed, f)
+}
+
+// listen returns a listening proxy to the backend at url and its base URL.
+func listen(t *testing.T, url string, seed uint64, f Faults) (*Proxy, string) {
+	t.Helper()
+	p, err := New(url, seed)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -131,17 +131,7 @@ func (b *portBackend) received() []seen {
 
 // startOn is start for a port backend.
 func startOn(t *testing.T, b *portBackend, seed uint64, f Faults) (*Proxy, string) {
-	p, err := New(b.srv.URL, seed)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p.SetFaults(f)
-	addr, err := p.Listen("127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { p.Close() })
-	return p, "http://" + addr
+	return listen(t, b.srv.URL, seed, f)
 }
 
 func fixed(ips ...string) []fixedIP {

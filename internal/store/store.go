@@ -418,12 +418,15 @@ func decodeLeaving(k []byte) (netip.Addr, error) {
 
 // Left forgets leaving addresses (the provider has them back, or the node
 // holds them again).
-func (s *Store) Left(addrs []netip.Addr) error {
+func (s *Store) Left(addrs []netip.Addr) error { return s.forget(bucketLeaving, addrs) }
+
+// forget deletes the entries of addrs from an address-keyed bucket.
+func (s *Store) forget(bucket []byte, addrs []netip.Addr) error {
 	if len(addrs) == 0 {
 		return nil
 	}
 	return s.update(func(tx *bolt.Tx) error {
-		b := tx.Bucket(bucketLeaving)
+		b := tx.Bucket(bucket)
 		for _, a := range addrs {
 			if err := b.Delete([]byte(a.String())); err != nil {
 				return err
@@ -471,17 +474,4 @@ func (s *Store) Cooling() (map[netip.Addr]time.Time, error) {
 
 // Uncool forgets cooling entries (their cooldown is over, or the provider
 // took the address back).
-func (s *Store) Uncool(addrs []netip.Addr) error {
-	if len(addrs) == 0 {
-		return nil
-	}
-	return s.update(func(tx *bolt.Tx) error {
-		b := tx.Bucket(bucketCooling)
-		for _, a := range addrs {
-			if err := b.Delete([]byte(a.String())); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-}
+func (s *Store) Uncool(addrs []netip.Addr) error { return s.forget(bucketCooling, addrs) }
