@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -158,6 +159,7 @@ type afterWrite struct {
 	portID string
 	armed  chan func()
 	done   chan struct{}
+	writes atomic.Int64 // PUTs of the port answered 200
 }
 
 func newAfterWrite(t *testing.T, portID string) (*afterWrite, string) {
@@ -170,11 +172,15 @@ func newAfterWrite(t *testing.T, portID string) (*afterWrite, string) {
 		if r.Method != http.MethodPut || !strings.HasSuffix(r.URL.Path, "/ports/"+portID) || resp.StatusCode != http.StatusOK {
 			return nil
 		}
+		var f func()
 		select {
-		case f := <-w.armed:
+		case f = <-w.armed:
 			f()
-			w.done <- struct{}{}
 		default:
+		}
+		w.writes.Add(1)
+		if f != nil {
+			w.done <- struct{}{}
 		}
 		return nil
 	}
@@ -218,7 +224,7 @@ func TestAnotherWritersRemovalHolds(t *testing.T) {
 	a.mu.Unlock()
 
 	// With the other node and the third writer.
-	const cycles = 4
+	const cycles = 3
 	x := netip.MustParseAddr("10.203.24.200") // the hand-made address, outside the pool vpcni picks from
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
@@ -237,6 +243,10 @@ func TestAnotherWritersRemovalHolds(t *testing.T) {
 		case <-time.After(20 * time.Second):
 			t.Fatalf("cycle %d: node A made no write in 20 s", i)
 		}
+		// One more write of node A's before the third writer looks again:
+		// the one that would put the address back.
+		n := hold.writes.Load()
+		waitFor(t, 20*time.Second, "another write of node A", func() bool { return hold.writes.Load() > n })
 	}
 	// Let the nodes finish a round after the last removal.
 	time.Sleep(time.Second)
