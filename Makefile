@@ -106,10 +106,14 @@ unit:
 	$(GO) test -count=1 $$($(GO) list ./... | grep -v /test/)
 
 # A short run of every fuzz target (seed corpora live in testdata/fuzz).
+# FuzzNeutronResponses' inputs are whole Neutron answers (kilobytes), and
+# minimizing each new one would take the default minute out of the run.
 FUZZTIME ?= 10s
 fuzz:
 	$(GO) test -run='^$$' -fuzz=FuzzDecodeRequest -fuzztime=$(FUZZTIME) ./internal/agent
 	$(GO) test -run='^$$' -fuzz=FuzzParseConfig -fuzztime=$(FUZZTIME) ./internal/cniplugin
+	$(GO) test -run='^$$' -fuzz=FuzzSplitMarks -fuzztime=$(FUZZTIME) ./internal/provider/openstack
+	$(GO) test -run='^$$' -fuzz=FuzzNeutronResponses -fuzztime=$(FUZZTIME) -fuzzminimizetime=1s ./internal/provider/openstack
 
 # vpcni-controller and the agents' cluster side against a real etcd +
 # kube-apiserver only (internal/testbed/apiserver: the k8s-build binaries,

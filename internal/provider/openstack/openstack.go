@@ -125,7 +125,7 @@ func connect(ctx context.Context, cfg Config, rt http.RoundTripper) (*Provider, 
 // readSubnet reads the pods' subnet: its CIDR, gateway and allocation
 // pools; it returns its network.
 func (p *Provider) readSubnet(ctx context.Context) (networkID string, err error) {
-	sn, err := subnets.Get(ctx, p.nc, p.cfg.SubnetID).Extract()
+	sn, err := answered(subnets.Get(ctx, p.nc, p.cfg.SubnetID).Extract())
 	if err != nil {
 		return "", explain(fmt.Errorf("subnet %s: %w", p.cfg.SubnetID, err))
 	}
@@ -322,7 +322,7 @@ func (p *Provider) refreshIfStale(ctx context.Context) error {
 func (p *Provider) refresh(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.Timeout.Duration)
 	defer cancel()
-	port, err := ports.Get(ctx, p.nc, p.portID).Extract()
+	port, err := answered(ports.Get(ctx, p.nc, p.portID).Extract())
 	if err != nil {
 		p.port = nil
 		return explain(fmt.Errorf("read VM port %s: %w", p.portID, err))

@@ -273,7 +273,8 @@ func (p *Provider) applyPairs(ctx context.Context, ours, add, remove map[netip.A
 	restore := map[netip.Addr]bool{} // vpcni's pairs a racing write took off
 	return p.untilHeld(ctx, "the allowed address pairs", func() (bool, error) {
 		have := p.allowedPairs()
-		need := maps.Clone(add)
+		need := map[netip.Addr]bool{}
+		maps.Copy(need, add)
 		maps.Copy(need, restore)
 		for a := range remove {
 			delete(need, a)
@@ -363,7 +364,7 @@ func (p *Provider) putPairs(ctx context.Context, list []ports.AddressPair) error
 	if list == nil {
 		list = []ports.AddressPair{}
 	}
-	updated, err := ports.Update(ctx, p.nc, p.portID, ports.UpdateOpts{AllowedAddressPairs: &list, RevisionNumber: &rev}).Extract()
+	updated, err := answered(ports.Update(ctx, p.nc, p.portID, ports.UpdateOpts{AllowedAddressPairs: &list, RevisionNumber: &rev}).Extract())
 	if err != nil {
 		return explain(fmt.Errorf("update allowed address pairs of VM port %s: %w", p.portID, err))
 	}

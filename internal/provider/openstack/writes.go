@@ -205,7 +205,7 @@ func (p *Provider) put(ctx context.Context, fixed []ports.IP, desc string) error
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.Timeout.Duration)
 	defer cancel()
 	rev := p.port.RevisionNumber
-	updated, err := ports.Update(ctx, p.nc, p.portID, ports.UpdateOpts{FixedIPs: fixed, Description: &desc, RevisionNumber: &rev}).Extract()
+	updated, err := answered(ports.Update(ctx, p.nc, p.portID, ports.UpdateOpts{FixedIPs: fixed, Description: &desc, RevisionNumber: &rev}).Extract())
 	if err != nil {
 		return explain(fmt.Errorf("update VM port %s: %w", p.portID, err))
 	}

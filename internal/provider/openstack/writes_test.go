@@ -392,3 +392,36 @@ func TestWritePairsLeavesAPairItsOwnerRemoved(t *testing.T) {
 		t.Errorf("a removal after vpcni's write is no race, but the provider told %v", kinds(told))
 	}
 }
+
+// In address-pairs mode, a write from an older copy that takes one of
+// vpcni's pairs off while vpcni releases another: the release goes
+// through and vpcni's pair is put back, with a notice.
+func TestWritePairsPutsBackItsOwnDuringARelease(t *testing.T) {
+	n := newLabNode(t, "address-pairs")
+	ctx := context.Background()
+	got, err := n.p.Assign(ctx, provider.AssignRequest{Count: 2})
+	if err != nil || len(got) != 2 {
+		t.Fatalf("Assign(2) = %v, %v", got, err)
+	}
+	gone, kept := got[0].Address, got[1].Address
+	n.h.after = once(func() {
+		n.write(t, func(port *ports.Port, o *ports.UpdateOpts) {
+			pairs := slices.DeleteFunc(slices.Clone(port.AllowedAddressPairs), func(ap ports.AddressPair) bool { return ap.IPAddress == kept.String() })
+			o.AllowedAddressPairs = &pairs
+		})
+	})
+	if err := n.p.Release(ctx, []netip.Addr{gone}); err != nil {
+		t.Fatal(err)
+	}
+	pairs := map[string]bool{}
+	for _, ap := range n.read(t).AllowedAddressPairs {
+		pairs[ap.IPAddress] = true
+	}
+	if pairs[gone.String()] || !pairs[kept.String()] {
+		t.Errorf("after releasing %s the port's pairs are %v, want only %s", gone, pairs, kept)
+	}
+	told := n.told()
+	if len(told) != 1 || told[0].Kind != "knocked_out" || !strings.Contains(told[0].Message, kept.String()) {
+		t.Fatalf("told %v, want one knocked_out naming %s", told, kept)
+	}
+}
