@@ -310,7 +310,8 @@ func (p *Provider) stateOf(port *ports.Port) (rest string, marked, on map[netip.
 
 // refreshIfStale re-reads the VM port unless the provider read it back
 // itself moments ago: a write on a stale copy fails its If-Match, and the
-// read-back after every write catches what a racing write knocked out.
+// read-back after every write catches what a racing write knocked out of
+// vpcni's.
 func (p *Provider) refreshIfStale(ctx context.Context) error {
 	if p.port != nil && time.Since(p.portAt) < 10*time.Second {
 		return nil
