@@ -2,6 +2,7 @@ package neutron
 
 import (
 	"context"
+	"fmt"
 	"maps"
 	"net/http"
 	"net/http/httptest"
@@ -125,13 +126,13 @@ func portState(t *testing.T, portID string, subnet netip.Prefix) (on, marked map
 
 // byHand is the third writer: GET, then PUT with If-Match, retried on 412,
 // adding (or removing) one address. It returns the revision its write
-// produced and whether the address was on the port before it wrote.
-func byHand(t *testing.T, portID, subnetID string, ip netip.Addr, add bool) (rev int, wasOn bool) {
-	t.Helper()
+// produced and whether the address was on the port before it wrote. (It
+// runs in the proxy's goroutine too: errors are returned, not Fatal.)
+func byHand(c context.Context, portID, subnetID string, ip netip.Addr, add bool) (rev int, wasOn bool, err error) {
 	for range 60 {
-		p, err := ports.Get(ctx(t), nc, portID).Extract()
+		p, err := ports.Get(c, nc, portID).Extract()
 		if err != nil {
-			t.Fatal(err)
+			return 0, false, fmt.Errorf("third writer: read the port: %w", err)
 		}
 		fixed := slices.DeleteFunc(slices.Clone(p.FixedIPs), func(f ports.IP) bool { return f.IPAddress == ip.String() })
 		wasOn = len(fixed) < len(p.FixedIPs)
@@ -139,17 +140,16 @@ func byHand(t *testing.T, portID, subnetID string, ip netip.Addr, add bool) (rev
 			fixed = append(fixed, ports.IP{SubnetID: subnetID, IPAddress: ip.String()})
 		}
 		r := p.RevisionNumber
-		u, err := ports.Update(ctx(t), nc, portID, ports.UpdateOpts{FixedIPs: fixed, RevisionNumber: &r}).Extract()
+		u, err := ports.Update(c, nc, portID, ports.UpdateOpts{FixedIPs: fixed, RevisionNumber: &r}).Extract()
 		if err == nil {
-			return u.RevisionNumber, wasOn
+			return u.RevisionNumber, wasOn, nil
 		}
 		if !gophercloud.ResponseCodeIs(err, http.StatusPreconditionFailed) {
-			t.Fatalf("third writer: %v", err)
+			return 0, false, fmt.Errorf("third writer: %w", err)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	t.Fatalf("third writer: still 412 after 60 tries on %s", ip)
-	return 0, false
+	return 0, false, fmt.Errorf("third writer: still 412 after 60 tries on %s", ip)
 }
 
 // afterWrite is a loopback proxy to the real neutron-server for one
@@ -213,8 +213,8 @@ func TestAnotherWritersRemovalHolds(t *testing.T) {
 	a, b := newChurn(t, viaProxy, sn.ID, sn.CIDR, ipA), newChurn(t, endpoint, sn.ID, sn.CIDR, ipB)
 	c := ctx(t)
 
-	// Alone: vpcni's own writes (assign, then assign and release) are no
-	// race.
+	// Alone: vpcni's own writes (assign, assign, then assign and release)
+	// are no race.
 	for range 3 {
 		a.round(c)
 	}
@@ -236,15 +236,23 @@ func TestAnotherWritersRemovalHolds(t *testing.T) {
 	back := 0 // times x was found back after a removal Neutron accepted
 	var lastRemoved int
 	for i := range cycles {
-		if _, wasOn := byHand(t, portA, sn.ID, x, true); wasOn {
+		_, wasOn, err := byHand(c, portA, sn.ID, x, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if wasOn {
 			back++
 			t.Logf("vpcni-test: cycle %d: %s was back on the port before the third writer added it again", i, x)
 		}
-		hold.armed <- func() { lastRemoved, _ = byHand(t, portA, sn.ID, x, false) }
+		var removeErr error
+		hold.armed <- func() { lastRemoved, _, removeErr = byHand(c, portA, sn.ID, x, false) }
 		select {
 		case <-hold.done:
 		case <-time.After(time.Minute):
 			t.Fatalf("cycle %d: node A made no write in a minute", i)
+		}
+		if removeErr != nil {
+			t.Fatal(removeErr)
 		}
 		// One more write of node A's before the third writer looks again:
 		// the one that would put the address back.
