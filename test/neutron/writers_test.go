@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -153,33 +154,44 @@ func byHand(c context.Context, portID, subnetID string, ip netip.Addr, add bool)
 }
 
 // afterWrite is a loopback proxy to the real neutron-server for one
-// node's provider: once armed, when a PUT of the node's VM port is
-// answered 200 it holds the answer, runs the armed function (the third
-// writer's removal) and only then lets the provider read the answer. So
-// the removal lands between vpcni's write and its read-back, where the
-// free-running race put it in about half of the runs.
+// node's provider: once armed, when a PUT of the node's VM port checked
+// against (If-Match) the armed revision or a later one is answered 200, it
+// holds the answer, runs the armed function (the third writer's removal)
+// and only then lets the provider read the answer. So the removal lands
+// between a write of vpcni's made on a port that had the address and
+// vpcni's read-back, where the free-running race put it in about half of
+// the runs.
 type afterWrite struct {
 	portID string
-	armed  chan func()
 	done   chan struct{}
 	writes atomic.Int64 // PUTs of the port answered 200
+
+	mu      sync.Mutex
+	fromRev int    // the revision a write must be checked against, at least
+	armed   func() // nil: not armed
 }
 
 func newAfterWrite(t *testing.T, portID string) (*afterWrite, string) {
 	t.Helper()
 	target, _ := url.Parse(endpoint)
-	w := &afterWrite{portID: portID, armed: make(chan func(), 1), done: make(chan struct{}, 1)}
+	w := &afterWrite{portID: portID, done: make(chan struct{}, 1)}
 	rp := httputil.NewSingleHostReverseProxy(target)
 	rp.ModifyResponse = func(resp *http.Response) error {
 		r := resp.Request
 		if r.Method != http.MethodPut || !strings.HasSuffix(r.URL.Path, "/ports/"+portID) || resp.StatusCode != http.StatusOK {
 			return nil
 		}
-		var f func()
-		select {
-		case f = <-w.armed:
+		rev, _ := strconv.Atoi(strings.TrimPrefix(r.Header.Get("If-Match"), "revision_number="))
+		w.mu.Lock()
+		f := w.armed
+		if f != nil && rev >= w.fromRev {
+			w.armed = nil
+		} else {
+			f = nil
+		}
+		w.mu.Unlock()
+		if f != nil {
 			f()
-		default:
 		}
 		w.writes.Add(1)
 		if f != nil {
@@ -190,6 +202,13 @@ func newAfterWrite(t *testing.T, portID string) (*afterWrite, string) {
 	srv := httptest.NewServer(rp)
 	t.Cleanup(srv.Close)
 	return w, srv.URL + "/"
+}
+
+// arm runs f after the next write checked against fromRev or later.
+func (w *afterWrite) arm(fromRev int, f func()) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.fromRev, w.armed = fromRev, f
 }
 
 // TestAnotherWritersRemovalHolds: two nodes add and give back addresses on
@@ -236,7 +255,7 @@ func TestAnotherWritersRemovalHolds(t *testing.T) {
 	back := 0 // times x was found back after a removal Neutron accepted
 	var lastRemoved int
 	for i := range cycles {
-		_, wasOn, err := byHand(c, portA, sn.ID, x, true)
+		added, wasOn, err := byHand(c, portA, sn.ID, x, true)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -245,7 +264,7 @@ func TestAnotherWritersRemovalHolds(t *testing.T) {
 			t.Logf("vpcni-test: cycle %d: %s was back on the port before the third writer added it again", i, x)
 		}
 		var removeErr error
-		hold.armed <- func() { lastRemoved, _, removeErr = byHand(c, portA, sn.ID, x, false) }
+		hold.arm(added, func() { lastRemoved, _, removeErr = byHand(c, portA, sn.ID, x, false) })
 		select {
 		case <-hold.done:
 		case <-time.After(time.Minute):
