@@ -90,6 +90,12 @@ func (s *Server) locked(h handler) http.HandlerFunc {
 		if aerr == nil && r.Method != http.MethodGet && s.OnChange != nil {
 			s.OnChange(s)
 		}
+		// out may point into the state (a port): encoded under the lock,
+		// before the next write changes it.
+		var data []byte
+		if aerr == nil && out != nil {
+			data, _ = json.Marshal(out)
+		}
 		s.mu.Unlock()
 		if aerr != nil {
 			writeJSON(w, aerr.status, neutronError(aerr))
@@ -99,7 +105,7 @@ func (s *Server) locked(h handler) http.HandlerFunc {
 			w.WriteHeader(status)
 			return
 		}
-		writeJSON(w, status, out)
+		writeData(w, status, data)
 	}
 }
 
@@ -109,6 +115,10 @@ func neutronError(e *apiError) any {
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
 	data, _ := json.Marshal(v)
+	writeData(w, status, data)
+}
+
+func writeData(w http.ResponseWriter, status int, data []byte) {
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Content-Length", strconv.Itoa(len(data)))
 	w.WriteHeader(status)
