@@ -113,11 +113,13 @@ FUZZ_TARGETS := \
 	FuzzDecodeRequest:./internal/agent \
 	FuzzParseConfig:./internal/cniplugin \
 	FuzzOpen:./internal/store \
-	FuzzManagerOps:./internal/addresses
+	FuzzManagerOps:./internal/addresses \
+	FuzzSplitMarks:./internal/provider/openstack \
+	FuzzNeutronResponses:./internal/provider/openstack
 FUZZTIME ?= 10s
 # Minimizing a new input stops the fuzzing meanwhile, for up to 60 s by
-# default; a whole store file (32 KiB) barely shrinks, so minimizing it
-# would take most of a short run.
+# default; a whole store file (32 KiB) or Neutron answer (kilobytes)
+# barely shrinks, so minimizing it would take most of a short run.
 FUZZMINIMIZETIME ?= 1s
 # Temporary files in memory: FuzzOpen's store commits each fsync, which on
 # a disk set the pace (~130 inputs/s here, ~1,200/s on tmpfs).

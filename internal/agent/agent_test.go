@@ -524,6 +524,7 @@ func (c *clusterLog) Changed(containerID, ifName string) {
 }
 func (c *clusterLog) Failed(string, string, string, *api.Error) {}
 func (c *clusterLog) Unhealthy(string, string, string)          {}
+func (c *clusterLog) NodeWarning(string, string)                {}
 func (c *clusterLog) Ready() error                              { return nil }
 
 // The cluster hears of a new pod once its record holds the wiring (the

@@ -7,6 +7,7 @@ import (
 
 	"github.com/vpcni/vpcni/internal/alloc"
 	"github.com/vpcni/vpcni/internal/api"
+	"github.com/vpcni/vpcni/internal/provider"
 )
 
 // Cluster is the orchestrator the agent reports to (Kubernetes, see
@@ -22,6 +23,11 @@ type Cluster interface {
 	// Unhealthy: a pod's datapath check found it broken (told once each
 	// time it turns unhealthy).
 	Unhealthy(podNamespace, podName, problem string)
+	// NodeWarning: something on the node needs a person's eye though no
+	// request failed (the provider's write raced another writer's on the
+	// cloud port, say); reason is a Vpcni… Event reason, message says
+	// what to do. The implementation folds a storm of one reason.
+	NodeWarning(reason, message string)
 	// Ready is nil while the cluster side works, else why it does not.
 	Ready() error
 }
@@ -88,6 +94,17 @@ func (a *Agent) ProviderPort() string { return a.addrs.Provider().Port }
 func (a *Agent) changed(rec *alloc.Allocation) {
 	if a.cluster != nil && rec.PodName != "" {
 		a.cluster.Changed(rec.ContainerID, rec.IfName)
+	}
+}
+
+// providerNotice reports what the provider found that needs a person's
+// eye (provider.Node.Notify): a log line with its figures, a metric, and
+// a Warning Event on the node.
+func (a *Agent) providerNotice(n provider.Notice) {
+	a.metrics.Notice(n)
+	a.log.Warn(n.Message, append([]any{"reason", n.Reason, "kind", n.Kind}, n.Attrs...)...)
+	if a.cluster != nil {
+		a.cluster.NodeWarning(n.Reason, n.Message)
 	}
 }
 

@@ -90,6 +90,7 @@ type Node struct {
 	capacity nodeCapacity
 	queue    workqueue.TypedRateLimitingInterface[attKey]
 	recorder events
+	warnings nodeWarnings // NodeWarning's, folded per reason
 
 	mu       sync.Mutex
 	probeErr error
@@ -613,6 +614,7 @@ func (n *Node) poolLoop(ctx context.Context) {
 		every := n.opts.PoolEvery
 		p := n.agent.Pool()
 		n.stateEvents(&st, p, time.Now())
+		n.flushWarnings(time.Now())
 		want := map[string]string{
 			AnnotationPoolFree:      strconv.Itoa(p.Free),
 			AnnotationPoolAllocated: strconv.Itoa(p.Allocated),

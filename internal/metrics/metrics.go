@@ -38,6 +38,9 @@ type Metrics struct {
 	// PodHealth is the pods' datapath health at the last probe, by
 	// result (healthy, unhealthy).
 	PodHealth *prometheus.GaugeVec
+	// CloudWriteRaces counts the provider's writes that raced another
+	// writer's on the cloud port, by kind (provider.ReasonWriteRace).
+	CloudWriteRaces *prometheus.CounterVec
 
 	// registered is everything on Registry, for Describe.
 	registered []prometheus.Collector
@@ -77,7 +80,10 @@ func New() *Metrics {
 	m.PodHealth = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "vpcni_pod_datapath", Help: "Pod interfaces by the result of their last datapath probe (healthy, unhealthy).",
 	}, []string{"result"})
-	m.register(m.Repairs, m.Reconciles, m.PodHealth, m.CNIDuration, m.CloudCalls, m.CloudLatency,
+	m.CloudWriteRaces = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "vpcni_cloud_write_races_total", Help: "Writes of the provider that raced another writer's on the cloud port, by kind (overlapped: landed over another write; dropped: the answer lacked someone else's address; knocked_out: vpcni's addresses taken off, put back).",
+	}, []string{"kind"})
+	m.register(m.CloudWriteRaces, m.Repairs, m.Reconciles, m.PodHealth, m.CNIDuration, m.CloudCalls, m.CloudLatency,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -172,6 +178,13 @@ func (m *Metrics) Serve(ctx context.Context, addr string) (net.Addr, error) {
 		_ = srv.Close()
 	}()
 	return l.Addr(), nil
+}
+
+// Notice counts what a provider reported (provider.Node.Notify).
+func (m *Metrics) Notice(n provider.Notice) {
+	if n.Reason == provider.ReasonWriteRace {
+		m.CloudWriteRaces.WithLabelValues(n.Kind).Inc()
+	}
 }
 
 // Instrument wraps a provider so every operation is counted and timed;

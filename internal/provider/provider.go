@@ -96,7 +96,35 @@ type Node struct {
 	// objects (the static provider's blocks).
 	Kubeconfig string
 	Log        *slog.Logger
+	// Notify, if set, is told what the provider found that a person should
+	// know of though no call failed (see Notice). The provider calls it on
+	// its own goroutines and must not wait on it; nil: nobody listens.
+	Notify func(Notice)
 }
+
+// Notice is something a provider found that needs a person's eye though no
+// call failed: a write of its own that raced another writer's on the
+// cloud port, say. The agent logs it, counts it (Reason and Kind as
+// labels) and reports it on the node's Kubernetes object as a Warning
+// Event with Reason and Message.
+type Notice struct {
+	// Reason names the kind of notice (an Event's reason): one of the
+	// Reason… constants.
+	Reason string
+	// Kind tells notices of one reason apart for counting, a short
+	// snake_case word.
+	Kind string
+	// Message says what happened and what to do, for a person.
+	Message string
+	// Attrs are the figures behind the message, as slog key-value pairs.
+	Attrs []any
+}
+
+// ReasonWriteRace: a write of the provider's and another writer's met on
+// the cloud port. The provider never guesses which change should win:
+// it keeps its own addresses and leaves everyone else's as the cloud
+// has them, and says what it saw.
+const ReasonWriteRace = "VpcniCloudWriteRace"
 
 // Registration is one provider type.
 type Registration struct {

@@ -90,6 +90,12 @@ func (s *Server) locked(h handler) http.HandlerFunc {
 		if aerr == nil && r.Method != http.MethodGet && s.OnChange != nil {
 			s.OnChange(s)
 		}
+		// out may point into the state (a port): encoded under the lock,
+		// before the next write changes it.
+		var data []byte
+		if aerr == nil && out != nil {
+			data, _ = json.Marshal(out)
+		}
 		s.mu.Unlock()
 		if aerr != nil {
 			writeJSON(w, aerr.status, neutronError(aerr))
@@ -99,7 +105,7 @@ func (s *Server) locked(h handler) http.HandlerFunc {
 			w.WriteHeader(status)
 			return
 		}
-		writeJSON(w, status, out)
+		writeData(w, status, data)
 	}
 }
 
@@ -109,6 +115,10 @@ func neutronError(e *apiError) any {
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
 	data, _ := json.Marshal(v)
+	writeData(w, status, data)
+}
+
+func writeData(w http.ResponseWriter, status int, data []byte) {
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Content-Length", strconv.Itoa(len(data)))
 	w.WriteHeader(status)
@@ -310,7 +320,7 @@ func (s *Server) updatePort(r *http.Request, body []byte) (int, any, *apiError) 
 		return 0, nil, err
 	}
 	before := *p
-	before.FixedIPs = slices.Clone(p.FixedIPs)
+	before.FixedIPs, before.Pairs = slices.Clone(p.FixedIPs), slices.Clone(p.Pairs)
 	if b.FixedIPs != nil {
 		if err := s.setFixedIPs(p, *b.FixedIPs); err != nil {
 			return 0, nil, err
@@ -320,8 +330,28 @@ func (s *Server) updatePort(r *http.Request, body []byte) (int, any, *apiError) 
 		s.setFixedIPs(p, before.FixedIPs) // back to what it was
 		return 0, nil, err
 	}
-	p.Revision++
+	p.Revision += revisionMoves(&before, p)
 	return 200, map[string]any{"port": p}, nil
+}
+
+// revisionMoves is how far a port update moves the revision, as on
+// Neutron Zed (measured): once for the port's addresses (fixed IPs or
+// allowed address pairs) changing, once more for its own fields
+// (description, name…) changing. Neutron bumps a write that changes
+// nothing once after its answer; the lab does so at once.
+func revisionMoves(before, after *Port) int {
+	n := 0
+	same := func(a, b []FixedIP) bool {
+		return len(a) == len(b) && !slices.ContainsFunc(a, func(f FixedIP) bool { return !slices.Contains(b, f) })
+	}
+	if !same(before.FixedIPs, after.FixedIPs) || !slices.Equal(before.Pairs, after.Pairs) {
+		n++
+	}
+	if before.Name != after.Name || before.Description != after.Description || before.DeviceOwner != after.DeviceOwner ||
+		before.DeviceID != after.DeviceID || before.PortSecurity != after.PortSecurity {
+		n++
+	}
+	return max(n, 1)
 }
 
 // apply sets the simple fields and the address pairs.

@@ -178,8 +178,8 @@ func (o *Config) Validate() error {
 	if o.MaxAddressPairs < 1 || o.MaxAddressPairs > 1000 {
 		bad("maxAddressPairs", "%d is outside 1..1000", o.MaxAddressPairs)
 	}
-	if o.MaxAddresses < 1 || o.MaxAddresses > 4096 {
-		bad("maxAddresses", "%d is outside 1..4096", o.MaxAddresses)
+	if o.MaxAddresses < 1 || o.MaxAddresses > maxMarked {
+		bad("maxAddresses", "%d is outside 1..%d", o.MaxAddresses, maxMarked)
 	}
 	if o.Timeout.Duration < time.Second || o.Timeout.Duration > 5*time.Minute {
 		bad("timeout", "%s is outside 1s..5m", o.Timeout)

@@ -17,9 +17,12 @@ import (
 	"github.com/vpcni/vpcni/internal/provider"
 )
 
+// backoffUnit is backoff's first pause (the fuzz target shortens it).
+var backoffUnit = 100 * time.Millisecond
+
 // backoff waits a jittered, growing pause before attempt n.
 func backoff(ctx context.Context, attempt int) {
-	d := min(100*time.Millisecond<<attempt, 3*time.Second)
+	d := min(backoffUnit<<attempt, 3*time.Second)
 	d = d/2 + rand.N(d/2+1)
 	select {
 	case <-ctx.Done():
@@ -53,6 +56,19 @@ func isNeutronError(err error, status int, typ string, addr *netip.Addr) bool {
 	return true
 }
 
+// errNoObject: Neutron answered a call with success and a body without
+// the object asked for ({} or null): gophercloud extracts no object and
+// no error, and the object must not be used.
+var errNoObject = errors.New("Neutron's answer holds no object")
+
+// answered is what gophercloud extracted, errNoObject if that is nothing.
+func answered[T any](v *T, err error) (*T, error) {
+	if err == nil && v == nil {
+		return nil, errNoObject
+	}
+	return v, err
+}
+
 // retryable: a 412 (someone else wrote first), a 5xx, or no answer at all.
 func retryable(err error) bool {
 	var code gophercloud.ErrUnexpectedResponseCode
@@ -80,7 +96,8 @@ func explain(err error) error {
 	if errors.Is(err, context.Canceled) {
 		return err
 	}
-	// No HTTP answer: refused, reset, timed out.
+	// No usable HTTP answer: refused, reset, timed out, or without the
+	// object (errNoObject).
 	return fmt.Errorf("%w: %w", err, provider.ErrUnavailable)
 }
 

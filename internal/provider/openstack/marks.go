@@ -27,6 +27,12 @@ const (
 	markClose = "]"
 	// maxDescription is Neutron's limit on a description.
 	maxDescription = 255
+	// maxMarked is the most addresses marks may name: no node holds more
+	// (maxAddresses' ceiling). A description marking more is not vpcni's,
+	// and parsing it is refused rather than expanded (15 characters,
+	// "[vpcni:0-9zldr]", name a whole /8: 16 million addresses, 23 s and
+	// 1.5 GB to hold them all, measured).
+	maxMarked = 4096
 )
 
 // Marked is what a port's description marks as vpcni's within subnet
@@ -50,6 +56,11 @@ func splitMarks(desc string, subnet netip.Prefix) (rest string, marked map[netip
 	}
 	body := desc[i+len(markOpen) : i+j]
 	rest = strings.TrimSpace(desc[:i] + desc[i+j+len(markClose):])
+	if strings.Contains(rest, markOpen) {
+		// Which block would be vpcni's? Writing back the first would make
+		// the next read take the other.
+		return desc, marked, fmt.Errorf("more than one block of vpcni marks in port description %q", desc)
+	}
 	base := subnet.Masked().Addr()
 	size := uint64(1) << (32 - subnet.Bits())
 	if bm, ok := strings.CutPrefix(body, bitmapMark); ok {
@@ -59,6 +70,9 @@ func splitMarks(desc string, subnet netip.Prefix) (rest string, marked map[netip
 		}
 		for o := range size {
 			if bits[o/8]&(0x80>>(o%8)) != 0 {
+				if len(marked) == maxMarked {
+					return rest, map[netip.Addr]bool{}, fmt.Errorf("vpcni bitmap marks in port description name more than %d addresses, more than a node holds", maxMarked)
+				}
 				marked[addrAt(base, o)] = true
 			}
 		}
@@ -81,6 +95,9 @@ func splitMarks(desc string, subnet netip.Prefix) (rest string, marked map[netip
 		}
 		if b >= size {
 			return rest, marked, fmt.Errorf("vpcni mark %q lies outside subnet %s", item, subnet)
+		}
+		if b-a >= uint64(maxMarked-len(marked)) {
+			return rest, map[netip.Addr]bool{}, fmt.Errorf("vpcni marks in port description name more than %d addresses, more than a node holds", maxMarked)
 		}
 		for o := a; o <= b; o++ {
 			marked[addrAt(base, o)] = true

@@ -222,7 +222,7 @@ func (p *Provider) detach(ctx context.Context, portID string) error {
 		return p.novaErr(fmt.Errorf("detach port %s from instance %s: %w", portID, p.instanceID, err))
 	}
 	for n := 0; ; n++ {
-		port, err := ports.Get(ctx, p.nc, portID).Extract()
+		port, err := answered(ports.Get(ctx, p.nc, portID).Extract())
 		switch {
 		case gophercloud.ResponseCodeIs(err, http.StatusNotFound):
 			return nil

@@ -47,6 +47,9 @@ type Provider struct {
 	podMACs bool // pairs carry each pod's own MAC (see podmacs.go)
 	// instanceID is the node's Nova server: where NICs are attached.
 	instanceID string
+	// notify is told of races with other writers (provider.Node.Notify);
+	// nil: nobody listens.
+	notify func(provider.Notice)
 
 	mu     sync.Mutex // one writer per VM port
 	port   *ports.Port
@@ -66,6 +69,7 @@ func init() {
 			if err != nil {
 				return nil, err
 			}
+			p.notify = node.Notify
 			if err := p.matchMACs(ctx, node.PodMACs); err != nil {
 				return nil, err
 			}
@@ -77,7 +81,12 @@ func init() {
 // New logs in, finds the subnet and this node's VM port. cfg has had its
 // Defaults.
 func New(ctx context.Context, cfg Config, nodeIP netip.Addr) (*Provider, error) {
-	p, err := connect(ctx, cfg, http.DefaultTransport)
+	return open(ctx, cfg, nodeIP, http.DefaultTransport)
+}
+
+// open is New with its requests going through rt.
+func open(ctx context.Context, cfg Config, nodeIP netip.Addr, rt http.RoundTripper) (*Provider, error) {
+	p, err := connect(ctx, cfg, rt)
 	if err != nil {
 		return nil, err
 	}
@@ -116,7 +125,7 @@ func connect(ctx context.Context, cfg Config, rt http.RoundTripper) (*Provider, 
 // readSubnet reads the pods' subnet: its CIDR, gateway and allocation
 // pools; it returns its network.
 func (p *Provider) readSubnet(ctx context.Context) (networkID string, err error) {
-	sn, err := subnets.Get(ctx, p.nc, p.cfg.SubnetID).Extract()
+	sn, err := answered(subnets.Get(ctx, p.nc, p.cfg.SubnetID).Extract())
 	if err != nil {
 		return "", explain(fmt.Errorf("subnet %s: %w", p.cfg.SubnetID, err))
 	}
@@ -281,12 +290,17 @@ func (p *Provider) heldLocked(ctx context.Context) ([]netip.Addr, error) {
 // state reads the cached port: its description without marks, the marked
 // addresses, and its fixed IPs on the subnet.
 func (p *Provider) state() (rest string, marked, on map[netip.Addr]bool, err error) {
-	rest, marked, err = splitMarks(p.port.Description, p.subnet)
+	return p.stateOf(p.port)
+}
+
+// stateOf reads a copy of the VM port as state does.
+func (p *Provider) stateOf(port *ports.Port) (rest string, marked, on map[netip.Addr]bool, err error) {
+	rest, marked, err = splitMarks(port.Description, p.subnet)
 	if err != nil {
 		return "", nil, nil, fmt.Errorf("port %s: %w", p.portID, err)
 	}
 	on = map[netip.Addr]bool{}
-	for _, f := range p.port.FixedIPs {
+	for _, f := range port.FixedIPs {
 		if a, err := netip.ParseAddr(f.IPAddress); err == nil && f.SubnetID == p.cfg.SubnetID {
 			on[a] = true
 		}
@@ -296,7 +310,8 @@ func (p *Provider) state() (rest string, marked, on map[netip.Addr]bool, err err
 
 // refreshIfStale re-reads the VM port unless the provider read it back
 // itself moments ago: a write on a stale copy fails its If-Match, and the
-// read-back after every write catches what a racing write knocked out.
+// read-back after every write catches what a racing write knocked out of
+// vpcni's.
 func (p *Provider) refreshIfStale(ctx context.Context) error {
 	if p.port != nil && time.Since(p.portAt) < 10*time.Second {
 		return nil
@@ -308,7 +323,7 @@ func (p *Provider) refreshIfStale(ctx context.Context) error {
 func (p *Provider) refresh(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.Timeout.Duration)
 	defer cancel()
-	port, err := ports.Get(ctx, p.nc, p.portID).Extract()
+	port, err := answered(ports.Get(ctx, p.nc, p.portID).Extract())
 	if err != nil {
 		p.port = nil
 		return explain(fmt.Errorf("read VM port %s: %w", p.portID, err))
@@ -434,7 +449,7 @@ func (p *Provider) assignLocked(ctx context.Context, req provider.AssignRequest)
 			}
 			break
 		}
-		err = m.write(ctx, add)
+		err = m.write(ctx, v, add)
 		var taken netip.Addr
 		switch {
 		case err == nil:
@@ -477,10 +492,11 @@ func sorted(a []netip.Addr) []netip.Addr {
 	return a
 }
 
-// mode is how an address mode sees and writes the VM port.
+// mode is how an address mode sees and writes the VM port: write adds to
+// what view saw.
 type mode interface {
 	view(ctx context.Context) (portView, error)
-	write(ctx context.Context, add map[netip.Addr]bool) error
+	write(ctx context.Context, v portView, add map[netip.Addr]bool) error
 }
 
 // portView: the addresses the node already holds (ours), those on the port
@@ -519,7 +535,7 @@ func (m fixedIPs) view(context.Context) (portView, error) {
 	return v, nil
 }
 
-func (m fixedIPs) write(ctx context.Context, add map[netip.Addr]bool) error {
+func (m fixedIPs) write(ctx context.Context, _ portView, add map[netip.Addr]bool) error {
 	return m.p.apply(ctx, add, nil)
 }
 
@@ -582,112 +598,6 @@ func (p *Provider) releaseFixed(ctx context.Context, addrs []netip.Addr) error {
 	return errors.Join(err, floatingErr(keep, p.portID))
 }
 
-// apply makes the VM port hold add (marked as vpcni's) and no longer hold
-// remove, leaving everything else as it is (see untilHeld).
-func (p *Provider) apply(ctx context.Context, add, remove map[netip.Addr]bool) error {
-	restore := map[netip.Addr]bool{}
-	return p.untilHeld(ctx, "the fixed IPs", func() (bool, error) {
-		rest, marked, on, err := p.state()
-		if err != nil {
-			return false, err
-		}
-		want := maps.Clone(on)
-		for a := range add {
-			want[a], marked[a] = true, true
-		}
-		for a := range restore {
-			want[a] = true
-		}
-		for a := range remove {
-			delete(want, a)
-			delete(marked, a)
-		}
-		for a := range marked {
-			if !want[a] {
-				delete(marked, a) // a mark without its address: stale
-			}
-		}
-		desc, err := joinMarks(rest, marked, p.subnet)
-		if err != nil {
-			return false, fmt.Errorf("%w: %w", err, provider.ErrExhausted)
-		}
-		if maps.Equal(want, on) && desc == p.port.Description {
-			return true, nil
-		}
-		var fixed []ports.IP
-		for _, f := range p.port.FixedIPs {
-			if a, err := netip.ParseAddr(f.IPAddress); err == nil && f.SubnetID == p.cfg.SubnetID && !want[a] {
-				continue
-			}
-			fixed = append(fixed, ports.IP{SubnetID: f.SubnetID, IPAddress: f.IPAddress})
-		}
-		for a := range want {
-			if !on[a] {
-				fixed = append(fixed, ports.IP{SubnetID: p.cfg.SubnetID, IPAddress: a.String()})
-			}
-		}
-		if err := p.put(ctx, fixed, desc); err != nil {
-			return false, err
-		}
-		if err := p.refresh(ctx); err != nil {
-			return false, err
-		}
-		_, nowMarked, nowOn, err := p.state()
-		if err != nil {
-			return false, err
-		}
-		held := true
-		for a := range want {
-			if !nowOn[a] {
-				held = false
-				if on[a] && !add[a] {
-					restore[a] = true // someone's address our write knocked out
-				}
-			}
-		}
-		for a := range add {
-			held = held && nowMarked[a]
-		}
-		for a := range remove {
-			held = held && !nowOn[a] && !nowMarked[a]
-		}
-		return held, nil
-	})
-}
-
-// untilHeld runs one write attempt after another until the VM port, read
-// back, holds what was written. Each attempt works on the port as just
-// read, writes under If-Match and reads the port back: Neutron's If-Match
-// is not an atomic compare-and-swap under concurrent writers (a write
-// checked against revision 2 was seen to land at revision 5, knocking out
-// another writer's address), so an attempt also remembers what a racing
-// write knocked out — its own addresses or someone else's — and the next
-// puts it back. Retryable failures (412, 5xx, no answer) back off and try
-// again, up to Retries attempts.
-func (p *Provider) untilHeld(ctx context.Context, what string, attempt func() (held bool, err error)) error {
-	for n := 0; ; n++ {
-		if n > 0 {
-			if n >= p.cfg.Retries {
-				return fmt.Errorf("VM port %s: %s did not hold after %d attempts: %w", p.portID, what, n, provider.ErrUnavailable)
-			}
-			backoff(ctx, n)
-			if err := p.refresh(ctx); err != nil {
-				if retryable(err) {
-					continue
-				}
-				return err
-			}
-		}
-		held, err := attempt()
-		if err != nil && !retryable(err) {
-			return err
-		}
-		if err == nil && held {
-			return nil
-		}
-	}
-}
-
 // pick chooses n addresses of the subnet's allocation pools that nobody
 // holds, lowest first.
 func (p *Provider) pick(n int, on, skip, also map[netip.Addr]bool) []netip.Addr {
@@ -701,18 +611,4 @@ func (p *Provider) pick(n int, on, skip, also map[netip.Addr]bool) []netip.Addr 
 		}
 	}
 	return out
-}
-
-// put writes fixed_ips and description under If-Match on the port as last
-// read.
-func (p *Provider) put(ctx context.Context, fixed []ports.IP, desc string) error {
-	ctx, cancel := context.WithTimeout(ctx, p.cfg.Timeout.Duration)
-	defer cancel()
-	rev := p.port.RevisionNumber
-	updated, err := ports.Update(ctx, p.nc, p.portID, ports.UpdateOpts{FixedIPs: fixed, Description: &desc, RevisionNumber: &rev}).Extract()
-	if err != nil {
-		return explain(fmt.Errorf("update VM port %s: %w", p.portID, err))
-	}
-	p.port = updated
-	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
 	"net/netip"
 	"slices"
@@ -139,13 +140,13 @@ func (m addressPairs) view(ctx context.Context) (portView, error) {
 
 // write reserves the addresses in one bulk POST, then allows them on the
 // VM port; without the pair a reservation is useless, so it is undone.
-func (m addressPairs) write(ctx context.Context, add map[netip.Addr]bool) error {
+func (m addressPairs) write(ctx context.Context, v portView, add map[netip.Addr]bool) error {
 	p := m.p
 	created, err := p.reserve(ctx, add)
 	if err != nil {
 		return err
 	}
-	if err := p.applyPairs(ctx, add, nil); err != nil {
+	if err := p.applyPairs(ctx, v.ours, add, nil); err != nil {
 		_ = p.unreserve(ctx, created)
 		if isNeutronError(err, http.StatusBadRequest, "AllowedAddressPairExhausted", nil) {
 			return fmt.Errorf("%w (Neutron's max_allowed_address_pair is lower than maxAddressPairs %d): %w", err, p.cfg.MaxAddressPairs, provider.ErrExhausted)
@@ -246,7 +247,7 @@ func (p *Provider) releasePairs(ctx context.Context, addrs []netip.Addr) error {
 		delete(dropRes, a)
 	}
 	if len(drop) > 0 {
-		if err := p.applyPairs(ctx, nil, drop); err != nil {
+		if err := p.applyPairs(ctx, keys(res), nil, drop); err != nil {
 			return err
 		}
 		if err := p.unreserve(ctx, dropRes); err != nil {
@@ -264,52 +265,85 @@ func (p *Provider) releasePairs(ctx context.Context, addrs []netip.Addr) error {
 
 // applyPairs makes the VM port allow add (with the MAC the datapath sends
 // each from) and no longer allow remove, leaving other pairs as they are
-// (see untilHeld). A pair of an added address with another MAC is replaced.
-func (p *Provider) applyPairs(ctx context.Context, add, remove map[netip.Addr]bool) error {
-	restore := map[netip.Addr]ports.AddressPair{}
+// (see untilHeld). ours are the addresses vpcni holds reservations for:
+// their pairs, should a racing write take one off, are put back; a pair of
+// someone else's never is. A pair of an added address with another MAC is
+// replaced.
+func (p *Provider) applyPairs(ctx context.Context, ours, add, remove map[netip.Addr]bool) error {
+	restore := map[netip.Addr]bool{} // vpcni's pairs a racing write took off
 	return p.untilHeld(ctx, "the allowed address pairs", func() (bool, error) {
 		have := p.allowedPairs()
+		need := map[netip.Addr]bool{}
+		maps.Copy(need, add)
+		maps.Copy(need, restore)
+		for a := range remove {
+			delete(need, a)
+		}
 		var list []ports.AddressPair
 		for _, ap := range p.port.AllowedAddressPairs {
-			if a, err := netip.ParseAddr(ap.IPAddress); err == nil && (remove[a] || add[a] && !p.pairFits(ap, a)) {
+			if a, err := netip.ParseAddr(ap.IPAddress); err == nil && (remove[a] || need[a] && !p.pairFits(ap, a)) {
 				continue
 			}
 			list = append(list, ap)
 		}
-		for _, ap := range restore {
-			if !p.hasPair(ap) {
-				list = append(list, ap)
-			}
-		}
-		for a := range add {
+		for a := range need {
 			if !have[a] {
 				list = append(list, ports.AddressPair{IPAddress: a.String(), MACAddress: p.pairMAC(a)})
 			}
 		}
-		if len(restore) == 0 && !anyIn(add, have, false) && !anyIn(remove, p.pairs(), true) {
+		if !anyIn(need, have, false) && !anyIn(remove, p.pairs(), true) {
 			return true, nil
 		}
+		before := p.port
 		if err := p.putPairs(ctx, list); err != nil {
 			return false, err
 		}
+		written := p.port
 		if err := p.refresh(ctx); err != nil {
 			return false, err
 		}
-		held := true
+		mine := maps.Clone(ours)
+		maps.Copy(mine, need)
+		for a := range remove {
+			delete(mine, a)
+		}
+		// Someone else's pair the answer holds and the read-back lacks was
+		// removed after vpcni's write: left as it is.
+		var dropped []string
 		for _, ap := range list {
-			if a, err := netip.ParseAddr(ap.IPAddress); err == nil && !p.hasPair(ap) {
-				held = false
-				if !add[a] {
-					restore[a] = ap
-				}
+			if a, err := netip.ParseAddr(ap.IPAddress); (err != nil || !mine[a]) && !hasPairOn(written, ap) {
+				dropped = append(dropped, ap.IPAddress)
 			}
 		}
-		now := p.pairs()
-		for a := range remove {
-			held = held && !now[a]
+		wrote, now := p.allowedPairsOf(written), p.allowedPairs()
+		held := true
+		var knocked []netip.Addr
+		for a := range mine {
+			if now[a] {
+				continue
+			}
+			held = false
+			restore[a] = true
+			if wrote[a] {
+				knocked = append(knocked, a)
+			}
 		}
+		nowAny := p.pairs()
+		for a := range remove {
+			held = held && !nowAny[a]
+		}
+		p.raced("allowed address pairs", before, written, revisionMoves(true, false), dropped, knocked)
 		return held, nil
 	})
+}
+
+// keys is the set of a map's keys.
+func keys[V any](m map[netip.Addr]V) map[netip.Addr]bool {
+	out := make(map[netip.Addr]bool, len(m))
+	for a := range m {
+		out[a] = true
+	}
+	return out
 }
 
 // anyIn says whether some address of set is (want=true) or is not
@@ -330,7 +364,7 @@ func (p *Provider) putPairs(ctx context.Context, list []ports.AddressPair) error
 	if list == nil {
 		list = []ports.AddressPair{}
 	}
-	updated, err := ports.Update(ctx, p.nc, p.portID, ports.UpdateOpts{AllowedAddressPairs: &list, RevisionNumber: &rev}).Extract()
+	updated, err := answered(ports.Update(ctx, p.nc, p.portID, ports.UpdateOpts{AllowedAddressPairs: &list, RevisionNumber: &rev}).Extract())
 	if err != nil {
 		return explain(fmt.Errorf("update allowed address pairs of VM port %s: %w", p.portID, err))
 	}

@@ -79,9 +79,12 @@ func (p *Provider) pairFits(ap ports.AddressPair, a netip.Addr) bool {
 
 // allowedPairs reads the VM port's pairs as the addresses they allow with
 // the MAC the datapath needs.
-func (p *Provider) allowedPairs() map[netip.Addr]bool {
+func (p *Provider) allowedPairs() map[netip.Addr]bool { return p.allowedPairsOf(p.port) }
+
+// allowedPairsOf reads a copy of the VM port as allowedPairs does.
+func (p *Provider) allowedPairsOf(port *ports.Port) map[netip.Addr]bool {
 	out := map[netip.Addr]bool{}
-	for _, ap := range p.port.AllowedAddressPairs {
+	for _, ap := range port.AllowedAddressPairs {
 		if a, err := netip.ParseAddr(ap.IPAddress); err == nil && p.pairFits(ap, a) {
 			out[a] = true
 		}
@@ -89,17 +92,17 @@ func (p *Provider) allowedPairs() map[netip.Addr]bool {
 	return out
 }
 
-// hasPair says whether the VM port carries pair ap (an empty MAC is the
-// port's).
-func (p *Provider) hasPair(ap ports.AddressPair) bool {
+// hasPairOn says whether a copy of the VM port carries pair ap (an empty
+// MAC is the port's).
+func hasPairOn(port *ports.Port, ap ports.AddressPair) bool {
 	mac := ap.MACAddress
 	if mac == "" {
-		mac = p.port.MACAddress
+		mac = port.MACAddress
 	}
-	for _, have := range p.port.AllowedAddressPairs {
+	for _, have := range port.AllowedAddressPairs {
 		hm := have.MACAddress
 		if hm == "" {
-			hm = p.port.MACAddress
+			hm = port.MACAddress
 		}
 		if have.IPAddress == ap.IPAddress && strings.EqualFold(hm, mac) {
 			return true
@@ -129,5 +132,5 @@ func (p *Provider) fixPairMACs(ctx context.Context) error {
 	if len(wrong) == 0 {
 		return nil
 	}
-	return p.applyPairs(ctx, wrong, nil)
+	return p.applyPairs(ctx, keys(res), wrong, nil)
 }

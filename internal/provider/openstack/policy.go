@@ -26,7 +26,7 @@ func (p *Provider) checkPolicy(ctx context.Context) (why string, err error) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.Timeout.Duration)
 	defer cancel()
-	n, err := networks.Get(ctx, p.nc, p.port.NetworkID).Extract()
+	n, err := answered(networks.Get(ctx, p.nc, p.port.NetworkID).Extract())
 	if err != nil {
 		return "", explain(fmt.Errorf("read network %s: %w", p.port.NetworkID, err))
 	}

@@ -260,7 +260,7 @@ func (p *Provider) setNICAddrs(ctx context.Context, n *nicPort, pods []netip.Add
 func (p *Provider) rereadNIC(ctx context.Context, n *nicPort) error {
 	c, cancel := context.WithTimeout(ctx, p.cfg.Timeout.Duration)
 	defer cancel()
-	port, err := ports.Get(c, p.nc, n.id).Extract()
+	port, err := answered(ports.Get(c, p.nc, n.id).Extract())
 	if err != nil {
 		return explain(fmt.Errorf("read secondary NIC port %s: %w", n.id, err))
 	}

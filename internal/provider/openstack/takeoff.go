@@ -43,7 +43,7 @@ func TakeOffWith(ctx context.Context, nc *gophercloud.ServiceClient, cfg Config,
 func takeOff(ctx context.Context, nc *gophercloud.ServiceClient, calls *callCounter, cfg Config, portID string, addrs []netip.Addr) error {
 	p := &Provider{nc: nc, cfg: cfg, calls: calls, portID: portID}
 	c, cancel := context.WithTimeout(ctx, cfg.Timeout.Duration)
-	sn, err := subnets.Get(c, nc, cfg.SubnetID).Extract()
+	sn, err := answered(subnets.Get(c, nc, cfg.SubnetID).Extract())
 	cancel()
 	if err != nil {
 		return explain(fmt.Errorf("subnet %s: %w", cfg.SubnetID, err))
