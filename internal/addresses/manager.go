@@ -345,9 +345,13 @@ func (m *Manager) Unwired(ip netip.Addr, cause error) {
 	msg := fmt.Sprintf("address %s on node %s could not be wired %d times in a row and is set aside for %s (the pool hands out other addresses meanwhile): %v", ip, m.node, n, pause, cause)
 	m.log.Error("address set aside: it cannot be wired", "address", ip, "failures", n, "retry_in", pause, "err", cause)
 	if m.Report != nil {
-		m.Report("AddressSetAside", msg)
+		m.Report(ReasonSetAside, msg)
 	}
 }
+
+// ReasonSetAside is Report's reason for an address set aside (an Event
+// reason on the Node).
+const ReasonSetAside = "VpcniAddressSetAside"
 
 // Wired forgets the wiring failures of an address that was wired.
 func (m *Manager) Wired(ip netip.Addr) {

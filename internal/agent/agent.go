@@ -135,6 +135,13 @@ func newAgent(ctx context.Context, cfg config.Config, log *slog.Logger, st *stor
 	// After each sync with the provider the idle addresses are known:
 	// anything the node still has wired for them goes.
 	a.addrs.Synced = func() { a.kick("sync") }
+	// What the manager reports (an address set aside: its wiring keeps
+	// failing) is logged there and told to the cluster as a node warning.
+	a.addrs.Report = func(reason, message string) {
+		if a.cluster != nil {
+			a.cluster.NodeWarning(reason, message)
+		}
+	}
 	a.metrics.Watch(a.snapshot)
 	if err := a.restore(ctx); err != nil {
 		return nil, fmt.Errorf("restore at start: %w", err)

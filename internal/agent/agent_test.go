@@ -89,6 +89,12 @@ type running struct {
 // (or stop).
 func (n *node) start() *running {
 	n.t.Helper()
+	return n.startWith(nil)
+}
+
+// startWith is start with the agent reporting to c (nil: no cluster).
+func (n *node) startWith(c func(*Agent) Cluster) *running {
+	n.t.Helper()
 	st, err := store.Open(n.cfg.StateDir)
 	if err != nil {
 		n.t.Fatal(err)
@@ -101,6 +107,9 @@ func (n *node) start() *running {
 	if err != nil {
 		st.Close()
 		n.t.Fatal(err)
+	}
+	if c != nil {
+		a.SetCluster(c(a))
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &running{Agent: a, cancel: cancel, done: make(chan struct{})}

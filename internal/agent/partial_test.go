@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -57,7 +58,8 @@ func init() {
 // failing is set aside (held, handed to nobody) and reported.
 func TestUnwirableAddressDoesNotBlockTheNode(t *testing.T) {
 	n := newNode(t, "10.9.31.0/28")
-	a := n.start()
+	var told *warnings
+	a := n.startWith(func(a *Agent) Cluster { told = &warnings{clusterLog: clusterLog{a: a}}; return told })
 	ctx := context.Background()
 	bad := netip.MustParseAddr("10.9.31.2") // the first address the pool hands out
 	n.dp.FailAddress(bad, errors.New("the NIC for this address never appeared"))
@@ -94,6 +96,9 @@ func TestUnwirableAddressDoesNotBlockTheNode(t *testing.T) {
 	}
 	if failures > 3 {
 		t.Errorf("%s was tried %d times before it was set aside", bad, failures)
+	}
+	if heard := told.heard(); len(heard) != 1 || !strings.HasPrefix(heard[0], "VpcniAddressSetAside: address "+bad.String()) {
+		t.Errorf("the cluster heard %q, want one VpcniAddressSetAside warning for %s", heard, bad)
 	}
 	a.checkInvariant(t, n)
 }
