@@ -335,7 +335,7 @@ func (m *Manager) Unwired(ip netip.Addr, cause error) {
 		m.mu.Unlock()
 		return
 	}
-	pause := min(setAsideFor<<(n-setAsideAfter), setAsideMax)
+	pause := min(setAsideFor<<min(n-setAsideAfter, 6), setAsideMax) // the shift capped: no overflow
 	if err := m.pool.SetAside(ip, time.Now().Add(pause)); err != nil {
 		m.log.Error("set aside an address that cannot be wired", "address", ip, "err", err)
 		m.mu.Unlock()
@@ -850,6 +850,7 @@ func (m *Manager) trimSurplus(ctx context.Context) {
 		_ = m.pool.Unallocate(ip)
 		_ = m.pool.Remove(ip)
 		delete(m.leases, ip)
+		delete(m.wireFailures, ip)
 		surplus = append(surplus, ip)
 	}
 	m.mu.Unlock()

@@ -22,7 +22,8 @@ func (b *BadRequest) Error() string { return b.Msg }
 // TakeAddress allocates one address asked for by name (a pod's own fixed
 // IP, following it from node to node) to owner. Free here: taken at once.
 // Cooling here: taken too — the rest protects a different pod from stale
-// state elsewhere, and a request names this address on purpose. Not held
+// state elsewhere, and a request names this address on purpose (so is one
+// set aside after failed wirings for other pods). Not held
 // by the node: asked of the provider, which refuses it while another node
 // or port holds it (a Shortage: try again later, once that one gave it
 // back). Held by another pod here: a Shortage as well. A repeated request
@@ -110,6 +111,11 @@ func (m *Manager) claim(owner string, ip netip.Addr) (l alloc.Lease, ok bool, er
 		_ = m.pool.Remove(ip)
 		_ = m.pool.AddFree(ip)
 		m.uncool = append(m.uncool, ip)
+	case ipam.Aside:
+		// Set aside from other pods after failed wirings; a request names
+		// it on purpose, and its own failure gives it back to the provider.
+		_ = m.pool.Remove(ip)
+		_ = m.pool.AddFree(ip)
 	}
 	if err := m.pool.Claim(ip, owner); err != nil {
 		return alloc.Lease{}, false, err
@@ -167,6 +173,7 @@ func (m *Manager) forget(owner string, ip netip.Addr) error {
 	_ = m.pool.Unallocate(ip)
 	_ = m.pool.Remove(ip)
 	delete(m.leases, ip)
+	delete(m.wireFailures, ip)
 	m.giveBack[ip] = true
 	return nil
 }
