@@ -346,14 +346,7 @@ func TestRestartRestores(t *testing.T) {
 			t.Fatalf("ADD during restore got %s, which %s holds", fresh, id)
 		}
 	}
-	waitUntil(t, "the restore", func() bool {
-		select {
-		case <-b.restored:
-			return true
-		default:
-			return false
-		}
-	})
+	b.waitRestored(t)
 	waitUntil(t, "the stale piece of a free address removed", func() bool { return !n.dp.HasStale(free) })
 	if slices.Contains(b.addrs.Idle(), free) == false {
 		t.Fatalf("%s is not idle: the test would not show the sweep", free)
@@ -388,14 +381,7 @@ func TestConflictingRecordLeftAlone(t *testing.T) {
 	}
 	st.Close()
 	a := n.start()
-	waitUntil(t, "the restore", func() bool {
-		select {
-		case <-a.restored:
-			return true
-		default:
-			return false
-		}
-	})
+	a.waitRestored(t)
 	if r, _ := a.store.Get("second", "eth0"); r == nil {
 		t.Fatal("the conflicting record was dropped")
 	}
@@ -683,4 +669,17 @@ func (r *running) waitSynced(t *testing.T) {
 			t.Fatal("no reconcile after the first provider sync within 3s")
 		}
 	}
+}
+
+// waitRestored waits until Run has checked every pod recorded at start.
+func (r *running) waitRestored(t *testing.T) {
+	t.Helper()
+	waitUntil(t, "the restore", func() bool {
+		select {
+		case <-r.restored:
+			return true
+		default:
+			return false
+		}
+	})
 }

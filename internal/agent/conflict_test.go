@@ -37,14 +37,7 @@ func conflictNode(t *testing.T, cidr string) (n *node, a *running, ip netip.Addr
 	}
 	st.Close()
 	a = n.start()
-	waitUntil(t, "the restore", func() bool {
-		select {
-		case <-a.restored:
-			return true
-		default:
-			return false
-		}
-	})
+	a.waitRestored(t)
 	for _, k := range []string{"first/eth0", "second/eth0"} {
 		if a.addrs.Owns(k, ip) {
 			holder = k

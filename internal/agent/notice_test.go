@@ -32,20 +32,8 @@ func (p *noticing) Assign(ctx context.Context, req provider.AssignRequest) ([]al
 }
 
 func init() {
-	provider.Register(provider.Registration{
-		Name:        "test-noticing",
-		NewSettings: func() provider.Settings { return &static.Config{} },
-		New: func(ctx context.Context, node provider.Node, s provider.Settings) (provider.Provider, error) {
-			r, err := provider.Lookup("static")
-			if err != nil {
-				return nil, err
-			}
-			p, err := r.New(ctx, node, s)
-			if err != nil {
-				return nil, err
-			}
-			return &noticing{Provider: p, notify: node.Notify}, nil
-		},
+	registerWrapped("test-noticing", func(p provider.Provider, node provider.Node) provider.Provider {
+		return &noticing{Provider: p, notify: node.Notify}
 	})
 }
 

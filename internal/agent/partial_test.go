@@ -36,8 +36,14 @@ func (r refusing) Release(ctx context.Context, addrs []netip.Addr) error {
 }
 
 func init() {
+	registerWrapped("refusing", func(p provider.Provider, _ provider.Node) provider.Provider { return refusing{p} })
+}
+
+// registerWrapped registers, for the agent's tests, the static provider
+// wrapped by wrap under name.
+func registerWrapped(name string, wrap func(provider.Provider, provider.Node) provider.Provider) {
 	provider.Register(provider.Registration{
-		Name:        "refusing",
+		Name:        name,
 		NewSettings: func() provider.Settings { return &static.Config{} },
 		New: func(ctx context.Context, node provider.Node, s provider.Settings) (provider.Provider, error) {
 			r, err := provider.Lookup("static")
@@ -48,7 +54,7 @@ func init() {
 			if err != nil {
 				return nil, err
 			}
-			return refusing{p}, nil
+			return wrap(p, node), nil
 		},
 	})
 }
