@@ -263,8 +263,9 @@ func (m *Manager) Take(ctx context.Context, owner string) (alloc.Lease, error) {
 func (m *Manager) take(owner string) (alloc.Lease, bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.promoteLocked(time.Now())
-	m.pool.Unaside(time.Now())
+	now := time.Now()
+	m.promoteLocked(now)
+	m.pool.Unaside(now)
 	ip, ok := m.pool.Take(owner)
 	if !ok {
 		return alloc.Lease{}, false
