@@ -134,18 +134,16 @@ func accessKeyID(r *http.Request) string {
 	return id
 }
 
-type xmlErrorResponse struct {
-	XMLName   xml.Name `xml:"Response"`
-	Code      string   `xml:"Errors>Error>Code"`
-	Message   string   `xml:"Errors>Error>Message"`
-	RequestID string   `xml:"RequestID"`
-}
+// textEscaper escapes XML text as EC2 does, leaving quotes as they are
+// (encoding/xml would write ' as &#39;, which decoders accept but a reader
+// of the raw answer does not expect).
+var textEscaper = strings.NewReplacer("&", "&amp;", "<", "&lt;", ">", "&gt;")
 
-// writeError answers EC2's error envelope:
-// <Response><Errors><Error><Code/><Message/></Error></Errors><RequestID/></Response>.
+// writeError answers EC2's error envelope.
 func writeError(w http.ResponseWriter, reqID string, e *apiError) {
-	data, _ := xml.Marshal(xmlErrorResponse{Code: e.code, Message: e.msg, RequestID: reqID})
-	write(w, e.status, append([]byte(xml.Header), data...))
+	body := xml.Header + "<Response><Errors><Error><Code>" + textEscaper.Replace(e.code) + "</Code><Message>" +
+		textEscaper.Replace(e.msg) + "</Message></Error></Errors><RequestID>" + reqID + "</RequestID></Response>"
+	write(w, e.status, []byte(body))
 }
 
 func write(w http.ResponseWriter, status int, data []byte) {
