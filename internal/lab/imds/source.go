@@ -25,6 +25,8 @@ type Instance struct {
 	Type   string
 	Region string
 	AZ     string
+	// AccountID is the owner's account, for the identity document.
+	AccountID string
 	// LocalIPv4 is the primary ENI's primary address.
 	LocalIPv4 netip.Addr
 	// Interfaces are the attached ENIs, the primary (device 0) first.
