@@ -10,6 +10,7 @@ import (
 	_ "github.com/vpcni/vpcni/internal/datapath/macvlan"
 	_ "github.com/vpcni/vpcni/internal/datapath/passthrough"
 	_ "github.com/vpcni/vpcni/internal/datapath/veth"
+	_ "github.com/vpcni/vpcni/internal/provider/aws"
 	_ "github.com/vpcni/vpcni/internal/provider/openstack"
 	_ "github.com/vpcni/vpcni/internal/provider/static"
 )

@@ -209,11 +209,11 @@ func TestHooks(t *testing.T) {
 	}
 	want := []string{"change", // create
 		"attach " + id + " attaching", "change", // attach; the tag changes nothing
-		"change",                  // assign
-		"change",                  // source/dest check
-		"change",                  // detaching
+		"change",                                // assign
+		"change",                                // source/dest check
+		"change",                                // detaching
 		"detach " + id + " detaching", "change", // detached
-		"change",                        // create bad
+		"change",                                 // create bad
 		"attach " + bad + " attaching", "change"} // failed: available again
 	mu.Lock()
 	defer mu.Unlock()

@@ -62,7 +62,10 @@ func TestThrottleBuckets(t *testing.T) {
 	l.s.faults.now = func() time.Time { return time.Unix(1e9, 0) } // no refill during the test
 	l.s.faults.mu.Unlock()
 	l.s.Throttle(true)
-	unfiltered := func() error { _, err := l.c.DescribeNetworkInterfaces(ctx, &ec2.DescribeNetworkInterfacesInput{}); return err }
+	unfiltered := func() error {
+		_, err := l.c.DescribeNetworkInterfaces(ctx, &ec2.DescribeNetworkInterfacesInput{})
+		return err
+	}
 	filtered := func() error {
 		_, err := l.c.DescribeNetworkInterfaces(ctx, &ec2.DescribeNetworkInterfacesInput{Filters: []types.Filter{{Name: aws.String("vpc-id"), Values: []string{l.vpc}}}})
 		return err

@@ -36,6 +36,10 @@ type Options struct {
 	// address only some time after EC2 made it (no bound is documented;
 	// aws-vpc-cni has seen a second and more). 0: answers are current.
 	Lag time.Duration
+	// Refresh: one read of the source serves the requests of this long
+	// (0: every request reads it). A source that is an EC2 API costs four
+	// calls a read, and an agent reads a dozen paths at start.
+	Refresh time.Duration
 	// Now is the clock (nil: time.Now): token expiry and lag follow it.
 	Now func() time.Time
 }
@@ -44,9 +48,10 @@ type Options struct {
 // instance finds 169.254.169.254 (in the lab, a listener the node's
 // namespace reaches; in tests, an httptest server).
 type Server struct {
-	src Source
-	id  string
-	now func() time.Time
+	src     Source
+	id      string
+	now     func() time.Time
+	refresh time.Duration
 
 	mu     sync.Mutex
 	lag    time.Duration
@@ -54,7 +59,8 @@ type Server struct {
 	// seen holds the source's states as they were observed, oldest first:
 	// the newest one at least lag old is what the server answers, and
 	// older ones are dropped.
-	seen []observed
+	seen     []observed
+	lastRead time.Time
 }
 
 type observed struct {
@@ -71,7 +77,7 @@ func New(src Source, id string, o Options) *Server {
 	if now == nil {
 		now = time.Now
 	}
-	return &Server{src: src, id: id, now: now, lag: o.Lag, tokens: map[string]time.Time{}}
+	return &Server{src: src, id: id, now: now, refresh: o.Refresh, lag: o.Lag, tokens: map[string]time.Time{}}
 }
 
 // SetLag changes how far the answers lag behind the source from now on.
@@ -164,13 +170,23 @@ func (s *Server) valid(tok string) bool {
 // view reads the source now and answers with the newest state observed at
 // least lag ago (the oldest one known while none is that old).
 func (s *Server) view(r *http.Request) (Instance, error) {
-	inst, err := s.src.Instance(r.Context(), s.id)
-	inst = inst.clone() // kept: the source may change its slices later
+	s.mu.Lock()
+	fresh := len(s.seen) > 0 && s.now().Sub(s.lastRead) < s.refresh
+	s.mu.Unlock()
+	var inst Instance
+	var err error
+	if !fresh {
+		inst, err = s.src.Instance(r.Context(), s.id)
+		inst = inst.clone() // kept: the source may change its slices later
+	}
 	now := s.now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if n := len(s.seen); n == 0 || !sameState(s.seen[n-1], inst, err) {
+	if n := len(s.seen); !fresh && (n == 0 || !sameState(s.seen[n-1], inst, err)) {
 		s.seen = append(s.seen, observed{at: now, inst: inst, err: err})
+	}
+	if !fresh {
+		s.lastRead = now
 	}
 	i := 0
 	for j, o := range s.seen {

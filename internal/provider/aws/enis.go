@@ -1,0 +1,449 @@
+package aws
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/ec2"
+	"github.com/aws/aws-sdk-go-v2/service/ec2/types"
+)
+
+// Tags vpcni puts on the ENIs it creates. An ENI with tagOwner = ownerValue
+// and tagInstance = the node's instance is vpcni's: every secondary
+// address and prefix on it is a pod address of that node.
+const (
+	tagPrefix   = "vpcni.io/"
+	tagOwner    = tagPrefix + "owner"
+	ownerValue  = "vpcni"
+	tagInstance = tagPrefix + "instance-id"
+	tagNode     = tagPrefix + "node"
+	tagCluster  = tagPrefix + "cluster"
+	tagCreated  = tagPrefix + "created-at"
+)
+
+// eni is one ENI attached to the instance, as EC2 describes it.
+type eni struct {
+	id, mac, subnetID string
+	device, card      int
+	attachmentID      string
+	deleteOnTerm      bool
+	primaryIP         netip.Addr
+	secondaries       []netip.Addr
+	prefixes          []netip.Prefix
+	// ours: vpcni created the ENI for this instance (its tags).
+	ours    bool
+	created time.Time
+}
+
+// used is how many of the ENI's address slots hold a secondary address
+// or a prefix (its own primary address takes one more).
+func (e *eni) used() int { return len(e.secondaries) + len(e.prefixes) }
+
+// holds lists the ENI's secondary addresses and prefixes as strings.
+func (e *eni) holds() []string {
+	out := make([]string, 0, e.used())
+	for _, a := range e.secondaries {
+		out = append(out, a.String())
+	}
+	for _, p := range e.prefixes {
+		out = append(out, p.String())
+	}
+	return out
+}
+
+// subnet is a subnet vpcni takes addresses in.
+type subnet struct {
+	id   string
+	cidr netip.Prefix
+	az   string
+	free int // AvailableIpAddressCount as last read
+}
+
+// gateway is the subnet's router: EC2 keeps its first host address.
+func (s *subnet) gateway() netip.Addr { return s.cidr.Masked().Addr().Next() }
+
+// usable says whether a is an address EC2 may give an ENI in the subnet:
+// not the network address, not the three EC2 reserves after it (router,
+// DNS, future use), not the broadcast address. (EC2 never hands these
+// out; an emulator that does must not give them to pods.)
+func (s *subnet) usable(a netip.Addr) bool {
+	if !s.cidr.Contains(a) {
+		return false
+	}
+	base := s.cidr.Masked().Addr()
+	for range 4 {
+		if a == base {
+			return false
+		}
+		base = base.Next()
+	}
+	last := s.cidr.Masked().Addr().As4()
+	host := uint32(1)<<(32-s.cidr.Bits()) - 1
+	v := uint32(last[0])<<24 | uint32(last[1])<<16 | uint32(last[2])<<8 | uint32(last[3]) | host
+	return a != netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)})
+}
+
+// parseENI reads one ENI of EC2's answer.
+func (p *Provider) parseENI(n types.NetworkInterface) *eni {
+	e := &eni{id: aws.ToString(n.NetworkInterfaceId), mac: strings.ToLower(aws.ToString(n.MacAddress)), subnetID: aws.ToString(n.SubnetId)}
+	if a := n.Attachment; a != nil {
+		e.device, e.card = int(aws.ToInt32(a.DeviceIndex)), int(aws.ToInt32(a.NetworkCardIndex))
+		e.attachmentID, e.deleteOnTerm = aws.ToString(a.AttachmentId), aws.ToBool(a.DeleteOnTermination)
+	}
+	e.primaryIP, _ = netip.ParseAddr(aws.ToString(n.PrivateIpAddress))
+	for _, a := range n.PrivateIpAddresses {
+		ip, err := netip.ParseAddr(aws.ToString(a.PrivateIpAddress))
+		if err != nil || aws.ToBool(a.Primary) || ip == e.primaryIP || slices.Contains(e.secondaries, ip) {
+			continue
+		}
+		e.secondaries = append(e.secondaries, ip)
+	}
+	for _, pf := range n.Ipv4Prefixes {
+		if pfx, err := netip.ParsePrefix(aws.ToString(pf.Ipv4Prefix)); err == nil && !slices.Contains(e.prefixes, pfx) {
+			e.prefixes = append(e.prefixes, pfx)
+		}
+	}
+	tags := map[string]string{}
+	for _, t := range n.TagSet {
+		tags[aws.ToString(t.Key)] = aws.ToString(t.Value)
+	}
+	e.ours = tags[tagOwner] == ownerValue && tags[tagInstance] == p.id.instanceID
+	e.created, _ = time.Parse(time.RFC3339, tags[tagCreated])
+	return e
+}
+
+// readENIs reads from EC2 the ENIs attached to the instance (the truth;
+// IMDS lags it) and the subnets they are in. The caller holds p.mu.
+func (p *Provider) readENIs(ctx context.Context) error {
+	var all []*eni
+	pages := ec2.NewDescribeNetworkInterfacesPaginator(p.ec2, &ec2.DescribeNetworkInterfacesInput{
+		Filters:    []types.Filter{{Name: aws.String("attachment.instance-id"), Values: []string{p.id.instanceID}}},
+		MaxResults: aws.Int32(1000),
+	})
+	for pages.HasMorePages() {
+		out, err := pages.NextPage(ctx)
+		if err != nil {
+			return explain(fmt.Errorf("read the ENIs of instance %s: %w", p.id.instanceID, err))
+		}
+		for _, n := range out.NetworkInterfaces {
+			if n.Attachment != nil && aws.ToString(n.Attachment.InstanceId) == p.id.instanceID {
+				all = append(all, p.parseENI(n))
+			}
+		}
+	}
+	slices.SortFunc(all, func(a, b *eni) int {
+		if a.card != b.card {
+			return a.card - b.card
+		}
+		return a.device - b.device
+	})
+	if !slices.ContainsFunc(all, func(e *eni) bool { return e.id == p.id.eniID }) {
+		return fmt.Errorf("EC2 lists no ENI %s (the primary ENI IMDS names) on instance %s: %w", p.id.eniID, p.id.instanceID, errGone)
+	}
+	var missing []string
+	for _, e := range all {
+		if _, ok := p.subnets[e.subnetID]; !ok && !slices.Contains(missing, e.subnetID) {
+			missing = append(missing, e.subnetID)
+		}
+	}
+	if err := p.readSubnets(ctx, missing); err != nil {
+		return err
+	}
+	p.enis, p.readAt = all, time.Now()
+	p.fixDeleteOnTermination(ctx)
+	return nil
+}
+
+// readIfStale reads the ENIs again unless they were read (or written by
+// the provider itself) within the last few seconds: after its own writes
+// the provider's copy is current, and a write on a stale copy fails in a
+// way that makes it read again (PrivateIpAddressLimitExceeded).
+func (p *Provider) readIfStale(ctx context.Context) error {
+	if p.enis != nil && time.Since(p.readAt) < freshFor {
+		return nil
+	}
+	return p.readENIs(ctx)
+}
+
+// freshFor is how long the provider trusts its copy of the ENIs.
+const freshFor = 10 * time.Second
+
+// readSubnets reads subnets by ID into p.subnets.
+func (p *Provider) readSubnets(ctx context.Context, ids []string) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	out, err := p.ec2.DescribeSubnets(ctx, &ec2.DescribeSubnetsInput{SubnetIds: ids})
+	if err != nil {
+		return explain(fmt.Errorf("read subnets %v: %w", ids, err))
+	}
+	for _, s := range out.Subnets {
+		p.subnets[aws.ToString(s.SubnetId)] = p.parseSubnet(s)
+	}
+	for _, id := range ids {
+		if p.subnets[id] == nil {
+			return fmt.Errorf("subnet %s: EC2 does not describe it", id)
+		}
+	}
+	return nil
+}
+
+func (p *Provider) parseSubnet(s types.Subnet) *subnet {
+	cidr, _ := netip.ParsePrefix(aws.ToString(s.CidrBlock))
+	return &subnet{id: aws.ToString(s.SubnetId), cidr: cidr, az: aws.ToString(s.AvailabilityZone), free: int(aws.ToInt32(s.AvailableIpAddressCount))}
+}
+
+// fixDeleteOnTermination sets DeleteOnTermination on vpcni's ENIs that
+// lack it (a crash between attach and the flag), once per ENI and process:
+// without it the ENI outlives its instance. The caller holds p.mu.
+func (p *Provider) fixDeleteOnTermination(ctx context.Context) {
+	for _, e := range p.enis {
+		if !e.ours || e.deleteOnTerm || p.dotTried[e.id] {
+			continue
+		}
+		p.dotTried[e.id] = true
+		if err := p.setDeleteOnTermination(ctx, e); err != nil {
+			p.log.Warn("could not set DeleteOnTermination on vpcni's ENI; it would outlive the instance", "eni", e.id, "err", err)
+		}
+	}
+}
+
+func (p *Provider) setDeleteOnTermination(ctx context.Context, e *eni) error {
+	_, err := p.ec2.ModifyNetworkInterfaceAttribute(ctx, &ec2.ModifyNetworkInterfaceAttributeInput{
+		NetworkInterfaceId: &e.id,
+		Attachment:         &types.NetworkInterfaceAttachmentChanges{AttachmentId: &e.attachmentID, DeleteOnTermination: aws.Bool(true)},
+	})
+	if err != nil {
+		return explain(fmt.Errorf("set DeleteOnTermination on ENI %s: %w", e.id, err))
+	}
+	e.deleteOnTerm = true
+	return nil
+}
+
+// primary is the primary ENI as last read.
+func (p *Provider) primary() *eni {
+	for _, e := range p.enis {
+		if e.id == p.id.eniID {
+			return e
+		}
+	}
+	return nil
+}
+
+// attachedOnCard counts the ENIs on the default network card.
+func (p *Provider) attachedOnCard() int {
+	n := 0
+	for _, e := range p.enis {
+		if e.card == p.primary().card {
+			n++
+		}
+	}
+	return n
+}
+
+// createENI makes an ENI of vpcni's in sn with count secondary addresses
+// (or count prefixes), attaches it at the next free device index and has
+// it deleted with the instance. An ENI that does not attach is deleted.
+// The caller holds p.mu.
+func (p *Provider) createENI(ctx context.Context, sn *subnet, count int) (_ *eni, err error) {
+	now := time.Now().UTC()
+	tags := []types.Tag{
+		{Key: aws.String(tagOwner), Value: aws.String(ownerValue)},
+		{Key: aws.String(tagInstance), Value: aws.String(p.id.instanceID)},
+		{Key: aws.String(tagCreated), Value: aws.String(now.Format(time.RFC3339))},
+	}
+	if p.nodeName != "" {
+		tags = append(tags, types.Tag{Key: aws.String(tagNode), Value: aws.String(p.nodeName)})
+	}
+	if p.cfg.ClusterName != "" {
+		tags = append(tags, types.Tag{Key: aws.String(tagCluster), Value: aws.String(p.cfg.ClusterName)})
+	}
+	for _, k := range sortedKeys(p.cfg.Tags) {
+		tags = append(tags, types.Tag{Key: aws.String(k), Value: aws.String(p.cfg.Tags[k])})
+	}
+	in := &ec2.CreateNetworkInterfaceInput{
+		SubnetId:          &sn.id,
+		Groups:            p.groups,
+		Description:       aws.String(fmt.Sprintf("vpcni pod addresses of instance %s (node %s)", p.id.instanceID, p.nodeName)),
+		TagSpecifications: []types.TagSpecification{{ResourceType: types.ResourceTypeNetworkInterface, Tags: tags}},
+	}
+	if count > 0 && p.cfg.PrefixMode {
+		in.Ipv4PrefixCount = aws.Int32(int32(count))
+	} else if count > 0 {
+		in.SecondaryPrivateIpAddressCount = aws.Int32(int32(count))
+	}
+	out, err := p.ec2.CreateNetworkInterface(ctx, in)
+	if err != nil {
+		return nil, explain(fmt.Errorf("create an ENI in subnet %s (%s): %w", sn.id, sn.cidr, err))
+	}
+	e := p.parseENI(*out.NetworkInterface)
+	e.ours, e.created = true, now
+	defer func() {
+		if err != nil {
+			if derr := p.deleteENI(ctx, e.id); derr != nil {
+				err = errors.Join(err, fmt.Errorf("delete the ENI %s that did not attach (it is tagged and will be collected as leaked): %w", e.id, derr))
+			}
+		}
+	}()
+	dev, err := p.freeDevice(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var att *ec2.AttachNetworkInterfaceOutput
+	for try := 0; ; try++ {
+		att, err = p.ec2.AttachNetworkInterface(ctx, &ec2.AttachNetworkInterfaceInput{
+			InstanceId: &p.id.instanceID, NetworkInterfaceId: &e.id, DeviceIndex: aws.Int32(int32(dev)), NetworkCardIndex: aws.Int32(int32(p.primary().card)),
+		})
+		// A new ENI may not be visible to the attach call at once (EC2's
+		// API is eventually consistent).
+		if err == nil || !isCode(err, codeENINotFound) || try >= 3 {
+			break
+		}
+		if serr := sleep(ctx, time.Duration(200<<try)*time.Millisecond); serr != nil {
+			return nil, serr
+		}
+	}
+	if err != nil {
+		return nil, explain(fmt.Errorf("attach ENI %s to instance %s at device index %d: %w", e.id, p.id.instanceID, dev, err))
+	}
+	e.attachmentID, e.device, e.card = aws.ToString(att.AttachmentId), dev, p.primary().card
+	p.dotTried[e.id] = true
+	if err := p.setDeleteOnTermination(ctx, e); err != nil {
+		// Detached before it is deleted: an ENI that would outlive its
+		// instance is not kept (as aws-vpc-cni does).
+		if _, derr := p.ec2.DetachNetworkInterface(ctx, &ec2.DetachNetworkInterfaceInput{AttachmentId: &e.attachmentID, Force: aws.Bool(true)}); derr != nil {
+			err = errors.Join(err, explain(derr))
+		}
+		return nil, err
+	}
+	p.enis = append(p.enis, e)
+	return e, nil
+}
+
+// freeDevice is the lowest device index above 0 the instance does not use
+// on its default card, by EC2's DescribeInstances and the ENIs as read.
+func (p *Provider) freeDevice(ctx context.Context) (int, error) {
+	out, err := p.ec2.DescribeInstances(ctx, &ec2.DescribeInstancesInput{InstanceIds: []string{p.id.instanceID}})
+	if err != nil {
+		return 0, explain(fmt.Errorf("read instance %s for a free device index: %w", p.id.instanceID, err))
+	}
+	card := p.primary().card
+	used := map[int]bool{0: true}
+	for _, r := range out.Reservations {
+		for _, in := range r.Instances {
+			for _, n := range in.NetworkInterfaces {
+				if a := n.Attachment; a != nil && int(aws.ToInt32(a.NetworkCardIndex)) == card {
+					used[int(aws.ToInt32(a.DeviceIndex))] = true
+				}
+			}
+		}
+	}
+	for _, e := range p.enis {
+		if e.card == card {
+			used[e.device] = true
+		}
+	}
+	d := 1
+	for used[d] {
+		d++
+	}
+	return d, nil
+}
+
+// deleteENI deletes a detached ENI; one already gone is no error.
+func (p *Provider) deleteENI(ctx context.Context, id string) error {
+	_, err := p.ec2.DeleteNetworkInterface(ctx, &ec2.DeleteNetworkInterfaceInput{NetworkInterfaceId: &id})
+	if err == nil || isCode(err, codeENINotFound) {
+		return nil
+	}
+	return explain(fmt.Errorf("delete ENI %s: %w", id, err))
+}
+
+// removeENI detaches one of vpcni's ENIs, waits until EC2 has it detached
+// ("available": detaching takes seconds on EC2) and deletes it.
+func (p *Provider) removeENI(ctx context.Context, e *eni) error {
+	_, err := p.ec2.DetachNetworkInterface(ctx, &ec2.DetachNetworkInterfaceInput{AttachmentId: &e.attachmentID})
+	if err != nil && !isCode(err, codeAttachNotFound, codeENINotFound) {
+		return explain(fmt.Errorf("detach ENI %s: %w", e.id, err))
+	}
+	for try := 0; ; try++ {
+		out, err := p.ec2.DescribeNetworkInterfaces(ctx, &ec2.DescribeNetworkInterfacesInput{NetworkInterfaceIds: []string{e.id}})
+		switch {
+		case isCode(err, codeENINotFound):
+			return nil
+		case err != nil:
+			return explain(fmt.Errorf("read ENI %s while it detaches: %w", e.id, err))
+		case len(out.NetworkInterfaces) == 1 && out.NetworkInterfaces[0].Status == types.NetworkInterfaceStatusAvailable:
+			return p.deleteENI(ctx, e.id)
+		case try >= 8:
+			return fmt.Errorf("ENI %s is still not detached after %d reads; the next cleanup tries again", e.id, try+1)
+		}
+		if err := sleep(ctx, time.Duration(min(250<<try, 4000))*time.Millisecond); err != nil {
+			return err
+		}
+	}
+}
+
+// leakedFilters find the ENIs vpcni created for this instance (and
+// cluster) that are attached to nothing.
+func (p *Provider) leakedFilters() []types.Filter {
+	f := []types.Filter{
+		{Name: aws.String("tag:" + tagOwner), Values: []string{ownerValue}},
+		{Name: aws.String("tag:" + tagInstance), Values: []string{p.id.instanceID}},
+		{Name: aws.String("status"), Values: []string{string(types.NetworkInterfaceStatusAvailable)}},
+	}
+	if p.cfg.ClusterName != "" {
+		f = append(f, types.Filter{Name: aws.String("tag:" + tagCluster), Values: []string{p.cfg.ClusterName}})
+	}
+	return f
+}
+
+// deleteLeaked deletes vpcni's ENIs of this instance that are detached
+// and older than leakedENIGrace: left by a crash between create and
+// attach, or by a detach whose delete failed. It returns how many it
+// deleted.
+func (p *Provider) deleteLeaked(ctx context.Context) (int, error) {
+	out, err := p.ec2.DescribeNetworkInterfaces(ctx, &ec2.DescribeNetworkInterfacesInput{Filters: p.leakedFilters()})
+	if err != nil {
+		return 0, explain(fmt.Errorf("look for leaked ENIs: %w", err))
+	}
+	n := 0
+	var errs []error
+	for _, ni := range out.NetworkInterfaces {
+		e := p.parseENI(ni)
+		if !e.ours || ni.Status != types.NetworkInterfaceStatusAvailable || time.Since(e.created) < p.cfg.LeakedENIGrace.Duration {
+			continue
+		}
+		if err := p.deleteENI(ctx, e.id); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		p.log.Info("deleted a leaked ENI of vpcni's", "eni", e.id, "created", e.created)
+		n++
+	}
+	return n, errors.Join(errs...)
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(d):
+		return nil
+	}
+}
+
+func sortedKeys(m map[string]string) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return out
+}
