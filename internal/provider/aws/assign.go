@@ -357,11 +357,21 @@ func (p *Provider) assignOn(ctx context.Context, e *eni, named []netip.Addr, cou
 		if err := p.rec.begin(in); err != nil {
 			return nil, err
 		}
+	}
+	ctx, attempts := countAttempts(ctx)
+	if !e.ours {
 		defer func() {
-			// A call EC2 answered with an error did not assign; one
-			// without an answer may have: its intent stays until a read
-			// settles it.
-			if err == nil || code(err) != "" {
+			// A call EC2 answered with an error at its only attempt did
+			// not assign. One without an answer may have, and so may an
+			// attempt before a retry (its reply lost): the intent stays,
+			// for all the attempts, until a read of the ENI settles it.
+			switch {
+			case attempts.Load() > 1:
+				p.rec.Pending[slices.IndexFunc(p.rec.Pending, func(x intent) bool { return x.ENI == in.ENI && x.At.Equal(in.At) })].Count *= int(attempts.Load())
+				if err == nil {
+					err = p.settleNow(ctx, e)
+				}
+			case err == nil || code(err) != "":
 				p.rec.end(in)
 			}
 		}()
@@ -437,6 +447,23 @@ const (
 	answersExact
 	answersListing
 )
+
+// settleNow reads an ENI of someone else's again and settles the intents
+// on it: the provider claims what its retried call assigned. The caller
+// holds p.mu.
+func (p *Provider) settleNow(ctx context.Context, e *eni) error {
+	if err := p.rereadENI(ctx, e); err != nil {
+		return err
+	}
+	claimed, unclaimed := p.rec.settle(e.id, e.holds())
+	if len(claimed) > 0 {
+		p.log.Info("a retried assign had landed more than once; all its addresses are vpcni's", "eni", e.id, "addresses", claimed)
+	}
+	if len(unclaimed) > 0 {
+		p.notice("retried_assign", fmt.Sprintf("ENI %s gained %v during a retried assign of vpcni's, more than its attempts asked for: someone else wrote at the same moment, so vpcni claims none of them", e.id, unclaimed), "eni", e.id, "addresses", unclaimed)
+	}
+	return nil
+}
 
 // rereadENI reads one ENI again into e (its addresses and prefixes).
 func (p *Provider) rereadENI(ctx context.Context, e *eni) error {
