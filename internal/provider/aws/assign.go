@@ -242,7 +242,6 @@ func (p *Provider) assignCount(ctx context.Context, n int) ([]leaseOn, error) {
 			}
 		case isCode(err, codeNoCIDRBlocks):
 			p.cidrBackoff[e.subnetID] = backoff{until: time.Now().Add(p.cfg.CIDRBackoff.Duration), err: err}
-			p.log.Warn("no free /28 in the subnet for a prefix; not asking it again for a while", "subnet", e.subnetID, "for", p.cfg.CIDRBackoff.Duration, "err", err)
 			full[e.subnetID] = true
 			reasons = append(reasons, err.Error())
 		case isCode(err, codeIPLimit):
