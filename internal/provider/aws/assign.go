@@ -218,10 +218,10 @@ func (p *Provider) assignCount(ctx context.Context, n int) ([]leaseOn, error) {
 			if err != nil {
 				errs = append(errs, err)
 			}
-			if len(more) == 0 {
+			if len(more) == 0 && (why != "" || err != nil) {
 				break
 			}
-			continue
+			continue // a new ENI that came with too few addresses has room
 		}
 		ask := min(n, p.room(e))
 		if p.cfg.PrefixMode {
@@ -478,9 +478,11 @@ func (p *Provider) rereadENI(ctx context.Context, e *eni) error {
 	return nil
 }
 
-// keepUsable gives back at once addresses EC2 reserves that an emulator
-// handed out (moto picks at random in the whole CIDR) and returns the
-// rest: a pod on the subnet's router address would never reach it.
+// keepUsable gives back at once what EC2 never hands out but an emulator
+// does (moto picks at random over the whole CIDR, AWS-FACTS EX2, EX4): an
+// address EC2 reserves in the subnet — a pod on the router's address
+// would never reach it — or one another ENI of the instance holds. It
+// returns the rest.
 func (p *Provider) keepUsable(ctx context.Context, e *eni, got []netip.Addr) []netip.Addr {
 	sn := p.subnets[e.subnetID]
 	if sn == nil {
@@ -488,14 +490,17 @@ func (p *Provider) keepUsable(ctx context.Context, e *eni, got []netip.Addr) []n
 	}
 	var bad []netip.Addr
 	good := slices.DeleteFunc(slices.Clone(got), func(a netip.Addr) bool {
-		if !sn.usable(a) {
+		held := slices.ContainsFunc(p.enis, func(o *eni) bool {
+			return o.id != e.id && (o.primaryIP == a || slices.Contains(o.secondaries, a))
+		})
+		if !sn.usable(a) || held {
 			bad = append(bad, a)
 			return true
 		}
 		return false
 	})
 	if len(bad) > 0 {
-		p.log.Warn("EC2 handed out addresses it reserves in the subnet; giving them back", "eni", e.id, "subnet", sn.cidr, "addresses", bad)
+		p.log.Warn("EC2 handed out addresses that are reserved in the subnet or held by another ENI of the instance; giving them back", "eni", e.id, "subnet", sn.cidr, "addresses", bad)
 		if err := p.unassignOn(ctx, e, bad, nil); err != nil {
 			p.log.Warn("giving reserved addresses back failed; they stay on the ENI, unused", "eni", e.id, "err", err)
 		}
