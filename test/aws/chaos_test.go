@@ -7,7 +7,6 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -103,7 +102,8 @@ func TestChaos(t *testing.T) {
 	cfg.MetricsAddr = ""
 	cfg.Cooldown.Duration = 2 * time.Second
 	cfg.Resync.Duration = 2 * time.Second
-	cfg.Pool = config.Pool{WarmTarget: 3, BatchSize: 3, MaxFree: 6, AddWait: config.Duration{Duration: 4 * time.Second}}
+	// A small pool: a drained node keeps few addresses, so ENIs empty.
+	cfg.Pool = config.Pool{WarmTarget: 2, BatchSize: 2, MaxFree: 4, AddWait: config.Duration{Duration: 4 * time.Second}}
 	cfg.Provider = config.Provider{Type: "aws", Settings: &awsprovider.Config{
 		Endpoint:       fmt.Sprintf("http://127.0.0.1:%d/", flakyPort),
 		IMDSEndpoint:   fmt.Sprintf("http://127.0.0.1:%d", lab.IMDSPort),
@@ -148,7 +148,6 @@ func TestChaos(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Hour)
 	defer cancel()
 	var leaked, doubled, orphans, misplaced int
-	var enisSeen []string
 
 	for round := 1; round <= rounds; round++ {
 		began := time.Now()
@@ -170,22 +169,33 @@ func TestChaos(t *testing.T) {
 				lose = append(lose, fmt.Sprintf("%s×%d", a, n))
 			}
 		}
-		killAt := time.Duration(300+rng.IntN(2500)) * time.Millisecond
-		storm := time.Duration(3000+rng.IntN(2000)) * time.Millisecond
+		storm := time.Duration(4000+rng.IntN(3000)) * time.Millisecond
+		killAt := time.Duration(300+rng.IntN(int(storm/time.Millisecond)-300)) * time.Millisecond
+		// Every other round on average drains the node first and fills it
+		// again: the pool gives its surplus back, an ENI of vpcni's
+		// empties and is detached and deleted, and new ones are made for
+		// the pods that follow — all under the faults.
+		drainFill := rng.IntN(2) == 0
 
 		// The storm: workers flip pods between added and deleted.
 		var mu sync.Mutex
 		busy := make([]bool, pods)
 		stop := time.Now().Add(storm)
+		mid := time.Now().Add(storm / 2)
 		var wg sync.WaitGroup
 		for wk := range 4 {
 			wrng := rand.New(rand.NewPCG(seed+uint64(round*10+wk), uint64(wk)))
 			wg.Go(func() {
 				for time.Now().Before(stop) {
+					draining := drainFill && time.Now().Before(mid)
 					mu.Lock()
 					i := wrng.IntN(pods)
-					if busy[i] {
+					// Draining, the runtime seldom ADDs; filling, it
+					// seldom DELs a live pod (a failed one it always DELs).
+					skip := drainFill && wrng.IntN(5) > 0 && (draining && !live[i] && !dying[i] || !draining && live[i])
+					if busy[i] || skip {
 						mu.Unlock()
+						time.Sleep(time.Millisecond)
 						continue
 					}
 					busy[i] = true
@@ -274,19 +284,14 @@ func TestChaos(t *testing.T) {
 		doubled += f.doubled + f2.doubled
 		orphans += f.orphans + f2.orphans
 		misplaced += f.misplaced + f2.misplaced
-		for _, id := range f2.enis {
-			if !slices.Contains(enisSeen, id) {
-				enisSeen = append(enisSeen, id)
-			}
-		}
 		ms := func(a, b time.Time) time.Duration { return b.Sub(a).Round(100 * time.Millisecond) }
-		t.Logf("vpcni-test: chaos round %d (%s: storm %s, settle and check %s, ADDs %s, probes %s, check %s): 5xx %.2f, buckets %s, lost replies %v, killed after %s; live pods after the storm %d, all %d after the ADDs on ENIs %v; requests %v",
+		t.Logf("vpcni-test: chaos round %d (%s: storm %s, settle and check %s, ADDs %s, probes %s, check %s): 5xx %.2f, buckets %s, lost replies %v, drain and fill %v, killed after %s; live pods after the storm %d, all %d after the ADDs on ENIs %v; requests %v",
 			round, ms(began, time.Now()), ms(began, stormed), ms(stormed, checked), ms(checked, added), ms(added, reached), ms(reached, time.Now()),
-			serverErrors, strings.Join(buckets, " "), lose, killAt, stormLive, pods, f2.enis, flaky.Counts())
+			serverErrors, strings.Join(buckets, " "), lose, drainFill, killAt, stormLive, pods, f2.enis, flaky.Counts())
 	}
 	n := flaky.Counts()
 	fmt.Printf("chaos: provider=aws rounds=%d leaked=%d doubled=%d orphans=%d partial_faults=%d misplaced=%d server_errors=%d throttled=%d enis=%d imds_lag=%s\n",
-		rounds, leaked, doubled, orphans, n["lost_write"], misplaced, n["server_error"], n["throttled"], len(enisSeen), lag)
+		rounds, leaked, doubled, orphans, n["lost_write"], misplaced, n["server_error"], n["throttled"], len(w.enisSeen), lag)
 	if leaked+doubled+orphans+misplaced > 0 {
 		t.Fatalf("chaos (seed %d): rounds=%d leaked=%d doubled=%d orphans=%d misplaced=%d", seed, rounds, leaked, doubled, orphans, misplaced)
 	}
@@ -294,8 +299,8 @@ func TestChaos(t *testing.T) {
 	if rounds >= 3 && (n["lost_write"] == 0 || n["server_error"] == 0 || n["throttled"] == 0) {
 		t.Fatalf("chaos (seed %d): %d rounds and a fault never struck (requests %v)", seed, rounds, n)
 	}
-	if len(enisSeen) < 2 {
-		t.Fatalf("chaos (seed %d): the pods never spilled onto an ENI of vpcni's (ENIs %v): the run tested the primary ENI only", seed, enisSeen)
+	if len(w.enisSeen) < 2 {
+		t.Fatalf("chaos (seed %d): the pods never spilled onto an ENI of vpcni's (ENIs %v): the run tested the primary ENI only", seed, w.enisSeen)
 	}
 }
 

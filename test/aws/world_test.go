@@ -41,6 +41,8 @@ type world struct {
 	live   []bool
 	id     func(int) string
 	rt     func(int) *libcni.RuntimeConf
+	// enisSeen: every ENI of vpcni's the checks saw, attached or not.
+	enisSeen []string
 }
 
 // start runs vpcnid on the node (again, after a kill) and waits until it
@@ -93,6 +95,9 @@ func (w *world) readEC2() ec2View {
 	v := ec2View{where: map[netip.Addr]string{}}
 	for _, e := range w.l.EC2.ENIs() {
 		ours := e.Tags[tagOwner] == "vpcni" && e.Tags[tagInstance] == w.node.InstanceID
+		if ours && !slices.Contains(w.enisSeen, e.ID) {
+			w.enisSeen = append(w.enisSeen, e.ID)
+		}
 		switch {
 		case ours && e.InstanceID == "":
 			v.problems = append(v.problems, fmt.Sprintf("vpcni's ENI %s is %s (made %s ago)", e.ID, e.Status, time.Since(e.CreatedAt).Round(time.Second)))
