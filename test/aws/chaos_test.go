@@ -49,8 +49,9 @@ const (
 // whose answer never came), 5xx answers; and the instance metadata lags
 // EC2 by seconds throughout. The node is a t3.medium: five pod addresses
 // on its primary ENI, so ten pods spill onto ENIs the provider creates and
-// attaches (hot-plugged into the node) and removes again once they are
-// empty. After every round, with the faults off and the runtime's retries
+// attaches (hot-plugged into the node); every other round drains the node
+// and fills it again, so that emptied ENIs are removed and new ones made
+// under the faults. After every round, with the faults off and the runtime's retries
 // done, the invariant must hold, read from EC2 itself and not through the
 // agent: the addresses EC2 holds for the node on vpcni's behalf (every
 // secondary address on the primary ENI — nothing else writes it here — and
@@ -102,8 +103,10 @@ func TestChaos(t *testing.T) {
 	cfg.MetricsAddr = ""
 	cfg.Cooldown.Duration = 2 * time.Second
 	cfg.Resync.Duration = 2 * time.Second
-	// A small pool: a drained node keeps few addresses, so ENIs empty.
-	cfg.Pool = config.Pool{WarmTarget: 2, BatchSize: 2, MaxFree: 4, AddWait: config.Duration{Duration: 4 * time.Second}}
+	// A small pool: a drained node keeps two addresses, so ENIs empty;
+	// and any free address above two goes back to EC2 at once (under the
+	// faults, too).
+	cfg.Pool = config.Pool{WarmTarget: 2, BatchSize: 2, MaxFree: 2, AddWait: config.Duration{Duration: 4 * time.Second}}
 	cfg.Provider = config.Provider{Type: "aws", Settings: &awsprovider.Config{
 		Endpoint:       fmt.Sprintf("http://127.0.0.1:%d/", flakyPort),
 		IMDSEndpoint:   fmt.Sprintf("http://127.0.0.1:%d", lab.IMDSPort),
@@ -151,15 +154,26 @@ func TestChaos(t *testing.T) {
 
 	for round := 1; round <= rounds; round++ {
 		began := time.Now()
-		// The round's faults: every one on, at a strength drawn anew.
+		// Odd rounds flip pods at random under every fault, throttling
+		// included. Even rounds drain the node and fill it again: the
+		// runtime DELs every pod (the pool gives its surplus back once it
+		// has cooled, and an ENI of vpcni's that empties is detached and
+		// deleted), then ADDs them all (new ENIs are made for them). A
+		// node whose EC2 calls keep failing gives nothing back (it is
+		// degraded), so these rounds are not throttled: their faults are
+		// the kill, lost replies and 5xx. Strengths are drawn anew each
+		// round.
+		drainFill := round%2 == 0
 		serverErrors := 0.02 + 0.1*rng.Float64()
 		flaky.setServerErrors(serverErrors)
-		l.EC2.Throttle(true)
 		var buckets []string
-		for _, a := range throttledActions {
-			size, refill := 1+rng.IntN(4), 0.5+2.5*rng.Float64()
-			l.EC2.SetBucket(a, size, refill)
-			buckets = append(buckets, fmt.Sprintf("%s:%d@%.1f/s", strings.TrimSuffix(a, "NetworkInterface"), size, refill))
+		if !drainFill {
+			l.EC2.Throttle(true)
+			for _, a := range throttledActions {
+				size, refill := 1+rng.IntN(4), 0.5+2.5*rng.Float64()
+				l.EC2.SetBucket(a, size, refill)
+				buckets = append(buckets, fmt.Sprintf("%s:%d@%.1f/s", strings.TrimSuffix(a, "NetworkInterface"), size, refill))
+			}
 		}
 		var lose []string
 		for _, a := range writeActions {
@@ -169,30 +183,29 @@ func TestChaos(t *testing.T) {
 				lose = append(lose, fmt.Sprintf("%s×%d", a, n))
 			}
 		}
-		storm := time.Duration(4000+rng.IntN(3000)) * time.Millisecond
+		storm, drain := time.Duration(4000+rng.IntN(3000))*time.Millisecond, time.Duration(0)
+		if drainFill {
+			drain = cfg.Cooldown.Duration + eniMinLifetime + 2*time.Second
+			storm = drain + time.Duration(2000+rng.IntN(2000))*time.Millisecond
+		}
 		killAt := time.Duration(300+rng.IntN(int(storm/time.Millisecond)-300)) * time.Millisecond
-		// Every other round on average drains the node first and fills it
-		// again: the pool gives its surplus back, an ENI of vpcni's
-		// empties and is detached and deleted, and new ones are made for
-		// the pods that follow — all under the faults.
-		drainFill := rng.IntN(2) == 0
 
 		// The storm: workers flip pods between added and deleted.
 		var mu sync.Mutex
 		busy := make([]bool, pods)
 		stop := time.Now().Add(storm)
-		mid := time.Now().Add(storm / 2)
+		mid := time.Now().Add(drain)
 		var wg sync.WaitGroup
 		for wk := range 4 {
 			wrng := rand.New(rand.NewPCG(seed+uint64(round*10+wk), uint64(wk)))
 			wg.Go(func() {
 				for time.Now().Before(stop) {
-					draining := drainFill && time.Now().Before(mid)
+					draining := time.Now().Before(mid)
 					mu.Lock()
 					i := wrng.IntN(pods)
-					// Draining, the runtime seldom ADDs; filling, it
-					// seldom DELs a live pod (a failed one it always DELs).
-					skip := drainFill && wrng.IntN(5) > 0 && (draining && !live[i] && !dying[i] || !draining && live[i])
+					// Draining, the runtime only DELs; filling, it only
+					// ADDs (and DELs a failed container).
+					skip := drainFill && (draining && !live[i] && !dying[i] || !draining && live[i])
 					if busy[i] || skip {
 						mu.Unlock()
 						time.Sleep(time.Millisecond)
