@@ -339,3 +339,63 @@ func TestAttachmentLimitExceeded(t *testing.T) {
 		t.Fatalf("vpcni's ENIs left after the failed attach: %v, %v", left, err)
 	}
 }
+
+// sum is every EC2 request the provider made, all actions.
+func sum(p *vpcaws.Provider) int64 {
+	var n int64
+	for _, c := range p.Info().Calls {
+		n += c
+	}
+	return n
+}
+
+// What churn costs EC2, every request counted (describes too): a refill
+// of the pool's batch (8) is one call, so at most 1/8 call per address
+// (and one read of the ENI in the provider's life, to learn how EC2
+// answers); in prefix mode one call per 16 addresses however the pool
+// batches, and giving them back costs the same.
+func TestCallsPerAddress(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		prefix bool
+		n      int
+		max    float64
+	}{{"secondary", false, 24, 1.0 / 8}, {"prefix", true, 128, 1.0 / 16}} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			// c5n.18xlarge: 49 secondary addresses on the primary ENI, so
+			// no ENI is attached on the way (that costs 4 calls an ENI,
+			// once in its life).
+			ep, _ := lab(t, ec2api.Options{})
+			ep.InstanceType = "c5n.18xlarge"
+			p, _, _ := node(t, ep, func(cfg *vpcaws.Config) { cfg.PrefixMode = c.prefix })
+			start := sum(p)
+			var all []netip.Addr
+			for len(all) < c.n {
+				got, err := p.Assign(ec2test.Ctx(t), provider.AssignRequest{Count: 8})
+				if err != nil {
+					t.Fatal(err)
+				}
+				all = append(all, provider.Addresses(got)...)
+			}
+			assigns := sum(p) - start
+			slack := int64(0)
+			if !c.prefix {
+				slack = 1 // the one read before the first assign
+			}
+			if per := float64(assigns-slack) / float64(c.n); per > c.max {
+				t.Errorf("%d addresses cost %d EC2 calls: %.3f a pod, want at most %.3f (%v)", c.n, assigns, per, c.max, p.Info().Calls)
+			}
+			start = sum(p)
+			for i := 0; i < len(all); i += 8 {
+				if err := p.Release(ec2test.Ctx(t), all[i:i+8]); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if per := float64(sum(p)-start) / float64(c.n); per > c.max {
+				t.Errorf("giving %d addresses back cost %d EC2 calls: %.3f a pod, want at most %.3f", c.n, sum(p)-start, per, c.max)
+			}
+			t.Logf("vpcni-test: %s: %d addresses, %d calls to assign, %d to give back: %v", c.name, c.n, assigns, sum(p)-start, p.Info().Calls)
+		})
+	}
+}
