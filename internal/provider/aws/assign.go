@@ -232,8 +232,9 @@ func (p *Provider) assignCount(ctx context.Context, n int) ([]leaseOn, error) {
 		case err == nil:
 		case isCode(err, codeNoSubnetIPs):
 			// EC2 assigns all or nothing: ask for what the subnet has.
-			sn := p.subnets[e.subnetID]
-			if rerr := p.readSubnets(ctx, []string{sn.id}); rerr == nil && !p.cfg.PrefixMode && sn.free > 0 && sn.free < ask {
+			rerr := p.readSubnets(ctx, []string{e.subnetID})
+			sn := p.subnets[e.subnetID] // as read now
+			if rerr == nil && !p.cfg.PrefixMode && sn.free > 0 && sn.free < ask {
 				got, err = p.assignOn(ctx, e, nil, sn.free)
 			}
 			if err != nil || len(got) < ask {

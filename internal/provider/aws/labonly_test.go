@@ -399,3 +399,29 @@ func TestCallsPerAddress(t *testing.T) {
 		})
 	}
 }
+
+// The SDK's default credential chain: on an instance, the instance
+// profile's role keys from IMDS (the lab serves them); keys in the
+// environment come first (how tests and some installs give them).
+func TestCredentials(t *testing.T) {
+	p, inst, ep, s, _ := labNode(t, ec2api.Options{}, nil)
+	if _, err := p.Assign(ec2test.Ctx(t), provider.AssignRequest{Count: 1}); err != nil {
+		t.Fatal(err)
+	}
+	md, err := s.Instance(ec2test.Ctx(t), inst.ID)
+	if err != nil || md.Credentials.AccessKeyID == "" {
+		t.Fatalf("the lab's IMDS serves no role keys: %v", err)
+	}
+	if n := s.CallsBy(md.Credentials.AccessKeyID); n < 4 {
+		t.Errorf("%d calls signed with the instance role's key, want every one the provider made (%v)", n, p.Info().Calls)
+	}
+	t.Setenv("AWS_ACCESS_KEY_ID", "AKIDFROMENV")
+	t.Setenv("AWS_SECRET_ACCESS_KEY", "secret")
+	p2 := ep.Open(t, inst, nil)
+	if _, err := p2.Held(ec2test.Ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	if n := s.CallsBy("AKIDFROMENV"); n < 3 {
+		t.Errorf("%d calls signed with the environment's key, want every one of the second provider's", n)
+	}
+}
