@@ -20,6 +20,7 @@ import (
 
 	"github.com/vpcni/vpcni/internal/config"
 	"github.com/vpcni/vpcni/internal/lab"
+	"github.com/vpcni/vpcni/internal/provider/aws"
 	"github.com/vpcni/vpcni/internal/provider/openstack"
 	"github.com/vpcni/vpcni/internal/testbed"
 )
@@ -52,7 +53,9 @@ func labCmd(args []string, out io.Writer) error {
 	agents := fs.Bool("agents", true, "run vpcnid on every node (false: none, e.g. for a real Kubernetes node whose DaemonSet runs it)")
 	var nc labNodeConfig
 	fs.StringVar(&nc.Datapath, "datapath", "veth", "the agents' datapath mode, or one per node: veth,veth,ebpf (the last one for the nodes after)")
+	fs.StringVar(&nc.Provider, "provider", "openstack", "the cloud the lab serves and the agents' provider: openstack (Neutron) or aws (EC2 and instance metadata)")
 	fs.StringVar(&nc.ProviderMode, "provider-mode", "fixed-ips", "the agents' openstack provider mode (macvlan and bridge need address-pairs)")
+	fs.BoolVar(&nc.PrefixMode, "prefix-mode", false, "with --provider aws: the agents take /28 prefixes instead of single addresses")
 	if err := parseFlags(fs, args[1:]); err != nil {
 		return err
 	}
@@ -79,11 +82,33 @@ func labCmd(args []string, out io.Writer) error {
 // labNodeConfig is how the lab's agents run.
 type labNodeConfig struct {
 	Datapath     string
+	Provider     string
 	ProviderMode string
+	PrefixMode   bool
 }
 
 func (c labNodeConfig) args() []string {
-	return []string{"--datapath", cmp.Or(c.Datapath, "veth"), "--provider-mode", cmp.Or(c.ProviderMode, "fixed-ips")}
+	return []string{"--datapath", cmp.Or(c.Datapath, "veth"), "--provider", cmp.Or(c.Provider, "openstack"),
+		"--provider-mode", cmp.Or(c.ProviderMode, "fixed-ips"), "--prefix-mode=" + strconv.FormatBool(c.PrefixMode)}
+}
+
+// provider is the agents' provider section on lab l: the lab's endpoint on
+// each node's loopback.
+func (c labNodeConfig) provider(l *lab.Lab) config.Provider {
+	if l.EC2 != nil {
+		// Credentials come from the node's instance role, served by its
+		// metadata, as on EC2.
+		return config.Provider{Type: "aws", Settings: &aws.Config{
+			Endpoint:     fmt.Sprintf("http://127.0.0.1:%d/", lab.EndpointPort),
+			IMDSEndpoint: fmt.Sprintf("http://127.0.0.1:%d", lab.IMDSPort),
+			PrefixMode:   c.PrefixMode}}
+	}
+	// The lab serves Nova's os-interface beside Neutron: the NIC modes
+	// (passthrough, secondary NICs) attach ports through it.
+	return config.Provider{Type: "openstack", Settings: &openstack.Config{
+		Endpoint:        fmt.Sprintf("http://127.0.0.1:%d/", lab.EndpointPort),
+		ComputeEndpoint: fmt.Sprintf("http://127.0.0.1:%d%s", lab.EndpointPort, lab.ComputePath),
+		SubnetID:        l.SubnetID, Mode: c.ProviderMode}}
 }
 
 // labUp starts `lab serve` in the background and waits until the lab is up.
@@ -165,7 +190,7 @@ func labServe(prefix string, nodes int, subnet string, agents bool, nc labNodeCo
 	if err != nil {
 		return err
 	}
-	l, err := lab.Up(ctx, lab.Config{Prefix: prefix, Nodes: nodes, Subnet: sn})
+	l, err := lab.Up(ctx, lab.Config{Prefix: prefix, Nodes: nodes, Subnet: sn, Cloud: nc.Provider})
 	if err != nil {
 		return err
 	}
@@ -183,12 +208,7 @@ func labServe(prefix string, nodes int, subnet string, agents bool, nc labNodeCo
 		cfg.SocketPath = filepath.Join(dir, n.Name, "vpcnid.sock")
 		cfg.StateDir = filepath.Join(dir, n.Name, "state")
 		cfg.Datapath = config.Datapath{Mode: modes[min(i, len(modes)-1)]}
-		// The lab serves Nova's os-interface beside Neutron: the NIC modes
-		// (passthrough, secondary NICs) attach ports through it.
-		cfg.Provider = config.Provider{Type: "openstack", Settings: &openstack.Config{
-			Endpoint:        fmt.Sprintf("http://127.0.0.1:%d/", lab.EndpointPort),
-			ComputeEndpoint: fmt.Sprintf("http://127.0.0.1:%d%s", lab.EndpointPort, lab.ComputePath),
-			SubnetID:        l.SubnetID, Mode: nc.ProviderMode}}
+		cfg.Provider = nc.provider(l)
 		a, err := testbed.StartAgentIn(dir, n.NS, bin, cfg)
 		if err != nil {
 			return fmt.Errorf("vpcnid on %s: %w", n.Name, err)

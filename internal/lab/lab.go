@@ -1,9 +1,10 @@
-// Package lab builds a whole OpenStack-style VPC on one machine, from
-// network namespaces only: the VPC segment (a bridge in its own namespace)
-// with Neutron-like port security on every VM port, a router namespace with
-// the subnet's gateway, N node namespaces and a legacy VM outside the
-// cluster — all driven by the lab's Neutron-compatible endpoint, which
-// programs the fabric whenever its state changes.
+// Package lab builds a whole VPC on one machine, from network namespaces
+// only: the VPC segment (a bridge in its own namespace) with the cloud's
+// port security on every VM port, a router namespace with the subnet's
+// gateway, N node namespaces and a legacy VM outside the cluster — all
+// driven by the lab's cloud endpoint (Neutron-compatible, or EC2-compatible
+// with instance metadata: see aws.go), which programs the fabric whenever
+// its state changes.
 package lab
 
 import (
@@ -27,6 +28,7 @@ import (
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/ports"
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/subnets"
 
+	"github.com/vpcni/vpcni/internal/lab/ec2api"
 	"github.com/vpcni/vpcni/internal/lab/neutronapi"
 	"github.com/vpcni/vpcni/internal/lab/novaapi"
 	"github.com/vpcni/vpcni/internal/netnsutil"
@@ -38,6 +40,13 @@ type Config struct {
 	Prefix string       // namespace prefix, e.g. "vpcni-lab"
 	Nodes  int          // cluster nodes
 	Subnet netip.Prefix // the tenant subnet, e.g. 10.90.0.0/24
+	// Cloud is the API the lab serves and its fabric follows: "openstack"
+	// (Neutron and Nova's os-interface; the default) or "aws" (EC2 and
+	// each node's instance metadata).
+	Cloud string
+	// IMDSLag is how far an AWS lab's instance metadata lags behind EC2,
+	// as the real service does after an assignment.
+	IMDSLag time.Duration
 }
 
 // Host is a VM on the VPC segment: a namespace whose eth0 is a Neutron port.
@@ -74,6 +83,11 @@ type Lab struct {
 	ExtNetID string
 	RouterID string
 
+	// EC2 is an AWS lab's endpoint (nil in an OpenStack lab, whose API
+	// is API).
+	EC2 *ec2api.Server
+	aws *awsLab
+
 	nc        *gophercloud.ServiceClient
 	listeners []net.Listener
 	fabricErr error
@@ -91,6 +105,13 @@ func (l *Lab) vpcNS() string { return l.Prefix + "-vpc" }
 // Up builds the lab, first removing what a crashed lab of the same prefix
 // left.
 func Up(ctx context.Context, cfg Config) (_ *Lab, err error) {
+	switch cfg.Cloud {
+	case "", "openstack":
+	case "aws":
+		return upAWS(ctx, cfg)
+	default:
+		return nil, fmt.Errorf("lab: unknown cloud %q (openstack or aws)", cfg.Cloud)
+	}
 	l := &Lab{Config: cfg, API: neutronapi.New(), hosts: map[string]*Host{}}
 	l.Nova = novaapi.New(l.API)
 	l.Nova.Plug, l.Nova.Unplug = l.plugNIC, l.unplugNIC
@@ -180,6 +201,18 @@ func (l *Lab) external(ctx context.Context) error {
 		return err
 	}
 	l.RouterID = r.ID
+	if err := l.externalHost(); err != nil {
+		return err
+	}
+	l.API.Lock()
+	l.program()
+	l.API.Unlock()
+	return nil
+}
+
+// externalHost wires the external host to the router's ext0.
+func (l *Lab) externalHost() error {
+	gw := "203.0.113.1"
 	l.External = Host{Name: "external", NS: l.Prefix + "-external", IP: netip.MustParseAddr("203.0.113.254")}
 	if err := netnsutil.Add(l.External.NS); err != nil {
 		return err
@@ -204,9 +237,6 @@ func (l *Lab) external(ctx context.Context) error {
 			return err
 		}
 	}
-	l.API.Lock()
-	l.program()
-	l.API.Unlock()
 	return nil
 }
 
@@ -272,15 +302,10 @@ func (l *Lab) programRouter() error {
 	return errors.Join(errs...)
 }
 
-func (l *Lab) serve(ln net.Listener) {
-	l.listeners = append(l.listeners, ln)
-	srv := &http.Server{Handler: l.handler(), ReadHeaderTimeout: 5 * time.Second}
-	go func() { _ = srv.Serve(ln) }()
-}
+func (l *Lab) serve(ln net.Listener) { l.serveHandler(ln, l.handler()) }
 
 // plug makes a port with ip and wires a host namespace to the VPC bridge
-// through it: eth0 carries the port's MAC and address, default via the
-// gateway (the router's own address excepted).
+// through it.
 func (l *Lab) plug(ctx context.Context, netID, name string, ip netip.Addr, owner string) (Host, error) {
 	instance := l.server(owner)
 	p, err := ports.Create(ctx, l.nc, ports.CreateOpts{NetworkID: netID, Name: name, DeviceOwner: owner, DeviceID: instance,
@@ -289,33 +314,48 @@ func (l *Lab) plug(ctx context.Context, netID, name string, ip netip.Addr, owner
 		return Host{}, fmt.Errorf("port for %s: %w", name, err)
 	}
 	h := Host{Name: name, NS: l.Prefix + "-" + name, IP: ip, PortID: p.ID, MAC: p.MACAddress, InstanceID: instance, ifname: "lp" + strings.ReplaceAll(p.ID, "-", "")[:11]}
-	if err := netnsutil.Add(h.NS); err != nil {
+	if err := l.wire(&h, name != "router"); err != nil {
 		return h, err
-	}
-	mac, _ := net.ParseMAC(h.MAC)
-	if err := netnsutil.VethBetween(l.vpcNS(), h.ifname, h.NS, "eth0", mac); err != nil {
-		return h, err
-	}
-	bits := fmt.Sprint(l.Subnet.Bits())
-	steps := [][]string{{"ip", "addr", "add", ip.String() + "/" + bits, "dev", "eth0"}, {"ip", "link", "set", "eth0", "up"}}
-	if name != "router" {
-		steps = append(steps, []string{"ip", "route", "add", "default", "via", l.Subnet.Addr().Next().String()})
-	}
-	for _, c := range steps {
-		if err := netnsutil.Exec(h.NS, c...); err != nil {
-			return h, err
-		}
-	}
-	for _, c := range [][]string{{"ip", "link", "set", h.ifname, "master", "br0"}, {"ip", "link", "set", h.ifname, "up"}} {
-		if err := netnsutil.Exec(l.vpcNS(), c...); err != nil {
-			return h, err
-		}
 	}
 	l.hosts[p.ID] = &h
 	l.API.Lock()
 	l.program()
 	l.API.Unlock()
 	return h, nil
+}
+
+// wire makes h's namespace and joins it to the VPC bridge: eth0 carries
+// h's MAC and address, default via the gateway unless route is false (the
+// router's own port).
+func (l *Lab) wire(h *Host, route bool) error {
+	if err := netnsutil.Add(h.NS); err != nil {
+		return err
+	}
+	mac, _ := net.ParseMAC(h.MAC)
+	if err := netnsutil.VethBetween(l.vpcNS(), h.ifname, h.NS, "eth0", mac); err != nil {
+		return err
+	}
+	bits := fmt.Sprint(l.Subnet.Bits())
+	steps := [][]string{{"ip", "addr", "add", h.IP.String() + "/" + bits, "dev", "eth0"}, {"ip", "link", "set", "eth0", "up"}}
+	if route {
+		steps = append(steps, []string{"ip", "route", "add", "default", "via", l.Subnet.Addr().Next().String()})
+	}
+	for _, c := range steps {
+		if err := netnsutil.Exec(h.NS, c...); err != nil {
+			return err
+		}
+	}
+	return l.bridge(h.ifname)
+}
+
+// bridge puts a host's end of a veth on the VPC bridge.
+func (l *Lab) bridge(ifname string) error {
+	for _, c := range [][]string{{"ip", "link", "set", ifname, "master", "br0"}, {"ip", "link", "set", ifname, "up"}} {
+		if err := netnsutil.Exec(l.vpcNS(), c...); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // program writes the VPC bridge's port security: a frame entering from a
@@ -370,6 +410,11 @@ func (l *Lab) program() {
 // FabricErr is the last failure to program the fabric (nil: it holds the
 // endpoint's state).
 func (l *Lab) FabricErr() error {
+	if l.aws != nil {
+		l.aws.mu.Lock()
+		defer l.aws.mu.Unlock()
+		return l.fabricErr
+	}
 	l.API.Lock()
 	defer l.API.Unlock()
 	return l.fabricErr
@@ -379,6 +424,9 @@ func (l *Lab) FabricErr() error {
 func (l *Lab) Close() error {
 	for _, ln := range l.listeners {
 		ln.Close()
+	}
+	if l.EC2 != nil {
+		l.EC2.Close()
 	}
 	return Down(l.Prefix)
 }

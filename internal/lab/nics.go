@@ -70,11 +70,9 @@ func (l *Lab) plugNIC(server string, port neutronapi.Port) error {
 	if err := netnsutil.VethBetween(l.vpcNS(), nic.ifname, node.NS, nicName(port.ID), mac); err != nil {
 		return fmt.Errorf("hot-plug port %s into %s: %w", port.ID, node.NS, err)
 	}
-	for _, c := range [][]string{{"ip", "link", "set", nic.ifname, "master", "br0"}, {"ip", "link", "set", nic.ifname, "up"}} {
-		if err := netnsutil.Exec(l.vpcNS(), c...); err != nil {
-			_ = netnsutil.Exec(l.vpcNS(), "ip", "link", "del", nic.ifname)
-			return err
-		}
+	if err := l.bridge(nic.ifname); err != nil {
+		_ = netnsutil.Exec(l.vpcNS(), "ip", "link", "del", nic.ifname)
+		return err
 	}
 	l.API.Lock()
 	l.hosts[port.ID] = nic

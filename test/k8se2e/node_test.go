@@ -28,6 +28,7 @@ import (
 	"github.com/vpcni/vpcni/internal/apis/vpcni/v1alpha1"
 	"github.com/vpcni/vpcni/internal/faultproxy"
 	"github.com/vpcni/vpcni/internal/k8s"
+	"github.com/vpcni/vpcni/internal/lab"
 	"github.com/vpcni/vpcni/internal/netnsutil"
 	"github.com/vpcni/vpcni/internal/testbed"
 )
@@ -71,7 +72,9 @@ func TestMain(m *testing.M) {
 
 // node is the running Kubernetes node and what the test knows of it.
 type node struct {
-	t       *testing.T
+	t *testing.T
+	// cloud is the lab's: "openstack" or "aws".
+	cloud   string
 	env     map[string]string
 	lab     labState
 	proxy   *faultproxy.Proxy
@@ -169,7 +172,10 @@ var privateHostDirs = []string{hostSocketDir, hostStateDir, hostBPFDir}
 
 // upNodes is upNode with count nodes in the lab: the first runs the
 // control plane and a kubelet, the others join it.
-func upNodes(t *testing.T, count int) *node {
+func upNodes(t *testing.T, count int) *node { return upNodesOn(t, count, "openstack") }
+
+// upNodesOn is upNodes on a lab of the given cloud ("openstack" or "aws").
+func upNodesOn(t *testing.T, count int, cloud string) *node {
 	script := filepath.Join(repo, "scripts/k8s-node.sh")
 	start := time.Now()
 	mustRun(t, nil, "bash", script, "build")
@@ -177,9 +183,9 @@ func upNodes(t *testing.T, count int) *node {
 	if _, err := os.Stat(filepath.Join(binDir, "vpcni-image.tar")); err != nil {
 		t.Fatalf("no vpcni image (make image): %v", err)
 	}
-	n := &node{t: t}
+	n := &node{t: t, cloud: cloud}
 	vpcnictl := filepath.Join(binDir, "vpcnictl")
-	mustRun(t, nil, vpcnictl, "lab", "up", "--prefix", labPrefix, "--nodes", strconv.Itoa(count), "--agents=false")
+	mustRun(t, nil, vpcnictl, "lab", "up", "--prefix", labPrefix, "--nodes", strconv.Itoa(count), "--agents=false", "--provider", cloud)
 	t.Cleanup(func() { _, _ = run(t, nil, vpcnictl, "lab", "down", "--prefix", labPrefix) })
 	data, err := os.ReadFile(filepath.Join("/run/vpcni-lab", labPrefix, "state.json"))
 	if err != nil {
@@ -437,20 +443,9 @@ spec:
 		"vpcnid.yaml": fmt.Sprintf(`socketPath: /run/vpcni/vpcnid.sock
 stateDir: /var/lib/vpcni
 metricsAddr: 127.0.0.1:19695
-# SNAT on, the lab's subnet as the VPC: proves the image's nft runs (the
-# legacy VM, the node and the pods are all inside, so nothing is NATed).
-snat:
-  enabled: true
-  vpcCIDRs: [10.90.0.0/24]
 %skubernetes:
   mode: "on"
-provider:
-  type: openstack
-  openstack:
-    endpoint: http://%s/
-    subnetID: %s
-    maxAddresses: %d
-`, pool, proxyAddr, n.lab.SubnetID, maxAddresses),
+%s`, pool, n.providerSection(maxAddresses)),
 		"10-vpcni.conflist": n.shippedConflist(),
 	}
 	for f, body := range files {
@@ -459,6 +454,34 @@ provider:
 		}
 	}
 	return ov
+}
+
+// providerSection is vpcnid.yaml's provider for the node's cloud, reached
+// through the fault proxy.
+func (n *node) providerSection(maxAddresses int) string {
+	if n.cloud == "aws" {
+		// No snat section: SNAT is on by default with this provider, the
+		// VPC's CIDRs from the instance metadata. Credentials come from the
+		// instance role the node's metadata serves, as on EC2.
+		return fmt.Sprintf(`provider:
+  type: aws
+  aws:
+    endpoint: http://%s/
+    imdsEndpoint: http://127.0.0.1:%d
+`, proxyAddr, lab.IMDSPort)
+	}
+	// SNAT on, the lab's subnet as the VPC: proves the image's nft runs (the
+	// legacy VM, the node and the pods are all inside, so nothing is NATed).
+	return fmt.Sprintf(`snat:
+  enabled: true
+  vpcCIDRs: [10.90.0.0/24]
+provider:
+  type: openstack
+  openstack:
+    endpoint: http://%s/
+    subnetID: %s
+    maxAddresses: %d
+`, proxyAddr, n.lab.SubnetID, maxAddresses)
 }
 
 // shippedConflist is deploy/10-vpcni.conflist, chained plugins and all,

@@ -244,10 +244,16 @@ func TestAsyncAttach(t *testing.T) {
 	if e := l.eni(t, id); e.Status != types.NetworkInterfaceStatusDetaching || e.Attachment.Status != types.AttachmentStatusDetaching {
 		t.Fatalf("right after detach: %s", e.Status)
 	}
+	if in, _ := l.s.Instance(ctx, l.inst.ID); len(in.Interfaces) != 2 {
+		t.Fatalf("IMDS lists %d interfaces while the second is detaching (its link is still there)", len(in.Interfaces))
+	}
 	_, err := l.c.DeleteNetworkInterface(ctx, &ec2.DeleteNetworkInterfaceInput{NetworkInterfaceId: &id})
 	wantCode(t, "delete while detaching", err, "InvalidNetworkInterface.InUse", 400)
 	must[*ec2.DetachNetworkInterfaceOutput](t, "detach again while detaching")(l.c.DetachNetworkInterface(ctx, &ec2.DetachNetworkInterfaceInput{AttachmentId: &att}))
 	waitStatus(t, l, id, types.NetworkInterfaceStatusAvailable)
+	if in, _ := l.s.Instance(ctx, l.inst.ID); len(in.Interfaces) != 1 {
+		t.Fatalf("IMDS lists %d interfaces once detached", len(in.Interfaces))
+	}
 }
 
 func waitStatus(t *testing.T, l *lab, id string, want types.NetworkInterfaceStatus) {

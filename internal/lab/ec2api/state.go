@@ -160,7 +160,9 @@ type Server struct {
 	//
 	// The hooks are set before serving. They are called without the
 	// server's lock, one at a time, in the order of the changes; a request
-	// is answered after the hooks of its own changes have run.
+	// is answered after the hooks of its own changes have run. A hook may
+	// read the server (ENIs, Instance) but not change it through its API
+	// or seeding methods: those wait for the running hooks to finish.
 	OnChange func(enis []ENI)
 
 	region, account          string
@@ -338,8 +340,8 @@ func (s *Server) snapshot() []ENI {
 }
 
 // Instance is the instance as its IMDS tells it: the ENIs attached (not
-// those still attaching), ordered by network card and device index. It
-// makes *Server an imds.Source.
+// those still attaching; those detaching until they are gone), ordered by
+// network card and device index. It makes *Server an imds.Source.
 func (s *Server) Instance(_ context.Context, id string) (imds.Instance, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -352,7 +354,7 @@ func (s *Server) Instance(_ context.Context, id string) (imds.Instance, error) {
 	}
 	out := imds.Instance{ID: in.id, Type: in.typ, Region: s.region, AZ: in.az, Role: in.role, Credentials: in.creds}
 	for _, e := range s.attachedTo(id) {
-		if e.Status != "in-use" {
+		if e.Status == "attaching" {
 			continue
 		}
 		sn, v := s.subnets[e.SubnetID], s.vpcs[e.VPCID]

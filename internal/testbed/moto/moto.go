@@ -1,11 +1,11 @@
-// Package moto runs moto_server (Python moto 5.2.1, an EC2 emulator others
-// wrote; preinstalled on dev and CI machines) on a loopback port of its own
-// for a test package, and builds Go SDK EC2 clients for it.
+// Package moto runs moto_server (Python moto's EC2 and friends) on
+// loopback for tests: an EC2 implementation nobody here wrote, to hold
+// vpcni's EC2 code and the lab's own endpoint to.
 //
-// A server is recorded by PID in a file named after the test package, so
-// a run that crashed leaves nothing behind for long: the next run of the
-// same package stops that leftover (if the PID still runs moto_server)
-// before it starts its own.
+// A test binary runs at most one moto_server, on a port of its own. Start
+// starts it, or joins the one already running; the last test to finish
+// with it stops it. Main holds one for a whole package instead. Its PID is recorded under /tmp/vpcni-moto, so a run
+// that crashed leaves nothing a later run does not stop.
 package moto
 
 import (
@@ -19,6 +19,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -28,65 +29,173 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/ec2"
 )
 
-// Region every client of the fixture uses.
-const Region = "us-east-1"
+// Dir holds the PID files, fixture-<test binary pid>.pid holding
+// "<moto_server pid> <test binary pid> <port>", and the servers' logs.
+var Dir = filepath.Join(os.TempDir(), "vpcni-moto")
 
-// Server is a moto_server this process started.
-type Server struct {
-	// URL is its endpoint, e.g. http://127.0.0.1:40123.
-	URL     string
-	cmd     *exec.Cmd
-	pidFile string
-	done    chan struct{}
+func fileFor(owner int, ext string) string {
+	return filepath.Join(Dir, fmt.Sprintf("fixture-%d.%s", owner, ext))
 }
 
-// runDir holds the fixtures' PID files.
-func runDir() string { return filepath.Join(os.TempDir(), "vpcni-moto") }
+var (
+	mu      sync.Mutex
+	running *server
+)
 
-// Start starts moto_server on a free loopback port and waits until it
-// answers; name tells one test package's server from another's (its PID
-// file). A leftover of an earlier run under the same name is stopped
-// first.
-func Start(name string) (*Server, error) {
-	exe, err := exec.LookPath("moto_server")
-	if err != nil {
-		return nil, fmt.Errorf("moto_server is not installed (pip install 'moto[server]==5.2.1'): %w", err)
+type server struct {
+	cmd     *exec.Cmd
+	url     string
+	pidFile string
+	users   int
+	exited  chan struct{}
+}
+
+// Start returns the base URL of a moto_server on loopback ("http://127.0.0.1:PORT").
+// The first user gets it freshly reset (POST /moto-api/reset); tests using
+// it at the same time share its state, so each should work in a VPC of its
+// own. It is stopped when the last test using it ends. A missing
+// moto_server fails the test: it is installed wherever the tests run.
+func Start(t testing.TB) string {
+	t.Helper()
+	mu.Lock()
+	defer mu.Unlock()
+	if running == nil {
+		s, err := launch()
+		if err != nil {
+			t.Fatalf("moto_server: %v", err)
+		}
+		running = s
 	}
-	if err := os.MkdirAll(runDir(), 0o700); err != nil {
+	s := running
+	if s.users == 0 {
+		if err := reset(s.url); err != nil {
+			t.Fatalf("moto_server: %v", err)
+		}
+	}
+	s.users++
+	t.Cleanup(func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if s.users--; s.users == 0 {
+			s.stop()
+			running = nil
+		}
+	})
+	return s.url
+}
+
+// Reset empties moto's state.
+func Reset(t testing.TB, url string) {
+	t.Helper()
+	if err := reset(url); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func reset(url string) error {
+	resp, err := http.Post(url+"/moto-api/reset", "text/plain", nil)
+	if err != nil {
+		return fmt.Errorf("reset: %w", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("reset: HTTP %d", resp.StatusCode)
+	}
+	return nil
+}
+
+func launch() (*server, error) {
+	bin, err := exec.LookPath("moto_server")
+	if err != nil {
+		return nil, fmt.Errorf("not installed (pip install 'moto[server]'); the EC2 tests need it: %w", err)
+	}
+	if err := os.MkdirAll(Dir, 0o755); err != nil {
 		return nil, err
 	}
-	pidFile := filepath.Join(runDir(), name+".pid")
-	stopLeftover(pidFile)
+	reapLeftovers()
 	port, err := freePort()
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(exe, "-H", "127.0.0.1", "-p", strconv.Itoa(port))
-	logf, err := os.Create(filepath.Join(runDir(), name+".log"))
+	logPath := fileFor(os.Getpid(), "log")
+	log, err := os.Create(logPath)
 	if err != nil {
 		return nil, err
 	}
-	cmd.Stdout, cmd.Stderr = logf, logf
-	// Its own process group: a signal to the test's group does not reach it
-	// twice, and Stop ends moto's children with it.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	defer log.Close()
+	cmd := exec.Command(bin, "-H", "127.0.0.1", "-p", strconv.Itoa(port))
+	cmd.Stdout, cmd.Stderr = log, log
 	if err := cmd.Start(); err != nil {
-		logf.Close()
 		return nil, err
 	}
-	logf.Close()
-	s := &Server{URL: fmt.Sprintf("http://127.0.0.1:%d", port), cmd: cmd, pidFile: pidFile, done: make(chan struct{})}
-	_ = os.WriteFile(pidFile, fmt.Appendf(nil, "%d\n", cmd.Process.Pid), 0o600)
-	go func() { _ = cmd.Wait(); close(s.done) }()
-	if err := s.waitReady(30 * time.Second); err != nil {
-		_ = s.Stop()
+	s := &server{cmd: cmd, url: "http://127.0.0.1:" + strconv.Itoa(port),
+		pidFile: fileFor(os.Getpid(), "pid"), exited: make(chan struct{})}
+	go func() { _ = cmd.Wait(); close(s.exited) }()
+	// The pyenv shim execs python in place: the PID is the server's.
+	if err := os.WriteFile(s.pidFile, fmt.Appendf(nil, "%d %d %d\n", cmd.Process.Pid, os.Getpid(), port), 0o644); err != nil {
+		s.stop()
 		return nil, err
 	}
-	return s, nil
+	deadline := time.Now().Add(30 * time.Second) // ~1 s here
+	for {
+		if reset(s.url) == nil {
+			return s, nil
+		}
+		select {
+		case <-s.exited:
+			out, _ := os.ReadFile(logPath)
+			s.stop()
+			return nil, fmt.Errorf("exited at start: %s", tail(out))
+		case <-time.After(100 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			s.stop()
+			return nil, errors.New("not answering after 30 s (log: " + logPath + ")")
+		}
+	}
 }
 
+func (s *server) stop() {
+	_ = s.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-s.exited:
+	case <-time.After(5 * time.Second):
+		_ = s.cmd.Process.Kill()
+		<-s.exited
+	}
+	os.Remove(s.pidFile)
+	os.Remove(fileFor(os.Getpid(), "log"))
+}
+
+// reapLeftovers stops the moto_servers of test binaries that are gone
+// (a crashed or killed run), each by its recorded PID, and only if that
+// PID is still a moto_server.
+func reapLeftovers() {
+	files, _ := filepath.Glob(filepath.Join(Dir, "fixture-*.pid"))
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		var pid, owner, port int
+		if _, err := fmt.Sscan(string(data), &pid, &owner, &port); err != nil || f != fileFor(owner, "pid") {
+			continue // not one of ours
+		}
+		if owner != os.Getpid() && alive(owner) {
+			continue // another test binary's, in use
+		}
+		if cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid)); err == nil && strings.Contains(string(cmdline), "moto_server") {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+		os.Remove(f)
+		os.Remove(fileFor(owner, "log"))
+	}
+}
+
+func alive(pid int) bool { return syscall.Kill(pid, 0) == nil }
+
 func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	l, err := net.Listen("tcp4", "127.0.0.1:0")
 	if err != nil {
 		return 0, err
 	}
@@ -94,74 +203,45 @@ func freePort() (int, error) {
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
-// waitReady polls moto's own API until it answers.
-func (s *Server) waitReady(d time.Duration) error {
-	c := http.Client{Timeout: time.Second}
-	for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
-		select {
-		case <-s.done:
-			return fmt.Errorf("moto_server exited at start; see %s", filepath.Join(runDir(), strings.TrimSuffix(filepath.Base(s.pidFile), ".pid")+".log"))
-		default:
-		}
-		resp, err := c.Get(s.URL + "/moto-api/data.json")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-		}
+func tail(b []byte) string {
+	if len(b) > 2000 {
+		b = b[len(b)-2000:]
 	}
-	return fmt.Errorf("moto_server at %s did not answer within %s", s.URL, d)
+	return string(b)
 }
 
-// Stop ends the server (SIGTERM to its group, SIGKILL after 5 s).
-func (s *Server) Stop() error {
-	defer os.Remove(s.pidFile)
-	pid := s.cmd.Process.Pid
-	_ = syscall.Kill(-pid, syscall.SIGTERM)
-	select {
-	case <-s.done:
-		return nil
-	case <-time.After(5 * time.Second):
-	}
-	_ = syscall.Kill(-pid, syscall.SIGKILL)
-	<-s.done
-	return errors.New("moto_server did not stop within 5s; killed")
-}
+// Region every client of the fixture uses.
+const Region = "us-east-1"
 
-// stopLeftover kills the moto_server an earlier run recorded in pidFile,
-// if that PID still runs moto_server (a recycled PID is left alone).
-func stopLeftover(pidFile string) {
-	data, err := os.ReadFile(pidFile)
+// Main runs a test package (m.Run) with a moto_server up for the whole
+// package, its URL in *url, and stops it afterwards: for packages whose
+// every test uses moto. A missing moto_server fails the package (the name
+// is only for its message).
+func Main(m *testing.M, name string, url *string) int {
+	mu.Lock()
+	s, err := launch()
+	if err == nil {
+		s.users++ // held until m.Run returns
+		running = s
+	}
+	mu.Unlock()
 	if err != nil {
-		return
+		fmt.Printf("vpcni-test: %s: moto_server: %v\n", name, err)
+		return 1
 	}
-	defer os.Remove(pidFile)
-	pid, err := strconv.Atoi(strings.TrimSpace(string(data)))
-	if err != nil || pid <= 1 {
-		return
-	}
-	cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-	if err != nil || !strings.Contains(string(cmdline), "moto_server") {
-		return
-	}
-	_ = syscall.Kill(-pid, syscall.SIGKILL)
-	_ = syscall.Kill(pid, syscall.SIGKILL)
-	for end := time.Now().Add(5 * time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
-		if syscall.Kill(pid, 0) != nil {
-			return
-		}
-	}
+	*url = s.url
+	code := m.Run()
+	mu.Lock()
+	s.stop()
+	running = nil
+	mu.Unlock()
+	return code
 }
 
-// Reset empties moto's state (every backend).
-func (s *Server) Reset() error {
-	resp, err := http.Post(s.URL+"/moto-api/reset", "text/plain", nil)
-	if err != nil {
-		return err
-	}
-	resp.Body.Close()
-	return nil
+// Server is a moto_server's endpoint, for building clients.
+type Server struct {
+	// URL is its endpoint, e.g. http://127.0.0.1:40123.
+	URL string
 }
 
 // Client is an EC2 client for the server with moto's test keys. It keeps
@@ -174,27 +254,6 @@ func (s *Server) Client() *ec2.Client {
 		BaseEndpoint: aws.String(s.URL),
 		Credentials:  credentials.NewStaticCredentialsProvider("testing", "testing", ""),
 	})
-}
-
-// Main runs a test package (m.Run) with a moto_server up, its URL in
-// *url, and stops it afterwards. Without moto_server the package says
-// NOT RUN — and fails when VPCNI_REQUIRE_ROOT is set, as under make test,
-// so a suite never passes by not running.
-func Main(m *testing.M, name string, url *string) int {
-	s, err := Start(name)
-	if err != nil {
-		fmt.Printf("vpcni-test: %v; NOT RUN\n", err)
-		if os.Getenv("VPCNI_REQUIRE_ROOT") != "" {
-			return 1
-		}
-		return 0
-	}
-	*url = s.URL
-	code := m.Run()
-	if err := s.Stop(); err != nil {
-		fmt.Println("vpcni-test:", err)
-	}
-	return code
 }
 
 // Ctx is a test's context, bounded.
