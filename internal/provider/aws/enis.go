@@ -37,10 +37,10 @@ type eni struct {
 	deleteOnTerm      bool
 	// attached: the attachment is complete (not attaching or detaching):
 	// the node has the ENI's link, and its addresses can carry pods.
-	attached bool
-	primaryIP         netip.Addr
-	secondaries       []netip.Addr
-	prefixes          []netip.Prefix
+	attached    bool
+	primaryIP   netip.Addr
+	secondaries []netip.Addr
+	prefixes    []netip.Prefix
 	// ours: vpcni created the ENI for this instance (its tags).
 	ours    bool
 	created time.Time
