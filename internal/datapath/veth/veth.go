@@ -165,10 +165,13 @@ func PrepareNode(uplink string) error {
 
 // nodeSysctls are what routed pods need on the node: forwarding, and proxy
 // ARP answers on the uplink without the kernel's random delay (up to 0.8 s
-// by default, on every neighbour's first ARP for a pod).
+// by default, on every neighbour's first ARP for a pod) — also on the NICs
+// a provider hot-plugs later (secondary NICs, ENIs), which take the
+// default's value when they appear (see nicSysctls).
 func nodeSysctls(uplink string) []datapath.Sysctl {
 	return []datapath.Sysctl{datapath.Forwarding,
-		{Key: "net/ipv4/neigh/" + uplink + "/proxy_delay", Value: "0", Why: "the node answers ARP for its pods on the uplink at once, not after up to 0.8 s"}}
+		{Key: "net/ipv4/neigh/" + uplink + "/proxy_delay", Value: "0", Why: "the node answers ARP for its pods on the uplink at once, not after up to 0.8 s"},
+		{Key: "net/ipv4/neigh/default/proxy_delay", Value: "0", Why: "a NIC hot-plugged for pods (a secondary NIC, an ENI) answers ARP for them at once too"}}
 }
 
 // HostIfName is the node-side name of an attachment's veth: "vpc" and 11 hex
