@@ -14,6 +14,7 @@ import (
 
 	"sigs.k8s.io/yaml"
 
+	"github.com/vpcni/vpcni/internal/provider"
 	"github.com/vpcni/vpcni/internal/snat"
 )
 
@@ -296,5 +297,15 @@ func (c *Config) Validate() error {
 	}
 	errs = append(errs, c.Provider.validate()...)
 	errs = append(errs, validateSection("snat", nopDefaults{c.SNAT})...)
+	if reg, err := provider.Lookup(c.Provider.Type); err == nil && c.SNAT.On(reg.SNATByDefault) && len(c.SNAT.VPCCIDRs) == 0 && !reg.SNATByDefault {
+		errs = append(errs, fmt.Errorf("snat.%w", snat.ErrNoVPC))
+	}
 	return errors.Join(errs...)
+}
+
+// SNATOn says whether the agent masquerades pod traffic leaving the VPC:
+// as snat.enabled says, else as the provider's default.
+func (c *Config) SNATOn() bool {
+	reg, err := provider.Lookup(c.Provider.Type)
+	return c.SNAT.On(err == nil && reg.SNATByDefault)
 }

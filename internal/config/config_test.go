@@ -142,7 +142,7 @@ func TestValidateSingleFields(t *testing.T) {
 		{"uplink", func(c *config.Config) { c.Uplink = "a-very-long-ifname" }},
 		{"mtu", func(c *config.Config) { c.MTU = 65536 }},
 		{"cooldown", func(c *config.Config) { c.Cooldown.Duration = time.Hour + time.Second }},
-		{"provider.type", func(c *config.Config) { c.Provider.Type = "aws" }},
+		{"provider.type", func(c *config.Config) { c.Provider.Type = "gcp" }},
 		{"provider.static.ranges", func(c *config.Config) { c.Provider.Settings = &static.Config{} }},
 		{"kubernetes.ipResource", func(c *config.Config) { c.Kubernetes.IPResource = "yes" }},
 		{"kubernetes.notReadyTaint", func(c *config.Config) { c.Kubernetes.NotReadyTaint = "true" }},

@@ -44,6 +44,8 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		err = installCNI(args[1:], stdout)
 	case "uninstall-cni":
 		err = uninstallCNI(args[1:], stdout)
+	case "max-pods":
+		err = maxPods(args[1:], stdout)
 	case "help", "-h", "--help":
 		usage(stdout)
 		return 0
@@ -129,6 +131,12 @@ On a node:
       remove the conflist and the plugin; with --agent-config (vpcnid stopped) also give
       the node back what that config's datapath changed (bridge: the uplink's addresses,
       routes, neighbours and MTU)
+
+For EC2 (provider aws):
+  vpcnictl max-pods --instance-type T [--prefix] [--endpoint URL] [--region R] [-o table|json]
+      the max-pods AWS documents for the instance type (ENIs × (IPs − 1) + 2; with
+      --prefix × 16, capped at 110 or 250) and vpcni's own figure, the pod addresses the
+      node can hold, from EC2's DescribeInstanceTypes (credentials: the SDK's default chain)
 
 For the cluster (the controller's view, read-only):
   vpcnictl audit -cloud-config F [-kubeconfig K] [-block-ranges CIDRs] [-o table|json]

@@ -50,6 +50,10 @@ type Info struct {
 	// Calls counts the provider's cloud requests by method (nil: it does
 	// not count them).
 	Calls map[string]int64
+	// VPCCIDRs are the node's cloud network's own ranges, which pods reach
+	// with their own addresses: SNAT's vpc set when the agent's
+	// snat.vpcCIDRs is empty (nil: the provider does not know them).
+	VPCCIDRs []netip.Prefix
 }
 
 // AssignRequest asks for addresses.
@@ -133,6 +137,12 @@ type Registration struct {
 	NewSettings func() Settings
 	// New connects a provider with its validated settings.
 	New func(ctx context.Context, node Node, s Settings) (Provider, error)
+	// SNATByDefault: the provider's cloud does not translate pod addresses
+	// for traffic that leaves the network (an AWS VPC maps only an
+	// instance's primary address to a public one), so the agent's SNAT is
+	// on unless the file says snat.enabled: false; the provider reports
+	// the network's ranges in Info.VPCCIDRs.
+	SNATByDefault bool
 }
 
 var providers = registry.New[Registration]("provider")

@@ -25,6 +25,7 @@ import (
 	"net/netip"
 	"os/exec"
 	"slices"
+	"sync"
 
 	"sigs.k8s.io/knftables"
 )
@@ -35,26 +36,40 @@ const Table = "vpcni_snat"
 // Config is the agent's snat section (vpcnid.yaml `snat:`).
 type Config struct {
 	// Enabled masquerades pod traffic to destinations outside VPCCIDRs and
-	// ExcludeCIDRs to the node's address. Off by default: OpenStack's
-	// router SNATs the subnet already, and a pod keeps its own source
-	// address wherever the network routes it.
-	Enabled bool `json:"enabled"`
+	// ExcludeCIDRs to the node's address. Unset, the provider decides:
+	// off for OpenStack, whose router SNATs the subnet already (a pod
+	// keeps its own source address wherever the network routes it), on
+	// for AWS, whose VPC maps only an instance's primary address to a
+	// public one (provider.Registration.SNATByDefault).
+	Enabled *bool `json:"enabled,omitempty"`
 	// VPCCIDRs is the whole VPC (every subnet, peered ones too): traffic
-	// to it keeps the pod's address. Required when enabled — the provider
-	// knows only the node's own subnet, and masquerading traffic to a
-	// sibling subnet would hide the pod from the VPC.
+	// to it keeps the pod's address. Required when enabled, unless the
+	// provider reports the VPC's CIDRs (AWS: from the instance metadata)
+	// — masquerading traffic to a sibling subnet would hide the pod from
+	// the VPC.
 	VPCCIDRs []netip.Prefix `json:"vpcCIDRs,omitempty"`
 	// ExcludeCIDRs are further destinations reached with the pod's own
 	// address (a VPN, a peered network, an on-premises range).
 	ExcludeCIDRs []netip.Prefix `json:"excludeCIDRs,omitempty"`
 }
 
-// Validate names every bad field, relative to the section.
+// On says whether SNAT is on: as the file says, else byDefault (the
+// provider's default).
+func (c Config) On(byDefault bool) bool {
+	if c.Enabled == nil {
+		return byDefault
+	}
+	return *c.Enabled
+}
+
+// ErrNoVPC is what Validate's caller reports when SNAT is on without
+// vpcCIDRs and the provider does not report the VPC's CIDRs.
+var ErrNoVPC = errors.New("vpcCIDRs: must list the VPC's CIDRs when SNAT is enabled (traffic to them keeps the pod's address)")
+
+// Validate names every bad field, relative to the section. (Whether
+// vpcCIDRs may be empty depends on the provider: see ErrNoVPC.)
 func (c Config) Validate() error {
 	var errs []error
-	if c.Enabled && len(c.VPCCIDRs) == 0 {
-		errs = append(errs, errors.New("vpcCIDRs: must list the VPC's CIDRs when SNAT is enabled (traffic to them keeps the pod's address)"))
-	}
 	check := func(field string, list []netip.Prefix) {
 		for i, p := range list {
 			switch {
@@ -90,7 +105,28 @@ var ruleComment = func() string {
 // NAT is the node's SNAT table.
 type NAT struct {
 	nft knftables.Interface
+	mu  sync.Mutex
 	cfg Config
+}
+
+// WaitingForVPC says whether the table waits for the VPC's CIDRs: the
+// file listed none, and the provider has not reported them yet. Until
+// then nothing is written (a table an earlier run left stays as it was):
+// masquerading with an empty vpc set would hide pods from their own VPC.
+func (n *NAT) WaitingForVPC() bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return len(n.cfg.VPCCIDRs) == 0
+}
+
+// SetVPC gives the table the VPC's CIDRs the provider reported, when the
+// file listed none.
+func (n *NAT) SetVPC(cidrs []netip.Prefix) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if len(n.cfg.VPCCIDRs) == 0 {
+		n.cfg.VPCCIDRs = slices.Clone(cidrs)
+	}
 }
 
 // Open connects to nftables in the caller's network namespace. It fails
@@ -110,6 +146,12 @@ func Open(cfg Config) (*NAT, error) {
 // what was missing or wrong of the table, chain or rule ("" if they were
 // as made; the sets are rewritten every time and not compared).
 func (n *NAT) Sync(ctx context.Context, pods []netip.Addr) (fixed string, err error) {
+	if n.WaitingForVPC() {
+		return "", nil
+	}
+	n.mu.Lock()
+	vpc := slices.Clone(n.cfg.VPCCIDRs)
+	n.mu.Unlock()
 	tx := n.nft.NewTransaction()
 	tx.Add(&knftables.Table{Comment: knftables.PtrTo("vpcni: masquerade pod traffic leaving the VPC")})
 	sets := []struct {
@@ -118,7 +160,7 @@ func (n *NAT) Sync(ctx context.Context, pods []netip.Addr) (fixed string, err er
 		elems         []string
 	}{
 		{"pods", "the node's pod addresses", nil, addrs(pods)},
-		{"vpc", "snat.vpcCIDRs: reached with the pod's own address", []knftables.SetFlag{knftables.IntervalFlag}, prefixes(n.cfg.VPCCIDRs)},
+		{"vpc", "snat.vpcCIDRs: reached with the pod's own address", []knftables.SetFlag{knftables.IntervalFlag}, prefixes(vpc)},
 		{"exclude", "snat.excludeCIDRs: reached with the pod's own address", []knftables.SetFlag{knftables.IntervalFlag}, prefixes(n.cfg.ExcludeCIDRs)},
 	}
 	for _, s := range sets {
@@ -208,7 +250,11 @@ func (n *NAT) HasPod(ctx context.Context, ip netip.Addr) (bool, error) {
 }
 
 // AddPod adds one pod address to the pods set (an ADD between two Syncs).
+// While the table waits for the VPC's CIDRs the first Sync adds it.
 func (n *NAT) AddPod(ctx context.Context, ip netip.Addr) error {
+	if n.WaitingForVPC() {
+		return nil
+	}
 	tx := n.nft.NewTransaction()
 	tx.Add(&knftables.Element{Set: "pods", Key: []string{ip.String()}})
 	if err := n.nft.Run(ctx, tx); err != nil {

@@ -218,10 +218,10 @@ func (p *Provider) assignCount(ctx context.Context, n int) ([]leaseOn, error) {
 			if err != nil {
 				errs = append(errs, err)
 			}
-			if len(more) == 0 {
+			if len(more) == 0 && (why != "" || err != nil) {
 				break
 			}
-			continue
+			continue // a new ENI that came with too few addresses has room
 		}
 		ask := min(n, p.room(e))
 		if p.cfg.PrefixMode {
@@ -232,8 +232,9 @@ func (p *Provider) assignCount(ctx context.Context, n int) ([]leaseOn, error) {
 		case err == nil:
 		case isCode(err, codeNoSubnetIPs):
 			// EC2 assigns all or nothing: ask for what the subnet has.
-			sn := p.subnets[e.subnetID]
-			if rerr := p.readSubnets(ctx, []string{sn.id}); rerr == nil && !p.cfg.PrefixMode && sn.free > 0 && sn.free < ask {
+			rerr := p.readSubnets(ctx, []string{e.subnetID})
+			sn := p.subnets[e.subnetID] // as read now
+			if rerr == nil && !p.cfg.PrefixMode && sn.free > 0 && sn.free < ask {
 				got, err = p.assignOn(ctx, e, nil, sn.free)
 			}
 			if err != nil || len(got) < ask {
@@ -242,7 +243,6 @@ func (p *Provider) assignCount(ctx context.Context, n int) ([]leaseOn, error) {
 			}
 		case isCode(err, codeNoCIDRBlocks):
 			p.cidrBackoff[e.subnetID] = backoff{until: time.Now().Add(p.cfg.CIDRBackoff.Duration), err: err}
-			p.log.Warn("no free /28 in the subnet for a prefix; not asking it again for a while", "subnet", e.subnetID, "for", p.cfg.CIDRBackoff.Duration, "err", err)
 			full[e.subnetID] = true
 			reasons = append(reasons, err.Error())
 		case isCode(err, codeIPLimit):
@@ -357,11 +357,21 @@ func (p *Provider) assignOn(ctx context.Context, e *eni, named []netip.Addr, cou
 		if err := p.rec.begin(in); err != nil {
 			return nil, err
 		}
+	}
+	ctx, attempts := countAttempts(ctx)
+	if !e.ours {
 		defer func() {
-			// A call EC2 answered with an error did not assign; one
-			// without an answer may have: its intent stays until a read
-			// settles it.
-			if err == nil || code(err) != "" {
+			// A call EC2 answered with an error at its only attempt did
+			// not assign. One without an answer may have, and so may an
+			// attempt before a retry (its reply lost): the intent stays,
+			// for all the attempts, until a read of the ENI settles it.
+			switch {
+			case attempts.Load() > 1:
+				p.rec.Pending[slices.IndexFunc(p.rec.Pending, func(x intent) bool { return x.ENI == in.ENI && x.At.Equal(in.At) })].Count *= int(attempts.Load())
+				if err == nil {
+					err = p.settleNow(ctx, e)
+				}
+			case err == nil || code(err) != "":
 				p.rec.end(in)
 			}
 		}()
@@ -438,6 +448,23 @@ const (
 	answersListing
 )
 
+// settleNow reads an ENI of someone else's again and settles the intents
+// on it: the provider claims what its retried call assigned. The caller
+// holds p.mu.
+func (p *Provider) settleNow(ctx context.Context, e *eni) error {
+	if err := p.rereadENI(ctx, e); err != nil {
+		return err
+	}
+	claimed, unclaimed := p.rec.settle(e.id, e.holds())
+	if len(claimed) > 0 {
+		p.log.Info("a retried assign had landed more than once; all its addresses are vpcni's", "eni", e.id, "addresses", claimed)
+	}
+	if len(unclaimed) > 0 {
+		p.notice("retried_assign", fmt.Sprintf("ENI %s gained %v during a retried assign of vpcni's, more than its attempts asked for: someone else wrote at the same moment, so vpcni claims none of them", e.id, unclaimed), "eni", e.id, "addresses", unclaimed)
+	}
+	return nil
+}
+
 // rereadENI reads one ENI again into e (its addresses and prefixes).
 func (p *Provider) rereadENI(ctx context.Context, e *eni) error {
 	out, err := p.ec2.DescribeNetworkInterfaces(ctx, &ec2.DescribeNetworkInterfacesInput{NetworkInterfaceIds: []string{e.id}})
@@ -452,9 +479,11 @@ func (p *Provider) rereadENI(ctx context.Context, e *eni) error {
 	return nil
 }
 
-// keepUsable gives back at once addresses EC2 reserves that an emulator
-// handed out (moto picks at random in the whole CIDR) and returns the
-// rest: a pod on the subnet's router address would never reach it.
+// keepUsable gives back at once what EC2 never hands out but an emulator
+// does (moto picks at random over the whole CIDR, AWS-FACTS EX2, EX4): an
+// address EC2 reserves in the subnet — a pod on the router's address
+// would never reach it — or one another ENI of the instance holds. It
+// returns the rest.
 func (p *Provider) keepUsable(ctx context.Context, e *eni, got []netip.Addr) []netip.Addr {
 	sn := p.subnets[e.subnetID]
 	if sn == nil {
@@ -462,14 +491,17 @@ func (p *Provider) keepUsable(ctx context.Context, e *eni, got []netip.Addr) []n
 	}
 	var bad []netip.Addr
 	good := slices.DeleteFunc(slices.Clone(got), func(a netip.Addr) bool {
-		if !sn.usable(a) {
+		held := slices.ContainsFunc(p.enis, func(o *eni) bool {
+			return o.id != e.id && (o.primaryIP == a || slices.Contains(o.secondaries, a))
+		})
+		if !sn.usable(a) || held {
 			bad = append(bad, a)
 			return true
 		}
 		return false
 	})
 	if len(bad) > 0 {
-		p.log.Warn("EC2 handed out addresses it reserves in the subnet; giving them back", "eni", e.id, "subnet", sn.cidr, "addresses", bad)
+		p.log.Warn("EC2 handed out addresses that are reserved in the subnet or held by another ENI of the instance; giving them back", "eni", e.id, "subnet", sn.cidr, "addresses", bad)
 		if err := p.unassignOn(ctx, e, bad, nil); err != nil {
 			p.log.Warn("giving reserved addresses back failed; they stay on the ENI, unused", "eni", e.id, "err", err)
 		}

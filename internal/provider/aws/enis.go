@@ -310,6 +310,14 @@ func (p *Provider) createENI(ctx context.Context, sn *subnet, count int) (_ *eni
 		}
 	}
 	if err != nil {
+		// A retried attach whose first reply was lost finds the ENI
+		// attached already (InvalidNetworkInterface.InUse): it is.
+		if a, rerr := p.attachmentOf(ctx, e.id); rerr == nil && a != nil && aws.ToString(a.InstanceId) == p.id.instanceID {
+			att, err = &ec2.AttachNetworkInterfaceOutput{AttachmentId: a.AttachmentId}, nil
+			dev = int(aws.ToInt32(a.DeviceIndex))
+		}
+	}
+	if err != nil {
 		return nil, explain(fmt.Errorf("attach ENI %s to instance %s at device index %d: %w", e.id, p.id.instanceID, dev, err))
 	}
 	e.attachmentID, e.device, e.card = aws.ToString(att.AttachmentId), dev, p.primary().card
@@ -324,6 +332,15 @@ func (p *Provider) createENI(ctx context.Context, sn *subnet, count int) (_ *eni
 	}
 	p.enis = append(p.enis, e)
 	return e, nil
+}
+
+// attachmentOf reads an ENI's attachment (nil: none).
+func (p *Provider) attachmentOf(ctx context.Context, id string) (*types.NetworkInterfaceAttachment, error) {
+	out, err := p.ec2.DescribeNetworkInterfaces(ctx, &ec2.DescribeNetworkInterfacesInput{NetworkInterfaceIds: []string{id}})
+	if err != nil || len(out.NetworkInterfaces) != 1 {
+		return nil, err
+	}
+	return out.NetworkInterfaces[0].Attachment, nil
 }
 
 // freeDevice is the lowest device index above 0 the instance does not use

@@ -4,6 +4,7 @@ import (
 	"context"
 	"maps"
 	"sync"
+	"sync/atomic"
 
 	awsmiddleware "github.com/aws/aws-sdk-go-v2/aws/middleware"
 	"github.com/aws/smithy-go/middleware"
@@ -69,6 +70,19 @@ func (m *meter) middleware(st *middleware.Stack) error {
 			if err := m.wait(ctx, awsmiddleware.GetOperationName(ctx)); err != nil {
 				return middleware.FinalizeOutput{}, middleware.Metadata{}, err
 			}
+			if n, ok := ctx.Value(attemptsKey{}).(*atomic.Int32); ok {
+				n.Add(1)
+			}
 			return next.HandleFinalize(ctx, in)
 		}), middleware.After)
+}
+
+type attemptsKey struct{}
+
+// countAttempts makes the calls made with the returned context count
+// their attempts: a call retried after its reply was lost (a connection
+// closed, a timeout) may have taken effect more than once.
+func countAttempts(ctx context.Context) (context.Context, *atomic.Int32) {
+	n := new(atomic.Int32)
+	return context.WithValue(ctx, attemptsKey{}, n), n
 }

@@ -38,6 +38,10 @@ type Endpoint struct {
 	InstanceType string
 	// AZ of the test subnets (default: the client's region + "a").
 	AZ string
+	// Seed, if set, makes the test subnets and instances (the lab's
+	// endpoint is seeded in Go); nil: through the EC2 API (CreateVpc,
+	// CreateSubnet, RunInstances).
+	Seed Seeder
 	// Source serves each node's IMDS (default: imds.FromEC2 over Client,
 	// with a role whose keys are the test keys).
 	Source imds.Source
@@ -47,6 +51,16 @@ type Endpoint struct {
 	Lacks providertest.Lacks
 	// Configure, if set, adjusts each provider's config.
 	Configure func(*vpcaws.Config)
+}
+
+// Seeder makes what a test needs on an endpoint that is seeded in Go.
+type Seeder interface {
+	// Subnets makes a VPC with cidr and the subnets of it in az.
+	Subnets(t *testing.T, vpc netip.Prefix, az string, subnets ...netip.Prefix) []string
+	// Instance runs an instance of typ in subnetID with ip, its instance
+	// role's keys served by its IMDS; it returns the instance and its
+	// primary ENI.
+	Instance(t *testing.T, subnetID, typ string, ip netip.Addr) (id, eni string)
 }
 
 // Ctx is a test's context, bounded.
@@ -73,19 +87,38 @@ func (e *Endpoint) Run(t *testing.T) { providertest.RunLacking(t, e, e.Lacks) }
 func (e *Endpoint) NewSubnet(t *testing.T, cidr string, pool int) providertest.Subnet {
 	t.Helper()
 	prefix := netip.MustParsePrefix(cidr)
-	vpc, err := e.Client.CreateVpc(Ctx(t), &ec2.CreateVpcInput{CidrBlock: &cidr})
-	if err != nil {
-		t.Fatalf("create VPC %s: %v", cidr, err)
-	}
-	sn, err := e.Client.CreateSubnet(Ctx(t), &ec2.CreateSubnetInput{VpcId: vpc.Vpc.VpcId, CidrBlock: &cidr, AvailabilityZone: aws.String(e.az())})
-	if err != nil {
-		t.Fatalf("create subnet %s: %v", cidr, err)
-	}
-	id := aws.ToString(sn.Subnet.SubnetId)
+	id := e.subnet(t, prefix)
 	if e.Lacks.Exhaustion == "" {
 		e.fill(t, id, prefix, pool)
 	}
 	return providertest.Subnet{ID: id, CIDR: prefix, Gateway: prefix.Addr().Next()}
+}
+
+// subnet makes a VPC with the CIDR and a subnet of all of it.
+func (e *Endpoint) subnet(t *testing.T, prefix netip.Prefix) string {
+	return e.NewVPC(t, prefix, prefix)[0]
+}
+
+// NewVPC makes a VPC with the CIDR and subnets of it in the endpoint's
+// AZ, and returns the subnets' IDs.
+func (e *Endpoint) NewVPC(t *testing.T, cidr netip.Prefix, subnets ...netip.Prefix) []string {
+	t.Helper()
+	if e.Seed != nil {
+		return e.Seed.Subnets(t, cidr, e.az(), subnets...)
+	}
+	vpc, err := e.Client.CreateVpc(Ctx(t), &ec2.CreateVpcInput{CidrBlock: aws.String(cidr.String())})
+	if err != nil {
+		t.Fatalf("create VPC %s: %v", cidr, err)
+	}
+	var ids []string
+	for _, p := range subnets {
+		sn, err := e.Client.CreateSubnet(Ctx(t), &ec2.CreateSubnetInput{VpcId: vpc.Vpc.VpcId, CidrBlock: aws.String(p.String()), AvailabilityZone: aws.String(e.az())})
+		if err != nil {
+			t.Fatalf("create subnet %s: %v", p, err)
+		}
+		ids = append(ids, aws.ToString(sn.Subnet.SubnetId))
+	}
+	return ids
 }
 
 // fill takes the subnet's usable addresses beyond the first pool.
@@ -134,22 +167,11 @@ func (e *Endpoint) NewInstance(t *testing.T, subnetID string, nodeIP netip.Addr)
 	if typ == "" {
 		typ = "m5.large"
 	}
-	run, err := e.Client.RunInstances(Ctx(t), &ec2.RunInstancesInput{
-		ImageId: aws.String("ami-0123456789abcdef0"), MinCount: aws.Int32(1), MaxCount: aws.Int32(1),
-		InstanceType: types.InstanceType(typ), SubnetId: &subnetID, PrivateIpAddress: aws.String(nodeIP.String()),
-	})
-	if err != nil {
-		t.Fatalf("run an instance with %s: %v", nodeIP, err)
-	}
-	in := run.Instances[0]
-	inst := Instance{ID: aws.ToString(in.InstanceId), StateDir: t.TempDir()}
-	for _, ni := range in.NetworkInterfaces {
-		if ni.Attachment != nil && aws.ToInt32(ni.Attachment.DeviceIndex) == 0 {
-			inst.ENI = aws.ToString(ni.NetworkInterfaceId)
-		}
-	}
-	if inst.ENI == "" {
-		t.Fatalf("instance %s has no ENI at device 0: %+v", inst.ID, in.NetworkInterfaces)
+	inst := Instance{StateDir: t.TempDir()}
+	if e.Seed != nil {
+		inst.ID, inst.ENI = e.Seed.Instance(t, subnetID, typ, nodeIP)
+	} else {
+		inst.ID, inst.ENI = e.runInstance(t, subnetID, typ, nodeIP)
 	}
 	src := e.Source
 	if src == nil {
@@ -165,6 +187,27 @@ func (e *Endpoint) NewInstance(t *testing.T, subnetID string, nodeIP netip.Addr)
 	n := e.node(inst.ENI)
 	n.Provider, n.Reopen = open(t), open
 	return n, inst
+}
+
+// runInstance runs an instance through the EC2 API.
+func (e *Endpoint) runInstance(t *testing.T, subnetID, typ string, ip netip.Addr) (id, eni string) {
+	run, err := e.Client.RunInstances(Ctx(t), &ec2.RunInstancesInput{
+		ImageId: aws.String("ami-0123456789abcdef0"), MinCount: aws.Int32(1), MaxCount: aws.Int32(1),
+		InstanceType: types.InstanceType(typ), SubnetId: &subnetID, PrivateIpAddress: aws.String(ip.String()),
+	})
+	if err != nil {
+		t.Fatalf("run an instance with %s: %v", ip, err)
+	}
+	in := run.Instances[0]
+	for _, ni := range in.NetworkInterfaces {
+		if ni.Attachment != nil && aws.ToInt32(ni.Attachment.DeviceIndex) == 0 {
+			eni = aws.ToString(ni.NetworkInterfaceId)
+		}
+	}
+	if eni == "" {
+		t.Fatalf("instance %s has no ENI at device 0: %+v", aws.ToString(in.InstanceId), in.NetworkInterfaces)
+	}
+	return aws.ToString(in.InstanceId), eni
 }
 
 // Open builds a provider for inst as the agent does, its config adjusted
