@@ -105,7 +105,7 @@ func (v *Veth) prepareNIC(link netlink.Link, a *alloc.Allocation) error {
 // proxy ARP answers should come at once. The agent's container may not
 // write /proc/sys (the DaemonSet's is read-only): a NIC hot-plugged after
 // the init step (vpcnictl install-cni) inherits neigh/default/proxy_delay 0
-// from it (nodeSysctls), and an rp_filter of 0 or 2 — the kernel's and
+// from it (defaultProxyDelay), and an rp_filter of 0 or 2 — the kernel's and
 // most distributions' default, counted as the larger of conf/all and the
 // NIC's — needs no write at all. So only a strict filter must be written,
 // and its failure is an error that says how to fix the node; a proxy

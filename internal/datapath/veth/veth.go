@@ -20,6 +20,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net"
 	"net/netip"
 	"slices"
@@ -160,18 +161,27 @@ func PrepareNode(uplink string) error {
 	if err != nil {
 		return err
 	}
-	return nlutil.WriteSysctls(nodeSysctls(uplink))
+	return errors.Join(nlutil.WriteSysctls(nodeSysctls(uplink)), defaultProxyDelay())
 }
 
 // nodeSysctls are what routed pods need on the node: forwarding, and proxy
 // ARP answers on the uplink without the kernel's random delay (up to 0.8 s
-// by default, on every neighbour's first ARP for a pod) — also on the NICs
-// a provider hot-plugs later (secondary NICs, ENIs), which take the
-// default's value when they appear (see nicSysctls).
+// by default, on every neighbour's first ARP for a pod).
 func nodeSysctls(uplink string) []datapath.Sysctl {
 	return []datapath.Sysctl{datapath.Forwarding,
-		{Key: "net/ipv4/neigh/" + uplink + "/proxy_delay", Value: "0", Why: "the node answers ARP for its pods on the uplink at once, not after up to 0.8 s"},
-		{Key: "net/ipv4/neigh/default/proxy_delay", Value: "0", Why: "a NIC hot-plugged for pods (a secondary NIC, an ENI) answers ARP for them at once too"}}
+		{Key: "net/ipv4/neigh/" + uplink + "/proxy_delay", Value: "0", Why: "the node answers ARP for its pods on the uplink at once, not after up to 0.8 s"}}
+}
+
+// defaultProxyDelay sets neigh.default.proxy_delay to 0, which a NIC a
+// provider hot-plugs later (a secondary NIC, an ENI) takes when it
+// appears: the agent's container may not write its own (see nicSysctls).
+// Only the host's initial network namespace has the default (a node in a
+// namespace of its own — the lab's — has none): there it is left alone.
+func defaultProxyDelay() error {
+	if err := nlutil.WriteSysctl("net/ipv4/neigh/default/proxy_delay", "0"); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	return nil
 }
 
 // HostIfName is the node-side name of an attachment's veth: "vpc" and 11 hex
