@@ -2,9 +2,9 @@ package doctor
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/http"
+	"net/netip"
 	"sync"
 	"time"
 
@@ -14,47 +14,72 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/vpcni/vpcni/internal/provider"
-	"github.com/vpcni/vpcni/internal/provider/openstack"
+	"github.com/vpcni/vpcni/internal/registry"
 )
 
-// Cloud turns the openstack provider's start-up steps into checks named
-// "cloud <step>", each with its fix. mode is the provider's address mode.
-func Cloud(steps []openstack.Step, mode, agentConfig string) []Result {
+// CloudCheck is how doctor diagnoses one provider's cloud from the node.
+// doctor owns it; each cloud registers its own (RegisterCloud) under its
+// provider's name, as internal/provider/openstack/cluster does for
+// provider openstack. A provider without one (static) has no cloud
+// checks.
+type CloudCheck struct {
+	// Provider is the provider's registered name, as the agent config's
+	// provider.type names it.
+	Provider string
+	// API names the endpoint the steps talk to, whose clock doctor judges
+	// ("neutron": check "clock neutron").
+	API string
+	// Diagnose runs the provider's start-up steps one by one, as the
+	// agent would, changing nothing the node holds; after a failed step
+	// the rest are not tried. s is the provider's section of the agent
+	// config, of the provider's own type.
+	Diagnose func(ctx context.Context, s provider.Settings, node CloudNode) []Step
+}
+
+// CloudNode is what a cloud check is told of the node.
+type CloudNode struct {
+	// IP is the node's address on the pods' network (the uplink's);
+	// invalid when unknown.
+	IP netip.Addr
+	// AgentConfig is the agent's config file, for fixes to name.
+	AgentConfig string
+	// Transport carries every request to the cloud (doctor reads the
+	// clock of its answers).
+	Transport http.RoundTripper
+}
+
+// Step is one stage of a provider's start-up, checked: what it found,
+// its error (nil: passed) and what to do when it failed or warns.
+type Step struct {
+	Name   string
+	Detail string
+	Err    error
+	// Warn: passed, but something needs a look (no room left).
+	Warn bool
+	Fix  string
+}
+
+var cloudChecks = registry.New[CloudCheck]("cloud check")
+
+// RegisterCloud adds a provider's cloud check; its package calls it from
+// init.
+func RegisterCloud(c CloudCheck) { cloudChecks.Register(c.Provider, c) }
+
+// Cloud turns a provider's start-up steps into checks named
+// "cloud <step>".
+func Cloud(steps []Step) []Result {
 	var out []Result
 	for _, s := range steps {
 		r := Result{Name: "cloud " + s.Name, Status: OK, Detail: s.Detail}
 		if s.Warn {
-			r.Status = Warn
-			r.Fix = "raise maxAddresses (fixed-ips) or maxAddressPairs (Neutron's max_allowed_address_pair) in " + agentConfig + ", or add nodes"
-			if s.Name == "quota" {
-				r.Fix = "ask the cloud's admin for a larger port quota (openstack quota set --ports), or let these credentials read it"
-			}
+			r.Status, r.Fix = Warn, s.Fix
 		}
 		if s.Err != nil {
-			r.Status, r.Detail, r.Fix = Fail, s.Err.Error(), cloudFix(s, mode, agentConfig)
+			r.Status, r.Detail, r.Fix = Fail, s.Err.Error(), s.Fix
 		}
 		out = append(out, r)
 	}
 	return out
-}
-
-func cloudFix(s openstack.Step, mode, agentConfig string) string {
-	if errors.Is(s.Err, provider.ErrUnavailable) {
-		return "check that this node reaches the cloud's endpoints (Keystone, Neutron): routes, DNS, security groups, proxies"
-	}
-	switch s.Name {
-	case "login":
-		return "check provider.openstack.auth or credentialsFile in " + agentConfig + ": an application credential with the member role in the VM port's project"
-	case "subnet":
-		return "check provider.openstack.subnetID in " + agentConfig + " (openstack subnet show)"
-	case "port":
-		return "set provider.openstack.nodeIP in " + agentConfig + " to this node's address on the pods' network, or portLookup: instance with instanceID (the Nova server)"
-	case "policy":
-		if mode != "passthrough" {
-			return "use provider.openstack.mode: passthrough with datapath passthrough: it creates ports of its own and attaches them to the VM through Nova, which a member may do; or have the network's owner (or an admin) run vpcni's credentials"
-		}
-	}
-	return "see the detail; vpcnid fails at start the same way"
 }
 
 // DateClock is an http.RoundTripper that remembers the Date header of the

@@ -11,7 +11,6 @@ import (
 	"github.com/vpcni/vpcni/internal/config"
 	"github.com/vpcni/vpcni/internal/datapath"
 	"github.com/vpcni/vpcni/internal/k8s"
-	"github.com/vpcni/vpcni/internal/provider/openstack"
 )
 
 // Options say where to look.
@@ -25,7 +24,8 @@ type Options struct {
 }
 
 // Run runs every check that applies to this node. The registered
-// datapath modes and providers are those the caller linked in.
+// datapath modes, providers and cloud checks are those the caller linked
+// in.
 func Run(ctx context.Context, o Options) Report {
 	var rep Report
 	cfg, cfgErr := config.Load(o.AgentConfig)
@@ -70,11 +70,11 @@ func Run(ctx context.Context, o Options) Report {
 	if cfgErr != nil {
 		return rep
 	}
-	if osc, ok := cfg.Provider.Settings.(*openstack.Config); ok {
+	if check, err := cloudChecks.Lookup(cfg.Provider.Type); err == nil {
 		clock := &DateClock{Next: http.DefaultTransport}
 		nodeIP, _ := netip.ParseAddr(uplink.IPv4)
-		rep.add(Cloud(openstack.Diagnose(ctx, *osc, nodeIP, clock), osc.Mode, o.AgentConfig)...)
-		rep.add(clock.Skew("neutron"))
+		rep.add(Cloud(check.Diagnose(ctx, cfg.Provider.Settings, CloudNode{IP: nodeIP, AgentConfig: o.AgentConfig, Transport: clock}))...)
+		rep.add(clock.Skew(check.API))
 	}
 	if cfg.Kubernetes.Enabled() {
 		clock := &DateClock{}

@@ -61,7 +61,7 @@ type FloatingIPs struct {
 	// Network is the default external network (-floating-network).
 	Network string
 
-	cloud    *floatingip.Cloud
+	cloud    floatingip.Cloud
 	log      *slog.Logger
 	cs       kubernetes.Interface
 	pods     cache.SharedIndexInformer // metadata: annotations, UID, deletion
@@ -77,7 +77,7 @@ type FloatingIPs struct {
 }
 
 // NewFloatingIPs connects the reconciler; Run starts it.
-func NewFloatingIPs(cfg *rest.Config, cloud *floatingip.Cloud, network string, log *slog.Logger) (*FloatingIPs, error) {
+func NewFloatingIPs(cfg *rest.Config, cloud floatingip.Cloud, network string, log *slog.Logger) (*FloatingIPs, error) {
 	c, err := newClients(cfg)
 	if err != nil {
 		return nil, err

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
-	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -27,21 +26,24 @@ import (
 // not in use); any other error fails the pass, so nothing is judged on
 // half a picture.
 type ClusterReader struct {
-	cs   kubernetes.Interface
-	md   metadata.Interface
-	pas  *podAddresses
-	ars  *reservations
-	nbs  *nodeblocks.Client
-	opts metav1.ListOptions
+	// instance reads a Node's spec.providerID (leaks.Cloud.Instance).
+	instance func(providerID string) (string, bool)
+	cs       kubernetes.Interface
+	md       metadata.Interface
+	pas      *podAddresses
+	ars      *reservations
+	nbs      *nodeblocks.Client
+	opts     metav1.ListOptions
 }
 
-// NewClusterReader connects one.
-func NewClusterReader(cfg *rest.Config) (*ClusterReader, error) {
+// NewClusterReader connects one; instance reads a Node's spec.providerID
+// as the cloud names its VMs (leaks.Cloud.Instance).
+func NewClusterReader(cfg *rest.Config, instance func(providerID string) (string, bool)) (*ClusterReader, error) {
 	c, err := newClients(cfg)
 	if err != nil {
 		return nil, err
 	}
-	r := &ClusterReader{cs: c.cs, md: c.md, pas: c.pas}
+	r := &ClusterReader{instance: instance, cs: c.cs, md: c.md, pas: c.pas}
 	if r.ars, err = newReservations(c.cfg); err != nil {
 		return nil, err
 	}
@@ -87,10 +89,8 @@ func (r *ClusterReader) Read(ctx context.Context) (*leaks.Cluster, error) {
 			}
 		}
 		c.AddNode(n.Name, ips)
-		if id, ok := strings.CutPrefix(n.Spec.ProviderID, "openstack://"); ok {
-			// openstack:///<id> (the cloud provider's), or with a region
-			// before the last slash.
-			c.Instances[id[strings.LastIndex(id, "/")+1:]] = n.Name
+		if id, ok := r.instance(n.Spec.ProviderID); ok {
+			c.Instances[id] = n.Name
 		}
 	}
 	pods, err := r.md.Resource(schema.GroupVersionResource{Version: "v1", Resource: "pods"}).List(ctx, r.opts)

@@ -24,7 +24,6 @@ import (
 	"k8s.io/client-go/util/workqueue"
 
 	"github.com/vpcni/vpcni/internal/apis/vpcni/v1alpha1"
-	"github.com/vpcni/vpcni/internal/provider/openstack"
 )
 
 // StickyKeeper is vpcni-controller's side of addresses that follow a
@@ -69,12 +68,20 @@ type StickyKeeper struct {
 	created, recorded, deleted, takenOver atomic.Int64
 }
 
+// StickyCloud is the cloud as the keeper needs it: TakeOff removes pod
+// addresses from a dead node's port, as that node's own release would —
+// only addresses vpcni put there, in one write conditional on the port as
+// read. Each cloud implements it (cloudconfig.Cloud).
+type StickyCloud interface {
+	TakeOff(ctx context.Context, port string, addrs []netip.Addr) error
+}
+
 // StickyOptions: how the keeper treats a dead node.
 type StickyOptions struct {
-	// Cloud reaches Neutron to take a reserved address off a dead node's
-	// port (nil: it waits for that node to give it back, which a dead
-	// node never does — the pod's ADDs get CNI error 11 until then).
-	Cloud *openstack.Config
+	// Cloud takes a reserved address off a dead node's port (nil: the
+	// keeper waits for that node to give it back, which a dead node never
+	// does — the pod's ADDs get CNI error 11 until then).
+	Cloud StickyCloud
 	// Grace is how long a Node must be gone, or its Ready condition False
 	// or Unknown, before it counts as dead (default 1m). A Node that has
 	// no Ready condition yet (its kubelet never reported) is alive.
@@ -357,7 +364,7 @@ func (k *StickyKeeper) takeOver(ctx context.Context, ar *v1alpha1.AddressReserva
 	if err != nil {
 		return 0, fmt.Errorf("AddressReservation %s: %w", key, err)
 	}
-	if err := openstack.TakeOff(ctx, *k.opts.Cloud, ar.Spec.Port, []netip.Addr{a}); err != nil {
+	if err := k.opts.Cloud.TakeOff(ctx, ar.Spec.Port, []netip.Addr{a}); err != nil {
 		return 0, fmt.Errorf("take %s off dead node %s's port %s: %w", a, ar.Spec.Node, ar.Spec.Port, err)
 	}
 	up := ar.DeepCopy()

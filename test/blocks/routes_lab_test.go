@@ -24,6 +24,7 @@ import (
 	"github.com/vpcni/vpcni/internal/lab"
 	"github.com/vpcni/vpcni/internal/netnsutil"
 	"github.com/vpcni/vpcni/internal/provider/openstack"
+	"github.com/vpcni/vpcni/internal/provider/openstack/cluster"
 	"github.com/vpcni/vpcni/internal/provider/static"
 	"github.com/vpcni/vpcni/internal/routes"
 	"github.com/vpcni/vpcni/internal/testbed"
@@ -64,7 +65,7 @@ func TestRoutedPodSubnetOnTheLab(t *testing.T) {
 	t.Cleanup(func() { _ = testbed.StopRecorded(run); _ = os.RemoveAll(run) })
 	assigner(t, podRange, 26, time.Minute)
 	nc := openstack.NoAuthClient(l.URL, http.Client{Timeout: 10 * time.Second})
-	rec, err := routes.New(routes.NewNeutron(nc, l.RouterID, l.SubnetID), routes.Options{Ranges: []netip.Prefix{netip.MustParsePrefix(podRange)}, MaxPairs: 10}, logger)
+	rec, err := routes.New(cluster.NewRoutes(nc, l.RouterID, l.SubnetID, 10), routes.Options{Ranges: []netip.Prefix{netip.MustParsePrefix(podRange)}, MaxPairs: 10}, logger)
 	if err != nil {
 		t.Fatal(err)
 	}

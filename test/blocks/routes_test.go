@@ -25,6 +25,7 @@ import (
 	"github.com/vpcni/vpcni/internal/k8s"
 	"github.com/vpcni/vpcni/internal/lab/neutronapi"
 	"github.com/vpcni/vpcni/internal/provider/openstack"
+	"github.com/vpcni/vpcni/internal/provider/openstack/cluster"
 	"github.com/vpcni/vpcni/internal/routes"
 )
 
@@ -50,7 +51,7 @@ func TestRoutedBlocksWithinTheRouterBudget(t *testing.T) {
 	t.Cleanup(func() { hs.Close() })
 	nc := openstack.NoAuthClient("http://"+ln.Addr().String(), http.Client{Timeout: 10 * time.Second})
 	const podRange = "10.91.0.0/16"
-	bed, err := routes.NewBed(ctx, nc, "k8s", nodes, netip.MustParsePrefix("10.90.0.0/24"), netip.MustParsePrefix(podRange), 26, false)
+	bed, err := cluster.NewRouteBed(ctx, nc, "k8s", nodes, netip.MustParsePrefix("10.90.0.0/24"), netip.MustParsePrefix(podRange), 26, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -73,7 +74,7 @@ func TestRoutedBlocksWithinTheRouterBudget(t *testing.T) {
 	// max_routes not configured: learned from Neutron, and tried again
 	// every second while blocks wait (one atomic add that changes nothing
 	// when refused).
-	rec, err := routes.New(bed.Neutron(), routes.Options{Ranges: []netip.Prefix{netip.MustParsePrefix(podRange)}, MaxPairs: 10, Probe: time.Second}, logger)
+	rec, err := routes.New(bed.Routes(), routes.Options{Ranges: []netip.Prefix{netip.MustParsePrefix(podRange)}, MaxPairs: 10, Probe: time.Second}, logger)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -292,7 +293,7 @@ func TestControllerBinaryRoutes(t *testing.T) {
 	go hs.Serve(ln)
 	t.Cleanup(func() { hs.Close() })
 	url := "http://" + ln.Addr().String() + "/"
-	bed, err := routes.NewBed(ctx, openstack.NoAuthClient(url, http.Client{Timeout: 10 * time.Second}), "bin", 3,
+	bed, err := cluster.NewRouteBed(ctx, openstack.NoAuthClient(url, http.Client{Timeout: 10 * time.Second}), "bin", 3,
 		netip.MustParsePrefix("10.90.0.0/24"), netip.MustParsePrefix("10.92.0.0/16"), 26, false)
 	if err != nil {
 		t.Fatal(err)

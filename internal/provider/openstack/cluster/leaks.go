@@ -1,4 +1,4 @@
-package leaks
+package cluster
 
 import (
 	"context"
@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/netip"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/gophercloud/gophercloud/v2"
@@ -16,19 +17,20 @@ import (
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/subnets"
 
 	"github.com/vpcni/vpcni/internal/floatingip"
+	"github.com/vpcni/vpcni/internal/leaks"
 	"github.com/vpcni/vpcni/internal/provider/openstack"
-	"github.com/vpcni/vpcni/internal/routes"
 )
 
 // ClusterTag is the Neutron tag that claims a resource for one cluster.
 func ClusterTag(clusterID string) string { return "vpcni-cluster=" + clusterID }
 
-// Neutron is the cloud on OpenStack. What it reads: every port with an
-// address on the pods' subnet (marks in descriptions, reservation ports by
-// device_owner, NIC ports by name, block pairs), the floating IPs marked
-// for pods and, with a router, its routes. Claims are Neutron tags
-// (standard-attr-tag) on ports and floating IPs.
-type Neutron struct {
+// Leaks is the leak collector's cloud (leaks.Cloud) on OpenStack. What it
+// reads: every port with an address on the pods' subnet (marks in
+// descriptions, reservation ports by device_owner, NIC ports by name,
+// block pairs), the floating IPs marked for pods and, with a router, its
+// routes. Claims are Neutron tags (standard-attr-tag) on ports and
+// floating IPs.
+type Leaks struct {
 	NC *gophercloud.ServiceClient
 	// OpenStack is the cloud config's openstack section: its subnetID (the
 	// pods' subnet), deviceOwner (of reservation ports) and timeout.
@@ -43,7 +45,18 @@ type Neutron struct {
 	Log *slog.Logger
 }
 
-func (n *Neutron) call(ctx context.Context) (context.Context, context.CancelFunc) {
+// Instance implements leaks.Cloud: a Node's spec.providerID is
+// openstack:///<id> (the cloud provider's), or with a region before the
+// last slash.
+func (n *Leaks) Instance(providerID string) (string, bool) {
+	id, ok := strings.CutPrefix(providerID, "openstack://")
+	if !ok {
+		return "", false
+	}
+	return id[strings.LastIndex(id, "/")+1:], true
+}
+
+func (n *Leaks) call(ctx context.Context) (context.Context, context.CancelFunc) {
 	t := n.OpenStack.Timeout.Duration
 	if t <= 0 {
 		t = 15 * time.Second
@@ -51,14 +64,14 @@ func (n *Neutron) call(ctx context.Context) (context.Context, context.CancelFunc
 	return context.WithTimeout(ctx, t)
 }
 
-func (n *Neutron) inRanges(p netip.Prefix) bool {
+func (n *Leaks) inRanges(p netip.Prefix) bool {
 	return slices.ContainsFunc(n.Ranges, func(r netip.Prefix) bool { return r.Bits() <= p.Bits() && r.Contains(p.Addr()) })
 }
 
-func (n *Neutron) claimed(tags []string) bool { return slices.Contains(tags, ClusterTag(n.ClusterID)) }
+func (n *Leaks) claimed(tags []string) bool { return slices.Contains(tags, ClusterTag(n.ClusterID)) }
 
 // subnetPorts reads the pods' subnet and every port with an address on it.
-func (n *Neutron) subnetPorts(ctx context.Context) (*subnets.Subnet, netip.Prefix, []ports.Port, error) {
+func (n *Leaks) subnetPorts(ctx context.Context) (*subnets.Subnet, netip.Prefix, []ports.Port, error) {
 	cc, cancel := n.call(ctx)
 	sn, err := subnets.Get(cc, n.NC, n.OpenStack.SubnetID).Extract()
 	cancel()
@@ -79,8 +92,8 @@ func (n *Neutron) subnetPorts(ctx context.Context) (*subnets.Subnet, netip.Prefi
 	return sn, subnet, all, err
 }
 
-// Holdings implements Cloud.
-func (n *Neutron) Holdings(ctx context.Context) ([]Holding, error) {
+// Holdings implements leaks.Cloud.
+func (n *Leaks) Holdings(ctx context.Context) ([]leaks.Holding, error) {
 	if n.OpenStack == nil || n.OpenStack.SubnetID == "" || n.ClusterID == "" {
 		return nil, fmt.Errorf("the audit needs the cloud config's openstack.subnetID (the pods' subnet) and the cluster's ID")
 	}
@@ -123,11 +136,11 @@ func (n *Neutron) Holdings(ctx context.Context) ([]Holding, error) {
 		slices.SortFunc(addrs, netip.Addr.Compare)
 		return slices.Compact(addrs)
 	}
-	var out []Holding
+	var out []leaks.Holding
 	for _, p := range all {
 		claimed := n.claimed(p.Tags)
 		if p.DeviceOwner == n.OpenStack.DeviceOwner {
-			h := Holding{Kind: ReservationPort, Resource: p.ID, Port: p.DeviceID, Claimed: claimed}
+			h := leaks.Holding{Kind: leaks.ReservationPort, Resource: p.ID, Port: p.DeviceID, Claimed: claimed}
 			for _, f := range p.FixedIPs {
 				if f.SubnetID == sn.ID {
 					h.Address = f.IPAddress
@@ -140,7 +153,7 @@ func (n *Neutron) Holdings(ctx context.Context) ([]Holding, error) {
 			continue
 		}
 		if inst, nic := openstack.NICOf(p.Name); nic {
-			h := Holding{Kind: NICPort, Resource: p.ID, Instance: inst, NodeIPs: slices.Clone(byDevice[inst]), Claimed: claimed}
+			h := leaks.Holding{Kind: leaks.NICPort, Resource: p.ID, Instance: inst, NodeIPs: slices.Clone(byDevice[inst]), Claimed: claimed}
 			for _, f := range p.FixedIPs {
 				if a, err := netip.ParseAddr(f.IPAddress); err == nil && f.SubnetID == sn.ID {
 					h.Carries = append(h.Carries, a)
@@ -154,16 +167,16 @@ func (n *Neutron) Holdings(ctx context.Context) ([]Holding, error) {
 			continue
 		}
 		if why, ok := bad[p.ID]; ok {
-			out = append(out, Holding{Kind: FixedIP, Address: "?", Resource: p.ID, Unreadable: why})
+			out = append(out, leaks.Holding{Kind: leaks.FixedIP, Address: "?", Resource: p.ID, Unreadable: why})
 		}
 		for _, f := range p.FixedIPs {
 			if a, err := netip.ParseAddr(f.IPAddress); err == nil && marks[p.ID][a] {
-				out = append(out, Holding{Kind: FixedIP, Address: a.String(), Resource: p.ID, NodeIPs: nodeIPs(p), Instance: p.DeviceID, Claimed: claimed})
+				out = append(out, leaks.Holding{Kind: leaks.FixedIP, Address: a.String(), Resource: p.ID, NodeIPs: nodeIPs(p), Instance: p.DeviceID, Claimed: claimed})
 			}
 		}
 		for _, ap := range p.AllowedAddressPairs {
 			if pf, err := netip.ParsePrefix(ap.IPAddress); err == nil && n.inRanges(pf) {
-				out = append(out, Holding{Kind: BlockPair, Address: pf.Masked().String(), Resource: p.ID, NodeIPs: nodeIPs(p), Instance: p.DeviceID})
+				out = append(out, leaks.Holding{Kind: leaks.BlockPair, Address: pf.Masked().String(), Resource: p.ID, NodeIPs: nodeIPs(p), Instance: p.DeviceID})
 			}
 		}
 	}
@@ -174,14 +187,14 @@ func (n *Neutron) Holdings(ctx context.Context) ([]Holding, error) {
 	out = append(out, fips...)
 	if n.RouterID != "" {
 		cc, cancel := n.call(ctx)
-		rs, err := routes.NewNeutron(n.NC, n.RouterID, "").Routes(cc)
+		rs, err := NewRoutes(n.NC, n.RouterID, "", 0).Routes(cc)
 		cancel()
 		if err != nil {
 			return nil, err
 		}
 		for _, r := range rs {
 			if n.inRanges(r.Destination) {
-				out = append(out, Holding{Kind: Route, Address: r.Destination.Masked().String(), Resource: n.RouterID, NodeIPs: []netip.Addr{r.NextHop}})
+				out = append(out, leaks.Holding{Kind: leaks.Route, Address: r.Destination.Masked().String(), Resource: n.RouterID, NodeIPs: []netip.Addr{r.NextHop}})
 			}
 		}
 	}
@@ -191,7 +204,7 @@ func (n *Neutron) Holdings(ctx context.Context) ([]Holding, error) {
 // floatingIPs lists the project's floating IPs marked for pods, with
 // their tags (one list: Neutron filters a description only by equality).
 // A cloud without the L3 extension (404) has none.
-func (n *Neutron) floatingIPs(ctx context.Context) ([]Holding, error) {
+func (n *Leaks) floatingIPs(ctx context.Context) ([]leaks.Holding, error) {
 	cc, cancel := n.call(ctx)
 	defer cancel()
 	pages, err := floatingips.List(n.NC, floatingips.ListOpts{}).AllPages(cc)
@@ -206,20 +219,20 @@ func (n *Neutron) floatingIPs(ctx context.Context) ([]Holding, error) {
 	if err != nil {
 		return nil, err
 	}
-	var out []Holding
+	var out []leaks.Holding
 	for _, f := range all {
 		if owner, policy, ok := floatingip.ParseMark(f.Description); ok {
-			out = append(out, Holding{Kind: FloatingIP, Address: f.FloatingIP, Resource: f.ID, Pod: owner, Policy: policy, Port: f.PortID, Claimed: n.claimed(f.Tags)})
+			out = append(out, leaks.Holding{Kind: leaks.FloatingIP, Address: f.FloatingIP, Resource: f.ID, Pod: owner, Policy: policy, Port: f.PortID, Claimed: n.claimed(f.Tags)})
 		}
 	}
 	return out, nil
 }
 
-// Claim implements Cloud: the cluster's tag on the port or floating IP
+// Claim implements leaks.Cloud: the cluster's tag on the port or floating IP
 // (PUT …/tags/<tag>: it touches nothing else of the resource).
-func (n *Neutron) Claim(ctx context.Context, h Holding) error {
+func (n *Leaks) Claim(ctx context.Context, h leaks.Holding) error {
 	kind := "ports"
-	if h.Kind == FloatingIP {
+	if h.Kind == leaks.FloatingIP {
 		kind = "floatingips"
 	}
 	cc, cancel := n.call(ctx)
@@ -231,10 +244,10 @@ func (n *Neutron) Claim(ctx context.Context, h Holding) error {
 	return err
 }
 
-// Release implements Cloud: only what is still as listed goes.
-func (n *Neutron) Release(ctx context.Context, h Holding) error {
+// Release implements leaks.Cloud: only what is still as listed goes.
+func (n *Leaks) Release(ctx context.Context, h leaks.Holding) error {
 	switch h.Kind {
-	case FixedIP:
+	case leaks.FixedIP:
 		a, err := netip.ParseAddr(h.Address)
 		if err != nil {
 			return err
@@ -244,9 +257,9 @@ func (n *Neutron) Release(ctx context.Context, h Holding) error {
 		// it keeps it (the floating IP is released first, as an orphan of
 		// its own).
 		return openstack.TakeOffWith(ctx, n.NC, *n.OpenStack, h.Resource, []netip.Addr{a})
-	case ReservationPort:
+	case leaks.ReservationPort:
 		return n.deletePort(ctx, h, func(p *ports.Port) bool { return p.DeviceOwner == n.OpenStack.DeviceOwner && p.DeviceID == h.Port })
-	case NICPort:
+	case leaks.NICPort:
 		// Deleting an attached port detaches it from its VM too (Neutron
 		// tells Nova); its instance is no Node, or is gone.
 		return n.deletePort(ctx, h, func(p *ports.Port) bool {
@@ -260,7 +273,7 @@ func (n *Neutron) Release(ctx context.Context, h Holding) error {
 			slices.SortFunc(carries, netip.Addr.Compare)
 			return nic && inst == h.Instance && slices.Equal(carries, h.Carries)
 		})
-	case FloatingIP:
+	case leaks.FloatingIP:
 		cc, cancel := n.call(ctx)
 		f, err := floatingips.Get(cc, n.NC, h.Resource).Extract()
 		cancel()
@@ -273,7 +286,7 @@ func (n *Neutron) Release(ctx context.Context, h Holding) error {
 		if f.Description != floatingip.Mark(h.Pod, h.Policy) || f.PortID != h.Port {
 			return fmt.Errorf("floating IP %s changed since the audit (%q, port %q): left alone", f.FloatingIP, f.Description, f.PortID)
 		}
-		fc := &floatingip.Cloud{NC: n.NC, Timeout: n.OpenStack.Timeout.Duration}
+		fc := &FloatingIPs{NC: n.NC, Timeout: n.OpenStack.Timeout.Duration}
 		_, err = fc.Detach(ctx, h.Pod, func(x floatingip.FIP) bool { return x.ID != h.Resource })
 		return err
 	}
@@ -282,7 +295,7 @@ func (n *Neutron) Release(ctx context.Context, h Holding) error {
 
 // deletePort deletes a reservation or NIC port the audit found orphaned,
 // if it is still as listed (same says so); gone already is done.
-func (n *Neutron) deletePort(ctx context.Context, h Holding, same func(*ports.Port) bool) error {
+func (n *Leaks) deletePort(ctx context.Context, h leaks.Holding, same func(*ports.Port) bool) error {
 	cc, cancel := n.call(ctx)
 	p, err := ports.Get(cc, n.NC, h.Resource).Extract()
 	cancel()

@@ -1,11 +1,24 @@
-// Package floatingip is vpcni-controller's Neutron side of floating IPs
-// for pods: find or create a pod's floating IP and point it at the pod's
-// fixed IP on its port, and detach it (then delete or keep it) when the
-// pod goes. Every floating IP it handles carries a mark in its
-// description, "vpcni pod=<namespace>/<name> policy=<release|retain>":
-// the owner is found again from Neutron alone (a retained address comes
-// back to a re-created pod of the same name; a pod gone while the
-// controller was down is still detached), and the policy outlives the pod.
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/gophercloud/gophercloud/v2"
+	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/extensions/layer3/floatingips"
+	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/networks"
+	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/ports"
+
+	"github.com/vpcni/vpcni/internal/floatingip"
+)
+
+// FloatingIPs is pods' floating IPs (floatingip.Cloud) on Neutron. The
+// owner and policy of each are in its description (floatingip.Mark).
 //
 // Each change is one Neutron call, so nothing is ever half applied: a new
 // floating IP is created already associated (POST with port_id and
@@ -16,51 +29,7 @@
 // not exist yet — admin-only by default; allocate it beforehand instead),
 // get_floatingip, update_floatingip, delete_floatingip, get_network (to
 // find the external network by name), get_port (association reads it).
-package floatingip
-
-import (
-	"context"
-	"errors"
-	"fmt"
-	"net/http"
-	"net/netip"
-	"strings"
-	"sync"
-	"time"
-
-	"github.com/gophercloud/gophercloud/v2"
-	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/extensions/layer3/floatingips"
-	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/networks"
-	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/ports"
-)
-
-// Policies: what becomes of a floating IP once its pod is gone.
-const (
-	Release = "release" // deleted: the address goes back to the external network
-	Retain  = "retain"  // kept, unassociated, for the next pod of that name
-)
-
-// Want is a pod's floating IP as its annotations ask for it.
-type Want struct {
-	Owner   string     // "namespace/name"
-	Network string     // the external network, ID or name
-	Address netip.Addr // invalid: any ("auto")
-	Policy  string
-	PortID  string     // the port holding the pod's address
-	FixedIP netip.Addr // the pod's address
-}
-
-// FIP is a floating IP as Neutron holds it.
-type FIP struct {
-	ID, Address, Network, PortID, FixedIP, Owner, Policy string
-}
-
-// ErrInvalid wraps a refusal that no retry can fix (a named address that
-// is not on the network, or held by someone else).
-var ErrInvalid = errors.New("floating IP request cannot be met")
-
-// Cloud talks to Neutron.
-type Cloud struct {
+type FloatingIPs struct {
 	NC      *gophercloud.ServiceClient
 	Timeout time.Duration
 
@@ -68,26 +37,12 @@ type Cloud struct {
 	nets map[string]string // network name or ID -> ID
 }
 
-// Mark is the description of a floating IP owned by a pod.
-func Mark(owner, policy string) string { return "vpcni pod=" + owner + " policy=" + policy }
-
-// ParseMark reads a floating IP's description: the owner and policy of
-// one marked for a pod (vpcni-controller's leak audit lists them too).
-func ParseMark(desc string) (owner, policy string, ok bool) {
-	rest, ok := strings.CutPrefix(desc, "vpcni pod=")
-	if !ok {
-		return "", "", false
-	}
-	owner, policy, ok = strings.Cut(rest, " policy=")
-	return owner, policy, ok && owner != ""
-}
-
-func (c *Cloud) call(ctx context.Context) (context.Context, context.CancelFunc) {
+func (c *FloatingIPs) call(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(ctx, c.Timeout)
 }
 
 // NetworkID resolves an external network's name (or ID).
-func (c *Cloud) NetworkID(ctx context.Context, nameOrID string) (string, error) {
+func (c *FloatingIPs) NetworkID(ctx context.Context, nameOrID string) (string, error) {
 	c.mu.Lock()
 	id, ok := c.nets[nameOrID]
 	c.mu.Unlock()
@@ -110,7 +65,7 @@ func (c *Cloud) NetworkID(ctx context.Context, nameOrID string) (string, error) 
 			return "", err
 		}
 		if len(all) != 1 {
-			return "", fmt.Errorf("%w: %d networks are named %q (want exactly one; give its ID)", ErrInvalid, len(all), nameOrID)
+			return "", fmt.Errorf("%w: %d networks are named %q (want exactly one; give its ID)", floatingip.ErrInvalid, len(all), nameOrID)
 		}
 		id = all[0].ID
 	}
@@ -123,14 +78,24 @@ func (c *Cloud) NetworkID(ctx context.Context, nameOrID string) (string, error) 
 	return id, nil
 }
 
-// Owned lists the floating IPs marked for owner ("" for every marked one).
-// The whole project's list is read and filtered here: Neutron filters a
-// description only by equality, and the mark's policy part varies.
-func (c *Cloud) Owned(ctx context.Context, owner string) ([]FIP, error) {
-	return c.list(ctx, floatingips.ListOpts{}, func(f FIP) bool { return f.Owner != "" && (owner == "" || f.Owner == owner) })
+// Owned implements floatingip.Cloud. The whole project's list is read and
+// filtered here: Neutron filters a description only by equality, and the
+// mark's policy part varies.
+func (c *FloatingIPs) Owned(ctx context.Context, owner string) ([]floatingip.FIP, error) {
+	return c.list(ctx, floatingips.ListOpts{}, func(f floatingip.FIP) bool { return f.Owner != "" && (owner == "" || f.Owner == owner) })
 }
 
-func (c *Cloud) list(ctx context.Context, opts floatingips.ListOpts, keep func(FIP) bool) ([]FIP, error) {
+// At implements floatingip.Cloud. A cloud without the L3 extension (404)
+// has no floating IPs.
+func (c *FloatingIPs) At(ctx context.Context, addr netip.Addr) ([]floatingip.FIP, error) {
+	fips, err := c.list(ctx, floatingips.ListOpts{FixedIP: addr.String()}, func(f floatingip.FIP) bool { return f.FixedIP == addr.String() && f.PortID != "" })
+	if gophercloud.ResponseCodeIs(err, http.StatusNotFound) {
+		return nil, nil
+	}
+	return fips, err
+}
+
+func (c *FloatingIPs) list(ctx context.Context, opts floatingips.ListOpts, keep func(floatingip.FIP) bool) ([]floatingip.FIP, error) {
 	cc, cancel := c.call(ctx)
 	defer cancel()
 	pages, err := floatingips.List(c.NC, opts).AllPages(cc)
@@ -141,10 +106,10 @@ func (c *Cloud) list(ctx context.Context, opts floatingips.ListOpts, keep func(F
 	if err != nil {
 		return nil, err
 	}
-	var out []FIP
+	var out []floatingip.FIP
 	for _, f := range all {
-		x := FIP{ID: f.ID, Address: f.FloatingIP, Network: f.FloatingNetworkID, PortID: f.PortID, FixedIP: f.FixedIP}
-		x.Owner, x.Policy, _ = ParseMark(f.Description)
+		x := floatingip.FIP{ID: f.ID, Address: f.FloatingIP, Network: f.FloatingNetworkID, PortID: f.PortID, FixedIP: f.FixedIP}
+		x.Owner, x.Policy, _ = floatingip.ParseMark(f.Description)
 		if keep(x) {
 			out = append(out, x)
 		}
@@ -152,20 +117,18 @@ func (c *Cloud) list(ctx context.Context, opts floatingips.ListOpts, keep func(F
 	return out, nil
 }
 
-// Ensure makes one floating IP point at w's fixed IP: the pod's own (marked
-// for it, kept from an earlier pod of that name or made now) or, for a
-// named address, that address. It changes at most one floating IP, in one
-// call.
-func (c *Cloud) Ensure(ctx context.Context, w Want) (FIP, error) {
+// Ensure implements floatingip.Cloud, changing at most one floating IP,
+// in one call.
+func (c *FloatingIPs) Ensure(ctx context.Context, w floatingip.Want) (floatingip.FIP, error) {
 	netID, err := c.NetworkID(ctx, w.Network)
 	if err != nil {
-		return FIP{}, err
+		return floatingip.FIP{}, err
 	}
 	owned, err := c.Owned(ctx, w.Owner)
 	if err != nil {
-		return FIP{}, err
+		return floatingip.FIP{}, err
 	}
-	var mine *FIP
+	var mine *floatingip.FIP
 	for i, f := range owned {
 		if f.Network == netID && (!w.Address.IsValid() || f.Address == w.Address.String()) {
 			mine = &owned[i]
@@ -173,9 +136,9 @@ func (c *Cloud) Ensure(ctx context.Context, w Want) (FIP, error) {
 		}
 	}
 	if mine == nil && w.Address.IsValid() {
-		named, err := c.list(ctx, floatingips.ListOpts{FloatingIP: w.Address.String(), FloatingNetworkID: netID}, func(FIP) bool { return true })
+		named, err := c.list(ctx, floatingips.ListOpts{FloatingIP: w.Address.String(), FloatingNetworkID: netID}, func(floatingip.FIP) bool { return true })
 		if err != nil {
-			return FIP{}, err
+			return floatingip.FIP{}, err
 		}
 		if len(named) == 1 {
 			f := named[0]
@@ -184,16 +147,16 @@ func (c *Cloud) Ensure(ctx context.Context, w Want) (FIP, error) {
 				if who == "" {
 					who = "port " + f.PortID
 				}
-				return FIP{}, fmt.Errorf("%w: floating IP %s is in use by %s", ErrInvalid, f.Address, who)
+				return floatingip.FIP{}, fmt.Errorf("%w: floating IP %s is in use by %s", floatingip.ErrInvalid, f.Address, who)
 			}
 			mine = &f
 		}
 	}
 	port, err := c.portOf(ctx, w.PortID, w.FixedIP)
 	if err != nil {
-		return FIP{}, err
+		return floatingip.FIP{}, err
 	}
-	mark := Mark(w.Owner, w.Policy)
+	mark := floatingip.Mark(w.Owner, w.Policy)
 	fixed := w.FixedIP.String()
 	if mine != nil {
 		if mine.PortID == port && mine.FixedIP == fixed && mine.Owner == w.Owner && mine.Policy == w.Policy {
@@ -203,9 +166,9 @@ func (c *Cloud) Ensure(ctx context.Context, w Want) (FIP, error) {
 		defer cancel()
 		f, err := floatingips.Update(cc, c.NC, mine.ID, floatingips.UpdateOpts{PortID: &port, FixedIP: fixed, Description: &mark}).Extract()
 		if err != nil {
-			return FIP{}, classify(fmt.Errorf("associate floating IP %s with %s on port %s: %w", mine.Address, fixed, port, err))
+			return floatingip.FIP{}, classify(fmt.Errorf("associate floating IP %s with %s on port %s: %w", mine.Address, fixed, port, err))
 		}
-		return FIP{ID: f.ID, Address: f.FloatingIP, Network: f.FloatingNetworkID, PortID: f.PortID, FixedIP: f.FixedIP, Owner: w.Owner, Policy: w.Policy}, nil
+		return floatingip.FIP{ID: f.ID, Address: f.FloatingIP, Network: f.FloatingNetworkID, PortID: f.PortID, FixedIP: f.FixedIP, Owner: w.Owner, Policy: w.Policy}, nil
 	}
 	opts := floatingips.CreateOpts{FloatingNetworkID: netID, PortID: port, FixedIP: fixed, Description: mark}
 	what := "a floating IP"
@@ -217,9 +180,9 @@ func (c *Cloud) Ensure(ctx context.Context, w Want) (FIP, error) {
 	defer cancel()
 	f, err := floatingips.Create(cc, c.NC, opts).Extract()
 	if err != nil {
-		return FIP{}, classify(fmt.Errorf("create %s on network %s for %s on port %s: %w", what, w.Network, fixed, port, err))
+		return floatingip.FIP{}, classify(fmt.Errorf("create %s on network %s for %s on port %s: %w", what, w.Network, fixed, port, err))
 	}
-	return FIP{ID: f.ID, Address: f.FloatingIP, Network: f.FloatingNetworkID, PortID: f.PortID, FixedIP: f.FixedIP, Owner: w.Owner, Policy: w.Policy}, nil
+	return floatingip.FIP{ID: f.ID, Address: f.FloatingIP, Network: f.FloatingNetworkID, PortID: f.PortID, FixedIP: f.FixedIP, Owner: w.Owner, Policy: w.Policy}, nil
 }
 
 // portOf is the port that holds fixed as a fixed IP: the node's VM port
@@ -227,7 +190,7 @@ func (c *Cloud) Ensure(ctx context.Context, w Want) (FIP, error) {
 // address, the port that reserves it (address-pairs mode: device_id is the
 // VM port) or another NIC of the same VM (secondary NICs). Neutron
 // associates a floating IP only with a fixed IP of a port.
-func (c *Cloud) portOf(ctx context.Context, portID string, fixed netip.Addr) (string, error) {
+func (c *FloatingIPs) portOf(ctx context.Context, portID string, fixed netip.Addr) (string, error) {
 	cc, cancel := c.call(ctx)
 	defer cancel()
 	vm, err := ports.Get(cc, c.NC, portID).Extract()
@@ -257,30 +220,28 @@ func (c *Cloud) portOf(ctx context.Context, portID string, fixed netip.Addr) (st
 }
 
 // classify marks Neutron's refusals of the request itself (400, 404 of the
-// network, 409 address taken) as ErrInvalid: retrying cannot help, the
-// annotation must change.
+// network, 409 address taken) as floatingip.ErrInvalid: retrying cannot
+// help, the annotation must change.
 func classify(err error) error {
 	for _, code := range []int{http.StatusBadRequest, http.StatusNotFound, http.StatusConflict} {
 		if gophercloud.ResponseCodeIs(err, code) {
-			return fmt.Errorf("%w: %w", ErrInvalid, err)
+			return fmt.Errorf("%w: %w", floatingip.ErrInvalid, err)
 		}
 	}
 	return err
 }
 
-// Detach takes every floating IP of owner off its port, then applies its
-// policy: Release deletes it, Retain keeps it (unassociated, still marked).
-// keep, if set, is a floating IP to leave as it is (the one a pod still
-// wants). It returns what it detached.
-func (c *Cloud) Detach(ctx context.Context, owner string, keep func(FIP) bool) ([]FIP, error) {
+// Detach implements floatingip.Cloud: each detach is its own call, before
+// any delete.
+func (c *FloatingIPs) Detach(ctx context.Context, owner string, keep func(floatingip.FIP) bool) ([]floatingip.FIP, error) {
 	owned, err := c.Owned(ctx, owner)
 	if err != nil {
 		return nil, err
 	}
-	var done []FIP
+	var done []floatingip.FIP
 	var errs []error
 	for _, f := range owned {
-		if keep != nil && keep(f) || f.PortID == "" && f.Policy == Retain {
+		if keep != nil && keep(f) || f.PortID == "" && f.Policy == floatingip.Retain {
 			continue // wanted, or already detached and kept
 		}
 		if f.PortID != "" {
@@ -295,7 +256,7 @@ func (c *Cloud) Detach(ctx context.Context, owner string, keep func(FIP) bool) (
 				continue
 			}
 		}
-		if f.Policy != Retain {
+		if f.Policy != floatingip.Retain {
 			cc, cancel := c.call(ctx)
 			err := floatingips.Delete(cc, c.NC, f.ID).ExtractErr()
 			cancel()

@@ -1,4 +1,4 @@
-package routes
+package cluster
 
 import (
 	"context"
@@ -12,34 +12,50 @@ import (
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/networks"
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/ports"
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/subnets"
+
+	"github.com/vpcni/vpcni/internal/ipam"
+	"github.com/vpcni/vpcni/internal/routes"
 )
 
-// Bed is a route-budget test bed on a Neutron (the lab's endpoint or a
+// RouteBed is a route-budget test bed on a Neutron (the lab's endpoint or a
 // real neutron-server): a network with a VM subnet, a router on it, and
 // one VM port per node, each node owning one block of the pod range.
 // vpcnictl bench route-budget and the tests share it.
-type Bed struct {
+type RouteBed struct {
 	NC       *gophercloud.ServiceClient
 	NetID    string
 	SubnetID string
 	RouterID string
 	// Ranges is the pod range the blocks come from; Blocks one per node.
 	Ranges []netip.Prefix
-	Blocks []Block
+	Blocks []routes.Block
 	Ports  []string // VM port of node i
 
 	attached bool
 }
 
-// NewBed builds it: VM subnet vm (a /24 holds up to 200 nodes, from .11),
+// NewRouteBed builds it: VM subnet vm (a /24 holds up to 200 nodes, from .11),
 // pod range pods split in blocks of /bits. attach: plug the router into
 // the subnet (a real Neutron checks that a route's next hop is on one of
 // the router's subnets; the lab's endpoint knows its subnets anyway).
-func NewBed(ctx context.Context, nc *gophercloud.ServiceClient, name string, nodes int, vm, pods netip.Prefix, bits int, attach bool) (b *Bed, err error) {
+func NewRouteBed(ctx context.Context, nc *gophercloud.ServiceClient, name string, nodes int, vm, pods netip.Prefix, bits int, attach bool) (b *RouteBed, err error) {
 	if nodes < 1 || nodes > 200 || vm.Bits() > 24 {
 		return nil, fmt.Errorf("bed: %d nodes in %s: 1..200 in a /24 or larger", nodes, vm)
 	}
-	b = &Bed{NC: nc, Ranges: []netip.Prefix{pods}}
+	blocks, err := ipam.NewBlocks([]netip.Prefix{pods}, bits)
+	if err != nil {
+		return nil, fmt.Errorf("bed: %w", err)
+	}
+	var cidrs []netip.Prefix
+	for p := range blocks.All {
+		if cidrs = append(cidrs, p); len(cidrs) == nodes {
+			break
+		}
+	}
+	if len(cidrs) < nodes {
+		return nil, fmt.Errorf("bed: %s holds fewer than %d blocks of /%d", pods, nodes, bits)
+	}
+	b = &RouteBed{NC: nc, Ranges: []netip.Prefix{pods}}
 	defer func() {
 		if err != nil {
 			b.Close(context.WithoutCancel(ctx))
@@ -66,7 +82,6 @@ func NewBed(ctx context.Context, nc *gophercloud.ServiceClient, name string, nod
 		}
 		b.attached = true
 	}
-	block := netip.PrefixFrom(pods.Addr(), bits)
 	base := vm.Addr().As4()
 	for i := range nodes {
 		ip := base
@@ -78,30 +93,20 @@ func NewBed(ctx context.Context, nc *gophercloud.ServiceClient, name string, nod
 			return nil, fmt.Errorf("bed port of node %d: %w", i+1, err)
 		}
 		b.Ports = append(b.Ports, p.ID)
-		if !pods.Contains(block.Addr()) {
-			return nil, fmt.Errorf("bed: %s holds fewer than %d blocks of /%d", pods, nodes, bits)
-		}
-		b.Blocks = append(b.Blocks, Block{Name: fmt.Sprintf("b%02d", i+1), CIDR: block, Node: fmt.Sprintf("n%d", i+1), NodeIP: addr,
+		b.Blocks = append(b.Blocks, routes.Block{Name: fmt.Sprintf("b%02d", i+1), CIDR: cidrs[i], Node: fmt.Sprintf("n%d", i+1), NodeIP: addr,
 			Created: time.Unix(int64(i), 0)})
-		block = nextBlock(block)
 	}
 	return b, nil
 }
 
-func nextBlock(p netip.Prefix) netip.Prefix {
-	a := p.Addr().As4()
-	v := uint32(a[0])<<24 | uint32(a[1])<<16 | uint32(a[2])<<8 | uint32(a[3])
-	v += 1 << (32 - p.Bits())
-	return netip.PrefixFrom(netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)}), p.Bits())
-}
+// Routes is the routed pod subnet's cloud on the bed's router and subnet
+// (Neutron's default max_allowed_address_pair, 10).
+func (b *RouteBed) Routes() *Routes { return NewRoutes(b.NC, b.RouterID, b.SubnetID, 10) }
 
-// Neutron is a client of the bed's router and subnet.
-func (b *Bed) Neutron() *Neutron { return NewNeutron(b.NC, b.RouterID, b.SubnetID) }
-
-// Close removes what NewBed made (its routes first, which Neutron wants).
+// Close removes what NewRouteBed made (its routes first, which Neutron wants).
 // A router never attached is left to the endpoint (the lab's, which has
 // no router deletion, goes with its process).
-func (b *Bed) Close(ctx context.Context) error {
+func (b *RouteBed) Close(ctx context.Context) error {
 	var errs []error
 	if b.attached {
 		if _, err := routers.Update(ctx, b.NC, b.RouterID, routers.UpdateOpts{Routes: &[]routers.Route{}}).Extract(); err != nil {

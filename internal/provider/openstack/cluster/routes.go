@@ -1,4 +1,4 @@
-package routes
+package cluster
 
 import (
 	"context"
@@ -14,53 +14,62 @@ import (
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/extensions/layer3/extraroutes"
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/extensions/layer3/routers"
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/ports"
+
+	"github.com/vpcni/vpcni/internal/routes"
 )
 
-// Port is a node's VM port as far as pairs go.
-type Port struct {
-	ID       string
-	Revision int
-	Pairs    []ports.AddressPair
-}
-
-// Neutron is the part of Neutron the reconciler uses, shaped like the
-// API: the router's routes, changed only with the atomic
+// Routes is the routed pod subnet's cloud (routes.Cloud) on Neutron: the
+// router's extra routes, changed only with the atomic
 // add_extraroutes/remove_extraroutes (never a PUT of the whole list,
-// which would race other writers), and a VM port's pairs, written under
-// If-Match.
-type Neutron struct {
+// which would race other writers), and a VM port's allowed address
+// pairs, written under If-Match.
+type Routes struct {
 	nc       *gophercloud.ServiceClient
 	routerID string
 	subnetID string
+	maxPairs int
 }
 
-// NewNeutron uses nc for routerID; subnetID, if set, narrows the lookup of
+// NewRoutes uses nc for routerID; subnetID, if set, narrows the lookup of
 // a node's VM port to ports with the node's address on that subnet.
-func NewNeutron(nc *gophercloud.ServiceClient, routerID, subnetID string) *Neutron {
-	return &Neutron{nc: nc, routerID: routerID, subnetID: subnetID}
+// maxPairs is Neutron's max_allowed_address_pair (the openstack section's
+// maxAddressPairs).
+func NewRoutes(nc *gophercloud.ServiceClient, routerID, subnetID string, maxPairs int) *Routes {
+	return &Routes{nc: nc, routerID: routerID, subnetID: subnetID, maxPairs: maxPairs}
 }
 
-// Routes reads the router's extra routes. A route Neutron holds that does
-// not parse (it validates them, so never seen) is an error: the budget
-// would be miscounted.
-func (n *Neutron) Routes(ctx context.Context) ([]Route, error) {
+// MaxPairs implements routes.Cloud.
+func (n *Routes) MaxPairs() int { return n.maxPairs }
+
+func toPort(p *ports.Port) routes.Port {
+	out := routes.Port{ID: p.ID, Revision: p.RevisionNumber}
+	for _, ap := range p.AllowedAddressPairs {
+		out.Pairs = append(out.Pairs, routes.Pair{Address: ap.IPAddress, MAC: ap.MACAddress})
+	}
+	return out
+}
+
+// Routes implements routes.Cloud: the router's extra routes. A route
+// Neutron holds that does not parse (it validates them, so never seen)
+// is an error: the budget would be miscounted.
+func (n *Routes) Routes(ctx context.Context) ([]routes.Route, error) {
 	r, err := routers.Get(ctx, n.nc, n.routerID).Extract()
 	if err != nil {
 		return nil, explain(fmt.Errorf("read router %s: %w", n.routerID, err))
 	}
-	out := make([]Route, 0, len(r.Routes))
+	out := make([]routes.Route, 0, len(r.Routes))
 	for _, rt := range r.Routes {
 		d, err1 := netip.ParsePrefix(rt.DestinationCIDR)
 		h, err2 := netip.ParseAddr(rt.NextHop)
 		if err := errors.Join(err1, err2); err != nil {
 			return nil, fmt.Errorf("router %s holds a route vpcni cannot read (%s via %s): %w", n.routerID, rt.DestinationCIDR, rt.NextHop, err)
 		}
-		out = append(out, Route{d, h})
+		out = append(out, routes.Route{Destination: d, NextHop: h})
 	}
 	return out, nil
 }
 
-func toNeutron(rs []Route) *[]routers.Route {
+func toNeutron(rs []routes.Route) *[]routers.Route {
 	out := make([]routers.Route, len(rs))
 	for i, r := range rs {
 		out[i] = routers.Route{DestinationCIDR: r.Destination.String(), NextHop: r.NextHop.String()}
@@ -68,26 +77,26 @@ func toNeutron(rs []Route) *[]routers.Route {
 	return &out
 }
 
-// AddRoutes adds routes in one atomic request: all of them or none. When
-// the router has no room, the error is a *ExhaustedError with the limit
-// Neutron named.
-func (n *Neutron) AddRoutes(ctx context.Context, rs []Route) error {
+// AddRoutes implements routes.Cloud: one atomic request, all of them or
+// none. When the router has no room, the error is a
+// *routes.ExhaustedError with the limit Neutron named.
+func (n *Routes) AddRoutes(ctx context.Context, rs []routes.Route) error {
 	if len(rs) == 0 {
 		return nil
 	}
 	_, err := extraroutes.Add(ctx, n.nc, n.routerID, extraroutes.Opts{Routes: toNeutron(rs)}).Extract()
 	if err != nil {
 		if max, ok := routesExhausted(err); ok {
-			return &ExhaustedError{Max: max, Err: err}
+			return &routes.ExhaustedError{Max: max, Err: err}
 		}
 		return explain(fmt.Errorf("add %d routes to router %s: %w", len(rs), n.routerID, err))
 	}
 	return nil
 }
 
-// RemoveRoutes removes routes in one atomic request (ones not there are
-// no error).
-func (n *Neutron) RemoveRoutes(ctx context.Context, rs []Route) error {
+// RemoveRoutes implements routes.Cloud: one atomic request (routes not
+// there are no error).
+func (n *Routes) RemoveRoutes(ctx context.Context, rs []routes.Route) error {
 	if len(rs) == 0 {
 		return nil
 	}
@@ -98,39 +107,36 @@ func (n *Neutron) RemoveRoutes(ctx context.Context, rs []Route) error {
 	return nil
 }
 
-// ErrNoPort: no VM port has the node's address.
-var ErrNoPort = errors.New("no Neutron port has the node's address")
-
-// PortByIP finds the VM port holding ip as a fixed IP.
-func (n *Neutron) PortByIP(ctx context.Context, ip netip.Addr) (Port, error) {
+// PortByIP implements routes.Cloud: the VM port holding ip as a fixed IP.
+func (n *Routes) PortByIP(ctx context.Context, ip netip.Addr) (routes.Port, error) {
 	pages, err := ports.List(n.nc, ports.ListOpts{FixedIPs: []ports.FixedIPOpts{{IPAddress: ip.String(), SubnetID: n.subnetID}}}).AllPages(ctx)
 	if err != nil {
-		return Port{}, explain(fmt.Errorf("find the VM port of %s: %w", ip, err))
+		return routes.Port{}, explain(fmt.Errorf("find the VM port of %s: %w", ip, err))
 	}
 	all, err := ports.ExtractPorts(pages)
 	if err != nil {
-		return Port{}, err
+		return routes.Port{}, err
 	}
 	switch len(all) {
 	case 0:
-		return Port{}, fmt.Errorf("%s: %w", ip, ErrNoPort)
+		return routes.Port{}, fmt.Errorf("%s: %w", ip, routes.ErrNoPort)
 	case 1:
-		return Port{ID: all[0].ID, Revision: all[0].RevisionNumber, Pairs: all[0].AllowedAddressPairs}, nil
+		return toPort(&all[0]), nil
 	}
-	return Port{}, fmt.Errorf("%d ports have %s: set routes.subnetID to the VM subnet", len(all), ip)
+	return routes.Port{}, fmt.Errorf("%d ports have %s: set openstack.subnetID to the VM subnet", len(all), ip)
 }
 
-// PortsByIP finds the VM ports of ips: with a subnet, one list of that
+// PortsByIP implements routes.Cloud: with a subnet, one list of that
 // subnet's ports (a pass over hundreds of nodes every resync stays one
 // call); without, one lookup per address. An address no port has maps to
 // an ErrNoPort error, as does one several ports have (ambiguous).
-func (n *Neutron) PortsByIP(ctx context.Context, ips []netip.Addr) (map[netip.Addr]Port, map[netip.Addr]error, error) {
-	found, missing := map[netip.Addr]Port{}, map[netip.Addr]error{}
+func (n *Routes) PortsByIP(ctx context.Context, ips []netip.Addr) (map[netip.Addr]routes.Port, map[netip.Addr]error, error) {
+	found, missing := map[netip.Addr]routes.Port{}, map[netip.Addr]error{}
 	if n.subnetID == "" {
 		for _, ip := range ips {
 			p, err := n.PortByIP(ctx, ip)
 			switch {
-			case errors.Is(err, ErrNoPort):
+			case errors.Is(err, routes.ErrNoPort):
 				missing[ip] = err
 			case err != nil:
 				return nil, nil, err
@@ -159,40 +165,33 @@ func (n *Neutron) PortsByIP(ctx context.Context, ips []netip.Addr) (map[netip.Ad
 	for _, ip := range ips {
 		switch h := holders[ip]; len(h) {
 		case 0:
-			missing[ip] = fmt.Errorf("%s on subnet %s: %w", ip, n.subnetID, ErrNoPort)
+			missing[ip] = fmt.Errorf("%s on subnet %s: %w", ip, n.subnetID, routes.ErrNoPort)
 		case 1:
-			found[ip] = Port{ID: h[0].ID, Revision: h[0].RevisionNumber, Pairs: h[0].AllowedAddressPairs}
+			found[ip] = toPort(&h[0])
 		default:
-			missing[ip] = fmt.Errorf("%d ports hold %s: %w", len(h), ip, ErrNoPort)
+			missing[ip] = fmt.Errorf("%d ports hold %s: %w", len(h), ip, routes.ErrNoPort)
 		}
 	}
 	return found, missing, nil
 }
 
-// SetPairs writes a port's whole pair list under If-Match on revision and
-// returns the port as written: a 412 (another writer first) comes back
-// as is, for a fresh read.
-func (n *Neutron) SetPairs(ctx context.Context, portID string, revision int, pairs []ports.AddressPair) (Port, error) {
-	if pairs == nil {
-		pairs = []ports.AddressPair{}
+// SetPairs implements routes.Cloud: the port's whole pair list under
+// If-Match on revision; a 412 (another writer first) is a routes.ErrStale
+// error, for a fresh read.
+func (n *Routes) SetPairs(ctx context.Context, portID string, revision int, pairs []routes.Pair) (routes.Port, error) {
+	list := make([]ports.AddressPair, 0, len(pairs))
+	for _, ap := range pairs {
+		list = append(list, ports.AddressPair{IPAddress: ap.Address, MACAddress: ap.MAC})
 	}
-	p, err := ports.Update(ctx, n.nc, portID, ports.UpdateOpts{AllowedAddressPairs: &pairs, RevisionNumber: &revision}).Extract()
+	p, err := ports.Update(ctx, n.nc, portID, ports.UpdateOpts{AllowedAddressPairs: &list, RevisionNumber: &revision}).Extract()
+	if isStale(err) {
+		return routes.Port{}, fmt.Errorf("allowed address pairs of VM port %s: %w (%w)", portID, routes.ErrStale, err)
+	}
 	if err != nil {
-		return Port{}, explain(fmt.Errorf("allowed address pairs of VM port %s: %w", portID, err))
+		return routes.Port{}, explain(fmt.Errorf("allowed address pairs of VM port %s: %w", portID, err))
 	}
-	return Port{ID: p.ID, Revision: p.RevisionNumber, Pairs: p.AllowedAddressPairs}, nil
+	return toPort(p), nil
 }
-
-// ExhaustedError is Neutron's 400 RoutesExhausted: the router's limit.
-type ExhaustedError struct {
-	Max int
-	Err error
-}
-
-func (e *ExhaustedError) Error() string {
-	return fmt.Sprintf("the router holds at most %d routes (max_routes): %v", e.Max, e.Err)
-}
-func (e *ExhaustedError) Unwrap() error { return e.Err }
 
 // "Unable to complete operation for <router>. The number of routes
 // exceeds the maximum 30." (neutron/extensions/l3.py RoutesExhausted).
