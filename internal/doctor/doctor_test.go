@@ -17,6 +17,7 @@ import (
 
 	"github.com/vpcni/vpcni/internal/api"
 	"github.com/vpcni/vpcni/internal/datapath"
+	"github.com/vpcni/vpcni/internal/provider"
 )
 
 func find(t *testing.T, rs []Result, name string) Result {
@@ -206,7 +207,7 @@ func TestBTF(t *testing.T) {
 // with its error and fix, a warning warns with its fix, a passed step is
 // ok and carries no fix.
 func TestCloudSteps(t *testing.T) {
-	rs := Cloud([]Step{
+	rs := Cloud([]provider.Step{
 		{Name: "login", Detail: "accepted"},
 		{Name: "limits", Detail: "9 of 10", Warn: true, Fix: "raise it"},
 		{Name: "port", Detail: "looked", Err: errors.New("no port has 10.0.0.5"), Fix: "set nodeIP"},

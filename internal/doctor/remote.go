@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"net/netip"
 	"sync"
 	"time"
 
@@ -14,60 +13,11 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/vpcni/vpcni/internal/provider"
-	"github.com/vpcni/vpcni/internal/registry"
 )
 
-// CloudCheck is how doctor diagnoses one provider's cloud from the node.
-// doctor owns it; each cloud registers its own (RegisterCloud) under its
-// provider's name, as internal/provider/openstack/cluster does for
-// provider openstack. A provider without one (static) has no cloud
-// checks.
-type CloudCheck struct {
-	// Provider is the provider's registered name, as the agent config's
-	// provider.type names it.
-	Provider string
-	// API names the endpoint the steps talk to, whose clock doctor judges
-	// ("neutron": check "clock neutron").
-	API string
-	// Diagnose runs the provider's start-up steps one by one, as the
-	// agent would, changing nothing the node holds; after a failed step
-	// the rest are not tried. s is the provider's section of the agent
-	// config, of the provider's own type.
-	Diagnose func(ctx context.Context, s provider.Settings, node CloudNode) []Step
-}
-
-// CloudNode is what a cloud check is told of the node.
-type CloudNode struct {
-	// IP is the node's address on the pods' network (the uplink's);
-	// invalid when unknown.
-	IP netip.Addr
-	// AgentConfig is the agent's config file, for fixes to name.
-	AgentConfig string
-	// Transport carries every request to the cloud (doctor reads the
-	// clock of its answers).
-	Transport http.RoundTripper
-}
-
-// Step is one stage of a provider's start-up, checked: what it found,
-// its error (nil: passed) and what to do when it failed or warns.
-type Step struct {
-	Name   string
-	Detail string
-	Err    error
-	// Warn: passed, but something needs a look (no room left).
-	Warn bool
-	Fix  string
-}
-
-var cloudChecks = registry.New[CloudCheck]("cloud check")
-
-// RegisterCloud adds a provider's cloud check; its package calls it from
-// init.
-func RegisterCloud(c CloudCheck) { cloudChecks.Register(c.Provider, c) }
-
-// Cloud turns a provider's start-up steps into checks named
-// "cloud <step>".
-func Cloud(steps []Step) []Result {
+// Cloud turns a provider's start-up steps (its provider.Doctor) into
+// checks named "cloud <step>".
+func Cloud(steps []provider.Step) []Result {
 	var out []Result
 	for _, s := range steps {
 		r := Result{Name: "cloud " + s.Name, Status: OK, Detail: s.Detail}

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/vpcni/vpcni/internal/config"
+	"github.com/vpcni/vpcni/internal/units"
 )
 
 // Config is the routes section of vpcni-controller's -cloud-config (read
@@ -24,10 +24,10 @@ type Config struct {
 	MaxRoutes int `json:"maxRoutes,omitempty"`
 	// Resync is how often the router and ports are read again, to repair
 	// a route or pair removed by hand (default 30s).
-	Resync config.Duration `json:"resync,omitempty"`
+	Resync units.Duration `json:"resync,omitempty"`
 	// Probe is how long a learned limit is trusted while blocks wait for
 	// routes, before one atomic try finds whether it was raised (10m).
-	Probe config.Duration `json:"probe,omitempty"`
+	Probe units.Duration `json:"probe,omitempty"`
 }
 
 // Defaults fills what the section leaves out.

@@ -1,9 +1,9 @@
-// Package clouds links every cloud's cluster side this build ships:
-// each registers itself when imported, as the cloud its -cloud-config
-// section names (internal/cloudconfig) and as its provider's cloud check
-// (internal/doctor). vpcni-controller and vpcnictl import it; vpcnid,
-// which needs only the providers (internal/builtin), does not. A new
-// cloud is its own package plus one line here.
+// Package clouds links every cloud's cluster side this build ships: each
+// registers itself when imported, as the cloud its -cloud-config section
+// names (internal/cloudconfig). vpcni-controller and vpcnictl import it;
+// vpcnid, which needs only the providers (internal/builtin), does not. A
+// new cloud is its own package plus one line here (and its provider one
+// line in internal/builtin).
 package clouds
 
 import (

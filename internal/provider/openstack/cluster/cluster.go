@@ -1,17 +1,16 @@
-// Package cluster is the openstack cloud for everything but the node
-// agent's own provider: vpcni-controller's reconcilers (floating IPs, the
-// routed pod subnet's router and pairs, a sticky address taken off a dead
-// node's port, the leak collector) and vpcnictl's audit, trace and
-// doctor, each through the interface its consumer owns (floatingip.Cloud,
-// routes.Cloud, leaks.Cloud, the sticky keeper's TakeOff,
-// doctor.CloudCheck). It registers itself as the cloud "openstack" of
-// -cloud-config (internal/cloudconfig) and as provider openstack's cloud
-// check (internal/doctor); internal/builtin/clouds links it.
+// Package cluster is the openstack cloud of the cluster side:
+// vpcni-controller's reconcilers (floating IPs, the routed pod subnet's
+// router and pairs, a sticky address taken off a dead node's port, the
+// leak collector) and vpcnictl's audit and trace, each through the
+// interface its consumer owns (floatingip.Cloud, routes.Cloud,
+// leaks.Cloud, the sticky keeper's TakeOff). It registers itself as the
+// cloud "openstack" of -cloud-config (internal/cloudconfig);
+// internal/builtin/clouds links it. (vpcnictl doctor, which reads the
+// node's agent config, asks the provider itself: its provider.Doctor.)
 //
 // It is a package apart from the provider (internal/provider/openstack,
 // whose Neutron client, marks and take-off it uses) so that vpcnid, which
-// links the provider, links none of the controller's or vpcnictl's
-// packages.
+// links the provider, links none of the controller's packages.
 package cluster
 
 import (
@@ -23,7 +22,6 @@ import (
 	"github.com/gophercloud/gophercloud/v2"
 
 	"github.com/vpcni/vpcni/internal/cloudconfig"
-	"github.com/vpcni/vpcni/internal/doctor"
 	"github.com/vpcni/vpcni/internal/floatingip"
 	"github.com/vpcni/vpcni/internal/leaks"
 	"github.com/vpcni/vpcni/internal/provider/openstack"
@@ -42,7 +40,6 @@ func init() {
 			return &cloud{cfg: s.(*Settings).Config, log: log}
 		},
 	})
-	doctor.RegisterCloud(doctor.CloudCheck{Provider: Name, API: "neutron", Diagnose: diagnose})
 }
 
 // Settings is the openstack section of -cloud-config: the agent's

@@ -1,7 +1,8 @@
-package cluster
+package openstack
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
@@ -10,13 +11,17 @@ import (
 	"testing"
 
 	"github.com/vpcni/vpcni/internal/doctor"
-	"github.com/vpcni/vpcni/internal/provider/openstack"
+	"github.com/vpcni/vpcni/internal/provider"
 )
 
-// check runs provider openstack's cloud check as vpcnictl doctor does,
-// with the agent config "f".
-func check(cfg openstack.Config, nodeIP string, rt http.RoundTripper) []doctor.Result {
-	return doctor.Cloud(diagnose(context.Background(), &cfg, doctor.CloudNode{IP: netip.MustParseAddr(nodeIP), AgentConfig: "f", Transport: rt}))
+// check runs the provider's Doctor as vpcnictl doctor does, with the
+// agent config "f".
+func check(cfg Config, nodeIP string, rt http.RoundTripper) []doctor.Result {
+	r, err := provider.Lookup("openstack")
+	if err != nil || r.Doctor == nil || r.Doctor.API != "neutron" {
+		panic(fmt.Sprintf("provider openstack registered without its Doctor: %+v %v", r, err))
+	}
+	return doctor.Cloud(r.Doctor.Diagnose(context.Background(), &cfg, provider.DoctorNode{IP: netip.MustParseAddr(nodeIP), ConfigFile: "f", Transport: rt}))
 }
 
 func find(t *testing.T, rs []doctor.Result, name string) doctor.Result {
@@ -73,7 +78,7 @@ func TestCloudPolicyNamesPassthrough(t *testing.T) {
 		}
 	}))
 	t.Cleanup(srv.Close)
-	cfg := openstack.Config{Endpoint: srv.URL, SubnetID: "s1"}
+	cfg := Config{Endpoint: srv.URL, SubnetID: "s1"}
 	cfg.Defaults()
 	clock := &doctor.DateClock{Next: http.DefaultTransport}
 	rs := check(cfg, "10.0.0.5", clock)
@@ -126,7 +131,7 @@ func TestCloudPortQuota(t *testing.T) {
 		}
 	}))
 	t.Cleanup(srv.Close)
-	cfg := openstack.Config{Endpoint: srv.URL, SubnetID: "s1", Mode: "address-pairs"}
+	cfg := Config{Endpoint: srv.URL, SubnetID: "s1", Mode: "address-pairs"}
 	cfg.Defaults()
 	diagnose := func() []doctor.Result {
 		return check(cfg, "10.0.0.5", http.DefaultTransport)
