@@ -1,7 +1,7 @@
 // Command vpcni-controller runs vpcni's cluster-wide reconcilers, one
 // active replica at a time (a Lease elects the leader): releasing the
 // addresses of pods that are gone while their node's agent missed the DEL
-// (see internal/k8s); with -block-ranges, assigning per-node blocks of
+// (see internal/controller); with -block-ranges, assigning per-node blocks of
 // those ranges to the nodes that ask (NodeBlocks) and taking back the
 // blocks of nodes gone for good; keeping the AddressReservations of sticky
 // StatefulSet pods. With -cloud-config (a cloud's section: openstack, for
@@ -48,6 +48,7 @@ import (
 
 	_ "github.com/vpcni/vpcni/internal/builtin/clouds" // the clouds a -cloud-config may name
 	"github.com/vpcni/vpcni/internal/cloudconfig"
+	"github.com/vpcni/vpcni/internal/controller"
 	"github.com/vpcni/vpcni/internal/ipam"
 	"github.com/vpcni/vpcni/internal/k8s"
 	"github.com/vpcni/vpcni/internal/leaks"
@@ -186,7 +187,7 @@ func run(o options, log *slog.Logger) error {
 	// the section to say where the pods' addresses live
 	// (openstack.subnetID).
 	podSubnet := cloud != nil && cloud.Info().Subnet
-	var stickyCloud k8s.StickyCloud
+	var stickyCloud controller.StickyCloud
 	if podSubnet {
 		stickyCloud = cloud
 	}
@@ -212,9 +213,9 @@ func run(o options, log *slog.Logger) error {
 	leaderHealth := leaderelection.NewLeaderHealthzAdaptor(20 * time.Second)
 	var runErr atomic.Value
 	// The leader's block figures, on /metrics beside /healthz.
-	blockMetrics := &k8s.BlockMetrics{}
-	routeMetrics := &k8s.RouteMetrics{}
-	var certs *k8s.Certs
+	blockMetrics := &controller.BlockMetrics{}
+	routeMetrics := &controller.RouteMetrics{}
+	var certs *controller.Certs
 	if o.webhookAddr != "" {
 		certs, err = serveWebhook(ctx, cs, o, log)
 		if err != nil {
@@ -228,7 +229,7 @@ func run(o options, log *slog.Logger) error {
 		}
 		mux := http.NewServeMux()
 		reg := prometheus.NewRegistry()
-		reg.MustRegister(k8s.ControllerCollectors(blockMetrics, routeMetrics, leakGC)...)
+		reg.MustRegister(controller.Collectors(blockMetrics, routeMetrics, leakGC)...)
 		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 		mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
 			if err := leaderHealth.Check(r); err != nil {
@@ -284,7 +285,7 @@ func run(o options, log *slog.Logger) error {
 				var wg sync.WaitGroup
 				if blocks != nil {
 					wg.Go(func() {
-						a, err := k8s.NewBlockAssigner(cfg, k8s.BlockOptions{Blocks: *blocks, Grace: o.blockGrace}, log)
+						a, err := controller.NewBlockAssigner(cfg, controller.BlockOptions{Blocks: *blocks, Grace: o.blockGrace}, log)
 						if err == nil {
 							blockMetrics.Set(a)
 							err = a.Run(ctx)
@@ -306,7 +307,7 @@ func run(o options, log *slog.Logger) error {
 				}
 				if o.stickyIPs {
 					wg.Go(func() {
-						k, err := k8s.NewStickyKeeper(cfg, k8s.StickyOptions{Cloud: stickyCloud, Grace: o.stickyGrace}, log)
+						k, err := controller.NewStickyKeeper(cfg, controller.StickyOptions{Cloud: stickyCloud, Grace: o.stickyGrace}, log)
 						if err == nil {
 							err = k.Run(ctx)
 						}
@@ -317,8 +318,8 @@ func run(o options, log *slog.Logger) error {
 					wg.Go(func() {
 						fips, err := cloudconfig.Retry(ctx, log, cloud.FloatingIPs)
 						if err == nil {
-							var r *k8s.FloatingIPs
-							if r, err = k8s.NewFloatingIPs(cfg, fips, o.floatingNetwork, log); err == nil {
+							var r *controller.FloatingIPs
+							if r, err = controller.NewFloatingIPs(cfg, fips, o.floatingNetwork, log); err == nil {
 								err = r.Run(ctx)
 							}
 						}
@@ -334,7 +335,7 @@ func run(o options, log *slog.Logger) error {
 						fail("leaks", err)
 					})
 				}
-				orphans, err := k8s.NewOrphans(cfg, o.grace, log)
+				orphans, err := controller.NewOrphans(cfg, o.grace, log)
 				if err == nil {
 					err = orphans.Run(ctx)
 				}
@@ -361,10 +362,10 @@ func run(o options, log *slog.Logger) error {
 }
 
 // serveWebhook starts the pod admission webhook on this replica: its
-// certificate kept by k8s.Certs (shared with the other replicas through
+// certificate kept by controller.Certs (shared with the other replicas through
 // the Secret), served over HTTPS until ctx ends.
-func serveWebhook(ctx context.Context, cs kubernetes.Interface, o options, log *slog.Logger) (*k8s.Certs, error) {
-	certs, err := k8s.NewCerts(cs, k8s.CertOptions{Namespace: o.namespace, Secret: o.webhookSecret, Service: o.webhookService,
+func serveWebhook(ctx context.Context, cs kubernetes.Interface, o options, log *slog.Logger) (*controller.Certs, error) {
+	certs, err := controller.NewCerts(cs, controller.CertOptions{Namespace: o.namespace, Secret: o.webhookSecret, Service: o.webhookService,
 		WebhookConfig: o.webhookConfig, Validity: o.certValidity}, log)
 	if err != nil {
 		return nil, fmt.Errorf("webhook: %w", err)
@@ -374,13 +375,13 @@ func serveWebhook(ctx context.Context, cs kubernetes.Interface, o options, log *
 		return nil, fmt.Errorf("webhook: %w", err)
 	}
 	mux := http.NewServeMux()
-	mux.Handle(k8s.WebhookPath, k8s.WebhookHandler(log))
+	mux.Handle(controller.WebhookPath, controller.WebhookHandler(log))
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second,
 		TLSConfig: &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: certs.GetCertificate}}
 	go certs.Run(ctx)
 	go func() { _ = srv.ServeTLS(ln, "", "") }()
 	go func() { <-ctx.Done(); _ = srv.Close() }()
-	log.Info("pod admission webhook", "addr", ln.Addr().String(), "path", k8s.WebhookPath, "service", o.namespace+"/"+o.webhookService)
+	log.Info("pod admission webhook", "addr", ln.Addr().String(), "path", controller.WebhookPath, "service", o.namespace+"/"+o.webhookService)
 	return certs, nil
 }
 
@@ -396,7 +397,7 @@ func connectLeaks(ctx context.Context, cfg *rest.Config, cs kubernetes.Interface
 	// may wait for the cloud.
 	if scope.ClusterID == "" {
 		var err error
-		if scope.ClusterID, err = k8s.ClusterID(ctx, cfg); err != nil {
+		if scope.ClusterID, err = controller.ClusterID(ctx, cfg); err != nil {
 			return err
 		}
 	}
@@ -404,7 +405,7 @@ func connectLeaks(ctx context.Context, cfg *rest.Config, cs kubernetes.Interface
 	if err != nil {
 		return err
 	}
-	r, err := k8s.NewClusterReader(cfg, held.Instance)
+	r, err := controller.NewClusterReader(cfg, held.Instance)
 	if err != nil {
 		return err
 	}
@@ -426,7 +427,7 @@ func connectLeaks(ctx context.Context, cfg *rest.Config, cs kubernetes.Interface
 
 // newRouteReconciler logs in to the cloud and builds the routed pod
 // subnet's reconciler over the block ranges.
-func newRouteReconciler(ctx context.Context, cfg *rest.Config, cloud cloudconfig.Cloud, rc *routes.Config, blocks *ipam.Blocks, log *slog.Logger) (*k8s.RouteReconciler, error) {
+func newRouteReconciler(ctx context.Context, cfg *rest.Config, cloud cloudconfig.Cloud, rc *routes.Config, blocks *ipam.Blocks, log *slog.Logger) (*controller.RouteReconciler, error) {
 	router, err := cloudconfig.Retry(ctx, log, func(ctx context.Context) (routes.Cloud, error) { return cloud.Router(ctx, rc.RouterID) })
 	if err != nil {
 		return nil, err
@@ -435,5 +436,5 @@ func newRouteReconciler(ctx context.Context, cfg *rest.Config, cloud cloudconfig
 	if err != nil {
 		return nil, err
 	}
-	return k8s.NewRouteReconciler(cfg, rec, k8s.RouteOptions{Resync: rc.Resync.Duration}, log)
+	return controller.NewRouteReconciler(cfg, rec, controller.RouteOptions{Resync: rc.Resync.Duration}, log)
 }

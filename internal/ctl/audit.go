@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/vpcni/vpcni/internal/cloudconfig"
+	"github.com/vpcni/vpcni/internal/controller"
 	"github.com/vpcni/vpcni/internal/k8s"
 	"github.com/vpcni/vpcni/internal/leaks"
 )
@@ -82,7 +83,7 @@ func audit(args []string, out io.Writer) error {
 		return err
 	}
 	if *clusterID == "" {
-		if *clusterID, err = k8s.ClusterID(ctx, cfg); err != nil {
+		if *clusterID, err = controller.ClusterID(ctx, cfg); err != nil {
 			return err
 		}
 	}
@@ -91,7 +92,7 @@ func audit(args []string, out io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("log in to the cloud: %w", err)
 	}
-	reader, err := k8s.NewClusterReader(cfg, held.Instance)
+	reader, err := controller.NewClusterReader(cfg, held.Instance)
 	if err != nil {
 		return err
 	}

@@ -20,7 +20,7 @@ import (
 	"github.com/vpcni/vpcni/internal/api"
 	"github.com/vpcni/vpcni/internal/apis/vpcni/v1alpha1"
 	"github.com/vpcni/vpcni/internal/config"
-	"github.com/vpcni/vpcni/internal/k8s"
+	"github.com/vpcni/vpcni/internal/controller"
 	"github.com/vpcni/vpcni/internal/lab"
 	"github.com/vpcni/vpcni/internal/netnsutil"
 	"github.com/vpcni/vpcni/internal/provider/openstack"
@@ -69,7 +69,7 @@ func TestRoutedPodSubnetOnTheLab(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rr, err := k8s.NewRouteReconciler(fixture.Config, rec, k8s.RouteOptions{Resync: time.Second}, logger)
+	rr, err := controller.NewRouteReconciler(fixture.Config, rec, controller.RouteOptions{Resync: time.Second}, logger)
 	if err != nil {
 		t.Fatal(err)
 	}

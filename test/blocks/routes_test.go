@@ -22,7 +22,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/vpcni/vpcni/internal/apis/vpcni/v1alpha1"
-	"github.com/vpcni/vpcni/internal/k8s"
+	"github.com/vpcni/vpcni/internal/controller"
 	"github.com/vpcni/vpcni/internal/lab/neutronapi"
 	"github.com/vpcni/vpcni/internal/provider/openstack"
 	"github.com/vpcni/vpcni/internal/provider/openstack/cluster"
@@ -78,11 +78,11 @@ func TestRoutedBlocksWithinTheRouterBudget(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rr, err := k8s.NewRouteReconciler(fixture.Config, rec, k8s.RouteOptions{Resync: 500 * time.Millisecond}, logger)
+	rr, err := controller.NewRouteReconciler(fixture.Config, rec, controller.RouteOptions{Resync: 500 * time.Millisecond}, logger)
 	if err != nil {
 		t.Fatal(err)
 	}
-	metrics := &k8s.RouteMetrics{}
+	metrics := &controller.RouteMetrics{}
 	metrics.Set(rr)
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(metrics)
@@ -165,7 +165,7 @@ func TestRoutedBlocksWithinTheRouterBudget(t *testing.T) {
 		t.Errorf("condition of a waiting block: %q", c.Message)
 	}
 	waitFor(t, 10*time.Second, "a Warning Event on the node of a waiting block", func() error {
-		return nodeEvent(t, waiting.Spec.Node, k8s.EventRouteBudget, "raise max_routes to 40")
+		return nodeEvent(t, waiting.Spec.Node, controller.EventRouteBudget, "raise max_routes to 40")
 	})
 	metric := func(name, label string) (float64, string) {
 		mfs, err := reg.Gather()
@@ -202,7 +202,7 @@ func TestRoutedBlocksWithinTheRouterBudget(t *testing.T) {
 	srv.Unlock()
 	waitFor(t, 30*time.Second, "all 40 blocks routed", func() error { _, err := settled(40); return err })
 	waitFor(t, 10*time.Second, "a Normal Event on the node whose block got its route", func() error {
-		return nodeEvent(t, waiting.Spec.Node, k8s.EventBlockRouted, "route "+waiting.Spec.CIDR)
+		return nodeEvent(t, waiting.Spec.Node, controller.EventBlockRouted, "route "+waiting.Spec.CIDR)
 	})
 
 	// By hand: a route and a pair removed.

@@ -30,7 +30,7 @@ import (
 	_ "github.com/vpcni/vpcni/internal/builtin/clouds"
 	"github.com/vpcni/vpcni/internal/cloudconfig"
 	"github.com/vpcni/vpcni/internal/config"
-	"github.com/vpcni/vpcni/internal/k8s"
+	"github.com/vpcni/vpcni/internal/controller"
 	"github.com/vpcni/vpcni/internal/lab"
 	"github.com/vpcni/vpcni/internal/netnsutil"
 	"github.com/vpcni/vpcni/internal/provider/openstack"
@@ -116,7 +116,7 @@ func setup(t *testing.T) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	keeper, err := k8s.NewStickyKeeper(as("vpcni-controller"), k8s.StickyOptions{Cloud: fc.Open(nil), Grace: deadGrace},
+	keeper, err := controller.NewStickyKeeper(as("vpcni-controller"), controller.StickyOptions{Cloud: fc.Open(nil), Grace: deadGrace},
 		slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})))
 	if err != nil {
 		t.Fatal(err)

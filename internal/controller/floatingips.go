@@ -1,4 +1,4 @@
-package k8s
+package controller
 
 import (
 	"context"
@@ -23,6 +23,7 @@ import (
 
 	"github.com/vpcni/vpcni/internal/apis/vpcni/v1alpha1"
 	"github.com/vpcni/vpcni/internal/floatingip"
+	"github.com/vpcni/vpcni/internal/k8s"
 )
 
 // Pod annotations of floating IPs: the three a user sets, and the one
@@ -67,7 +68,7 @@ type FloatingIPs struct {
 	pods     cache.SharedIndexInformer // metadata: annotations, UID, deletion
 	addrs    cache.SharedIndexInformer
 	queue    workqueue.TypedRateLimitingInterface[string]
-	recorder events
+	recorder k8s.Events
 
 	// owners are the pods that may hold a floating IP (seen in Neutron at
 	// start, or given one since): only their events cost a Neutron call,
@@ -106,7 +107,7 @@ func NewFloatingIPs(cfg *rest.Config, cloud floatingip.Cloud, network string, lo
 	}); err != nil {
 		return nil, err
 	}
-	f.addrs = pas.informer("", 10*time.Minute, cache.Indexers{IndexPod: podIndex})
+	f.addrs = pas.Informer("", 10*time.Minute, cache.Indexers{k8s.IndexPod: k8s.PodIndex})
 	enqueue := func(obj any) {
 		if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 			obj = d.Obj
@@ -127,7 +128,7 @@ func NewFloatingIPs(cfg *rest.Config, cloud floatingip.Cloud, network string, lo
 // Run reconciles until ctx ends.
 func (f *FloatingIPs) Run(ctx context.Context) error {
 	defer f.queue.ShutDown()
-	defer f.recorder.send(f.cs)()
+	defer f.recorder.Send(f.cs)()
 	go f.pods.Run(ctx.Done())
 	go f.addrs.Run(ctx.Done())
 	if !cache.WaitForCacheSync(ctx.Done(), f.pods.HasSynced, f.addrs.HasSynced) {
@@ -144,7 +145,7 @@ func (f *FloatingIPs) Run(ctx context.Context) error {
 		}
 	}
 	f.log.Info("reconciling floating IPs of pods", "default_network", f.Network)
-	runQueue(ctx, f.queue, f.reconcile, f.log)
+	k8s.RunQueue(ctx, f.queue, f.reconcile, f.log)
 	return nil
 }
 
@@ -307,7 +308,7 @@ func (f *FloatingIPs) refFor(key string, pod *metav1.PartialObjectMetadata) *cor
 	}
 	ns, name, _ := cache.SplitMetaNamespaceKey(key)
 	ref := &corev1.ObjectReference{Kind: "Pod", APIVersion: "v1", Namespace: ns, Name: name}
-	if list, _ := f.addrs.GetIndexer().ByIndex(IndexPod, key); len(list) > 0 {
+	if list, _ := f.addrs.GetIndexer().ByIndex(k8s.IndexPod, key); len(list) > 0 {
 		ref.UID = types.UID(list[0].(*v1alpha1.PodAddress).Spec.PodUID)
 	}
 	return ref
@@ -320,7 +321,7 @@ func podRef(pod *metav1.PartialObjectMetadata) *corev1.ObjectReference {
 // podAddress is the pod's PodAddress of its first interface (eth0, else
 // any) recorded for this incarnation of the pod.
 func (f *FloatingIPs) podAddress(key, uid string) *v1alpha1.PodAddress {
-	list, _ := f.addrs.GetIndexer().ByIndex(IndexPod, key)
+	list, _ := f.addrs.GetIndexer().ByIndex(k8s.IndexPod, key)
 	var best *v1alpha1.PodAddress
 	for _, o := range list {
 		pa := o.(*v1alpha1.PodAddress)

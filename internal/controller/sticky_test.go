@@ -1,4 +1,4 @@
-package k8s
+package controller
 
 import (
 	"context"
@@ -15,6 +15,7 @@ import (
 	"k8s.io/client-go/tools/record"
 
 	"github.com/vpcni/vpcni/internal/apis/vpcni/v1alpha1"
+	"github.com/vpcni/vpcni/internal/k8s"
 )
 
 func TestStatefulSetOfAndKeeps(t *testing.T) {
@@ -129,7 +130,7 @@ func TestDeadNode(t *testing.T) {
 // to do.
 func TestStuckStickyAddressEvent(t *testing.T) {
 	rec := record.NewFakeRecorder(4)
-	k := &StickyKeeper{opts: StickyOptions{Grace: 20 * time.Millisecond}, recorder: events{EventRecorder: rec}, goneSince: map[string]time.Time{},
+	k := &StickyKeeper{opts: StickyOptions{Grace: 20 * time.Millisecond}, recorder: k8s.Events{EventRecorder: rec}, goneSince: map[string]time.Time{},
 		nodes: cache.NewSharedIndexInformer(&cache.ListWatch{}, &corev1.Node{}, 0, nil), log: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	ar := &v1alpha1.AddressReservation{ObjectMeta: metav1.ObjectMeta{Namespace: "db", Name: "pg-0"},
 		Spec: v1alpha1.AddressReservationSpec{StatefulSet: "pg", Address: "10.0.0.7", Node: "n9", Port: "p9"}}

@@ -1,4 +1,10 @@
-package k8s
+// Package nodeside is the agent's (vpcnid's) side in Kubernetes: per pod
+// address a PodAddress and the pod's annotations, Events on pods and on
+// the node, the node's pool figures, its vpcni.io/ip capacity and
+// not-ready taint, the API server's health for STATUS, and the agent's
+// view of AddressReservations. It runs in vpcnid only; what it shares
+// with vpcni-controller is in internal/k8s.
+package nodeside
 
 import (
 	"context"
@@ -27,6 +33,21 @@ import (
 	"github.com/vpcni/vpcni/internal/alloc"
 	"github.com/vpcni/vpcni/internal/api"
 	"github.com/vpcni/vpcni/internal/apis/vpcni/v1alpha1"
+	"github.com/vpcni/vpcni/internal/k8s"
+)
+
+// Annotations the agent writes on pods (like kube-ovn's) and nodes.
+const (
+	AnnotationIP           = "vpcni.io/ip-address"
+	AnnotationMAC          = "vpcni.io/mac-address"
+	AnnotationGateway      = "vpcni.io/gateway"
+	AnnotationInterface    = "vpcni.io/interface"
+	AnnotationProviderPort = "vpcni.io/provider-port"
+
+	AnnotationPoolFree      = "vpcni.io/pool-free"
+	AnnotationPoolAllocated = "vpcni.io/pool-allocated"
+	AnnotationPoolCooling   = "vpcni.io/pool-cooling"
+	AnnotationPoolCapacity  = "vpcni.io/pool-capacity"
 )
 
 // Agent is what the node side needs of vpcnid.
@@ -38,8 +59,8 @@ type Agent interface {
 	ProviderPort() string
 }
 
-// NodeOptions tunes the node side.
-type NodeOptions struct {
+// Options tunes the node side.
+type Options struct {
 	// Orphaned is how long an attachment must exist before the agent may
 	// conclude that its pod is gone (an informer can lag behind a new pod).
 	Orphaned time.Duration
@@ -55,7 +76,7 @@ type NodeOptions struct {
 	NotReadyTaint bool
 }
 
-func (o *NodeOptions) defaults() {
+func (o *Options) defaults() {
 	if o.Orphaned == 0 {
 		o.Orphaned = time.Minute
 	}
@@ -77,9 +98,9 @@ func (k attKey) LogValue() slog.Value {
 // Node is the agent's Kubernetes side; it implements agent.Cluster.
 type Node struct {
 	name  string
-	opts  NodeOptions
+	opts  Options
 	cs    kubernetes.Interface
-	pas   *podAddresses
+	pas   *k8s.PodAddresses
 	agent Agent
 	log   *slog.Logger
 	host  string
@@ -89,7 +110,7 @@ type Node struct {
 	node     cache.SharedIndexInformer // this node only
 	capacity nodeCapacity
 	queue    workqueue.TypedRateLimitingInterface[attKey]
-	recorder events
+	recorder k8s.Events
 	warnings nodeWarnings // NodeWarning's, folded per reason
 
 	mu       sync.Mutex
@@ -101,7 +122,7 @@ type Node struct {
 }
 
 // NewNode connects to the API server described by cfg. Run starts it.
-func NewNode(cfg *rest.Config, nodeName string, a Agent, log *slog.Logger, opts NodeOptions) (*Node, error) {
+func New(cfg *rest.Config, nodeName string, a Agent, log *slog.Logger, opts Options) (*Node, error) {
 	opts.defaults()
 	cfg = rest.CopyConfig(cfg)
 	cfg.UserAgent = "vpcnid/" + nodeName
@@ -109,7 +130,7 @@ func NewNode(cfg *rest.Config, nodeName string, a Agent, log *slog.Logger, opts 
 	if err != nil {
 		return nil, err
 	}
-	pas, err := newPodAddresses(cfg)
+	pas, err := k8s.NewPodAddresses(cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -127,7 +148,7 @@ func NewNode(cfg *rest.Config, nodeName string, a Agent, log *slog.Logger, opts 
 		o.FieldSelector = fields.OneTermEqualSelector("metadata.name", nodeName).String()
 	}))
 	n.node = nf.Core().V1().Nodes().Informer()
-	n.addrs = pas.informer(LabelNode+"="+NodeLabel(nodeName), 10*time.Minute, nil)
+	n.addrs = pas.Informer(k8s.LabelNode+"="+k8s.NodeLabel(nodeName), 10*time.Minute, nil)
 	_, _ = n.addrs.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    n.enqueueAddr,
 		UpdateFunc: func(_, o any) { n.enqueueAddr(o) },
@@ -138,7 +159,7 @@ func NewNode(cfg *rest.Config, nodeName string, a Agent, log *slog.Logger, opts 
 		// ADD: annotate it then.
 		AddFunc: n.enqueuePod,
 	})
-	n.recorder = newEvents(corev1.EventSource{Component: "vpcnid", Host: nodeName})
+	n.recorder = k8s.NewEvents(corev1.EventSource{Component: "vpcnid", Host: nodeName})
 	return n, nil
 }
 
@@ -176,7 +197,7 @@ func (n *Node) enqueuePod(obj any) {
 
 // Run serves until ctx ends.
 func (n *Node) Run(ctx context.Context) {
-	defer n.recorder.send(n.cs)()
+	defer n.recorder.Send(n.cs)()
 	// Changed queues keys from the start; the queue's own goroutine (for
 	// AddAfter) ends only when it is shut down.
 	defer n.queue.ShutDown()
@@ -206,7 +227,7 @@ func (n *Node) Run(ctx context.Context) {
 		}
 	}
 	go n.poolLoop(ctx)
-	runQueue(ctx, n.queue, n.reconcile, n.log)
+	k8s.RunQueue(ctx, n.queue, n.reconcile, n.log)
 }
 
 // waitNode waits until the Node object of this agent's node exists.
@@ -245,7 +266,7 @@ func (n *Node) reconcile(ctx context.Context, k attKey) (again time.Duration, er
 	if err != nil {
 		return 0, err
 	}
-	name := PodAddressName(n.name, k.containerID, k.ifName)
+	name := k8s.PodAddressName(n.name, k.containerID, k.ifName)
 	_, published, err := n.addrs.GetIndexer().GetByKey(name)
 	if err != nil {
 		return 0, err
@@ -287,7 +308,7 @@ func (n *Node) reconcile(ctx context.Context, k attKey) (again time.Duration, er
 			}
 			return 0, n.agent.Release(k.containerID, k.ifName, att.Created, "its pod "+att.PodNamespace+"/"+att.PodName+" no longer exists and its PodAddress was deleted")
 		}
-		if err := n.pas.Create(ctx, newPodAddress(n.spec(att, pod))); err != nil && !apierrors.IsAlreadyExists(err) {
+		if err := n.pas.Create(ctx, k8s.NewPodAddress(n.spec(att, pod))); err != nil && !apierrors.IsAlreadyExists(err) {
 			return 0, fmt.Errorf("create PodAddress %s: %w", name, err)
 		}
 	}
@@ -302,7 +323,7 @@ func (n *Node) reconcile(ctx context.Context, k attKey) (again time.Duration, er
 // its address: vpcni-controller's webhook, which adds the request, fails
 // open (a cluster must not stop creating pods because it is down).
 func (n *Node) warnUnrequested(pod *corev1.Pod) {
-	if !n.opts.IPResource || !OnPodNetwork(pod) || RequestsIP(pod) {
+	if !n.opts.IPResource || !k8s.OnPodNetwork(pod) || k8s.RequestsIP(pod) {
 		return
 	}
 	n.mu.Lock()
@@ -313,7 +334,7 @@ func (n *Node) warnUnrequested(pod *corev1.Pod) {
 		return
 	}
 	n.recorder.Eventf(pod, corev1.EventTypeWarning, EventIPNotRequested,
-		"the pod requests no %s: vpcni-controller's admission webhook was down or not installed when it was created, so the scheduler does not count its address (vpcnid on %s subtracts it from the node's %s instead). Check the vpcni-controller pods and the MutatingWebhookConfiguration vpcni", IPResource, n.name, IPResource)
+		"the pod requests no %s: vpcni-controller's admission webhook was down or not installed when it was created, so the scheduler does not count its address (vpcnid on %s subtracts it from the node's %s instead). Check the vpcni-controller pods and the MutatingWebhookConfiguration vpcni", k8s.IPResource, n.name, k8s.IPResource)
 }
 
 // unrequested counts the addresses in use by pods the scheduler does not
@@ -332,7 +353,7 @@ func (n *Node) unrequested() (int, error) {
 			continue
 		}
 		live[pod.UID] = true
-		if !RequestsIP(pod) {
+		if !k8s.RequestsIP(pod) {
 			count++
 		}
 	}

@@ -1,4 +1,4 @@
-package k8s
+package nodeside
 
 import (
 	"context"
@@ -15,6 +15,7 @@ import (
 
 	"github.com/vpcni/vpcni/internal/agent"
 	"github.com/vpcni/vpcni/internal/alloc"
+	"github.com/vpcni/vpcni/internal/k8s"
 )
 
 func TestIPCapacity(t *testing.T) {
@@ -70,7 +71,7 @@ func TestNodeCapacitySync(t *testing.T) {
 		return n
 	}
 	state := func(n *corev1.Node) (ip string, tainted bool) {
-		capQ, allocQ := n.Status.Capacity[IPResource], n.Status.Allocatable[IPResource]
+		capQ, allocQ := n.Status.Capacity[k8s.IPResource], n.Status.Allocatable[k8s.IPResource]
 		if capQ.Cmp(allocQ) != 0 {
 			t.Fatalf("capacity %s, allocatable %s", capQ.String(), allocQ.String())
 		}
@@ -82,7 +83,7 @@ func TestNodeCapacitySync(t *testing.T) {
 		if !kept {
 			t.Fatalf("taint %v lost: %v", other, n.Spec.Taints)
 		}
-		if _, ok := n.Status.Capacity[IPResource]; !ok {
+		if _, ok := n.Status.Capacity[k8s.IPResource]; !ok {
 			return "", tainted
 		}
 		return capQ.String(), tainted
@@ -105,7 +106,7 @@ func TestNodeCapacitySync(t *testing.T) {
 		}
 		ip, hasTaint := state(get())
 		if ip != step.wantIP || hasTaint != step.wantTaint || tainted != step.wantTaint {
-			t.Errorf("step %d: %s=%q taint %v (reported %v), want %q %v", i, IPResource, ip, hasTaint, tainted, step.wantIP, step.wantTaint)
+			t.Errorf("step %d: %s=%q taint %v (reported %v), want %q %v", i, k8s.IPResource, ip, hasTaint, tainted, step.wantIP, step.wantTaint)
 		}
 	}
 	// A restarted agent that has not reached its provider yet knows no
@@ -114,7 +115,7 @@ func TestNodeCapacitySync(t *testing.T) {
 		t.Fatal(err)
 	}
 	if ip, _ := state(get()); ip != "16" {
-		t.Errorf("provider not connected: %s=%s, want the 16 advertised before", IPResource, ip)
+		t.Errorf("provider not connected: %s=%s, want the 16 advertised before", k8s.IPResource, ip)
 	}
 	// Turned off: the resource goes.
 	c.ipResource = false
@@ -122,7 +123,7 @@ func TestNodeCapacitySync(t *testing.T) {
 		t.Fatal(err)
 	}
 	if ip, _ := state(get()); ip != "" {
-		t.Errorf("ipResource off: %s=%s still advertised", IPResource, ip)
+		t.Errorf("ipResource off: %s=%s still advertised", k8s.IPResource, ip)
 	}
 }
 
@@ -141,7 +142,7 @@ func TestUnrequestedPods(t *testing.T) {
 		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default", UID: types.UID("uid-" + name)},
 			Spec: corev1.PodSpec{NodeName: "n1", Containers: []corev1.Container{{Name: "c"}}}}
 		if requests {
-			p.Spec.Containers[0].Resources.Limits = corev1.ResourceList{IPResource: resource.MustParse("1")}
+			p.Spec.Containers[0].Resources.Limits = corev1.ResourceList{k8s.IPResource: resource.MustParse("1")}
 		}
 		return p
 	}
@@ -156,7 +157,7 @@ func TestUnrequestedPods(t *testing.T) {
 		return &alloc.Allocation{ContainerID: "c-" + p, IfName: "eth0", PodNamespace: "default", PodName: p, PodUID: "uid-" + p}
 	}
 	rec := record.NewFakeRecorder(10)
-	n := &Node{name: "n1", opts: NodeOptions{IPResource: true}, pods: pods, recorder: events{EventRecorder: rec}, warned: map[types.UID]bool{},
+	n := &Node{name: "n1", opts: Options{IPResource: true}, pods: pods, recorder: k8s.Events{EventRecorder: rec}, warned: map[types.UID]bool{},
 		// "gone": a pod the informer does not have.
 		agent: podsAgent{atts: []*alloc.Allocation{att("counted"), att("bypassed"), att("gone")}}}
 	got, err := n.unrequested()

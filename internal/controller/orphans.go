@@ -1,4 +1,4 @@
-package k8s
+package controller
 
 import (
 	"context"
@@ -17,6 +17,7 @@ import (
 	"k8s.io/client-go/util/workqueue"
 
 	"github.com/vpcni/vpcni/internal/apis/vpcni/v1alpha1"
+	"github.com/vpcni/vpcni/internal/k8s"
 )
 
 // Orphans is vpcni-controller's reconciler: it deletes the PodAddress of
@@ -27,7 +28,7 @@ import (
 type Orphans struct {
 	Grace time.Duration
 
-	pas   *podAddresses
+	pas   *k8s.PodAddresses
 	log   *slog.Logger
 	pods  cache.SharedIndexInformer // metadata only: the controller needs no pod specs
 	addrs cache.SharedIndexInformer
@@ -61,7 +62,7 @@ func NewOrphans(cfg *rest.Config, grace time.Duration, log *slog.Logger) (*Orpha
 	}); err != nil {
 		return nil, err
 	}
-	o.addrs = pas.informer("", 5*time.Minute, cache.Indexers{IndexPod: podIndex})
+	o.addrs = pas.Informer("", 5*time.Minute, cache.Indexers{k8s.IndexPod: k8s.PodIndex})
 	enqueue := func(obj any) {
 		if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 			obj = d.Obj
@@ -80,7 +81,7 @@ func NewOrphans(cfg *rest.Config, grace time.Duration, log *slog.Logger) (*Orpha
 		if !ok {
 			return
 		}
-		list, _ := o.addrs.GetIndexer().ByIndex(IndexPod, m.Namespace+"/"+m.Name)
+		list, _ := o.addrs.GetIndexer().ByIndex(k8s.IndexPod, m.Namespace+"/"+m.Name)
 		for _, a := range list {
 			enqueue(a)
 		}
@@ -100,7 +101,7 @@ func (o *Orphans) Run(ctx context.Context) error {
 		return fmt.Errorf("caches did not sync: %w", ctx.Err())
 	}
 	o.log.Info("reconciling PodAddresses of pods that are gone", "grace", o.Grace)
-	runQueue(ctx, o.queue, o.reconcile, o.log)
+	k8s.RunQueue(ctx, o.queue, o.reconcile, o.log)
 	return nil
 }
 

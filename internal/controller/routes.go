@@ -1,4 +1,4 @@
-package k8s
+package controller
 
 import (
 	"context"
@@ -19,6 +19,7 @@ import (
 	"k8s.io/client-go/util/workqueue"
 
 	"github.com/vpcni/vpcni/internal/apis/vpcni/v1alpha1"
+	"github.com/vpcni/vpcni/internal/k8s"
 	"github.com/vpcni/vpcni/internal/k8s/nodeblocks"
 	"github.com/vpcni/vpcni/internal/routes"
 )
@@ -50,7 +51,7 @@ type RouteReconciler struct {
 	cs     kubernetes.Interface
 	// recorder puts Events on Nodes: a block routed (Normal), a block
 	// waiting for the router's or the port's room (Warning, with the fix).
-	recorder events
+	recorder k8s.Events
 
 	mu    sync.Mutex
 	seen  map[string]string // NodeBlock -> the state and message last published
@@ -121,7 +122,7 @@ func NewRouteReconciler(cfg *rest.Config, rec *routes.Reconciler, opts RouteOpti
 // Run reconciles until ctx ends.
 func (r *RouteReconciler) Run(ctx context.Context) error {
 	defer r.queue.ShutDown()
-	defer r.recorder.send(r.cs)()
+	defer r.recorder.Send(r.cs)()
 	go r.nodes.Run(ctx.Done())
 	go r.blocks.Run(ctx.Done())
 	if !cache.WaitForCacheSync(ctx.Done(), r.nodes.HasSynced, r.blocks.HasSynced) {
@@ -129,7 +130,7 @@ func (r *RouteReconciler) Run(ctx context.Context) error {
 	}
 	r.log.Info("routing the nodes' blocks through the Neutron router", "resync", r.opts.Resync)
 	r.queue.Add(routerKey)
-	runQueue(ctx, r.queue, r.reconcile, r.log)
+	k8s.RunQueue(ctx, r.queue, r.reconcile, r.log)
 	return nil
 }
 

@@ -1,4 +1,4 @@
-package k8s
+package controller
 
 import (
 	"bytes"
@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"testing"
 
+	"github.com/vpcni/vpcni/internal/k8s"
 	jsonpatch "gopkg.in/evanphx/json-patch.v4"
 	admissionv1 "k8s.io/api/admission/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -61,7 +62,7 @@ func TestPodPatch(t *testing.T) {
 		}), true},
 		{"host network", testPod(func(p *corev1.Pod) { p.Spec.HostNetwork = true }), false},
 		{"already requests it on another container", testPod(func(p *corev1.Pod) {
-			p.Spec.Containers[1].Resources.Limits = corev1.ResourceList{IPResource: resource.MustParse("2")}
+			p.Spec.Containers[1].Resources.Limits = corev1.ResourceList{k8s.IPResource: resource.MustParse("2")}
 		}), false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -78,11 +79,11 @@ func TestPodPatch(t *testing.T) {
 			}
 			got := applyPatch(t, tc.pod, patch)
 			c := got.Spec.Containers[0].Resources
-			if q := c.Requests[IPResource]; q.Cmp(one) != 0 {
-				t.Errorf("request %s = %s, want 1", IPResource, q.String())
+			if q := c.Requests[k8s.IPResource]; q.Cmp(one) != 0 {
+				t.Errorf("request %s = %s, want 1", k8s.IPResource, q.String())
 			}
-			if q := c.Limits[IPResource]; q.Cmp(one) != 0 {
-				t.Errorf("limit %s = %s, want 1", IPResource, q.String())
+			if q := c.Limits[k8s.IPResource]; q.Cmp(one) != 0 {
+				t.Errorf("limit %s = %s, want 1", k8s.IPResource, q.String())
 			}
 			for k, v := range before.Spec.Containers[0].Resources.Requests {
 				if q := c.Requests[k]; q.Cmp(v) != 0 {
@@ -94,8 +95,8 @@ func TestPodPatch(t *testing.T) {
 					t.Errorf("limit %s = %s, was %s", k, q.String(), v.String())
 				}
 			}
-			if len(got.Spec.Containers[1].Resources.Requests) != 0 || !RequestsIP(got) {
-				t.Errorf("second container %+v, RequestsIP %v", got.Spec.Containers[1].Resources, RequestsIP(got))
+			if len(got.Spec.Containers[1].Resources.Requests) != 0 || !k8s.RequestsIP(got) {
+				t.Errorf("second container %+v, RequestsIP %v", got.Spec.Containers[1].Resources, k8s.RequestsIP(got))
 			}
 			if again, err := PodPatch(got); err != nil || again != nil {
 				t.Errorf("a patched pod patched again: %s, %v", again, err)
@@ -134,7 +135,7 @@ func TestWebhookHandler(t *testing.T) {
 	if !r.Allowed || r.UID != "u1" || r.PatchType == nil || *r.PatchType != admissionv1.PatchTypeJSONPatch {
 		t.Fatalf("pod create: %+v", r)
 	}
-	if got := applyPatch(t, testPod(nil), r.Patch); !RequestsIP(got) {
+	if got := applyPatch(t, testPod(nil), r.Patch); !k8s.RequestsIP(got) {
 		t.Errorf("the answer's patch does not add the request: %s", r.Patch)
 	}
 

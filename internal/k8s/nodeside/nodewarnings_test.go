@@ -1,10 +1,11 @@
-package k8s
+package nodeside
 
 import (
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/vpcni/vpcni/internal/k8s"
 	"k8s.io/client-go/tools/record"
 )
 
@@ -14,7 +15,7 @@ import (
 // told at once again.
 func TestNodeWarningsFold(t *testing.T) {
 	rec := record.NewFakeRecorder(100)
-	n := &Node{name: "n1", recorder: events{EventRecorder: rec}}
+	n := &Node{name: "n1", recorder: k8s.Events{EventRecorder: rec}}
 	next := func() string {
 		select {
 		case e := <-rec.Events:

@@ -1,4 +1,4 @@
-package k8s
+package nodeside
 
 import (
 	"context"
@@ -9,11 +9,15 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/record"
 
 	"github.com/vpcni/vpcni/internal/agent"
 	"github.com/vpcni/vpcni/internal/alloc"
+	"github.com/vpcni/vpcni/internal/k8s"
 )
 
 // noAgent holds nothing: the node side's view of an agent without pods.
@@ -34,8 +38,8 @@ func TestNodeNotReadyWithoutAPIServer(t *testing.T) {
 	}
 	addr := ln.Addr().String()
 	ln.Close() // nothing listens there any more
-	n, err := NewNode(&rest.Config{Host: "https://" + addr, Timeout: time.Second}, "n1", noAgent{},
-		slog.New(slog.NewTextHandler(io.Discard, nil)), NodeOptions{ProbeEvery: 100 * time.Millisecond})
+	n, err := New(&rest.Config{Host: "https://" + addr, Timeout: time.Second}, "n1", noAgent{},
+		slog.New(slog.NewTextHandler(io.Discard, nil)), Options{ProbeEvery: 100 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,7 +70,7 @@ func TestNodeNotReadyWithoutAPIServer(t *testing.T) {
 // kind of reason (its figures move all the time).
 func TestStateEvents(t *testing.T) {
 	rec := record.NewFakeRecorder(10)
-	n := &Node{name: "n1", recorder: events{EventRecorder: rec}}
+	n := &Node{name: "n1", recorder: k8s.Events{EventRecorder: rec}}
 	var st stateEvents
 	t0 := time.Now()
 	degraded := agent.PoolFigures{Ready: true, Degraded: true, Reason: "neutron: 503"}
@@ -104,6 +108,35 @@ func TestStateEvents(t *testing.T) {
 		}
 		if got != s.want {
 			t.Errorf("step %d (%+v at %s): event %q, want %q", i, s.p, s.at, got, s.want)
+		}
+	}
+}
+
+func TestIsPodOf(t *testing.T) {
+	created := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	pod := func(uid string, mirror string, at time.Time) *corev1.Pod {
+		p := &corev1.Pod{}
+		p.UID = types.UID(uid)
+		p.CreationTimestamp = metav1.NewTime(at)
+		if mirror != "" {
+			p.Annotations = map[string]string{corev1.MirrorPodAnnotationKey: mirror}
+		}
+		return p
+	}
+	for _, c := range []struct {
+		name string
+		pod  *corev1.Pod
+		uid  string
+		want bool
+	}{
+		{"same UID", pod("u1", "", created), "u1", true},
+		{"another pod of that name", pod("u2", "", created), "u1", false},
+		{"static pod: the mirror names the kubelet's UID", pod("api-uid", "u1", created), "u1", true},
+		{"no UID recorded, pod older than the attachment", pod("u9", "", created.Add(-time.Hour)), "", true},
+		{"no UID recorded, pod made after it", pod("u9", "", created.Add(time.Hour)), "", false},
+	} {
+		if got := isPodOf(c.pod, &alloc.Allocation{PodUID: c.uid, Created: created}); got != c.want {
+			t.Errorf("%s: %v, want %v", c.name, got, c.want)
 		}
 	}
 }

@@ -1,4 +1,4 @@
-package k8s
+package nodeside
 
 import (
 	"context"
@@ -13,41 +13,18 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/vpcni/vpcni/internal/agent"
+	"github.com/vpcni/vpcni/internal/k8s"
 )
 
 const (
-	// IPResource is the extended resource a node advertises and a pod on
-	// the pod network requests: one address. The scheduler then places no
-	// pod on a node that could not address it, instead of leaving it in
-	// ContainerCreating with "no free address" events.
-	IPResource corev1.ResourceName = "vpcni.io/ip"
 	// TaintNotReady keeps pods off a node whose pool has not yet reached
 	// its warm target (a new node, or an agent that restarted without
 	// addresses): they would only wait for the cloud there.
 	TaintNotReady = "vpcni.io/not-ready"
 	// EventIPNotRequested is the Warning on a pod on the pod network that
-	// requests no vpcni.io/ip.
+	// requests no vpcni.io/ip (k8s.IPResource).
 	EventIPNotRequested = "VpcniIPNotRequested"
 )
-
-// OnPodNetwork says whether the pod takes an address from vpcni.
-func OnPodNetwork(pod *corev1.Pod) bool { return !pod.Spec.HostNetwork }
-
-// RequestsIP says whether a container of the pod requests (or limits,
-// which for an extended resource is the same) vpcni.io/ip.
-func RequestsIP(pod *corev1.Pod) bool {
-	for _, cs := range [][]corev1.Container{pod.Spec.InitContainers, pod.Spec.Containers} {
-		for _, c := range cs {
-			if _, ok := c.Resources.Requests[IPResource]; ok {
-				return true
-			}
-			if _, ok := c.Resources.Limits[IPResource]; ok {
-				return true
-			}
-		}
-	}
-	return false
-}
 
 // ipCapacity is what the node advertises as vpcni.io/ip: every address it
 // may hold (those its pods use, those it holds free or cooling, those it
@@ -105,8 +82,8 @@ func (c *nodeCapacity) syncResource(ctx context.Context, node *corev1.Node, p ag
 		}
 		want = resource.NewQuantity(ipCapacity(p, podLimit, unrequested), resource.DecimalSI)
 	}
-	capQ, hasCap := node.Status.Capacity[IPResource]
-	allocQ, hasAlloc := node.Status.Allocatable[IPResource]
+	capQ, hasCap := node.Status.Capacity[k8s.IPResource]
+	allocQ, hasAlloc := node.Status.Allocatable[k8s.IPResource]
 	switch {
 	case want != nil && !p.Connected && hasCap:
 		// The provider's bound is not known yet (an agent restarting
@@ -124,11 +101,11 @@ func (c *nodeCapacity) syncResource(ctx context.Context, node *corev1.Node, p ag
 		v = want.String()
 	}
 	patch, _ := json.Marshal(map[string]any{"status": map[string]any{
-		"capacity":    map[string]any{string(IPResource): v},
-		"allocatable": map[string]any{string(IPResource): v},
+		"capacity":    map[string]any{string(k8s.IPResource): v},
+		"allocatable": map[string]any{string(k8s.IPResource): v},
 	}})
 	if _, err := c.cs.CoreV1().Nodes().Patch(ctx, node.Name, types.MergePatchType, patch, metav1.PatchOptions{}, "status"); err != nil {
-		return fmt.Errorf("advertise %s=%v on node %s: %w", IPResource, v, node.Name, err)
+		return fmt.Errorf("advertise %s=%v on node %s: %w", k8s.IPResource, v, node.Name, err)
 	}
 	return nil
 }

@@ -1,4 +1,4 @@
-package k8s
+package controller
 
 import (
 	"context"
@@ -24,6 +24,7 @@ import (
 	"k8s.io/client-go/util/workqueue"
 
 	"github.com/vpcni/vpcni/internal/apis/vpcni/v1alpha1"
+	"github.com/vpcni/vpcni/internal/k8s"
 )
 
 // StickyKeeper is vpcni-controller's side of addresses that follow a
@@ -49,7 +50,7 @@ import (
 // the pod, its StatefulSet, its PodAddresses and the reservation.
 type StickyKeeper struct {
 	opts  StickyOptions
-	res   *reservations
+	res   *k8s.AddressReservations
 	log   *slog.Logger
 	queue workqueue.TypedRateLimitingInterface[string]
 
@@ -60,7 +61,7 @@ type StickyKeeper struct {
 	nodes cache.SharedIndexInformer
 
 	cs       kubernetes.Interface
-	recorder events
+	recorder k8s.Events
 
 	mu        sync.Mutex
 	goneSince map[string]time.Time // nodes missing from the cache, since
@@ -97,7 +98,7 @@ func NewStickyKeeper(cfg *rest.Config, opts StickyOptions, log *slog.Logger) (*S
 	if err != nil {
 		return nil, err
 	}
-	res, err := newReservations(c.cfg)
+	res, err := k8s.NewAddressReservations(c.cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -119,8 +120,8 @@ func NewStickyKeeper(cfg *rest.Config, opts StickyOptions, log *slog.Logger) (*S
 	f := informers.NewSharedInformerFactory(cs, 10*time.Minute)
 	k.sets = f.Apps().V1().StatefulSets().Informer()
 	k.nodes = f.Core().V1().Nodes().Informer()
-	k.addrs = pas.informer("", 10*time.Minute, cache.Indexers{IndexPod: podIndex})
-	k.ars = res.informer(10 * time.Minute)
+	k.addrs = pas.Informer("", 10*time.Minute, cache.Indexers{k8s.IndexPod: k8s.PodIndex})
+	k.ars = res.Informer(10 * time.Minute)
 
 	key := func(obj any) (namespace, name string, ok bool) {
 		if d, isD := obj.(cache.DeletedFinalStateUnknown); isD {
@@ -202,7 +203,7 @@ func (k *StickyKeeper) Figures() (created, recorded, deleted, takenOver int64) {
 // Run reconciles until ctx ends.
 func (k *StickyKeeper) Run(ctx context.Context) error {
 	defer k.queue.ShutDown()
-	defer k.recorder.send(k.cs)()
+	defer k.recorder.Send(k.cs)()
 	for _, inf := range []cache.SharedIndexInformer{k.pods, k.sets, k.addrs, k.ars, k.nodes} {
 		go inf.Run(ctx.Done())
 	}
@@ -211,7 +212,7 @@ func (k *StickyKeeper) Run(ctx context.Context) error {
 	}
 	k.log.Info("keeping the addresses of StatefulSet pods annotated "+v1alpha1.AnnotationStickyIP,
 		"deadNodeGrace", k.opts.Grace, "takeOverFromDeadNodes", k.opts.Cloud != nil)
-	runQueue(ctx, k.queue, k.reconcile, k.log)
+	k8s.RunQueue(ctx, k.queue, k.reconcile, k.log)
 	return nil
 }
 
@@ -414,7 +415,7 @@ func (k *StickyKeeper) podAddressOf(pod *metav1.PartialObjectMetadata, key strin
 	if pod == nil {
 		return nil
 	}
-	list, _ := k.addrs.GetIndexer().ByIndex(IndexPod, key)
+	list, _ := k.addrs.GetIndexer().ByIndex(k8s.IndexPod, key)
 	for _, o := range list {
 		pa := o.(*v1alpha1.PodAddress)
 		if pa.Spec.PodUID == "" || pa.Spec.PodUID == string(pod.UID) {

@@ -1,4 +1,4 @@
-package k8s
+package controller
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/rest"
 
+	"github.com/vpcni/vpcni/internal/k8s"
 	"github.com/vpcni/vpcni/internal/k8s/nodeblocks"
 	"github.com/vpcni/vpcni/internal/leaks"
 )
@@ -30,8 +31,8 @@ type ClusterReader struct {
 	instance func(providerID string) (string, bool)
 	cs       kubernetes.Interface
 	md       metadata.Interface
-	pas      *podAddresses
-	ars      *reservations
+	pas      *k8s.PodAddresses
+	ars      *k8s.AddressReservations
 	nbs      *nodeblocks.Client
 	opts     metav1.ListOptions
 }
@@ -44,7 +45,7 @@ func NewClusterReader(cfg *rest.Config, instance func(providerID string) (string
 		return nil, err
 	}
 	r := &ClusterReader{instance: instance, cs: c.cs, md: c.md, pas: c.pas}
-	if r.ars, err = newReservations(c.cfg); err != nil {
+	if r.ars, err = k8s.NewAddressReservations(c.cfg); err != nil {
 		return nil, err
 	}
 	if r.nbs, err = nodeblocks.NewClient(c.cfg); err != nil {

@@ -1,4 +1,4 @@
-package k8s
+package controller
 
 import (
 	"context"
@@ -26,6 +26,7 @@ import (
 
 	"github.com/vpcni/vpcni/internal/apis/vpcni/v1alpha1"
 	"github.com/vpcni/vpcni/internal/ipam"
+	"github.com/vpcni/vpcni/internal/k8s"
 	"github.com/vpcni/vpcni/internal/k8s/nodeblocks"
 )
 
@@ -62,7 +63,7 @@ type BlockAssigner struct {
 	cs     kubernetes.Interface
 	// recorder puts Events on Nodes: a block assigned (Normal), the
 	// ranges full (Warning, with the fix), a block held back (Normal).
-	recorder events
+	recorder k8s.Events
 
 	mu        sync.Mutex
 	goneSince map[string]time.Time
@@ -123,7 +124,7 @@ func NewBlockAssigner(cfg *rest.Config, opts BlockOptions, log *slog.Logger) (*B
 		}
 		return nil, nil
 	}})
-	b.addrs = pas.informer("", 10*time.Minute, cache.Indexers{indexNode: func(obj any) ([]string, error) {
+	b.addrs = pas.Informer("", 10*time.Minute, cache.Indexers{indexNode: func(obj any) ([]string, error) {
 		if pa, ok := obj.(*v1alpha1.PodAddress); ok {
 			return []string{pa.Spec.Node}, nil
 		}
@@ -167,7 +168,7 @@ func (b *BlockAssigner) Conflicts() int64 { return b.conflicts.Load() }
 // Run reconciles until ctx ends.
 func (b *BlockAssigner) Run(ctx context.Context) error {
 	defer b.queue.ShutDown()
-	defer b.recorder.send(b.cs)()
+	defer b.recorder.Send(b.cs)()
 	go b.nodes.Run(ctx.Done())
 	go b.blocks.Run(ctx.Done())
 	go b.addrs.Run(ctx.Done())
@@ -176,7 +177,7 @@ func (b *BlockAssigner) Run(ctx context.Context) error {
 	}
 	b.log.Info("assigning per-node blocks", "ranges", b.opts.Blocks.Ranges, "size", "/"+strconv.Itoa(b.opts.Blocks.Bits),
 		"blocks", b.opts.Blocks.Count(), "reclaim_grace", b.opts.Grace)
-	runQueue(ctx, b.queue, b.reconcile, b.log)
+	k8s.RunQueue(ctx, b.queue, b.reconcile, b.log)
 	return nil
 }
 

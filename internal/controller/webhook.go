@@ -1,4 +1,4 @@
-package k8s
+package controller
 
 import (
 	"encoding/json"
@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 
+	"github.com/vpcni/vpcni/internal/k8s"
 	admissionv1 "k8s.io/api/admission/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -28,7 +29,7 @@ const WebhookPath = "/mutate-pod"
 // container's whole resources object, which works whether or not the
 // request serialised it.
 func PodPatch(pod *corev1.Pod) ([]byte, error) {
-	if !OnPodNetwork(pod) || RequestsIP(pod) || len(pod.Spec.Containers) == 0 {
+	if !k8s.OnPodNetwork(pod) || k8s.RequestsIP(pod) || len(pod.Spec.Containers) == 0 {
 		return nil, nil
 	}
 	res := *pod.Spec.Containers[0].Resources.DeepCopy()
@@ -39,7 +40,7 @@ func PodPatch(pod *corev1.Pod) ([]byte, error) {
 	if res.Limits == nil {
 		res.Limits = corev1.ResourceList{}
 	}
-	res.Requests[IPResource], res.Limits[IPResource] = one, one
+	res.Requests[k8s.IPResource], res.Limits[k8s.IPResource] = one, one
 	return json.Marshal([]map[string]any{{"op": "add", "path": "/spec/containers/0/resources", "value": res}})
 }
 
@@ -73,7 +74,7 @@ func WebhookHandler(log *slog.Logger) http.Handler {
 			switch {
 			case err != nil:
 				log.Warn("pod admitted without a vpcni.io/ip request: unreadable", "namespace", req.Namespace, "err", err)
-				resp.Warnings = []string{fmt.Sprintf("vpcni: pod not read (%v); it requests no %s", err, IPResource)}
+				resp.Warnings = []string{fmt.Sprintf("vpcni: pod not read (%v); it requests no %s", err, k8s.IPResource)}
 			case patch != nil:
 				pt := admissionv1.PatchTypeJSONPatch
 				resp.Patch, resp.PatchType = patch, &pt

@@ -1,4 +1,4 @@
-package k8s
+package controller
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
@@ -6,11 +6,11 @@ import (
 	"github.com/vpcni/vpcni/internal/leaks"
 )
 
-// ControllerCollectors is what vpcni-controller serves on /metrics: the
+// Collectors is what vpcni-controller serves on /metrics: the
 // leader's blocks and routes and, when it runs (non-nil), the leak
 // collector. One list, so the dashboard's test checks its queries against
 // what the binary registers.
-func ControllerCollectors(blocks *BlockMetrics, routes *RouteMetrics, leakGC *leaks.Collector) []prometheus.Collector {
+func Collectors(blocks *BlockMetrics, routes *RouteMetrics, leakGC *leaks.Collector) []prometheus.Collector {
 	cs := []prometheus.Collector{blocks, routes}
 	if leakGC != nil {
 		cs = append(cs, leakGC)

@@ -1,4 +1,4 @@
-package k8s
+package controller
 
 import (
 	"bytes"
@@ -129,7 +129,7 @@ func (c *Certs) Ready() error {
 // apart (another replica may have rotated), sooner after an error.
 func (c *Certs) Run(ctx context.Context) {
 	rec := controllerEvents()
-	defer rec.send(c.cs)()
+	defer rec.Send(c.cs)()
 	webhook := &corev1.ObjectReference{Kind: "MutatingWebhookConfiguration", APIVersion: "admissionregistration.k8s.io/v1", Name: c.opts.WebhookConfig}
 	failing := false
 	for {
