@@ -26,9 +26,18 @@ func TestAWSNode(t *testing.T) {
 	n.overlay = n.writeOverlay("5s", 0, true)
 	n.dropNodeChainedPlugins()
 	n.installAll()
-	eventually(t, time.Minute, "vpcni.io/ip allocatable = the instance type's capacity (15)", func() (bool, string) {
+	// t3.medium: 3 ENIs x (6 addresses - the ENI's own), read from
+	// DescribeInstanceTypes; the node advertises it less the addresses of
+	// pods that request none (the controller's, started before its webhook).
+	eventually(t, time.Minute, "vpcni.io/ip allocatable = the instance type's capacity (15) less unrequested pods", func() (bool, string) {
+		st, err := n.agentState()
+		if err != nil {
+			return false, err.Error()
+		}
+		_, unrequested := n.podNetwork()
 		v, ok := ipAllocatable(n.getNode())
-		return ok && v == 15, fmt.Sprintf("vpcni.io/ip: %d (set: %v)", v, ok)
+		return st.Pool.Capacity == 15 && ok && v == int64(15-unrequested),
+			fmt.Sprintf("agent capacity %d (%s), vpcni.io/ip %d (set: %v), unrequested pods %d", st.Pool.Capacity, st.Pool.CapacityReason, v, ok, unrequested)
 	})
 
 	const pods = 8

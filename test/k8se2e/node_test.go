@@ -27,7 +27,7 @@ import (
 	"github.com/vpcni/vpcni/internal/api"
 	"github.com/vpcni/vpcni/internal/apis/vpcni/v1alpha1"
 	"github.com/vpcni/vpcni/internal/faultproxy"
-	"github.com/vpcni/vpcni/internal/k8s"
+	"github.com/vpcni/vpcni/internal/k8s/nodeside"
 	"github.com/vpcni/vpcni/internal/lab"
 	"github.com/vpcni/vpcni/internal/netnsutil"
 	"github.com/vpcni/vpcni/internal/testbed"
@@ -682,7 +682,7 @@ func TestKubernetesNode(t *testing.T) {
 	// The kubelet registered it tainted (registerWithTaints, as deploy/
 	// advises); vpcnid removes the taint once its pool is warm.
 	if nd := n.getNode(); !notReadyTainted(nd) {
-		t.Fatalf("the node registered without the %s taint: %v", k8s.TaintNotReady, nd.Spec.Taints)
+		t.Fatalf("the node registered without the %s taint: %v", nodeside.TaintNotReady, nd.Spec.Taints)
 	}
 
 	// The previous release first: the upgrade below is the real one, with
@@ -693,14 +693,14 @@ func TestKubernetesNode(t *testing.T) {
 	applied := time.Now()
 	n.mustKubectl("apply", "-k", n.overlay)
 	n.waitInstalled("kubectl apply -k deploy (the previous release, "+n.prev.image+")", applied)
-	eventually(t, time.Minute, "the "+k8s.TaintNotReady+" taint removed once the pool is warm", func() (bool, string) {
+	eventually(t, time.Minute, "the "+nodeside.TaintNotReady+" taint removed once the pool is warm", func() (bool, string) {
 		nd := n.getNode()
 		return !notReadyTainted(nd), fmt.Sprintf("taints %v", nd.Spec.Taints)
 	})
 	if st, err := n.agentState(); err != nil || st.Pool.Free < 4 {
 		t.Fatalf("the taint is gone with the pool below warmTarget 4: %+v %v", st, err)
 	}
-	t.Logf("vpcni-test: node registered with the %s taint; vpcnid removed it with the pool warm; the webhook mutates pods", k8s.TaintNotReady)
+	t.Logf("vpcni-test: node registered with the %s taint; vpcnid removed it with the pool warm; the webhook mutates pods", nodeside.TaintNotReady)
 
 	web := n.runWeb()
 	// This release over it; every check below runs on this release.
@@ -839,11 +839,11 @@ func checkAddresses(t *testing.T, n *node, web []pod) {
 			t.Errorf("%s: address %s given twice", key, ip)
 		}
 		seen[ip] = true
-		if got := p.Metadata.Annotations[k8s.AnnotationIP]; got != ip {
-			t.Errorf("%s: annotation %s=%q, pod IP %s", key, k8s.AnnotationIP, got, ip)
+		if got := p.Metadata.Annotations[nodeside.AnnotationIP]; got != ip {
+			t.Errorf("%s: annotation %s=%q, pod IP %s", key, nodeside.AnnotationIP, got, ip)
 		}
-		if p.Metadata.Annotations[k8s.AnnotationMAC] == "" || p.Metadata.Annotations[k8s.AnnotationGateway] != "169.254.1.1" ||
-			p.Metadata.Annotations[k8s.AnnotationInterface] != "eth0" || p.Metadata.Annotations[k8s.AnnotationProviderPort] != n.lab.Nodes[0].PortID {
+		if p.Metadata.Annotations[nodeside.AnnotationMAC] == "" || p.Metadata.Annotations[nodeside.AnnotationGateway] != "169.254.1.1" ||
+			p.Metadata.Annotations[nodeside.AnnotationInterface] != "eth0" || p.Metadata.Annotations[nodeside.AnnotationProviderPort] != n.lab.Nodes[0].PortID {
 			t.Errorf("%s: annotations %v", key, p.Metadata.Annotations)
 		}
 		if pa, ok := pas[key]; !ok || pa.Address != ip || pa.PodUID != p.Metadata.UID {
@@ -866,12 +866,12 @@ func checkAddresses(t *testing.T, n *node, web []pod) {
 			return false, err.Error()
 		}
 		a := node.Metadata.Annotations
-		alloc, _ := strconv.Atoi(a[k8s.AnnotationPoolAllocated])
-		capacity, _ := strconv.Atoi(a[k8s.AnnotationPoolCapacity])
+		alloc, _ := strconv.Atoi(a[nodeside.AnnotationPoolAllocated])
+		capacity, _ := strconv.Atoi(a[nodeside.AnnotationPoolCapacity])
 		return alloc >= 12 && capacity > alloc, fmt.Sprintf("%v", a)
 	})
 	t.Logf("vpcni-test: 10 pods: annotations, PodAddresses, agent store and cloud port agree; node: %s=%s %s=%s",
-		k8s.AnnotationPoolAllocated, node.Metadata.Annotations[k8s.AnnotationPoolAllocated], k8s.AnnotationPoolCapacity, node.Metadata.Annotations[k8s.AnnotationPoolCapacity])
+		nodeside.AnnotationPoolAllocated, node.Metadata.Annotations[nodeside.AnnotationPoolAllocated], nodeside.AnnotationPoolCapacity, node.Metadata.Annotations[nodeside.AnnotationPoolCapacity])
 }
 
 func checkPodToPod(t *testing.T, n *node, web []pod) {
