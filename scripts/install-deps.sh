@@ -33,4 +33,11 @@ bash "$(dirname "${BASH_SOURCE[0]}")/cni-plugins.sh" "$upstream"
 for tool in /usr/lib/cni/ptp /usr/lib/cni/host-local /usr/lib/cni/portmap /usr/lib/cni/bandwidth $upstream/portmap $upstream/bandwidth; do
   [ -x "$tool" ] || { echo "missing $tool after install" >&2; exit 1; }
 done
+# The EC2 tests hold vpcni's EC2 code to moto_server (Python moto 5.2.1, an
+# EC2 emulator others wrote). It comes from PyPI, which the test machines do
+# not reach: it must be installed beforehand.
+if ! command -v moto_server >/dev/null; then
+  echo "moto_server is required for the EC2 tests: pip install 'moto[server]==5.2.1'" >&2
+  exit 1
+fi
 echo "dependencies ready"

@@ -1,16 +1,19 @@
 // Command vpcni-controller runs vpcni's cluster-wide reconcilers, one
 // active replica at a time (a Lease elects the leader): releasing the
 // addresses of pods that are gone while their node's agent missed the DEL
-// (see internal/k8s); with -block-ranges, assigning per-node blocks of
+// (see internal/controller); with -block-ranges, assigning per-node blocks of
 // those ranges to the nodes that ask (NodeBlocks) and taking back the
 // blocks of nodes gone for good; keeping the AddressReservations of sticky
-// StatefulSet pods. With -cloud-config (Neutron) also: floating IPs for
-// pods, a sticky pod's address taken off a dead node's port, the leak
-// collector (internal/leaks) and, with a routes section, each block routed
-// through the Neutron router (one extra route and one VM-port pair per
-// block, within max_routes). Every replica, leader or not, also serves the
-// mutating admission webhook that makes pods on the pod network request
-// one vpcni.io/ip, with a certificate it mints and rotates itself.
+// StatefulSet pods. With -cloud-config (a cloud's section: openstack, for
+// Neutron) also: floating IPs for pods, a sticky pod's address taken off a
+// dead node's port, the leak collector (internal/leaks) and, with a routes
+// section, each block routed through the cloud's router (one extra route
+// and one VM-port pair per block, within max_routes). The cloud is the one
+// the file's section names, among those internal/builtin/clouds links;
+// each reconciler talks to it through an interface of its own. Every
+// replica, leader or not, also serves the mutating admission webhook that
+// makes pods on the pod network request one vpcni.io/ip, with a
+// certificate it mints and rotates itself.
 package main
 
 import (
@@ -43,12 +46,12 @@ import (
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 	"k8s.io/client-go/tools/record"
 
+	_ "github.com/vpcni/vpcni/internal/builtin/clouds" // the clouds a -cloud-config may name
 	"github.com/vpcni/vpcni/internal/cloudconfig"
-	"github.com/vpcni/vpcni/internal/floatingip"
+	"github.com/vpcni/vpcni/internal/controller"
 	"github.com/vpcni/vpcni/internal/ipam"
 	"github.com/vpcni/vpcni/internal/k8s"
 	"github.com/vpcni/vpcni/internal/leaks"
-	"github.com/vpcni/vpcni/internal/provider/openstack"
 	"github.com/vpcni/vpcni/internal/routes"
 )
 
@@ -162,38 +165,37 @@ func run(o options, log *slog.Logger) error {
 		return errors.New("-sticky-dead-node-grace must be positive")
 	}
 	// -cloud-config: read and checked before leading, so a bad file stops
-	// the replica at once. Its openstack section serves the floating IPs
-	// and the sticky takeover; a routes section, the routed pod subnet.
-	var cloud *routes.CloudConfig
-	var fipCloud *cloudconfig.Config
+	// the replica at once. Its cloud serves the floating IPs and the
+	// sticky takeover; a routes section, the routed pod subnet.
+	var cloud cloudconfig.Cloud
+	var routesCfg *routes.Config
 	if o.cloudConfig != "" {
 		fc, err := cloudconfig.Load(o.cloudConfig)
 		if err != nil {
 			return err
 		}
-		fipCloud = &fc
+		cloud = fc.Open(log)
 		if fc.HasRoutes() {
 			if blocks == nil {
 				return errors.New("-cloud-config's routes section routes the nodes' blocks: it needs -block-ranges")
 			}
-			if cloud, err = routes.LoadCloudConfig(o.cloudConfig); err != nil {
-				return err
-			}
+			routesCfg = fc.Routes
 		}
 	}
-	// A sticky pod's address taken off a dead node's port needs the VMs'
-	// subnet (the fixed IP is named by it).
-	var stickyCloud *openstack.Config
-	if fipCloud != nil && fipCloud.OpenStack.SubnetID != "" {
-		stickyCloud = fipCloud.OpenStack
+	// A sticky pod's address taken off a dead node's port, and the leak
+	// collector, which compares the pods' subnet with the cluster, need
+	// the section to say where the pods' addresses live
+	// (openstack.subnetID).
+	podSubnet := cloud != nil && cloud.Info().Subnet
+	var stickyCloud controller.StickyCloud
+	if podSubnet {
+		stickyCloud = cloud
 	}
 	if o.leakGrace <= 0 || o.leakPeriod <= 0 {
 		return errors.New("-leak-grace and -leak-period must be positive (a grace of zero would release on first sight)")
 	}
-	// The leak collector compares the pods' subnet with the cluster: it
-	// needs the subnet, hence openstack.subnetID.
 	var leakGC *leaks.Collector
-	if o.leakGC && stickyCloud != nil {
+	if o.leakGC && podSubnet {
 		leakGC = &leaks.Collector{Grace: o.leakGrace, Period: o.leakPeriod, Log: log.With("reconciler", "leaks")}
 	}
 	cfg, err := k8s.RestConfig(o.kubeconfig)
@@ -211,9 +213,9 @@ func run(o options, log *slog.Logger) error {
 	leaderHealth := leaderelection.NewLeaderHealthzAdaptor(20 * time.Second)
 	var runErr atomic.Value
 	// The leader's block figures, on /metrics beside /healthz.
-	blockMetrics := &k8s.BlockMetrics{}
-	routeMetrics := &k8s.RouteMetrics{}
-	var certs *k8s.Certs
+	blockMetrics := &controller.BlockMetrics{}
+	routeMetrics := &controller.RouteMetrics{}
+	var certs *controller.Certs
 	if o.webhookAddr != "" {
 		certs, err = serveWebhook(ctx, cs, o, log)
 		if err != nil {
@@ -227,7 +229,7 @@ func run(o options, log *slog.Logger) error {
 		}
 		mux := http.NewServeMux()
 		reg := prometheus.NewRegistry()
-		reg.MustRegister(k8s.ControllerCollectors(blockMetrics, routeMetrics, leakGC)...)
+		reg.MustRegister(controller.Collectors(blockMetrics, routeMetrics, leakGC)...)
 		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 		mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
 			if err := leaderHealth.Check(r); err != nil {
@@ -283,7 +285,7 @@ func run(o options, log *slog.Logger) error {
 				var wg sync.WaitGroup
 				if blocks != nil {
 					wg.Go(func() {
-						a, err := k8s.NewBlockAssigner(cfg, k8s.BlockOptions{Blocks: *blocks, Grace: o.blockGrace}, log)
+						a, err := controller.NewBlockAssigner(cfg, controller.BlockOptions{Blocks: *blocks, Grace: o.blockGrace}, log)
 						if err == nil {
 							blockMetrics.Set(a)
 							err = a.Run(ctx)
@@ -292,9 +294,9 @@ func run(o options, log *slog.Logger) error {
 						fail("blocks", err)
 					})
 				}
-				if cloud != nil {
+				if routesCfg != nil {
 					wg.Go(func() {
-						r, err := newRouteReconciler(ctx, cfg, cloud, blocks, log)
+						r, err := newRouteReconciler(ctx, cfg, cloud, routesCfg, blocks, log)
 						if err == nil {
 							routeMetrics.Set(r)
 							err = r.Run(ctx)
@@ -305,19 +307,19 @@ func run(o options, log *slog.Logger) error {
 				}
 				if o.stickyIPs {
 					wg.Go(func() {
-						k, err := k8s.NewStickyKeeper(cfg, k8s.StickyOptions{Cloud: stickyCloud, Grace: o.stickyGrace}, log)
+						k, err := controller.NewStickyKeeper(cfg, controller.StickyOptions{Cloud: stickyCloud, Grace: o.stickyGrace}, log)
 						if err == nil {
 							err = k.Run(ctx)
 						}
 						fail("sticky", err)
 					})
 				}
-				if fipCloud != nil && o.floatingIPs {
+				if cloud != nil && o.floatingIPs {
 					wg.Go(func() {
-						nc, timeout, err := fipCloud.Neutron(ctx, log)
+						fips, err := cloudconfig.Retry(ctx, log, cloud.FloatingIPs)
 						if err == nil {
-							var r *k8s.FloatingIPs
-							if r, err = k8s.NewFloatingIPs(cfg, &floatingip.Cloud{NC: nc, Timeout: timeout}, o.floatingNetwork, log); err == nil {
+							var r *controller.FloatingIPs
+							if r, err = controller.NewFloatingIPs(cfg, fips, o.floatingNetwork, log); err == nil {
 								err = r.Run(ctx)
 							}
 						}
@@ -326,14 +328,14 @@ func run(o options, log *slog.Logger) error {
 				}
 				if leakGC != nil {
 					wg.Go(func() {
-						err := connectLeaks(ctx, cfg, cs, o, leakGC, fipCloud, cloud, blocks, log)
+						err := connectLeaks(ctx, cfg, cs, o, leakGC, cloud, routesCfg, blocks, log)
 						if err == nil {
 							err = leakGC.Run(ctx)
 						}
 						fail("leaks", err)
 					})
 				}
-				orphans, err := k8s.NewOrphans(cfg, o.grace, log)
+				orphans, err := controller.NewOrphans(cfg, o.grace, log)
 				if err == nil {
 					err = orphans.Run(ctx)
 				}
@@ -360,10 +362,10 @@ func run(o options, log *slog.Logger) error {
 }
 
 // serveWebhook starts the pod admission webhook on this replica: its
-// certificate kept by k8s.Certs (shared with the other replicas through
+// certificate kept by controller.Certs (shared with the other replicas through
 // the Secret), served over HTTPS until ctx ends.
-func serveWebhook(ctx context.Context, cs kubernetes.Interface, o options, log *slog.Logger) (*k8s.Certs, error) {
-	certs, err := k8s.NewCerts(cs, k8s.CertOptions{Namespace: o.namespace, Secret: o.webhookSecret, Service: o.webhookService,
+func serveWebhook(ctx context.Context, cs kubernetes.Interface, o options, log *slog.Logger) (*controller.Certs, error) {
+	certs, err := controller.NewCerts(cs, controller.CertOptions{Namespace: o.namespace, Secret: o.webhookSecret, Service: o.webhookService,
 		WebhookConfig: o.webhookConfig, Validity: o.certValidity}, log)
 	if err != nil {
 		return nil, fmt.Errorf("webhook: %w", err)
@@ -373,39 +375,41 @@ func serveWebhook(ctx context.Context, cs kubernetes.Interface, o options, log *
 		return nil, fmt.Errorf("webhook: %w", err)
 	}
 	mux := http.NewServeMux()
-	mux.Handle(k8s.WebhookPath, k8s.WebhookHandler(log))
+	mux.Handle(controller.WebhookPath, controller.WebhookHandler(log))
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second,
 		TLSConfig: &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: certs.GetCertificate}}
 	go certs.Run(ctx)
 	go func() { _ = srv.ServeTLS(ln, "", "") }()
 	go func() { <-ctx.Done(); _ = srv.Close() }()
-	log.Info("pod admission webhook", "addr", ln.Addr().String(), "path", k8s.WebhookPath, "service", o.namespace+"/"+o.webhookService)
+	log.Info("pod admission webhook", "addr", ln.Addr().String(), "path", controller.WebhookPath, "service", o.namespace+"/"+o.webhookService)
 	return certs, nil
 }
 
-// connectLeaks logs in to Neutron and gives the leak collector its cloud
-// (the pods' subnet, this cluster's ID; with a routed pod subnet also its
-// router and block ranges) and its reader of the cluster.
-func connectLeaks(ctx context.Context, cfg *rest.Config, cs kubernetes.Interface, o options, c *leaks.Collector, fc *cloudconfig.Config, rc *routes.CloudConfig, blocks *ipam.Blocks, log *slog.Logger) error {
-	clusterID := o.clusterID
-	nc, _, err := fc.Neutron(ctx, log)
-	if err != nil {
-		return err
+// connectLeaks logs in to the cloud and gives the leak collector its
+// cloud (the pods' subnet, this cluster's ID; with a routed pod subnet
+// also its router and block ranges) and its reader of the cluster.
+func connectLeaks(ctx context.Context, cfg *rest.Config, cs kubernetes.Interface, o options, c *leaks.Collector, cloud cloudconfig.Cloud, rc *routes.Config, blocks *ipam.Blocks, log *slog.Logger) error {
+	scope := leaks.Scope{ClusterID: o.clusterID}
+	if rc != nil {
+		scope.Router, scope.Ranges = rc.RouterID, blocks.Ranges
 	}
-	if clusterID == "" {
-		if clusterID, err = k8s.ClusterID(ctx, cfg); err != nil {
+	// The cluster's ID first: it is read from the cluster, the login
+	// may wait for the cloud.
+	if scope.ClusterID == "" {
+		var err error
+		if scope.ClusterID, err = controller.ClusterID(ctx, cfg); err != nil {
 			return err
 		}
 	}
-	n := &leaks.Neutron{NC: nc, OpenStack: fc.OpenStack, ClusterID: clusterID, Log: c.Log}
-	if rc != nil {
-		n.RouterID, n.Ranges = rc.Routes.RouterID, blocks.Ranges
-	}
-	r, err := k8s.NewClusterReader(cfg)
+	held, err := cloudconfig.Retry(ctx, log, func(ctx context.Context) (leaks.Cloud, error) { return cloud.Leaks(ctx, scope) })
 	if err != nil {
 		return err
 	}
-	c.Cloud, c.Cluster = n, r.Read
+	r, err := controller.NewClusterReader(cfg, held.Instance)
+	if err != nil {
+		return err
+	}
+	c.Cloud, c.Cluster = held, r.Read
 	// What an operator must act on goes on the controller's Lease as an
 	// Event (kubectl -n vpcni-system describe lease vpcni-controller).
 	events := record.NewBroadcaster()
@@ -421,17 +425,16 @@ func connectLeaks(ctx context.Context, cfg *rest.Config, cs kubernetes.Interface
 	return nil
 }
 
-// newRouteReconciler logs in to Neutron and builds the routed pod
+// newRouteReconciler logs in to the cloud and builds the routed pod
 // subnet's reconciler over the block ranges.
-func newRouteReconciler(ctx context.Context, cfg *rest.Config, cloud *routes.CloudConfig, blocks *ipam.Blocks, log *slog.Logger) (*k8s.RouteReconciler, error) {
-	nt, err := cloud.Connect(ctx, log)
+func newRouteReconciler(ctx context.Context, cfg *rest.Config, cloud cloudconfig.Cloud, rc *routes.Config, blocks *ipam.Blocks, log *slog.Logger) (*controller.RouteReconciler, error) {
+	router, err := cloudconfig.Retry(ctx, log, func(ctx context.Context) (routes.Cloud, error) { return cloud.Router(ctx, rc.RouterID) })
 	if err != nil {
 		return nil, err
 	}
-	rec, err := routes.New(nt, routes.Options{Ranges: blocks.Ranges, MaxRoutes: cloud.Routes.MaxRoutes,
-		MaxPairs: cloud.OpenStack.MaxAddressPairs, Probe: cloud.Routes.Probe.Duration}, log.With("reconciler", "routes"))
+	rec, err := routes.New(router, routes.Options{Ranges: blocks.Ranges, MaxRoutes: rc.MaxRoutes, Probe: rc.Probe.Duration}, log.With("reconciler", "routes"))
 	if err != nil {
 		return nil, err
 	}
-	return k8s.NewRouteReconciler(cfg, rec, k8s.RouteOptions{Resync: cloud.Routes.Resync.Duration}, log)
+	return controller.NewRouteReconciler(cfg, rec, controller.RouteOptions{Resync: rc.Resync.Duration}, log)
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/vpcni/vpcni/internal/cniinstall"
 	"github.com/vpcni/vpcni/internal/config"
 	"github.com/vpcni/vpcni/internal/k8s"
+	"github.com/vpcni/vpcni/internal/k8s/nodeside"
 )
 
 var (
@@ -75,14 +76,14 @@ func run(configPath string) error {
 		if err != nil {
 			return fmt.Errorf("kubernetes (mode %q; set kubernetes.mode: off to run without): %w", cfg.Kubernetes.Mode, err)
 		}
-		node, err := k8s.NewNode(rc, cfg.NodeName, a, log, k8s.NodeOptions{
+		node, err := nodeside.New(rc, cfg.NodeName, a, log, nodeside.Options{
 			IPResource: config.On(cfg.Kubernetes.IPResource), NotReadyTaint: config.On(cfg.Kubernetes.NotReadyTaint)})
 		if err != nil {
 			return fmt.Errorf("kubernetes: %w", err)
 		}
 		a.SetCluster(node)
 		// Addresses that follow StatefulSet pods (AddressReservations).
-		res, err := k8s.NewReservations(rc)
+		res, err := nodeside.NewReservations(rc)
 		if err != nil {
 			return fmt.Errorf("kubernetes: %w", err)
 		}

@@ -11,9 +11,9 @@ import (
 )
 
 // Cluster is the orchestrator the agent reports to (Kubernetes, see
-// internal/k8s). The agent calls it after the fact and never waits on it:
-// a slow or absent API server must not slow a pod's ADD. Without one the
-// agent runs on its own.
+// internal/k8s/nodeside). The agent calls it after the fact and never
+// waits on it: a slow or absent API server must not slow a pod's ADD.
+// Without one the agent runs on its own.
 type Cluster interface {
 	// Changed: the attachment's allocation was made or released.
 	Changed(containerID, ifName string)

@@ -74,9 +74,9 @@ func (a *Agent) untake(rec *alloc.Allocation, wiringErr error) {
 }
 
 // Reservations tells the agent which pods keep their address wherever they
-// start (internal/k8s/reservations: vpcni-controller's AddressReservations
-// of StatefulSet pods, read from an informer cache, so an ADD waits on no
-// API call).
+// start (internal/k8s/nodeside.Reservations: vpcni-controller's
+// AddressReservations of StatefulSet pods, read from an informer cache,
+// so an ADD waits on no API call).
 type Reservations interface {
 	// Reserved: ok when pod namespace/name has a reservation; addr is the
 	// reserved address, invalid until the pod first got one.

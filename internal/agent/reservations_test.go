@@ -14,7 +14,7 @@ import (
 )
 
 // reservationMap is the cluster's AddressReservations as the agent sees
-// them (the real one is an informer cache: internal/k8s.Reservations).
+// them (the real one is an informer cache: internal/k8s/nodeside.Reservations).
 type reservationMap struct {
 	mu sync.Mutex
 	m  map[string]netip.Addr // "namespace/name" → address (invalid: none yet)

@@ -9,11 +9,11 @@ import (
 	"github.com/vpcni/vpcni/internal/snat"
 )
 
-// openSNAT opens the node's SNAT table when the config enables it, and
-// removes one a previous configuration left when it does not: switching
-// SNAT off leaves no rule behind.
+// openSNAT opens the node's SNAT table when the config (or the provider's
+// default) enables it, and removes one a previous configuration left when
+// it does not: switching SNAT off leaves no rule behind.
 func openSNAT(ctx context.Context, cfg config.Config) (*snat.NAT, error) {
-	if !cfg.SNAT.Enabled {
+	if !cfg.SNATOn() {
 		return nil, snat.Remove(ctx)
 	}
 	return snat.Open(cfg.SNAT)
@@ -25,6 +25,11 @@ func openSNAT(ctx context.Context, cfg config.Config) (*snat.NAT, error) {
 func (a *Agent) syncSNAT(ctx context.Context, records []*alloc.Allocation) (fixed string) {
 	if a.snat == nil {
 		return ""
+	}
+	if a.snat.WaitingForVPC() {
+		// The file lists no VPC CIDRs: the provider reports them once it
+		// is connected (until then the table is not written).
+		a.snat.SetVPC(a.addrs.Provider().VPCCIDRs)
 	}
 	pods := make([]netip.Addr, 0, len(records))
 	for _, r := range records {

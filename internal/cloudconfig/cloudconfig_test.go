@@ -1,13 +1,63 @@
 package cloudconfig
 
 import (
+	"context"
+	"errors"
+	"log/slog"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
+
+	"github.com/vpcni/vpcni/internal/floatingip"
+	"github.com/vpcni/vpcni/internal/leaks"
+	"github.com/vpcni/vpcni/internal/routes"
 )
 
+// testSection is the section of a cloud registered by this test only,
+// "testcloud", so the reader is tested without a real cloud's package.
+type testSection struct {
+	Region string `json:"region"`
+	Zone   string `json:"zone,omitempty"`
+}
+
+func (s *testSection) Defaults() {
+	if s.Zone == "" {
+		s.Zone = "a"
+	}
+}
+
+func (s *testSection) Validate() error {
+	if s.Region == "" {
+		return errors.New("region: is required")
+	}
+	return nil
+}
+
+// testCloud opens no door: the reader's tests never call one.
+type testCloud struct{ s *testSection }
+
+var errNoDoor = errors.New("testcloud opens no door")
+
+func (c testCloud) Info() Info { return Info{Name: "testcloud"} }
+func (testCloud) FloatingIPs(context.Context) (floatingip.Cloud, error) {
+	return nil, errNoDoor
+}
+func (testCloud) Router(context.Context, string) (routes.Cloud, error) { return nil, errNoDoor }
+func (testCloud) Leaks(context.Context, leaks.Scope) (leaks.Cloud, error) {
+	return nil, errNoDoor
+}
+func (testCloud) TakeOff(context.Context, string, []netip.Addr) error { return errNoDoor }
+
+func init() {
+	Register(Registration{Name: "testcloud", NewSettings: func() Settings { return &testSection{} },
+		Open: func(s Settings, _ *slog.Logger) Cloud { return testCloud{s.(*testSection)} }})
+}
+
+// The file names its cloud by its section's key: the registered cloud's
+// section is read strictly, defaulted and validated; anything else is
+// refused with the names this build knows.
 func TestLoad(t *testing.T) {
 	dir := t.TempDir()
 	write := func(body string) string {
@@ -17,15 +67,26 @@ func TestLoad(t *testing.T) {
 		}
 		return p
 	}
-	c, err := Load(write("openstack:\n  endpoint: http://127.0.0.1:9696/\n  subnetID: ignored\n"))
-	if err != nil || c.OpenStack.Endpoint != "http://127.0.0.1:9696/" || c.OpenStack.Timeout.Duration != 15*time.Second {
-		t.Fatalf("a noauth endpoint: %+v, %v", c.OpenStack, err)
+	c, err := Load(write("testcloud:\n  region: r1\n"))
+	if err != nil || c.Cloud != "testcloud" || c.Settings.(*testSection).Zone != "a" || c.HasRoutes() {
+		t.Fatalf("%+v, %v", c, err)
+	}
+	if cl, ok := c.Open(nil).(testCloud); !ok || cl.s.Region != "r1" {
+		t.Errorf("opened %+v", c.Open(nil))
+	}
+	c, err = Load(write("testcloud: {region: r1}\nroutes: {routerID: r}\n"))
+	if err != nil || !c.HasRoutes() || c.Routes.RouterID != "r" || c.Routes.Resync.Duration.String() != "30s" {
+		t.Fatalf("with routes: %+v, %v", c.Routes, err)
 	}
 	for body, want := range map[string][]string{
-		"{}\n":                              {"openstack: the section is required"},
-		"openstack:\n  timeout: 1ms\n":      {"openstack.auth", "openstack.timeout"},
-		"openstack:\n  endpoint: ftp://x\n": {"openstack.endpoint"},
-		"openstack:\n  endpoint: http://x/\n  bogus: 1\n": {"bogus"},
+		"{}\n":                             {"a cloud's section is required: one of [", "testcloud"},
+		"routes: {routerID: r}\n":          {"a cloud's section is required"},
+		"aws: {region: r1}\n":              {`aws: "aws" is not a cloud this build knows (known: [`, "testcloud", "optionally, routes"},
+		"testcloud: {}\n":                  {"testcloud.region: is required"},
+		"testcloud:\n":                     {"testcloud.region: is required"},
+		"testcloud: {region: r, bogus: 1}": {"testcloud:", "bogus"},
+		"testcloud: {region: r}\nroutes: {maxRoutes: -1}\n": {"routes.routerID", "routes.maxRoutes"},
+		"- a list\n": {"cloud config"},
 	} {
 		_, err := Load(write(body))
 		for _, w := range want {
@@ -33,8 +94,8 @@ func TestLoad(t *testing.T) {
 				t.Errorf("%q: %v, want it to name %s", body, err, w)
 			}
 		}
-		if err != nil && strings.Contains(err.Error(), "subnetID") {
-			t.Errorf("%q: %v names subnetID, which the controller does not need", body, err)
-		}
+	}
+	if _, err := Load(filepath.Join(dir, "missing.yaml")); err == nil || !strings.Contains(err.Error(), "missing.yaml") {
+		t.Errorf("a missing file: %v", err)
 	}
 }

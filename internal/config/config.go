@@ -3,7 +3,6 @@
 package config
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -14,7 +13,9 @@ import (
 
 	"sigs.k8s.io/yaml"
 
+	"github.com/vpcni/vpcni/internal/provider"
 	"github.com/vpcni/vpcni/internal/snat"
+	"github.com/vpcni/vpcni/internal/units"
 )
 
 // Config is the whole agent configuration.
@@ -140,30 +141,9 @@ type Health struct {
 // Watching says whether the kernel watch is on.
 func (s SelfHeal) Watching() bool { return s.Watch == nil || *s.Watch }
 
-// Duration is a time.Duration written as "30s" in the file.
-type Duration struct{ time.Duration }
-
-// UnmarshalJSON accepts "30s"-style strings and plain seconds.
-func (d *Duration) UnmarshalJSON(b []byte) error {
-	var s string
-	if err := json.Unmarshal(b, &s); err == nil {
-		v, err := time.ParseDuration(s)
-		if err != nil {
-			return fmt.Errorf("duration %q: %w", s, err)
-		}
-		d.Duration = v
-		return nil
-	}
-	var secs float64
-	if err := json.Unmarshal(b, &secs); err != nil {
-		return fmt.Errorf("duration must be a string like \"30s\" or a number of seconds, got %s", b)
-	}
-	d.Duration = time.Duration(secs * float64(time.Second))
-	return nil
-}
-
-// MarshalJSON writes the duration as a string.
-func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(d.String()) }
+// Duration is a time.Duration written as "30s" in the file: the one
+// every config section spells (units.Duration), here under its old name.
+type Duration = units.Duration
 
 // Defaults returns the configuration used for every field the file omits.
 func Defaults() Config {
@@ -172,13 +152,13 @@ func Defaults() Config {
 		SocketPath:  "/run/vpcni/vpcnid.sock",
 		StateDir:    "/var/lib/vpcni",
 		Datapath:    Datapath{Mode: "veth"},
-		Cooldown:    Duration{30 * time.Second},
-		Resync:      Duration{time.Minute},
+		Cooldown:    Duration{Duration: 30 * time.Second},
+		Resync:      Duration{Duration: time.Minute},
 		LogLevel:    "info",
-		Pool:        Pool{WarmTarget: 8, BatchSize: 8, MaxFree: 24, AddWait: Duration{10 * time.Second}, SurplusGrace: Duration{2 * time.Minute}},
+		Pool:        Pool{WarmTarget: 8, BatchSize: 8, MaxFree: 24, AddWait: Duration{Duration: 10 * time.Second}, SurplusGrace: Duration{Duration: 2 * time.Minute}},
 		MetricsAddr: "127.0.0.1:9695",
-		SelfHeal:    SelfHeal{Period: Duration{30 * time.Second}, MinInterval: Duration{50 * time.Millisecond}},
-		Health:      Health{Interval: Duration{30 * time.Second}, PingTimeout: Duration{time.Second}},
+		SelfHeal:    SelfHeal{Period: Duration{Duration: 30 * time.Second}, MinInterval: Duration{Duration: 50 * time.Millisecond}},
+		Health:      Health{Interval: Duration{Duration: 30 * time.Second}, PingTimeout: Duration{Duration: time.Second}},
 		Provider:    Provider{Type: "static"},
 		Kubernetes:  Kubernetes{Mode: "auto"},
 	}
@@ -296,5 +276,15 @@ func (c *Config) Validate() error {
 	}
 	errs = append(errs, c.Provider.validate()...)
 	errs = append(errs, validateSection("snat", nopDefaults{c.SNAT})...)
+	if reg, err := provider.Lookup(c.Provider.Type); err == nil && c.SNAT.On(reg.SNATByDefault) && len(c.SNAT.VPCCIDRs) == 0 && !reg.SNATByDefault {
+		errs = append(errs, fmt.Errorf("snat.%w", snat.ErrNoVPC))
+	}
 	return errors.Join(errs...)
+}
+
+// SNATOn says whether the agent masquerades pod traffic leaving the VPC:
+// as snat.enabled says, else as the provider's default.
+func (c *Config) SNATOn() bool {
+	reg, err := provider.Lookup(c.Provider.Type)
+	return c.SNAT.On(err == nil && reg.SNATByDefault)
 }

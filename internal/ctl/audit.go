@@ -13,10 +13,9 @@ import (
 	"time"
 
 	"github.com/vpcni/vpcni/internal/cloudconfig"
+	"github.com/vpcni/vpcni/internal/controller"
 	"github.com/vpcni/vpcni/internal/k8s"
 	"github.com/vpcni/vpcni/internal/leaks"
-	"github.com/vpcni/vpcni/internal/provider/openstack"
-	"github.com/vpcni/vpcni/internal/routes"
 )
 
 // AuditReport is vpcnictl audit's JSON: every finding and the counts.
@@ -54,8 +53,10 @@ func audit(args []string, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if fc.OpenStack.SubnetID == "" {
-		return fmt.Errorf("%s: openstack.subnetID is required: the audit reads the pods' subnet", *cloudConfig)
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	cloud := fc.Open(log)
+	if info := cloud.Info(); !info.Subnet {
+		return fmt.Errorf("%s: %s is required: the audit reads the pods' subnet", *cloudConfig, info.SubnetKey)
 	}
 	var ranges []netip.Prefix
 	for _, f := range strings.Split(*blockRanges, ",") {
@@ -68,42 +69,34 @@ func audit(args []string, out io.Writer) error {
 		}
 		ranges = append(ranges, p)
 	}
-	var routerID string
+	scope := leaks.Scope{}
 	if fc.HasRoutes() {
-		rc, err := routes.LoadCloudConfig(*cloudConfig)
-		if err != nil {
-			return err
-		}
 		if len(ranges) == 0 {
 			return usageError{"audit: the cloud config has a routes section: give -block-ranges, as vpcni-controller has"}
 		}
-		routerID = rc.Routes.RouterID
+		scope.Router, scope.Ranges = fc.Routes.RouterID, ranges
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 	defer cancel()
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	nc, err := openstack.NetworkClient(ctx, *fc.OpenStack)
-	if err != nil {
-		return fmt.Errorf("log in to the cloud: %w", err)
-	}
 	cfg, err := k8s.RestConfig(*kubeconfig)
 	if err != nil {
 		return err
 	}
 	if *clusterID == "" {
-		if *clusterID, err = k8s.ClusterID(ctx, cfg); err != nil {
+		if *clusterID, err = controller.ClusterID(ctx, cfg); err != nil {
 			return err
 		}
 	}
-	cloud := &leaks.Neutron{NC: nc, OpenStack: fc.OpenStack, ClusterID: *clusterID, Log: log, RouterID: routerID}
-	if routerID != "" {
-		cloud.Ranges = ranges
+	scope.ClusterID = *clusterID
+	held, err := cloud.Leaks(ctx, scope)
+	if err != nil {
+		return fmt.Errorf("log in to the cloud: %w", err)
 	}
-	reader, err := k8s.NewClusterReader(cfg)
+	reader, err := controller.NewClusterReader(cfg, held.Instance)
 	if err != nil {
 		return err
 	}
-	findings, err := leaks.Audit(ctx, cloud, reader.Read)
+	findings, err := leaks.Audit(ctx, held, reader.Read)
 	if err != nil {
 		return err
 	}

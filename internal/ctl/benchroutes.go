@@ -16,6 +16,7 @@ import (
 
 	"github.com/vpcni/vpcni/internal/lab/neutronapi"
 	"github.com/vpcni/vpcni/internal/provider/openstack"
+	"github.com/vpcni/vpcni/internal/provider/openstack/cluster"
 	"github.com/vpcni/vpcni/internal/routes"
 )
 
@@ -64,11 +65,11 @@ func benchRouteBudget(args []string, out io.Writer) error {
 		srv.Lock()
 		srv.MaxRoutes = *maxRoutes
 		srv.Unlock()
-		bed, err := routes.NewBed(ctx, nc, "bench-"+mode.name, *nodes, netip.MustParsePrefix("10.90.0.0/24"), netip.MustParsePrefix("10.91.0.0/16"), 26, false)
+		bed, err := cluster.NewRouteBed(ctx, nc, "bench-"+mode.name, *nodes, netip.MustParsePrefix("10.90.0.0/24"), netip.MustParsePrefix("10.91.0.0/16"), 26, false)
 		if err != nil {
 			return err
 		}
-		rec, err := routes.New(bed.Neutron(), routes.Options{Ranges: bed.Ranges, MaxRoutes: mode.configure, MaxPairs: 10, Probe: time.Millisecond}, quiet)
+		rec, err := routes.New(bed.Routes(), routes.Options{Ranges: bed.Ranges, MaxRoutes: mode.configure, MaxPairs: 10, Probe: time.Millisecond}, quiet)
 		if err != nil {
 			return err
 		}
@@ -93,7 +94,7 @@ func benchRouteBudget(args []string, out io.Writer) error {
 		srv.MaxRoutes = *nodes
 		srv.Unlock()
 		if mode.configure > 0 {
-			if rec, err = routes.New(bed.Neutron(), routes.Options{Ranges: bed.Ranges, MaxRoutes: *nodes, MaxPairs: 10}, quiet); err != nil {
+			if rec, err = routes.New(bed.Routes(), routes.Options{Ranges: bed.Ranges, MaxRoutes: *nodes, MaxPairs: 10}, quiet); err != nil {
 				return err
 			}
 		}

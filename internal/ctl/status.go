@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/vpcni/vpcni/internal/api"
+	_ "github.com/vpcni/vpcni/internal/builtin/clouds" // the clouds a -cloud-config may name
 )
 
 // Main dispatches vpcnictl's subcommands.

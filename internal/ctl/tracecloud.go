@@ -3,41 +3,38 @@ package ctl
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net/netip"
 	"slices"
-
-	"github.com/gophercloud/gophercloud/v2"
-	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/extensions/layer3/floatingips"
-	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/ports"
 
 	"github.com/vpcni/vpcni/internal/api"
 	"github.com/vpcni/vpcni/internal/cloudconfig"
 	"github.com/vpcni/vpcni/internal/floatingip"
-	"github.com/vpcni/vpcni/internal/provider/openstack"
 	"github.com/vpcni/vpcni/internal/routes"
 )
 
 // The controller's side of a pod's path, read with a cloud file (its
 // -cloud-config): the floating IPs pointing at each address and, with a
 // routes section, the block's route on the router and its pair on the
-// node's VM port (a routed pod subnet: the agent holds no cloud
-// credentials then). Added to each attachment's hops.
+// node's port (a routed pod subnet: the agent holds no cloud credentials
+// then). Added to each attachment's hops.
 func traceCloud(ctx context.Context, path string, tr *api.Trace) error {
 	fc, err := cloudconfig.Load(path)
 	if err != nil {
 		return err
 	}
-	nc, err := openstack.NetworkClient(ctx, *fc.OpenStack)
+	cloud := fc.Open(slog.New(slog.DiscardHandler))
+	fips, err := cloud.FloatingIPs(ctx)
 	if err != nil {
 		return fmt.Errorf("log in to the cloud: %w", err)
 	}
-	var router string
-	if fc.HasRoutes() {
-		rc, err := routes.LoadCloudConfig(path)
-		if err != nil {
-			return err
+	var router routes.Cloud
+	// A pod whose addresses come from the cloud's own provider lives on
+	// the cloud's subnet, on the node's own port: it needs no route.
+	if fc.HasRoutes() && tr.Provider != fc.Cloud {
+		if router, err = cloud.Router(ctx, fc.Routes.RouterID); err != nil {
+			return fmt.Errorf("log in to the cloud: %w", err)
 		}
-		router = rc.Routes.RouterID
 	}
 	nodeIP, _ := netip.ParseAddr(tr.NodeIP)
 	for i := range tr.Attachments {
@@ -46,15 +43,13 @@ func traceCloud(ctx context.Context, path string, tr *api.Trace) error {
 		if err != nil {
 			continue
 		}
-		fips, err := floatingIPHops(ctx, nc, tr.Pod, addr)
+		hops, err := floatingIPHops(ctx, fips, tr.Pod, addr)
 		if err != nil {
 			return err
 		}
-		a.Hops = append(a.Hops, fips...)
-		// A pod on the VMs' subnet (provider openstack) needs no route: its
-		// address is on the node's own port.
-		if router != "" && tr.Provider != "openstack" {
-			hops, err := blockHops(ctx, nc, router, nodeIP, addr)
+		a.Hops = append(a.Hops, hops...)
+		if router != nil {
+			hops, err := blockHops(ctx, router, fc.Routes.RouterID, nodeIP, addr)
 			if err != nil {
 				return err
 			}
@@ -66,27 +61,17 @@ func traceCloud(ctx context.Context, path string, tr *api.Trace) error {
 
 // floatingIPHops: each floating IP pointing at addr, ok when it is the
 // pod's (or unmarked), wrong when another pod's mark is on it.
-func floatingIPHops(ctx context.Context, nc *gophercloud.ServiceClient, pod string, addr netip.Addr) ([]api.Hop, error) {
-	pages, err := floatingips.List(nc, floatingips.ListOpts{FixedIP: addr.String()}).AllPages(ctx)
-	if gophercloud.ResponseCodeIs(err, 404) {
-		return nil, nil // no L3 extension: no floating IPs
-	}
-	if err != nil {
-		return nil, fmt.Errorf("list floating IPs: %w", err)
-	}
-	all, err := floatingips.ExtractFloatingIPs(pages)
+func floatingIPHops(ctx context.Context, fips floatingip.Cloud, pod string, addr netip.Addr) ([]api.Hop, error) {
+	all, err := fips.At(ctx, addr)
 	if err != nil {
 		return nil, err
 	}
 	var hops []api.Hop
 	for _, f := range all {
-		if f.FixedIP != addr.String() || f.PortID == "" {
-			continue
-		}
-		h := api.Hop{Where: api.HopCloud, What: fmt.Sprintf("floating IP %s -> %s (port %s)", f.FloatingIP, addr, f.PortID), State: api.HopOK}
-		if owner, _, ok := floatingip.ParseMark(f.Description); ok && owner != pod {
-			h.State, h.Detail = api.HopWrong, "it is marked for pod "+owner
-			h.Fix = "vpcni-controller detaches a gone pod's floating IP; if " + owner + " is gone, its leak collector releases it (vpcnictl audit shows it)"
+		h := api.Hop{Where: api.HopCloud, What: fmt.Sprintf("floating IP %s -> %s (port %s)", f.Address, addr, f.PortID), State: api.HopOK}
+		if f.Owner != "" && f.Owner != pod {
+			h.State, h.Detail = api.HopWrong, "it is marked for pod "+f.Owner
+			h.Fix = "vpcni-controller detaches a gone pod's floating IP; if " + f.Owner + " is gone, its leak collector releases it (vpcnictl audit shows it)"
 		}
 		hops = append(hops, h)
 	}
@@ -95,8 +80,8 @@ func floatingIPHops(ctx context.Context, nc *gophercloud.ServiceClient, pod stri
 
 // blockHops: the router's route to the block holding addr, by this node,
 // and that block's pair on the node's VM port.
-func blockHops(ctx context.Context, nc *gophercloud.ServiceClient, router string, nodeIP, addr netip.Addr) ([]api.Hop, error) {
-	rs, err := routes.NewNeutron(nc, router, "").Routes(ctx)
+func blockHops(ctx context.Context, router routes.Cloud, routerID string, nodeIP, addr netip.Addr) ([]api.Hop, error) {
+	rs, err := router.Routes(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -109,35 +94,31 @@ func blockHops(ctx context.Context, nc *gophercloud.ServiceClient, router string
 		}
 	}
 	if best != nil {
-		h := api.Hop{Where: api.HopCloud, What: fmt.Sprintf("router %s: route %s via %s", router, best.Destination, best.NextHop), State: api.HopOK}
+		h := api.Hop{Where: api.HopCloud, What: fmt.Sprintf("router %s: route %s via %s", routerID, best.Destination, best.NextHop), State: api.HopOK}
 		if best.NextHop != nodeIP {
 			h.State, h.Detail, h.Fix = api.HopWrong, fmt.Sprintf("the next hop is %s, not this node's %s", best.NextHop, nodeIP), fix
 		}
-		return append([]api.Hop{h}, pairHop(ctx, nc, nodeIP, best.Destination, fix)...), nil
+		return append([]api.Hop{h}, pairHop(ctx, router, nodeIP, best.Destination, fix)...), nil
 	}
-	return []api.Hop{{Where: api.HopCloud, What: fmt.Sprintf("router %s: a route to the block of %s", router, addr), State: api.HopMissing,
-		Detail: fmt.Sprintf("router %s has no route to a block holding %s", router, addr), Fix: fix}}, nil
+	return []api.Hop{{Where: api.HopCloud, What: fmt.Sprintf("router %s: a route to the block of %s", routerID, addr), State: api.HopMissing,
+		Detail: fmt.Sprintf("router %s has no route to a block holding %s", routerID, addr), Fix: fix}}, nil
 }
 
-// pairHop: the block's allowed address pair on the node's VM port (port
-// security lets the block's traffic through it).
-func pairHop(ctx context.Context, nc *gophercloud.ServiceClient, nodeIP netip.Addr, block netip.Prefix, fix string) []api.Hop {
+// pairHop: the block's pair on the node's VM port (port security lets the
+// block's traffic through it).
+func pairHop(ctx context.Context, router routes.Cloud, nodeIP netip.Addr, block netip.Prefix, fix string) []api.Hop {
 	what := fmt.Sprintf("pair %s on the VM port of %s", block, nodeIP)
-	pages, err := ports.List(nc, ports.ListOpts{FixedIPs: []ports.FixedIPOpts{{IPAddress: nodeIP.String()}}}).AllPages(ctx)
-	var all []ports.Port
-	if err == nil {
-		all, err = ports.ExtractPorts(pages)
+	port, err := router.PortByIP(ctx, nodeIP)
+	if err != nil {
+		return []api.Hop{{Where: api.HopCloud, What: what, State: api.HopWrong, Detail: fmt.Sprintf("cannot find the one VM port of %s: %v", nodeIP, err), Fix: fix}}
 	}
-	if err != nil || len(all) != 1 {
-		return []api.Hop{{Where: api.HopCloud, What: what, State: api.HopWrong, Detail: fmt.Sprintf("cannot find the one VM port of %s (%d found): %v", nodeIP, len(all), err), Fix: fix}}
-	}
-	ok := slices.ContainsFunc(all[0].AllowedAddressPairs, func(ap ports.AddressPair) bool {
-		p, err := netip.ParsePrefix(ap.IPAddress)
+	ok := slices.ContainsFunc(port.Pairs, func(ap routes.Pair) bool {
+		p, err := netip.ParsePrefix(ap.Address)
 		return err == nil && p.Masked() == block.Masked()
 	})
-	h := api.Hop{Where: api.HopCloud, What: what + " (port " + all[0].ID + ")", State: api.HopOK}
+	h := api.Hop{Where: api.HopCloud, What: what + " (port " + port.ID + ")", State: api.HopOK}
 	if !ok {
-		h.State, h.Detail, h.Fix = api.HopMissing, fmt.Sprintf("VM port %s does not allow %s", all[0].ID, block), fix
+		h.State, h.Detail, h.Fix = api.HopMissing, fmt.Sprintf("VM port %s does not allow %s", port.ID, block), fix
 	}
 	return []api.Hop{h}
 }

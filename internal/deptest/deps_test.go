@@ -118,3 +118,29 @@ func TestOnlyTestHelpersImportTesting(t *testing.T) {
 		t.Fatalf("go list did not show %s importing testing: the check is broken", knownTestingUser)
 	}
 }
+
+// Each binary links only its own side: vpcnid no controller reconciler
+// and no cluster-side cloud door, vpcni-controller no datapath, agent or
+// doctor. The failure names the import chain to cut. Each package named
+// is linked by some binary: the walk must find it, or the check could
+// pass without looking.
+func TestEachBinaryLinksOnlyItsSide(t *testing.T) {
+	const mod = "github.com/vpcni/vpcni/"
+	controllerOnly := []string{"internal/controller", "internal/cloudconfig", "internal/routes", "internal/leaks",
+		"internal/floatingip", "internal/provider/openstack/cluster", "internal/doctor"}
+	agentOnly := []string{"internal/agent", "internal/addresses", "internal/store", "internal/datapath", "internal/k8s/nodeside",
+		"internal/config", "internal/doctor"}
+	imports := importGraph(t, binaries...)
+	for _, p := range append(slices.Clone(controllerOnly), agentOnly...) {
+		if !slices.ContainsFunc(binaries, func(bin string) bool { return pathTo(imports, bin, mod+p) != nil }) {
+			t.Fatalf("the walk finds %s from no binary, though one links it: the check is broken", p)
+		}
+	}
+	for bin, banned := range map[string][]string{"cmd/vpcnid": controllerOnly, "cmd/vpcni-controller": agentOnly} {
+		for _, p := range banned {
+			if chain := pathTo(imports, mod+bin, mod+p); chain != nil {
+				t.Errorf("%s links %s: %s", bin, p, strings.Join(chain, " -> "))
+			}
+		}
+	}
+}

@@ -5,7 +5,8 @@
 // with what to do when it is not ok.
 //
 // The decisions are pure functions of what was read (tested without
-// root); Run reads the node, the agent, the cloud and the API server.
+// root); Run reads the node, the agent, the cloud (through the Doctor of
+// the node's provider, registered with it) and the API server.
 package doctor
 
 import (

@@ -19,6 +19,7 @@ import (
 
 	"github.com/vpcni/vpcni/internal/api"
 	"github.com/vpcni/vpcni/internal/datapath"
+	"github.com/vpcni/vpcni/internal/provider"
 	"github.com/vpcni/vpcni/internal/provider/openstack"
 )
 
@@ -173,62 +174,6 @@ func TestCNI(t *testing.T) {
 	expect(t, CNI(conf, bin)[1], Fail, "chains no portmap (pods' hostPorts are not served) and no bandwidth")
 }
 
-// Cloud names each failed step's fix; a policy refusal names the mode
-// that works. The endpoint is a Neutron whose network belongs to another
-// project and whose policy refuses this one's port updates (Neutron's
-// default for a shared network's member).
-func TestCloudPolicyNamesPassthrough(t *testing.T) {
-	allow := false
-	const port = `{"id":"p1","network_id":"n1","project_id":"member","revision_number":3,"fixed_ips":[{"subnet_id":"s1","ip_address":"10.0.0.5"}]}`
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		switch {
-		case r.URL.Path == "/v2.0/ports/p1" && (r.Method == http.MethodGet || allow):
-			_, _ = w.Write([]byte(`{"port":` + port + `}`))
-		case r.URL.Path == "/v2.0/subnets/s1":
-			_, _ = w.Write([]byte(`{"subnet":{"id":"s1","network_id":"n1","cidr":"10.0.0.0/24","gateway_ip":"10.0.0.1","ip_version":4}}`))
-		case r.URL.Path == "/v2.0/ports" && r.Method == http.MethodGet && !slices.Contains(r.URL.Query()["fixed_ips"], "ip_address=10.0.0.5"):
-			_, _ = w.Write([]byte(`{"ports":[]}`))
-		case r.URL.Path == "/v2.0/ports" && r.Method == http.MethodGet:
-			_, _ = w.Write([]byte(`{"ports":[` + port + `]}`))
-		case r.URL.Path == "/v2.0/networks/n1":
-			_, _ = w.Write([]byte(`{"network":{"id":"n1","project_id":"owner","shared":true}}`))
-		case r.URL.Path == "/v2.0/ports/p1" && r.Method == http.MethodPut:
-			w.WriteHeader(http.StatusForbidden)
-			_, _ = w.Write([]byte(`{"NeutronError":{"type":"PolicyNotAuthorized","message":"rule update_port:fixed_ips"}}`))
-		default:
-			http.NotFound(w, r)
-		}
-	}))
-	t.Cleanup(srv.Close)
-	cfg := openstack.Config{Endpoint: srv.URL, SubnetID: "s1"}
-	cfg.Defaults()
-	clock := &DateClock{Next: http.DefaultTransport}
-	rs := Cloud(openstack.Diagnose(context.Background(), cfg, netip.MustParseAddr("10.0.0.5"), clock), cfg.Mode, "f")
-	expect(t, find(t, rs, "cloud port"), OK, "p1")
-	expect(t, find(t, rs, "cloud policy"), Fail, "mode fixed-ips cannot work here", "network n1 is a shared network of project owner", "provider.openstack.mode: passthrough")
-	if len(rs) != 4 {
-		t.Errorf("steps after the refused policy ran: %+v", rs)
-	}
-	expect(t, clock.Skew("neutron"), OK)
-
-	// An owner's or admin's credentials: the no-op update goes through.
-	allow = true
-	rs = Cloud(openstack.Diagnose(context.Background(), cfg, netip.MustParseAddr("10.0.0.5"), clock), cfg.Mode, "f")
-	expect(t, find(t, rs, "cloud policy"), OK, "project owner's", "update_port:fixed_ips", "VM port p1")
-	expect(t, find(t, rs, "cloud limits"), OK, "0 of ")
-	allow = false
-
-	// The port not found.
-	rs = Cloud(openstack.Diagnose(context.Background(), cfg, netip.MustParseAddr("10.0.0.6"), clock), cfg.Mode, "f")
-	expect(t, find(t, rs, "cloud port"), Fail, "no Neutron port", "set provider.openstack.nodeIP in f")
-
-	// Neutron unreachable.
-	srv.Close()
-	rs = Cloud(openstack.Diagnose(context.Background(), cfg, netip.MustParseAddr("10.0.0.5"), clock), cfg.Mode, "f")
-	expect(t, find(t, rs, "cloud subnet"), Fail, "reaches the cloud's endpoints")
-}
-
 // The API server's answers to the agent's credentials, judged.
 func TestAPIServer(t *testing.T) {
 	status := http.StatusOK
@@ -261,6 +206,90 @@ func TestBTF(t *testing.T) {
 	expect(t, BTF(func(p string) bool { return p == "/sys/kernel/btf/vmlinux" }), OK, "bpf() syscall: no, BTF (/sys/kernel/btf/vmlinux): yes")
 }
 
+// A provider's steps become "cloud <step>" checks: a failed step fails
+// with its error and fix, a warning warns with its fix, a passed step is
+// ok and carries no fix.
+func TestCloudSteps(t *testing.T) {
+	rs := Cloud([]provider.Step{
+		{Name: "login", Detail: "accepted"},
+		{Name: "limits", Detail: "9 of 10", Warn: true, Fix: "raise it"},
+		{Name: "port", Detail: "looked", Err: errors.New("no port has 10.0.0.5"), Fix: "set nodeIP"},
+		{Name: "unused", Detail: "fine", Fix: "never shown"},
+	})
+	expect(t, find(t, rs, "cloud login"), OK, "accepted")
+	expect(t, find(t, rs, "cloud limits"), Warn, "9 of 10", "raise it")
+	expect(t, find(t, rs, "cloud port"), Fail, "no port has 10.0.0.5", "set nodeIP")
+	if r := find(t, rs, "cloud unused"); r.Status != OK || r.Fix != "" {
+		t.Errorf("a passed step: %+v", r)
+	}
+}
+
+// check runs provider openstack's Doctor as Run does, with the agent
+// config "f".
+func check(cfg openstack.Config, nodeIP string, rt http.RoundTripper) []Result {
+	r, err := provider.Lookup("openstack")
+	if err != nil || r.Doctor == nil || r.Doctor.API != "neutron" {
+		panic(fmt.Sprintf("provider openstack registered without its Doctor: %+v %v", r, err))
+	}
+	return Cloud(r.Doctor.Diagnose(context.Background(), &cfg, provider.DoctorNode{IP: netip.MustParseAddr(nodeIP), ConfigFile: "f", Transport: rt}))
+}
+
+// The check names each failed step's fix; a policy refusal names the mode
+// that works. The endpoint is a Neutron whose network belongs to another
+// project and whose policy refuses this one's port updates (Neutron's
+// default for a shared network's member).
+func TestCloudPolicyNamesPassthrough(t *testing.T) {
+	allow := false
+	const port = `{"id":"p1","network_id":"n1","project_id":"member","revision_number":3,"fixed_ips":[{"subnet_id":"s1","ip_address":"10.0.0.5"}]}`
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		switch {
+		case r.URL.Path == "/v2.0/ports/p1" && (r.Method == http.MethodGet || allow):
+			_, _ = w.Write([]byte(`{"port":` + port + `}`))
+		case r.URL.Path == "/v2.0/subnets/s1":
+			_, _ = w.Write([]byte(`{"subnet":{"id":"s1","network_id":"n1","cidr":"10.0.0.0/24","gateway_ip":"10.0.0.1","ip_version":4}}`))
+		case r.URL.Path == "/v2.0/ports" && r.Method == http.MethodGet && !slices.Contains(r.URL.Query()["fixed_ips"], "ip_address=10.0.0.5"):
+			_, _ = w.Write([]byte(`{"ports":[]}`))
+		case r.URL.Path == "/v2.0/ports" && r.Method == http.MethodGet:
+			_, _ = w.Write([]byte(`{"ports":[` + port + `]}`))
+		case r.URL.Path == "/v2.0/networks/n1":
+			_, _ = w.Write([]byte(`{"network":{"id":"n1","project_id":"owner","shared":true}}`))
+		case r.URL.Path == "/v2.0/ports/p1" && r.Method == http.MethodPut:
+			w.WriteHeader(http.StatusForbidden)
+			_, _ = w.Write([]byte(`{"NeutronError":{"type":"PolicyNotAuthorized","message":"rule update_port:fixed_ips"}}`))
+		default:
+			http.NotFound(w, r)
+		}
+	}))
+	t.Cleanup(srv.Close)
+	cfg := openstack.Config{Endpoint: srv.URL, SubnetID: "s1"}
+	cfg.Defaults()
+	clock := &DateClock{Next: http.DefaultTransport}
+	rs := check(cfg, "10.0.0.5", clock)
+	expect(t, find(t, rs, "cloud port"), OK, "p1")
+	expect(t, find(t, rs, "cloud policy"), Fail, "mode fixed-ips cannot work here", "network n1 is a shared network of project owner", "provider.openstack.mode: passthrough")
+	if len(rs) != 4 {
+		t.Errorf("steps after the refused policy ran: %+v", rs)
+	}
+	expect(t, clock.Skew("neutron"), OK)
+
+	// An owner's or admin's credentials: the no-op update goes through.
+	allow = true
+	rs = check(cfg, "10.0.0.5", clock)
+	expect(t, find(t, rs, "cloud policy"), OK, "project owner's", "update_port:fixed_ips", "VM port p1")
+	expect(t, find(t, rs, "cloud limits"), OK, "0 of ")
+	allow = false
+
+	// The port not found.
+	rs = check(cfg, "10.0.0.6", clock)
+	expect(t, find(t, rs, "cloud port"), Fail, "no Neutron port", "set provider.openstack.nodeIP in f")
+
+	// Neutron unreachable.
+	srv.Close()
+	rs = check(cfg, "10.0.0.5", clock)
+	expect(t, find(t, rs, "cloud subnet"), Fail, "reaches the cloud's endpoints")
+}
+
 // A mode that creates ports reads the project's port quota: room left,
 // none left, or a quota it may not read (said, not failed).
 func TestCloudPortQuota(t *testing.T) {
@@ -289,7 +318,7 @@ func TestCloudPortQuota(t *testing.T) {
 	cfg := openstack.Config{Endpoint: srv.URL, SubnetID: "s1", Mode: "address-pairs"}
 	cfg.Defaults()
 	diagnose := func() []Result {
-		return Cloud(openstack.Diagnose(context.Background(), cfg, netip.MustParseAddr("10.0.0.5"), http.DefaultTransport), cfg.Mode, "f")
+		return check(cfg, "10.0.0.5", http.DefaultTransport)
 	}
 	rs := diagnose()
 	expect(t, find(t, rs, "cloud policy"), OK, "belongs to the VM port's project")

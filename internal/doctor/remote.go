@@ -2,7 +2,6 @@ package doctor
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/http"
 	"sync"
@@ -14,47 +13,23 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/vpcni/vpcni/internal/provider"
-	"github.com/vpcni/vpcni/internal/provider/openstack"
 )
 
-// Cloud turns the openstack provider's start-up steps into checks named
-// "cloud <step>", each with its fix. mode is the provider's address mode.
-func Cloud(steps []openstack.Step, mode, agentConfig string) []Result {
+// Cloud turns a provider's start-up steps (its provider.Doctor) into
+// checks named "cloud <step>".
+func Cloud(steps []provider.Step) []Result {
 	var out []Result
 	for _, s := range steps {
 		r := Result{Name: "cloud " + s.Name, Status: OK, Detail: s.Detail}
 		if s.Warn {
-			r.Status = Warn
-			r.Fix = "raise maxAddresses (fixed-ips) or maxAddressPairs (Neutron's max_allowed_address_pair) in " + agentConfig + ", or add nodes"
-			if s.Name == "quota" {
-				r.Fix = "ask the cloud's admin for a larger port quota (openstack quota set --ports), or let these credentials read it"
-			}
+			r.Status, r.Fix = Warn, s.Fix
 		}
 		if s.Err != nil {
-			r.Status, r.Detail, r.Fix = Fail, s.Err.Error(), cloudFix(s, mode, agentConfig)
+			r.Status, r.Detail, r.Fix = Fail, s.Err.Error(), s.Fix
 		}
 		out = append(out, r)
 	}
 	return out
-}
-
-func cloudFix(s openstack.Step, mode, agentConfig string) string {
-	if errors.Is(s.Err, provider.ErrUnavailable) {
-		return "check that this node reaches the cloud's endpoints (Keystone, Neutron): routes, DNS, security groups, proxies"
-	}
-	switch s.Name {
-	case "login":
-		return "check provider.openstack.auth or credentialsFile in " + agentConfig + ": an application credential with the member role in the VM port's project"
-	case "subnet":
-		return "check provider.openstack.subnetID in " + agentConfig + " (openstack subnet show)"
-	case "port":
-		return "set provider.openstack.nodeIP in " + agentConfig + " to this node's address on the pods' network, or portLookup: instance with instanceID (the Nova server)"
-	case "policy":
-		if mode != "passthrough" {
-			return "use provider.openstack.mode: passthrough with datapath passthrough: it creates ports of its own and attaches them to the VM through Nova, which a member may do; or have the network's owner (or an admin) run vpcni's credentials"
-		}
-	}
-	return "see the detail; vpcnid fails at start the same way"
 }
 
 // DateClock is an http.RoundTripper that remembers the Date header of the

@@ -11,7 +11,7 @@ import (
 	"github.com/vpcni/vpcni/internal/config"
 	"github.com/vpcni/vpcni/internal/datapath"
 	"github.com/vpcni/vpcni/internal/k8s"
-	"github.com/vpcni/vpcni/internal/provider/openstack"
+	"github.com/vpcni/vpcni/internal/provider"
 )
 
 // Options say where to look.
@@ -25,7 +25,8 @@ type Options struct {
 }
 
 // Run runs every check that applies to this node. The registered
-// datapath modes and providers are those the caller linked in.
+// datapath modes and providers are those the caller linked in; the cloud
+// is looked at through the configured provider's Doctor.
 func Run(ctx context.Context, o Options) Report {
 	var rep Report
 	cfg, cfgErr := config.Load(o.AgentConfig)
@@ -70,11 +71,11 @@ func Run(ctx context.Context, o Options) Report {
 	if cfgErr != nil {
 		return rep
 	}
-	if osc, ok := cfg.Provider.Settings.(*openstack.Config); ok {
+	if r, err := provider.Lookup(cfg.Provider.Type); err == nil && r.Doctor != nil {
 		clock := &DateClock{Next: http.DefaultTransport}
 		nodeIP, _ := netip.ParseAddr(uplink.IPv4)
-		rep.add(Cloud(openstack.Diagnose(ctx, *osc, nodeIP, clock), osc.Mode, o.AgentConfig)...)
-		rep.add(clock.Skew("neutron"))
+		rep.add(Cloud(r.Doctor.Diagnose(ctx, cfg.Provider.Settings, provider.DoctorNode{IP: nodeIP, ConfigFile: o.AgentConfig, Transport: clock}))...)
+		rep.add(clock.Skew(r.Doctor.API))
 	}
 	if cfg.Kubernetes.Enabled() {
 		clock := &DateClock{}

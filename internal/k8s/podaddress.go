@@ -1,7 +1,11 @@
-// Package k8s connects vpcni to Kubernetes: the agent's side (pod
-// annotations, events, node pool figures, one PodAddress object per pod
-// address) and vpcni-controller's reconciler, which releases the addresses
-// of pods that are gone.
+// Package k8s is what vpcni's two sides in Kubernetes share: the API's
+// vocabulary (the vpcni.io/ip resource, PodAddress names, labels and
+// index), typed clients of the PodAddress and AddressReservation
+// resources, Events, the work queue's loop, and how to reach the API
+// server. The agent's side is internal/k8s/nodeside (vpcnid), the
+// controller's internal/controller (vpcni-controller); this package
+// imports neither the agent nor a cloud, so neither binary links the
+// other's code through it.
 //
 // A PodAddress (vpcni.io/v1alpha1, cluster-scoped; its Go types are in
 // internal/apis/vpcni/v1alpha1) is the agent's public record of one
@@ -23,19 +27,8 @@ import (
 	"github.com/vpcni/vpcni/internal/k8s/nodeblocks"
 )
 
-// Annotations the agent writes on pods (like kube-ovn's) and nodes.
+// The PodAddress API's label and index.
 const (
-	AnnotationIP           = "vpcni.io/ip-address"
-	AnnotationMAC          = "vpcni.io/mac-address"
-	AnnotationGateway      = "vpcni.io/gateway"
-	AnnotationInterface    = "vpcni.io/interface"
-	AnnotationProviderPort = "vpcni.io/provider-port"
-
-	AnnotationPoolFree      = "vpcni.io/pool-free"
-	AnnotationPoolAllocated = "vpcni.io/pool-allocated"
-	AnnotationPoolCooling   = "vpcni.io/pool-cooling"
-	AnnotationPoolCapacity  = "vpcni.io/pool-capacity"
-
 	// LabelNode selects a node's PodAddresses.
 	LabelNode = v1alpha1.LabelNode
 	// IndexPod indexes PodAddresses by "namespace/name" of their pod.
@@ -52,8 +45,8 @@ func PodAddressName(node, containerID, ifName string) string {
 // NodeLabel is the LabelNode value of a node (v1alpha1.NodeLabel).
 func NodeLabel(node string) string { return v1alpha1.NodeLabel(node) }
 
-// newPodAddress is the object of one attachment, as the agent creates it.
-func newPodAddress(s v1alpha1.PodAddressSpec) *v1alpha1.PodAddress {
+// NewPodAddress is the object of one attachment, as the agent creates it.
+func NewPodAddress(s v1alpha1.PodAddressSpec) *v1alpha1.PodAddress {
 	return &v1alpha1.PodAddress{
 		TypeMeta: metav1.TypeMeta{APIVersion: v1alpha1.SchemeGroupVersion.String(), Kind: v1alpha1.Kind},
 		ObjectMeta: metav1.ObjectMeta{
@@ -64,10 +57,10 @@ func newPodAddress(s v1alpha1.PodAddressSpec) *v1alpha1.PodAddress {
 	}
 }
 
-// podIndex indexes PodAddresses by their pod. The informers hold nothing
-// else; another object gets no index entry rather than an error, which
-// the informer's store would turn into a panic.
-func podIndex(obj any) ([]string, error) {
+// PodIndex indexes PodAddresses by their pod (IndexPod). The informers
+// hold nothing else; another object gets no index entry rather than an
+// error, which the informer's store would turn into a panic.
+func PodIndex(obj any) ([]string, error) {
 	pa, ok := obj.(*v1alpha1.PodAddress)
 	if !ok {
 		return nil, nil

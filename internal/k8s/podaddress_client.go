@@ -13,45 +13,51 @@ import (
 	"github.com/vpcni/vpcni/internal/apis/vpcni/v1alpha1"
 )
 
-// podAddresses is a typed client of the PodAddress resource, with the
+// PodAddresses is a typed client of the PodAddress resource, with the
 // calls the node side and vpcni-controller make and no others. It speaks
 // JSON: the API server serves custom resources as JSON (or CBOR), never
 // protobuf, whatever the rest.Config it is built from prefers.
-type podAddresses struct {
+type PodAddresses struct {
 	rc     rest.Interface
 	params runtime.ParameterCodec
 }
 
-func newPodAddresses(cfg *rest.Config) (*podAddresses, error) {
+// NewPodAddresses builds a client from cfg.
+func NewPodAddresses(cfg *rest.Config) (*PodAddresses, error) {
 	rc, params, err := v1alpha1.NewRESTClient(cfg)
 	if err != nil {
 		return nil, err
 	}
-	return &podAddresses{rc: rc, params: params}, nil
+	return &PodAddresses{rc: rc, params: params}, nil
 }
 
-func (c *podAddresses) Get(ctx context.Context, name string) (*v1alpha1.PodAddress, error) {
+// Get reads one PodAddress.
+func (c *PodAddresses) Get(ctx context.Context, name string) (*v1alpha1.PodAddress, error) {
 	pa := &v1alpha1.PodAddress{}
 	err := c.rc.Get().Resource(v1alpha1.Resource.Resource).Name(name).Do(ctx).Into(pa)
 	return pa, err
 }
 
-func (c *podAddresses) Create(ctx context.Context, pa *v1alpha1.PodAddress) error {
+// Create creates pa.
+func (c *PodAddresses) Create(ctx context.Context, pa *v1alpha1.PodAddress) error {
 	return c.rc.Post().Resource(v1alpha1.Resource.Resource).Body(pa).Do(ctx).Error()
 }
 
-func (c *podAddresses) Delete(ctx context.Context, name string, opts metav1.DeleteOptions) error {
+// Delete deletes one PodAddress.
+func (c *PodAddresses) Delete(ctx context.Context, name string, opts metav1.DeleteOptions) error {
 	return c.rc.Delete().Resource(v1alpha1.Resource.Resource).Name(name).Body(&opts).Do(ctx).Error()
 }
 
-func (c *podAddresses) List(ctx context.Context, opts metav1.ListOptions) (*v1alpha1.PodAddressList, error) {
+// List lists the PodAddresses opts selects.
+func (c *PodAddresses) List(ctx context.Context, opts metav1.ListOptions) (*v1alpha1.PodAddressList, error) {
 	l := &v1alpha1.PodAddressList{}
 	err := c.rc.Get().Resource(v1alpha1.Resource.Resource).VersionedParams(&opts, c.params).
 		Timeout(timeoutOf(opts)).Do(ctx).Into(l)
 	return l, err
 }
 
-func (c *podAddresses) Watch(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
+// Watch watches the PodAddresses opts selects.
+func (c *PodAddresses) Watch(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
 	opts.Watch = true
 	return c.rc.Get().Resource(v1alpha1.Resource.Resource).VersionedParams(&opts, c.params).
 		Timeout(timeoutOf(opts)).Watch(ctx)
@@ -66,11 +72,11 @@ func timeoutOf(opts metav1.ListOptions) time.Duration {
 	return time.Duration(*opts.TimeoutSeconds) * time.Second
 }
 
-// informer caches the PodAddresses that labelSelector matches ("" for
+// Informer caches the PodAddresses that labelSelector matches ("" for
 // all). Every stored object decodes into v1alpha1.PodAddress: the CRD's
 // structural schema has the API server refuse other field types and drop
 // unknown fields, so no single object can fail a whole list.
-func (c *podAddresses) informer(labelSelector string, resync time.Duration, indexers cache.Indexers) cache.SharedIndexInformer {
+func (c *PodAddresses) Informer(labelSelector string, resync time.Duration, indexers cache.Indexers) cache.SharedIndexInformer {
 	return cache.NewSharedIndexInformer(&cache.ListWatch{
 		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
 			o.LabelSelector = labelSelector

@@ -183,7 +183,7 @@ func TestPodAddressClient(t *testing.T) {
 	defer srv.Close()
 	// A config that prefers protobuf, as kube clients often do: the
 	// PodAddress client must speak JSON all the same.
-	c, err := newPodAddresses(&rest.Config{Host: srv.URL, ContentConfig: rest.ContentConfig{ContentType: "application/vnd.kubernetes.protobuf"}})
+	c, err := NewPodAddresses(&rest.Config{Host: srv.URL, ContentConfig: rest.ContentConfig{ContentType: "application/vnd.kubernetes.protobuf"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -192,7 +192,7 @@ func TestPodAddressClient(t *testing.T) {
 
 	spec := v1alpha1.PodAddressSpec{Node: "n1", PodNamespace: "default", PodName: "web-0", ContainerID: "abc", IfName: "eth0", Address: "10.0.0.5"}
 	name := PodAddressName("n1", "abc", "eth0")
-	if err := c.Create(ctx, newPodAddress(spec)); err != nil {
+	if err := c.Create(ctx, NewPodAddress(spec)); err != nil {
 		t.Fatalf("create: %v", err)
 	}
 	f.mu.Lock()
@@ -204,7 +204,7 @@ func TestPodAddressClient(t *testing.T) {
 	if !reflect.DeepEqual(created, wantCreated) {
 		t.Fatalf("created %v\nwant %v", created, wantCreated)
 	}
-	if err := c.Create(ctx, newPodAddress(spec)); !apierrors.IsAlreadyExists(err) {
+	if err := c.Create(ctx, NewPodAddress(spec)); !apierrors.IsAlreadyExists(err) {
 		t.Fatalf("second create: %v, want AlreadyExists", err)
 	}
 
@@ -228,7 +228,7 @@ func TestPodAddressClient(t *testing.T) {
 	f.selectors = nil
 	f.mu.Unlock()
 
-	inf := c.informer(LabelNode+"="+NodeLabel("n1"), 0, cache.Indexers{IndexPod: podIndex})
+	inf := c.Informer(LabelNode+"="+NodeLabel("n1"), 0, cache.Indexers{IndexPod: PodIndex})
 	ictx, stop := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() { inf.RunWithContext(ictx); close(done) }()

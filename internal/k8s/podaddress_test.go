@@ -6,13 +6,9 @@ import (
 	"regexp"
 	"strings"
 	"testing"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/vpcni/vpcni/internal/alloc"
 	"github.com/vpcni/vpcni/internal/apis/vpcni/v1alpha1"
 )
 
@@ -34,7 +30,7 @@ func TestPodAddressWireShape(t *testing.T) {
 		"spec": map[string]any{"node": "n1", "podNamespace": "default", "podName": "web-0", "podUID": "u1",
 			"containerID": "abc", "ifName": "eth0", "address": "10.0.0.5", "mac": "02:00:00:00:00:01", "gateway": "169.254.1.1"},
 	}
-	data, err := json.Marshal(newPodAddress(spec))
+	data, err := json.Marshal(NewPodAddress(spec))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -60,10 +56,10 @@ func TestPodAddressWireShape(t *testing.T) {
 	if pa.Spec != want || pa.Name != PodAddressName("n1", "abc", "eth0") || pa.UID != "9c1d" || pa.Labels[LabelNode] != "n1" {
 		t.Fatalf("read back: %+v", pa)
 	}
-	if keys, _ := podIndex(&pa); len(keys) != 1 || keys[0] != "default/web-0" {
+	if keys, _ := PodIndex(&pa); len(keys) != 1 || keys[0] != "default/web-0" {
 		t.Fatalf("pod index: %v", keys)
 	}
-	if keys, err := podIndex(&corev1.Pod{}); len(keys) != 0 || err != nil {
+	if keys, err := PodIndex(&corev1.Pod{}); len(keys) != 0 || err != nil {
 		t.Fatalf("pod index of a pod: %v, %v", keys, err)
 	}
 }
@@ -91,34 +87,5 @@ func TestNodeLabel(t *testing.T) {
 	got := NodeLabel(long)
 	if got == long || len(got) > 63 || NodeLabel(long) != got || NodeLabel(long+"b") == got {
 		t.Fatalf("a 64-character name: %q", got)
-	}
-}
-
-func TestIsPodOf(t *testing.T) {
-	created := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	pod := func(uid string, mirror string, at time.Time) *corev1.Pod {
-		p := &corev1.Pod{}
-		p.UID = types.UID(uid)
-		p.CreationTimestamp = metav1.NewTime(at)
-		if mirror != "" {
-			p.Annotations = map[string]string{corev1.MirrorPodAnnotationKey: mirror}
-		}
-		return p
-	}
-	for _, c := range []struct {
-		name string
-		pod  *corev1.Pod
-		uid  string
-		want bool
-	}{
-		{"same UID", pod("u1", "", created), "u1", true},
-		{"another pod of that name", pod("u2", "", created), "u1", false},
-		{"static pod: the mirror names the kubelet's UID", pod("api-uid", "u1", created), "u1", true},
-		{"no UID recorded, pod older than the attachment", pod("u9", "", created.Add(-time.Hour)), "", true},
-		{"no UID recorded, pod made after it", pod("u9", "", created.Add(time.Hour)), "", false},
-	} {
-		if got := isPodOf(c.pod, &alloc.Allocation{PodUID: c.uid, Created: created}); got != c.want {
-			t.Errorf("%s: %v, want %v", c.name, got, c.want)
-		}
 	}
 }

@@ -8,15 +8,15 @@ import (
 	"k8s.io/client-go/util/workqueue"
 )
 
-// reconcileFunc brings one key's state in line. An error retries the key
+// ReconcileFunc brings one key's state in line. An error retries the key
 // with the queue's rate limiter; again > 0 (and no error) looks at it
 // once more after that long, for a state that can only settle with time.
-type reconcileFunc[K comparable] func(ctx context.Context, key K) (again time.Duration, err error)
+type ReconcileFunc[K comparable] func(ctx context.Context, key K) (again time.Duration, err error)
 
-// runQueue reconciles the queue's keys one at a time until the queue shuts
+// RunQueue reconciles the queue's keys one at a time until the queue shuts
 // down, which it does when ctx ends. The failure of a key is logged here,
 // once, and the key retried; reconcile itself returns its errors.
-func runQueue[K comparable](ctx context.Context, q workqueue.TypedRateLimitingInterface[K], reconcile reconcileFunc[K], log *slog.Logger) {
+func RunQueue[K comparable](ctx context.Context, q workqueue.TypedRateLimitingInterface[K], reconcile ReconcileFunc[K], log *slog.Logger) {
 	stop := context.AfterFunc(ctx, q.ShutDown)
 	defer stop()
 	for {

@@ -31,21 +31,29 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
-// runQueue on a real work queue: a failing key is retried until it
+// queueKey is a key that logs as a group, as the node side's attachment
+// keys do.
+type queueKey struct{ containerID, ifName string }
+
+func (k queueKey) LogValue() slog.Value {
+	return slog.GroupValue(slog.String("container", k.containerID), slog.String("ifName", k.ifName))
+}
+
+// RunQueue on a real work queue: a failing key is retried until it
 // succeeds, and its back-off then starts afresh; a key that asks to be
 // looked at again comes back no sooner than asked; a key done once is not
 // seen again; the runner ends when its context does.
 func TestRunQueue(t *testing.T) {
 	const wait = 50 * time.Millisecond
-	q := workqueue.NewTypedRateLimitingQueue(workqueue.NewTypedItemExponentialFailureRateLimiter[attKey](time.Millisecond, 10*time.Millisecond))
+	q := workqueue.NewTypedRateLimitingQueue(workqueue.NewTypedItemExponentialFailureRateLimiter[queueKey](time.Millisecond, 10*time.Millisecond))
 	defer q.ShutDown()
-	flaky, later, once := attKey{"flaky", "eth0"}, attKey{"later", "eth0"}, attKey{"once", "eth0"}
+	flaky, later, once := queueKey{"flaky", "eth0"}, queueKey{"later", "eth0"}, queueKey{"once", "eth0"}
 
 	var mu sync.Mutex
-	calls := map[attKey][]time.Time{}
-	requeuesSeen := map[attKey][]int{}
+	calls := map[queueKey][]time.Time{}
+	requeuesSeen := map[queueKey][]int{}
 	finished := make(chan struct{})
-	reconcile := func(_ context.Context, k attKey) (time.Duration, error) {
+	reconcile := func(_ context.Context, k queueKey) (time.Duration, error) {
 		mu.Lock()
 		defer mu.Unlock()
 		calls[k] = append(calls[k], time.Now())
@@ -68,7 +76,7 @@ func TestRunQueue(t *testing.T) {
 	defer cancel()
 	done := make(chan struct{})
 	go func() {
-		runQueue(ctx, q, reconcile, slog.New(slog.NewTextHandler(&logs, nil)))
+		RunQueue(ctx, q, reconcile, slog.New(slog.NewTextHandler(&logs, nil)))
 		close(done)
 	}()
 	start := time.Now()
@@ -87,7 +95,7 @@ func TestRunQueue(t *testing.T) {
 	select {
 	case <-done:
 	case <-time.After(10 * time.Second):
-		t.Fatal("runQueue still running after its context ended")
+		t.Fatal("RunQueue still running after its context ended")
 	}
 
 	mu.Lock()

@@ -102,8 +102,8 @@ type PodAddress struct {
 type Cluster struct {
 	// Nodes maps each Node's InternalIPs to its name.
 	Nodes map[netip.Addr]string
-	// Instances maps the VM of each Node's spec.providerID
-	// (openstack:///<id>) to its name.
+	// Instances maps the VM of each Node's spec.providerID (as the
+	// cloud reads it: Cloud.Instance) to its name.
 	Instances map[string]string
 	// NodeIPs maps each Node's name to its InternalIPs.
 	NodeIPs map[string][]netip.Addr
@@ -330,7 +330,8 @@ func judgeBlock(h Holding, c *Cluster) Finding {
 	return orphan(h, fmt.Sprintf("the block is node %s's (%s), not %s's", node, ips(nips), ips(h.NodeIPs)), byRoutes)
 }
 
-// Cloud is the cloud as the collector needs it.
+// Cloud is the cloud as the collector and the audit need it; each cloud
+// implements it (Neutron's is internal/provider/openstack/cluster).
 type Cloud interface {
 	// Holdings lists everything the cloud holds for vpcni.
 	Holdings(ctx context.Context) ([]Holding, error)
@@ -341,6 +342,21 @@ type Cloud interface {
 	// Release gives an orphan back. It checks the cloud still holds it
 	// as listed (a resource changed since is left alone).
 	Release(ctx context.Context, h Holding) error
+	// Instance reads a Node's spec.providerID: the cloud's ID of its VM
+	// (Cluster.Instances), false when it is not one of this cloud's.
+	Instance(providerID string) (string, bool)
+}
+
+// Scope is what a Cloud compares: this cluster's claims and, with a
+// routed pod subnet, the router's routes and the ports' pairs of the
+// block ranges.
+type Scope struct {
+	// ClusterID names this cluster in claims.
+	ClusterID string
+	// Router, Ranges: the routed pod subnet (empty: no routes or block
+	// pairs are read).
+	Router string
+	Ranges []netip.Prefix
 }
 
 // Audit lists the cloud's holdings, then reads the cluster, and judges

@@ -188,6 +188,11 @@ func (c *cloudLog) Release(_ context.Context, h Holding) error {
 	return nil
 }
 
+// Instance reads the fake cloud's provider IDs, test:///<id>.
+func (c *cloudLog) Instance(providerID string) (string, bool) {
+	return strings.CutPrefix(providerID, "test:///")
+}
+
 func TestCollectorReleasesOnlyAfterTheGrace(t *testing.T) {
 	on := []netip.Addr{gone}
 	leak := Holding{Kind: FixedIP, Address: "10.0.0.70", Resource: "p9", NodeIPs: on, Claimed: true}

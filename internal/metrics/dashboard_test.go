@@ -11,7 +11,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/vpcni/vpcni/internal/k8s"
+	"github.com/vpcni/vpcni/internal/controller"
 	"github.com/vpcni/vpcni/internal/leaks"
 	"github.com/vpcni/vpcni/internal/metrics"
 )
@@ -24,13 +24,13 @@ var targetLabels = []string{"instance", "job"}
 // served is every metric vpcnid and vpcni-controller register, with its
 // label names, read from the collectors' descriptors: built as the
 // binaries build them (the agent: metrics.New and Watch, as agent.New
-// does; the controller: k8s.ControllerCollectors with the leak collector
+// does; the controller: controller.Collectors with the leak collector
 // on, as vpcni-controller does with -cloud-config).
 func served(t *testing.T) map[string][]string {
 	t.Helper()
 	agent := metrics.New()
 	agent.Watch(func() metrics.Snapshot { return metrics.Snapshot{} })
-	controller := k8s.ControllerCollectors(&k8s.BlockMetrics{}, &k8s.RouteMetrics{}, &leaks.Collector{})
+	controller := controller.Collectors(&controller.BlockMetrics{}, &controller.RouteMetrics{}, &leaks.Collector{})
 	ch := make(chan *prometheus.Desc)
 	go func() {
 		agent.Describe(ch)

@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"net/http"
 	"net/netip"
 	"slices"
 
@@ -50,6 +51,10 @@ type Info struct {
 	// Calls counts the provider's cloud requests by method (nil: it does
 	// not count them).
 	Calls map[string]int64
+	// VPCCIDRs are the node's cloud network's own ranges, which pods reach
+	// with their own addresses: SNAT's vpc set when the agent's
+	// snat.vpcCIDRs is empty (nil: the provider does not know them).
+	VPCCIDRs []netip.Prefix
 }
 
 // AssignRequest asks for addresses.
@@ -133,6 +138,53 @@ type Registration struct {
 	NewSettings func() Settings
 	// New connects a provider with its validated settings.
 	New func(ctx context.Context, node Node, s Settings) (Provider, error)
+	// SNATByDefault: the provider's cloud does not translate pod addresses
+	// for traffic that leaves the network (an AWS VPC maps only an
+	// instance's primary address to a public one), so the agent's SNAT is
+	// on unless the file says snat.enabled: false; the provider reports
+	// the network's ranges in Info.VPCCIDRs.
+	SNATByDefault bool
+	// Doctor, if set, is how vpcnictl doctor looks at the provider's cloud
+	// from the node (nil: the provider has no cloud to look at, as
+	// static).
+	Doctor *Doctor
+}
+
+// Doctor is vpcnictl doctor's look at a provider's cloud, owned here
+// beside the registration it comes with (as a datapath mode's Needs):
+// doctor reads the node's agent config, so the provider that config names
+// is the one to ask.
+type Doctor struct {
+	// API names the endpoint the steps talk to, whose clock doctor judges
+	// ("neutron": the check "clock neutron").
+	API string
+	// Diagnose runs the provider's start-up steps one by one, as New
+	// would, changing nothing the node holds; after a failed step the
+	// rest are not tried. s is the provider's validated settings.
+	Diagnose func(ctx context.Context, s Settings, node DoctorNode) []Step
+}
+
+// DoctorNode is what Diagnose is told of the node.
+type DoctorNode struct {
+	// IP is the node's address on the pods' network (the uplink's);
+	// invalid when unknown.
+	IP netip.Addr
+	// ConfigFile is the agent's config file, for fixes to name.
+	ConfigFile string
+	// Transport carries every request to the cloud (doctor reads the
+	// clock of its answers).
+	Transport http.RoundTripper
+}
+
+// Step is one stage of a provider's start-up, checked: what it found,
+// its error (nil: passed) and, when it failed or warns, what to do.
+type Step struct {
+	Name   string
+	Detail string
+	Err    error
+	// Warn: passed, but something needs a look (no room left).
+	Warn bool
+	Fix  string
 }
 
 var providers = registry.New[Registration]("provider")

@@ -1,15 +1,18 @@
-// Package routes routes a pod subnet of its own through a Neutron router:
-// per node block, one extra route on the router (block → the node's IP)
-// and one allowed address pair (the block's CIDR) on the node's VM port,
-// so the router sends the block to the node and port security lets the
-// node's pods answer. The router holds at most max_routes extra routes
-// (30 by default) and a port 10 pairs: the reconciler plans within both,
-// never asks for what must fail, and says what a block that does not fit
-// waits for and how to make room.
+// Package routes routes a pod subnet of its own through the cloud's
+// router: per node block, one extra route on the router (block → the
+// node's IP) and one pair (the block's CIDR) on the node's port, so the
+// router sends the block to the node and port security lets the node's
+// pods answer. A Neutron router holds at most max_routes extra routes (30
+// by default) and a port 10 allowed address pairs: the reconciler plans
+// within both, never asks for what must fail, and says what a block that
+// does not fit waits for and how to make room.
 //
 // It is vpcni-controller's (the leader's) and knows nothing of
 // Kubernetes: the caller hands it the blocks (NodeBlocks with their
-// node's address) and publishes what comes back.
+// node's address) and publishes what comes back. Nor does it know a
+// cloud's API: it reaches the router and the ports through Cloud, which
+// each cloud implements (Neutron's is internal/provider/openstack/cluster),
+// and its section of the cloud file is Config.
 package routes
 
 import (

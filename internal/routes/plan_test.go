@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -96,4 +97,38 @@ func TestPlanProperties(t *testing.T) {
 			}
 		}
 	})
+}
+
+// The fix names the block size that folds each node's blocks into the
+// budget when one exists, and says so when none can.
+func TestShortfallFix(t *testing.T) {
+	ours := func(p netip.Prefix) bool { return netip.MustParsePrefix("10.91.0.0/16").Contains(p.Addr()) }
+	var blocks []Block
+	room := map[netip.Addr]int{}
+	block := netip.MustParsePrefix("10.91.0.0/26")
+	for n := range 10 {
+		ip := netip.AddrFrom4([4]byte{10, 90, 0, byte(11 + n)})
+		room[ip] = 10
+		for range 4 {
+			blocks = append(blocks, Block{Name: block.String(), CIDR: block, Node: ip.String(), NodeIP: ip})
+			block = nextBlock(block)
+		}
+	}
+	in := planInput{blocks: blocks, limit: 30, pairRoom: room, ours: ours}
+	s := shortfall(in, makePlan(in))
+	if s.Waiting != 10 || s.Needed != 40 || s.Bits != 25 || !strings.Contains(s.Fix, "use blocks of /25") {
+		t.Fatalf("%+v", s)
+	}
+	in.limit = 8 // fewer routes than nodes
+	s = shortfall(in, makePlan(in))
+	if s.Bits != 0 || !strings.Contains(s.Fix, "no block size fits them") {
+		t.Fatalf("%+v", s)
+	}
+}
+
+func nextBlock(p netip.Prefix) netip.Prefix {
+	a := p.Addr().As4()
+	v := uint32(a[0])<<24 | uint32(a[1])<<16 | uint32(a[2])<<8 | uint32(a[3])
+	v += 1 << (32 - p.Bits())
+	return netip.PrefixFrom(netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)}), p.Bits())
 }

@@ -11,8 +11,6 @@ import (
 	"strings"
 	"sync"
 	"time"
-
-	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/ports"
 )
 
 // Options configure a Reconciler.
@@ -25,10 +23,13 @@ type Options struct {
 	// it from Neutron's RoutesExhausted answer, and try again every
 	// Probe while blocks wait (the limit may have been raised).
 	MaxRoutes int
-	// MaxPairs is max_allowed_address_pair (10 by default in Neutron).
+	// MaxPairs is max_allowed_address_pair (10 by default in Neutron);
+	// 0: the cloud's (Cloud.MaxPairs).
 	MaxPairs int
 	// Probe: see MaxRoutes.
 	Probe time.Duration
+	// Now is the clock (nil: time.Now).
+	Now func() time.Time
 }
 
 // Reconciler keeps a router's routes and the VM ports' pairs in line
@@ -36,7 +37,7 @@ type Options struct {
 // queue has one key for the router).
 type Reconciler struct {
 	opts Options
-	nt   *Neutron
+	nt   Cloud
 	log  *slog.Logger
 
 	mu        sync.Mutex
@@ -46,7 +47,10 @@ type Reconciler struct {
 }
 
 // New makes a reconciler writing through nt.
-func New(nt *Neutron, opts Options, log *slog.Logger) (*Reconciler, error) {
+func New(nt Cloud, opts Options, log *slog.Logger) (*Reconciler, error) {
+	if opts.MaxPairs == 0 {
+		opts.MaxPairs = nt.MaxPairs()
+	}
 	if len(opts.Ranges) == 0 {
 		return nil, errors.New("routes: no block ranges")
 	}
@@ -55,6 +59,9 @@ func New(nt *Neutron, opts Options, log *slog.Logger) (*Reconciler, error) {
 	}
 	if opts.Probe <= 0 {
 		opts.Probe = 10 * time.Minute
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
 	}
 	return &Reconciler{opts: opts, nt: nt, log: log}, nil
 }
@@ -96,7 +103,7 @@ func (r *Reconciler) limit() int {
 		l = r.opts.MaxRoutes
 	}
 	if r.learned > 0 {
-		if r.opts.MaxRoutes == 0 && r.last.Waiting > 0 && time.Since(r.learnedAt) > r.opts.Probe {
+		if r.opts.MaxRoutes == 0 && r.last.Waiting > 0 && r.opts.Now().Sub(r.learnedAt) > r.opts.Probe {
 			r.learned = 0
 		} else {
 			l = min(l, r.learned)
@@ -108,7 +115,7 @@ func (r *Reconciler) limit() int {
 func (r *Reconciler) learn(n int) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.learned, r.learnedAt = n, time.Now()
+	r.learned, r.learnedAt = n, r.opts.Now()
 }
 
 // Sync makes the router and the VM ports agree with blocks: one pass of
@@ -216,9 +223,9 @@ func (r *Reconciler) pass(ctx context.Context, blocks []Block) (Result, error) {
 
 // split parts a port's pairs into ours (block CIDRs inside the ranges)
 // and the rest.
-func (r *Reconciler) split(pairs []ports.AddressPair) (ours, foreign []ports.AddressPair) {
+func (r *Reconciler) split(pairs []Pair) (ours, foreign []Pair) {
 	for _, ap := range pairs {
-		if p, err := netip.ParsePrefix(ap.IPAddress); err == nil && strings.Contains(ap.IPAddress, "/") && r.ours(p) {
+		if p, err := netip.ParsePrefix(ap.Address); err == nil && strings.Contains(ap.Address, "/") && r.ours(p) {
 			ours = append(ours, ap)
 			continue
 		}
@@ -235,7 +242,7 @@ func (r *Reconciler) setPairs(ctx context.Context, ip netip.Addr, port Port, wan
 		ours, foreign := r.split(port.Pairs)
 		have := make([]string, 0, len(ours))
 		for _, ap := range ours {
-			p, _ := netip.ParsePrefix(ap.IPAddress)
+			p, _ := netip.ParsePrefix(ap.Address)
 			have = append(have, p.Masked().String())
 		}
 		wantS := make([]string, 0, len(want))
@@ -249,14 +256,14 @@ func (r *Reconciler) setPairs(ctx context.Context, ip netip.Addr, port Port, wan
 		}
 		list := slices.Clone(foreign)
 		for _, c := range wantS {
-			list = append(list, ports.AddressPair{IPAddress: c})
+			list = append(list, Pair{Address: c})
 		}
 		written, err := r.nt.SetPairs(ctx, port.ID, port.Revision, list)
 		if err == nil {
 			r.log.Info("VM port pairs set", "port", port.ID, "node_ip", ip, "blocks", wantS, "had", have)
 			return written, nil
 		}
-		if !isStale(err) || attempt >= 5 {
+		if !errors.Is(err, ErrStale) || attempt >= 5 {
 			return port, err
 		}
 		if port, err = r.nt.PortByIP(ctx, ip); err != nil {

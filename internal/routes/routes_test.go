@@ -1,4 +1,7 @@
-package routes
+// The reconciler over Neutron's door (internal/provider/openstack/cluster)
+// against the lab's Neutron endpoint: what a real router and ports end up
+// holding.
+package routes_test
 
 import (
 	"context"
@@ -18,6 +21,8 @@ import (
 
 	"github.com/vpcni/vpcni/internal/lab/neutronapi"
 	"github.com/vpcni/vpcni/internal/provider/openstack"
+	"github.com/vpcni/vpcni/internal/provider/openstack/cluster"
+	"github.com/vpcni/vpcni/internal/routes"
 )
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -26,7 +31,7 @@ var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 // the API alone) and builds a bed of n nodes on it. refused counts the
 // endpoint's 4xx answers to route writes.
 type labBed struct {
-	*Bed
+	*cluster.RouteBed
 	srv     *neutronapi.Server
 	mu      sync.Mutex
 	refused []string
@@ -52,11 +57,11 @@ func newLabBed(t *testing.T, nodes int) *labBed {
 	go hs.Serve(ln)
 	t.Cleanup(func() { hs.Close() })
 	nc := openstack.NoAuthClient("http://"+ln.Addr().String(), http.Client{Timeout: 10 * time.Second})
-	b, err := NewBed(context.Background(), nc, "bed", nodes, netip.MustParsePrefix("10.90.0.0/24"), netip.MustParsePrefix("10.91.0.0/16"), 26, false)
+	b, err := cluster.NewRouteBed(context.Background(), nc, "bed", nodes, netip.MustParsePrefix("10.90.0.0/24"), netip.MustParsePrefix("10.91.0.0/16"), 26, false)
 	if err != nil {
 		t.Fatal(err)
 	}
-	lb.Bed = b
+	lb.RouteBed = b
 	return lb
 }
 
@@ -75,13 +80,14 @@ func (lb *labBed) refusals() int {
 
 // reconciler finds the ports by listing the VM subnet's; with maxRoutes 0
 // (learned) by one lookup per node address instead, so both ways are run.
-func (lb *labBed) reconciler(t *testing.T, maxRoutes int, probe time.Duration) *Reconciler {
+// now is its clock (nil: time.Now).
+func (lb *labBed) reconciler(t *testing.T, maxRoutes int, probe time.Duration, now func() time.Time) *routes.Reconciler {
 	t.Helper()
-	nt := lb.Neutron()
+	nt := lb.Routes()
 	if maxRoutes == 0 {
-		nt = NewNeutron(lb.NC, lb.RouterID, "")
+		nt = cluster.NewRoutes(lb.NC, lb.RouterID, "", 10)
 	}
-	r, err := New(nt, Options{Ranges: lb.Ranges, MaxRoutes: maxRoutes, MaxPairs: 10, Probe: probe}, quiet)
+	r, err := routes.New(nt, routes.Options{Ranges: lb.Ranges, MaxRoutes: maxRoutes, Probe: probe, Now: now}, quiet)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -93,11 +99,11 @@ func (lb *labBed) reconciler(t *testing.T, maxRoutes int, probe time.Duration) *
 func (lb *labBed) state() (map[string]string, map[string][]string) {
 	lb.srv.Lock()
 	defer lb.srv.Unlock()
-	routes := map[string]string{}
+	onRouter := map[string]string{}
 	for _, r := range lb.srv.Routers() {
 		if r.ID == lb.RouterID {
 			for _, rt := range r.Routes {
-				routes[rt.Destination] = rt.NextHop
+				onRouter[rt.Destination] = rt.NextHop
 			}
 		}
 	}
@@ -111,16 +117,16 @@ func (lb *labBed) state() (map[string]string, map[string][]string) {
 			}
 		}
 	}
-	return routes, pairs
+	return onRouter, pairs
 }
 
 // checkWhole: every block is routed and paired on its node, or neither;
 // exactly the blocks Routed are.
-func (lb *labBed) checkWhole(t *testing.T, res Result, blocks []Block) (routed int) {
+func (lb *labBed) checkWhole(t *testing.T, res routes.Result, blocks []routes.Block) (routed int) {
 	t.Helper()
-	routes, pairs := lb.state()
+	onRouter, pairs := lb.state()
 	for _, b := range blocks {
-		hop, hasRoute := routes[b.CIDR.String()]
+		hop, hasRoute := onRouter[b.CIDR.String()]
 		hasPair := false
 		for _, p := range pairs[b.Node] {
 			hasPair = hasPair || p == b.CIDR.String()
@@ -131,7 +137,7 @@ func (lb *labBed) checkWhole(t *testing.T, res Result, blocks []Block) (routed i
 		if hasRoute && hop != b.NodeIP.String() {
 			t.Errorf("block %s routed via %s, its node is %s", b.CIDR, hop, b.NodeIP)
 		}
-		if (res.States[b.Name] == Routed) != hasRoute {
+		if (res.States[b.Name] == routes.Routed) != hasRoute {
 			t.Errorf("block %s: state %s, route on the router %v", b.CIDR, res.States[b.Name], hasRoute)
 		}
 		if hasRoute {
@@ -141,7 +147,7 @@ func (lb *labBed) checkWhole(t *testing.T, res Result, blocks []Block) (routed i
 	return routed
 }
 
-func count(res Result, st State) int {
+func count(res routes.Result, st routes.State) int {
 	n := 0
 	for _, s := range res.States {
 		if s == st {
@@ -164,17 +170,18 @@ func TestBudget(t *testing.T) {
 	}{{"configured", 30, 0}, {"learned", 0, 1}} {
 		t.Run(mode.name, func(t *testing.T) {
 			lb := newLabBed(t, 40)
-			r := lb.reconciler(t, mode.maxRoutes, time.Hour)
+			clock := time.Now()
+			r := lb.reconciler(t, mode.maxRoutes, time.Hour, func() time.Time { return clock })
 			res, err := r.Sync(ctx, lb.Blocks)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if n := lb.checkWhole(t, res, lb.Blocks); n != 30 || res.Routes != 30 || count(res, NoRouteBudget) != 10 || res.Waiting != 10 {
-				t.Fatalf("routed %d (result %d), waiting %d/%d; want 30 and 10", n, res.Routes, count(res, NoRouteBudget), res.Waiting)
+			if n := lb.checkWhole(t, res, lb.Blocks); n != 30 || res.Routes != 30 || count(res, routes.NoRouteBudget) != 10 || res.Waiting != 10 {
+				t.Fatalf("routed %d (result %d), waiting %d/%d; want 30 and 10", n, res.Routes, count(res, routes.NoRouteBudget), res.Waiting)
 			}
 			// The oldest blocks got the budget.
 			for _, b := range lb.Blocks[:30] {
-				if res.States[b.Name] != Routed {
+				if res.States[b.Name] != routes.Routed {
 					t.Errorf("older block %s not routed: %s", b.Name, res.States[b.Name])
 				}
 			}
@@ -200,10 +207,9 @@ func TestBudget(t *testing.T) {
 			lb.srv.MaxRoutes = 40
 			lb.srv.Unlock()
 			if mode.maxRoutes > 0 {
-				r = lb.reconciler(t, 40, time.Hour) // the operator raises both
+				r = lb.reconciler(t, 40, time.Hour, nil) // the operator raises both
 			} else {
-				r.opts.Probe = time.Millisecond // the learned limit is tried again
-				time.Sleep(2 * time.Millisecond)
+				clock = clock.Add(time.Hour + time.Second) // the learned limit is tried again
 			}
 			res, err = r.Sync(ctx, lb.Blocks)
 			if err != nil {
@@ -234,18 +240,18 @@ func TestDriftAndStale(t *testing.T) {
 	if _, err := ports.Update(ctx, lb.NC, lb.Ports[0], ports.UpdateOpts{AllowedAddressPairs: &others}).Extract(); err != nil {
 		t.Fatal(err)
 	}
-	blocks := append([]Block{}, lb.Blocks...)
+	blocks := append([]routes.Block{}, lb.Blocks...)
 	// n1 gets two more blocks: the third does not fit its port.
 	for i, c := range []string{"10.91.1.0/26", "10.91.1.64/26"} {
-		blocks = append(blocks, Block{Name: "extra" + c, CIDR: netip.MustParsePrefix(c), Node: "n1", NodeIP: lb.Blocks[0].NodeIP, Created: time.Unix(int64(100+i), 0)})
+		blocks = append(blocks, routes.Block{Name: "extra" + c, CIDR: netip.MustParsePrefix(c), Node: "n1", NodeIP: lb.Blocks[0].NodeIP, Created: time.Unix(int64(100+i), 0)})
 	}
-	r := lb.reconciler(t, 0, time.Hour)
+	r := lb.reconciler(t, 0, time.Hour, nil)
 	res, err := r.Sync(ctx, blocks)
 	if err != nil {
 		t.Fatal(err)
 	}
 	lb.checkWhole(t, res, blocks)
-	if res.States["extra10.91.1.64/26"] != NoPairBudget || res.Others != 1 || res.Routes != 4 {
+	if res.States["extra10.91.1.64/26"] != routes.NoPairBudget || res.Others != 1 || res.Routes != 4 {
 		t.Fatalf("states %v, others %d, ours %d", res.States, res.Others, res.Routes)
 	}
 	if !strings.Contains(res.Messages["extra10.91.1.64/26"], "max_allowed_address_pair 10") {
@@ -271,46 +277,19 @@ func TestDriftAndStale(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	routes, pairs := lb.state()
-	if routes[lb.Blocks[2].CIDR.String()] == "" || len(pairs["n3"]) != 1 || res.States[blocks[2].Name] != NodeGone {
-		t.Fatalf("a gone node's block lost its route or pair before it was reclaimed: %v %v", routes, pairs)
+	onRouter, pairs := lb.state()
+	if onRouter[lb.Blocks[2].CIDR.String()] == "" || len(pairs["n3"]) != 1 || res.States[blocks[2].Name] != routes.NodeGone {
+		t.Fatalf("a gone node's block lost its route or pair before it was reclaimed: %v %v", onRouter, pairs)
 	}
 	blocks = append(blocks[:2], blocks[3:]...)
 	if _, err := r.Sync(ctx, blocks); err != nil {
 		t.Fatal(err)
 	}
-	routes, pairs = lb.state()
-	if _, ok := routes[lb.Blocks[2].CIDR.String()]; ok || len(pairs["n3"]) != 0 {
-		t.Fatalf("a reclaimed block kept its route or pair: %v %v", routes, pairs)
+	onRouter, pairs = lb.state()
+	if _, ok := onRouter[lb.Blocks[2].CIDR.String()]; ok || len(pairs["n3"]) != 0 {
+		t.Fatalf("a reclaimed block kept its route or pair: %v %v", onRouter, pairs)
 	}
-	if routes[foreign.String()] != "10.90.0.12" || len(pairs["n1"]) != 10 {
-		t.Fatalf("others' route or pairs touched: %v, n1 pairs %v", routes, pairs["n1"])
-	}
-}
-
-// The fix names the block size that folds each node's blocks into the
-// budget when one exists, and says so when none can.
-func TestShortfallFix(t *testing.T) {
-	ours := func(p netip.Prefix) bool { return netip.MustParsePrefix("10.91.0.0/16").Contains(p.Addr()) }
-	var blocks []Block
-	room := map[netip.Addr]int{}
-	block := netip.MustParsePrefix("10.91.0.0/26")
-	for n := range 10 {
-		ip := netip.AddrFrom4([4]byte{10, 90, 0, byte(11 + n)})
-		room[ip] = 10
-		for range 4 {
-			blocks = append(blocks, Block{Name: block.String(), CIDR: block, Node: ip.String(), NodeIP: ip})
-			block = nextBlock(block)
-		}
-	}
-	in := planInput{blocks: blocks, limit: 30, pairRoom: room, ours: ours}
-	s := shortfall(in, makePlan(in))
-	if s.Waiting != 10 || s.Needed != 40 || s.Bits != 25 || !strings.Contains(s.Fix, "use blocks of /25") {
-		t.Fatalf("%+v", s)
-	}
-	in.limit = 8 // fewer routes than nodes
-	s = shortfall(in, makePlan(in))
-	if s.Bits != 0 || !strings.Contains(s.Fix, "no block size fits them") {
-		t.Fatalf("%+v", s)
+	if onRouter[foreign.String()] != "10.90.0.12" || len(pairs["n1"]) != 10 {
+		t.Fatalf("others' route or pairs touched: %v, n1 pairs %v", onRouter, pairs["n1"])
 	}
 }

@@ -10,7 +10,15 @@
 //	set pods     the node's pod addresses (what is masqueraded)
 //	set vpc      snat.vpcCIDRs (never masqueraded: the VPC sees pods by their own IPs)
 //	set exclude  snat.excludeCIDRs (never masqueraded either)
+//	chain prerouting:  ip saddr @pods, daddr in neither set -> meta mark |= Mark
 //	chain postrouting: ip saddr @pods, daddr in neither set -> masquerade
+//
+// and one policy rule, Mark → the main table (route.go): pod traffic
+// leaving the VPC goes out by the node's uplink, as the node, also from a
+// pod whose address lives on a secondary NIC (whose own route table would
+// send it out of that NIC, as the NIC's address — on AWS a secondary
+// ENI's address has no public IPv4, so the internet gateway would drop
+// it; aws-vpc-cni does the same with its connmark 0x80).
 //
 // Matching the pods' own source addresses, not a CIDR or an interface,
 // leaves the node's own traffic (its address is never a pod's) and every
@@ -25,6 +33,8 @@ import (
 	"net/netip"
 	"os/exec"
 	"slices"
+	"strings"
+	"sync"
 
 	"sigs.k8s.io/knftables"
 )
@@ -35,26 +45,40 @@ const Table = "vpcni_snat"
 // Config is the agent's snat section (vpcnid.yaml `snat:`).
 type Config struct {
 	// Enabled masquerades pod traffic to destinations outside VPCCIDRs and
-	// ExcludeCIDRs to the node's address. Off by default: OpenStack's
-	// router SNATs the subnet already, and a pod keeps its own source
-	// address wherever the network routes it.
-	Enabled bool `json:"enabled"`
+	// ExcludeCIDRs to the node's address. Unset, the provider decides:
+	// off for OpenStack, whose router SNATs the subnet already (a pod
+	// keeps its own source address wherever the network routes it), on
+	// for AWS, whose VPC maps only an instance's primary address to a
+	// public one (provider.Registration.SNATByDefault).
+	Enabled *bool `json:"enabled,omitempty"`
 	// VPCCIDRs is the whole VPC (every subnet, peered ones too): traffic
-	// to it keeps the pod's address. Required when enabled — the provider
-	// knows only the node's own subnet, and masquerading traffic to a
-	// sibling subnet would hide the pod from the VPC.
+	// to it keeps the pod's address. Required when enabled, unless the
+	// provider reports the VPC's CIDRs (AWS: from the instance metadata)
+	// — masquerading traffic to a sibling subnet would hide the pod from
+	// the VPC.
 	VPCCIDRs []netip.Prefix `json:"vpcCIDRs,omitempty"`
 	// ExcludeCIDRs are further destinations reached with the pod's own
 	// address (a VPN, a peered network, an on-premises range).
 	ExcludeCIDRs []netip.Prefix `json:"excludeCIDRs,omitempty"`
 }
 
-// Validate names every bad field, relative to the section.
+// On says whether SNAT is on: as the file says, else byDefault (the
+// provider's default).
+func (c Config) On(byDefault bool) bool {
+	if c.Enabled == nil {
+		return byDefault
+	}
+	return *c.Enabled
+}
+
+// ErrNoVPC is what Validate's caller reports when SNAT is on without
+// vpcCIDRs and the provider does not report the VPC's CIDRs.
+var ErrNoVPC = errors.New("vpcCIDRs: must list the VPC's CIDRs when SNAT is enabled (traffic to them keeps the pod's address)")
+
+// Validate names every bad field, relative to the section. (Whether
+// vpcCIDRs may be empty depends on the provider: see ErrNoVPC.)
 func (c Config) Validate() error {
 	var errs []error
-	if c.Enabled && len(c.VPCCIDRs) == 0 {
-		errs = append(errs, errors.New("vpcCIDRs: must list the VPC's CIDRs when SNAT is enabled (traffic to them keeps the pod's address)"))
-	}
 	check := func(field string, list []netip.Prefix) {
 		for i, p := range list {
 			switch {
@@ -72,25 +96,62 @@ func (c Config) Validate() error {
 	return errors.Join(errs...)
 }
 
-// rule is the chain's one rule. Masquerade takes the address of the
-// interface the packet leaves by: the uplink's (the node IP), or a
-// secondary NIC's for pods routed through it — the address the cloud's
-// port security allows there.
+// rule is the postrouting chain's one rule. Masquerade takes the address
+// of the interface the packet leaves by: the uplink's (the node IP), where
+// the mark's policy rule sends it.
 const rule = "ip saddr @pods ip daddr != @vpc ip daddr != @exclude masquerade"
 
-// ruleComment marks the rule with a digest of its text, so Sync can tell
-// its own current rule from anything else without parsing nft's output
+// markRule is the prerouting chain's one rule: before routing, pod traffic that
+// will be masqueraded is marked, so it is routed by the main table.
+var markRule = fmt.Sprintf("ip saddr @pods ip daddr != @vpc ip daddr != @exclude meta mark set meta mark | 0x%x", Mark)
+
+// comment marks a rule with a digest of its text, so Sync can tell its
+// own current rule from anything else without parsing nft's output
 // (knftables lists a rule's comment, not its text): a release that changes
 // the rule replaces the old one.
-var ruleComment = func() string {
+func comment(what, rule string) string {
 	sum := sha256.Sum256([]byte(rule))
-	return fmt.Sprintf("vpcni: pod traffic leaving the VPC goes out as the node [%x]", sum[:4])
-}()
+	return fmt.Sprintf("vpcni: %s [%x]", what, sum[:4])
+}
+
+// chains are vpcni's two chains, each with its one rule.
+var chains = []struct {
+	chain         *knftables.Chain
+	rule, comment string
+}{
+	{&knftables.Chain{Name: "prerouting", Type: knftables.PtrTo(knftables.FilterType),
+		Hook: knftables.PtrTo(knftables.PreroutingHook), Priority: knftables.PtrTo(knftables.ManglePriority)},
+		markRule, comment("pod traffic leaving the VPC is routed by the main table", markRule)},
+	{&knftables.Chain{Name: "postrouting", Type: knftables.PtrTo(knftables.NATType),
+		Hook: knftables.PtrTo(knftables.PostroutingHook), Priority: knftables.PtrTo(knftables.SNATPriority)},
+		rule, comment("pod traffic leaving the VPC goes out as the node", rule)},
+}
 
 // NAT is the node's SNAT table.
 type NAT struct {
 	nft knftables.Interface
+	mu  sync.Mutex
 	cfg Config
+}
+
+// WaitingForVPC says whether the table waits for the VPC's CIDRs: the
+// file listed none, and the provider has not reported them yet. Until
+// then nothing is written (a table an earlier run left stays as it was):
+// masquerading with an empty vpc set would hide pods from their own VPC.
+func (n *NAT) WaitingForVPC() bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return len(n.cfg.VPCCIDRs) == 0
+}
+
+// SetVPC gives the table the VPC's CIDRs the provider reported, when the
+// file listed none.
+func (n *NAT) SetVPC(cidrs []netip.Prefix) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if len(n.cfg.VPCCIDRs) == 0 {
+		n.cfg.VPCCIDRs = slices.Clone(cidrs)
+	}
 }
 
 // Open connects to nftables in the caller's network namespace. It fails
@@ -110,6 +171,12 @@ func Open(cfg Config) (*NAT, error) {
 // what was missing or wrong of the table, chain or rule ("" if they were
 // as made; the sets are rewritten every time and not compared).
 func (n *NAT) Sync(ctx context.Context, pods []netip.Addr) (fixed string, err error) {
+	if n.WaitingForVPC() {
+		return "", nil
+	}
+	n.mu.Lock()
+	vpc := slices.Clone(n.cfg.VPCCIDRs)
+	n.mu.Unlock()
 	tx := n.nft.NewTransaction()
 	tx.Add(&knftables.Table{Comment: knftables.PtrTo("vpcni: masquerade pod traffic leaving the VPC")})
 	sets := []struct {
@@ -118,7 +185,7 @@ func (n *NAT) Sync(ctx context.Context, pods []netip.Addr) (fixed string, err er
 		elems         []string
 	}{
 		{"pods", "the node's pod addresses", nil, addrs(pods)},
-		{"vpc", "snat.vpcCIDRs: reached with the pod's own address", []knftables.SetFlag{knftables.IntervalFlag}, prefixes(n.cfg.VPCCIDRs)},
+		{"vpc", "snat.vpcCIDRs: reached with the pod's own address", []knftables.SetFlag{knftables.IntervalFlag}, prefixes(vpc)},
 		{"exclude", "snat.excludeCIDRs: reached with the pod's own address", []knftables.SetFlag{knftables.IntervalFlag}, prefixes(n.cfg.ExcludeCIDRs)},
 	}
 	for _, s := range sets {
@@ -134,31 +201,36 @@ func (n *NAT) Sync(ctx context.Context, pods []netip.Addr) (fixed string, err er
 			tx.Add(&knftables.Element{Set: s.name, Key: []string{e}})
 		}
 	}
-	chain := &knftables.Chain{Name: "postrouting", Type: knftables.PtrTo(knftables.NATType),
-		Hook: knftables.PtrTo(knftables.PostroutingHook), Priority: knftables.PtrTo(knftables.SNATPriority)}
-	tx.Add(chain)
-	// The rule is rewritten only when the chain holds anything else than
-	// it: the agent's kernel watch (kwatch) reconciles on every rule
-	// deleted from a vpcni table, and a reconcile that flushed and re-added
-	// an unchanged rule would kick the next one, forever. (Set elements
-	// are not watched: the sets are simply rewritten.)
-	rules, err := n.nft.ListRules(ctx, "postrouting")
-	switch {
-	case knftables.IsNotFound(err):
-		fixed = fmt.Sprintf("nftables table ip %s or its chain postrouting", Table)
-	case err != nil:
-		return "", fmt.Errorf("nftables table ip %s: %w", Table, err)
-	case len(rules) != 1 || rules[0].Comment == nil || *rules[0].Comment != ruleComment:
-		fixed = fmt.Sprintf("nftables table ip %s: the masquerade rule (chain held %d rules, not vpcni's one)", Table, len(rules))
-	}
-	if fixed != "" {
-		tx.Flush(chain)
-		tx.Add(&knftables.Rule{Chain: "postrouting", Rule: rule, Comment: knftables.PtrTo(ruleComment)})
+	var missing []string
+	for _, c := range chains {
+		tx.Add(c.chain)
+		// A rule is rewritten only when its chain holds anything else than
+		// it: the agent's kernel watch (kwatch) reconciles on every rule
+		// deleted from a vpcni table, and a reconcile that flushed and
+		// re-added an unchanged rule would kick the next one, forever.
+		// (Set elements are not watched: the sets are simply rewritten.)
+		rules, err := n.nft.ListRules(ctx, c.chain.Name)
+		switch {
+		case knftables.IsNotFound(err):
+			missing = append(missing, fmt.Sprintf("nftables table ip %s or its chain %s", Table, c.chain.Name))
+		case err != nil:
+			return "", fmt.Errorf("nftables table ip %s: %w", Table, err)
+		case len(rules) != 1 || rules[0].Comment == nil || *rules[0].Comment != c.comment:
+			missing = append(missing, fmt.Sprintf("nftables table ip %s: the %s rule (chain held %d rules, not vpcni's one)", Table, c.chain.Name, len(rules)))
+		default:
+			continue
+		}
+		tx.Flush(c.chain)
+		tx.Add(&knftables.Rule{Chain: c.chain.Name, Rule: c.rule, Comment: knftables.PtrTo(c.comment)})
 	}
 	if err := n.nft.Run(ctx, tx); err != nil {
 		return "", fmt.Errorf("nftables table ip %s: %w", Table, err)
 	}
-	return fixed, nil
+	ruleFixed, err := ensureRule()
+	if ruleFixed != "" {
+		missing = append(missing, ruleFixed)
+	}
+	return strings.Join(missing, "; "), err
 }
 
 // Remove deletes vpcni's table (nothing else). Gone already is fine, and
@@ -176,7 +248,7 @@ func Remove(ctx context.Context) error {
 	if err := nft.Run(ctx, tx); err != nil && !knftables.IsNotFound(err) {
 		return fmt.Errorf("delete nftables table ip %s: %w", Table, err)
 	}
-	return nil
+	return removeRule()
 }
 
 func addrs(list []netip.Addr) []string {
@@ -208,7 +280,11 @@ func (n *NAT) HasPod(ctx context.Context, ip netip.Addr) (bool, error) {
 }
 
 // AddPod adds one pod address to the pods set (an ADD between two Syncs).
+// While the table waits for the VPC's CIDRs the first Sync adds it.
 func (n *NAT) AddPod(ctx context.Context, ip netip.Addr) error {
+	if n.WaitingForVPC() {
+		return nil
+	}
 	tx := n.nft.NewTransaction()
 	tx.Add(&knftables.Element{Set: "pods", Key: []string{ip.String()}})
 	if err := n.nft.Run(ctx, tx); err != nil {

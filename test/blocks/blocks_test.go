@@ -24,6 +24,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/vpcni/vpcni/internal/apis/vpcni/v1alpha1"
+	"github.com/vpcni/vpcni/internal/controller"
 	"github.com/vpcni/vpcni/internal/ipam"
 	"github.com/vpcni/vpcni/internal/k8s"
 	"github.com/vpcni/vpcni/internal/k8s/nodeblocks"
@@ -35,7 +36,7 @@ var logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level:
 
 // assigner runs a BlockAssigner (as the leading vpcni-controller does)
 // until the test ends.
-func assigner(t *testing.T, ranges string, bits int, grace time.Duration) *k8s.BlockAssigner {
+func assigner(t *testing.T, ranges string, bits int, grace time.Duration) *controller.BlockAssigner {
 	t.Helper()
 	var prefixes []netip.Prefix
 	for _, r := range strings.Split(ranges, ",") {
@@ -45,7 +46,7 @@ func assigner(t *testing.T, ranges string, bits int, grace time.Duration) *k8s.B
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, err := k8s.NewBlockAssigner(fixture.Config, k8s.BlockOptions{Blocks: b, Grace: grace}, logger)
+	a, err := controller.NewBlockAssigner(fixture.Config, controller.BlockOptions{Blocks: b, Grace: grace}, logger)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -303,7 +304,7 @@ func TestGoneNodeGivesBlocksBack(t *testing.T) {
 	}
 	pas := []string{podAddress(t, "gone-1", addrs[0]), podAddress(t, "gone-1", addrs[1])}
 	waitFor(t, 10*time.Second, "a Warning Event on the node left without a block", func() error {
-		return nodeEvent(t, "late-1", k8s.EventNoFreeBlock, "no free /28 block in [10.31.0.0/27] for node late-1")
+		return nodeEvent(t, "late-1", controller.EventNoFreeBlock, "no free /28 block in [10.31.0.0/27] for node late-1")
 	})
 
 	deleteNode(t, "gone-1")

@@ -20,10 +20,11 @@ import (
 	"github.com/vpcni/vpcni/internal/api"
 	"github.com/vpcni/vpcni/internal/apis/vpcni/v1alpha1"
 	"github.com/vpcni/vpcni/internal/config"
-	"github.com/vpcni/vpcni/internal/k8s"
+	"github.com/vpcni/vpcni/internal/controller"
 	"github.com/vpcni/vpcni/internal/lab"
 	"github.com/vpcni/vpcni/internal/netnsutil"
 	"github.com/vpcni/vpcni/internal/provider/openstack"
+	"github.com/vpcni/vpcni/internal/provider/openstack/cluster"
 	"github.com/vpcni/vpcni/internal/provider/static"
 	"github.com/vpcni/vpcni/internal/routes"
 	"github.com/vpcni/vpcni/internal/testbed"
@@ -64,11 +65,11 @@ func TestRoutedPodSubnetOnTheLab(t *testing.T) {
 	t.Cleanup(func() { _ = testbed.StopRecorded(run); _ = os.RemoveAll(run) })
 	assigner(t, podRange, 26, time.Minute)
 	nc := openstack.NoAuthClient(l.URL, http.Client{Timeout: 10 * time.Second})
-	rec, err := routes.New(routes.NewNeutron(nc, l.RouterID, l.SubnetID), routes.Options{Ranges: []netip.Prefix{netip.MustParsePrefix(podRange)}, MaxPairs: 10}, logger)
+	rec, err := routes.New(cluster.NewRoutes(nc, l.RouterID, l.SubnetID, 10), routes.Options{Ranges: []netip.Prefix{netip.MustParsePrefix(podRange)}, MaxPairs: 10}, logger)
 	if err != nil {
 		t.Fatal(err)
 	}
-	rr, err := k8s.NewRouteReconciler(fixture.Config, rec, k8s.RouteOptions{Resync: time.Second}, logger)
+	rr, err := controller.NewRouteReconciler(fixture.Config, rec, controller.RouteOptions{Resync: time.Second}, logger)
 	if err != nil {
 		t.Fatal(err)
 	}

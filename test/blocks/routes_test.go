@@ -22,9 +22,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/vpcni/vpcni/internal/apis/vpcni/v1alpha1"
-	"github.com/vpcni/vpcni/internal/k8s"
+	"github.com/vpcni/vpcni/internal/controller"
 	"github.com/vpcni/vpcni/internal/lab/neutronapi"
 	"github.com/vpcni/vpcni/internal/provider/openstack"
+	"github.com/vpcni/vpcni/internal/provider/openstack/cluster"
 	"github.com/vpcni/vpcni/internal/routes"
 )
 
@@ -50,7 +51,7 @@ func TestRoutedBlocksWithinTheRouterBudget(t *testing.T) {
 	t.Cleanup(func() { hs.Close() })
 	nc := openstack.NoAuthClient("http://"+ln.Addr().String(), http.Client{Timeout: 10 * time.Second})
 	const podRange = "10.91.0.0/16"
-	bed, err := routes.NewBed(ctx, nc, "k8s", nodes, netip.MustParsePrefix("10.90.0.0/24"), netip.MustParsePrefix(podRange), 26, false)
+	bed, err := cluster.NewRouteBed(ctx, nc, "k8s", nodes, netip.MustParsePrefix("10.90.0.0/24"), netip.MustParsePrefix(podRange), 26, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -73,15 +74,15 @@ func TestRoutedBlocksWithinTheRouterBudget(t *testing.T) {
 	// max_routes not configured: learned from Neutron, and tried again
 	// every second while blocks wait (one atomic add that changes nothing
 	// when refused).
-	rec, err := routes.New(bed.Neutron(), routes.Options{Ranges: []netip.Prefix{netip.MustParsePrefix(podRange)}, MaxPairs: 10, Probe: time.Second}, logger)
+	rec, err := routes.New(bed.Routes(), routes.Options{Ranges: []netip.Prefix{netip.MustParsePrefix(podRange)}, MaxPairs: 10, Probe: time.Second}, logger)
 	if err != nil {
 		t.Fatal(err)
 	}
-	rr, err := k8s.NewRouteReconciler(fixture.Config, rec, k8s.RouteOptions{Resync: 500 * time.Millisecond}, logger)
+	rr, err := controller.NewRouteReconciler(fixture.Config, rec, controller.RouteOptions{Resync: 500 * time.Millisecond}, logger)
 	if err != nil {
 		t.Fatal(err)
 	}
-	metrics := &k8s.RouteMetrics{}
+	metrics := &controller.RouteMetrics{}
 	metrics.Set(rr)
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(metrics)
@@ -164,7 +165,7 @@ func TestRoutedBlocksWithinTheRouterBudget(t *testing.T) {
 		t.Errorf("condition of a waiting block: %q", c.Message)
 	}
 	waitFor(t, 10*time.Second, "a Warning Event on the node of a waiting block", func() error {
-		return nodeEvent(t, waiting.Spec.Node, k8s.EventRouteBudget, "raise max_routes to 40")
+		return nodeEvent(t, waiting.Spec.Node, controller.EventRouteBudget, "raise max_routes to 40")
 	})
 	metric := func(name, label string) (float64, string) {
 		mfs, err := reg.Gather()
@@ -201,7 +202,7 @@ func TestRoutedBlocksWithinTheRouterBudget(t *testing.T) {
 	srv.Unlock()
 	waitFor(t, 30*time.Second, "all 40 blocks routed", func() error { _, err := settled(40); return err })
 	waitFor(t, 10*time.Second, "a Normal Event on the node whose block got its route", func() error {
-		return nodeEvent(t, waiting.Spec.Node, k8s.EventBlockRouted, "route "+waiting.Spec.CIDR)
+		return nodeEvent(t, waiting.Spec.Node, controller.EventBlockRouted, "route "+waiting.Spec.CIDR)
 	})
 
 	// By hand: a route and a pair removed.
@@ -292,7 +293,7 @@ func TestControllerBinaryRoutes(t *testing.T) {
 	go hs.Serve(ln)
 	t.Cleanup(func() { hs.Close() })
 	url := "http://" + ln.Addr().String() + "/"
-	bed, err := routes.NewBed(ctx, openstack.NoAuthClient(url, http.Client{Timeout: 10 * time.Second}), "bin", 3,
+	bed, err := cluster.NewRouteBed(ctx, openstack.NoAuthClient(url, http.Client{Timeout: 10 * time.Second}), "bin", 3,
 		netip.MustParsePrefix("10.90.0.0/24"), netip.MustParsePrefix("10.92.0.0/16"), 26, false)
 	if err != nil {
 		t.Fatal(err)

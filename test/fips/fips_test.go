@@ -29,6 +29,7 @@ import (
 
 	"github.com/vpcni/vpcni/internal/apis/vpcni/v1alpha1"
 	"github.com/vpcni/vpcni/internal/config"
+	"github.com/vpcni/vpcni/internal/controller"
 	"github.com/vpcni/vpcni/internal/floatingip"
 	"github.com/vpcni/vpcni/internal/k8s"
 	"github.com/vpcni/vpcni/internal/lab"
@@ -85,7 +86,7 @@ func TestFloatingIPLifecycle(t *testing.T) {
 			w.t = t
 			name := "web-" + policy
 			addr := at(w.l.Subnet, map[string]byte{floatingip.Release: 50, floatingip.Retain: 51}[policy])
-			pod := w.createPod(c, name, map[string]string{k8s.AnnotationFloatingIP: "auto", k8s.AnnotationFloatingPolicy: policy})
+			pod := w.createPod(c, name, map[string]string{controller.AnnotationFloatingIP: "auto", controller.AnnotationFloatingPolicy: policy})
 			podNS := w.addPod(c, pod, addr)
 
 			fip := w.waitAnnotation(c, name)
@@ -144,7 +145,7 @@ func TestFloatingIPLifecycle(t *testing.T) {
 	t.Run("bad-annotations", func(t *testing.T) {
 		w.t = t
 		fipsBefore := w.fipCount()
-		w.createPod(c, "bad", map[string]string{k8s.AnnotationFloatingIP: "not-an-address", k8s.AnnotationFloatingPolicy: "keep"})
+		w.createPod(c, "bad", map[string]string{controller.AnnotationFloatingIP: "not-an-address", controller.AnnotationFloatingPolicy: "keep"})
 		msg := w.waitEvent(c, "bad", "VpcniFloatingIPInvalid")
 		for _, want := range []string{"not-an-address", "keep"} {
 			if !strings.Contains(msg, want) {
@@ -153,7 +154,7 @@ func TestFloatingIPLifecycle(t *testing.T) {
 		}
 		// A named address outside the external network: Neutron's 400,
 		// told on the pod, nothing created.
-		pod := w.createPod(c, "outside", map[string]string{k8s.AnnotationFloatingIP: "192.0.2.77"})
+		pod := w.createPod(c, "outside", map[string]string{controller.AnnotationFloatingIP: "192.0.2.77"})
 		w.addPod(c, pod, at(w.l.Subnet, 52))
 		msg = w.waitEvent(c, "outside", "VpcniFloatingIPInvalid")
 		if !strings.Contains(msg, "192.0.2.77") {
@@ -162,8 +163,8 @@ func TestFloatingIPLifecycle(t *testing.T) {
 		if n := w.fipCount(); n != fipsBefore {
 			t.Fatalf("bad annotations changed the floating IPs: %d before, %d after", fipsBefore, n)
 		}
-		if p, err := w.cs.CoreV1().Pods(ns).Get(c, "outside", metav1.GetOptions{}); err != nil || p.Annotations[k8s.AnnotationFloatingAddress] != "" {
-			t.Fatalf("pod outside: %v, annotation %q; want no floating address written", err, p.Annotations[k8s.AnnotationFloatingAddress])
+		if p, err := w.cs.CoreV1().Pods(ns).Get(c, "outside", metav1.GetOptions{}); err != nil || p.Annotations[controller.AnnotationFloatingAddress] != "" {
+			t.Fatalf("pod outside: %v, annotation %q; want no floating address written", err, p.Annotations[controller.AnnotationFloatingAddress])
 		}
 	})
 }
@@ -306,9 +307,9 @@ func (w *world) waitAnnotation(c context.Context, name string) netip.Addr {
 		if err != nil {
 			return err
 		}
-		a, err := netip.ParseAddr(p.Annotations[k8s.AnnotationFloatingAddress])
+		a, err := netip.ParseAddr(p.Annotations[controller.AnnotationFloatingAddress])
 		if err != nil {
-			return fmt.Errorf("pod %s has no %s yet", name, k8s.AnnotationFloatingAddress)
+			return fmt.Errorf("pod %s has no %s yet", name, controller.AnnotationFloatingAddress)
 		}
 		got = a
 		return nil

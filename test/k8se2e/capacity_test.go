@@ -13,6 +13,7 @@ import (
 	"github.com/vpcni/vpcni/internal/api"
 	"github.com/vpcni/vpcni/internal/faultproxy"
 	"github.com/vpcni/vpcni/internal/k8s"
+	"github.com/vpcni/vpcni/internal/k8s/nodeside"
 )
 
 // fullPods lists pods with their spec and status, as the API has them.
@@ -46,7 +47,7 @@ func ipAllocatable(nd *corev1.Node) (int64, bool) {
 
 func notReadyTainted(nd *corev1.Node) bool {
 	for _, t := range nd.Spec.Taints {
-		if t.Key == k8s.TaintNotReady && t.Effect == corev1.TaintEffectNoSchedule {
+		if t.Key == nodeside.TaintNotReady && t.Effect == corev1.TaintEffectNoSchedule {
 			return true
 		}
 	}
@@ -105,7 +106,7 @@ func checkIPCapacity(t *testing.T, n *node) {
 		return alloc == int64(64-unrequested) && !notReadyTainted(nd), fmt.Sprintf("allocatable %d, %d unrequested, taints %v", alloc, unrequested, nd.Spec.Taints)
 	})
 	t.Logf("vpcni-test: every web pod requests %s=1 (webhook); node %s allocatable %s=%d (maxAddresses 64 less pods without the request), no %s taint",
-		k8s.IPResource, nodeName, k8s.IPResource, alloc, k8s.TaintNotReady)
+		k8s.IPResource, nodeName, k8s.IPResource, alloc, nodeside.TaintNotReady)
 
 	// The webhook down: a pod is admitted as it is, and its node's agent
 	// says so on it.
@@ -113,8 +114,8 @@ func checkIPCapacity(t *testing.T, n *node) {
 	n.waitReady("vpcni-system", "app.kubernetes.io/name=vpcni-controller", 0, 2*time.Minute)
 	n.mustKubectl("run", "unaccounted", "--image="+n.env["VPCNI_K8S_BUSYBOX_IMAGE"], "--image-pull-policy=Never", "--restart=Never", "--", "sleep", "3600")
 	var msg string
-	eventually(t, time.Minute, "a "+k8s.EventIPNotRequested+" event on the pod admitted without the webhook", func() (bool, string) {
-		out, err := n.kubectl("get", "events", "--field-selector", "reason="+k8s.EventIPNotRequested+",involvedObject.name=unaccounted", "-o", "jsonpath={.items[*].message}")
+	eventually(t, time.Minute, "a "+nodeside.EventIPNotRequested+" event on the pod admitted without the webhook", func() (bool, string) {
+		out, err := n.kubectl("get", "events", "--field-selector", "reason="+nodeside.EventIPNotRequested+",involvedObject.name=unaccounted", "-o", "jsonpath={.items[*].message}")
 		msg = strings.TrimSpace(out)
 		return err == nil && msg != "", fmt.Sprintf("%v", err)
 	})
@@ -192,7 +193,7 @@ func checkIPCapacity(t *testing.T, n *node) {
 	oldAgent = n.pods("vpcni-system", "app.kubernetes.io/name=vpcnid")[0].Metadata.Name
 	n.overlay = n.writeOverlay("5s", 64, true)
 	n.mustKubectl("apply", "-k", n.overlay)
-	eventually(t, 2*time.Minute, "the node tainted "+k8s.TaintNotReady+" by the restarted agent", func() (bool, string) {
+	eventually(t, 2*time.Minute, "the node tainted "+nodeside.TaintNotReady+" by the restarted agent", func() (bool, string) {
 		ps := n.pods("vpcni-system", "app.kubernetes.io/name=vpcnid")
 		nd := n.getNode()
 		return len(ps) == 1 && ps[0].Metadata.Name != oldAgent && notReadyTainted(nd), fmt.Sprintf("%d agent pods, taints %v", len(ps), nd.Spec.Taints)
@@ -216,7 +217,7 @@ func checkIPCapacity(t *testing.T, n *node) {
 	if st.Pool.Free >= 4 {
 		t.Errorf("tainted with %d free addresses (warmTarget 4)", st.Pool.Free)
 	}
-	t.Logf("vpcni-test: cloud down, agent restarted: pool free %d < warmTarget 4 (agent: %q): node tainted %s:NoSchedule, %d pods still Pending", st.Pool.Free, st.Reason, k8s.TaintNotReady, stillPending)
+	t.Logf("vpcni-test: cloud down, agent restarted: pool free %d < warmTarget 4 (agent: %q): node tainted %s:NoSchedule, %d pods still Pending", st.Pool.Free, st.Reason, nodeside.TaintNotReady, stillPending)
 	n.proxy.SetFaults(faultproxy.Faults{})
 	start = time.Now()
 	eventually(t, 2*time.Minute, "the taint gone once the pool is warm", func() (bool, string) {

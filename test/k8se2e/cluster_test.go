@@ -5,7 +5,7 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/vpcni/vpcni/internal/k8s"
+	"github.com/vpcni/vpcni/internal/k8s/nodeside"
 )
 
 // The cluster's nodes, for the tests that run on more than one (upNodes):
@@ -52,7 +52,7 @@ func (n *node) installAll() {
 	applied := time.Now()
 	n.mustKubectl("apply", "-k", n.overlay)
 	n.waitInstalled("kubectl apply -k", applied)
-	eventually(t, 2*time.Minute, "the "+k8s.TaintNotReady+" taint lifted on every node", func() (bool, string) {
+	eventually(t, 2*time.Minute, "the "+nodeside.TaintNotReady+" taint lifted on every node", func() (bool, string) {
 		for _, name := range n.nodeNames() {
 			if notReadyTainted(n.getNodeNamed(name)) {
 				return false, name + " still tainted"

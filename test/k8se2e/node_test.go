@@ -27,7 +27,8 @@ import (
 	"github.com/vpcni/vpcni/internal/api"
 	"github.com/vpcni/vpcni/internal/apis/vpcni/v1alpha1"
 	"github.com/vpcni/vpcni/internal/faultproxy"
-	"github.com/vpcni/vpcni/internal/k8s"
+	"github.com/vpcni/vpcni/internal/k8s/nodeside"
+	"github.com/vpcni/vpcni/internal/lab"
 	"github.com/vpcni/vpcni/internal/netnsutil"
 	"github.com/vpcni/vpcni/internal/testbed"
 )
@@ -71,7 +72,9 @@ func TestMain(m *testing.M) {
 
 // node is the running Kubernetes node and what the test knows of it.
 type node struct {
-	t       *testing.T
+	t *testing.T
+	// cloud is the lab's: "openstack" or "aws".
+	cloud   string
 	env     map[string]string
 	lab     labState
 	proxy   *faultproxy.Proxy
@@ -169,7 +172,10 @@ var privateHostDirs = []string{hostSocketDir, hostStateDir, hostBPFDir}
 
 // upNodes is upNode with count nodes in the lab: the first runs the
 // control plane and a kubelet, the others join it.
-func upNodes(t *testing.T, count int) *node {
+func upNodes(t *testing.T, count int) *node { return upNodesOn(t, count, "openstack") }
+
+// upNodesOn is upNodes on a lab of the given cloud ("openstack" or "aws").
+func upNodesOn(t *testing.T, count int, cloud string) *node {
 	script := filepath.Join(repo, "scripts/k8s-node.sh")
 	start := time.Now()
 	mustRun(t, nil, "bash", script, "build")
@@ -177,9 +183,9 @@ func upNodes(t *testing.T, count int) *node {
 	if _, err := os.Stat(filepath.Join(binDir, "vpcni-image.tar")); err != nil {
 		t.Fatalf("no vpcni image (make image): %v", err)
 	}
-	n := &node{t: t}
+	n := &node{t: t, cloud: cloud}
 	vpcnictl := filepath.Join(binDir, "vpcnictl")
-	mustRun(t, nil, vpcnictl, "lab", "up", "--prefix", labPrefix, "--nodes", strconv.Itoa(count), "--agents=false")
+	mustRun(t, nil, vpcnictl, "lab", "up", "--prefix", labPrefix, "--nodes", strconv.Itoa(count), "--agents=false", "--provider", cloud)
 	t.Cleanup(func() { _, _ = run(t, nil, vpcnictl, "lab", "down", "--prefix", labPrefix) })
 	data, err := os.ReadFile(filepath.Join("/run/vpcni-lab", labPrefix, "state.json"))
 	if err != nil {
@@ -437,20 +443,9 @@ spec:
 		"vpcnid.yaml": fmt.Sprintf(`socketPath: /run/vpcni/vpcnid.sock
 stateDir: /var/lib/vpcni
 metricsAddr: 127.0.0.1:19695
-# SNAT on, the lab's subnet as the VPC: proves the image's nft runs (the
-# legacy VM, the node and the pods are all inside, so nothing is NATed).
-snat:
-  enabled: true
-  vpcCIDRs: [10.90.0.0/24]
 %skubernetes:
   mode: "on"
-provider:
-  type: openstack
-  openstack:
-    endpoint: http://%s/
-    subnetID: %s
-    maxAddresses: %d
-`, pool, proxyAddr, n.lab.SubnetID, maxAddresses),
+%s`, pool, n.providerSection(maxAddresses)),
 		"10-vpcni.conflist": n.shippedConflist(),
 	}
 	for f, body := range files {
@@ -459,6 +454,34 @@ provider:
 		}
 	}
 	return ov
+}
+
+// providerSection is vpcnid.yaml's provider for the node's cloud, reached
+// through the fault proxy.
+func (n *node) providerSection(maxAddresses int) string {
+	if n.cloud == "aws" {
+		// No snat section: SNAT is on by default with this provider, the
+		// VPC's CIDRs from the instance metadata. Credentials come from the
+		// instance role the node's metadata serves, as on EC2.
+		return fmt.Sprintf(`provider:
+  type: aws
+  aws:
+    endpoint: http://%s/
+    imdsEndpoint: http://127.0.0.1:%d
+`, proxyAddr, lab.IMDSPort)
+	}
+	// SNAT on, the lab's subnet as the VPC: proves the image's nft runs (the
+	// legacy VM, the node and the pods are all inside, so nothing is NATed).
+	return fmt.Sprintf(`snat:
+  enabled: true
+  vpcCIDRs: [10.90.0.0/24]
+provider:
+  type: openstack
+  openstack:
+    endpoint: http://%s/
+    subnetID: %s
+    maxAddresses: %d
+`, proxyAddr, n.lab.SubnetID, maxAddresses)
 }
 
 // shippedConflist is deploy/10-vpcni.conflist, chained plugins and all,
@@ -659,7 +682,7 @@ func TestKubernetesNode(t *testing.T) {
 	// The kubelet registered it tainted (registerWithTaints, as deploy/
 	// advises); vpcnid removes the taint once its pool is warm.
 	if nd := n.getNode(); !notReadyTainted(nd) {
-		t.Fatalf("the node registered without the %s taint: %v", k8s.TaintNotReady, nd.Spec.Taints)
+		t.Fatalf("the node registered without the %s taint: %v", nodeside.TaintNotReady, nd.Spec.Taints)
 	}
 
 	// The previous release first: the upgrade below is the real one, with
@@ -670,14 +693,14 @@ func TestKubernetesNode(t *testing.T) {
 	applied := time.Now()
 	n.mustKubectl("apply", "-k", n.overlay)
 	n.waitInstalled("kubectl apply -k deploy (the previous release, "+n.prev.image+")", applied)
-	eventually(t, time.Minute, "the "+k8s.TaintNotReady+" taint removed once the pool is warm", func() (bool, string) {
+	eventually(t, time.Minute, "the "+nodeside.TaintNotReady+" taint removed once the pool is warm", func() (bool, string) {
 		nd := n.getNode()
 		return !notReadyTainted(nd), fmt.Sprintf("taints %v", nd.Spec.Taints)
 	})
 	if st, err := n.agentState(); err != nil || st.Pool.Free < 4 {
 		t.Fatalf("the taint is gone with the pool below warmTarget 4: %+v %v", st, err)
 	}
-	t.Logf("vpcni-test: node registered with the %s taint; vpcnid removed it with the pool warm; the webhook mutates pods", k8s.TaintNotReady)
+	t.Logf("vpcni-test: node registered with the %s taint; vpcnid removed it with the pool warm; the webhook mutates pods", nodeside.TaintNotReady)
 
 	web := n.runWeb()
 	// This release over it; every check below runs on this release.
@@ -816,11 +839,11 @@ func checkAddresses(t *testing.T, n *node, web []pod) {
 			t.Errorf("%s: address %s given twice", key, ip)
 		}
 		seen[ip] = true
-		if got := p.Metadata.Annotations[k8s.AnnotationIP]; got != ip {
-			t.Errorf("%s: annotation %s=%q, pod IP %s", key, k8s.AnnotationIP, got, ip)
+		if got := p.Metadata.Annotations[nodeside.AnnotationIP]; got != ip {
+			t.Errorf("%s: annotation %s=%q, pod IP %s", key, nodeside.AnnotationIP, got, ip)
 		}
-		if p.Metadata.Annotations[k8s.AnnotationMAC] == "" || p.Metadata.Annotations[k8s.AnnotationGateway] != "169.254.1.1" ||
-			p.Metadata.Annotations[k8s.AnnotationInterface] != "eth0" || p.Metadata.Annotations[k8s.AnnotationProviderPort] != n.lab.Nodes[0].PortID {
+		if p.Metadata.Annotations[nodeside.AnnotationMAC] == "" || p.Metadata.Annotations[nodeside.AnnotationGateway] != "169.254.1.1" ||
+			p.Metadata.Annotations[nodeside.AnnotationInterface] != "eth0" || p.Metadata.Annotations[nodeside.AnnotationProviderPort] != n.lab.Nodes[0].PortID {
 			t.Errorf("%s: annotations %v", key, p.Metadata.Annotations)
 		}
 		if pa, ok := pas[key]; !ok || pa.Address != ip || pa.PodUID != p.Metadata.UID {
@@ -843,12 +866,12 @@ func checkAddresses(t *testing.T, n *node, web []pod) {
 			return false, err.Error()
 		}
 		a := node.Metadata.Annotations
-		alloc, _ := strconv.Atoi(a[k8s.AnnotationPoolAllocated])
-		capacity, _ := strconv.Atoi(a[k8s.AnnotationPoolCapacity])
+		alloc, _ := strconv.Atoi(a[nodeside.AnnotationPoolAllocated])
+		capacity, _ := strconv.Atoi(a[nodeside.AnnotationPoolCapacity])
 		return alloc >= 12 && capacity > alloc, fmt.Sprintf("%v", a)
 	})
 	t.Logf("vpcni-test: 10 pods: annotations, PodAddresses, agent store and cloud port agree; node: %s=%s %s=%s",
-		k8s.AnnotationPoolAllocated, node.Metadata.Annotations[k8s.AnnotationPoolAllocated], k8s.AnnotationPoolCapacity, node.Metadata.Annotations[k8s.AnnotationPoolCapacity])
+		nodeside.AnnotationPoolAllocated, node.Metadata.Annotations[nodeside.AnnotationPoolAllocated], nodeside.AnnotationPoolCapacity, node.Metadata.Annotations[nodeside.AnnotationPoolCapacity])
 }
 
 func checkPodToPod(t *testing.T, n *node, web []pod) {

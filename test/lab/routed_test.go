@@ -16,6 +16,7 @@ import (
 	"github.com/vpcni/vpcni/internal/config"
 	"github.com/vpcni/vpcni/internal/netnsutil"
 	"github.com/vpcni/vpcni/internal/provider/openstack"
+	"github.com/vpcni/vpcni/internal/provider/openstack/cluster"
 	"github.com/vpcni/vpcni/internal/provider/static"
 	"github.com/vpcni/vpcni/internal/routes"
 	"github.com/vpcni/vpcni/internal/testbed"
@@ -54,7 +55,7 @@ func TestRoutedPodSubnet(t *testing.T) {
 	unreachable("with no route on the router")
 
 	nc := openstack.NoAuthClient(l.URL, http.Client{Timeout: 30 * time.Second})
-	rec, err := routes.New(routes.NewNeutron(nc, l.RouterID, l.SubnetID), routes.Options{Ranges: []netip.Prefix{netip.MustParsePrefix("10.77.0.0/16")},
+	rec, err := routes.New(cluster.NewRoutes(nc, l.RouterID, l.SubnetID, 10), routes.Options{Ranges: []netip.Prefix{netip.MustParsePrefix("10.77.0.0/16")},
 		MaxPairs: 10}, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		t.Fatal(err)

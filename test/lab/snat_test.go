@@ -34,7 +34,8 @@ func TestSNAT(t *testing.T) {
 	defer cancel()
 	l := labUp(t, c, "s", 2, "10.93.0.0/24")
 	on := config.Config{}.SNAT
-	on.Enabled = true
+	enabled := true
+	on.Enabled = &enabled
 	on.VPCCIDRs = []netip.Prefix{netip.MustParsePrefix("10.93.0.0/16")}
 	on.ExcludeCIDRs = []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24")}
 	nodes := startAgents(t, l, "1.0.0", func(cfg *config.Config) {

@@ -21,6 +21,7 @@ import (
 	"github.com/vpcni/vpcni/internal/lab"
 	"github.com/vpcni/vpcni/internal/netnsutil"
 	"github.com/vpcni/vpcni/internal/provider/openstack"
+	"github.com/vpcni/vpcni/internal/provider/openstack/cluster"
 )
 
 // TestTraceNamesEachPlantedFault: vpcnictl trace on a lab node shows every
@@ -70,7 +71,7 @@ func TestTraceNamesEachPlantedFault(t *testing.T) {
 	if err := os.WriteFile(cloudCfg, fmt.Appendf(nil, "openstack:\n  endpoint: %s\n  subnetID: %s\n", l.URL, l.SubnetID), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	fc := &floatingip.Cloud{NC: openstack.NoAuthClient(l.URL, http.Client{Timeout: 10 * time.Second}), Timeout: 10 * time.Second}
+	fc := &cluster.FloatingIPs{NC: openstack.NoAuthClient(l.URL, http.Client{Timeout: 10 * time.Second}), Timeout: 10 * time.Second}
 	fip, err := fc.Ensure(c, floatingip.Want{Owner: pod, Network: l.Prefix + "-external", Policy: floatingip.Release, PortID: l.Nodes[0].PortID, FixedIP: p.ip})
 	if err != nil {
 		t.Fatal(err)

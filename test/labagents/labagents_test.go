@@ -28,6 +28,7 @@ import (
 	"github.com/vpcni/vpcni/internal/floatingip"
 	"github.com/vpcni/vpcni/internal/netnsutil"
 	"github.com/vpcni/vpcni/internal/provider/openstack"
+	"github.com/vpcni/vpcni/internal/provider/openstack/cluster"
 	"github.com/vpcni/vpcni/internal/testbed"
 )
 
@@ -246,9 +247,9 @@ func TestRealNeutronAgents(t *testing.T) {
 	// A floating IP on pod n1's address: the upstream router on the
 	// external network reaches the pod through the qrouter's DNAT, and the
 	// pod reaches upstream through its SNAT.
-	// Made as vpcni-controller does (internal/floatingip): created
+	// Made as vpcni-controller does (its floating IPs door): created
 	// already associated, marked for its pod.
-	cloud := &floatingip.Cloud{NC: nc, Timeout: 30 * time.Second}
+	cloud := &cluster.FloatingIPs{NC: nc, Timeout: 30 * time.Second}
 	fip, err := cloud.Ensure(c, floatingip.Want{Owner: prefix + "/p1", Network: w.extNetID, Policy: floatingip.Release, PortID: n1.portID, FixedIP: p1.ip})
 	if err != nil {
 		t.Fatalf("floating IP for %s: %v", p1.ip, err)

@@ -18,6 +18,7 @@ import (
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/ports"
 
 	"github.com/vpcni/vpcni/internal/provider/openstack"
+	"github.com/vpcni/vpcni/internal/provider/openstack/cluster"
 	"github.com/vpcni/vpcni/internal/routes"
 )
 
@@ -56,7 +57,7 @@ func TestRouteBudgetRealNeutron(t *testing.T) {
 	defer cancel()
 	ref := &refusals{}
 	rnc := openstack.NoAuthClient(endpoint, http.Client{Timeout: 60 * time.Second, Transport: ref})
-	bed, err := routes.NewBed(ctx, rnc, "vpcni-test-routes", 40, netip.MustParsePrefix("10.97.0.0/24"), netip.MustParsePrefix("10.98.0.0/16"), 26, true)
+	bed, err := cluster.NewRouteBed(ctx, rnc, "vpcni-test-routes", 40, netip.MustParsePrefix("10.97.0.0/24"), netip.MustParsePrefix("10.98.0.0/16"), 26, true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -67,7 +68,7 @@ func TestRouteBudgetRealNeutron(t *testing.T) {
 	})
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	newRec := func(max int, probe time.Duration) *routes.Reconciler {
-		r, err := routes.New(bed.Neutron(), routes.Options{Ranges: bed.Ranges, MaxRoutes: max, MaxPairs: 10, Probe: probe}, log)
+		r, err := routes.New(bed.Routes(), routes.Options{Ranges: bed.Ranges, MaxRoutes: max, MaxPairs: 10, Probe: probe}, log)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -27,8 +27,10 @@ import (
 
 	"github.com/vpcni/vpcni/internal/api"
 	"github.com/vpcni/vpcni/internal/apis/vpcni/v1alpha1"
+	_ "github.com/vpcni/vpcni/internal/builtin/clouds"
+	"github.com/vpcni/vpcni/internal/cloudconfig"
 	"github.com/vpcni/vpcni/internal/config"
-	"github.com/vpcni/vpcni/internal/k8s"
+	"github.com/vpcni/vpcni/internal/controller"
 	"github.com/vpcni/vpcni/internal/lab"
 	"github.com/vpcni/vpcni/internal/netnsutil"
 	"github.com/vpcni/vpcni/internal/provider/openstack"
@@ -105,9 +107,16 @@ func setup(t *testing.T) *env {
 	kctx, kstop := context.WithCancel(context.Background())
 	// It reaches the lab's Neutron from here, as the controller's pod
 	// would from the cluster network.
-	cloud := &openstack.Config{Endpoint: l.URL, SubnetID: l.SubnetID}
-	cloud.Defaults()
-	keeper, err := k8s.NewStickyKeeper(as("vpcni-controller"), k8s.StickyOptions{Cloud: cloud, Grace: deadGrace},
+	// Its cloud is read from a -cloud-config file, as the controller's.
+	cloudCfg := filepath.Join(t.TempDir(), "cloud.yaml")
+	if err := os.WriteFile(cloudCfg, fmt.Appendf(nil, "openstack:\n  endpoint: %s\n  subnetID: %s\n", l.URL, l.SubnetID), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	fc, err := cloudconfig.Load(cloudCfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keeper, err := controller.NewStickyKeeper(as("vpcni-controller"), controller.StickyOptions{Cloud: fc.Open(nil), Grace: deadGrace},
 		slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})))
 	if err != nil {
 		t.Fatal(err)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"strings"
 	"syscall"
 
@@ -84,10 +85,7 @@ func (v *Veth) prepareNIC(link netlink.Link, a *alloc.Allocation) error {
 	if err := netlink.AddrReplace(link, own); err != nil {
 		return fmt.Errorf("address %s on NIC %s: %w", a.NIC.Address, name, err)
 	}
-	if err := errors.Join(
-		nlutil.WriteSysctl("net/ipv4/conf/"+name+"/rp_filter", "2"),
-		nlutil.WriteSysctl("net/ipv4/neigh/"+name+"/proxy_delay", "0"),
-	); err != nil {
+	if err := nicSysctls(name); err != nil {
 		return err
 	}
 	table, idx := nicTable(link), link.Attrs().Index
@@ -101,6 +99,35 @@ func (v *Veth) prepareNIC(link netlink.Link, a *alloc.Allocation) error {
 		}
 	}
 	return errors.Join(addRule(localPodsRule()), addRule(fromRule(a.NIC.Address, table)))
+}
+
+// nicSysctls: a NIC's reverse-path filter must not be strict, and its
+// proxy ARP answers should come at once. The agent's container may not
+// write /proc/sys (the DaemonSet's is read-only): a NIC hot-plugged after
+// the init step (vpcnictl install-cni) inherits neigh/default/proxy_delay 0
+// from it (defaultProxyDelay), and an rp_filter of 0 or 2 — the kernel's and
+// most distributions' default, counted as the larger of conf/all and the
+// NIC's — needs no write at all. So only a strict filter must be written,
+// and its failure is an error that says how to fix the node; a proxy
+// delay that cannot be written (a NIC that was there before the init step
+// ran) only delays the first ARP answer for a pod by up to 0.8 s.
+func nicSysctls(name string) error {
+	strict := func(key string) bool {
+		v, err := os.ReadFile("/proc/sys/" + key)
+		return err == nil && strings.TrimSpace(string(v)) == "1"
+	}
+	if strict("net/ipv4/conf/all/rp_filter") || strict("net/ipv4/conf/"+name+"/rp_filter") {
+		if err := nlutil.WriteSysctl("net/ipv4/conf/"+name+"/rp_filter", "2"); err != nil {
+			return fmt.Errorf("%w: replies to pods on NIC %s arrive there while the main table routes their source by the uplink, so strict reverse-path filtering drops them: set net.ipv4.conf.all.rp_filter and net.ipv4.conf.default.rp_filter to 2 (or 0) on the node", err, name)
+		}
+		if strict("net/ipv4/conf/all/rp_filter") {
+			return fmt.Errorf("net.ipv4.conf.all.rp_filter is 1 (strict), which overrides NIC %s's: replies to its pods would be dropped; set it to 2 (or 0) on the node", name)
+		}
+	}
+	if err := nlutil.WriteSysctl("net/ipv4/neigh/"+name+"/proxy_delay", "0"); err != nil && !errors.Is(err, syscall.EROFS) {
+		return err
+	}
+	return nil
 }
 
 func hostNet(ip netip.Addr) *net.IPNet {

@@ -20,6 +20,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net"
 	"net/netip"
 	"slices"
@@ -160,7 +161,7 @@ func PrepareNode(uplink string) error {
 	if err != nil {
 		return err
 	}
-	return nlutil.WriteSysctls(nodeSysctls(uplink))
+	return errors.Join(nlutil.WriteSysctls(nodeSysctls(uplink)), defaultProxyDelay())
 }
 
 // nodeSysctls are what routed pods need on the node: forwarding, and proxy
@@ -169,6 +170,18 @@ func PrepareNode(uplink string) error {
 func nodeSysctls(uplink string) []datapath.Sysctl {
 	return []datapath.Sysctl{datapath.Forwarding,
 		{Key: "net/ipv4/neigh/" + uplink + "/proxy_delay", Value: "0", Why: "the node answers ARP for its pods on the uplink at once, not after up to 0.8 s"}}
+}
+
+// defaultProxyDelay sets neigh.default.proxy_delay to 0, which a NIC a
+// provider hot-plugs later (a secondary NIC, an ENI) takes when it
+// appears: the agent's container may not write its own (see nicSysctls).
+// Only the host's initial network namespace has the default (a node in a
+// namespace of its own — the lab's — has none): there it is left alone.
+func defaultProxyDelay() error {
+	if err := nlutil.WriteSysctl("net/ipv4/neigh/default/proxy_delay", "0"); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	return nil
 }
 
 // HostIfName is the node-side name of an attachment's veth: "vpc" and 11 hex

@@ -1,8 +1,9 @@
 // Package nodeblocks is the NodeBlock API (vpcni.io/v1alpha1) as vpcni
 // uses it: a typed client, and the agent's view of its own node's blocks
 // (Source), with which it asks vpcni-controller for another block. The
-// controller's side, which assigns and reclaims blocks, is in internal/k8s
-// (BlockAssigner); the block arithmetic both rely on is ipam.Blocks.
+// controller's side, which assigns and reclaims blocks, is in
+// internal/controller (BlockAssigner); the block arithmetic both rely on
+// is ipam.Blocks.
 //
 // It imports neither the agent nor a provider, so a provider can use it.
 package nodeblocks

@@ -14,7 +14,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/ec2/types"
 	"github.com/aws/smithy-go"
 
-	"github.com/vpcni/vpcni/internal/testbed/moto"
+	"github.com/vpcni/vpcni/internal/testbed/mototest"
 )
 
 // side is one EC2 implementation under the cross-check, with the same
@@ -45,7 +45,7 @@ var (
 )
 
 func motoSide(t *testing.T) *side {
-	url := moto.Start(t)
+	url := mototest.Start(t)
 	s := &side{name: "moto", c: sdk(url, "testing"), cidr: netip.MustParsePrefix("10.9.0.0/20"), roles: map[string]string{}}
 	vpc := must[*ec2.CreateVpcOutput](t, "moto CreateVpc")(s.c.CreateVpc(ctx, &ec2.CreateVpcInput{CidrBlock: aws.String("10.9.0.0/16")}))
 	s.vpc = *vpc.Vpc.VpcId

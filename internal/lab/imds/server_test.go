@@ -20,14 +20,14 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/ec2"
 	"github.com/aws/aws-sdk-go-v2/service/ec2/types"
 
-	"github.com/vpcni/vpcni/internal/testbed/moto"
+	"github.com/vpcni/vpcni/internal/testbed/mototest"
 )
 
 var motoURL string
 
-func TestMain(m *testing.M) { os.Exit(moto.Main(m, "lab-imds", &motoURL)) }
+func TestMain(m *testing.M) { os.Exit(mototest.Main(m, "lab-imds", &motoURL)) }
 
-func ctx(t *testing.T) context.Context { return moto.Ctx(t) }
+func ctx(t *testing.T) context.Context { return mototest.Ctx(t) }
 
 // memory is a Source held in memory that a test changes as EC2 would.
 type memory struct {
@@ -260,7 +260,7 @@ func TestLag(t *testing.T) {
 // their device numbers, addresses, subnets and VPC CIDRs as EC2's API has
 // them, read through the SDK.
 func TestFromEC2(t *testing.T) {
-	ec := (&moto.Server{URL: motoURL}).Client()
+	ec := (&mototest.Server{URL: motoURL}).Client()
 	vpc, err := ec.CreateVpc(ctx(t), &ec2.CreateVpcInput{CidrBlock: aws.String("10.31.0.0/16")})
 	if err != nil {
 		t.Fatal(err)
@@ -315,7 +315,7 @@ func TestFromEC2(t *testing.T) {
 		"network/interfaces/macs/" + second + "/interface-id":        eniID,
 		"network/interfaces/macs/" + second + "/local-ipv4s":         "10.31.1.30",
 		"placement/availability-zone":                                "us-east-1a",
-		"placement/region":                                           moto.Region,
+		"placement/region":                                           mototest.Region,
 		"iam/security-credentials/":                                  "node",
 	} {
 		if got, err := get(t, c, path); err != nil || got != want {
@@ -325,7 +325,7 @@ func TestFromEC2(t *testing.T) {
 	var doc struct{ InstanceID, Region string }
 	if raw, err := c.GetDynamicData(ctx(t), &imds.GetDynamicDataInput{Path: "instance-identity/document"}); err != nil {
 		t.Error(err)
-	} else if b, _ := io.ReadAll(raw.Content); json.Unmarshal(b, &doc) != nil || doc.InstanceID != id || doc.Region != moto.Region {
+	} else if b, _ := io.ReadAll(raw.Content); json.Unmarshal(b, &doc) != nil || doc.InstanceID != id || doc.Region != mototest.Region {
 		t.Errorf("identity document %s", b)
 	}
 }

@@ -51,7 +51,7 @@ func (p *Provider) Assign(ctx context.Context, req provider.AssignRequest) ([]al
 // usable says whether vpcni may put addresses on e: the primary ENI or one
 // of vpcni's that is not being removed.
 func (p *Provider) usableENI(e *eni) bool {
-	return (e.id == p.id.eniID || e.ours) && !p.draining[e.id]
+	return (e.id == p.id.eniID || e.ours) && e.attached && !p.draining[e.id]
 }
 
 // room is how many more secondary addresses or prefixes e takes.
@@ -232,8 +232,9 @@ func (p *Provider) assignCount(ctx context.Context, n int) ([]leaseOn, error) {
 		case err == nil:
 		case isCode(err, codeNoSubnetIPs):
 			// EC2 assigns all or nothing: ask for what the subnet has.
-			sn := p.subnets[e.subnetID]
-			if rerr := p.readSubnets(ctx, []string{sn.id}); rerr == nil && !p.cfg.PrefixMode && sn.free > 0 && sn.free < ask {
+			rerr := p.readSubnets(ctx, []string{e.subnetID})
+			sn := p.subnets[e.subnetID] // as read now
+			if rerr == nil && !p.cfg.PrefixMode && sn.free > 0 && sn.free < ask {
 				got, err = p.assignOn(ctx, e, nil, sn.free)
 			}
 			if err != nil || len(got) < ask {

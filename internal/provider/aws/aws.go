@@ -82,6 +82,11 @@ func init() {
 		New: func(ctx context.Context, node provider.Node, s provider.Settings) (provider.Provider, error) {
 			return New(ctx, *s.(*Config), node)
 		},
+		// A VPC's internet gateway maps only an instance's primary address
+		// to a public one: pod traffic leaving the VPC goes out as the node
+		// unless snat.enabled is false (as aws-vpc-cni's
+		// AWS_VPC_K8S_CNI_EXTERNALSNAT=false does by default).
+		SNATByDefault: true,
 	})
 }
 
@@ -190,7 +195,7 @@ func (p *Provider) start(ctx context.Context) error {
 // Info implements provider.Provider: the primary ENI, the capacity the
 // instance type gives, and the EC2 requests made so far by action.
 func (p *Provider) Info() provider.Info {
-	i := provider.Info{Name: "aws", Port: p.id.eniID, Calls: p.meter.snapshot()}
+	i := provider.Info{Name: "aws", Port: p.id.eniID, Calls: p.meter.snapshot(), VPCCIDRs: slices.Clone(p.id.vpcCIDRs)}
 	i.Capacity = p.limits.Capacity(p.maxENIs, p.cfg.PrefixMode)
 	per := fmt.Sprintf("%d secondary addresses (%d IPv4 addresses per ENI less the ENI's own)", p.limits.slots(), p.limits.IPv4PerENI)
 	if p.cfg.PrefixMode {
@@ -206,9 +211,6 @@ func (p *Provider) Info() provider.Info {
 
 // InstanceID is the node's instance, as IMDS named it.
 func (p *Provider) InstanceID() string { return p.id.instanceID }
-
-// VPCCIDRs are the node's VPC's IPv4 CIDR blocks, as IMDS listed them.
-func (p *Provider) VPCCIDRs() []netip.Prefix { return slices.Clone(p.id.vpcCIDRs) }
 
 // lease says where an address of the node lives: its ENI's subnet and
 // router, and — on an ENI of vpcni's — that ENI as a NIC of its own, whose
@@ -251,6 +253,9 @@ func (p *Provider) Held(ctx context.Context) ([]alloc.Lease, error) {
 // secondary address and prefix address on an ENI of vpcni's, the recorded
 // ones on another; prefix addresses given back are not listed.
 func (p *Provider) mine(e *eni) []netip.Addr {
+	if !e.attached {
+		return nil // attaching or detaching: no link to carry pods
+	}
 	var out []netip.Addr
 	for _, a := range e.secondaries {
 		if e.ours || p.rec.owns(e.id, a.String()) {

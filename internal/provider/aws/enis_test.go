@@ -260,3 +260,48 @@ func waitFor(t *testing.T, what string, ok func() bool) {
 	}
 	t.Fatalf("timed out waiting for %s", what)
 }
+
+// New ENIs go to the subnets tagged for vpcni (subnetTags), the one with
+// the most free addresses first, in the instance's AZ; the primary ENI's
+// addresses stay in its own subnet. Leases name each address's subnet and
+// router.
+func TestSubnetChoice(t *testing.T) {
+	both(t, func(t *testing.T, ep *ec2test.Endpoint, _ *ec2api.Server) {
+		n := cidrN.Add(4)
+		vpc := netip.MustParsePrefix(fmt.Sprintf("10.%d.0.0/16", 160+n%90))
+		sub := func(i int, bits int) netip.Prefix {
+			return netip.MustParsePrefix(fmt.Sprintf("10.%d.%d.0/%d", 160+n%90, i, bits))
+		}
+		primary, small, big, untagged := sub(1, 24), sub(2, 26), sub(3, 24), sub(4, 23)
+		ids := ep.NewVPC(t, vpc, primary, small, big, untagged)
+		for _, id := range []string{ids[1], ids[2]} {
+			if _, err := ep.Client.CreateTags(ec2test.Ctx(t), &ec2.CreateTagsInput{Resources: []string{id},
+				Tags: []types.Tag{{Key: aws.String("vpcni.io/pods"), Value: aws.String("yes")}}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		ep.Configure = func(c *vpcaws.Config) {
+			c.SubnetTags = map[string]string{"vpcni.io/pods": "yes"}
+			c.ENIMinLifetime.Duration = time.Hour
+		}
+		n0, inst := ep.NewInstance(t, ids[0], at(primary, 10))
+		p := n0.Provider
+		got, err := p.Assign(ec2test.Ctx(t), provider.AssignRequest{Count: 12})
+		if err != nil || len(got) != 12 {
+			t.Fatalf("Assign(12) = %v, %v", got, err)
+		}
+		for _, l := range got {
+			want, gw := primary, at(primary, 1)
+			if l.Interface != inst.ENI {
+				want, gw = big, at(big, 1)
+			}
+			if l.Prefix != want || l.Gateway != gw || !want.Contains(l.Address) {
+				t.Errorf("lease %+v: want an address of %s via %s", l, want, gw)
+			}
+		}
+		enis := ep.ENIs(t, inst.ID)
+		if len(enis) != 2 || aws.ToString(enis[1].SubnetId) != ids[2] {
+			t.Fatalf("the new ENI is in %s, want the tagged subnet with the most free addresses %s (%s)", aws.ToString(enis[len(enis)-1].SubnetId), ids[2], big)
+		}
+	})
+}

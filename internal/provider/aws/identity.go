@@ -134,5 +134,5 @@ func imdsError(what string, err error) error {
 	if errors.As(err, &re) && re.HTTPStatusCode() == http.StatusNotFound {
 		return fmt.Errorf("instance metadata %s: not there (404): %w", what, err)
 	}
-	return fmt.Errorf("instance metadata %s: %w (vpcni reads IMDSv2 at 169.254.169.254, or imdsEndpoint: in a pod it needs hostNetwork and the instance's metadata hop limit ≥ 2 — aws ec2 modify-instance-metadata-options --http-put-response-hop-limit 2): %w", what, err, provider.ErrUnavailable)
+	return fmt.Errorf("instance metadata %s: %w (vpcni reads IMDSv2 at 169.254.169.254, or imdsEndpoint; vpcnid runs in the host network — from a pod's own network namespace the token's answer needs the instance's metadata hop limit ≥ 2: aws ec2 modify-instance-metadata-options --http-put-response-hop-limit 2): %w", what, err, provider.ErrUnavailable)
 }

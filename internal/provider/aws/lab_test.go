@@ -16,12 +16,17 @@ import (
 // labSeed seeds the lab's EC2 endpoint in Go, as the lab builder does.
 type labSeed struct{ s *ec2api.Server }
 
-func (l labSeed) Subnet(t *testing.T, cidr netip.Prefix, az string) string {
-	id, err := l.s.AddSubnet(l.s.AddVPC(cidr), cidr, az)
-	if err != nil {
-		t.Fatal(err)
+func (l labSeed) Subnets(t *testing.T, cidr netip.Prefix, az string, subnets ...netip.Prefix) []string {
+	vpc := l.s.AddVPC(cidr)
+	var ids []string
+	for _, p := range subnets {
+		id, err := l.s.AddSubnet(vpc, p, az)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, id)
 	}
-	return id
+	return ids
 }
 
 func (l labSeed) Instance(t *testing.T, subnetID, typ string, ip netip.Addr) (string, string) {

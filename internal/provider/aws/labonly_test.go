@@ -339,3 +339,124 @@ func TestAttachmentLimitExceeded(t *testing.T) {
 		t.Fatalf("vpcni's ENIs left after the failed attach: %v, %v", left, err)
 	}
 }
+
+// sum is every EC2 request the provider made, all actions.
+func sum(p *vpcaws.Provider) int64 {
+	var n int64
+	for _, c := range p.Info().Calls {
+		n += c
+	}
+	return n
+}
+
+// What churn costs EC2, every request counted (describes too): a refill
+// of the pool's batch (8) is one call, so at most 1/8 call per address
+// (and one read of the ENI in the provider's life, to learn how EC2
+// answers); in prefix mode one call per 16 addresses however the pool
+// batches, and giving them back costs the same.
+func TestCallsPerAddress(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		prefix bool
+		n      int
+		max    float64
+	}{{"secondary", false, 24, 1.0 / 8}, {"prefix", true, 128, 1.0 / 16}} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			// c5n.18xlarge: 49 secondary addresses on the primary ENI, so
+			// no ENI is attached on the way (that costs 4 calls an ENI,
+			// once in its life).
+			ep, _ := lab(t, ec2api.Options{})
+			ep.InstanceType = "c5n.18xlarge"
+			p, _, _ := node(t, ep, func(cfg *vpcaws.Config) { cfg.PrefixMode = c.prefix })
+			start := sum(p)
+			var all []netip.Addr
+			for len(all) < c.n {
+				got, err := p.Assign(ec2test.Ctx(t), provider.AssignRequest{Count: 8})
+				if err != nil {
+					t.Fatal(err)
+				}
+				all = append(all, provider.Addresses(got)...)
+			}
+			assigns := sum(p) - start
+			slack := int64(0)
+			if !c.prefix {
+				slack = 1 // the one read before the first assign
+			}
+			if per := float64(assigns-slack) / float64(c.n); per > c.max {
+				t.Errorf("%d addresses cost %d EC2 calls: %.3f a pod, want at most %.3f (%v)", c.n, assigns, per, c.max, p.Info().Calls)
+			}
+			start = sum(p)
+			for i := 0; i < len(all); i += 8 {
+				if err := p.Release(ec2test.Ctx(t), all[i:i+8]); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if per := float64(sum(p)-start) / float64(c.n); per > c.max {
+				t.Errorf("giving %d addresses back cost %d EC2 calls: %.3f a pod, want at most %.3f", c.n, sum(p)-start, per, c.max)
+			}
+			t.Logf("vpcni-test: %s: %d addresses, %d calls to assign, %d to give back: %v", c.name, c.n, assigns, sum(p)-start, p.Info().Calls)
+		})
+	}
+}
+
+// The SDK's default credential chain: on an instance, the instance
+// profile's role keys from IMDS (the lab serves them); keys in the
+// environment come first (how tests and some installs give them).
+func TestCredentials(t *testing.T) {
+	p, inst, ep, s, _ := labNode(t, ec2api.Options{}, nil)
+	if _, err := p.Assign(ec2test.Ctx(t), provider.AssignRequest{Count: 1}); err != nil {
+		t.Fatal(err)
+	}
+	md, err := s.Instance(ec2test.Ctx(t), inst.ID)
+	if err != nil || md.Credentials.AccessKeyID == "" {
+		t.Fatalf("the lab's IMDS serves no role keys: %v", err)
+	}
+	if n := s.CallsBy(md.Credentials.AccessKeyID); n < 4 {
+		t.Errorf("%d calls signed with the instance role's key, want every one the provider made (%v)", n, p.Info().Calls)
+	}
+	t.Setenv("AWS_ACCESS_KEY_ID", "AKIDFROMENV")
+	t.Setenv("AWS_SECRET_ACCESS_KEY", "secret")
+	p2 := ep.Open(t, inst, nil)
+	if _, err := p2.Held(ec2test.Ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	if n := s.CallsBy("AKIDFROMENV"); n < 3 {
+		t.Errorf("%d calls signed with the environment's key, want every one of the second provider's", n)
+	}
+}
+
+// EC2 attaches an ENI asynchronously (attaching for up to ~10 s): the
+// addresses of a new ENI are handed out once it is attached — the node
+// has its link then — and an ENI still attaching past attachTimeout is
+// kept, its addresses used once a read finds it attached.
+func TestAsyncAttach(t *testing.T) {
+	t.Run("waits", func(t *testing.T) {
+		t.Parallel()
+		p, inst, ep, _, _ := labNode(t, ec2api.Options{AttachDelay: 300 * time.Millisecond}, nil)
+		start := time.Now()
+		got, err := p.Assign(ec2test.Ctx(t), provider.AssignRequest{Count: 12})
+		if err != nil || len(got) != 12 {
+			t.Fatalf("Assign(12) = %v, %v", got, err)
+		}
+		enis := ep.ENIs(t, inst.ID)
+		if len(enis) != 2 || enis[1].Attachment.Status != types.AttachmentStatusAttached || time.Since(start) < 300*time.Millisecond {
+			t.Fatalf("Assign answered after %s with the new ENI %s: want it attached first", time.Since(start), ec2test.Describe(enis[len(enis)-1]))
+		}
+	})
+	t.Run("times out", func(t *testing.T) {
+		t.Parallel()
+		p, _, _, _, _ := labNode(t, ec2api.Options{AttachDelay: 2 * time.Second}, func(c *vpcaws.Config) { c.AttachTimeout = config.Duration{Duration: time.Second} })
+		got, err := p.Assign(ec2test.Ctx(t), provider.AssignRequest{Count: 12})
+		if len(got) != 9 || !errors.Is(err, provider.ErrUnavailable) || !strings.Contains(err.Error(), "still attaching") {
+			t.Fatalf("Assign(12) with the attach slower than attachTimeout = %d, %v; want the primary's 9 and the ENI still attaching", len(got), err)
+		}
+		if h, err := p.Held(ec2test.Ctx(t)); err != nil || len(h) != 9 {
+			t.Fatalf("Held while the ENI attaches = %d, %v; want 9", len(h), err)
+		}
+		waitFor(t, "the attached ENI's addresses held", func() bool {
+			h, err := p.Held(ec2test.Ctx(t))
+			return err == nil && len(h) == 12
+		})
+	})
+}

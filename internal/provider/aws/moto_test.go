@@ -6,12 +6,12 @@ import (
 
 	"github.com/vpcni/vpcni/internal/provider/aws/ec2test"
 	"github.com/vpcni/vpcni/internal/provider/providertest"
-	"github.com/vpcni/vpcni/internal/testbed/moto"
+	"github.com/vpcni/vpcni/internal/testbed/mototest"
 )
 
 var motoURL string
 
-func TestMain(m *testing.M) { os.Exit(moto.Main(m, "provider-aws", &motoURL)) }
+func TestMain(m *testing.M) { os.Exit(mototest.Main(m, "provider-aws", &motoURL)) }
 
 // motoLacks is where moto_server 5.2.1 is not EC2, as measured over HTTP
 // (the AWS fact sheet's case IDs); the lab's EC2 endpoint runs those
@@ -24,7 +24,7 @@ var motoLacks = providertest.Lacks{
 }
 
 func motoEndpoint() *ec2test.Endpoint {
-	s := &moto.Server{URL: motoURL}
+	s := &mototest.Server{URL: motoURL}
 	return &ec2test.Endpoint{URL: motoURL, Client: s.Client(), Lacks: motoLacks}
 }
 

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/vpcni/vpcni/internal/config"
+	"github.com/vpcni/vpcni/internal/units"
 )
 
 // Config is the openstack provider's section of vpcnid.yaml
@@ -47,7 +47,7 @@ type Config struct {
 	SecondaryNICs int `json:"secondaryNICs,omitempty"`
 	// AttachTimeout bounds one NIC attach or detach through Nova
 	// (measured ~1.1 s attach, ~1 s detach on a real Nova; first ~5 s).
-	AttachTimeout config.Duration `json:"attachTimeout,omitempty"`
+	AttachTimeout units.Duration `json:"attachTimeout,omitempty"`
 	// DeviceOwner marks the reservation ports of address-pairs mode.
 	DeviceOwner string `json:"deviceOwner,omitempty"`
 	// MaxAddressPairs is Neutron's max_allowed_address_pair (default 10).
@@ -56,8 +56,8 @@ type Config struct {
 	// SecondaryNICs: how many each port holds).
 	MaxAddresses int `json:"maxAddresses,omitempty"`
 	// Timeout of one Neutron call; Retries of a failed or conflicting one.
-	Timeout config.Duration `json:"timeout,omitempty"`
-	Retries int             `json:"retries,omitempty"`
+	Timeout units.Duration `json:"timeout,omitempty"`
+	Retries int            `json:"retries,omitempty"`
 }
 
 // Auth is a Keystone login: an application credential, or a user

@@ -2,39 +2,36 @@ package openstack
 
 import (
 	"context"
+	"errors"
 	"fmt"
-	"net/http"
-	"net/netip"
 
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/extensions/quotas"
+
+	"github.com/vpcni/vpcni/internal/provider"
 )
 
-// Step is one stage of what the provider does at start, as vpcnictl
-// doctor reports it: its name, what it found, and its error (nil: passed).
-type Step struct {
-	Name   string
-	Detail string
-	Err    error
-	// Warn: passed, but something needs a look (no room left).
-	Warn bool
-}
-
-// Diagnose runs the provider's start-up steps one by one, as New does —
-// log in, read the subnet, find the VM port, check Neutron's policy for
-// the mode — and then reads how much room the limits leave, changing
-// nothing but what checkPolicy's no-op PUT changes (the port's revision).
-// Its requests go through rt. It returns the steps in order; after a
+// Diagnose is the provider's provider.Doctor: it runs the start-up steps
+// one by one, as New does — log in, read the subnet, find the VM port,
+// check Neutron's policy for the mode — and then reads how much room the
+// limits leave, changing nothing but what checkPolicy's no-op PUT changes
+// (the port's revision). Its requests go through node.Transport. It
+// returns the steps in order, each not passed with its fix; after a
 // failed one the rest were not tried.
-func Diagnose(ctx context.Context, cfg Config, nodeIP netip.Addr, rt http.RoundTripper) (steps []Step) {
+func Diagnose(ctx context.Context, cfg Config, node provider.DoctorNode) (steps []provider.Step) {
+	defer func() {
+		for i := range steps {
+			steps[i].Fix = fix(steps[i], cfg.Mode, node.ConfigFile)
+		}
+	}()
 	step := func(name, detail string, err error) bool {
-		steps = append(steps, Step{Name: name, Detail: detail, Err: err})
+		steps = append(steps, provider.Step{Name: name, Detail: detail, Err: err})
 		return err == nil
 	}
 	login := "no Keystone: endpoint " + cfg.Endpoint
 	if cfg.Endpoint == "" {
 		login = "Keystone " + cfg.Auth.AuthURL + " accepted the credentials"
 	}
-	p, err := connect(ctx, cfg, rt)
+	p, err := connect(ctx, cfg, node.Transport)
 	if !step("login", login, err) {
 		return steps
 	}
@@ -44,7 +41,7 @@ func Diagnose(ctx context.Context, cfg Config, nodeIP netip.Addr, rt http.RoundT
 	if !step("subnet", fmt.Sprintf("Neutron answers; subnet %s is %s", cfg.SubnetID, p.subnet), err) {
 		return steps
 	}
-	err = p.findPort(ctx, networkID, nodeIP)
+	err = p.findPort(ctx, networkID, node.IP)
 	if err == nil {
 		err = p.findInstance()
 	}
@@ -66,8 +63,8 @@ func Diagnose(ctx context.Context, cfg Config, nodeIP netip.Addr, rt http.RoundT
 // the mode creates one per pod address (address-pairs' reservations,
 // passthrough's NICs) or per secondary NIC. A quota these credentials may
 // not read (or a Neutron without the quota details) is said, not failed.
-func (p *Provider) portQuota(ctx context.Context) Step {
-	s := Step{Name: "quota"}
+func (p *Provider) portQuota(ctx context.Context) provider.Step {
+	s := provider.Step{Name: "quota"}
 	q, err := quotas.GetDetail(ctx, p.nc, p.port.ProjectID).Extract()
 	if err != nil {
 		s.Warn, s.Detail = true, fmt.Sprintf("cannot read the port quota of project %s (%v): mode %s creates ports against it", p.port.ProjectID, err, p.cfg.Mode)
@@ -88,8 +85,8 @@ func (p *Provider) portQuota(ctx context.Context) Step {
 
 // room says how much of what bounds the node's addresses is used, from
 // the VM port as last read.
-func (p *Provider) room() Step {
-	s := Step{Name: "limits"}
+func (p *Provider) room() provider.Step {
+	s := provider.Step{Name: "limits"}
 	info := p.Info()
 	used, limit := 0, 0
 	switch {
@@ -125,4 +122,32 @@ func (p *Provider) room() Step {
 		s.Detail += ": no room for another pod address on this node"
 	}
 	return s
+}
+
+// fix says what to do about a step that failed or warns ("" for one that
+// passed); configFile is the agent's config.
+func fix(s provider.Step, mode, configFile string) string {
+	switch {
+	case s.Err == nil && !s.Warn:
+		return ""
+	case s.Err == nil && s.Name == "quota":
+		return "ask the cloud's admin for a larger port quota (openstack quota set --ports), or let these credentials read it"
+	case s.Err == nil:
+		return "raise maxAddresses (fixed-ips) or maxAddressPairs (Neutron's max_allowed_address_pair) in " + configFile + ", or add nodes"
+	case errors.Is(s.Err, provider.ErrUnavailable):
+		return "check that this node reaches the cloud's endpoints (Keystone, Neutron): routes, DNS, security groups, proxies"
+	}
+	switch s.Name {
+	case "login":
+		return "check provider.openstack.auth or credentialsFile in " + configFile + ": an application credential with the member role in the VM port's project"
+	case "subnet":
+		return "check provider.openstack.subnetID in " + configFile + " (openstack subnet show)"
+	case "port":
+		return "set provider.openstack.nodeIP in " + configFile + " to this node's address on the pods' network, or portLookup: instance with instanceID (the Nova server)"
+	case "policy":
+		if mode != "passthrough" {
+			return "use provider.openstack.mode: passthrough with datapath passthrough: it creates ports of its own and attaches them to the VM through Nova, which a member may do; or have the network's owner (or an admin) run vpcni's credentials"
+		}
+	}
+	return "see the detail; vpcnid fails at start the same way"
 }

@@ -64,6 +64,9 @@ func init() {
 	provider.Register(provider.Registration{
 		Name:        "openstack",
 		NewSettings: func() provider.Settings { return &Config{} },
+		Doctor: &provider.Doctor{API: "neutron", Diagnose: func(ctx context.Context, s provider.Settings, node provider.DoctorNode) []provider.Step {
+			return Diagnose(ctx, *s.(*Config), node)
+		}},
 		New: func(ctx context.Context, node provider.Node, s provider.Settings) (provider.Provider, error) {
 			p, err := New(ctx, *s.(*Config), node.IP)
 			if err != nil {

@@ -55,8 +55,8 @@ type Endpoint struct {
 
 // Seeder makes what a test needs on an endpoint that is seeded in Go.
 type Seeder interface {
-	// Subnet makes a VPC with cidr and a subnet of it in az.
-	Subnet(t *testing.T, cidr netip.Prefix, az string) string
+	// Subnets makes a VPC with cidr and the subnets of it in az.
+	Subnets(t *testing.T, vpc netip.Prefix, az string, subnets ...netip.Prefix) []string
 	// Instance runs an instance of typ in subnetID with ip, its instance
 	// role's keys served by its IMDS; it returns the instance and its
 	// primary ENI.
@@ -96,19 +96,29 @@ func (e *Endpoint) NewSubnet(t *testing.T, cidr string, pool int) providertest.S
 
 // subnet makes a VPC with the CIDR and a subnet of all of it.
 func (e *Endpoint) subnet(t *testing.T, prefix netip.Prefix) string {
+	return e.NewVPC(t, prefix, prefix)[0]
+}
+
+// NewVPC makes a VPC with the CIDR and subnets of it in the endpoint's
+// AZ, and returns the subnets' IDs.
+func (e *Endpoint) NewVPC(t *testing.T, cidr netip.Prefix, subnets ...netip.Prefix) []string {
+	t.Helper()
 	if e.Seed != nil {
-		return e.Seed.Subnet(t, prefix, e.az())
+		return e.Seed.Subnets(t, cidr, e.az(), subnets...)
 	}
-	cidr := prefix.String()
-	vpc, err := e.Client.CreateVpc(Ctx(t), &ec2.CreateVpcInput{CidrBlock: &cidr})
+	vpc, err := e.Client.CreateVpc(Ctx(t), &ec2.CreateVpcInput{CidrBlock: aws.String(cidr.String())})
 	if err != nil {
 		t.Fatalf("create VPC %s: %v", cidr, err)
 	}
-	sn, err := e.Client.CreateSubnet(Ctx(t), &ec2.CreateSubnetInput{VpcId: vpc.Vpc.VpcId, CidrBlock: &cidr, AvailabilityZone: aws.String(e.az())})
-	if err != nil {
-		t.Fatalf("create subnet %s: %v", cidr, err)
+	var ids []string
+	for _, p := range subnets {
+		sn, err := e.Client.CreateSubnet(Ctx(t), &ec2.CreateSubnetInput{VpcId: vpc.Vpc.VpcId, CidrBlock: aws.String(p.String()), AvailabilityZone: aws.String(e.az())})
+		if err != nil {
+			t.Fatalf("create subnet %s: %v", p, err)
+		}
+		ids = append(ids, aws.ToString(sn.Subnet.SubnetId))
 	}
-	return aws.ToString(sn.Subnet.SubnetId)
+	return ids
 }
 
 // fill takes the subnet's usable addresses beyond the first pool.

@@ -20,6 +20,7 @@ import (
 
 	"github.com/vpcni/vpcni/internal/floatingip"
 	"github.com/vpcni/vpcni/internal/provider"
+	"github.com/vpcni/vpcni/internal/provider/openstack/cluster"
 	"github.com/vpcni/vpcni/internal/provider/providertest"
 )
 
@@ -35,7 +36,8 @@ func (o externalNet) ToNetworkCreateMap() (map[string]any, error) {
 // agent rely on, run against the real neutron-server and the lab's
 // endpoint: a router between a tenant subnet (cidr) and an external one
 // (extCIDR), a VM port with a node address and pod addresses the openstack
-// provider put there, and internal/floatingip's calls on them.
+// provider put there, and the floating IPs door's calls on them (FloatingIPs of
+// internal/provider/openstack/cluster).
 //
 //   - Ensure (auto) creates a floating IP already associated with the pod's
 //     fixed IP and marked; again, it changes nothing.
@@ -218,7 +220,7 @@ func reservationOf(t *testing.T, c context.Context, e Endpoint, a netip.Addr) st
 // fipSetup builds what a floating IP needs: an external network and
 // subnet, a tenant subnet, a router between them; and a Cloud whose marked
 // floating IPs of this run go first at cleanup.
-func fipSetup(t *testing.T, e Endpoint, cidr, extCIDR string) (c context.Context, name string, ext *networks.Network, extP netip.Prefix, sn providertest.Subnet, cloud *floatingip.Cloud) {
+func fipSetup(t *testing.T, e Endpoint, cidr, extCIDR string) (c context.Context, name string, ext *networks.Network, extP netip.Prefix, sn providertest.Subnet, cloud *cluster.FloatingIPs) {
 	b := e.NewFloatingBed(t, cidr, extCIDR)
 	return b.Ctx, b.Name, b.Ext, b.ExtPrefix, b.Subnet, b.Cloud
 }
@@ -234,7 +236,7 @@ type FloatingBed struct {
 	ExtPrefix netip.Prefix
 	Subnet    providertest.Subnet
 	RouterID  string
-	Cloud     *floatingip.Cloud
+	Cloud     *cluster.FloatingIPs
 }
 
 // NewFloatingBed makes one: the tenant subnet cidr (a pool of 40), the
@@ -274,7 +276,7 @@ func (e Endpoint) NewFloatingBed(t *testing.T, cidr, extCIDR string) FloatingBed
 	if _, err := routers.AddInterface(c, e.NC, r.ID, routers.AddInterfaceOpts{SubnetID: sn.ID}).Extract(); err != nil {
 		t.Fatalf("router interface: %v", err)
 	}
-	cloud := &floatingip.Cloud{NC: e.NC, Timeout: 30 * time.Second}
+	cloud := &cluster.FloatingIPs{NC: e.NC, Timeout: 30 * time.Second}
 	t.Cleanup(func() {
 		cc, ccancel := context.WithTimeout(context.Background(), time.Minute)
 		defer ccancel()

@@ -1,0 +1,318 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/netip"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/gophercloud/gophercloud/v2"
+	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/extensions/attributestags"
+	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/extensions/layer3/floatingips"
+	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/ports"
+	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/subnets"
+
+	"github.com/vpcni/vpcni/internal/floatingip"
+	"github.com/vpcni/vpcni/internal/leaks"
+	"github.com/vpcni/vpcni/internal/provider/openstack"
+)
+
+// ClusterTag is the Neutron tag that claims a resource for one cluster.
+func ClusterTag(clusterID string) string { return "vpcni-cluster=" + clusterID }
+
+// Leaks is the leak collector's cloud (leaks.Cloud) on OpenStack. What it
+// reads: every port with an address on the pods' subnet (marks in
+// descriptions, reservation ports by device_owner, NIC ports by name,
+// block pairs), the floating IPs marked for pods and, with a router, its
+// routes. Claims are Neutron tags (standard-attr-tag) on ports and
+// floating IPs.
+type Leaks struct {
+	NC *gophercloud.ServiceClient
+	// OpenStack is the cloud config's openstack section: its subnetID (the
+	// pods' subnet), deviceOwner (of reservation ports) and timeout.
+	OpenStack *openstack.Config
+	// ClusterID names this cluster in claims (ClusterTag).
+	ClusterID string
+	// RouterID, Ranges: the routed pod subnet (empty: no routes or block
+	// pairs are read).
+	RouterID string
+	Ranges   []netip.Prefix
+	// Log hears what the audit skips (a cloud without floating IPs).
+	Log *slog.Logger
+}
+
+// Instance implements leaks.Cloud: a Node's spec.providerID is
+// openstack:///<id> (the cloud provider's), or with a region before the
+// last slash.
+func (n *Leaks) Instance(providerID string) (string, bool) {
+	id, ok := strings.CutPrefix(providerID, "openstack://")
+	if !ok {
+		return "", false
+	}
+	return id[strings.LastIndex(id, "/")+1:], true
+}
+
+func (n *Leaks) call(ctx context.Context) (context.Context, context.CancelFunc) {
+	t := n.OpenStack.Timeout.Duration
+	if t <= 0 {
+		t = 15 * time.Second
+	}
+	return context.WithTimeout(ctx, t)
+}
+
+func (n *Leaks) inRanges(p netip.Prefix) bool {
+	return slices.ContainsFunc(n.Ranges, func(r netip.Prefix) bool { return r.Bits() <= p.Bits() && r.Contains(p.Addr()) })
+}
+
+func (n *Leaks) claimed(tags []string) bool { return slices.Contains(tags, ClusterTag(n.ClusterID)) }
+
+// subnetPorts reads the pods' subnet and every port with an address on it.
+func (n *Leaks) subnetPorts(ctx context.Context) (*subnets.Subnet, netip.Prefix, []ports.Port, error) {
+	cc, cancel := n.call(ctx)
+	sn, err := subnets.Get(cc, n.NC, n.OpenStack.SubnetID).Extract()
+	cancel()
+	if err != nil {
+		return nil, netip.Prefix{}, nil, fmt.Errorf("subnet %s: %w", n.OpenStack.SubnetID, err)
+	}
+	subnet, err := netip.ParsePrefix(sn.CIDR)
+	if err != nil {
+		return nil, netip.Prefix{}, nil, fmt.Errorf("subnet %s has CIDR %q: %w", sn.ID, sn.CIDR, err)
+	}
+	cc, cancel = n.call(ctx)
+	defer cancel()
+	pages, err := ports.List(n.NC, ports.ListOpts{FixedIPs: []ports.FixedIPOpts{{SubnetID: sn.ID}}}).AllPages(cc)
+	if err != nil {
+		return nil, netip.Prefix{}, nil, fmt.Errorf("list the ports of subnet %s: %w", sn.ID, err)
+	}
+	all, err := ports.ExtractPorts(pages)
+	return sn, subnet, all, err
+}
+
+// Holdings implements leaks.Cloud.
+func (n *Leaks) Holdings(ctx context.Context) ([]leaks.Holding, error) {
+	if n.OpenStack == nil || n.OpenStack.SubnetID == "" || n.ClusterID == "" {
+		return nil, fmt.Errorf("the audit needs the cloud config's openstack.subnetID (the pods' subnet) and the cluster's ID")
+	}
+	sn, subnet, all, err := n.subnetPorts(ctx)
+	if err != nil {
+		return nil, err
+	}
+	// A node's own addresses: each port's unmarked fixed IPs, gathered per
+	// device (an instance's ports together).
+	own := map[string][]netip.Addr{} // port ID -> its unmarked fixed IPs
+	marks := map[string]map[netip.Addr]bool{}
+	bad := map[string]string{}
+	byDevice := map[string][]netip.Addr{}
+	byID := map[string]ports.Port{}
+	for _, p := range all {
+		byID[p.ID] = p
+		m, err := openstack.Marked(p.Description, subnet)
+		if err != nil {
+			bad[p.ID], m = err.Error(), nil // none of its addresses judged
+		}
+		marks[p.ID] = m
+		for _, f := range p.FixedIPs {
+			a, err := netip.ParseAddr(f.IPAddress)
+			if err != nil || m[a] {
+				continue
+			}
+			own[p.ID] = append(own[p.ID], a)
+		}
+		// An instance's own addresses: those of its ports that are not
+		// vpcni's (a NIC's addresses are its pods').
+		if _, nic := openstack.NICOf(p.Name); p.DeviceID != "" && p.DeviceOwner != n.OpenStack.DeviceOwner && !nic {
+			byDevice[p.DeviceID] = append(byDevice[p.DeviceID], own[p.ID]...)
+		}
+	}
+	nodeIPs := func(p ports.Port) []netip.Addr {
+		addrs := slices.Clone(own[p.ID])
+		if p.DeviceID != "" {
+			addrs = append(addrs, byDevice[p.DeviceID]...)
+		}
+		slices.SortFunc(addrs, netip.Addr.Compare)
+		return slices.Compact(addrs)
+	}
+	var out []leaks.Holding
+	for _, p := range all {
+		claimed := n.claimed(p.Tags)
+		if p.DeviceOwner == n.OpenStack.DeviceOwner {
+			h := leaks.Holding{Kind: leaks.ReservationPort, Resource: p.ID, Port: p.DeviceID, Claimed: claimed}
+			for _, f := range p.FixedIPs {
+				if f.SubnetID == sn.ID {
+					h.Address = f.IPAddress
+				}
+			}
+			if vm, ok := byID[p.DeviceID]; ok && p.DeviceID != "" {
+				h.NodeIPs, h.Instance = nodeIPs(vm), vm.DeviceID
+			}
+			out = append(out, h)
+			continue
+		}
+		if inst, nic := openstack.NICOf(p.Name); nic {
+			h := leaks.Holding{Kind: leaks.NICPort, Resource: p.ID, Instance: inst, NodeIPs: slices.Clone(byDevice[inst]), Claimed: claimed}
+			for _, f := range p.FixedIPs {
+				if a, err := netip.ParseAddr(f.IPAddress); err == nil && f.SubnetID == sn.ID {
+					h.Carries = append(h.Carries, a)
+				}
+			}
+			slices.SortFunc(h.Carries, netip.Addr.Compare)
+			if len(h.Carries) > 0 {
+				h.Address = h.Carries[0].String()
+			}
+			out = append(out, h)
+			continue
+		}
+		if why, ok := bad[p.ID]; ok {
+			out = append(out, leaks.Holding{Kind: leaks.FixedIP, Address: "?", Resource: p.ID, Unreadable: why})
+		}
+		for _, f := range p.FixedIPs {
+			if a, err := netip.ParseAddr(f.IPAddress); err == nil && marks[p.ID][a] {
+				out = append(out, leaks.Holding{Kind: leaks.FixedIP, Address: a.String(), Resource: p.ID, NodeIPs: nodeIPs(p), Instance: p.DeviceID, Claimed: claimed})
+			}
+		}
+		for _, ap := range p.AllowedAddressPairs {
+			if pf, err := netip.ParsePrefix(ap.IPAddress); err == nil && n.inRanges(pf) {
+				out = append(out, leaks.Holding{Kind: leaks.BlockPair, Address: pf.Masked().String(), Resource: p.ID, NodeIPs: nodeIPs(p), Instance: p.DeviceID})
+			}
+		}
+	}
+	fips, err := n.floatingIPs(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out = append(out, fips...)
+	if n.RouterID != "" {
+		cc, cancel := n.call(ctx)
+		rs, err := NewRoutes(n.NC, n.RouterID, "", 0).Routes(cc)
+		cancel()
+		if err != nil {
+			return nil, err
+		}
+		for _, r := range rs {
+			if n.inRanges(r.Destination) {
+				out = append(out, leaks.Holding{Kind: leaks.Route, Address: r.Destination.Masked().String(), Resource: n.RouterID, NodeIPs: []netip.Addr{r.NextHop}})
+			}
+		}
+	}
+	return out, nil
+}
+
+// floatingIPs lists the project's floating IPs marked for pods, with
+// their tags (one list: Neutron filters a description only by equality).
+// A cloud without the L3 extension (404) has none.
+func (n *Leaks) floatingIPs(ctx context.Context) ([]leaks.Holding, error) {
+	cc, cancel := n.call(ctx)
+	defer cancel()
+	pages, err := floatingips.List(n.NC, floatingips.ListOpts{}).AllPages(cc)
+	if gophercloud.ResponseCodeIs(err, http.StatusNotFound) {
+		n.Log.Debug("no floating IPs in this cloud (no L3 extension): none audited")
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("list floating IPs: %w", err)
+	}
+	all, err := floatingips.ExtractFloatingIPs(pages)
+	if err != nil {
+		return nil, err
+	}
+	var out []leaks.Holding
+	for _, f := range all {
+		if owner, policy, ok := floatingip.ParseMark(f.Description); ok {
+			out = append(out, leaks.Holding{Kind: leaks.FloatingIP, Address: f.FloatingIP, Resource: f.ID, Pod: owner, Policy: policy, Port: f.PortID, Claimed: n.claimed(f.Tags)})
+		}
+	}
+	return out, nil
+}
+
+// Claim implements leaks.Cloud: the cluster's tag on the port or floating IP
+// (PUT …/tags/<tag>: it touches nothing else of the resource).
+func (n *Leaks) Claim(ctx context.Context, h leaks.Holding) error {
+	kind := "ports"
+	if h.Kind == leaks.FloatingIP {
+		kind = "floatingips"
+	}
+	cc, cancel := n.call(ctx)
+	defer cancel()
+	err := attributestags.Add(cc, n.NC, kind, h.Resource, ClusterTag(n.ClusterID)).ExtractErr()
+	if gophercloud.ResponseCodeIs(err, http.StatusNotFound) {
+		return nil // gone meanwhile: nothing to claim
+	}
+	return err
+}
+
+// Release implements leaks.Cloud: only what is still as listed goes.
+func (n *Leaks) Release(ctx context.Context, h leaks.Holding) error {
+	switch h.Kind {
+	case leaks.FixedIP:
+		a, err := netip.ParseAddr(h.Address)
+		if err != nil {
+			return err
+		}
+		// Takes the address off only if the port still marks it, fixed
+		// IP and mark in one If-Match PUT; a floating IP still pointing at
+		// it keeps it (the floating IP is released first, as an orphan of
+		// its own).
+		return openstack.TakeOffWith(ctx, n.NC, *n.OpenStack, h.Resource, []netip.Addr{a})
+	case leaks.ReservationPort:
+		return n.deletePort(ctx, h, func(p *ports.Port) bool { return p.DeviceOwner == n.OpenStack.DeviceOwner && p.DeviceID == h.Port })
+	case leaks.NICPort:
+		// Deleting an attached port detaches it from its VM too (Neutron
+		// tells Nova); its instance is no Node, or is gone.
+		return n.deletePort(ctx, h, func(p *ports.Port) bool {
+			inst, nic := openstack.NICOf(p.Name)
+			var carries []netip.Addr
+			for _, f := range p.FixedIPs {
+				if a, err := netip.ParseAddr(f.IPAddress); err == nil && f.SubnetID == n.OpenStack.SubnetID {
+					carries = append(carries, a)
+				}
+			}
+			slices.SortFunc(carries, netip.Addr.Compare)
+			return nic && inst == h.Instance && slices.Equal(carries, h.Carries)
+		})
+	case leaks.FloatingIP:
+		cc, cancel := n.call(ctx)
+		f, err := floatingips.Get(cc, n.NC, h.Resource).Extract()
+		cancel()
+		if gophercloud.ResponseCodeIs(err, http.StatusNotFound) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if f.Description != floatingip.Mark(h.Pod, h.Policy) || f.PortID != h.Port {
+			return fmt.Errorf("floating IP %s changed since the audit (%q, port %q): left alone", f.FloatingIP, f.Description, f.PortID)
+		}
+		fc := &FloatingIPs{NC: n.NC, Timeout: n.OpenStack.Timeout.Duration}
+		_, err = fc.Detach(ctx, h.Pod, func(x floatingip.FIP) bool { return x.ID != h.Resource })
+		return err
+	}
+	return fmt.Errorf("%s: released by the routes reconciler, not the collector", h.Kind)
+}
+
+// deletePort deletes a reservation or NIC port the audit found orphaned,
+// if it is still as listed (same says so); gone already is done.
+func (n *Leaks) deletePort(ctx context.Context, h leaks.Holding, same func(*ports.Port) bool) error {
+	cc, cancel := n.call(ctx)
+	p, err := ports.Get(cc, n.NC, h.Resource).Extract()
+	cancel()
+	if gophercloud.ResponseCodeIs(err, http.StatusNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if !same(p) {
+		return fmt.Errorf("%s %s changed since the audit (name %q, device %s/%s, %d addresses): left alone", h.Kind, p.ID, p.Name, p.DeviceOwner, p.DeviceID, len(p.FixedIPs))
+	}
+	cc, cancel = n.call(ctx)
+	err = ports.Delete(cc, n.NC, h.Resource).ExtractErr()
+	cancel()
+	if err != nil && !gophercloud.ResponseCodeIs(err, http.StatusNotFound) {
+		return fmt.Errorf("delete %s %s: %w", h.Kind, h.Resource, err)
+	}
+	return nil
+}
