@@ -7,9 +7,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -20,6 +18,7 @@ import (
 	"github.com/vpcni/vpcni/internal/netnsutil"
 	awsprovider "github.com/vpcni/vpcni/internal/provider/aws"
 	"github.com/vpcni/vpcni/internal/testbed"
+	"github.com/vpcni/vpcni/internal/testbed/chaos"
 )
 
 // flakyPort is where the agent reaches EC2 in its node: flakyEC2 in front
@@ -67,14 +66,7 @@ const (
 // 3); VPCNI_CHAOS_SEED replays a run's random choices (the storm's timing
 // still varies).
 func TestChaos(t *testing.T) {
-	rounds := 3
-	if v, err := strconv.Atoi(os.Getenv("VPCNI_CHAOS_ROUNDS")); err == nil && v > 0 {
-		rounds = v
-	}
-	seed := uint64(time.Now().UnixNano())
-	if v, err := strconv.ParseUint(os.Getenv("VPCNI_CHAOS_SEED"), 10, 64); err == nil {
-		seed = v
-	}
+	rounds, seed := chaos.Rounds(3), chaos.Seed()
 	t.Logf("vpcni-test: chaos seed %d (VPCNI_CHAOS_SEED to replay)", seed)
 	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
 	lag := time.Duration(2000+rng.IntN(2001)) * time.Millisecond
@@ -117,7 +109,8 @@ func TestChaos(t *testing.T) {
 	w := &world{t: t, l: l, node: node, cfg: cfg, runDir: runDir, seed: seed}
 	w.start()
 	defer w.keepLog()
-	if w.cni, err = testbed.NewCNIIn(node.NS, []string{binDir}, filepath.Join(runDir, "cache"), testbed.VpcniConfList("1.0.0", "vpcni-chaos", cfg.SocketPath)); err != nil {
+	cni, err := testbed.NewCNIIn(node.NS, []string{binDir}, filepath.Join(runDir, "cache"), testbed.VpcniConfList("1.0.0", "vpcni-chaos", cfg.SocketPath))
+	if err != nil {
 		t.Fatal(err)
 	}
 
@@ -137,16 +130,8 @@ func TestChaos(t *testing.T) {
 		}
 		t.Cleanup(func() { srv.Close() })
 	}
-	// The runtime's view of each pod's current container: live (its ADD
-	// succeeded, no DEL since), dying (its ADD or its DEL failed: the
-	// runtime DELs it until that succeeds, and only then makes a new one),
-	// or neither (none yet, or DELeted).
-	w.live = make([]bool, pods)
-	dying := make([]bool, pods)
-	gen := make([]int, pods) // container generation: a new ID per container
-	w.id = func(i int) string { return fmt.Sprintf("c%d-g%d", i, gen[i]) }
-	w.rt = func(i int) *libcni.RuntimeConf { return testbed.Runtime(w.id(i), paths[i], "eth0", nil) }
-	live := w.live
+	w.pods = chaos.NewPods(pods, cni, func(i int, id string) *libcni.RuntimeConf { return testbed.Runtime(id, paths[i], "eth0", nil) })
+	w.cni = cni
 
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Hour)
 	defer cancel()
@@ -190,60 +175,22 @@ func TestChaos(t *testing.T) {
 		}
 		killAt := time.Duration(300+rng.IntN(int(storm/time.Millisecond)-300)) * time.Millisecond
 
-		// The storm: workers flip pods between added and deleted.
-		var mu sync.Mutex
-		busy := make([]bool, pods)
-		stop := time.Now().Add(storm)
-		mid := time.Now().Add(drain)
-		var wg sync.WaitGroup
-		for wk := range 4 {
-			wrng := rand.New(rand.NewPCG(seed+uint64(round*10+wk), uint64(wk)))
-			wg.Go(func() {
-				for time.Now().Before(stop) {
-					draining := time.Now().Before(mid)
-					mu.Lock()
-					i := wrng.IntN(pods)
-					// Draining, the runtime only DELs; filling, it only
-					// ADDs (and DELs a failed container).
-					skip := drainFill && (draining && !live[i] && !dying[i] || !draining && live[i])
-					if busy[i] || skip {
-						mu.Unlock()
-						time.Sleep(time.Millisecond)
-						continue
-					}
-					busy[i] = true
-					del, r := live[i] || dying[i], w.rt(i)
-					mu.Unlock()
-					var err error
-					if del {
-						err = w.cni.Del(ctx, r)
-					} else {
-						_, err = w.cni.Add(ctx, r)
-					}
-					mu.Lock()
-					switch {
-					case del && err == nil:
-						live[i], dying[i] = false, false
-						gen[i]++
-					case del:
-						live[i], dying[i] = false, true
-					case err == nil:
-						live[i] = true
-					default:
-						dying[i] = true
-					}
-					busy[i] = false
-					mu.Unlock()
-				}
-			})
-		}
+		// The storm. Draining, the runtime only DELs; filling, it only
+		// ADDs (and DELs a failed container).
+		start := time.Now()
+		wait := w.pods.Storm(ctx, 4, seed+uint64(round*10), start.Add(storm), func(_ int, live, dying bool) bool {
+			if time.Since(start) < drain {
+				return !live && !dying
+			}
+			return drainFill && live
+		})
 		time.Sleep(killAt)
 		if err := w.agent.Kill(); err != nil {
 			t.Fatal(err)
 		}
 		time.Sleep(time.Duration(rng.IntN(500)) * time.Millisecond)
 		w.start()
-		wg.Wait()
+		wait()
 		stormed := time.Now()
 
 		// Settle: faults off; the runtime DELs the containers whose ADD or
@@ -251,43 +198,17 @@ func TestChaos(t *testing.T) {
 		flaky.setServerErrors(0)
 		l.EC2.Throttle(false)
 		l.EC2.LoseReplies(0, writeActions...)
-		for i := range pods {
-			if !dying[i] {
-				continue
-			}
-			if err := retry(func() error { return w.cni.Del(ctx, w.rt(i)) }); err != nil {
-				t.Fatalf("round %d (seed %d): DEL %s: %v", round, seed, w.id(i), err)
-			}
-			dying[i] = false
-			gen[i]++
+		if err := w.pods.Settle(ctx); err != nil {
+			t.Fatalf("round %d (seed %d): %v", round, seed, err)
 		}
 		f := w.check(round)
-		stormLive := count(live)
+		stormLive := w.pods.Count()
 		checked := time.Now()
 
-		// The floor: the runtime ADDs back every pod it does not have, all
-		// at once as kubelet starts them; each is served within a bound
-		// and answers from its address.
-		var unserved []string
-		for i := range pods {
-			if live[i] {
-				continue
-			}
-			r := w.rt(i)
-			wg.Go(func() {
-				err := addBack(ctx, w.cni, r)
-				mu.Lock()
-				defer mu.Unlock()
-				if err != nil {
-					unserved = append(unserved, fmt.Sprintf("pod %d (%s): %v", i, r.ContainerID, err))
-					return
-				}
-				live[i] = true
-			})
-		}
-		wg.Wait()
-		if len(unserved) > 0 {
-			t.Fatalf("round %d (seed %d): with the faults off the agent did not serve within %s:\n%s", round, seed, addBackWait, strings.Join(unserved, "\n"))
+		// The floor: the runtime ADDs back every pod it does not have;
+		// each is served within a bound and answers from its address.
+		if unserved := w.pods.AddBack(ctx); len(unserved) > 0 {
+			t.Fatalf("round %d (seed %d): with the faults off the agent did not serve within %s:\n%s", round, seed, chaos.AddBackWait, strings.Join(unserved, "\n"))
 		}
 		added := time.Now()
 		w.reachable(round)
@@ -315,46 +236,4 @@ func TestChaos(t *testing.T) {
 	if len(w.enisSeen) < 2 {
 		t.Fatalf("chaos (seed %d): the pods never spilled onto an ENI of vpcni's (ENIs %v): the run tested the primary ENI only", seed, w.enisSeen)
 	}
-}
-
-// addBackWait bounds how long the runtime retries one pod's ADD with the
-// faults off before the agent counts as not serving: the agent may still
-// be backing off its reconnect to EC2 (up to 30 s) after the storm.
-const addBackWait = 90 * time.Second
-
-// addBack ADDs a pod as kubelet does: after a failed ADD, DEL, then ADD
-// again, until it succeeds or addBackWait passes.
-func addBack(c context.Context, cni *testbed.CNI, r *libcni.RuntimeConf) error {
-	for end := time.Now().Add(addBackWait); ; time.Sleep(500 * time.Millisecond) {
-		_, err := cni.Add(c, r)
-		if err == nil {
-			return nil
-		}
-		_ = cni.Del(c, r)
-		if time.Now().After(end) {
-			return err
-		}
-	}
-}
-
-// retry runs f until it succeeds or a minute passes (the runtime retrying
-// a CNI call).
-func retry(f func() error) error {
-	var err error
-	for end := time.Now().Add(time.Minute); time.Now().Before(end); time.Sleep(200 * time.Millisecond) {
-		if err = f(); err == nil {
-			return nil
-		}
-	}
-	return err
-}
-
-func count(b []bool) int {
-	n := 0
-	for _, v := range b {
-		if v {
-			n++
-		}
-	}
-	return n
 }

@@ -7,17 +7,14 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strings"
 	"testing"
 	"time"
 
-	"github.com/containernetworking/cni/libcni"
-
 	"github.com/vpcni/vpcni/internal/config"
-	"github.com/vpcni/vpcni/internal/datapath/veth"
 	"github.com/vpcni/vpcni/internal/lab"
 	"github.com/vpcni/vpcni/internal/netnsutil"
 	"github.com/vpcni/vpcni/internal/testbed"
+	"github.com/vpcni/vpcni/internal/testbed/chaos"
 )
 
 // The tags by which an ENI is vpcni's, for an instance (the provider's
@@ -38,9 +35,7 @@ type world struct {
 	seed   uint64
 	agent  *testbed.Agent
 	cni    *testbed.CNI
-	live   []bool
-	id     func(int) string
-	rt     func(int) *libcni.RuntimeConf
+	pods   *chaos.Pods
 	// enisSeen: every ENI of vpcni's the checks saw, attached or not.
 	enisSeen []string
 }
@@ -192,13 +187,20 @@ func (w *world) check(round int) findings {
 					lastErr += fmt.Sprintf(" %s's address %s is on ENI %s, its record says %s;", al.ContainerID, al.Address, eni, al.Interface)
 				}
 			}
-			for i, isLive := range w.live {
-				if isLive != records[w.id(i)] {
+			for i, isLive := range w.pods.Live() {
+				if id := w.pods.ID(i); isLive != records[id] {
 					f.leaked++
-					lastErr += fmt.Sprintf(" container %s live=%v but recorded=%v;", w.id(i), isLive, records[w.id(i)])
+					lastErr += fmt.Sprintf(" container %s live=%v but recorded=%v;", id, isLive, records[id])
 				}
 			}
-			f.orphans, lastErr = w.checkLinks(round, lastErr)
+			problems, err := w.pods.Links(w.node.NS)
+			if err != nil {
+				t.Fatalf("round %d: %v", round, err)
+			}
+			f.orphans += len(problems)
+			for _, p := range problems {
+				lastErr += " " + p + ";"
+			}
 		}
 		if f.leaked+f.doubled+f.orphans+f.misplaced == 0 && lastErr == "" {
 			break
@@ -210,57 +212,19 @@ func (w *world) check(round int) findings {
 		time.Sleep(500 * time.Millisecond)
 	}
 	// Every live container is wired as vpcni left it.
-	for i, isLive := range w.live {
+	for i, isLive := range w.pods.Live() {
 		if !isLive {
 			continue
 		}
 		c, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		err := w.cni.Check(c, w.rt(i))
+		err := w.cni.Check(c, w.pods.RT(i))
 		cancel()
 		if err != nil {
 			f.orphans++
-			t.Errorf("round %d (seed %d): CHECK %s: %v", round, w.seed, w.id(i), err)
+			t.Errorf("round %d (seed %d): CHECK %s: %v", round, w.seed, w.pods.ID(i), err)
 		}
 	}
 	return f
-}
-
-// checkLinks compares vpcni's links in the node with the live containers.
-func (w *world) checkLinks(round int, lastErr string) (orphans int, _ string) {
-	// Without the list the check would pass vacuously.
-	links, err := netnsutil.Output(w.node.NS, "ip", "-o", "link", "show")
-	if err != nil {
-		w.t.Fatalf("round %d: list the node's links: %v\n%s", round, err, links)
-	}
-	want := map[string]bool{}
-	for i, isLive := range w.live {
-		if isLive {
-			want[veth.HostIfName(w.id(i), "eth0")] = true
-		}
-	}
-	var have []string
-	for _, line := range strings.Split(links, "\n") {
-		fs := strings.Fields(line)
-		if len(fs) < 2 {
-			continue
-		}
-		if name, _, _ := strings.Cut(strings.TrimSuffix(fs[1], ":"), "@"); strings.HasPrefix(name, "vpc") {
-			have = append(have, name)
-		}
-	}
-	for name := range want {
-		if !slices.Contains(have, name) {
-			orphans++
-			lastErr += fmt.Sprintf(" live container's link %s is missing;", name)
-		}
-	}
-	for _, name := range have {
-		if !want[name] {
-			orphans++
-			lastErr += fmt.Sprintf(" link %s has no live container;", name)
-		}
-	}
-	return orphans, lastErr
 }
 
 // reachable probes every live pod from the legacy VM, at the address the
@@ -278,25 +242,17 @@ func (w *world) reachable(round int) {
 		addr[al.ContainerID] = al.Address
 	}
 	reached := 0
-	for i, isLive := range w.live {
+	for i, isLive := range w.pods.Live() {
 		if !isLive {
 			continue
 		}
-		a, ok := addr[w.id(i)]
+		id := w.pods.ID(i)
+		a, ok := addr[id]
 		if !ok {
-			t.Fatalf("round %d (seed %d): live pod %d (%s) has no allocation", round, w.seed, i, w.id(i))
+			t.Fatalf("round %d (seed %d): live pod %d (%s) has no allocation", round, w.seed, i, id)
 		}
-		var perr error
-		for end := time.Now().Add(10 * time.Second); ; time.Sleep(200 * time.Millisecond) {
-			pc, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-			perr = netnsutil.Probe(pc, netnsutil.Path(w.l.Legacy.NS), testbed.HostPort(a, 7777))
-			cancel()
-			if perr == nil || time.Now().After(end) {
-				break
-			}
-		}
-		if perr != nil {
-			t.Fatalf("round %d (seed %d): the legacy VM cannot reach pod %d (%s) at %s: %v", round, w.seed, i, w.id(i), a, perr)
+		if err := chaos.Reach(netnsutil.Path(w.l.Legacy.NS), testbed.HostPort(a, 7777)); err != nil {
+			t.Fatalf("round %d (seed %d): the legacy VM cannot reach pod %d (%s) at %s: %v", round, w.seed, i, id, a, err)
 		}
 		reached++
 	}

@@ -9,9 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -20,12 +18,12 @@ import (
 	types100 "github.com/containernetworking/cni/pkg/types/100"
 
 	"github.com/vpcni/vpcni/internal/config"
-	"github.com/vpcni/vpcni/internal/datapath/veth"
 	"github.com/vpcni/vpcni/internal/faultproxy"
 	"github.com/vpcni/vpcni/internal/netnsutil"
 	"github.com/vpcni/vpcni/internal/provider"
 	"github.com/vpcni/vpcni/internal/provider/openstack"
 	"github.com/vpcni/vpcni/internal/testbed"
+	"github.com/vpcni/vpcni/internal/testbed/chaos"
 )
 
 // TestChaos: an ADD/DEL storm against the real neutron-server while the
@@ -52,14 +50,7 @@ import (
 // VPCNI_CHAOS_SEED replays a run's random choices (the storm's timing
 // still varies).
 func TestChaos(t *testing.T) {
-	rounds := 3
-	if v, err := strconv.Atoi(os.Getenv("VPCNI_CHAOS_ROUNDS")); err == nil && v > 0 {
-		rounds = v
-	}
-	seed := uint64(time.Now().UnixNano())
-	if v, err := strconv.ParseUint(os.Getenv("VPCNI_CHAOS_SEED"), 10, 64); err == nil {
-		seed = v
-	}
+	rounds, seed := chaos.Rounds(3), chaos.Seed()
 	t.Logf("vpcni-test: chaos seed %d (VPCNI_CHAOS_SEED to replay)", seed)
 	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
 	binDir := bin(t)
@@ -132,14 +123,6 @@ func TestChaos(t *testing.T) {
 		}
 		t.Cleanup(func() { srv.Close() })
 	}
-	// The runtime's view of each pod's current container: live (its ADD
-	// succeeded, no DEL since), dying (its ADD or its DEL failed: the
-	// runtime DELs it until that succeeds, and only then makes a new one),
-	// or neither (none yet, or DELeted).
-	live := make([]bool, pods)
-	dying := make([]bool, pods)
-	gen := make([]int, pods) // container generation: a new ID per container
-	id := func(i int) string { return fmt.Sprintf("c%d-g%d", i, gen[i]) }
 	// The last `sticky` pods ask for an address by name, at the top of the
 	// allocation pool: the agent picks lowest first and holds at most
 	// maxAddresses (40), so it never takes these for other pods (.2-.50).
@@ -154,25 +137,25 @@ func TestChaos(t *testing.T) {
 	// not ask for it (the agent handed out an address it should have given
 	// back, or kept for its pod).
 	var stolen []string
-	noteAdd := func(i int, res types.Result) {
-		r, err := types100.GetResult(res)
-		if err != nil || len(r.IPs) != 1 {
-			stolen = append(stolen, fmt.Sprintf("ADD %s answered %v (%v)", id(i), res, err))
-			return
-		}
-		a := r.IPs[0].Address.IP.String()
-		if want := requested(i); want != "" && a != want || want == "" && ownerOf(requested, pods, a) >= 0 {
-			stolen = append(stolen, fmt.Sprintf("ADD %s got %s (requested %q; %s is pod %d's)", id(i), a, want, a, ownerOf(requested, pods, a)))
-		}
-	}
-	rt := func(i int) *libcni.RuntimeConf {
-		r := testbed.Runtime(id(i), paths[i], "eth0", nil)
+	p := chaos.NewPods(pods, cni, func(i int, id string) *libcni.RuntimeConf {
+		r := testbed.Runtime(id, paths[i], "eth0", nil)
 		if a := requested(i); a != "" {
 			r.Args = append(r.Args, [2]string{"IP", a})
 		}
 		return r
+	})
+	p.OnAdd = func(i int, id string, res types.Result) {
+		r, err := types100.GetResult(res)
+		if err != nil || len(r.IPs) != 1 {
+			stolen = append(stolen, fmt.Sprintf("ADD %s answered %v (%v)", id, res, err))
+			return
+		}
+		a := r.IPs[0].Address.IP.String()
+		if want := requested(i); want != "" && a != want || want == "" && ownerOf(requested, pods, a) >= 0 {
+			stolen = append(stolen, fmt.Sprintf("ADD %s got %s (requested %q; %s is pod %d's)", id, a, want, a, ownerOf(requested, pods, a)))
+		}
 	}
-	w := chaosWorld{nodeNS: tb.NodeNS(), nbrNS: tb.NbrNS(), truth: truth, onPort: onPort, cni: cni, live: live, id: id, rt: rt, requested: requested}
+	w := chaosWorld{nodeNS: tb.NodeNS(), nbrNS: tb.NbrNS(), truth: truth, onPort: onPort, cni: cni, pods: p, requested: requested}
 	c, cancel := context.WithTimeout(context.Background(), 60*time.Minute)
 	defer cancel()
 	var leaked, doubled, orphans int
@@ -194,51 +177,7 @@ func TestChaos(t *testing.T) {
 		storm := time.Duration(3000+rng.IntN(2000)) * time.Millisecond
 
 		// The storm: workers flip pods between added and deleted.
-		var mu sync.Mutex
-		busy := make([]bool, pods)
-		stop := time.Now().Add(storm)
-		var wg sync.WaitGroup
-		for wk := range 4 {
-			wrng := rand.New(rand.NewPCG(seed+uint64(round*10+wk), uint64(wk)))
-			wg.Go(func() {
-				for time.Now().Before(stop) {
-					mu.Lock()
-					i := wrng.IntN(pods)
-					if busy[i] {
-						mu.Unlock()
-						continue
-					}
-					busy[i] = true
-					del, r := live[i] || dying[i], rt(i)
-					mu.Unlock()
-					var err error
-					var res types.Result
-					if del {
-						err = cni.Del(c, r)
-					} else {
-						res, err = cni.Add(c, r)
-					}
-					mu.Lock()
-					switch {
-					case del && err == nil:
-						live[i], dying[i] = false, false
-						gen[i]++
-					case del:
-						// A failed DEL: the pod is going, its container
-						// DELed again until that succeeds.
-						live[i], dying[i] = false, true
-					case err == nil:
-						live[i] = true
-						noteAdd(i, res)
-					default:
-						// A failed ADD: DELed before a new container.
-						dying[i] = true
-					}
-					busy[i] = false
-					mu.Unlock()
-				}
-			})
-		}
+		wait := p.Storm(c, 4, seed+uint64(round*10), time.Now().Add(storm), nil)
 		time.Sleep(killAt)
 		if err := agent.Kill(); err != nil {
 			t.Fatal(err)
@@ -247,53 +186,28 @@ func TestChaos(t *testing.T) {
 		if agent, err = tb.Restart(binDir, agent); err != nil {
 			t.Fatalf("round %d (seed %d): restart: %v", round, seed, err)
 		}
-		wg.Wait()
+		wait()
 		w.agent = agent
 		stormed := time.Now()
 
 		// Settle: faults off; the runtime DELs the containers whose ADD or
 		// DEL failed, as kubelet would.
 		proxy.SetFaults(faultproxy.Faults{})
-		for i := range pods {
-			if !dying[i] {
-				continue
-			}
-			if err := retry(c, func() error { return cni.Del(c, rt(i)) }); err != nil {
-				t.Fatalf("round %d (seed %d): DEL %s: %v", round, seed, id(i), err)
-			}
-			dying[i] = false
-			gen[i]++
+		if err := p.Settle(c); err != nil {
+			t.Fatalf("round %d (seed %d): %v", round, seed, err)
 		}
 		l, d, o := w.check(t, round)
 		leaked, doubled, orphans = leaked+l, doubled+d+reportStolen(t, round, seed, &stolen), orphans+o
-		stormLive := count(live)
+		stormLive := p.Count()
 		checked := time.Now()
 
-		// The floor: the runtime ADDs back every pod it does not have, all
-		// at once as kubelet starts them; each is served within a bound
-		// and answers from its address.
-		var unserved []string
-		for i := range pods {
-			if live[i] {
-				continue
-			}
-			r := rt(i)
-			wg.Go(func() {
-				res, err := addBack(c, cni, r)
-				mu.Lock()
-				defer mu.Unlock()
-				if err != nil {
-					unserved = append(unserved, fmt.Sprintf("pod %d (%s): %v", i, r.ContainerID, err))
-					return
-				}
-				live[i] = true
-				noteAdd(i, res)
-			})
-		}
-		wg.Wait()
+		// The floor: the runtime ADDs back every pod it does not have,
+		// all at once as kubelet starts them; each is served within a
+		// bound and answers from its address.
+		unserved := p.AddBack(c)
 		doubled += reportStolen(t, round, seed, &stolen)
 		if len(unserved) > 0 {
-			t.Fatalf("round %d (seed %d): with the faults off the agent did not serve within %s:\n%s", round, seed, addBackWait, strings.Join(unserved, "\n"))
+			t.Fatalf("round %d (seed %d): with the faults off the agent did not serve within %s:\n%s", round, seed, chaos.AddBackWait, strings.Join(unserved, "\n"))
 		}
 		added := time.Now()
 		w.reachable(t, round, seed)
@@ -319,27 +233,6 @@ func TestChaos(t *testing.T) {
 // fault fails (each round places two by count, on the port's Nth PUT and
 // GET; a round with fewer such calls places none).
 const minPartialRounds = 3
-
-// addBackWait bounds how long the runtime retries one pod's ADD with the
-// faults off before the agent counts as not serving. Generous: on this
-// shared 2-core VM under load, Neutron's port updates were seen to take
-// 4-10 s, and the ADDs back once took 43 s in all.
-const addBackWait = 90 * time.Second
-
-// addBack ADDs a pod as kubelet does: after a failed ADD, DEL, then ADD
-// again, until it succeeds or addBackWait passes.
-func addBack(c context.Context, cni *testbed.CNI, r *libcni.RuntimeConf) (types.Result, error) {
-	for end := time.Now().Add(addBackWait); ; time.Sleep(500 * time.Millisecond) {
-		res, err := cni.Add(c, r)
-		if err == nil {
-			return res, nil
-		}
-		_ = cni.Del(c, r)
-		if time.Now().After(end) {
-			return nil, err
-		}
-	}
-}
 
 // reportStolen fails the test for each requested address seen on the
 // wrong pod since the last report, and counts them.
@@ -381,28 +274,6 @@ func keepLog(t *testing.T, a *testbed.Agent, seed uint64) {
 	t.Logf("vpcni-test: vpcnid log kept in %s", p)
 }
 
-func count(b []bool) int {
-	n := 0
-	for _, v := range b {
-		if v {
-			n++
-		}
-	}
-	return n
-}
-
-// retry runs f until it succeeds or a minute passes (the runtime retrying
-// a CNI call).
-func retry(c context.Context, f func() error) error {
-	var err error
-	for end := time.Now().Add(time.Minute); time.Now().Before(end); time.Sleep(200 * time.Millisecond) {
-		if err = f(); err == nil {
-			return nil
-		}
-	}
-	return err
-}
-
 // chaosWorld is what TestChaos checks after each round: the agent, the
 // truth from Neutron, the node's kernel and the runtime's view of its pods.
 type chaosWorld struct {
@@ -411,9 +282,7 @@ type chaosWorld struct {
 	truth         *openstack.Provider
 	onPort        func() []netip.Addr // every pod address on the VM port, marked or not
 	cni           *testbed.CNI
-	live          []bool
-	id            func(int) string
-	rt            func(int) *libcni.RuntimeConf
+	pods          *chaos.Pods
 	requested     func(int) string
 }
 
@@ -423,6 +292,7 @@ func (w *chaosWorld) check(t *testing.T, round int) (leaked, doubled, orphans in
 	t.Helper()
 	var lastErr string
 	deadline := time.Now().Add(45 * time.Second)
+	live := w.pods.Live()
 	for {
 		leaked, doubled, orphans, lastErr = 0, 0, 0, ""
 		st, err := w.agent.State()
@@ -471,48 +341,33 @@ func (w *chaosWorld) check(t *testing.T, round int) (leaked, doubled, orphans in
 				byIP[al.Address.String()] = al.ContainerID
 				records[al.ContainerID] = al.Address
 				var i int
-				if o := ownerOf(w.requested, len(w.live), al.Address.String()); o >= 0 {
+				if o := ownerOf(w.requested, len(live), al.Address.String()); o >= 0 {
 					if _, err := fmt.Sscanf(al.ContainerID, "c%d-", &i); err != nil || i != o {
 						doubled++
 						lastErr += fmt.Sprintf(" %s, pod %d's requested address, is on %s;", al.Address, o, al.ContainerID)
 					}
 				}
 			}
-			for i, isLive := range w.live {
-				a, recorded := records[w.id(i)]
+			for i, isLive := range live {
+				id := w.pods.ID(i)
+				a, recorded := records[id]
 				if isLive != recorded {
 					leaked++
-					lastErr += fmt.Sprintf(" container %s live=%v but recorded=%v;", w.id(i), isLive, recorded)
+					lastErr += fmt.Sprintf(" container %s live=%v but recorded=%v;", id, isLive, recorded)
 				}
 				if want := w.requested(i); recorded && want != "" && a.String() != want {
 					leaked++
-					lastErr += fmt.Sprintf(" container %s asked for %s, has %s;", w.id(i), want, a)
+					lastErr += fmt.Sprintf(" container %s asked for %s, has %s;", id, want, a)
 				}
 			}
 			// The kernel: exactly the live containers' links.
-			// Without the list the orphan check would pass vacuously.
-			links, lerr := netnsutil.Output(w.nodeNS, "ip", "-o", "link", "show")
-			if lerr != nil {
-				t.Fatalf("round %d: list the node's links: %v\n%s", round, lerr, links)
+			problems, err := w.pods.Links(w.nodeNS)
+			if err != nil {
+				t.Fatalf("round %d: %v", round, err)
 			}
-			want := map[string]bool{}
-			for i, isLive := range w.live {
-				if isLive {
-					want[veth.HostIfName(w.id(i), "eth0")] = true
-				}
-			}
-			have := vpcLinks(links)
-			for name := range want {
-				if !slices.Contains(have, name) {
-					orphans++
-					lastErr += fmt.Sprintf(" live container's link %s is missing;", name)
-				}
-			}
-			for _, name := range have {
-				if !want[name] {
-					orphans++
-					lastErr += fmt.Sprintf(" link %s has no live container;", name)
-				}
+			orphans += len(problems)
+			for _, p := range problems {
+				lastErr += " " + p + ";"
 			}
 		}
 		if leaked+doubled+orphans == 0 && lastErr == "" {
@@ -525,11 +380,11 @@ func (w *chaosWorld) check(t *testing.T, round int) (leaked, doubled, orphans in
 		time.Sleep(500 * time.Millisecond)
 	}
 	// Every live container is wired as vpcni left it.
-	for i, isLive := range w.live {
+	for i, isLive := range w.pods.Live() {
 		if isLive {
-			if err := w.cni.Check(ctx(t), w.rt(i)); err != nil {
+			if err := w.cni.Check(ctx(t), w.pods.RT(i)); err != nil {
 				orphans++
-				t.Errorf("round %d: CHECK %s: %v", round, w.id(i), err)
+				t.Errorf("round %d: CHECK %s: %v", round, w.pods.ID(i), err)
 			}
 		}
 	}
@@ -550,45 +405,21 @@ func (w *chaosWorld) reachable(t *testing.T, round int, seed uint64) {
 		addr[al.ContainerID] = al.Address
 	}
 	reached := 0
-	for i, isLive := range w.live {
+	for i, isLive := range w.pods.Live() {
 		if !isLive {
 			continue
 		}
-		a, ok := addr[w.id(i)]
+		id := w.pods.ID(i)
+		a, ok := addr[id]
 		if !ok {
-			t.Fatalf("round %d (seed %d): live pod %d (%s) has no allocation", round, seed, i, w.id(i))
+			t.Fatalf("round %d (seed %d): live pod %d (%s) has no allocation", round, seed, i, id)
 		}
-		var perr error
-		for end := time.Now().Add(10 * time.Second); ; time.Sleep(200 * time.Millisecond) {
-			pc, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-			perr = netnsutil.Probe(pc, netnsutil.Path(w.nbrNS), testbed.HostPort(a, 7777))
-			cancel()
-			if perr == nil || time.Now().After(end) {
-				break
-			}
-		}
-		if perr != nil {
-			t.Fatalf("round %d (seed %d): the neighbour cannot reach pod %d (%s) at %s: %v", round, seed, i, w.id(i), a, perr)
+		if err := chaos.Reach(netnsutil.Path(w.nbrNS), testbed.HostPort(a, 7777)); err != nil {
+			t.Fatalf("round %d (seed %d): the neighbour cannot reach pod %d (%s) at %s: %v", round, seed, i, id, a, err)
 		}
 		reached++
 	}
 	if reached == 0 {
 		t.Fatalf("round %d (seed %d): no live pod to reach: the floor proves nothing", round, seed)
 	}
-}
-
-// vpcLinks picks the names of vpcni's host links out of `ip -o link show`.
-func vpcLinks(out string) []string {
-	var names []string
-	for _, line := range strings.Split(out, "\n") {
-		f := strings.Fields(line)
-		if len(f) < 2 {
-			continue
-		}
-		name, _, _ := strings.Cut(strings.TrimSuffix(f[1], ":"), "@")
-		if strings.HasPrefix(name, "vpc") {
-			names = append(names, name)
-		}
-	}
-	return names
 }
