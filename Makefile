@@ -264,8 +264,8 @@ conformance-subset:
 # the real neutron-server (test/neutron), then against the lab's EC2
 # endpoint with the aws provider (test/aws). A Neutron round took 5-34 s
 # on this 2-core VM, 11-16 s on average (storm 4-14 s, then the checks and
-# the ADDs back): 100 rounds about 20-27 min. An aws round takes 5-10 s
-# (storm 4-7 s): 100 rounds about 12 min.
+# the ADDs back): 100 rounds about 20-27 min. An aws round took 4.5-23 s,
+# 10 s on average (storm 4-10 s): 100 rounds about 17 min.
 CHAOS_ROUNDS ?= 100
 chaos: build
 	VPCNI_REQUIRE_ROOT=1 VPCNI_BIN=$(CURDIR)/$(BIN) VPCNI_CHAOS_ROUNDS=$(CHAOS_ROUNDS) $(GO) test -count=1 -timeout 60m -v -run 'TestChaos' ./test/neutron 2>&1 | $(TESTFILTER) ; exit $${PIPESTATUS[0]}
