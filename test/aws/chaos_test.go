@@ -50,18 +50,18 @@ const (
 // on its primary ENI, so ten pods spill onto ENIs the provider creates and
 // attaches (hot-plugged into the node); every other round drains the node
 // and fills it again, so that emptied ENIs are removed and new ones made
-// under the faults. After every round, with the faults off and the runtime's retries
-// done, the invariant must hold, read from EC2 itself and not through the
-// agent: the addresses EC2 holds for the node on vpcni's behalf (every
-// secondary address on the primary ENI — nothing else writes it here — and
-// on the ENIs tagged as vpcni's) = the agent's pool in every state it
-// lists; no vpcni ENI left detached ("available") or attached and empty
-// past the provider's grace; no address on two live containers, and each
-// container's address on the ENI its record names (EC2 drops a packet that
-// leaves by another); every live container wired, and no vpcni link
-// without a live container. Then the runtime ADDs back every pod it does
-// not have: each must be served, reachable from the legacy VM, and the
-// invariant must hold again.
+// under the faults. After every round, with the faults off and the
+// runtime's retries done, the invariant must hold, read from EC2 itself
+// and not through the agent: the addresses EC2 holds for the node on
+// vpcni's behalf (every secondary address on the primary ENI — nothing
+// else writes it here — and on the ENIs tagged as vpcni's) = the agent's
+// pool in every state it lists; no vpcni ENI left detached ("available")
+// or attached and empty past the provider's grace; no address on two live
+// containers, and each container's address on the ENI its record names
+// (EC2 drops a packet that leaves by another); every live container wired,
+// and no vpcni link without a live container. Then the runtime ADDs back
+// every pod it does not have: each must be served, reachable from the
+// legacy VM, and the invariant must hold again.
 // VPCNI_CHAOS_ROUNDS sets the rounds (make chaos: CHAOS_ROUNDS; make test:
 // 3); VPCNI_CHAOS_SEED replays a run's random choices (the storm's timing
 // still varies).
