@@ -15,13 +15,21 @@
 //	  timeout: 15s
 //	routes: {routerID: …}   # optional: the routed pod subnet (with -block-ranges)
 //
+// or, on EC2, whose VPC routes the pods' subnets itself (no routes
+// section; its cloud has no router, Info.NoRouter):
+//
+//	aws:
+//	  region: eu-west-1
+//	  clusterName: …         # the agents' clusterName: the ENIs they tag
+//
 // A cloud's section has the shape of the agent's provider section of the
 // same name, so one Secret can serve both; fields only the agent needs
 // are allowed and ignored.
 //
 // Each reconciler and tool owns the interface it talks to the cloud
 // through (floatingip.Cloud, routes.Cloud, leaks.Cloud, the sticky
-// keeper's TakeOff); Cloud is how a registered cloud hands them out.
+// keeper's TakeOff, trace's Holders); Cloud is how a registered cloud
+// hands them out.
 package cloudconfig
 
 import (

@@ -61,7 +61,7 @@ func (h held) how() string {
 // TakeOff takes pod addresses off a dead node's ENIs, as that node's own
 // release would: port is its primary ENI (the node's provider port, as
 // the AddressReservation recorded it), and each address leaves the ENI of
-// the instance that holds it — one UnassignPrivateIpAddresses per ENI —
+// the instance that holds it — one UnassignPrivateIpAddresses per ENI (and per ENI's prefixes) —
 // so that another node can assign it (EC2 gives an address to one ENI at
 // a time). An ENI's own address is never taken. An address in a /28 prefix
 // leaves with its whole prefix, which EC2 assigns and unassigns only
@@ -137,18 +137,18 @@ func TakeOff(ctx context.Context, c *ec2.Client, clusterName, port string, addrs
 			clear(prefixesOn)
 		}
 	}
-	ids := slices.Collect(maps.Keys(addrsOn))
-	for id := range prefixesOn {
-		if _, both := addrsOn[id]; !both {
-			ids = append(ids, id)
+	// Addresses and prefixes go in calls of their own, as the agent's
+	// release makes them.
+	unassign := func(in *ec2.UnassignPrivateIpAddressesInput, what []string) {
+		if _, err := c.UnassignPrivateIpAddresses(ctx, in); err != nil && code(err) != codeENINotFound {
+			errs = append(errs, explain(fmt.Errorf("unassign %v from ENI %s: %w", what, aws.ToString(in.NetworkInterfaceId), err)))
 		}
 	}
-	slices.Sort(ids)
-	for _, id := range ids {
-		in := &ec2.UnassignPrivateIpAddressesInput{NetworkInterfaceId: aws.String(id), PrivateIpAddresses: addrsOn[id], Ipv4Prefixes: prefixesOn[id]}
-		if _, err := c.UnassignPrivateIpAddresses(ctx, in); err != nil && code(err) != codeENINotFound {
-			errs = append(errs, explain(fmt.Errorf("unassign %v from ENI %s: %w", append(addrsOn[id], prefixesOn[id]...), id, err)))
-		}
+	for _, id := range slices.Sorted(maps.Keys(addrsOn)) {
+		unassign(&ec2.UnassignPrivateIpAddressesInput{NetworkInterfaceId: aws.String(id), PrivateIpAddresses: addrsOn[id]}, addrsOn[id])
+	}
+	for _, id := range slices.Sorted(maps.Keys(prefixesOn)) {
+		unassign(&ec2.UnassignPrivateIpAddressesInput{NetworkInterfaceId: aws.String(id), Ipv4Prefixes: prefixesOn[id]}, prefixesOn[id])
 	}
 	return errors.Join(errs...)
 }
