@@ -58,7 +58,7 @@ func newBed(t *testing.T, section string) *bed {
 	c := ec2.New(ec2.Options{Region: "us-east-1", BaseEndpoint: aws.String(srv.URL),
 		Credentials: credentials.NewStaticCredentialsProvider("AKIDSEED", "secret", "")})
 	b := &bed{s: s, c: c, az: "us-east-1a"}
-	b.ep = &ec2test.Endpoint{URL: srv.URL, Client: c, Seed: seed{s}, Source: s, InstanceType: "t3.small", AZ: b.az}
+	b.ep = &ec2test.Endpoint{URL: srv.URL, Client: c, Seed: ec2test.LabSeed{Server: s}, Source: s, InstanceType: "t3.small", AZ: b.az}
 	b.subnet = b.ep.NewVPC(t, netip.MustParsePrefix("10.30.0.0/16"), netip.MustParsePrefix("10.30.1.0/24"))[0]
 	b.cfgPath = filepath.Join(t.TempDir(), "cloud.yaml")
 	body := fmt.Sprintf("aws:\n  region: us-east-1\n  endpoint: %s\n%s", srv.URL, section)
@@ -76,30 +76,6 @@ func (b *bed) cloud(t *testing.T) cloudconfig.Cloud {
 		t.Fatal(err)
 	}
 	return fc.Open(nil)
-}
-
-// seed makes subnets and instances on the lab's endpoint in Go.
-type seed struct{ s *ec2api.Server }
-
-func (l seed) Subnets(t *testing.T, cidr netip.Prefix, az string, subnets ...netip.Prefix) []string {
-	vpc := l.s.AddVPC(cidr)
-	var ids []string
-	for _, p := range subnets {
-		id, err := l.s.AddSubnet(vpc, p, az)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ids = append(ids, id)
-	}
-	return ids
-}
-
-func (l seed) Instance(t *testing.T, subnetID, typ string, ip netip.Addr) (string, string) {
-	in, err := l.s.RunInstance(ec2api.RunOptions{Type: typ, SubnetID: subnetID, IP: ip, Role: "vpcni-node"})
-	if err != nil {
-		t.Fatalf("run a %s with %s: %v", typ, ip, err)
-	}
-	return in.ID, in.ENIID
 }
 
 // node runs an instance with ip and its agent's provider, and has the
