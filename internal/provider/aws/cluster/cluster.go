@@ -16,7 +16,8 @@
 // It is a package apart from the provider (internal/provider/aws), and
 // imports none of it, so that vpcni-controller links neither the provider
 // nor the agent's config the provider's section is spelled in; the tags
-// it reads are the provider's (TestProviderTags checks them).
+// it reads are the provider's (TestCollectorReleasesProviderENIs reads
+// ENIs the provider made, and TestAgentKeys checks the section's keys).
 package cluster
 
 import (
