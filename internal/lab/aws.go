@@ -59,13 +59,8 @@ func upAWS(ctx context.Context, cfg Config) (_ *Lab, err error) {
 			l.Close()
 		}
 	}()
-	if err := netnsutil.Add(l.vpcNS()); err != nil {
+	if err := l.segment(); err != nil {
 		return nil, err
-	}
-	for _, c := range [][]string{{"ip", "link", "add", "br0", "type", "bridge"}, {"ip", "link", "set", "br0", "up"}} {
-		if err := netnsutil.Exec(l.vpcNS(), c...); err != nil {
-			return nil, err
-		}
 	}
 	ln, err := net.Listen("tcp4", "127.0.0.1:0")
 	if err != nil {

@@ -121,13 +121,8 @@ func Up(ctx context.Context, cfg Config) (_ *Lab, err error) {
 			l.Close()
 		}
 	}()
-	if err := netnsutil.Add(l.vpcNS()); err != nil {
+	if err := l.segment(); err != nil {
 		return nil, err
-	}
-	for _, c := range [][]string{{"ip", "link", "add", "br0", "type", "bridge"}, {"ip", "link", "set", "br0", "up"}} {
-		if err := netnsutil.Exec(l.vpcNS(), c...); err != nil {
-			return nil, err
-		}
 	}
 	l.API.OnChange = func(*neutronapi.Server) { l.program() }
 	ln, err := net.Listen("tcp4", "127.0.0.1:0")
@@ -177,6 +172,19 @@ func Up(ctx context.Context, cfg Config) (_ *Lab, err error) {
 		return nil, err
 	}
 	return l, nil
+}
+
+// segment makes the VPC segment: bridge br0 in a namespace of its own.
+func (l *Lab) segment() error {
+	if err := netnsutil.Add(l.vpcNS()); err != nil {
+		return err
+	}
+	for _, c := range [][]string{{"ip", "link", "add", "br0", "type", "bridge"}, {"ip", "link", "set", "br0", "up"}} {
+		if err := netnsutil.Exec(l.vpcNS(), c...); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // External side: floating IPs come from 203.0.113.0/24 (a documentation

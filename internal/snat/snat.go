@@ -10,7 +10,15 @@
 //	set pods     the node's pod addresses (what is masqueraded)
 //	set vpc      snat.vpcCIDRs (never masqueraded: the VPC sees pods by their own IPs)
 //	set exclude  snat.excludeCIDRs (never masqueraded either)
+//	chain prerouting:  ip saddr @pods, daddr in neither set -> meta mark |= Mark
 //	chain postrouting: ip saddr @pods, daddr in neither set -> masquerade
+//
+// and one policy rule, Mark → the main table (route.go): pod traffic
+// leaving the VPC goes out by the node's uplink, as the node, also from a
+// pod whose address lives on a secondary NIC (whose own route table would
+// send it out of that NIC, as the NIC's address — on AWS a secondary
+// ENI's address has no public IPv4, so the internet gateway would drop
+// it; aws-vpc-cni does the same with its connmark 0x80).
 //
 // Matching the pods' own source addresses, not a CIDR or an interface,
 // leaves the node's own traffic (its address is never a pod's) and every
@@ -25,6 +33,7 @@ import (
 	"net/netip"
 	"os/exec"
 	"slices"
+	"strings"
 	"sync"
 
 	"sigs.k8s.io/knftables"
@@ -87,20 +96,36 @@ func (c Config) Validate() error {
 	return errors.Join(errs...)
 }
 
-// rule is the chain's one rule. Masquerade takes the address of the
-// interface the packet leaves by: the uplink's (the node IP), or a
-// secondary NIC's for pods routed through it — the address the cloud's
-// port security allows there.
+// rule is the postrouting chain's one rule. Masquerade takes the address
+// of the interface the packet leaves by: the uplink's (the node IP), where
+// the mark's policy rule sends it.
 const rule = "ip saddr @pods ip daddr != @vpc ip daddr != @exclude masquerade"
 
-// ruleComment marks the rule with a digest of its text, so Sync can tell
-// its own current rule from anything else without parsing nft's output
+// markRule is the prerouting chain's one rule: before routing, pod traffic that
+// will be masqueraded is marked, so it is routed by the main table.
+var markRule = fmt.Sprintf("ip saddr @pods ip daddr != @vpc ip daddr != @exclude meta mark set meta mark | 0x%x", Mark)
+
+// comment marks a rule with a digest of its text, so Sync can tell its
+// own current rule from anything else without parsing nft's output
 // (knftables lists a rule's comment, not its text): a release that changes
 // the rule replaces the old one.
-var ruleComment = func() string {
+func comment(what, rule string) string {
 	sum := sha256.Sum256([]byte(rule))
-	return fmt.Sprintf("vpcni: pod traffic leaving the VPC goes out as the node [%x]", sum[:4])
-}()
+	return fmt.Sprintf("vpcni: %s [%x]", what, sum[:4])
+}
+
+// chains are vpcni's two chains, each with its one rule.
+var chains = []struct {
+	chain         *knftables.Chain
+	rule, comment string
+}{
+	{&knftables.Chain{Name: "prerouting", Type: knftables.PtrTo(knftables.FilterType),
+		Hook: knftables.PtrTo(knftables.PreroutingHook), Priority: knftables.PtrTo(knftables.ManglePriority)},
+		markRule, comment("pod traffic leaving the VPC is routed by the main table", markRule)},
+	{&knftables.Chain{Name: "postrouting", Type: knftables.PtrTo(knftables.NATType),
+		Hook: knftables.PtrTo(knftables.PostroutingHook), Priority: knftables.PtrTo(knftables.SNATPriority)},
+		rule, comment("pod traffic leaving the VPC goes out as the node", rule)},
+}
 
 // NAT is the node's SNAT table.
 type NAT struct {
@@ -176,31 +201,36 @@ func (n *NAT) Sync(ctx context.Context, pods []netip.Addr) (fixed string, err er
 			tx.Add(&knftables.Element{Set: s.name, Key: []string{e}})
 		}
 	}
-	chain := &knftables.Chain{Name: "postrouting", Type: knftables.PtrTo(knftables.NATType),
-		Hook: knftables.PtrTo(knftables.PostroutingHook), Priority: knftables.PtrTo(knftables.SNATPriority)}
-	tx.Add(chain)
-	// The rule is rewritten only when the chain holds anything else than
-	// it: the agent's kernel watch (kwatch) reconciles on every rule
-	// deleted from a vpcni table, and a reconcile that flushed and re-added
-	// an unchanged rule would kick the next one, forever. (Set elements
-	// are not watched: the sets are simply rewritten.)
-	rules, err := n.nft.ListRules(ctx, "postrouting")
-	switch {
-	case knftables.IsNotFound(err):
-		fixed = fmt.Sprintf("nftables table ip %s or its chain postrouting", Table)
-	case err != nil:
-		return "", fmt.Errorf("nftables table ip %s: %w", Table, err)
-	case len(rules) != 1 || rules[0].Comment == nil || *rules[0].Comment != ruleComment:
-		fixed = fmt.Sprintf("nftables table ip %s: the masquerade rule (chain held %d rules, not vpcni's one)", Table, len(rules))
-	}
-	if fixed != "" {
-		tx.Flush(chain)
-		tx.Add(&knftables.Rule{Chain: "postrouting", Rule: rule, Comment: knftables.PtrTo(ruleComment)})
+	var missing []string
+	for _, c := range chains {
+		tx.Add(c.chain)
+		// A rule is rewritten only when its chain holds anything else than
+		// it: the agent's kernel watch (kwatch) reconciles on every rule
+		// deleted from a vpcni table, and a reconcile that flushed and
+		// re-added an unchanged rule would kick the next one, forever.
+		// (Set elements are not watched: the sets are simply rewritten.)
+		rules, err := n.nft.ListRules(ctx, c.chain.Name)
+		switch {
+		case knftables.IsNotFound(err):
+			missing = append(missing, fmt.Sprintf("nftables table ip %s or its chain %s", Table, c.chain.Name))
+		case err != nil:
+			return "", fmt.Errorf("nftables table ip %s: %w", Table, err)
+		case len(rules) != 1 || rules[0].Comment == nil || *rules[0].Comment != c.comment:
+			missing = append(missing, fmt.Sprintf("nftables table ip %s: the %s rule (chain held %d rules, not vpcni's one)", Table, c.chain.Name, len(rules)))
+		default:
+			continue
+		}
+		tx.Flush(c.chain)
+		tx.Add(&knftables.Rule{Chain: c.chain.Name, Rule: c.rule, Comment: knftables.PtrTo(c.comment)})
 	}
 	if err := n.nft.Run(ctx, tx); err != nil {
 		return "", fmt.Errorf("nftables table ip %s: %w", Table, err)
 	}
-	return fixed, nil
+	ruleFixed, err := ensureRule()
+	if ruleFixed != "" {
+		missing = append(missing, ruleFixed)
+	}
+	return strings.Join(missing, "; "), err
 }
 
 // Remove deletes vpcni's table (nothing else). Gone already is fine, and
@@ -218,7 +248,7 @@ func Remove(ctx context.Context) error {
 	if err := nft.Run(ctx, tx); err != nil && !knftables.IsNotFound(err) {
 		return fmt.Errorf("delete nftables table ip %s: %w", Table, err)
 	}
-	return nil
+	return removeRule()
 }
 
 func addrs(list []netip.Addr) []string {

@@ -30,6 +30,15 @@ func scratchNS(t *testing.T) string {
 	return name
 }
 
+func ipRules(t *testing.T, ns string) string {
+	t.Helper()
+	out, err := exec.Command("ip", "-n", ns, "rule").CombinedOutput()
+	if err != nil {
+		t.Fatalf("ip rule: %v %s", err, out)
+	}
+	return string(out)
+}
+
 func nft(t *testing.T, ns string, args ...string) string {
 	t.Helper()
 	out, err := exec.Command("ip", append([]string{"netns", "exec", ns, "nft"}, args...)...).CombinedOutput()
@@ -74,10 +83,16 @@ func TestSyncAndRemove(t *testing.T) {
 	}
 	out := nft(t, ns, "list", "table", "ip", Table)
 	for _, want := range []string{"10.20.0.7", "10.20.0.8", "10.20.0.9", "10.20.0.0/16", "100.64.0.0/10",
-		"type nat hook postrouting priority srcnat", "ip saddr @pods ip daddr != @vpc ip daddr != @exclude masquerade"} {
+		"type nat hook postrouting priority srcnat", "ip saddr @pods ip daddr != @vpc ip daddr != @exclude masquerade",
+		"type filter hook prerouting priority mangle", "ip saddr @pods ip daddr != @vpc ip daddr != @exclude meta mark set meta mark | 0x00000080"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("table lacks %q:\n%s", want, out)
 		}
+	}
+	// Marked traffic is routed by the main table (the node's uplink), also
+	// from a pod whose own rule points at a secondary NIC's table.
+	if rules := ipRules(t, ns); !strings.Contains(rules, "1024:\tfrom all fwmark 0x80/0x80 lookup main") {
+		t.Errorf("no policy rule for the mark:\n%s", rules)
 	}
 	// Someone adds a rule to vpcni's chain; a pod leaves: the next Sync
 	// puts the table back to what it should be.
@@ -88,7 +103,7 @@ func TestSyncAndRemove(t *testing.T) {
 			return err
 		}
 		fixed, err := n.Sync(ctx, []netip.Addr{netip.MustParseAddr("10.20.0.8")})
-		if err == nil && !strings.Contains(fixed, "the masquerade rule (chain held 2 rules") {
+		if err == nil && !strings.Contains(fixed, "the postrouting rule (chain held 2 rules") {
 			t.Errorf("Sync after a rule was added by hand: fixed %q", fixed)
 		}
 		return err
@@ -147,6 +162,9 @@ func TestSyncAndRemove(t *testing.T) {
 	all := nft(t, ns, "list", "ruleset")
 	if strings.Contains(all, Table) {
 		t.Errorf("Remove left vpcni's table:\n%s", all)
+	}
+	if rules := ipRules(t, ns); strings.Contains(rules, "fwmark 0x80") {
+		t.Errorf("Remove left the policy rule:\n%s", rules)
 	}
 	if !strings.Contains(all, "ip saddr 10.1.2.3 masquerade") {
 		t.Errorf("someone else's table was touched:\n%s", all)

@@ -51,7 +51,7 @@ func (p *Provider) Assign(ctx context.Context, req provider.AssignRequest) ([]al
 // usable says whether vpcni may put addresses on e: the primary ENI or one
 // of vpcni's that is not being removed.
 func (p *Provider) usableENI(e *eni) bool {
-	return (e.id == p.id.eniID || e.ours) && !p.draining[e.id]
+	return (e.id == p.id.eniID || e.ours) && e.attached && !p.draining[e.id]
 }
 
 // room is how many more secondary addresses or prefixes e takes.

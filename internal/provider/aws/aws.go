@@ -254,6 +254,9 @@ func (p *Provider) Held(ctx context.Context) ([]alloc.Lease, error) {
 // secondary address and prefix address on an ENI of vpcni's, the recorded
 // ones on another; prefix addresses given back are not listed.
 func (p *Provider) mine(e *eni) []netip.Addr {
+	if !e.attached {
+		return nil // attaching or detaching: no link to carry pods
+	}
 	var out []netip.Addr
 	for _, a := range e.secondaries {
 		if e.ours || p.rec.owns(e.id, a.String()) {

@@ -50,6 +50,9 @@ type Config struct {
 	// CleanupInterval is how often emptied and leaked ENIs are looked for
 	// (default 1m).
 	CleanupInterval config.Duration `json:"cleanupInterval,omitempty"`
+	// AttachTimeout bounds the wait for a new ENI's attachment to complete
+	// (EC2 attaches asynchronously, up to ~10 s; default 1m).
+	AttachTimeout config.Duration `json:"attachTimeout,omitempty"`
 	// CIDRBackoff is how long a subnet that had no free aligned /28 for a
 	// prefix (InsufficientCidrBlocks) is not asked for another (default 2m).
 	CIDRBackoff config.Duration `json:"cidrBackoff,omitempty"`
@@ -84,6 +87,7 @@ func (c *Config) Defaults() {
 	def(&c.LeakedENIGrace, 10*time.Minute)
 	def(&c.CleanupInterval, time.Minute)
 	def(&c.CIDRBackoff, 2*time.Minute)
+	def(&c.AttachTimeout, time.Minute)
 	def(&c.RetryMaxBackoff, 20*time.Second)
 	def(&c.Timeout, 30*time.Second)
 	if c.APIRate == 0 {
@@ -150,6 +154,7 @@ func (c *Config) Validate() error {
 	within("leakedENIGrace", c.LeakedENIGrace, time.Second, 7*24*time.Hour)
 	within("cleanupInterval", c.CleanupInterval, 10*time.Millisecond, time.Hour)
 	within("cidrBackoff", c.CIDRBackoff, 0, time.Hour)
+	within("attachTimeout", c.AttachTimeout, time.Second, 10*time.Minute)
 	within("retryMaxBackoff", c.RetryMaxBackoff, 10*time.Millisecond, 5*time.Minute)
 	within("timeout", c.Timeout, 100*time.Millisecond, 5*time.Minute)
 	if c.APIRate <= 0 || c.APIRate > 1000 {

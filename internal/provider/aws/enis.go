@@ -12,6 +12,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/ec2"
 	"github.com/aws/aws-sdk-go-v2/service/ec2/types"
+
+	"github.com/vpcni/vpcni/internal/provider"
 )
 
 // Tags vpcni puts on the ENIs it creates. An ENI with tagOwner = ownerValue
@@ -33,9 +35,12 @@ type eni struct {
 	device, card      int
 	attachmentID      string
 	deleteOnTerm      bool
-	primaryIP         netip.Addr
-	secondaries       []netip.Addr
-	prefixes          []netip.Prefix
+	// attached: the attachment is complete (not attaching or detaching):
+	// the node has the ENI's link, and its addresses can carry pods.
+	attached    bool
+	primaryIP   netip.Addr
+	secondaries []netip.Addr
+	prefixes    []netip.Prefix
 	// ours: vpcni created the ENI for this instance (its tags).
 	ours    bool
 	created time.Time
@@ -95,6 +100,7 @@ func (p *Provider) parseENI(n types.NetworkInterface) *eni {
 	if a := n.Attachment; a != nil {
 		e.device, e.card = int(aws.ToInt32(a.DeviceIndex)), int(aws.ToInt32(a.NetworkCardIndex))
 		e.attachmentID, e.deleteOnTerm = aws.ToString(a.AttachmentId), aws.ToBool(a.DeleteOnTermination)
+		e.attached = a.Status == types.AttachmentStatusAttached
 	}
 	e.primaryIP, _ = netip.ParseAddr(aws.ToString(n.PrivateIpAddress))
 	for _, a := range n.PrivateIpAddresses {
@@ -330,8 +336,34 @@ func (p *Provider) createENI(ctx context.Context, sn *subnet, count int) (_ *eni
 		}
 		return nil, err
 	}
+	// It is the instance's now, deleted with it: kept whatever comes next
+	// (an ENI still attaching is used once a read finds it attached).
 	p.enis = append(p.enis, e)
+	if err := p.waitAttached(ctx, e); err != nil {
+		return nil, err
+	}
 	return e, nil
+}
+
+// waitAttached waits until EC2 has finished attaching e (asynchronous on
+// EC2, up to ~10 s): only then has the node its link, and the addresses
+// can carry pods.
+func (p *Provider) waitAttached(ctx context.Context, e *eni) error {
+	ctx, cancel := context.WithTimeout(ctx, p.cfg.AttachTimeout.Duration)
+	defer cancel()
+	for try := 0; ; try++ {
+		a, err := p.attachmentOf(ctx, e.id)
+		switch {
+		case err != nil:
+			return explain(fmt.Errorf("read ENI %s while it attaches: %w", e.id, err))
+		case a != nil && a.Status == types.AttachmentStatusAttached:
+			e.attached = true
+			return nil
+		}
+		if err := sleep(ctx, time.Duration(min(50<<try, 2000))*time.Millisecond); err != nil {
+			return fmt.Errorf("ENI %s is still attaching after %s (attachTimeout); its addresses are used once it is attached: %w", e.id, p.cfg.AttachTimeout, provider.ErrUnavailable)
+		}
+	}
 }
 
 // attachmentOf reads an ENI's attachment (nil: none).

@@ -425,3 +425,38 @@ func TestCredentials(t *testing.T) {
 		t.Errorf("%d calls signed with the environment's key, want every one of the second provider's", n)
 	}
 }
+
+// EC2 attaches an ENI asynchronously (attaching for up to ~10 s): the
+// addresses of a new ENI are handed out once it is attached — the node
+// has its link then — and an ENI still attaching past attachTimeout is
+// kept, its addresses used once a read finds it attached.
+func TestAsyncAttach(t *testing.T) {
+	t.Run("waits", func(t *testing.T) {
+		t.Parallel()
+		p, inst, ep, _, _ := labNode(t, ec2api.Options{AttachDelay: 300 * time.Millisecond}, nil)
+		start := time.Now()
+		got, err := p.Assign(ec2test.Ctx(t), provider.AssignRequest{Count: 12})
+		if err != nil || len(got) != 12 {
+			t.Fatalf("Assign(12) = %v, %v", got, err)
+		}
+		enis := ep.ENIs(t, inst.ID)
+		if len(enis) != 2 || enis[1].Attachment.Status != types.AttachmentStatusAttached || time.Since(start) < 300*time.Millisecond {
+			t.Fatalf("Assign answered after %s with the new ENI %s: want it attached first", time.Since(start), ec2test.Describe(enis[len(enis)-1]))
+		}
+	})
+	t.Run("times out", func(t *testing.T) {
+		t.Parallel()
+		p, _, _, _, _ := labNode(t, ec2api.Options{AttachDelay: 2 * time.Second}, func(c *vpcaws.Config) { c.AttachTimeout = config.Duration{Duration: time.Second} })
+		got, err := p.Assign(ec2test.Ctx(t), provider.AssignRequest{Count: 12})
+		if len(got) != 9 || !errors.Is(err, provider.ErrUnavailable) || !strings.Contains(err.Error(), "still attaching") {
+			t.Fatalf("Assign(12) with the attach slower than attachTimeout = %d, %v; want the primary's 9 and the ENI still attaching", len(got), err)
+		}
+		if h, err := p.Held(ec2test.Ctx(t)); err != nil || len(h) != 9 {
+			t.Fatalf("Held while the ENI attaches = %d, %v; want 9", len(h), err)
+		}
+		waitFor(t, "the attached ENI's addresses held", func() bool {
+			h, err := p.Held(ec2test.Ctx(t))
+			return err == nil && len(h) == 12
+		})
+	})
+}
