@@ -29,7 +29,7 @@ var benches = []struct {
 	{"cni", "CNI ADD/DEL latency and bursts of concurrent ADDs on a one-node testbed, vpcni vs Debian's ptp+host-local", benchCNI},
 	{"datapath", "on a four-node lab, pod to pod in modes veth and ebpf vs node to node: iperf3 throughput, sockperf latency, TCP connect/request/response rate", benchDatapath},
 	{"neutron", "Neutron calls per pod through vpcnid, one batched update vs single ones (a real neutron-server at --endpoint)", benchNeutron},
-	{"pool", "the pool policy on a real neutron-server: calls per pod under churn, cold and warm ADD p99", benchPool},
+	{"pool", "the pool policy on a real neutron-server (or --provider aws: the lab's EC2 endpoint in process, secondary IPs and prefixes): calls per pod under churn, cold ADD p99", benchPool},
 	{"modes", "every datapath mode on a fresh two-node lab: ADD p50/p99, pod/node throughput ratio, TCP request/response latency", benchModes},
 	{"garp", "a pod's address moves from n1 to n2 on a two-node lab: the legacy VM's outage with vpcni's gratuitous ARP and without", benchGARP},
 	{"selfheal", "each piece of the datapath taken away under pod churn: time until the agent puts it back, with the kernel watch and with the timer alone", benchSelfHeal},

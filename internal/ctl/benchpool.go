@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/netip"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/vpcni/vpcni/internal/config"
@@ -17,7 +18,11 @@ import (
 // per pod under churn, and ADD p99 when the pool starts empty and when it
 // is warm, against the time of one batched Neutron update.
 func benchPool(args []string, out io.Writer) (err error) {
+	if providerArg(args) == "aws" {
+		return benchPoolAWS(args, out)
+	}
 	fs := flag.NewFlagSet("bench pool", flag.ContinueOnError)
+	fs.String("provider", "openstack", "openstack (a real neutron-server at --endpoint) or aws (the lab's EC2 endpoint in process: see bench pool --provider aws -h)")
 	endpoint := fs.String("endpoint", "http://127.0.0.1:19696/", "noauth Neutron endpoint (scripts/neutron.sh up)")
 	ramp := fs.Duration("ramp", 35*time.Second, "churn before counting: the pool grows to the churn rate times the cooldown")
 	churnFor := fs.Duration("churn", 60*time.Second, "how long churn is counted after the ramp")
@@ -117,6 +122,21 @@ func benchPool(args []string, out io.Writer) (err error) {
 		ms(pct(warmAdds, 50)), warmP99, perPod, met(perPod <= 0.125))
 	fmt.Fprintf(out, "pool-bench: calls_per_pod=%.3f cold_add_p99_ms=%.1f warm_add_p99_ms=%.1f\n", perPod, coldP99, warmP99)
 	return nil
+}
+
+// providerArg is the value of a -provider flag among args ("" if none).
+func providerArg(args []string) string {
+	for i, a := range args {
+		name, v, hasV := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		switch {
+		case !strings.HasPrefix(a, "-") || name != "provider":
+		case hasV:
+			return v
+		case i+1 < len(args):
+			return args[i+1]
+		}
+	}
+	return ""
 }
 
 func met(ok bool) string {

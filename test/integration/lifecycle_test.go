@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
 
 	"github.com/vpcni/vpcni/internal/alloc"
 	"github.com/vpcni/vpcni/internal/datapath/veth"
@@ -319,7 +320,8 @@ func TestAgentRestart(t *testing.T) {
 // was down is re-wired at start; a pod whose route and proxy ARP entry
 // were deleted gets them back from the node reconcile (its veth stays);
 // a vpcni link without a record (a crash between the kernel and the
-// store) is removed with its proxy entry; a proxy entry of a free address
+// store) is removed with its proxy entry, and so is a bare veth pair an
+// ADD killed before it marked the pair left (its pod end with it); a proxy entry of a free address
 // goes once the provider says the node holds it.
 func TestRestartRepairsAndCleans(t *testing.T) {
 	t.Parallel()
@@ -369,6 +371,17 @@ func TestRestartRepairsAndCleans(t *testing.T) {
 	if dp != nil {
 		t.Fatalf("make orphan: %v", dp)
 	}
+	// A bare pair: an ADD killed between creating the veth and marking it
+	// (its pod end would block the pod's next container).
+	bareNS := e.Pod(4)
+	bareFd, err := netns.GetFromPath(bareNS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bareFd.Close()
+	if err := h.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: veth.HostIfName("bare", "eth0")}, PeerName: "eth0", PeerNamespace: netlink.NsFd(int(bareFd))}); err != nil {
+		t.Fatal(err)
+	}
 	e.StartAgent()
 	want := []string{veth.HostIfName("noroute", "eth0"), veth.HostIfName("repair", "eth0")}
 	slices.Sort(want)
@@ -394,4 +407,7 @@ func TestRestartRepairsAndCleans(t *testing.T) {
 	bedtest.Echo(t, routeNS, routeIP)
 	bedtest.Reach(t, netnsutil.Path(e.TB.NbrNS()), testbed.HostPort(ip, 7777))
 	bedtest.Reach(t, netnsutil.Path(e.TB.NbrNS()), testbed.HostPort(routeIP, 7777))
+	// The bare pair went with its pod end: the pod's next container
+	// gets eth0.
+	e.AddIP(c, "after-bare", bareNS)
 }

@@ -46,11 +46,16 @@ func (v *Veth) Reconcile(_ context.Context, want datapath.Desired) (rep datapath
 	// Host veths this mode made, by name: a veth named vpc<hash> with an
 	// attachment's alias. Other modes mark their links too (the bridge
 	// mode's bridge, a passthrough NIC): a node that ran one before is
-	// never stripped of them here.
+	// never stripped of them here. A bare veth named as this mode names
+	// host veths is one an ADD created and never marked: the agent died
+	// in between (Setup does not run meanwhile). Its
+	// pod end would block the pod's next container (eth0 exists) as long
+	// as the namespace lives, so it goes as an orphan.
 	ours := map[string]netlink.Link{}
 	for _, l := range links {
 		key, marked := strings.CutPrefix(l.Attrs().Alias, AliasPrefix)
-		if marked && strings.Contains(key, "/") && l.Type() == "veth" && strings.HasPrefix(l.Attrs().Name, "vpc") {
+		if marked && strings.Contains(key, "/") && l.Type() == "veth" && strings.HasPrefix(l.Attrs().Name, "vpc") ||
+			l.Attrs().Alias == "" && l.Type() == "veth" && isHostIfName(l.Attrs().Name) {
 			ours[l.Attrs().Name] = l
 		}
 	}
@@ -189,6 +194,13 @@ func (v *Veth) reaping() map[int]bool {
 		}
 	}
 	return out
+}
+
+// isHostIfName says whether name has the shape HostIfName gives: "vpc"
+// and 11 hex digits.
+func isHostIfName(name string) bool {
+	hex, ok := strings.CutPrefix(name, "vpc")
+	return ok && len(hex) == 11 && strings.Trim(hex, "0123456789abcdef") == ""
 }
 
 // hostRouteDst is the destination of a /32 route (ok=false otherwise).
