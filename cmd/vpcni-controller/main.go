@@ -5,10 +5,11 @@
 // those ranges to the nodes that ask (NodeBlocks) and taking back the
 // blocks of nodes gone for good; keeping the AddressReservations of sticky
 // StatefulSet pods. With -cloud-config (a cloud's section: openstack, for
-// Neutron) also: floating IPs for pods, a sticky pod's address taken off a
-// dead node's port, the leak collector (internal/leaks) and, with a routes
-// section, each block routed through the cloud's router (one extra route
-// and one VM-port pair per block, within max_routes). The cloud is the one
+// Neutron, or aws, for EC2) also: floating IPs for pods (openstack), a
+// sticky pod's address taken off a dead node's port or ENI, the leak
+// collector (internal/leaks) and, with a routes section (openstack), each
+// block routed through the cloud's router (one extra route and one
+// VM-port pair per block, within max_routes). The cloud is the one
 // the file's section names, among those internal/builtin/clouds links;
 // each reconciler talks to it through an interface of its own. Every
 // replica, leader or not, also serves the mutating admission webhook that
@@ -77,12 +78,12 @@ func main() {
 	flag.DurationVar(&o.stickyGrace, "sticky-dead-node-grace", time.Minute, "how long a Node must be gone or not Ready before the controller takes a sticky pod's address off its port (needs -cloud-config)")
 	flag.BoolVar(&o.stickyIPs, "sticky-ips", true, "keep AddressReservations for the pods of StatefulSets annotated vpcni.io/sticky-ip: \"true\" (needs the AddressReservation CRD)")
 	flag.DurationVar(&o.blockGrace, "block-reclaim-grace", 5*time.Minute, "how long a Node must be gone before its blocks are given back (once no PodAddress of it uses them)")
-	flag.StringVar(&o.cloudConfig, "cloud-config", "", "the cloud, for what only the controller does: YAML with an openstack section (the keys of vpcnid.yaml's provider.openstack): floating IPs for pods and, with openstack.subnetID, a sticky pod's address taken off a dead node's port; with a routes section (routes.routerID) and -block-ranges also the routed pod subnet (empty: none of these)")
+	flag.StringVar(&o.cloudConfig, "cloud-config", "", "the cloud, for what only the controller does: YAML with an openstack section (the keys of vpcnid.yaml's provider.openstack): floating IPs for pods and, with openstack.subnetID, a sticky pod's address taken off a dead node's port; with a routes section (routes.routerID) and -block-ranges also the routed pod subnet — or an aws section (region, endpoint, clusterName; the keys of provider.aws allowed): a sticky pod's address taken off a dead node's ENI (empty: none of these)")
 	flag.BoolVar(&o.floatingIPs, "floating-ips", true, "with -cloud-config: serve pods' vpcni.io/floating-ip annotations (and detach a gone pod's floating IPs at once); false leaves floating IPs to the leak collector alone")
-	flag.BoolVar(&o.leakGC, "leak-gc", true, "with -cloud-config (openstack.subnetID): release what Neutron holds for vpcni that nothing in the cluster names (marked fixed IPs of gone nodes' ports, reservation and NIC ports of gone VMs, floating IPs of gone pods) once orphaned for -leak-grace; vpcnictl audit shows the same comparison")
+	flag.BoolVar(&o.leakGC, "leak-gc", true, "with -cloud-config (openstack.subnetID, or aws): release what the cloud holds for vpcni that nothing in the cluster names (Neutron: marked fixed IPs of gone nodes' ports, reservation and NIC ports of gone VMs, floating IPs of gone pods; EC2: the ENIs vpcni created for instances that are no Node) once orphaned for -leak-grace; vpcnictl audit shows the same comparison")
 	flag.DurationVar(&o.leakGrace, "leak-grace", 10*time.Minute, "how long a holding must stay orphaned, pass after pass, before the leak collector releases it")
 	flag.DurationVar(&o.leakPeriod, "leak-period", time.Minute, "how often the leak collector compares the cloud with the cluster")
-	flag.StringVar(&o.clusterID, "cluster-id", "", "this cluster's name in the Neutron tags that claim what the leak collector may release (default: the UID of namespace kube-system)")
+	flag.StringVar(&o.clusterID, "cluster-id", "", "this cluster's name in the tags that claim what the leak collector may release (Neutron's vpcni-cluster=<ID>, EC2's vpcni.io/cluster-id; default: the UID of namespace kube-system)")
 	flag.StringVar(&o.floatingNetwork, "floating-network", "", "external network (name or ID) pods' floating IPs come from unless a pod's vpcni.io/floating-network says otherwise")
 	showVersion := flag.Bool("version", false, "print the version and exit")
 	flag.Parse()
@@ -185,7 +186,7 @@ func run(o options, log *slog.Logger) error {
 	// A sticky pod's address taken off a dead node's port, and the leak
 	// collector, which compares the pods' subnet with the cluster, need
 	// the section to say where the pods' addresses live
-	// (openstack.subnetID).
+	// (openstack.subnetID; aws: its region).
 	podSubnet := cloud != nil && cloud.Info().Subnet
 	var stickyCloud controller.StickyCloud
 	if podSubnet {

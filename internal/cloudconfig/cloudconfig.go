@@ -15,13 +15,21 @@
 //	  timeout: 15s
 //	routes: {routerID: …}   # optional: the routed pod subnet (with -block-ranges)
 //
+// or, on EC2, whose VPC routes the pods' subnets itself (no routes
+// section; its cloud has no router, Info.NoRouter):
+//
+//	aws:
+//	  region: eu-west-1
+//	  clusterName: …         # the agents' clusterName: the ENIs they tag
+//
 // A cloud's section has the shape of the agent's provider section of the
 // same name, so one Secret can serve both; fields only the agent needs
 // are allowed and ignored.
 //
 // Each reconciler and tool owns the interface it talks to the cloud
 // through (floatingip.Cloud, routes.Cloud, leaks.Cloud, the sticky
-// keeper's TakeOff); Cloud is how a registered cloud hands them out.
+// keeper's TakeOff, trace's Holders); Cloud is how a registered cloud
+// hands them out.
 package cloudconfig
 
 import (
@@ -73,6 +81,22 @@ type Cloud interface {
 	// in one write conditional on the port as read. The sticky keeper's
 	// door; it needs Info().Subnet.
 	TakeOff(ctx context.Context, port string, addrs []netip.Addr) error
+	// Holders says what in the cloud holds addr — a port or an ENI, and
+	// the instance it is attached to — as the cloud's own API tells it:
+	// vpcnictl trace's look at a pod's address and at its node's. It logs
+	// in at each call.
+	Holders(ctx context.Context, addr netip.Addr) ([]Holder, error)
+}
+
+// Holder is what holds an address in the cloud, as Holders finds it.
+type Holder struct {
+	// Resource is the port or ENI that carries the address's traffic;
+	// Instance the VM it is attached to ("" when none, or not known).
+	Resource string
+	Instance string
+	// How says how the resource holds it, e.g. "secondary address of ENI
+	// eni-1 (device 1)".
+	How string
 }
 
 // Info is what a cloud's section lets the cluster side do, known before
@@ -85,6 +109,9 @@ type Info struct {
 	// is the key that does, for messages ("openstack.subnetID").
 	Subnet    bool
 	SubnetKey string
+	// NoRouter, if set, says why the cloud has no router for a routed pod
+	// subnet: a routes section beside its section is refused with it.
+	NoRouter string
 }
 
 // Registration is one cloud.
@@ -172,6 +199,11 @@ func parse(data []byte) (Config, error) {
 	}
 	if c.Cloud == "" && errors.Join(errs...) == nil {
 		errs = append(errs, fmt.Errorf("a cloud's section is required: one of %v", Names()))
+	}
+	if c.Cloud != "" && c.Routes != nil && errors.Join(errs...) == nil {
+		if no := c.Open(nil).Info().NoRouter; no != "" {
+			errs = append(errs, fmt.Errorf("%s: the %s cloud has no router for it: %s", routesKey, c.Cloud, no))
+		}
 	}
 	return c, errors.Join(errs...)
 }

@@ -40,7 +40,13 @@ type testCloud struct{ s *testSection }
 
 var errNoDoor = errors.New("testcloud opens no door")
 
-func (c testCloud) Info() Info { return Info{Name: "testcloud"} }
+func (c testCloud) Info() Info {
+	i := Info{Name: "testcloud"}
+	if c.s.Zone == "norouter" {
+		i.NoRouter = "its zone has none"
+	}
+	return i
+}
 func (testCloud) FloatingIPs(context.Context) (floatingip.Cloud, error) {
 	return nil, errNoDoor
 }
@@ -49,6 +55,9 @@ func (testCloud) Leaks(context.Context, leaks.Scope) (leaks.Cloud, error) {
 	return nil, errNoDoor
 }
 func (testCloud) TakeOff(context.Context, string, []netip.Addr) error { return errNoDoor }
+func (testCloud) Holders(context.Context, netip.Addr) ([]Holder, error) {
+	return nil, errNoDoor
+}
 
 func init() {
 	Register(Registration{Name: "testcloud", NewSettings: func() Settings { return &testSection{} },
@@ -87,6 +96,7 @@ func TestLoad(t *testing.T) {
 		"testcloud: {region: r, bogus: 1}": {"testcloud:", "bogus"},
 		"testcloud: {region: r}\nroutes: {maxRoutes: -1}\n": {"routes.routerID", "routes.maxRoutes"},
 		"- a list\n": {"cloud config"},
+		"testcloud: {region: r, zone: norouter}\nroutes: {routerID: r}\n": {"routes: the testcloud cloud has no router for it: its zone has none"},
 	} {
 		_, err := Load(write(body))
 		for _, w := range want {

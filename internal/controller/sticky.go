@@ -354,7 +354,7 @@ func (k *StickyKeeper) takeOver(ctx context.Context, ar *v1alpha1.AddressReserva
 		k.log.Warn("reserved address held by a dead node: no -cloud-config to take it off its port; the pod's ADDs fail with CNI error 11 until the node gives it back",
 			"pod", key, "address", ar.Spec.Address, "node", ar.Spec.Node, "why", why)
 		k.recorder.Eventf(&corev1.ObjectReference{Kind: "Pod", APIVersion: "v1", Namespace: ar.Namespace, Name: ar.Name}, corev1.EventTypeWarning, EventStickyAddressStuck,
-			"the pod's reserved address %s is held by node %s, which is dead (%s), and vpcni-controller has no -cloud-config to take it off that node's port: the pod's ADDs fail (CNI error 11) until the node gives it back — give the controller -cloud-config (an openstack section with subnetID), bring the node back, or delete AddressReservation %s to let the pod take another address",
+			"the pod's reserved address %s is held by node %s, which is dead (%s), and vpcni-controller has no -cloud-config to take it off that node's port: the pod's ADDs fail (CNI error 11) until the node gives it back — give the controller -cloud-config (an openstack section with subnetID, or an aws section), bring the node back, or delete AddressReservation %s to let the pod take another address",
 			ar.Spec.Address, ar.Spec.Node, why, key)
 		return 0, nil
 	}

@@ -35,7 +35,7 @@ type AuditReport struct {
 func audit(args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("audit", flag.ContinueOnError)
 	kubeconfig := fs.String("kubeconfig", "", "kubeconfig (default: $KUBECONFIG, else in-cluster)")
-	cloudConfig := fs.String("cloud-config", "", "vpcni-controller's -cloud-config file (required: its openstack section, with subnetID; a routes section adds the router)")
+	cloudConfig := fs.String("cloud-config", "", "vpcni-controller's -cloud-config file (required: its openstack section, with subnetID, a routes section adding the router; or its aws section)")
 	blockRanges := fs.String("block-ranges", "", "vpcni-controller's -block-ranges (comma-separated CIDRs): with a routes section, the routes and pairs of these ranges are audited")
 	format := formatFlag(fs)
 	clusterID := fs.String("cluster-id", "", "vpcni-controller's -cluster-id (default: the UID of namespace kube-system, as the controller's)")

@@ -1,11 +1,13 @@
 package ctl
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
 	"net/netip"
 	"slices"
+	"strings"
 
 	"github.com/vpcni/vpcni/internal/api"
 	"github.com/vpcni/vpcni/internal/cloudconfig"
@@ -14,7 +16,9 @@ import (
 )
 
 // The controller's side of a pod's path, read with a cloud file (its
-// -cloud-config): the floating IPs pointing at each address and, with a
+// -cloud-config): when the pod's addresses come from the cloud's own
+// provider, what the cloud says holds each (which port or ENI, of which
+// instance); the floating IPs pointing at each address; and, with a
 // routes section, the block's route on the router and its pair on the
 // node's port (a routed pod subnet: the agent holds no cloud credentials
 // then). Added to each attachment's hops.
@@ -37,11 +41,27 @@ func traceCloud(ctx context.Context, path string, tr *api.Trace) error {
 		}
 	}
 	nodeIP, _ := netip.ParseAddr(tr.NodeIP)
+	// The node's own port or ENI, which its pods' addresses must be on
+	// (or on another of its instance's).
+	var node []cloudconfig.Holder
+	holders := tr.Provider == fc.Cloud
+	if holders && nodeIP.IsValid() {
+		if node, err = cloud.Holders(ctx, nodeIP); err != nil {
+			return err
+		}
+	}
 	for i := range tr.Attachments {
 		a := &tr.Attachments[i]
 		addr, err := netip.ParseAddr(a.Address)
 		if err != nil {
 			continue
+		}
+		if holders {
+			held, err := cloud.Holders(ctx, addr)
+			if err != nil {
+				return err
+			}
+			a.Hops = append(a.Hops, holderHop(fc.Cloud, addr, held, node))
 		}
 		hops, err := floatingIPHops(ctx, fips, tr.Pod, addr)
 		if err != nil {
@@ -57,6 +77,42 @@ func traceCloud(ctx context.Context, path string, tr *api.Trace) error {
 		}
 	}
 	return nil
+}
+
+// holderHop: what the cloud says holds addr, ok when it is the node's own
+// port or ENI or another of its instance's. The node's own holders
+// unknown to the cloud, it is not compared.
+func holderHop(cloud string, addr netip.Addr, held, node []cloudconfig.Holder) api.Hop {
+	h := api.Hop{Where: api.HopCloud, What: fmt.Sprintf("%s: what holds %s", cloud, addr), State: api.HopOK}
+	if len(held) == 0 {
+		h.State = api.HopMissing
+		h.Detail = fmt.Sprintf("%s lists no port or ENI holding %s: the network drops the pod's traffic", cloud, addr)
+		h.Fix = "the node's agent keeps its pods' addresses on its own port or ENI and repairs them from the cloud at each start: restart vpcnid on the node, and see its log"
+		return h
+	}
+	var hows, where []string
+	mine := len(node) == 0
+	for _, x := range held {
+		hows = append(hows, x.How)
+		where = append(where, cmp.Or(x.Instance, x.Resource))
+		mine = mine || slices.ContainsFunc(node, func(n cloudconfig.Holder) bool {
+			return n.Resource == x.Resource || n.Instance != "" && n.Instance == x.Instance
+		})
+	}
+	h.What = fmt.Sprintf("%s: %s is %s", cloud, addr, strings.Join(hows, "; "))
+	if len(held) == 1 && held[0].Instance != "" {
+		h.What += " of instance " + held[0].Instance
+	}
+	if !mine {
+		var nodes []string
+		for _, n := range node {
+			nodes = append(nodes, cmp.Or(n.Instance, n.Resource))
+		}
+		h.State = api.HopWrong
+		h.Detail = fmt.Sprintf("it is held by %s, not by this node's %s", strings.Join(where, ", "), strings.Join(nodes, ", "))
+		h.Fix = "the cloud delivers the pod's traffic to another instance: vpcnictl audit -cloud-config shows who holds what; delete the pod so that it starts with an address of its node's"
+	}
+	return h
 }
 
 // floatingIPHops: each floating IP pointing at addr, ok when it is the

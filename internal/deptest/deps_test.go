@@ -127,7 +127,7 @@ func TestOnlyTestHelpersImportTesting(t *testing.T) {
 func TestEachBinaryLinksOnlyItsSide(t *testing.T) {
 	const mod = "github.com/vpcni/vpcni/"
 	controllerOnly := []string{"internal/controller", "internal/cloudconfig", "internal/routes", "internal/leaks",
-		"internal/floatingip", "internal/provider/openstack/cluster", "internal/doctor"}
+		"internal/floatingip", "internal/provider/openstack/cluster", "internal/provider/aws/cluster", "internal/doctor"}
 	agentOnly := []string{"internal/agent", "internal/addresses", "internal/store", "internal/datapath", "internal/k8s/nodeside",
 		"internal/config", "internal/doctor"}
 	imports := importGraph(t, binaries...)

@@ -1,6 +1,7 @@
 // Package leaks is vpcni's leak audit and collector. It compares what the
 // cloud holds for vpcni — marked fixed IPs on VM ports, reservation ports,
-// NIC ports, floating IPs, router routes and block pairs — with what the
+// NIC ports, floating IPs, router routes and block pairs in OpenStack, the
+// ENIs vpcni created in EC2 — with what the
 // cluster says (Nodes, PodAddresses, pods, AddressReservations,
 // NodeBlocks), and judges each holding: held (by whom) or orphaned (why,
 // and what releasing it does).
@@ -35,13 +36,14 @@ const (
 	FixedIP         Kind = "fixed-ip"         // a marked fixed IP on a node's (VM or NIC) port
 	ReservationPort Kind = "reservation-port" // address-pairs mode: a port holding one pod address
 	NICPort         Kind = "nic-port"         // a secondary or passthrough NIC's port
+	ENI             Kind = "eni"              // an ENI vpcni created for a node's pod addresses (EC2)
 	FloatingIP      Kind = "floating-ip"      // a floating IP marked for a pod
 	Route           Kind = "route"            // a router route to a block (routed pod subnet)
 	BlockPair       Kind = "block-pair"       // a VM port's pair for a block (routed pod subnet)
 )
 
 // Kinds lists every kind.
-var Kinds = []Kind{FixedIP, ReservationPort, NICPort, FloatingIP, Route, BlockPair}
+var Kinds = []Kind{FixedIP, ReservationPort, NICPort, ENI, FloatingIP, Route, BlockPair}
 
 // Collected says whether the Collector releases an orphan of this kind.
 // Routes and block pairs have one writer, the routes reconciler, which
@@ -60,18 +62,20 @@ type Holding struct {
 	// NodeIPs are the addresses that tie it to a node: the node's own
 	// (unmarked) fixed IPs on its ports for fixed-ip and block-pair; those
 	// of the VM port a reservation port serves (none when that port is
-	// gone); those of its instance's other ports for a NIC; a route's next
-	// hop.
+	// gone); those of its instance's other ports for a NIC; its
+	// instance's primary ENI's addresses for an ENI; a route's next hop.
 	NodeIPs []netip.Addr `json:"nodeIPs,omitempty"`
 	// Instance is the VM it is tied to, matched with Nodes'
 	// spec.providerID: a VM port's device_id (fixed-ip; for a
-	// reservation port, its VM port's), a NIC's from its name.
+	// reservation port, its VM port's), a NIC's from its name, an ENI's
+	// attachment's (or, detached, the instance vpcni made it for).
 	Instance string `json:"instance,omitempty"`
 	// Port: reservation-port: the VM port it serves (its device_id);
 	// floating-ip: the port it points at ("" detached).
 	Port string `json:"port,omitempty"`
 	// Carries: nic-port: every address it holds on the pods' subnet (its
-	// own and the pods').
+	// own and the pods'); eni: every address it holds, those of its
+	// prefixes too.
 	Carries []netip.Addr `json:"carries,omitempty"`
 	// Claimed: the resource carries this cluster's tag (see Cloud.Claim):
 	// only a claimed orphan is released.
@@ -220,7 +224,7 @@ func judge(h Holding, c *Cluster) Finding {
 	switch h.Kind {
 	case FixedIP, ReservationPort:
 		return judgeAddress(h, c)
-	case NICPort:
+	case NICPort, ENI:
 		return judgeNIC(h, c)
 	case FloatingIP:
 		if c.Pods[h.Pod] {
@@ -292,8 +296,8 @@ func judgeAddress(h Holding, c *Cluster) Finding {
 	return orphan(h, why, release)
 }
 
-// judgeNIC: a NIC is held while any address on it is a live pod's or
-// reserved, or its instance is a Node.
+// judgeNIC: a NIC (or an ENI) is held while any address on it is a live
+// pod's or reserved, or its instance is a Node.
 func judgeNIC(h Holding, c *Cluster) Finding {
 	for _, a := range h.Carries {
 		if pa, ok := c.Addresses[a]; ok && pa.Live {
@@ -306,8 +310,12 @@ func judgeNIC(h Holding, c *Cluster) Finding {
 	if n, ok := c.nodeOf(h); ok {
 		return held(h, "node "+n, "a NIC of its instance "+h.Instance)
 	}
+	release := "the collector deletes the NIC's port"
+	if h.Kind == ENI {
+		release = "the collector detaches the ENI if it is attached, and deletes it"
+	}
 	return orphan(h, "no Node has an address of instance "+h.Instance+" ("+ips(h.NodeIPs)+"); no pod or reservation names one of its addresses ("+ips(h.Carries)+")",
-		"the collector deletes the NIC's port")
+		release)
 }
 
 func judgeBlock(h Holding, c *Cluster) Finding {

@@ -56,6 +56,9 @@ func TestJudge(t *testing.T) {
 		{"NIC of a live node's instance", Holding{Kind: NICPort, Address: "10.0.0.80", Resource: "n1", Instance: "i1", NodeIPs: on(n1), Carries: on(netip.MustParseAddr("10.0.0.80"))}, Held, "node n1"},
 		{"NIC carrying a live pod's address", Holding{Kind: NICPort, Address: "10.0.0.80", Resource: "n2", Instance: "i9", Carries: []netip.Addr{netip.MustParseAddr("10.0.0.80"), netip.MustParseAddr("10.0.0.50")}}, Held, "pod default/web"},
 		{"NIC of a gone instance", Holding{Kind: NICPort, Address: "10.0.0.80", Resource: "n3", Instance: "i9", Carries: on(netip.MustParseAddr("10.0.0.80")), Claimed: true}, Orphan, "instance i9"},
+		{"ENI of a live node's instance", Holding{Kind: ENI, Address: "10.0.0.82", Resource: "eni-1", Instance: "vm-1", Carries: on(netip.MustParseAddr("10.0.0.82"))}, Held, "node n1"},
+		{"ENI reserved for a sticky pod", Holding{Kind: ENI, Address: "10.0.0.82", Resource: "eni-2", Instance: "i9", Carries: []netip.Addr{netip.MustParseAddr("10.0.0.82"), netip.MustParseAddr("10.0.0.60")}, Claimed: true}, Held, "db/db-0"},
+		{"ENI of a gone instance", Holding{Kind: ENI, Address: "10.0.0.82", Resource: "eni-3", Instance: "i9", Carries: on(netip.MustParseAddr("10.0.0.82")), Claimed: true}, Orphan, "detaches the ENI if it is attached, and deletes it"},
 		{"floating IP of a live pod", Holding{Kind: FloatingIP, Address: "203.0.113.5", Resource: "f1", Pod: "default/web", Policy: "release", Port: "p1"}, Held, "exists"},
 		{"floating IP retained", Holding{Kind: FloatingIP, Address: "203.0.113.6", Resource: "f2", Pod: "default/old", Policy: "retain"}, Held, "next pod"},
 		{"floating IP retained but attached", Holding{Kind: FloatingIP, Address: "203.0.113.6", Resource: "f2", Pod: "default/old", Policy: "retain", Port: "p1", Claimed: true}, Orphan, "still points"},
@@ -105,7 +108,7 @@ func TestJudgeNeverOrphansWhatTheClusterNames(t *testing.T) {
 		for range rapid.IntRange(0, 3).Draw(t, "reservations") {
 			c.Reservations[addr("res")] = "ns/r"
 		}
-		kind := rapid.SampledFrom([]Kind{FixedIP, ReservationPort, NICPort, FloatingIP}).Draw(t, "kind")
+		kind := rapid.SampledFrom([]Kind{FixedIP, ReservationPort, NICPort, ENI, FloatingIP}).Draw(t, "kind")
 		h := Holding{Kind: kind, Address: addr("held").String(), Resource: "x",
 			NodeIPs: []netip.Addr{addr("port")}, Pod: "ns/p" + string(rune('a'+rapid.IntRange(0, 5).Draw(t, "fippod"))),
 			Policy: rapid.SampledFrom([]string{"release", "retain"}).Draw(t, "policy"), Port: rapid.SampledFrom([]string{"", "p1"}).Draw(t, "port"), Claimed: rapid.Bool().Draw(t, "claimed")}
@@ -121,7 +124,7 @@ func TestJudgeNeverOrphansWhatTheClusterNames(t *testing.T) {
 		switch {
 		case kind == FloatingIP && c.Pods[h.Pod]:
 			t.Fatalf("a live pod's floating IP judged orphan: %+v", f)
-		case kind == NICPort && slices.ContainsFunc(h.Carries, func(x netip.Addr) bool { return c.Addresses[x].Live || c.Reservations[x] != "" }):
+		case (kind == NICPort || kind == ENI) && slices.ContainsFunc(h.Carries, func(x netip.Addr) bool { return c.Addresses[x].Live || c.Reservations[x] != "" }):
 			t.Fatalf("a NIC carrying a live pod's or a reserved address judged orphan: %+v", f)
 		case kind != FloatingIP && c.Addresses[a].Live:
 			t.Fatalf("a live pod's address judged orphan: %+v", f)

@@ -7,5 +7,6 @@
 package clouds
 
 import (
+	_ "github.com/vpcni/vpcni/internal/provider/aws/cluster"
 	_ "github.com/vpcni/vpcni/internal/provider/openstack/cluster"
 )

@@ -87,6 +87,7 @@ func init() {
 		// unless snat.enabled is false (as aws-vpc-cni's
 		// AWS_VPC_K8S_CNI_EXTERNALSNAT=false does by default).
 		SNATByDefault: true,
+		Doctor:        &provider.Doctor{API: "ec2", Diagnose: diagnose},
 	})
 }
 

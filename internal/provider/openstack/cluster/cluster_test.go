@@ -14,6 +14,7 @@ import (
 
 	"github.com/gophercloud/gophercloud/v2"
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/networks"
+	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/ports"
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/subnets"
 
 	"github.com/vpcni/vpcni/internal/cloudconfig"
@@ -101,6 +102,30 @@ func TestCloudDoors(t *testing.T) {
 	}
 	if _, err := noID.Holdings(ctx); err == nil || !strings.Contains(err.Error(), "cluster's ID") {
 		t.Errorf("holdings without a cluster ID: %v", err)
+	}
+
+	// What holds an address: a VM port's fixed IP is that port of its VM;
+	// a reservation port's stands for the VM port it serves.
+	vm, err := ports.Create(ctx, nc, ports.CreateOpts{NetworkID: n.ID, DeviceID: "vm-1", DeviceOwner: "compute:nova",
+		FixedIPs: []ports.IP{{SubnetID: sn.ID, IPAddress: "10.66.0.20"}}}).Extract()
+	if err != nil {
+		t.Fatal(err)
+	}
+	resv, err := ports.Create(ctx, nc, ports.CreateOpts{NetworkID: n.ID, DeviceID: vm.ID, DeviceOwner: "network:vpcni",
+		FixedIPs: []ports.IP{{SubnetID: sn.ID, IPAddress: "10.66.0.21"}}}).Extract()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for addr, want := range map[string]string{"10.66.0.20": vm.ID + " vm-1 fixed IP of port " + vm.ID,
+		"10.66.0.21": vm.ID + "  reserved by port " + resv.ID + " for VM port " + vm.ID, "10.66.0.22": ""} {
+		hs, err := c.Holders(ctx, netip.MustParseAddr(addr))
+		got := ""
+		for _, h := range hs {
+			got += h.Resource + " " + h.Instance + " " + h.How
+		}
+		if err != nil || !strings.HasPrefix(got, want) || (want == "") != (got == "") {
+			t.Errorf("holders of %s: %q, %v; want %q…", addr, got, err, want)
+		}
 	}
 
 	// Taking a sticky address off a dead node's port is built for mode
