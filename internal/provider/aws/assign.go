@@ -345,7 +345,17 @@ func (p *Provider) spill(ctx context.Context, n int, full map[string]bool) (out 
 // an intent is recorded first (records.go). The caller holds p.mu.
 func (p *Provider) assignOn(ctx context.Context, e *eni, named []netip.Addr, count int) (_ []netip.Addr, err error) {
 	prefixes := p.cfg.PrefixMode && len(named) == 0
-	if !prefixes && p.answers != answersExact {
+	switch {
+	case !e.ours && p.rec.pendingOn(e.id):
+		// An intent still pending on this ENI (a call that got no answer)
+		// is settled by a fresh read first: settled later, together, one
+		// intent would count the other's addresses as its own gain, claim
+		// none of them, and leave vpcni's addresses looking like a
+		// person's.
+		if err := p.settleNow(ctx, e); err != nil {
+			return nil, err
+		}
+	case !prefixes && p.answers != answersExact:
 		// What the call adds is told from what the ENI held just before.
 		if err := p.rereadENI(ctx, e); err != nil {
 			return nil, err
@@ -361,17 +371,19 @@ func (p *Provider) assignOn(ctx context.Context, e *eni, named []netip.Addr, cou
 	ctx, attempts := countAttempts(ctx)
 	if !e.ours {
 		defer func() {
-			// A call EC2 answered with an error at its only attempt did
-			// not assign. One without an answer may have, and so may an
-			// attempt before a retry (its reply lost): the intent stays,
-			// for all the attempts, until a read of the ENI settles it.
+			// A call EC2 refused (a 4xx answer) at its only attempt did
+			// not assign. One without an answer may have, and so may one
+			// answered with a server error (EC2 may have acted before it
+			// failed) or an attempt before a retry (its reply lost): the
+			// intent stays, for all the attempts, until a read of the ENI
+			// settles it.
 			switch {
 			case attempts.Load() > 1:
 				p.rec.Pending[slices.IndexFunc(p.rec.Pending, func(x intent) bool { return x.ENI == in.ENI && x.At.Equal(in.At) })].Count *= int(attempts.Load())
 				if err == nil {
 					err = p.settleNow(ctx, e)
 				}
-			case err == nil || code(err) != "":
+			case err == nil || refused(err):
 				p.rec.end(in)
 			}
 		}()
@@ -449,15 +461,15 @@ const (
 )
 
 // settleNow reads an ENI of someone else's again and settles the intents
-// on it: the provider claims what its retried call assigned. The caller
-// holds p.mu.
+// on it: the provider claims what its calls without an answer, or retried,
+// assigned. The caller holds p.mu.
 func (p *Provider) settleNow(ctx context.Context, e *eni) error {
 	if err := p.rereadENI(ctx, e); err != nil {
 		return err
 	}
 	claimed, unclaimed := p.rec.settle(e.id, e.holds())
 	if len(claimed) > 0 {
-		p.log.Info("a retried assign had landed more than once; all its addresses are vpcni's", "eni", e.id, "addresses", claimed)
+		p.log.Info("an assign without an answer, or retried, had landed; its addresses are vpcni's", "eni", e.id, "addresses", claimed)
 	}
 	if len(unclaimed) > 0 {
 		p.notice("retried_assign", fmt.Sprintf("ENI %s gained %v during a retried assign of vpcni's, more than its attempts asked for: someone else wrote at the same moment, so vpcni claims none of them", e.id, unclaimed), "eni", e.id, "addresses", unclaimed)

@@ -53,18 +53,24 @@ func (p *Provider) removeEmpty(ctx context.Context) error {
 	p.mu.Unlock()
 	var firstErr error
 	for _, e := range gone {
-		err := p.removeENI(ctx, e)
+		detached, err := p.removeENI(ctx, e)
 		p.mu.Lock()
 		delete(p.draining, e.id)
-		if err == nil {
+		if err == nil || detached {
+			// Detached but not deleted (a refused delete, say): it leaves
+			// the instance's ENIs all the same, and the leak sweep deletes
+			// it later; kept, it could be given pod addresses.
 			for i, x := range p.enis {
 				if x.id == e.id {
 					p.enis = append(p.enis[:i:i], p.enis[i+1:]...)
 					break
 				}
 			}
-			p.log.Info("detached and deleted an emptied ENI of vpcni's", "eni", e.id, "device", e.device)
-		} else if firstErr == nil {
+			if err == nil {
+				p.log.Info("detached and deleted an emptied ENI of vpcni's", "eni", e.id, "device", e.device)
+			}
+		}
+		if err != nil && firstErr == nil {
 			firstErr = err
 		}
 		p.mu.Unlock()

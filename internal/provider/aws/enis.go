@@ -2,6 +2,8 @@ package aws
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -273,7 +275,13 @@ func (p *Provider) createENI(ctx context.Context, sn *subnet, count int) (_ *eni
 	for _, k := range sortedKeys(p.cfg.Tags) {
 		tags = append(tags, types.Tag{Key: aws.String(k), Value: aws.String(p.cfg.Tags[k])})
 	}
+	// A client token makes the create idempotent: the SDK's retry after a
+	// lost reply or a 5xx gets the ENI the first attempt made, not a
+	// second one left available until the leak sweep.
+	token := make([]byte, 16)
+	_, _ = rand.Read(token)
 	in := &ec2.CreateNetworkInterfaceInput{
+		ClientToken:       aws.String(hex.EncodeToString(token)),
 		SubnetId:          &sn.id,
 		Groups:            p.groups,
 		Description:       aws.String(fmt.Sprintf("vpcni pod addresses of instance %s (node %s)", p.id.instanceID, p.nodeName)),
@@ -416,11 +424,19 @@ func (p *Provider) deleteENI(ctx context.Context, id string) error {
 
 // removeENI detaches one of vpcni's ENIs, waits until EC2 has it detached
 // ("available": detaching takes seconds on EC2) and deletes it.
-func (p *Provider) removeENI(ctx context.Context, e *eni) error {
+// It says whether the ENI was detached, even when deleting it failed: the
+// node no longer has its link, so it must carry no addresses.
+func (p *Provider) removeENI(ctx context.Context, e *eni) (detached bool, _ error) {
 	_, err := p.ec2.DetachNetworkInterface(ctx, &ec2.DetachNetworkInterfaceInput{AttachmentId: &e.attachmentID})
 	if err != nil && !isCode(err, codeAttachNotFound, codeENINotFound) {
-		return explain(fmt.Errorf("detach ENI %s: %w", e.id, err))
+		return false, explain(fmt.Errorf("detach ENI %s: %w", e.id, err))
 	}
+	return true, p.awaitDetachedAndDelete(ctx, e)
+}
+
+// awaitDetachedAndDelete deletes a detached ENI once EC2 says it is
+// available.
+func (p *Provider) awaitDetachedAndDelete(ctx context.Context, e *eni) error {
 	for try := 0; ; try++ {
 		out, err := p.ec2.DescribeNetworkInterfaces(ctx, &ec2.DescribeNetworkInterfacesInput{NetworkInterfaceIds: []string{e.id}})
 		switch {

@@ -105,6 +105,14 @@ func explain(err error) error {
 }
 
 // isCode says whether err carries one of the EC2 error codes.
+// refused says whether EC2 answered err with a client error (4xx): it
+// refused the request and changed nothing. A server error (5xx) may come
+// after EC2 acted.
+func refused(err error) bool {
+	var re *awshttp.ResponseError
+	return errors.As(err, &re) && re.HTTPStatusCode() >= 400 && re.HTTPStatusCode() < 500
+}
+
 func isCode(err error, codes ...string) bool {
 	c := code(err)
 	for _, want := range codes {

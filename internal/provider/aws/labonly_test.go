@@ -460,3 +460,25 @@ func TestAsyncAttach(t *testing.T) {
 		})
 	})
 }
+
+// Two assigns on the primary ENI whose replies are lost (no retry) leave
+// two intents; the next assign settles the first one's before it starts,
+// so each intent's gain is only its own and every address vpcni's calls
+// added is claimed. Settled together, the first intent would have seen
+// both calls' addresses, more than it asked for, and claimed none.
+func TestTwoLostAssignsAreBothClaimed(t *testing.T) {
+	p, inst, ep, s, _ := labNode(t, ec2api.Options{}, func(c *vpcaws.Config) { c.Retries = 1 })
+	for range 2 {
+		s.LoseReplies(1, "AssignPrivateIpAddresses")
+		if _, err := p.Assign(ec2test.Ctx(t), provider.AssignRequest{Count: 2}); !errors.Is(err, provider.ErrUnavailable) {
+			t.Fatalf("Assign with its reply lost and no retry: %v; want ErrUnavailable", err)
+		}
+	}
+	if on := ep.ENIAddrs(t, inst.ENI); len(on) != 5 {
+		t.Fatalf("the ENI holds %v; want its own address and 2 from each lost call", on)
+	}
+	h, err := ep.Open(t, inst, nil).Held(ec2test.Ctx(t))
+	if err != nil || len(h) != 4 {
+		t.Fatalf("Held at the next start = %v, %v; want the 4 both lost calls assigned", h, err)
+	}
+}

@@ -170,6 +170,11 @@ func (r *records) begin(in intent) error {
 	return nil
 }
 
+// pendingOn says whether an intent on eni waits to be settled.
+func (r *records) pendingOn(eni string) bool {
+	return slices.ContainsFunc(r.Pending, func(in intent) bool { return in.ENI == eni })
+}
+
 // end drops an intent (not saved).
 func (r *records) end(in intent) {
 	r.Pending = slices.DeleteFunc(r.Pending, func(p intent) bool { return p.ENI == in.ENI && p.At.Equal(in.At) })
