@@ -237,26 +237,7 @@ func (w *world) reachable(round int) {
 	if err != nil {
 		t.Fatalf("round %d (seed %d): agent state: %v", round, w.seed, err)
 	}
-	addr := map[string]netip.Addr{}
-	for _, al := range st.Allocations {
-		addr[al.ContainerID] = al.Address
-	}
-	reached := 0
-	for i, isLive := range w.pods.Live() {
-		if !isLive {
-			continue
-		}
-		id := w.pods.ID(i)
-		a, ok := addr[id]
-		if !ok {
-			t.Fatalf("round %d (seed %d): live pod %d (%s) has no allocation", round, w.seed, i, id)
-		}
-		if err := chaos.Reach(netnsutil.Path(w.l.Legacy.NS), testbed.HostPort(a, 7777)); err != nil {
-			t.Fatalf("round %d (seed %d): the legacy VM cannot reach pod %d (%s) at %s: %v", round, w.seed, i, id, a, err)
-		}
-		reached++
-	}
-	if reached == 0 {
-		t.Fatalf("round %d (seed %d): no live pod to reach: the floor proves nothing", round, w.seed)
+	if err := w.pods.ReachLive(st, netnsutil.Path(w.l.Legacy.NS), "the legacy VM"); err != nil {
+		t.Fatalf("round %d (seed %d): %v", round, w.seed, err)
 	}
 }

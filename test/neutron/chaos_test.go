@@ -400,26 +400,7 @@ func (w *chaosWorld) reachable(t *testing.T, round int, seed uint64) {
 	if err != nil {
 		t.Fatalf("round %d (seed %d): agent state: %v", round, seed, err)
 	}
-	addr := map[string]netip.Addr{}
-	for _, al := range st.Allocations {
-		addr[al.ContainerID] = al.Address
-	}
-	reached := 0
-	for i, isLive := range w.pods.Live() {
-		if !isLive {
-			continue
-		}
-		id := w.pods.ID(i)
-		a, ok := addr[id]
-		if !ok {
-			t.Fatalf("round %d (seed %d): live pod %d (%s) has no allocation", round, seed, i, id)
-		}
-		if err := chaos.Reach(netnsutil.Path(w.nbrNS), testbed.HostPort(a, 7777)); err != nil {
-			t.Fatalf("round %d (seed %d): the neighbour cannot reach pod %d (%s) at %s: %v", round, seed, i, id, a, err)
-		}
-		reached++
-	}
-	if reached == 0 {
-		t.Fatalf("round %d (seed %d): no live pod to reach: the floor proves nothing", round, seed)
+	if err := w.pods.ReachLive(st, netnsutil.Path(w.nbrNS), "the neighbour"); err != nil {
+		t.Fatalf("round %d (seed %d): %v", round, seed, err)
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"net/netip"
 	"os"
 	"slices"
 	"strconv"
@@ -22,6 +23,7 @@ import (
 	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/cni/pkg/types"
 
+	"github.com/vpcni/vpcni/internal/api"
 	"github.com/vpcni/vpcni/internal/datapath/veth"
 	"github.com/vpcni/vpcni/internal/netnsutil"
 	"github.com/vpcni/vpcni/internal/testbed"
@@ -284,4 +286,34 @@ func Reach(nsPath, addr string) error {
 			return err
 		}
 	}
+}
+
+// ReachLive probes port 7777 of every live pod, at the address st records
+// for it, from the namespace at nsPath (who says who the prober is, for
+// the error). A live pod without an allocation, one that does not answer,
+// or no live pod at all (the floor would prove nothing) is an error.
+func (p *Pods) ReachLive(st *api.State, nsPath, who string) error {
+	addr := map[string]netip.Addr{}
+	for _, al := range st.Allocations {
+		addr[al.ContainerID] = al.Address
+	}
+	reached := 0
+	for i, isLive := range p.Live() {
+		if !isLive {
+			continue
+		}
+		id := p.ID(i)
+		a, ok := addr[id]
+		if !ok {
+			return fmt.Errorf("live pod %d (%s) has no allocation", i, id)
+		}
+		if err := Reach(nsPath, testbed.HostPort(a, 7777)); err != nil {
+			return fmt.Errorf("%s cannot reach pod %d (%s) at %s: %w", who, i, id, a, err)
+		}
+		reached++
+	}
+	if reached == 0 {
+		return fmt.Errorf("no live pod to reach: the floor proves nothing")
+	}
+	return nil
 }
