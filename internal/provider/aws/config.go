@@ -8,7 +8,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/vpcni/vpcni/internal/config"
+	"github.com/vpcni/vpcni/internal/units"
 )
 
 // Config is the aws provider's section of vpcnid.yaml (provider.aws):
@@ -42,20 +42,20 @@ type Config struct {
 	// ENIMinLifetime: an extra ENI that has lost its last pod address is
 	// detached and deleted only once it is this old, so churn does not
 	// attach and detach ENIs (~10 s each on EC2) back to back (default 5m).
-	ENIMinLifetime config.Duration `json:"eniMinLifetime,omitempty"`
+	ENIMinLifetime units.Duration `json:"eniMinLifetime,omitempty"`
 	// LeakedENIGrace: an ENI vpcni created for this instance that sits
 	// detached ("available") this long after its creation was left by a
 	// crash between create and attach, and is deleted (default 10m).
-	LeakedENIGrace config.Duration `json:"leakedENIGrace,omitempty"`
+	LeakedENIGrace units.Duration `json:"leakedENIGrace,omitempty"`
 	// CleanupInterval is how often emptied and leaked ENIs are looked for
 	// (default 1m).
-	CleanupInterval config.Duration `json:"cleanupInterval,omitempty"`
+	CleanupInterval units.Duration `json:"cleanupInterval,omitempty"`
 	// AttachTimeout bounds the wait for a new ENI's attachment to complete
 	// (EC2 attaches asynchronously, up to ~10 s; default 1m).
-	AttachTimeout config.Duration `json:"attachTimeout,omitempty"`
+	AttachTimeout units.Duration `json:"attachTimeout,omitempty"`
 	// CIDRBackoff is how long a subnet that had no free aligned /28 for a
 	// prefix (InsufficientCidrBlocks) is not asked for another (default 2m).
-	CIDRBackoff config.Duration `json:"cidrBackoff,omitempty"`
+	CIDRBackoff units.Duration `json:"cidrBackoff,omitempty"`
 	// ClusterName tags vpcni's ENIs, so a cluster's leaks are told from
 	// another's in one account (default: none).
 	ClusterName string `json:"clusterName,omitempty"`
@@ -70,15 +70,15 @@ type Config struct {
 	// Retries is how many attempts one EC2 call gets (the SDK's standard
 	// retryer: RequestLimitExceeded, 5xx and transport errors back off
 	// exponentially with jitter up to RetryMaxBackoff; default 5, 20s).
-	Retries         int             `json:"retries,omitempty"`
-	RetryMaxBackoff config.Duration `json:"retryMaxBackoff,omitempty"`
+	Retries         int            `json:"retries,omitempty"`
+	RetryMaxBackoff units.Duration `json:"retryMaxBackoff,omitempty"`
 	// Timeout bounds one EC2 or IMDS request (default 30s).
-	Timeout config.Duration `json:"timeout,omitempty"`
+	Timeout units.Duration `json:"timeout,omitempty"`
 }
 
 // Defaults implements provider.Settings.
 func (c *Config) Defaults() {
-	def := func(d *config.Duration, v time.Duration) {
+	def := func(d *units.Duration, v time.Duration) {
 		if d.Duration == 0 {
 			d.Duration = v
 		}
@@ -145,7 +145,7 @@ func (c *Config) Validate() error {
 	if c.MaxENIs < 0 || c.MaxENIs > 128 {
 		bad("maxENIs", "%d is outside 0..128 (0: the instance type's)", c.MaxENIs)
 	}
-	within := func(field string, d config.Duration, lo, hi time.Duration) {
+	within := func(field string, d units.Duration, lo, hi time.Duration) {
 		if d.Duration < lo || d.Duration > hi {
 			bad(field, "%s is outside %s..%s", d, lo, hi)
 		}

@@ -14,10 +14,11 @@
 // with the reason.
 //
 // It is a package apart from the provider (internal/provider/aws), and
-// imports none of it, so that vpcni-controller links neither the provider
-// nor the agent's config the provider's section is spelled in; the tags
-// it reads are the provider's (TestCollectorReleasesProviderENIs reads
-// ENIs the provider made, and TestAgentKeys checks the section's keys).
+// imports none of it, so that vpcni-controller does not link a node's
+// provider (its IMDS identity, its ownership records, its pool of ENIs);
+// the tags it reads are the provider's (TestCollectorReleasesProviderENIs
+// reads ENIs the provider made, and TestAgentKeys checks the section's
+// keys).
 package cluster
 
 import (
