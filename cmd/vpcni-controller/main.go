@@ -60,32 +60,7 @@ var version = "dev"
 
 func main() {
 	var o options
-	flag.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig (default: $KUBECONFIG, else the pod's service account)")
-	flag.StringVar(&o.namespace, "lease-namespace", envOr("POD_NAMESPACE", "vpcni-system"), "namespace of the leader election Lease")
-	flag.StringVar(&o.lease, "lease-name", "vpcni-controller", "name of the leader election Lease")
-	flag.StringVar(&o.identity, "id", envOr("POD_NAME", ""), "this replica's identity (default: host name)")
-	flag.DurationVar(&o.grace, "release-grace", 30*time.Second, "how long a pod must be gone before its address is released")
-	flag.DurationVar(&o.leaseDuration, "lease-duration", 15*time.Second, "leader lease duration")
-	flag.StringVar(&o.healthAddr, "health-addr", ":9697", "address of /healthz, /readyz and /metrics (empty: off)")
-	flag.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn, error")
-	flag.StringVar(&o.webhookAddr, "webhook-addr", ":9443", "address of the pod admission webhook, HTTPS (empty: off)")
-	flag.StringVar(&o.webhookService, "webhook-service", "vpcni-webhook", "the webhook's Service, in -lease-namespace (its certificate names it)")
-	flag.StringVar(&o.webhookSecret, "webhook-secret", "vpcni-webhook-cert", "the Secret, in -lease-namespace, holding the webhook's CA and certificate")
-	flag.StringVar(&o.webhookConfig, "webhook-config", "vpcni", "the MutatingWebhookConfiguration whose caBundle is kept current")
-	flag.DurationVar(&o.certValidity, "cert-validity", 90*24*time.Hour, "lifetime of the webhook's serving certificate (renewed when a third is left; the CA lives four times as long)")
-	flag.StringVar(&o.blockRanges, "block-ranges", "", "comma-separated CIDRs split into per-node blocks (NodeBlocks) for agents in blocks mode (empty: no blocks)")
-	flag.IntVar(&o.blockSize, "block-size", 26, "prefix length of one block, e.g. 26 for 64 addresses")
-	flag.DurationVar(&o.stickyGrace, "sticky-dead-node-grace", time.Minute, "how long a Node must be gone or not Ready before the controller takes a sticky pod's address off its port (needs -cloud-config)")
-	flag.BoolVar(&o.stickyIPs, "sticky-ips", true, "keep AddressReservations for the pods of StatefulSets annotated vpcni.io/sticky-ip: \"true\" (needs the AddressReservation CRD)")
-	flag.DurationVar(&o.blockGrace, "block-reclaim-grace", 5*time.Minute, "how long a Node must be gone before its blocks are given back (once no PodAddress of it uses them)")
-	flag.StringVar(&o.cloudConfig, "cloud-config", "", "the cloud, for what only the controller does: YAML with an openstack section (the keys of vpcnid.yaml's provider.openstack): floating IPs for pods and, with openstack.subnetID, a sticky pod's address taken off a dead node's port; with a routes section (routes.routerID) and -block-ranges also the routed pod subnet — or an aws section (region, endpoint, clusterName; the keys of provider.aws allowed): a sticky pod's address taken off a dead node's ENI (empty: none of these)")
-	flag.BoolVar(&o.floatingIPs, "floating-ips", true, "with -cloud-config: serve pods' vpcni.io/floating-ip annotations (and detach a gone pod's floating IPs at once); false leaves floating IPs to the leak collector alone")
-	flag.BoolVar(&o.leakGC, "leak-gc", true, "with -cloud-config (openstack.subnetID, or aws): release what the cloud holds for vpcni that nothing in the cluster names (Neutron: marked fixed IPs of gone nodes' ports, reservation and NIC ports of gone VMs, floating IPs of gone pods; EC2: the ENIs vpcni created for instances that are no Node) once orphaned for -leak-grace; vpcnictl audit shows the same comparison")
-	flag.DurationVar(&o.leakGrace, "leak-grace", 10*time.Minute, "how long a holding must stay orphaned, pass after pass, before the leak collector releases it")
-	flag.DurationVar(&o.leakPeriod, "leak-period", time.Minute, "how often the leak collector compares the cloud with the cluster")
-	flag.StringVar(&o.clusterID, "cluster-id", "", "this cluster's name in the tags that claim what the leak collector may release (Neutron's vpcni-cluster=<ID>, EC2's vpcni.io/cluster-id; default: the UID of namespace kube-system)")
-	flag.StringVar(&o.floatingNetwork, "floating-network", "", "external network (name or ID) pods' floating IPs come from unless a pod's vpcni.io/floating-network says otherwise")
-	showVersion := flag.Bool("version", false, "print the version and exit")
+	showVersion := o.register(flag.CommandLine)
 	flag.Parse()
 	if *showVersion {
 		fmt.Println("vpcni-controller", version)
@@ -101,6 +76,37 @@ func main() {
 		log.Error("vpcni-controller stopped", "err", err)
 		os.Exit(1)
 	}
+}
+
+// register puts vpcni-controller's flags on fs: main's command line, and
+// the test that holds docs/configuration.md to them.
+func (o *options) register(fs *flag.FlagSet) (showVersion *bool) {
+	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig (default: $KUBECONFIG, else the pod's service account)")
+	fs.StringVar(&o.namespace, "lease-namespace", envOr("POD_NAMESPACE", "vpcni-system"), "namespace of the leader election Lease")
+	fs.StringVar(&o.lease, "lease-name", "vpcni-controller", "name of the leader election Lease")
+	fs.StringVar(&o.identity, "id", envOr("POD_NAME", ""), "this replica's identity (default: host name)")
+	fs.DurationVar(&o.grace, "release-grace", 30*time.Second, "how long a pod must be gone before its address is released")
+	fs.DurationVar(&o.leaseDuration, "lease-duration", 15*time.Second, "leader lease duration")
+	fs.StringVar(&o.healthAddr, "health-addr", ":9697", "address of /healthz, /readyz and /metrics (empty: off)")
+	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn, error")
+	fs.StringVar(&o.webhookAddr, "webhook-addr", ":9443", "address of the pod admission webhook, HTTPS (empty: off)")
+	fs.StringVar(&o.webhookService, "webhook-service", "vpcni-webhook", "the webhook's Service, in -lease-namespace (its certificate names it)")
+	fs.StringVar(&o.webhookSecret, "webhook-secret", "vpcni-webhook-cert", "the Secret, in -lease-namespace, holding the webhook's CA and certificate")
+	fs.StringVar(&o.webhookConfig, "webhook-config", "vpcni", "the MutatingWebhookConfiguration whose caBundle is kept current")
+	fs.DurationVar(&o.certValidity, "cert-validity", 90*24*time.Hour, "lifetime of the webhook's serving certificate (renewed when a third is left; the CA lives four times as long)")
+	fs.StringVar(&o.blockRanges, "block-ranges", "", "comma-separated CIDRs split into per-node blocks (NodeBlocks) for agents in blocks mode (empty: no blocks)")
+	fs.IntVar(&o.blockSize, "block-size", 26, "prefix length of one block, e.g. 26 for 64 addresses")
+	fs.DurationVar(&o.stickyGrace, "sticky-dead-node-grace", time.Minute, "how long a Node must be gone or not Ready before the controller takes a sticky pod's address off its port (needs -cloud-config)")
+	fs.BoolVar(&o.stickyIPs, "sticky-ips", true, "keep AddressReservations for the pods of StatefulSets annotated vpcni.io/sticky-ip: \"true\" (needs the AddressReservation CRD)")
+	fs.DurationVar(&o.blockGrace, "block-reclaim-grace", 5*time.Minute, "how long a Node must be gone before its blocks are given back (once no PodAddress of it uses them)")
+	fs.StringVar(&o.cloudConfig, "cloud-config", "", "the cloud, for what only the controller does: YAML with an openstack section (the keys of vpcnid.yaml's provider.openstack): floating IPs for pods and, with openstack.subnetID, a sticky pod's address taken off a dead node's port; with a routes section (routes.routerID) and -block-ranges also the routed pod subnet — or an aws section (region, endpoint, clusterName; the keys of provider.aws allowed): a sticky pod's address taken off a dead node's ENI (empty: none of these)")
+	fs.BoolVar(&o.floatingIPs, "floating-ips", true, "with -cloud-config: serve pods' vpcni.io/floating-ip annotations (and detach a gone pod's floating IPs at once); false leaves floating IPs to the leak collector alone")
+	fs.BoolVar(&o.leakGC, "leak-gc", true, "with -cloud-config (openstack.subnetID, or aws): release what the cloud holds for vpcni that nothing in the cluster names (Neutron: marked fixed IPs of gone nodes' ports, reservation and NIC ports of gone VMs, floating IPs of gone pods; EC2: the ENIs vpcni created for instances that are no Node) once orphaned for -leak-grace; vpcnictl audit shows the same comparison")
+	fs.DurationVar(&o.leakGrace, "leak-grace", 10*time.Minute, "how long a holding must stay orphaned, pass after pass, before the leak collector releases it")
+	fs.DurationVar(&o.leakPeriod, "leak-period", time.Minute, "how often the leak collector compares the cloud with the cluster")
+	fs.StringVar(&o.clusterID, "cluster-id", "", "this cluster's name in the tags that claim what the leak collector may release (Neutron's vpcni-cluster=<ID>, EC2's vpcni.io/cluster-id; default: the UID of namespace kube-system)")
+	fs.StringVar(&o.floatingNetwork, "floating-network", "", "external network (name or ID) pods' floating IPs come from unless a pod's vpcni.io/floating-network says otherwise")
+	return fs.Bool("version", false, "print the version and exit")
 }
 
 type options struct {

@@ -27,10 +27,7 @@ var (
 )
 
 func main() {
-	configPath := flag.String("config", "/etc/vpcni/vpcnid.yaml", "agent configuration file (YAML or JSON)")
-	showVersion := flag.Bool("version", false, "print the version and exit")
-	flag.StringVar(&installConflist, "install-conflist", "", "once serving, install this CNI network configuration list into -cni-conf-dir (the node turns Ready then)")
-	flag.StringVar(&cniConfDir, "cni-conf-dir", "/host/etc/cni/net.d", "the runtime's CNI conf dir, for -install-conflist")
+	configPath, showVersion := registerFlags(flag.CommandLine)
 	flag.Parse()
 	if *showVersion {
 		fmt.Println("vpcnid", version)
@@ -40,6 +37,16 @@ func main() {
 		slog.Error("vpcnid stopped", "err", err)
 		os.Exit(1)
 	}
+}
+
+// registerFlags puts vpcnid's flags on fs: main's command line, and the
+// test that holds docs/configuration.md to them.
+func registerFlags(fs *flag.FlagSet) (configPath *string, showVersion *bool) {
+	configPath = fs.String("config", "/etc/vpcni/vpcnid.yaml", "agent configuration file (YAML or JSON)")
+	showVersion = fs.Bool("version", false, "print the version and exit")
+	fs.StringVar(&installConflist, "install-conflist", "", "once serving, install this CNI network configuration list into -cni-conf-dir (the node turns Ready then)")
+	fs.StringVar(&cniConfDir, "cni-conf-dir", "/host/etc/cni/net.d", "the runtime's CNI conf dir, for -install-conflist")
+	return configPath, showVersion
 }
 
 func run(configPath string) error {

@@ -224,9 +224,21 @@ func Check(rows []Row, kind string, want map[string]string, norm func(string) st
 		if want[key] != "" {
 			def = "`" + want[key] + "`"
 		}
-		problems = append(problems, fmt.Sprintf("%s %q is not documented: add the row \"| `%s` | %s | <what it does> |\" to a %q table of %s", kind, key, key, def, kind, Main(kind)))
+		problems = append(problems, fmt.Sprintf("%s %q is not documented: add the row \"| `%s` | %s | <what it does> |\" to a %q table of %s", kind, key, spell(kind, key), def, kind, Main(kind)))
 	}
 	return problems
+}
+
+// spell writes a key as its table does: vpcnictl's flags with two dashes,
+// the daemons' with one.
+func spell(kind, key string) string {
+	switch {
+	case strings.HasPrefix(kind, "vpcnictl ") && strings.HasSuffix(kind, " flag"):
+		return "--" + key
+	case strings.HasSuffix(kind, " flag"):
+		return "-" + key
+	}
+	return key
 }
 
 // checkDefault compares a row's default with the code's, when the row

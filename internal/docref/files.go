@@ -1,8 +1,10 @@
 package docref
 
 import (
+	"flag"
 	"path/filepath"
 	"sort"
+	"strings"
 )
 
 // Documents are every operator and developer document: the READMEs and
@@ -23,3 +25,15 @@ func Documents(root string) ([]string, error) {
 	}
 	return out, nil
 }
+
+// FlagDefaults lists fs's flags by name with their defaults as the flag
+// package prints them ("" for an empty one).
+func FlagDefaults(fs *flag.FlagSet) map[string]string {
+	out := map[string]string{}
+	fs.VisitAll(func(f *flag.Flag) { out[f.Name] = f.DefValue })
+	return out
+}
+
+// FlagName is a documented flag's name without its dashes ("-config",
+// "--config" and "config" are one flag to the flag package).
+func FlagName(s string) string { return strings.TrimLeft(s, "-") }
