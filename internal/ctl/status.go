@@ -76,6 +76,9 @@ var errHelp = errors.New("help requested")
 // parseFlags parses a subcommand's flags: a flag it does not know or a bad
 // value is a usage error (exit 2), -h prints the flags (exit 0).
 func parseFlags(fs *flag.FlagSet, args []string) error {
+	if flagsSeen != nil {
+		flagsSeen(fs)
+	}
 	err := fs.Parse(args)
 	switch {
 	case err == nil:
@@ -86,6 +89,10 @@ func parseFlags(fs *flag.FlagSet, args []string) error {
 		return usageError{err.Error()}
 	}
 }
+
+// flagsSeen, when a test sets it, hears every subcommand's flags before
+// they are parsed: the test that holds the documents to them.
+var flagsSeen func(*flag.FlagSet)
 
 // formatFlag adds a command's -o flag.
 func formatFlag(fs *flag.FlagSet) *string { return fs.String("o", "table", "output: table or json") }

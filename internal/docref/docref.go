@@ -233,7 +233,7 @@ func Check(rows []Row, kind string, want map[string]string, norm func(string) st
 // the daemons' with one.
 func spell(kind, key string) string {
 	switch {
-	case strings.HasPrefix(kind, "vpcnictl ") && strings.HasSuffix(kind, " flag"):
+	case strings.HasPrefix(kind, "vpcnictl ") && strings.HasSuffix(kind, " flag") && len(key) > 1:
 		return "--" + key
 	case strings.HasSuffix(kind, " flag"):
 		return "-" + key
