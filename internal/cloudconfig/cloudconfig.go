@@ -133,6 +133,15 @@ func Register(r Registration) { clouds.Register(r.Name, r) }
 // Names lists the registered clouds, sorted.
 func Names() []string { return clouds.Names() }
 
+// NewSettings returns the empty section of a registered cloud.
+func NewSettings(name string) (Settings, error) {
+	r, err := clouds.Lookup(name)
+	if err != nil {
+		return nil, err
+	}
+	return r.NewSettings(), nil
+}
+
 // routesKey is the routes section's key, beside the cloud's.
 const routesKey = "routes"
 
