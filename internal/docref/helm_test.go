@@ -90,4 +90,5 @@ func TestEveryHelmValueDocumentedOnce(t *testing.T) {
 		}
 	}
 }
+
 const repoRoot = "../.."
