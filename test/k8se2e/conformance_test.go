@@ -223,7 +223,7 @@ func (n *node) runUpstreamE2E(focus, skip, results string, withDNS bool) {
 	}
 	if len(failed) > 0 || len(skipped) > 0 {
 		n.dumpOnFailure()
-		t.Errorf("%d upstream tests failed and %d skipped at run time (each is a vpcni bug or a known limit: README)", len(failed), len(skipped))
+		t.Errorf("%d upstream tests failed and %d skipped at run time (each is a vpcni bug or a known limit: docs/development.md)", len(failed), len(skipped))
 	} else if runErr != nil {
 		t.Errorf("e2e.test exited with %v though every spec passed (log %s)", runErr, logf.Name())
 	}
