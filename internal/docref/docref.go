@@ -5,7 +5,8 @@
 //
 // A reference table is a Markdown table whose first header cell names what
 // its rows are ("vpcnid.yaml key", "vpcni-controller flag", "value", …);
-// the first cell of each row names one or more keys in backticks, and the
+// the first cell of each row starts with the key it documents, in
+// backticks (more may follow: "`a`, `b`"), and the
 // column headed "default" states the default. Only tests import this
 // package.
 package docref
@@ -125,6 +126,9 @@ func readFile(root, file string) ([]Row, error) {
 		def := ""
 		if defaultCol >= 0 && defaultCol < len(c) {
 			def = c[defaultCol]
+		}
+		if !strings.HasPrefix(c[0], "`") {
+			continue // the row's subject is not a key: "floating IPs (`-floating-ips`)"
 		}
 		for _, key := range Keys(c[0]) {
 			rows = append(rows, Row{Kind: kind, Key: key, Default: def, File: file, Line: n})
