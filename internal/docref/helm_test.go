@@ -24,14 +24,28 @@ func leaves(prefix string, v any, out map[string]string) {
 		}
 		return
 	}
-	out[prefix] = fmt.Sprint(v)
+	switch v := v.(type) {
+	case map[string]any:
+		out[prefix] = "{}"
+	case []any:
+		if len(v) == 0 {
+			out[prefix] = "[]"
+			return
+		}
+		out[prefix] = fmt.Sprint(v)
+	case nil:
+		out[prefix] = "null"
+	default:
+		out[prefix] = fmt.Sprint(v)
+	}
 }
 
 // TestEveryHelmValueDocumentedOnce: every leaf of the chart's values.yaml
 // is covered by exactly one row of the "value" table in
 // deploy/helm/vpcni/README.md — a row names a leaf, or a map whose leaves
-// it covers as a whole (provider.openstack: the agent's section) — and
-// every row names a path values.yaml has.
+// it covers as a whole (provider.openstack: the agent's section) — every
+// row names a path values.yaml has, and a leaf's row that states its
+// default as one literal states values.yaml's.
 func TestEveryHelmValueDocumentedOnce(t *testing.T) {
 	data, err := os.ReadFile(filepath.Join(repoRoot, "deploy/helm/vpcni/values.yaml"))
 	if err != nil {
@@ -77,7 +91,13 @@ func TestEveryHelmValueDocumentedOnce(t *testing.T) {
 	}
 	sort.Strings(paths)
 	for _, l := range paths {
-		switch rs := covered[l]; len(rs) {
+		rs := covered[l]
+		if len(rs) == 1 && rs[0].Key == l {
+			if msg := checkDefault(rs[0], leaf[l]); msg != "" {
+				t.Error(msg + " (values.yaml)")
+			}
+		}
+		switch len(rs) {
 		case 0:
 			t.Errorf("Helm value %s (default %s) is not documented: add the row \"| `%s` | `%s` | <what it does> |\" to the \"value\" table of %s", l, leaf[l], l, leaf[l], Main("value"))
 		case 1:
