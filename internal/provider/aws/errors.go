@@ -70,7 +70,7 @@ func explain(err error) error {
 		if act == "" {
 			act = "the action named above"
 		}
-		return fmt.Errorf("%w (the node's IAM role may not call ec2:%s: add it to the role's policy — vpcni's least policy is in the README)", err, act)
+		return fmt.Errorf("%w (the node's IAM role may not call ec2:%s: add it to the role's policy — vpcni's least policy is in docs/aws.md)", err, act)
 	case "AuthFailure", "InvalidClientTokenId", "SignatureDoesNotMatch":
 		return fmt.Errorf("%w (EC2 did not accept the credentials: check the instance profile, or the keys in the environment)", err)
 	case codeNoSubnetIPs:
