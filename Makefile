@@ -16,7 +16,7 @@ PKG_TEST_TIMEOUT ?= 15m
 all: build
 
 build:
-	$(GOBUILD) -o $(BIN)/ ./cmd/vpcni ./cmd/vpcnid ./cmd/vpcnictl ./cmd/vpcni-controller
+	$(GOBUILD) -o $(BIN)/ ./cmd/vpcni ./cmd/vpcnid ./cmd/vpcnictl ./cmd/vpcni-controller ./cmd/kubectl-vpcni
 
 # The node image for a real Kubernetes node: every cmd/* binary, static, in
 # /usr/local/bin; the upstream portmap and bandwidth plugins the conflist
