@@ -24,12 +24,12 @@ type finder struct {
 // Errors a lookup ends with, for callers (and tests) to tell apart; the
 // message around them says what to do.
 var (
-	ErrNoNode       = errors.New("no such node")
-	ErrNoAgent      = errors.New("no vpcni agent pod")
-	ErrNotRunning   = errors.New("agent not running")
-	ErrPodUnplaced  = errors.New("pod not scheduled")
-	ErrNoSuchPod    = errors.New("no such pod")
-	ErrForbidden    = errors.New("forbidden by RBAC")
+	ErrNoNode      = errors.New("no such node")
+	ErrNoAgent     = errors.New("no vpcni agent pod")
+	ErrNotRunning  = errors.New("agent not running")
+	ErrPodUnplaced = errors.New("pod not scheduled")
+	ErrNoSuchPod   = errors.New("no such pod")
+	ErrForbidden   = errors.New("forbidden by RBAC")
 )
 
 // forbidden wraps an API error that RBAC refused with what the user must
