@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"io"
 
+	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
@@ -53,13 +55,27 @@ func execVpcnictl(ctx context.Context, cfg *rest.Config, cs kubernetes.Interface
 		return 0, nil
 	case errors.As(err, &exit) && exit.Exited():
 		return exit.ExitStatus(), nil
-	case isForbidden(err):
+	case isForbidden(err) || !mayExec(ctx, cs, pod.Namespace):
 		return 1, fmt.Errorf("run vpcnictl in %s/%s: %w", pod.Namespace, pod.Name,
 			forbiddenExec(err, pod.Namespace))
 	default:
 		return 1, fmt.Errorf("run vpcnictl in %s/%s (container %s, node %s): %w",
 			pod.Namespace, pod.Name, AgentContainer, pod.Spec.NodeName, err)
 	}
+}
+
+// mayExec asks the API server whether these credentials may create
+// pods/exec in namespace: the SPDY upgrade's refusal arrives as a plain
+// message, so after a failed exec this tells RBAC's no from a broken
+// connection. When the question itself fails, the answer is yes: the
+// exec's own error is then reported as it is.
+func mayExec(ctx context.Context, cs kubernetes.Interface, namespace string) bool {
+	ctx, cancel := context.WithTimeout(ctx, apiTimeout)
+	defer cancel()
+	r, err := cs.AuthorizationV1().SelfSubjectAccessReviews().Create(ctx, &authorizationv1.SelfSubjectAccessReview{
+		Spec: authorizationv1.SelfSubjectAccessReviewSpec{ResourceAttributes: &authorizationv1.ResourceAttributes{
+			Namespace: namespace, Verb: "create", Resource: "pods", Subresource: "exec"}}}, metav1.CreateOptions{})
+	return err != nil || r.Status.Allowed
 }
 
 // isForbidden recognises RBAC's refusal of an exec: the SPDY path returns
