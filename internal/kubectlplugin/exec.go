@@ -91,6 +91,6 @@ func isForbidden(err error) bool {
 
 // forbiddenExec names the permission pods/exec needs.
 func forbiddenExec(err error, namespace string) error {
-	return fmt.Errorf("%w: create pods/exec in namespace %s is not allowed for your credentials (ask for an RBAC rule granting it; docs/troubleshooting.md lists what kubectl vpcni needs): %v",
+	return fmt.Errorf("%w: create pods/exec in namespace %s is not allowed for your credentials (ask for an RBAC rule granting it; docs/kubectl-plugin.md lists what kubectl vpcni needs): %v",
 		ErrForbidden, namespace, err)
 }

@@ -42,7 +42,7 @@ func forbidden(err error, verb, resource, namespace string) error {
 	if namespace != "" {
 		where = "in namespace " + namespace
 	}
-	return fmt.Errorf("%w: %s %s %s is not allowed for your credentials (ask for an RBAC rule granting it; docs/troubleshooting.md lists what kubectl vpcni needs): %v",
+	return fmt.Errorf("%w: %s %s %s is not allowed for your credentials (ask for an RBAC rule granting it; docs/kubectl-plugin.md lists what kubectl vpcni needs): %v",
 		ErrForbidden, verb, resource, where, err)
 }
 
