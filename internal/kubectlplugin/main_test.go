@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/vpcni/vpcni/internal/ctl"
 	"github.com/vpcni/vpcni/internal/k8s"
 	"github.com/vpcni/vpcni/internal/k8s/nodeside"
 )
@@ -211,5 +212,19 @@ func TestSummarize(t *testing.T) {
 	bare := summarize(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n2"}}, nil)
 	if bare != (NodeSummary{Name: "n2", Ready: "Unknown", AgentStatus: "none"}) {
 		t.Errorf("a node without vpcni: %+v", bare)
+	}
+}
+
+// Every command the plugin runs in the agent is one vpcnictl has: its -h
+// succeeds (an unknown command exits 2).
+func TestRemoteCommandsAreVpcnictls(t *testing.T) {
+	for _, cmd := range remoteCommands {
+		var out, errOut bytes.Buffer
+		if code := ctl.Main([]string{cmd, "-h"}, &out, &errOut); code != 0 {
+			t.Errorf("vpcnictl %s -h: exit %d\n%s%s", cmd, code, out.String(), errOut.String())
+		}
+	}
+	if code := ctl.Main([]string{"no-such-command"}, new(bytes.Buffer), new(bytes.Buffer)); code != 2 {
+		t.Errorf("vpcnictl no-such-command: exit %d, want 2: the check above cannot fail", code)
 	}
 }
