@@ -109,13 +109,12 @@ func parseArgs(args []string, stderr io.Writer) (options, error) {
 		if cmd == "trace" {
 			o.command = traceArgs(o.command, o.pod)
 		}
-		if o.node == "" && o.pod == "" {
+		if o.node == "" && o.pod == "" && cmd == "trace" {
 			// trace NS/POD names its node already.
-			if p := tracedPod(o.command); p != "" {
-				o.pod = p
-			} else {
-				return o, usageError{fmt.Sprintf("%s: which node? --node NODE or --pod NAMESPACE/POD (kubectl vpcni nodes lists the nodes)", cmd)}
-			}
+			o.pod = tracedPod(o.command)
+		}
+		if o.node == "" && o.pod == "" {
+			return o, usageError{fmt.Sprintf("%s: which node? --node NODE or --pod NAMESPACE/POD (kubectl vpcni nodes lists the nodes)", cmd)}
 		}
 	default:
 		return o, usageError{fmt.Sprintf("unknown command %q: kubectl vpcni runs %s in a node's agent, and nodes (vpcnictl's other commands run on the machine itself)",
@@ -124,16 +123,37 @@ func parseArgs(args []string, stderr io.Writer) (options, error) {
 	return o, nil
 }
 
-// tracedPod is the NAMESPACE/POD argument of a trace command line, or "".
-// Flags of trace that take a value are written -o json or -o=json: the
-// value has no "/", so the first argument with one is the pod.
+// tracedPod is the NAMESPACE/POD argument of a trace command line, or "",
+// read as vpcnictl trace reads it: the pod before the flags or after
+// them. Each of trace's flags takes a value (-o json, --socket PATH), the
+// next argument unless written -o=json.
 func tracedPod(command []string) string {
-	for _, a := range command[1:] {
-		if !strings.HasPrefix(a, "-") && strings.Contains(a, "/") {
-			return a
+	args := command[1:]
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		switch {
+		case a == "--":
+			if i+1 < len(args) {
+				return podArg(args[i+1])
+			}
+			return ""
+		case strings.HasPrefix(a, "-"):
+			if !strings.Contains(a, "=") {
+				i++ // its value
+			}
+		default:
+			return podArg(a)
 		}
 	}
 	return ""
+}
+
+// podArg is a if it reads NAMESPACE/POD, else "".
+func podArg(a string) string {
+	if _, _, err := splitPod(a); err != nil {
+		return ""
+	}
+	return a
 }
 
 // traceArgs adds --pod's NAMESPACE/POD to a trace that names no pod:

@@ -41,6 +41,11 @@ func TestParseArgs(t *testing.T) {
 		// --node and trace NS/POD: the given node (trace then says if the pod is not there).
 		{args: []string{"--node", "n2", "trace", "default/web-1"},
 			want: options{namespace: "vpcni-system", node: "n2", command: []string{"trace", "default/web-1"}}},
+		// A flag's value with a "/" is no pod.
+		{args: []string{"trace", "--socket", "/run/x/vpcnid.sock", "default/web-1"},
+			want: options{namespace: "vpcni-system", pod: "default/web-1", command: []string{"trace", "--socket", "/run/x/vpcnid.sock", "default/web-1"}}},
+		{args: []string{"trace", "--socket=/run/x.sock", "-o", "json", "--", "default/web-1"},
+			want: options{namespace: "vpcni-system", pod: "default/web-1", command: []string{"trace", "--socket=/run/x.sock", "-o", "json", "--", "default/web-1"}}},
 		{args: []string{"--pod", "default/web-1", "status"},
 			want: options{namespace: "vpcni-system", pod: "default/web-1", command: []string{"status"}}},
 		{args: []string{"nodes", "-o", "json"},
@@ -52,6 +57,8 @@ func TestParseArgs(t *testing.T) {
 		{args: []string{"status"}, err: "status: which node?"},
 		{args: []string{"doctor"}, err: "doctor: which node?"},
 		{args: []string{"trace", "-o", "json"}, err: "trace: which node?"},
+		{args: []string{"trace", "--socket", "/run/x/vpcnid.sock"}, err: "trace: which node?"},
+		{args: []string{"doctor", "--cni-conf-dir", "etc/cni"}, err: "doctor: which node?"},
 		{args: []string{"--node", "n1", "--pod", "a/b", "status"}, err: "--node and --pod both given"},
 		{args: []string{"--pod", "web-1", "status"}, err: `--pod: "web-1" is not NAMESPACE/POD`},
 		{args: []string{"--pod", "a/b/c", "status"}, err: "is not NAMESPACE/POD"},
