@@ -31,9 +31,9 @@ func execVpcnictl(ctx context.Context, cfg *rest.Config, cs kubernetes.Interface
 			Stdout:    true,
 			Stderr:    true,
 		}, scheme.ParameterCodec)
-	// WebSockets first (API servers since 1.29 take them, and they cross
-	// proxies that drop SPDY), SPDY when the upgrade is refused, as
-	// kubectl exec does.
+	// WebSockets first (API servers take them by default since 1.30, and
+	// proxies that know no SPDY pass them), SPDY when the upgrade is
+	// refused (an older API server), as kubectl exec does.
 	ws, err := remotecommand.NewWebSocketExecutor(cfg, "GET", req.URL().String())
 	if err != nil {
 		return 1, fmt.Errorf("exec in %s/%s: %w", pod.Namespace, pod.Name, err)
