@@ -16,7 +16,7 @@ PKG_TEST_TIMEOUT ?= 15m
 all: build
 
 build:
-	$(GOBUILD) -o $(BIN)/ ./cmd/vpcni ./cmd/vpcnid ./cmd/vpcnictl ./cmd/vpcni-controller
+	$(GOBUILD) -o $(BIN)/ ./cmd/vpcni ./cmd/vpcnid ./cmd/vpcnictl ./cmd/vpcni-controller ./cmd/kubectl-vpcni
 
 # The node image for a real Kubernetes node: every cmd/* binary, static, in
 # /usr/local/bin; the upstream portmap and bandwidth plugins the conflist
@@ -142,8 +142,11 @@ fuzz-long:
 # router's budget, on the lab's endpoint and on a lab (~50 s). test/doctorapi:
 # vpcnictl doctor's API server check on a fixture of its own (ports
 # 26473/22409): accepted, no such Node, refused token, no RBAC (~5 s).
+# test/kubectlplugin: kubectl-vpcni finding a node's agent pod and each
+# way that fails, RBAC, kubectl vpcni nodes, on its own fixture (ports
+# 26483/22419, ~8 s; the exec itself runs in e2e-k8s, which has a kubelet).
 k8s-api: build k8s-build
-	VPCNI_REQUIRE_ROOT=1 VPCNI_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 5m -p 1 -v ./test/blocks ./test/fips ./test/leaks ./test/doctorapi 2>&1 | tee /tmp/vpcni-k8s-api.log | $(TESTFILTER) ; exit $${PIPESTATUS[0]}
+	VPCNI_REQUIRE_ROOT=1 VPCNI_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 5m -p 1 -v ./test/blocks ./test/fips ./test/leaks ./test/doctorapi ./test/kubectlplugin 2>&1 | tee /tmp/vpcni-k8s-api.log | $(TESTFILTER) ; exit $${PIPESTATUS[0]}
 	VPCNI_REQUIRE_ROOT=1 VPCNI_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 5m -v ./test/sticky 2>&1 | tee /tmp/vpcni-sticky.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|vpcni-test:|^sticky-move' ; exit $${PIPESTATUS[0]}
 
 # Root-only: real namespaces, the built plugin driven by libcni, Debian's

@@ -15,8 +15,14 @@ require (
 	k8s.io/api v0.36.3
 	k8s.io/apimachinery v0.36.3
 	k8s.io/client-go v0.36.3
+	k8s.io/streaming v0.36.3
 	pgregory.net/rapid v1.3.0
 	sigs.k8s.io/yaml v1.6.0
+)
+
+require (
+	github.com/gorilla/websocket v1.5.4-0.20250319132907-e064f32e3674 // indirect
+	github.com/moby/spdystream v0.5.1 // indirect
 )
 
 require (

@@ -16,6 +16,7 @@ var binaries = []string{
 	"github.com/vpcni/vpcni/cmd/vpcnid",
 	"github.com/vpcni/vpcni/cmd/vpcnictl",
 	"github.com/vpcni/vpcni/cmd/vpcni-controller",
+	"github.com/vpcni/vpcni/cmd/kubectl-vpcni",
 }
 
 // A test helper that imports testing (the provider contract): the walk must
@@ -136,7 +137,11 @@ func TestEachBinaryLinksOnlyItsSide(t *testing.T) {
 			t.Fatalf("the walk finds %s from no binary, though one links it: the check is broken", p)
 		}
 	}
-	for bin, banned := range map[string][]string{"cmd/vpcnid": controllerOnly, "cmd/vpcni-controller": agentOnly} {
+	// The kubectl plugin on a workstation talks to the API server only:
+	// neither side, and no cloud.
+	clouds := []string{"internal/provider", "internal/k8s"}
+	for bin, banned := range map[string][]string{"cmd/vpcnid": controllerOnly, "cmd/vpcni-controller": agentOnly,
+		"cmd/kubectl-vpcni": slices.Concat(controllerOnly, agentOnly, clouds)} {
 		for _, p := range banned {
 			if chain := pathTo(imports, mod+bin, mod+p); chain != nil {
 				t.Errorf("%s links %s: %s", bin, p, strings.Join(chain, " -> "))

@@ -21,7 +21,7 @@ func RequireRoot(what string) {
 }
 
 // Binaries is where the built commands are: $VPCNI_BIN (make passes
-// bin/), else a fresh build of all four into a temporary directory.
+// bin/), else a fresh build of all of them into a temporary directory.
 func Binaries() (string, error) {
 	if dir := os.Getenv("VPCNI_BIN"); dir != "" {
 		return dir, nil
@@ -31,7 +31,7 @@ func Binaries() (string, error) {
 		return "", err
 	}
 	cmd := exec.Command("go", "build", "-o", dir+"/", "github.com/vpcni/vpcni/cmd/vpcni", "github.com/vpcni/vpcni/cmd/vpcnid",
-		"github.com/vpcni/vpcni/cmd/vpcnictl", "github.com/vpcni/vpcni/cmd/vpcni-controller")
+		"github.com/vpcni/vpcni/cmd/vpcnictl", "github.com/vpcni/vpcni/cmd/vpcni-controller", "github.com/vpcni/vpcni/cmd/kubectl-vpcni")
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("build: %v\n%s", err, out)

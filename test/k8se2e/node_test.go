@@ -719,6 +719,7 @@ func TestKubernetesNode(t *testing.T) {
 	t.Run("delete-releases", func(t *testing.T) { checkDeleteReleases(t, n) })
 	t.Run("agent-restart", func(t *testing.T) { checkAgentRestart(t, n) })
 	t.Run("trace-and-doctor-in-agent-pod", func(t *testing.T) { checkInAgentPod(t, n) })
+	t.Run("kubectl-vpcni", func(t *testing.T) { checkKubectlPlugin(t, n) })
 	t.Run("rollback", func(t *testing.T) { checkRollback(t, n) })
 	t.Run("setup-failure-event", func(t *testing.T) { checkFailureEvent(t, n) })
 	t.Run("controller-releases-orphans", func(t *testing.T) { checkOrphans(t, n) })
