@@ -469,7 +469,6 @@ func deployObjects(t *testing.T, objs map[string]map[string]any) map[string]map[
 	return objs
 }
 
-
 // kustomize renders dir with the k8s-build kubectl.
 func kustomize(t *testing.T, dir string) map[string]map[string]any {
 	t.Helper()
