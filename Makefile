@@ -206,10 +206,12 @@ e2e-k8s-twonode: build image conformance-build
 	VPCNI_REQUIRE_ROOT=1 VPCNI_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 20m -v -run 'TestTwoNodes' ./test/k8se2e 2>&1 | tee /tmp/vpcni-e2e-k8s-twonode.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|vpcni-test:|k8s-e2e' ; exit $${PIPESTATUS[0]}
 
 # The same node installed through the Helm chart instead (test/k8se2e
-# TestHelmInstall): helm install of deploy/helm/vpcni with values that say
-# what the e2e overlay says, 10 pods checked as above, a helm upgrade that
-# rolls the agent with every pod reachable, helm uninstall (~70 s on the
-# node, ~2 min in all). Not in `make test` (its time budget): make helm
+# TestHelmInstall): helm install of deploy/helm/vpcni into vpcni-system with
+# values that say what the e2e overlay says, 10 pods checked as above, the
+# metrics Services scraped from the legacy VM (the agent on the node's
+# address), a helm upgrade that rolls the agent with every pod reachable,
+# helm uninstall keeping the CRDs and their objects (~70 s on the node,
+# ~2 min in all). Not in `make test` (its time budget): make helm
 # there keeps the chart equal to deploy/; run this after changing either.
 e2e-k8s-helm: build image k8s-build
 	bash scripts/helm.sh >/dev/null

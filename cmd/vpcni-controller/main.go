@@ -36,6 +36,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -237,6 +238,10 @@ func run(o options, log *slog.Logger) error {
 		mux := http.NewServeMux()
 		reg := prometheus.NewRegistry()
 		reg.MustRegister(controller.Collectors(blockMetrics, routeMetrics, leakGC)...)
+		// The process's own figures, as vpcnid serves them: a controller
+		// without blocks or a cloud has no others, and its memory is worth
+		// watching either way.
+		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 		mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
 			if err := leaderHealth.Check(r); err != nil {

@@ -159,7 +159,7 @@ func (a *Agent) Metrics() *metrics.Metrics { return a.metrics }
 func (a *Agent) snapshot() metrics.Snapshot {
 	s := a.addrs.Status(time.Now())
 	snap := metrics.Snapshot{Free: s.Free, Cooling: s.Cooling, Allocated: s.Allocated, Aside: s.Aside, Leaving: s.Leaving,
-		Degraded: s.Degraded, Mode: a.dp.Info().Mode}
+		Capacity: s.Provider.Capacity, Degraded: s.Degraded, Mode: a.dp.Info().Mode}
 	if f, ok := a.dp.(fastPather); ok {
 		fp := f.FastPath()
 		snap.FastPath = &fp

@@ -42,7 +42,10 @@ type Config struct {
 	SelfHeal SelfHeal `json:"selfHeal"`
 	// Health is the agent's periodic probe of every pod's datapath.
 	Health Health `json:"health"`
-	// MetricsAddr is where Prometheus metrics are served ("" = off).
+	// MetricsAddr is where Prometheus metrics are served ("" = off). A
+	// ${VAR} in it is read from the environment when the file loads, so a
+	// DaemonSet can name the node's own address (status.hostIP) without a
+	// file per node.
 	MetricsAddr string `json:"metricsAddr"`
 	// LogLevel: debug, info, warn, error.
 	LogLevel   string     `json:"logLevel"`
@@ -188,10 +191,31 @@ func Load(path string) (Config, error) {
 		// Written out empty means "the default", as for uplink and mtu.
 		cfg.NodeName = defaultNodeName()
 	}
+	if cfg.MetricsAddr, err = expandEnv(cfg.MetricsAddr); err != nil {
+		return cfg, fmt.Errorf("config %s: metricsAddr: %w", path, err)
+	}
 	if err := cfg.Validate(); err != nil {
 		return cfg, fmt.Errorf("config %s: %w", path, err)
 	}
 	return cfg, nil
+}
+
+// expandEnv replaces $VAR and ${VAR} in s by the environment's value. A
+// variable unset or empty is an error: "${VPCNI_HOST_IP}:9695" with the
+// variable missing would otherwise listen on every address of the node.
+func expandEnv(s string) (string, error) {
+	var missing []string
+	out := os.Expand(s, func(name string) string {
+		v := os.Getenv(name)
+		if v == "" {
+			missing = append(missing, name)
+		}
+		return v
+	})
+	if len(missing) > 0 {
+		return s, fmt.Errorf("%q names $%s, which is not set in the environment", s, strings.Join(missing, ", $"))
+	}
+	return out, nil
 }
 
 // Validate names every bad field at once.

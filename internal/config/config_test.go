@@ -339,6 +339,26 @@ func TestLoadEmptyNodeNameMeansHostName(t *testing.T) {
 	}
 }
 
+// metricsAddr takes the node's address from the environment (the
+// DaemonSet sets VPCNI_HOST_IP from status.hostIP); a variable that is not
+// set is refused, naming it, rather than leaving ":9695", every address.
+func TestLoadMetricsAddrFromEnv(t *testing.T) {
+	p := writeFile(t, "vpcnid.yaml", "metricsAddr: ${VPCNI_TEST_HOST_IP}:9695\nprovider: {static: {ranges: [{cidr: 10.0.0.0/24}]}}\n")
+	t.Setenv("VPCNI_TEST_HOST_IP", "192.0.2.7")
+	cfg, err := config.Load(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.MetricsAddr != "192.0.2.7:9695" {
+		t.Errorf("metricsAddr = %q, want 192.0.2.7:9695", cfg.MetricsAddr)
+	}
+	t.Setenv("VPCNI_TEST_HOST_IP", "")
+	_, err = config.Load(p)
+	if err == nil || !strings.Contains(err.Error(), "metricsAddr") || !strings.Contains(err.Error(), "$VPCNI_TEST_HOST_IP, which is not set") {
+		t.Errorf("metricsAddr with its variable unset: want an error naming metricsAddr and the variable, got %v", err)
+	}
+}
+
 // The sections belong to their packages: the file names one provider and
 // one mode, a section for another is refused (it would be ignored), each
 // section is read strictly, and both write back as they were read.

@@ -15,7 +15,8 @@ import (
 // deploy/secret.yaml tell the user of a Neutron without Keystone to make:
 // endpoint instead of credentialsFile, never both.
 func TestShippedDeployConfigLoads(t *testing.T) {
-	t.Setenv("VPCNI_NODE_NAME", "node-a") // the DaemonSet sets it
+	t.Setenv("VPCNI_NODE_NAME", "node-a")   // the DaemonSet sets both
+	t.Setenv("VPCNI_HOST_IP", "192.0.2.10") // (status.hostIP)
 	data, err := os.ReadFile("../../deploy/vpcnid.yaml")
 	if err != nil {
 		t.Fatal(err)
@@ -41,6 +42,9 @@ func TestShippedDeployConfigLoads(t *testing.T) {
 	}
 	if o, ok := cfg.Provider.Settings.(*openstack.Config); !ok || o.CredentialsFile == "" || o.Endpoint != "" {
 		t.Fatalf("as shipped: want credentialsFile and no endpoint, got %+v", o)
+	}
+	if cfg.MetricsAddr != "192.0.2.10:9695" {
+		t.Errorf("as shipped: metricsAddr %q, want the node's address (VPCNI_HOST_IP) and 9695", cfg.MetricsAddr)
 	}
 
 	cfg, err = load(strings.Replace(uncommented, credLine, "", 1))

@@ -22,8 +22,11 @@ import (
 
 // Metrics holds the agent's instruments.
 type Metrics struct {
-	Registry     *prometheus.Registry
-	Pool         *prometheus.GaugeVec
+	Registry *prometheus.Registry
+	Pool     *prometheus.GaugeVec
+	// Capacity is the provider's bound on the addresses the node may hold,
+	// so that a pool near exhaustion can be told as a ratio.
+	Capacity     prometheus.Gauge
 	Allocations  prometheus.Gauge
 	Degraded     prometheus.Gauge
 	CNIDuration  *prometheus.HistogramVec
@@ -53,6 +56,9 @@ func New() *Metrics {
 		Pool: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "vpcni_pool_addresses", Help: "Addresses the node holds, by state (free, cooling, allocated; aside: their wiring kept failing; leaving: requested addresses on their way back to the cloud).",
 		}, []string{"state"}),
+		Capacity: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "vpcni_pool_capacity", Help: "The most addresses the node may hold, as the provider bounds it (the cloud port's or the instance type's limit, or the node's blocks); 0 while unknown (the provider has not connected yet).",
+		}),
 		Allocations: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "vpcni_allocations", Help: "Pod interfaces with an address.",
 		}),
@@ -104,7 +110,9 @@ func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 // Snapshot is the agent's state as the gauges show it.
 type Snapshot struct {
 	Free, Cooling, Allocated, Aside, Leaving int
-	Degraded                                 bool
+	// Capacity is the provider's bound (0: unknown).
+	Capacity int
+	Degraded bool
 	// Mode is the datapath mode.
 	Mode string
 	// FastPath is the datapath's fast path (nil: the mode has none).
@@ -131,6 +139,7 @@ func (w *watcher) Describe(ch chan<- *prometheus.Desc) {
 	ch <- fastPathActive
 	ch <- fastPathPackets
 	w.m.Pool.Describe(ch)
+	w.m.Capacity.Describe(ch)
 	w.m.Allocations.Describe(ch)
 	w.m.Degraded.Describe(ch)
 }
@@ -142,6 +151,7 @@ func (w *watcher) Collect(ch chan<- prometheus.Metric) {
 	w.m.Pool.WithLabelValues("allocated").Set(float64(s.Allocated))
 	w.m.Pool.WithLabelValues("aside").Set(float64(s.Aside))
 	w.m.Pool.WithLabelValues("leaving").Set(float64(s.Leaving))
+	w.m.Capacity.Set(float64(s.Capacity))
 	w.m.Allocations.Set(float64(s.Allocated))
 	degraded := 0.0
 	if s.Degraded {
@@ -149,6 +159,7 @@ func (w *watcher) Collect(ch chan<- prometheus.Metric) {
 	}
 	w.m.Degraded.Set(degraded)
 	w.m.Pool.Collect(ch)
+	w.m.Capacity.Collect(ch)
 	w.m.Allocations.Collect(ch)
 	w.m.Degraded.Collect(ch)
 	if fp := s.FastPath; fp != nil {

@@ -283,6 +283,9 @@ func startAgent(t *testing.T, subnetID string) *testbed.Agent {
 	cfg.SocketPath = filepath.Join(runDir, "vpcnid.sock")
 	cfg.StateDir = stateDir
 	cfg.Kubernetes.Mode = "off"
+	// The DaemonSet's is the node's address from the kubelet
+	// (VPCNI_HOST_IP); no kubelet runs here.
+	cfg.MetricsAddr = "127.0.0.1:9695"
 	oc, ok := cfg.Provider.Settings.(*openstack.Config)
 	if !ok {
 		t.Fatalf("deploy/vpcnid.yaml: provider %s (%T), want openstack", cfg.Provider.Type, cfg.Provider.Settings)

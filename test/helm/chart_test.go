@@ -43,8 +43,8 @@ const configName = "vpcni-config-<hash>"
 
 // TestDefaultsRenderDeploy: the chart's defaults give deploy/'s objects.
 func TestDefaultsRenderDeploy(t *testing.T) {
-	want := kustomize(t, filepath.Join(repo, "deploy"))
-	got := helmTemplate(t)
+	want := deployObjects(t, kustomize(t, filepath.Join(repo, "deploy")))
+	got := chartObjects(t, helmTemplate(t), "vpcni-system")
 	if diffs := compare(got, want); len(diffs) > 0 {
 		t.Fatalf("helm template deploy/helm/vpcni differs from kubectl kustomize deploy/ (change the chart with deploy/):\n%s", strings.Join(diffs, "\n"))
 	}
@@ -78,7 +78,7 @@ func TestDeployChangeIsCaught(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	diffs := compare(helmTemplate(t), kustomize(t, dir))
+	diffs := compare(chartObjects(t, helmTemplate(t), "vpcni-system"), deployObjects(t, kustomize(t, dir)))
 	for _, w := range []string{
 		"DaemonSet vpcni-system/vpcnid: .spec.updateStrategy.rollingUpdate.maxUnavailable: chart 1, deploy/ 2",
 		`ConfigMap vpcni-system/vpcni-config-<hash>: .data.vpcnid.yaml.provider.openstack.mode: chart "fixed-ips", deploy/ "address-pairs"`,
@@ -98,7 +98,7 @@ func TestValues(t *testing.T) {
 	values := filepath.Join(t.TempDir(), "values.yaml")
 	cloudConfig := "openstack:\n  endpoint: http://neutron.example:9696/\nroutes:\n  routerID: r1\n"
 	writeFile(t, values, `image: {repository: registry.example/vpcni, tag: v9, pullPolicy: Always}
-namespace: {name: cni, create: true}
+imagePullSecrets: [{name: regcred}]
 provider:
   type: openstack
   openstack:
@@ -110,7 +110,13 @@ provider:
 datapath: {mode: macvlan, macvlan: {serviceCIDRs: [10.96.0.0/12]}}
 pool: {warmTarget: 4, addWait: 3s}
 agent:
+  config: {metricsAddr: "${VPCNI_HOST_IP}:19695"}
   hostPaths: {socketDir: /run/vpcni-other, cniBin: /opt/other/bin, bpffs: /run/other-bpffs}
+  tolerations: [{key: dedicated, operator: Equal, value: cni, effect: NoSchedule}]
+  nodeSelector: {kubernetes.io/os: linux}
+  affinity: {nodeAffinity: {requiredDuringSchedulingIgnoredDuringExecution: {nodeSelectorTerms: [{matchExpressions: [{key: pool, operator: In, values: [a]}]}]}}}
+  priorityClassName: agent-prio
+  extraEnv: [{name: HTTPS_PROXY, value: "http://proxy.example:3128"}]
 cloudSecret: {create: false, name: my-cloud}
 controller:
   replicas: 1
@@ -119,14 +125,19 @@ controller:
   blockSize: 24
   cloudConfig: |
 `+indent(cloudConfig, "    ")+`  extraArgs: [--lease-duration=6s]
+  tolerations: []
+  nodeSelector: {node-role.kubernetes.io/control-plane: ""}
+  affinity: {podAntiAffinity: {preferredDuringSchedulingIgnoredDuringExecution: []}}
+  priorityClassName: ""
+  extraEnv: [{name: GODEBUG, value: "x=1"}]
 `)
-	objs := helmTemplate(t, "-f", values)
+	objs := helmTemplate(t, "-f", values, "-n", "cni")
 
 	cm := only(t, objs, "ConfigMap", "cni/"+configName)
 	wantAgent := map[string]any{
 		"socketPath":  "/run/vpcni/vpcnid.sock",
 		"stateDir":    "/var/lib/vpcni",
-		"metricsAddr": "127.0.0.1:9695",
+		"metricsAddr": "${VPCNI_HOST_IP}:19695",
 		"kubernetes":  map[string]any{"mode": "on"},
 		"provider": map[string]any{"type": "openstack", "openstack": map[string]any{
 			"subnetID": "s1", "endpoint": "http://neutron.example:9696/", "mode": "address-pairs", "maxAddresses": float64(64)}},
@@ -216,7 +227,43 @@ controller:
 	if got := dig(objs["MutatingWebhookConfiguration /vpcni"], "webhooks", 0, "clientConfig", "service", "namespace"); got != "cni" {
 		t.Errorf("webhook service namespace %v, want cni", got)
 	}
-	only(t, objs, "Namespace", "/cni")
+	for k := range objs {
+		if strings.HasPrefix(k, "Namespace ") {
+			t.Errorf("the chart renders %s: every object goes in the release's namespace, which helm install --create-namespace makes", k)
+		}
+	}
+
+	// Scheduling, environment and pull secrets: the agent's and the
+	// controller's own.
+	dsPod := dig(ds, "spec", "template", "spec")
+	ctlPod := dig(ctl, "spec", "template", "spec")
+	for _, c := range []struct {
+		what      string
+		got, want any
+	}{
+		{"agent tolerations", dig(dsPod, "tolerations"), []any{map[string]any{"key": "dedicated", "operator": "Equal", "value": "cni", "effect": "NoSchedule"}}},
+		{"agent nodeSelector", dig(dsPod, "nodeSelector"), map[string]any{"kubernetes.io/os": "linux"}},
+		{"agent affinity", dig(dsPod, "affinity", "nodeAffinity", "requiredDuringSchedulingIgnoredDuringExecution", "nodeSelectorTerms", 0, "matchExpressions", 0, "key"), "pool"},
+		{"agent priorityClassName", dig(dsPod, "priorityClassName"), "agent-prio"},
+		{"agent extraEnv", dig(dsPod, "containers", 0, "env", 2), map[string]any{"name": "HTTPS_PROXY", "value": "http://proxy.example:3128"}},
+		{"agent imagePullSecrets", dig(dsPod, "imagePullSecrets"), []any{map[string]any{"name": "regcred"}}},
+		{"controller tolerations", dig(ctlPod, "tolerations"), nil},
+		{"controller nodeSelector", dig(ctlPod, "nodeSelector"), map[string]any{"node-role.kubernetes.io/control-plane": ""}},
+		{"controller affinity", dig(ctlPod, "affinity"), map[string]any{"podAntiAffinity": map[string]any{"preferredDuringSchedulingIgnoredDuringExecution": []any{}}}},
+		{"controller priorityClassName", dig(ctlPod, "priorityClassName"), nil},
+		{"controller extraEnv", dig(ctlPod, "containers", 0, "env", 2), map[string]any{"name": "GODEBUG", "value": "x=1"}},
+		{"controller imagePullSecrets", dig(ctlPod, "imagePullSecrets"), []any{map[string]any{"name": "regcred"}}},
+		// The Service follows metricsAddr's port.
+		{"agent metrics Service port", dig(only(t, objs, "Service", "cni/vpcni-agent-metrics"), "spec", "ports", 0), map[string]any{"name": "metrics", "port": float64(19695), "targetPort": float64(19695)}},
+	} {
+		if !reflect.DeepEqual(c.got, c.want) {
+			t.Errorf("%s: %s, want %s", c.what, js(c.got), js(c.want))
+		}
+	}
+	// The agent's metrics address comes from the node: VPCNI_HOST_IP.
+	if got := dig(dsPod, "containers", 0, "env", 1); !reflect.DeepEqual(got, map[string]any{"name": "VPCNI_HOST_IP", "valueFrom": map[string]any{"fieldRef": map[string]any{"fieldPath": "status.hostIP"}}}) {
+		t.Errorf("agent env[1]: %s, want VPCNI_HOST_IP from status.hostIP", js(got))
+	}
 }
 
 // TestStaticProvider: only the chosen provider's section reaches vpcnid.yaml.
@@ -230,23 +277,197 @@ func TestStaticProvider(t *testing.T) {
 	}
 }
 
-// TestBadValues: a value the chart cannot use is refused with its name.
+// TestBadValues: a value the chart cannot use is refused, naming it
+// (values.schema.json: helm refuses before rendering anything).
 func TestBadValues(t *testing.T) {
 	for _, c := range []struct {
 		set, want string
 	}{
-		{"provider.type=aws", `provider.type is "aws": want openstack or static`},
-		{"image.tag=", "image.tag is required"},
-		{"namespace.name=", "namespace.name must name the namespace"},
+		{"provider.type=aws", "at '/provider/type': value must be one of 'openstack', 'static'"},
+		{"image.tag=", "at '/image/tag': minLength: got 0, want 1"},
+		{"controller.replicas=two", "at '/controller/replicas': got string, want integer"},
+		{"pool.addWait=soon", "at '/pool/addWait': 'oneOf' failed"},
+		{"agent.tolerations[0].operator=Maybe", "at '/agent/tolerations/0/operator': value must be one of 'Exists', 'Equal'"},
+		{"controller.blockRanges[0]=10.0.0.0", "at '/controller/blockRanges/0': '10.0.0.0' does not match pattern"},
+		{"metrics.serviceMonitor.enabled=yes", "at '/metrics/serviceMonitor/enabled': got string, want boolean"},
+		// A value the chart does not know: a typo, or one of an older chart
+		// (namespace.name, namespace.create: now the release's namespace).
+		{"namespace.name=cni", "additional properties 'namespace' not allowed"},
 	} {
 		out, err := helm("template", "vpcni", chartDir, "--set", c.set)
 		if err == nil || !strings.Contains(out, c.want) {
 			t.Errorf("--set %s: want an error saying %q, got %v:\n%s", c.set, c.want, err, out)
 		}
 	}
+	// The same values the right way are accepted: the refusals above are
+	// the schema's reading of those values, not of the chart.
+	if out, err := helm("template", "vpcni", chartDir, "--set", "controller.replicas=3", "--set", "pool.addWait=5s", "--set", "agent.tolerations[0].operator=Exists",
+		"--set", "controller.blockRanges[0]=10.0.0.0/16", "--set", "metrics.serviceMonitor.enabled=true"); err != nil {
+		t.Errorf("good values refused: %v\n%s", err, out)
+	}
+}
+
+// TestStandardLabels: every object the chart renders carries the standard
+// labels, its pods too, and a selector reads only app.kubernetes.io/name
+// (a selector cannot change once the object exists).
+func TestStandardLabels(t *testing.T) {
+	objs := helmTemplate(t, "--set", "metrics.serviceMonitor.enabled=true", "--set", "metrics.prometheusRule.enabled=true")
+	chartObjects(t, objs, "vpcni-system") // checks and strips Helm's labels
+	for k, o := range objs {
+		if dig(o, "kind") == "CustomResourceDefinition" {
+			continue
+		}
+		labels, _ := dig(o, "metadata", "labels").(map[string]any)
+		name, component := labels["app.kubernetes.io/name"], labels["app.kubernetes.io/component"]
+		want, ok := map[any]any{"vpcnid": "agent", "vpcni-controller": "controller", "vpcni": "monitoring"}[name]
+		if !ok || component != want || labels["app.kubernetes.io/part-of"] != "vpcni" {
+			t.Errorf("%s: labels %s, want app.kubernetes.io/name (vpcnid, vpcni-controller or vpcni), its component and part-of vpcni", k, js(labels))
+		}
+		for _, sel := range []any{dig(o, "spec", "selector", "matchLabels"), dig(o, "spec", "selector")} {
+			if m, ok := sel.(map[string]any); ok && dig(o, "kind") != "ServiceMonitor" && dig(m, "matchLabels") == nil {
+				if len(m) != 1 || m["app.kubernetes.io/name"] == nil {
+					t.Errorf("%s: selector %s, want app.kubernetes.io/name alone", k, js(m))
+				}
+			}
+		}
+	}
+}
+
+// TestMonitoring: off by default; on, the ServiceMonitor selects both
+// metrics Services by labels they have and scrapes their port, and the
+// PrometheusRule holds deploy/prometheus/vpcni-alerts.yaml's groups.
+func TestMonitoring(t *testing.T) {
+	for k := range helmTemplate(t) {
+		if strings.HasPrefix(k, "ServiceMonitor ") || strings.HasPrefix(k, "PrometheusRule ") {
+			t.Errorf("defaults render %s: want none (metrics.*.enabled false)", k)
+		}
+	}
+	objs := helmTemplate(t, "--set", "metrics.serviceMonitor.enabled=true", "--set", "metrics.serviceMonitor.interval=15s",
+		"--set", "metrics.serviceMonitor.labels.release=prom", "--set", "metrics.prometheusRule.enabled=true", "--set", "metrics.prometheusRule.labels.release=prom")
+	sm := only(t, objs, "ServiceMonitor", "vpcni-system/vpcni")
+	if got := dig(sm, "metadata", "labels", "release"); got != "prom" {
+		t.Errorf("ServiceMonitor label release = %v, want prom (metrics.serviceMonitor.labels)", got)
+	}
+	if got := dig(sm, "spec", "endpoints", 0, "interval"); got != "15s" {
+		t.Errorf("ServiceMonitor interval %v, want 15s", got)
+	}
+	port := dig(sm, "spec", "endpoints", 0, "port")
+	sel, _ := dig(sm, "spec", "selector", "matchLabels").(map[string]any)
+	var selected []string
+	for k, o := range objs {
+		if dig(o, "kind") != "Service" || dig(o, "metadata", "namespace") != "vpcni-system" {
+			continue
+		}
+		labels, _ := dig(o, "metadata", "labels").(map[string]any)
+		match := len(sel) > 0
+		for l, v := range sel {
+			match = match && labels[l] == v
+		}
+		hasPort := slices.ContainsFunc(dig(o, "spec", "ports").([]any), func(p any) bool { return dig(p, "name") == port })
+		if match && hasPort {
+			selected = append(selected, k)
+		}
+	}
+	slices.Sort(selected)
+	if want := []string{"Service vpcni-system/vpcni-agent-metrics", "Service vpcni-system/vpcni-controller-metrics"}; !slices.Equal(selected, want) {
+		t.Errorf("the ServiceMonitor (selector %s, port %v) scrapes %v, want %v", js(sel), port, selected, want)
+	}
+
+	rule := only(t, objs, "PrometheusRule", "vpcni-system/vpcni")
+	if got := dig(rule, "metadata", "labels", "release"); got != "prom" {
+		t.Errorf("PrometheusRule label release = %v, want prom (metrics.prometheusRule.labels)", got)
+	}
+	data, err := os.ReadFile(filepath.Join(repo, "deploy", "prometheus", "vpcni-alerts.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var file map[string]any
+	if err := yaml.Unmarshal(data, &file); err != nil {
+		t.Fatal(err)
+	}
+	if got := dig(rule, "spec", "groups"); !reflect.DeepEqual(got, file["groups"]) || len(file["groups"].([]any)) == 0 {
+		t.Errorf("PrometheusRule groups differ from deploy/prometheus/vpcni-alerts.yaml's:\n got %s\nwant %s", js(got), js(file["groups"]))
+	}
 }
 
 // ---- rendering
+
+// helmOnlyLabels are the labels Helm's objects carry and kustomize's do
+// not, with their values for release vpcni of the chart's defaults.
+func helmOnlyLabels(t *testing.T) map[string]string {
+	t.Helper()
+	var chart struct{ Name, Version string }
+	var values struct{ Image struct{ Tag string } }
+	for f, v := range map[string]any{"Chart.yaml": &chart, "values.yaml": &values} {
+		data, err := os.ReadFile(filepath.Join(chartDir, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := yaml.Unmarshal(data, v); err != nil {
+			t.Fatalf("%s: %v", f, err)
+		}
+	}
+	return map[string]string{
+		"app.kubernetes.io/instance":   "vpcni",
+		"app.kubernetes.io/managed-by": "Helm",
+		"app.kubernetes.io/version":    values.Image.Tag,
+		"helm.sh/chart":                chart.Name + "-" + chart.Version,
+	}
+}
+
+// chartObjects checks that every object of the chart (but its CRDs, which
+// crds/ holds untemplated) and every pod template carry Helm's labels with
+// the release's values, and strips them, so that what remains compares
+// with deploy/. CRDs lose their labels: crds/ links deploy/'s generated
+// files, to which only kustomize adds part-of.
+func chartObjects(t *testing.T, objs map[string]map[string]any, ns string) map[string]map[string]any {
+	t.Helper()
+	helmLabels := helmOnlyLabels(t)
+	for k, o := range objs {
+		if dig(o, "kind") == "CustomResourceDefinition" {
+			delete(o["metadata"].(map[string]any), "labels")
+			continue
+		}
+		if n, ok := dig(o, "metadata", "namespace").(string); ok && n != ns {
+			t.Errorf("%s: in namespace %s, want the release's, %s", k, n, ns)
+		}
+		for _, where := range [][]any{{"metadata", "labels"}, {"spec", "template", "metadata", "labels"}} {
+			labels, ok := dig(o, where...).(map[string]any)
+			if !ok {
+				if where[0] == "metadata" {
+					t.Errorf("%s: no labels", k)
+				}
+				continue
+			}
+			for l, want := range helmLabels {
+				if got := labels[l]; got != want {
+					t.Errorf("%s: .%s[%s] = %v, want %s", k, strings.Join(strings.Fields(fmt.Sprint(where...)), "."), l, got, want)
+				}
+				delete(labels, l)
+			}
+		}
+	}
+	return objs
+}
+
+// deployObjects leaves out deploy/'s Namespace (the chart's objects go in
+// the release's namespace, which helm install --create-namespace makes),
+// once it is checked to allow the agent's privileged pods, and the CRDs'
+// labels (see chartObjects).
+func deployObjects(t *testing.T, objs map[string]map[string]any) map[string]map[string]any {
+	t.Helper()
+	ns := only(t, objs, "Namespace", "/vpcni-system")
+	if got := dig(ns, "metadata", "labels", "pod-security.kubernetes.io/enforce"); got != "privileged" {
+		t.Errorf("deploy/namespace.yaml: pod-security.kubernetes.io/enforce %v, want privileged (the agent's init step)", got)
+	}
+	delete(objs, "Namespace /vpcni-system")
+	for _, o := range objs {
+		if dig(o, "kind") == "CustomResourceDefinition" {
+			delete(o["metadata"].(map[string]any), "labels")
+		}
+	}
+	return objs
+}
 
 // kustomize renders dir with the k8s-build kubectl.
 func kustomize(t *testing.T, dir string) map[string]map[string]any {
@@ -262,10 +483,11 @@ func kustomize(t *testing.T, dir string) map[string]map[string]any {
 	return objects(t, "kubectl kustomize", out)
 }
 
-// helmTemplate renders the chart with args added.
+// helmTemplate renders the chart, CRDs included, as release vpcni in
+// namespace vpcni-system (args may name another: the last -n wins).
 func helmTemplate(t *testing.T, args ...string) map[string]map[string]any {
 	t.Helper()
-	out, err := helm(append([]string{"template", "vpcni", chartDir}, args...)...)
+	out, err := helm(append([]string{"template", "vpcni", chartDir, "--include-crds", "-n", "vpcni-system"}, args...)...)
 	if err != nil {
 		t.Fatalf("helm template %s: %v\n%s", strings.Join(args, " "), err, out)
 	}

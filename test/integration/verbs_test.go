@@ -256,15 +256,20 @@ func TestNodeSettings(t *testing.T) {
 	}
 }
 
-// TestMetrics: the agent's Prometheus endpoint shows the pool by state, the
-// allocations and the CNI request latency.
+// TestMetrics: the agent's Prometheus endpoint, on the node's own address
+// as the DaemonSet serves it, answers a scrape from another host of the
+// segment (the neighbour), as Prometheus scrapes it; it shows the pool by
+// state, its capacity, the allocations and the CNI request latency.
 func TestMetrics(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	e := newEnv(t, func(c *config.Config) { c.MetricsAddr = "10.78.0.10:9695" }) // the node, .10
+	if e.Cfg.MetricsAddr != e.TB.NodeIP.String()+":9695" {
+		t.Fatalf("the testbed's node is %s, the test serves metrics on %s", e.TB.NodeIP, e.Cfg.MetricsAddr)
+	}
 	c := e.cni("1.0.0")
 	e.AddIP(c, "metrics", e.Pod(1))
 	var body string
-	err := netnsutil.Do(netnsutil.Path(e.TB.NodeNS()), func() error {
+	err := netnsutil.Do(netnsutil.Path(e.TB.NbrNS()), func() error {
 		conn, err := net.Dial("tcp4", e.Cfg.MetricsAddr)
 		if err != nil {
 			return err
@@ -276,10 +281,15 @@ func TestMetrics(t *testing.T) {
 		return err
 	})
 	if err != nil {
-		t.Fatalf("scrape %s in the node: %v", e.Cfg.MetricsAddr, err)
+		t.Fatalf("scrape %s from the neighbour: %v", e.Cfg.MetricsAddr, err)
+	}
+	capacity := e.state().Pool.Capacity
+	if capacity <= 0 {
+		t.Fatalf("the static provider reports capacity %d, want its pool's size", capacity)
 	}
 	for _, want := range []string{
 		`vpcni_pool_addresses{state="allocated"} 1`,
+		fmt.Sprintf("vpcni_pool_capacity %d\n", capacity),
 		`vpcni_allocations 1`,
 		`vpcni_degraded 0`,
 		`vpcni_cni_request_duration_seconds_count{result="ok",verb="ADD"} 1`,

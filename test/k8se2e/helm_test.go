@@ -21,7 +21,10 @@ import (
 // a Service, the legacy VM to pods), a `helm upgrade` that changes the
 // agent's configuration rolls the DaemonSet (a new ConfigMap name) with
 // every pod reachable from the legacy VM throughout and every allocation
-// adopted, and `helm uninstall` removes what the chart made.
+// adopted, the metrics Services scraped from the legacy VM, and `helm
+// uninstall` removes what the chart made but the CRDs and their objects.
+// The release and every object live in vpcni-system, made beforehand with
+// the Pod Security label, as the chart's README says.
 func TestHelmInstall(t *testing.T) {
 	n := upNode(t)
 	helmBin := strings.TrimSpace(mustRun(t, nil, "bash", filepath.Join(repo, "scripts", "helm.sh")))
@@ -37,10 +40,12 @@ func TestHelmInstall(t *testing.T) {
 	if n.nodeReady() {
 		t.Fatal("the node is Ready before any CNI was installed")
 	}
+	n.mustKubectl("create", "namespace", "vpcni-system")
+	n.mustKubectl("label", "namespace", "vpcni-system", "pod-security.kubernetes.io/enforce=privileged")
 	installed := time.Now()
-	helm("install", "vpcni", chart, "--namespace", "default", "-f", n.writeValues(4))
+	helm("install", "vpcni", chart, "--namespace", "vpcni-system", "-f", n.writeValues(4))
 	n.waitInstalled("helm install", installed)
-	if out := helm("list", "--namespace", "default", "-q"); strings.TrimSpace(out) != "vpcni" {
+	if out := helm("list", "--namespace", "vpcni-system", "-q"); strings.TrimSpace(out) != "vpcni" {
 		t.Fatalf("helm list: %q, want the release vpcni", out)
 	}
 
@@ -49,6 +54,7 @@ func TestHelmInstall(t *testing.T) {
 	t.Run("pod-to-pod", func(t *testing.T) { checkPodToPod(t, n, web) })
 	t.Run("service", func(t *testing.T) { checkService(t, n, web) })
 	t.Run("legacy-vm-to-pod", func(t *testing.T) { checkLegacyToPods(t, web[:3]) })
+	t.Run("metrics-services", func(t *testing.T) { checkMetricsServices(t, n, helmMetricsPort) })
 	t.Run("upgrade-rolls-agent", func(t *testing.T) { checkHelmUpgrade(t, n, helm, chart, web) })
 
 	// Their DEL needs the agent: gone before it is.
@@ -60,21 +66,42 @@ func TestHelmInstall(t *testing.T) {
 	// So must the controller's pods, which run on the pod network too: with
 	// the agent gone their DEL fails and they would hold the namespace in
 	// Terminating (the uninstall procedure in the chart's README).
-	helm("upgrade", "vpcni", chart, "--namespace", "default", "--reuse-values", "--set", "controller.replicas=0")
+	helm("upgrade", "vpcni", chart, "--namespace", "vpcni-system", "--reuse-values", "--set", "controller.replicas=0")
 	n.waitReady("vpcni-system", "app.kubernetes.io/name=vpcni-controller", 0, 2*time.Minute)
-	helm("uninstall", "vpcni", "--namespace", "default", "--wait", "--timeout", "2m")
+	// An object of vpcni's that must outlive the release (with the
+	// controller gone, nothing deletes this reservation of a StatefulSet
+	// that does not exist).
+	keep := filepath.Join(t.TempDir(), "keep.yaml")
+	if err := os.WriteFile(keep, []byte("apiVersion: vpcni.io/v1alpha1\nkind: AddressReservation\nmetadata: {name: vpcni-keep-0, namespace: default}\nspec: {statefulSet: vpcni-keep, ordinal: 0}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	n.mustKubectl("apply", "-f", keep)
+	helm("uninstall", "vpcni", "--namespace", "vpcni-system", "--wait", "--timeout", "2m")
 	for _, args := range [][]string{
-		{"get", "namespace", "vpcni-system"},
+		{"-n", "vpcni-system", "get", "daemonset", "vpcnid"},
+		{"-n", "vpcni-system", "get", "service", "vpcni-agent-metrics"},
 		{"get", "clusterrole", "vpcni-agent"},
 		{"get", "mutatingwebhookconfiguration", "vpcni"},
-		{"get", "crd", "podaddresses.vpcni.io"},
 	} {
-		eventually(t, 2*time.Minute, "helm uninstall removes "+strings.Join(args[1:], "/"), func() (bool, string) {
+		eventually(t, 2*time.Minute, "helm uninstall removes "+strings.Join(args, " "), func() (bool, string) {
 			out, err := n.kubectl(args...)
 			return err != nil && strings.Contains(out, "NotFound"), out
 		})
 	}
-	t.Log("vpcni-test: helm uninstall removed the namespace, RBAC, webhook and CRDs")
+	// crds/: Helm installs them and never deletes them, nor what they hold.
+	for _, args := range [][]string{
+		{"get", "crd", "podaddresses.vpcni.io", "nodeblocks.vpcni.io", "addressreservations.vpcni.io"},
+		{"-n", "default", "get", "addressreservation", "vpcni-keep-0"},
+	} {
+		if out, err := n.kubectl(args...); err != nil {
+			t.Errorf("after helm uninstall: kubectl %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+	}
+	t.Log("vpcni-test: helm uninstall removed the workloads, Services, RBAC and webhook; the CRDs and AddressReservation default/vpcni-keep-0 stay")
+	// What the README says to run to remove the rest.
+	n.mustKubectl("-n", "default", "delete", "addressreservation", "vpcni-keep-0")
+	n.mustKubectl("delete", "crd", "podaddresses.vpcni.io", "nodeblocks.vpcni.io", "addressreservations.vpcni.io")
+	n.mustKubectl("delete", "namespace", "vpcni-system", "--wait=true", "--timeout=2m")
 }
 
 // checkHelmUpgrade changes the pool's warmTarget with helm upgrade: the
@@ -94,7 +121,7 @@ func checkHelmUpgrade(t *testing.T, n *node, helm func(...string) string, chart 
 
 	target := netip.AddrPortFrom(netip.MustParseAddr(web[0].Status.PodIP), 8080)
 	ok, failed := probeLegacy(target, func() {
-		helm("upgrade", "vpcni", chart, "--namespace", "default", "-f", n.writeValues(5))
+		helm("upgrade", "vpcni", chart, "--namespace", "vpcni-system", "-f", n.writeValues(5))
 		n.waitNewAgent(oldAgent)
 	})
 	if failed > 0 || ok == 0 {
@@ -129,6 +156,10 @@ func checkHelmUpgrade(t *testing.T, n *node, helm func(...string) string, chart 
 	t.Logf("vpcni-test: helm upgrade (warmTarget 4 -> 5): ConfigMap %s -> %s, agent rolled, %d probes from the legacy VM, %d failed; %d allocations adopted", oldCM, newCM, ok, failed, len(after.Allocations))
 }
 
+// helmMetricsPort is the agent's metrics port in TestHelmInstall: not the
+// default, so that the Service is seen to follow agent.config.metricsAddr.
+const helmMetricsPort = 19695
+
 // writeValues writes the chart's values that point vpcni at this node, as
 // writeOverlayWith's patches do for kustomize: the image, this node's CNI
 // dirs and host paths, the lab's subnet through the fault proxy (no
@@ -147,7 +178,7 @@ func (n *node) writeValues(warmTarget int) string {
 		"pool": map[string]any{"warmTarget": warmTarget, "batchSize": 4, "maxFree": 6, "surplusGrace": "8s", "addWait": "3s"},
 		"agent": map[string]any{
 			"config": map[string]any{
-				"socketPath": "/run/vpcni/vpcnid.sock", "stateDir": "/var/lib/vpcni", "metricsAddr": "127.0.0.1:19695",
+				"socketPath": "/run/vpcni/vpcnid.sock", "stateDir": "/var/lib/vpcni", "metricsAddr": fmt.Sprintf("${VPCNI_HOST_IP}:%d", helmMetricsPort),
 				"cooldown":   "5s",
 				"kubernetes": map[string]any{"mode": "on"},
 				"snat":       map[string]any{"enabled": true, "vpcCIDRs": []string{"10.90.0.0/24"}},

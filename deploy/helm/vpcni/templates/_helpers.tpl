@@ -1,13 +1,43 @@
 {{/*
-The one label kustomize puts on every object (deploy/kustomization.yaml's
-labels). No Helm labels: the chart renders what kustomize renders.
+Labels. Every object carries the standard ones: app.kubernetes.io/name and
+component say which part of vpcni it belongs to (vpcnid/agent,
+vpcni-controller/controller, vpcni/monitoring), part-of is kustomize's
+(deploy/kustomization.yaml), and instance, version, managed-by and
+helm.sh/chart are Helm's, which deploy/ has not (make helm compares the
+rest). Selectors use app.kubernetes.io/name alone: a selector cannot change
+once the object exists, and the version and chart labels change at every
+upgrade.
 */}}
 {{- define "vpcni.labels" -}}
+app.kubernetes.io/name: {{ .name }}
+app.kubernetes.io/component: {{ .component }}
 app.kubernetes.io/part-of: vpcni
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/version: {{ .root.Values.image.tag | default .root.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .root.Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version | replace "+" "_" }}
 {{- end }}
 
-{{- define "vpcni.namespace" -}}
-{{ required "namespace.name must name the namespace for vpcni's objects" .Values.namespace.name }}
+{{- define "vpcni.agentLabels" -}}
+{{ include "vpcni.labels" (dict "root" . "name" "vpcnid" "component" "agent") }}
+{{- end }}
+
+{{- define "vpcni.controllerLabels" -}}
+{{ include "vpcni.labels" (dict "root" . "name" "vpcni-controller" "component" "controller") }}
+{{- end }}
+
+{{- define "vpcni.monitoringLabels" -}}
+{{ include "vpcni.labels" (dict "root" . "name" "vpcni" "component" "monitoring") }}
+{{- end }}
+
+{{/*
+The agent's metrics port: the port of agent.config.metricsAddr ("" when
+metrics are off).
+*/}}
+{{- define "vpcni.agentMetricsPort" -}}
+{{- with .Values.agent.config.metricsAddr -}}
+{{- regexFind "[0-9]+$" . -}}
+{{- end -}}
 {{- end }}
 
 {{- define "vpcni.image" -}}
