@@ -21,6 +21,8 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	"sigs.k8s.io/yaml"
 )
 
 // Row is one key a reference table documents.
@@ -271,6 +273,13 @@ func SameValue(a, b string) bool {
 	if da, err := time.ParseDuration(a); err == nil {
 		if db, err := time.ParseDuration(b); err == nil {
 			return da == db
+		}
+	}
+	// Lists and maps: a row writes them in YAML's flow style.
+	if strings.HasPrefix(a, "[") || strings.HasPrefix(a, "{") {
+		var va, vb any
+		if yaml.Unmarshal([]byte(a), &va) == nil && yaml.Unmarshal([]byte(b), &vb) == nil && va != nil {
+			return reflect.DeepEqual(va, vb)
 		}
 	}
 	clean := func(s string) string {

@@ -1,6 +1,7 @@
 package docref
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -32,7 +33,12 @@ func leaves(prefix string, v any, out map[string]string) {
 			out[prefix] = "[]"
 			return
 		}
-		out[prefix] = fmt.Sprint(v)
+		// JSON is YAML: SameValue reads the row's flow-style list.
+		b, err := json.Marshal(v)
+		if err != nil {
+			panic(err)
+		}
+		out[prefix] = string(b)
 	case nil:
 		out[prefix] = "null"
 	default:
