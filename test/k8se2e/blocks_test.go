@@ -41,7 +41,9 @@ func TestBlocksInstall(t *testing.T) {
 
 	// The same mode through the chart, on the same node once deploy/'s
 	// install is removed: the NodeBlocks go with their CRD, so the
-	// controller the chart runs must again give the node its first block.
+	// controller the chart runs must again give the node its first block
+	// before any pod on the pod network can start. (The node stays Ready
+	// meanwhile: kubectl delete leaves vpcni's conflist on the node.)
 	start := time.Now()
 	n.mustKubectl("delete", "deployment/web", "service/web", "--wait=true")
 	eventually(t, 2*time.Minute, "the web pods gone", func() (bool, string) {
