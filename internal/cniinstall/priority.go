@@ -51,6 +51,11 @@ func Tidy(confDir, name string) (ConfDir, error) {
 		return d, fmt.Errorf("read the CNI conf dir %s: %w", confDir, err)
 	}
 	slices.Sort(files)
+	// Without the current list there, vpcni's others stay: they are all
+	// the node has.
+	if !slices.Contains(files, filepath.Join(confDir, name)) {
+		return d, fmt.Errorf("vpcni's %s is not in %s", name, confDir)
+	}
 	var errs []error
 	seen := false
 	for _, f := range files {
@@ -75,9 +80,6 @@ func Tidy(confDir, name string) (ConfDir, error) {
 		} else {
 			d.Before = append(d.Before, base)
 		}
-	}
-	if !seen {
-		errs = append(errs, fmt.Errorf("vpcni's %s is not in %s", name, confDir))
 	}
 	return d, errors.Join(errs...)
 }

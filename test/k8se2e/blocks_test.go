@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/vpcni/vpcni/internal/apis/vpcni/v1alpha1"
+	"github.com/vpcni/vpcni/internal/cniinstall"
 	"github.com/vpcni/vpcni/internal/k8s/nodeside"
 	"sigs.k8s.io/yaml"
 )
@@ -101,11 +102,12 @@ func (n *node) waitBlocksInstalled(how string, since time.Time) {
 		if !n.nodeReady() {
 			return false, "NotReady"
 		}
-		if conf := filepath.Join(n.env["VPCNI_K8S_CNI_CONF_HOST_DIR"], "10-vpcni.conflist"); !fileExists(conf) {
+		if conf := filepath.Join(n.env["VPCNI_K8S_CNI_CONF_HOST_DIR"], cniinstall.DefaultName); !fileExists(conf) {
 			t.Fatalf("the node turned Ready without vpcni's conflist %s", conf)
 		}
 		return true, ""
 	})
+	n.checkOneConflist(t, how, cniinstall.DefaultName)
 	t.Logf("vpcni-test: node Ready %s after %s", time.Since(since).Round(100*time.Millisecond), how)
 	n.waitReady("vpcni-system", "app.kubernetes.io/name=vpcnid", 1, 2*time.Minute)
 	var blocks []string
