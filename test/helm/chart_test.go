@@ -262,6 +262,22 @@ controller:
 	only(t, objs, "Namespace", "/cni")
 }
 
+// TestConflistName: agent.conflistName reaches vpcnid's --conflist-name;
+// unset, the flag is left out (vpcnid's default, as deploy/ has it).
+func TestConflistName(t *testing.T) {
+	cmd := func(objs map[string]map[string]any) []any {
+		return dig(only(t, objs, "DaemonSet", "vpcni-system/vpcnid"), "spec", "template", "spec", "containers", 0, "command").([]any)
+	}
+	if got := cmd(helmTemplate(t, "--set", "agent.conflistName=01-vpcni.conflist")); !slices.Contains(got, any("--conflist-name=01-vpcni.conflist")) {
+		t.Errorf("agent.conflistName=01-vpcni.conflist: vpcnid's command %v", got)
+	}
+	for _, a := range cmd(helmTemplate(t)) {
+		if strings.HasPrefix(a.(string), "--conflist-name") {
+			t.Errorf("agent.conflistName unset: vpcnid's command has %s", a)
+		}
+	}
+}
+
 // TestStaticProvider: only the chosen provider's section reaches vpcnid.yaml.
 func TestStaticProvider(t *testing.T) {
 	objs := helmTemplate(t, "--set", "provider.type=static", "--set", "provider.static.ranges[0].cidr=10.20.0.0/22", "--set", "provider.static.blocks.wait=10s")
