@@ -72,7 +72,14 @@ func TestMigrateFromBridge(t *testing.T) {
 	n.overlay = n.writeOverlay("5s", 64, true)
 	applied := time.Now()
 	n.mustKubectl("apply", "-k", n.overlay)
-	n.waitInstalled("kubectl apply -k deploy/ over the bridge plugin", applied)
+	// The node is Ready all along (the bridge's list): installed is when
+	// vpcni's list is there and vpcni serves.
+	conf := filepath.Join(n.env["VPCNI_K8S_CNI_CONF_HOST_DIR"], cniinstall.DefaultName)
+	eventually(t, 2*time.Minute, "vpcni's conflist in the node's CNI dir", func() (bool, string) { return fileExists(conf), "not yet" })
+	n.waitReady("vpcni-system", "app.kubernetes.io/name=vpcnid", 1, 2*time.Minute)
+	n.waitReady("vpcni-system", "app.kubernetes.io/name=vpcni-controller", 2, 2*time.Minute)
+	n.waitWebhook(time.Minute)
+	t.Logf("vpcni-test: vpcni installed over the bridge plugin in %s (conflist, agent, controller, webhook)", time.Since(applied).Round(100*time.Millisecond))
 	n.checkOneConflist(t, "installed over the bridge plugin", cniinstall.DefaultName)
 	if !fileExists(bridgeConf) {
 		t.Fatalf("vpcni removed the bridge's %s: another CNI's file is not vpcni's to delete", bridgeConf)
