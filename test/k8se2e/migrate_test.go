@@ -137,6 +137,26 @@ func TestMigrateFromBridge(t *testing.T) {
 		return len(now) == 3 && ready == 3, fmt.Sprintf("%d pods, %d ready", len(now), ready)
 	})
 	checkOn(t, now, vpcniNet, "vpcni")
+	// vpcni-controller's pods, created with the agent, may have started
+	// on the bridge before the agent wrote its list: they are old pods too.
+	if ctl := n.pods("vpcni-system", "app.kubernetes.io/name=vpcni-controller"); slices.ContainsFunc(ctl, func(p pod) bool { return onNet(p, bridgeNet) }) {
+		t.Logf("vpcni-test: vpcni-controller started on the bridge (%v): restarted too", podIPs(ctl))
+		n.mustKubectl("-n", "vpcni-system", "rollout", "restart", "deployment/vpcni-controller")
+	}
+	eventually(t, 2*time.Minute, "no pod left on the bridge", func() (bool, string) {
+		var all podList
+		if err := n.getJSON(&all, "get", "pods", "-A"); err != nil {
+			return false, err.Error()
+		}
+		var left []string
+		for _, p := range all.Items {
+			if onNet(p, bridgeNet) {
+				left = append(left, p.Metadata.Namespace+"/"+p.Metadata.Name+"="+p.Status.PodIP)
+			}
+		}
+		return len(left) == 0, fmt.Sprintf("%v", left)
+	})
+	n.waitReady("vpcni-system", "app.kubernetes.io/name=vpcni-controller", 2, 2*time.Minute)
 	if got := n.cniCount("DEL", "ok") - dels; got < 3 {
 		t.Errorf("vpcni answered %d DELs while 3 bridge pods were deleted: the runtime did not send their DEL to vpcni", got)
 	}
@@ -152,7 +172,7 @@ func TestMigrateFromBridge(t *testing.T) {
 			t.Errorf("allocation %s gone after the bridge pods' DEL (held now: %v)", h, kept)
 		}
 	}
-	t.Logf("vpcni-test: rollout restart of the bridge pods: replaced in %s, their DEL answered by vpcni (%d ok DELs), no allocation of vpcni's touched; the new replicas on vpcni",
+	t.Logf("vpcni-test: rollout restart of the bridge pods: replaced in %s, their DEL answered by vpcni (%d ok DELs), no allocation of vpcni's touched; the new replicas on vpcni, no pod left on the bridge",
 		time.Since(restarted).Round(100*time.Millisecond), n.cniCount("DEL", "ok")-dels)
 }
 
@@ -164,6 +184,12 @@ func checkOn(t *testing.T, ps []pod, net netip.Prefix, what string) {
 			t.Errorf("%s has address %q, not one of %s (%s)", p.Metadata.Name, p.Status.PodIP, what, net)
 		}
 	}
+}
+
+// onNet: p has an address, in net.
+func onNet(p pod, net netip.Prefix) bool {
+	ip, err := netip.ParseAddr(p.Status.PodIP)
+	return err == nil && net.Contains(ip)
 }
 
 func podIPs(ps []pod) []string {
