@@ -185,9 +185,14 @@ e2e-nova:
 # containerd, kubelet and kube-proxy inside a lab node's namespace), installed
 # with the image and kubectl apply -k deploy/. The Kubernetes build is cached.
 # TestAWSNode runs the same install with provider aws on an AWS-style lab
-# (the lab's EC2 endpoint and instance metadata).
+# (the lab's EC2 endpoint and instance metadata). TestBlocksInstall installs
+# bare metal's per-node blocks (deploy/ with the deploy/blocks component,
+# then the chart with blockRanges) on a fresh node (~2.2 min).
+# TestMigrateFromBridge installs vpcni over a node whose pods run on Debian's
+# bridge plugin and replaces them (docs/install-bare-metal.md, Replacing
+# another CNI).
 e2e-k8s: build image prev-image k8s-build
-	VPCNI_REQUIRE_ROOT=1 VPCNI_BIN=$(CURDIR)/$(BIN) VPCNI_PREV_IMAGE=$(CURDIR)/$(BIN)/prev/vpcni-image.tar $(GO) test -count=1 -timeout 30m -v -run 'TestKubernetesNode|TestAWSNode' ./test/k8se2e 2>&1 | tee /tmp/vpcni-e2e-k8s.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|vpcni-test:|^upgrade' ; exit $${PIPESTATUS[0]}
+	VPCNI_REQUIRE_ROOT=1 VPCNI_BIN=$(CURDIR)/$(BIN) VPCNI_PREV_IMAGE=$(CURDIR)/$(BIN)/prev/vpcni-image.tar $(GO) test -count=1 -timeout 30m -v -run 'TestKubernetesNode|TestAWSNode|TestBlocksInstall|TestMigrateFromBridge' ./test/k8se2e 2>&1 | tee /tmp/vpcni-e2e-k8s.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|vpcni-test:|^upgrade' ; exit $${PIPESTATUS[0]}
 
 # Upgrade in place on the real node: the node installed with the previous
 # release (its deploy/ and image) and its pods, then this release applied

@@ -484,7 +484,9 @@ EOC
 
 cni_bridge() {
 	local d=$CNI_HOST_DIR/net.d subnet=$BRIDGE_SUBNET
-	local f=$d/10-vpcni-k8s-bridge.conflist
+	# BRIDGE_CONF names the file: the default sorts after vpcni's
+	# 00-vpcni.conflist (a CNI being replaced), 00-bridge.conflist before it.
+	local f=$d/${BRIDGE_CONF:-10-vpcni-k8s-bridge.conflist}
 	# A joined node's pods get its own podCIDR (the first node's is the
 	# first /24, BRIDGE_SUBNET's default).
 	if [ -n "$JOINED_NAME" ]; then
@@ -1005,7 +1007,8 @@ usage: scripts/k8s-node.sh build|up|down|status|env|cni bridge|import …|kubect
            and state (logs kept)
   status   what runs; exits 1 unless all of it does
   env      the interface as shell assignments (kubeconfig, kubectl, CNI dirs, images)
-  cni bridge   write Debian's bridge conflist (the node's podCIDR, in the node's namespace)
+  cni bridge   write Debian's bridge conflist (the node's podCIDR, in the node's namespace) as
+               10-vpcni-k8s-bridge.conflist, or BRIDGE_CONF=<name>
   on CMD…      run CMD in the node's network (and, joined, mount) namespace
   kubectl …    kubectl in the node's namespace with the admin kubeconfig
   import FILE.tar…   import docker-save tarballs (make image: bin/vpcni-image.tar) into the node

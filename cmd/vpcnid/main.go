@@ -22,8 +22,8 @@ import (
 )
 
 var (
-	version                     = "dev"
-	installConflist, cniConfDir string
+	version                                   = "dev"
+	installConflist, cniConfDir, conflistName string
 )
 
 func main() {
@@ -46,10 +46,14 @@ func registerFlags(fs *flag.FlagSet) (configPath *string, showVersion *bool) {
 	showVersion = fs.Bool("version", false, "print the version and exit")
 	fs.StringVar(&installConflist, "install-conflist", "", "once serving, install this CNI network configuration list into -cni-conf-dir (the node turns Ready then)")
 	fs.StringVar(&cniConfDir, "cni-conf-dir", "/host/etc/cni/net.d", "the runtime's CNI conf dir, for -install-conflist")
+	fs.StringVar(&conflistName, "conflist-name", cniinstall.DefaultName, "the file name -install-conflist takes in -cni-conf-dir: the runtime uses the first by name, so it must sort before any other CNI's; vpcni's own lists under other names there are deleted")
 	return configPath, showVersion
 }
 
 func run(configPath string) error {
+	// shadowed, with the cluster on, puts an Event on the Node when
+	// another network configuration shadows vpcni's.
+	var shadowed func(ours string, before []string)
 	cfg, err := config.Load(configPath)
 	if err != nil {
 		return err
@@ -89,6 +93,7 @@ func run(configPath string) error {
 			return fmt.Errorf("kubernetes: %w", err)
 		}
 		a.SetCluster(node)
+		shadowed = node.ConflistShadowed
 		// Addresses that follow StatefulSet pods (AddressReservations).
 		res, err := nodeside.NewReservations(rc)
 		if err != nil {
@@ -116,11 +121,11 @@ func run(configPath string) error {
 	go func() { errc <- srv.Serve(sock) }()
 	log.Info("vpcnid ready", "version", version, "node", cfg.NodeName, "socket", cfg.SocketPath, "provider", cfg.Provider.Type)
 	if installConflist != "" {
-		name := filepath.Base(installConflist)
-		if _, err := cniinstall.Conflist(installConflist, cniConfDir, name); err != nil {
+		if _, err := cniinstall.Conflist(installConflist, cniConfDir, conflistName); err != nil {
 			return err
 		}
-		log.Info("CNI network configuration installed", "file", filepath.Join(cniConfDir, name))
+		log.Info("CNI network configuration installed", "file", filepath.Join(cniConfDir, conflistName))
+		tellConfDir(log, cniConfDir, conflistName, shadowed)
 	}
 
 	select {

@@ -23,7 +23,7 @@ func installCNI(args []string, out io.Writer) error {
 	binDir := fs.String("bin-dir", "/host/opt/cni/bin", "the runtime's CNI bin dir")
 	confDir := fs.String("conf-dir", "/host/etc/cni/net.d", "the runtime's CNI conf dir")
 	conflist := fs.String("conflist", "/etc/vpcni/10-vpcni.conflist", "the network configuration list to install (empty: none)")
-	name := fs.String("name", "10-vpcni.conflist", "its file name in the conf dir")
+	name := fs.String("name", cniinstall.DefaultName, "its file name in the conf dir (the runtime uses the first by name)")
 	chained := fs.String("chained-plugins", "/opt/cni-plugins", "the image's builds of the plugins the conflist chains after vpcni (portmap, bandwidth): each one the node lacks is installed into --bin-dir; a node's own is kept")
 	chainConflist := fs.String("chain-conflist", "", "read the chained plugins and CNI version from this conflist without installing it (default: --conflist; vpcnid installs the conflist itself in the DaemonSet)")
 	agentConfig := fs.String("agent-config", "", "also set the node's sysctls for the uplink of this vpcnid config (needs a writable /proc/sys)")

@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/vpcni/vpcni/internal/cniinstall"
 )
 
 func TestInstallCNIWritesInPlace(t *testing.T) {
@@ -32,7 +34,7 @@ func TestInstallCNIWritesInPlace(t *testing.T) {
 	if string(got) != "#!/bin/true\n" {
 		t.Fatalf("plugin not installed: %q", got)
 	}
-	st, _ := os.Stat(filepath.Join(conf, "10-vpcni.conflist"))
+	st, _ := os.Stat(filepath.Join(conf, cniinstall.DefaultName))
 	if st == nil || st.Mode().Perm() != 0o644 {
 		t.Fatalf("conflist missing or wrong mode: %v", st)
 	}
@@ -71,14 +73,14 @@ func TestUninstallCNI(t *testing.T) {
 	os.Mkdir(conf, 0o755)
 	os.WriteFile(filepath.Join(bin, "vpcni"), []byte("x"), 0o755)
 	os.WriteFile(filepath.Join(bin, "other"), []byte("x"), 0o755)
-	os.WriteFile(filepath.Join(conf, "10-vpcni.conflist"), []byte("{}"), 0o644)
+	os.WriteFile(filepath.Join(conf, cniinstall.DefaultName), []byte("{}"), 0o644)
 	os.WriteFile(filepath.Join(conf, "20-other.conflist"), []byte("{}"), 0o644)
 	args := []string{"uninstall-cni", "--bin-dir", bin, "--conf-dir", conf}
 	var stdout, stderr bytes.Buffer
 	if code := Main(args, &stdout, &stderr); code != 0 {
 		t.Fatalf("exit %d: %s", code, stderr.String())
 	}
-	for _, gone := range []string{filepath.Join(bin, "vpcni"), filepath.Join(conf, "10-vpcni.conflist")} {
+	for _, gone := range []string{filepath.Join(bin, "vpcni"), filepath.Join(conf, cniinstall.DefaultName)} {
 		if _, err := os.Stat(gone); err == nil || !strings.Contains(stdout.String(), "removed "+gone) {
 			t.Errorf("%s not removed (or not said): %v\n%s", gone, err, stdout.String())
 		}
@@ -189,7 +191,7 @@ func TestInstallCNIChainedPlugins(t *testing.T) {
 		!strings.Contains(out, "installed "+filepath.Join(bin, "bandwidth")) {
 		t.Errorf("output:\n%s", out)
 	}
-	if _, err := os.Stat(filepath.Join(conf, "10-vpcni.conflist")); err != nil {
+	if _, err := os.Stat(filepath.Join(conf, cniinstall.DefaultName)); err != nil {
 		t.Errorf("the first run's conflist is gone: %v", err)
 	}
 

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/vpcni/vpcni/internal/cniinstall"
 	"github.com/vpcni/vpcni/internal/config"
 	"github.com/vpcni/vpcni/internal/datapath"
 	"github.com/vpcni/vpcni/internal/snat"
@@ -27,7 +28,7 @@ func uninstallCNI(args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("uninstall-cni", flag.ContinueOnError)
 	binDir := fs.String("bin-dir", "/host/opt/cni/bin", "the runtime's CNI bin dir")
 	confDir := fs.String("conf-dir", "/host/etc/cni/net.d", "the runtime's CNI conf dir")
-	name := fs.String("name", "10-vpcni.conflist", "the conflist's file name in the conf dir")
+	name := fs.String("name", cniinstall.DefaultName, "the conflist's file name in the conf dir")
 	agentConfig := fs.String("agent-config", "", "also undo what the datapath mode of this vpcnid config changed on the node (the agent must be stopped)")
 	if err := parseFlags(fs, args); err != nil {
 		return err

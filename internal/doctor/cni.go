@@ -47,7 +47,7 @@ func CNI(confDir, binDir string) []Result {
 		first := filepath.Base(files[0])
 		conf.Status = Fail
 		conf.Detail = fmt.Sprintf("vpcni's %s is shadowed by %s, which sorts first in %s: the runtime uses %s", filepath.Base(ours), first, confDir, first)
-		conf.Fix = fmt.Sprintf("remove %s (another CNI's leftover?) or rename vpcni's to sort before it", files[0])
+		conf.Fix = fmt.Sprintf("remove %s (another CNI's leftover? its pods keep running: docs/install-bare-metal.md, Replacing another CNI) or give vpcni's a name that sorts first (vpcnid -conflist-name; the default 00-vpcni.conflist sorts before other CNIs' files)", files[0])
 	default:
 		conf.Status = OK
 		conf.Detail = fmt.Sprintf("the runtime uses vpcni's %s (network %q, CNI %s)", filepath.Base(ours), list.Name, list.CNIVersion)

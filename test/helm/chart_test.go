@@ -51,6 +51,49 @@ func TestDefaultsRenderDeploy(t *testing.T) {
 	t.Logf("vpcni-test: helm template = kubectl kustomize deploy/: %d objects (%s)", len(want), strings.Join(slices.Sorted(maps.Keys(want)), ", "))
 }
 
+// TestBlocksRenderDeployBlocks: the chart with per-node blocks (the static
+// provider's blocks mode and the controller's blockRanges) gives what
+// deploy/ with its blocks component gives, turned on as deploy/'s
+// kustomization.yaml says: the controller on the host network included.
+func TestBlocksRenderDeployBlocks(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "deploy")
+	if out, err := run("cp", "-r", filepath.Join(repo, "deploy"), dir); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	kfile := filepath.Join(dir, "kustomization.yaml")
+	data, err := os.ReadFile(kfile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, kfile, string(mustReplace(t, "kustomization.yaml", data, "# components:\n#   - blocks\n", "components:\n  - blocks\n")))
+	want := kustomize(t, dir)
+	values := filepath.Join(t.TempDir(), "values.yaml")
+	writeFile(t, values, `provider:
+  type: static
+  static:
+    ranges:
+      - cidr: 10.20.0.0/22
+        gateway: 10.20.0.1
+        exclude: [10.20.0.2, 10.20.0.3]
+    blocks: {wait: 10s}
+controller:
+  blockRanges: [10.20.0.0/22]
+  blockSize: 26
+`)
+	got := helmTemplate(t, "-f", values)
+	if diffs := compare(got, want); len(diffs) > 0 {
+		t.Fatalf("helm template with blocks values differs from deploy/ with components: [blocks] (change the chart with deploy/blocks):\n%s", strings.Join(diffs, "\n"))
+	}
+	ctl := only(t, got, "Deployment", "vpcni-system/vpcni-controller")
+	if dig(ctl, "spec", "template", "spec", "hostNetwork") != true {
+		t.Errorf("blocks mode: the controller is not on the host network")
+	}
+	if dig(only(t, helmTemplate(t), "Deployment", "vpcni-system/vpcni-controller"), "spec", "template", "spec", "hostNetwork") != nil {
+		t.Errorf("without blockRanges the controller must stay on the pod network")
+	}
+	t.Logf("vpcni-test: helm template (static provider, blockRanges) = kubectl kustomize deploy/ + blocks: %d objects, controller on the host network", len(want))
+}
+
 // TestDeployChangeIsCaught: a change to deploy/ alone is reported, naming
 // the object and the field, so the chart cannot silently fall behind.
 func TestDeployChangeIsCaught(t *testing.T) {
@@ -263,6 +306,22 @@ controller:
 	// The agent's metrics address comes from the node: VPCNI_HOST_IP.
 	if got := dig(dsPod, "containers", 0, "env", 1); !reflect.DeepEqual(got, map[string]any{"name": "VPCNI_HOST_IP", "valueFrom": map[string]any{"fieldRef": map[string]any{"fieldPath": "status.hostIP"}}}) {
 		t.Errorf("agent env[1]: %s, want VPCNI_HOST_IP from status.hostIP", js(got))
+	}
+}
+
+// TestConflistName: agent.conflistName reaches vpcnid's --conflist-name;
+// unset, the flag is left out (vpcnid's default, as deploy/ has it).
+func TestConflistName(t *testing.T) {
+	cmd := func(objs map[string]map[string]any) []any {
+		return dig(only(t, objs, "DaemonSet", "vpcni-system/vpcnid"), "spec", "template", "spec", "containers", 0, "command").([]any)
+	}
+	if got := cmd(helmTemplate(t, "--set", "agent.conflistName=01-vpcni.conflist")); !slices.Contains(got, any("--conflist-name=01-vpcni.conflist")) {
+		t.Errorf("agent.conflistName=01-vpcni.conflist: vpcnid's command %v", got)
+	}
+	for _, a := range cmd(helmTemplate(t)) {
+		if strings.HasPrefix(a.(string), "--conflist-name") {
+			t.Errorf("agent.conflistName unset: vpcnid's command has %s", a)
+		}
 	}
 }
 

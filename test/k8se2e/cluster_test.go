@@ -3,8 +3,14 @@ package k8se2e
 import (
 	"fmt"
 	"path/filepath"
+	"slices"
+	"sort"
+	"testing"
 	"time"
 
+	"github.com/containernetworking/cni/libcni"
+
+	"github.com/vpcni/vpcni/internal/cniinstall"
 	"github.com/vpcni/vpcni/internal/k8s/nodeside"
 )
 
@@ -70,6 +76,7 @@ func (n *node) waitInstalled(how string, since time.Time) {
 	t := n.t
 	t.Helper()
 	names := n.nodeNames()
+	conflist := n.conflistName()
 	eventually(t, 3*time.Minute, fmt.Sprintf("%d nodes Ready after vpcni is installed", len(names)), func() (bool, string) {
 		for i, e := range n.envs() {
 			if !n.nodeReadyNamed(names[i]) {
@@ -78,13 +85,13 @@ func (n *node) waitInstalled(how string, since time.Time) {
 			// A joined node's conflist is in its own CNI dir (its mount
 			// namespace binds it at the first node's path, the DaemonSet's
 			// hostPath).
-			if conf := filepath.Join(e["VPCNI_K8S_CNI_CONF_HOST_DIR"], "10-vpcni.conflist"); !fileExists(conf) {
+			if conf := filepath.Join(e["VPCNI_K8S_CNI_CONF_HOST_DIR"], conflist); !fileExists(conf) {
 				t.Fatalf("%s turned Ready without vpcni's conflist %s", names[i], conf)
 			}
 		}
 		return true, ""
 	})
-	t.Logf("vpcni-test: %d node(s) Ready %s after %s (vpcni's conflist in each node's CNI dir)", len(names), time.Since(since).Round(100*time.Millisecond), how)
+	t.Logf("vpcni-test: %d node(s) Ready %s after %s (vpcni's %s in each node's CNI dir)", len(names), time.Since(since).Round(100*time.Millisecond), how, conflist)
 	agents := n.waitReady("vpcni-system", "app.kubernetes.io/name=vpcnid", len(names), 2*time.Minute)
 	on := n.podNodes(agents)
 	for _, name := range names {
@@ -96,4 +103,42 @@ func (n *node) waitInstalled(how string, since time.Time) {
 	n.waitReady("vpcni-system", "app.kubernetes.io/name=vpcni-controller", 2, 2*time.Minute)
 	// Its webhook makes the tests' pods request vpcni.io/ip.
 	n.waitWebhook(time.Minute)
+}
+
+// conflistName is the name vpcnid gives its network configuration in the
+// node's CNI conf dir: this release's default, or the previous release's
+// (named after its source in the ConfigMap).
+func (n *node) conflistName() string {
+	if n.prev != nil {
+		return "10-vpcni.conflist"
+	}
+	return cniinstall.DefaultName
+}
+
+// vpcniConflists lists the files in dir the runtime would read as vpcni's
+// (first plugin vpcni), by name.
+func vpcniConflists(t testing.TB, dir string) []string {
+	files, err := libcni.ConfFiles(dir, cniinstall.ConfExts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ours []string
+	for _, f := range files {
+		if cniinstall.IsVpcni(f) {
+			ours = append(ours, filepath.Base(f))
+		}
+	}
+	sort.Strings(ours)
+	return ours
+}
+
+// checkOneConflist: the node's CNI conf dir holds exactly one vpcni list,
+// under want.
+func (n *node) checkOneConflist(t testing.TB, when, want string) {
+	t.Helper()
+	if got := vpcniConflists(t, n.env["VPCNI_K8S_CNI_CONF_HOST_DIR"]); !slices.Equal(got, []string{want}) {
+		t.Errorf("%s: vpcni's network configurations in the node's CNI dir: %v, want exactly [%s]", when, got, want)
+		return
+	}
+	t.Logf("vpcni-test: %s: exactly one vpcni network configuration in the node's CNI dir, %s", when, want)
 }

@@ -57,10 +57,11 @@ func TestPodStartup(t *testing.T) {
 			var confs []string
 			want := vpcniNet
 			if plugin == "bridge" {
-				// Debian's bridge conflist sorts before vpcni's: while it is
-				// there, each node's containerd uses it.
+				// Debian's bridge conflist, named to sort before vpcni's
+				// 00-vpcni.conflist: while it is there, each node's
+				// containerd uses it.
 				for _, name := range names {
-					env := []string{}
+					env := []string{"BRIDGE_CONF=00-bridge.conflist"}
 					if name != names[0] {
 						env = append(env, "NODE="+name)
 					}

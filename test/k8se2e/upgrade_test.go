@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/vpcni/vpcni/internal/api"
+	"github.com/vpcni/vpcni/internal/cniinstall"
 	"github.com/vpcni/vpcni/internal/doctor"
 	"github.com/vpcni/vpcni/internal/store"
 )
@@ -127,6 +128,9 @@ func checkUpgrade(t *testing.T, n *node, web []pod) {
 		t.Errorf("this release's agent: store schema %d, want %d (%v)", st.StoreSchema, store.Schema, err)
 	}
 	checkPodToPod(t, n, web)
+	// The previous release wrote 10-vpcni.conflist; this one writes its
+	// own name and deletes that one.
+	n.checkOneConflist(t, "after the upgrade", cniinstall.DefaultName)
 	perPod := took / time.Duration(max(1, (ok+failed)/len(web)))
 	fmt.Printf("upgrade: pods=%d failed_probes=%d adopted=%d\n", len(web), failed, got)
 	fmt.Printf("upgrade detail: from=%s to=%s probes=%d over=%s interval_per_pod=%s store_schema=0->%d\n",
@@ -157,6 +161,9 @@ func checkRollback(t *testing.T, n *node) {
 			t.Errorf("%s: %d of %d web pods adopted as they were wired", step.name, got, len(before))
 		}
 		checkPodToPod(t, n, web)
+		if step.image == cur {
+			n.checkOneConflist(t, "rolled forward again", cniinstall.DefaultName)
+		}
 		t.Logf("vpcni-test: %s to %s: %d probes of %d pods in %s from the legacy VM, %d failed; %d web pods adopted as wired",
 			step.name, step.image, ok+failed, len(web), took.Round(100*time.Millisecond), failed, len(after))
 	}

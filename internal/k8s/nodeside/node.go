@@ -15,6 +15,7 @@ import (
 	"net/netip"
 	"regexp"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -497,6 +498,9 @@ const (
 	// (the provider not connected, or refusing to start; no address left
 	// and none to be had).
 	EventNotReady = "VpcniNotReady"
+	// EventConflistShadowed: another network configuration sorts before
+	// the one vpcnid installed, so the runtime gives new pods that network.
+	EventConflistShadowed = "VpcniConflistShadowed"
 )
 
 func (n *Node) podRef(podNamespace, podName string) *corev1.ObjectReference {
@@ -526,6 +530,15 @@ func (n *Node) Failed(verb, podNamespace, podName string, aerr *api.Error) {
 		return
 	}
 	n.recorder.Eventf(n.podRef(podNamespace, podName), corev1.EventTypeWarning, EventSetupFailed, "vpcni on node %s could not set up the pod's network (CNI error %d): %s", n.name, aerr.Code, msg)
+}
+
+// ConflistShadowed puts a warning event on the Node: vpcnid installed its
+// network configuration as ours, but the runtime uses the first of before
+// (the other networks' files that sort ahead of it).
+func (n *Node) ConflistShadowed(ours string, before []string) {
+	n.recorder.Eventf(n.nodeRef(), corev1.EventTypeWarning, EventConflistShadowed,
+		"vpcni on node %s installed its CNI network configuration %s, but the runtime uses %s, which sorts first in the CNI conf dir: new pods get that network, not vpcni's; remove %s (another CNI's?) or give vpcni's a name that sorts first (vpcnid -conflist-name)",
+		n.name, ours, before[0], strings.Join(before, ", "))
 }
 
 // Unhealthy implements agent.Cluster: a warning event on the pod.
