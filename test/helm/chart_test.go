@@ -66,7 +66,7 @@ func TestBlocksRenderDeployBlocks(t *testing.T) {
 		t.Fatal(err)
 	}
 	writeFile(t, kfile, string(mustReplace(t, "kustomization.yaml", data, "# components:\n#   - blocks\n", "components:\n  - blocks\n")))
-	want := kustomize(t, dir)
+	want := deployObjects(t, kustomize(t, dir))
 	values := filepath.Join(t.TempDir(), "values.yaml")
 	writeFile(t, values, `provider:
   type: static
@@ -80,7 +80,7 @@ controller:
   blockRanges: [10.20.0.0/22]
   blockSize: 26
 `)
-	got := helmTemplate(t, "-f", values)
+	got := chartObjects(t, helmTemplate(t, "-f", values), "vpcni-system")
 	if diffs := compare(got, want); len(diffs) > 0 {
 		t.Fatalf("helm template with blocks values differs from deploy/ with components: [blocks] (change the chart with deploy/blocks):\n%s", strings.Join(diffs, "\n"))
 	}
@@ -290,7 +290,13 @@ controller:
 		{"agent priorityClassName", dig(dsPod, "priorityClassName"), "agent-prio"},
 		{"agent extraEnv", dig(dsPod, "containers", 0, "env", 2), map[string]any{"name": "HTTPS_PROXY", "value": "http://proxy.example:3128"}},
 		{"agent imagePullSecrets", dig(dsPod, "imagePullSecrets"), []any{map[string]any{"name": "regcred"}}},
-		{"controller tolerations", dig(ctlPod, "tolerations"), nil},
+		// tolerations: [] drops the defaults; with blockRanges the
+		// controller is on the host network and must still run on a new
+		// cluster's first node.
+		{"controller tolerations", dig(ctlPod, "tolerations"), []any{
+			map[string]any{"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoSchedule"},
+			map[string]any{"key": "node-role.kubernetes.io/control-plane", "operator": "Exists", "effect": "NoSchedule"},
+		}},
 		{"controller nodeSelector", dig(ctlPod, "nodeSelector"), map[string]any{"node-role.kubernetes.io/control-plane": ""}},
 		{"controller affinity", dig(ctlPod, "affinity"), map[string]any{"podAntiAffinity": map[string]any{"preferredDuringSchedulingIgnoredDuringExecution": []any{}}}},
 		{"controller priorityClassName", dig(ctlPod, "priorityClassName"), nil},
