@@ -174,6 +174,10 @@ type DoctorNode struct {
 	// Transport carries every request to the cloud (doctor reads the
 	// clock of its answers).
 	Transport http.RoundTripper
+	// Wrap, if set, is used instead of Transport by a provider whose
+	// settings make a transport of their own (a CA bundle, a proxy): it
+	// puts doctor's Transport in front of that one.
+	Wrap func(http.RoundTripper) http.RoundTripper
 }
 
 // Step is one stage of a provider's start-up, checked: what it found,
