@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net/http"
 	"regexp"
+	"slices"
 	"strings"
 
 	"github.com/gophercloud/gophercloud/v2"
@@ -35,10 +36,14 @@ var (
 type Denied struct {
 	// Service is "Neutron", "Nova" or "Keystone" (from the answer's shape).
 	Service string
-	// Rule is the policy rule that refused, the most specific one the
-	// answer names ("update_port:allowed_address_pairs"); "" when the
-	// answer names none.
-	Rule string
+	// Rules are the policy rules the refusal names, the most specific
+	// ones: Neutron checks a call's attributes as one expression and names
+	// all of it ("(rule:update_port and (rule:update_port:fixed_ips and
+	// (rule:update_port:fixed_ips:ip_address and
+	// rule:update_port:fixed_ips:subnet_id)))"), so the rules no other
+	// named rule refines ("update_port:fixed_ips:ip_address",
+	// "update_port:fixed_ips:subnet_id"); none when the answer names none.
+	Rules []string
 	// Message is the service's own words.
 	Message string
 	// Method and URL are the call refused.
@@ -67,18 +72,24 @@ func DeniedBy(err error) (d Denied, ok bool) {
 	switch {
 	case body.NeutronError != nil:
 		d.Service, d.Message = "Neutron", body.NeutronError.Message
-		if m := neutronRule.FindAllStringSubmatch(d.Message, -1); len(m) > 0 {
-			d.Rule = m[len(m)-1][1] // the attribute's rule comes last, its parent's first
+		var all []string
+		for _, m := range neutronRule.FindAllStringSubmatch(d.Message, -1) {
+			all = append(all, m[1])
+		}
+		for _, r := range all {
+			if !slices.ContainsFunc(all, func(o string) bool { return strings.HasPrefix(o, r+":") }) {
+				d.Rules = append(d.Rules, r)
+			}
 		}
 	case body.Forbidden != nil:
 		d.Service, d.Message = "Nova", body.Forbidden.Message
 		if m := novaRule.FindStringSubmatch(d.Message); m != nil {
-			d.Rule = m[1]
+			d.Rules = []string{m[1]}
 		}
 	case body.Error != nil:
 		d.Service, d.Message = "Keystone", body.Error.Message
 		if m := identRule.FindStringSubmatch(d.Message); m != nil {
-			d.Rule = m[1]
+			d.Rules = []string{m[1]}
 		}
 	default:
 		d.Service, d.Message = "the cloud", strings.TrimSpace(string(code.Body))
@@ -87,25 +98,46 @@ func DeniedBy(err error) (d Denied, ok bool) {
 }
 
 // Fix says which role or policy change lets the call through, by the
-// rule's defaults in Neutron's and Nova's shipped policies.
+// rules' defaults in Neutron's and Nova's shipped policies: an admin-only
+// attribute among the rules decides it, then a network owner's one.
 func (d Denied) Fix() string {
-	r := d.Rule
-	switch {
-	case r == "":
-		return fmt.Sprintf("%s named no rule: its log (policy) says which; give the credentials a role that rule allows", d.Service)
-	case strings.HasPrefix(r, "update_port:allowed_address_pairs"), strings.HasPrefix(r, "update_port:fixed_ips"),
-		strings.HasPrefix(r, "create_port:fixed_ips"), strings.HasPrefix(r, "create_port:mac_address"),
-		strings.HasPrefix(r, "create_port:allowed_address_pairs"):
+	find := func(match func(string) bool) string {
+		if i := slices.IndexFunc(d.Rules, match); i >= 0 {
+			return d.Rules[i]
+		}
+		return ""
+	}
+	suffix := func(s ...string) func(string) bool {
+		return func(r string) bool {
+			return slices.ContainsFunc(s, func(x string) bool { return strings.HasSuffix(r, x) })
+		}
+	}
+	prefix := func(s ...string) func(string) bool {
+		return func(r string) bool {
+			return slices.ContainsFunc(s, func(x string) bool { return strings.HasPrefix(r, x) })
+		}
+	}
+	if len(d.Rules) == 0 {
+		return fmt.Sprintf("%s named no rule: its log says which; give the credentials a role that rule allows", d.Service)
+	}
+	if r := find(suffix("floatingip:floating_ip_address")); r != "" {
+		return "naming the address of a new floating IP is admin-only by default: allocate the floating IP first (openstack floating ip create --floating-ip-address …) and name that one, or have the cloud's admin grant " + r
+	}
+	adminOnly := suffix(":external_fixed_ips", ":enable_snat", ":device_owner", ":distributed", ":ha")
+	if r := find(func(r string) bool { return adminOnly(r) || strings.Contains(r, "binding:") }); r != "" {
+		return r + " is admin-only by default: leave that attribute out, or have the cloud's admin grant " + r + " in " + d.Service + "'s policy"
+	}
+	if r := find(prefix("update_port:allowed_address_pairs", "update_port:fixed_ips", "create_port:fixed_ips",
+		"create_port:mac_address", "create_port:allowed_address_pairs")); r != "" {
 		return "by default only the network's owner or an admin passes " + r + ": use credentials of the network's project, " +
 			"mode passthrough (ports of its own, which a member may create), or have the cloud's admin grant " + r + " in Neutron's policy"
-	case strings.Contains(r, "binding:"), strings.HasSuffix(r, ":device_owner"):
-		return r + " is for admins and services by default: have the cloud's admin grant it in Neutron's policy"
-	case r == "create_floatingip:floating_ip_address":
-		return "naming the address of a new floating IP is admin-only by default: allocate the floating IP first (openstack floating ip create --floating-ip-address …) and name that one, or have the cloud's admin grant " + r
+	}
+	r := d.Rules[0]
+	switch {
 	case strings.Contains(r, "floatingip"):
 		return "the credentials need the member role in the floating IP's project (Neutron's default for " + r + "), or the cloud's admin to grant " + r
 	case strings.Contains(r, "router") || strings.Contains(r, "extraroutes"):
-		return "the credentials need the member role in the router's project (Neutron's default for " + r + "; an admin-only attribute needs the cloud's admin), or the cloud's admin to grant " + r
+		return "the credentials need the member role in the router's project (Neutron's default for " + r + "), or the cloud's admin to grant " + r
 	case strings.HasPrefix(r, "os_compute_api:"):
 		return "the credentials need the member role in the VM's project (Nova's default for " + r + "), or the cloud's admin to grant " + r + " in Nova's policy"
 	case strings.HasPrefix(r, "identity:"):
@@ -114,11 +146,18 @@ func (d Denied) Fix() string {
 	return fmt.Sprintf("give the credentials a role that %s's policy allows for %s (by default the member role in the resource's project), or have the cloud's admin grant it", d.Service, r)
 }
 
+// Rule is the rules, for a person: "a and b"; "" when none is named.
+func (d Denied) Rule() string { return strings.Join(d.Rules, " and ") }
+
 // Error words the refusal for a person: the call, the rule, the fix.
 func (d Denied) Error() string {
 	rule := "no rule named"
-	if d.Rule != "" {
-		rule = "rule " + d.Rule
+	switch len(d.Rules) {
+	case 0:
+	case 1:
+		rule = "rule " + d.Rules[0]
+	default:
+		rule = "rules " + d.Rule()
 	}
 	return fmt.Sprintf("%s's policy refused %s %s (%s: %q): %s", d.Service, d.Method, d.URL, rule, d.Message, d.Fix())
 }
