@@ -98,8 +98,14 @@ type Node struct {
 	StateDir string
 	// Kubeconfig is the agent's kubernetes.kubeconfig ("": $KUBECONFIG,
 	// else the pod's service account), for a provider that reads cluster
-	// objects (the static provider's blocks).
+	// objects (the static provider's blocks and Nodes).
 	Kubeconfig string
+	// Kubernetes: the agent runs with the cluster (kubernetes.mode not
+	// off), so its objects may be read.
+	Kubernetes bool
+	// Uplink is the interface to the pods' network ("" unknown), which a
+	// provider without a cloud probes (the static provider's ARP).
+	Uplink string
 	Log        *slog.Logger
 	// Notify, if set, is told what the provider found that a person should
 	// know of though no call failed (see Notice). The provider calls it on
