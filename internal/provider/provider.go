@@ -106,7 +106,7 @@ type Node struct {
 	// Uplink is the interface to the pods' network ("" unknown), which a
 	// provider without a cloud probes (the static provider's ARP).
 	Uplink string
-	Log        *slog.Logger
+	Log    *slog.Logger
 	// Notify, if set, is told what the provider found that a person should
 	// know of though no call failed (see Notice). The provider calls it on
 	// its own goroutines and must not wait on it; nil: nobody listens.
@@ -136,6 +136,11 @@ type Notice struct {
 // it keeps its own addresses and leaves everyone else's as the cloud
 // has them, and says what it saw.
 const ReasonWriteRace = "VpcniCloudWriteRace"
+
+// ReasonAddressInUse: another host on the segment answered the probe of
+// an address the provider was about to hand out (the static provider's
+// ARP probe); the address is set aside, never handed to a pod.
+const ReasonAddressInUse = "VpcniAddressInUse"
 
 // Registration is one provider type.
 type Registration struct {

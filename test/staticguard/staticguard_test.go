@@ -181,8 +181,8 @@ func TestNeverHandsOutAHeldAddress(t *testing.T) {
 	mu.Lock()
 	said := map[string]bool{}
 	for _, n := range notices {
-		if n.Reason != static.ReasonAddressInUse || !strings.Contains(n.Message, foreignMAC) {
-			t.Errorf("notice %+v: want %s naming MAC %s", n, static.ReasonAddressInUse, foreignMAC)
+		if n.Reason != provider.ReasonAddressInUse || !strings.Contains(n.Message, foreignMAC) {
+			t.Errorf("notice %+v: want %s naming MAC %s", n, provider.ReasonAddressInUse, foreignMAC)
 		}
 		said[strings.Fields(n.Message)[0]] = true
 		t.Logf("notice: %s", n.Message)

@@ -55,10 +55,6 @@ type Guard struct {
 // joins is avoided within it, and probed (it answers ARP) meanwhile.
 const nodesTTL = 30 * time.Second
 
-// ReasonAddressInUse: another host on the segment answered the probe of
-// an address in the static ranges; the provider set it aside.
-const ReasonAddressInUse = "VpcniAddressInUse"
-
 // inUse is an address another host answered for.
 type inUse struct {
 	mac   string
@@ -162,10 +158,10 @@ func (p *Provider) vet(ctx context.Context, picked []netip.Addr) (kept []netip.A
 		msg := fmt.Sprintf("%s is in the static ranges but %s on the node's segment: it is not handed to a pod, and is probed again in %s "+
 			"(exclude it in provider.static.ranges[].exclude if that host keeps it)", a, why, p.guard.Recheck)
 		if p.guard.Notify != nil {
-			p.guard.Notify(provider.Notice{Reason: ReasonAddressInUse, Kind: "arp_reply", Message: msg,
+			p.guard.Notify(provider.Notice{Reason: provider.ReasonAddressInUse, Kind: "arp_reply", Message: msg,
 				Attrs: []any{"address", a.String(), "mac", found[a].String()}})
 		} else {
-			p.guard.Log.Warn(msg, "reason", ReasonAddressInUse, "address", a.String(), "mac", found[a].String())
+			p.guard.Log.Warn(msg, "reason", provider.ReasonAddressInUse, "address", a.String(), "mac", found[a].String())
 		}
 	}
 	return kept, refused, nil

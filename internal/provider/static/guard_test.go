@@ -86,8 +86,8 @@ func TestGuardInBlocks(t *testing.T) {
 			t.Errorf("%s handed out unprobed (probed %v)", a.Address, probed)
 		}
 	}
-	if len(notices) != 1 || notices[0].Reason != static.ReasonAddressInUse || notices[0].Attrs[3] != "02:00:00:00:00:03" {
-		t.Fatalf("notices %+v, want one %s for 10.9.0.3 naming 02:00:00:00:00:03", notices, static.ReasonAddressInUse)
+	if len(notices) != 1 || notices[0].Reason != provider.ReasonAddressInUse || notices[0].Attrs[3] != "02:00:00:00:00:03" {
+		t.Fatalf("notices %+v, want one %s for 10.9.0.3 naming 02:00:00:00:00:03", notices, provider.ReasonAddressInUse)
 	}
 	_, err = p.Assign(context.Background(), provider.AssignRequest{Addresses: ips("10.9.0.3")})
 	if !errors.Is(err, provider.ErrTaken) {
@@ -129,4 +129,3 @@ func TestProbeSettingsValidate(t *testing.T) {
 		}
 	}
 }
-
