@@ -64,7 +64,7 @@ func (o *Config) checkCredentials() []error {
 	bad := func(field, format string, args ...any) {
 		where := "auth." + field
 		if o.CredentialsFile != "" {
-			where = fmt.Sprintf("credentialsFile: %s (over auth): %s", o.CredentialsFile, field)
+			where = fmt.Sprintf("credentialsFile: %s, key %s", o.CredentialsFile, field)
 		}
 		errs = append(errs, fmt.Errorf("%s: "+format, append([]any{where}, args...)...))
 	}

@@ -59,7 +59,7 @@ func TestCredentialsCheckedAtLoad(t *testing.T) {
 		{"comments only", Config{CredentialsFile: comments}, []string{"credentialsFile: credentials file " + comments + " is empty (only comments)"}},
 		{"unknown key", Config{CredentialsFile: unknown}, []string{"credentialsFile: " + unknown + ":", `unknown field "auth_url"`, "its keys are those of provider.openstack.auth"}},
 		{"half file", Config{CredentialsFile: halfFile},
-			[]string{"credentialsFile: " + halfFile + " (over auth): applicationCredentialSecret: is required with applicationCredentialID"}},
+			[]string{"credentialsFile: " + halfFile + ", key applicationCredentialSecret: is required with applicationCredentialID"}},
 		{"missing file", Config{CredentialsFile: filepath.Join(dir, "none.yaml")},
 			[]string{"credentialsFile: cannot read " + filepath.Join(dir, "none.yaml"), "no such file"}},
 		{"unreadable file", Config{CredentialsFile: unreadable}, []string{"credentialsFile: cannot read " + unreadable + ": read " + unreadable + ": is a directory"}},
