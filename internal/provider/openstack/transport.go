@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/gophercloud/gophercloud/v2"
+	"golang.org/x/net/http/httpproxy"
 )
 
 // checkTransport names each bad TLS, proxy or catalog setting.
@@ -85,7 +86,10 @@ func (o *Config) roundTripper(rt http.RoundTripper) (http.RoundTripper, error) {
 // is said at every connect, as a warning: it must not go unnoticed.
 func (o *Config) transport(log *slog.Logger) (*http.Transport, error) {
 	t := http.DefaultTransport.(*http.Transport).Clone()
-	t.Proxy = http.ProxyFromEnvironment
+	// The environment is read at each connect (http.ProxyFromEnvironment
+	// reads it once per process).
+	env := httpproxy.FromEnvironment().ProxyFunc()
+	t.Proxy = func(r *http.Request) (*url.URL, error) { return env(r.URL) }
 	if o.Proxy != "" {
 		u, err := url.Parse(o.Proxy)
 		if err != nil {
