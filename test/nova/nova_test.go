@@ -234,9 +234,9 @@ func TestRefusalNamesNovaRule(t *testing.T) {
 	if !ok {
 		t.Fatalf("member listing hypervisors: %v, want a policy refusal", err)
 	}
-	if d.Service != "Nova" || d.Rule() != "os_compute_api:os-hypervisors:list" ||
+	if d.Service != "Nova" || d.Rule() != "os_compute_api:os-hypervisors:list-detail" ||
 		!strings.Contains(d.Error(), "Nova's policy refused GET ") || !strings.Contains(d.Error(), "in Nova's policy") {
 		t.Fatalf("Nova's refusal read as %+v: %s", d, d.Error())
 	}
-	t.Logf("Nova's 403 as vpcni says it: %s", d.Error())
+	t.Logf("Nova's 403 as vpcni says it: %s", d)
 }

@@ -139,7 +139,7 @@ func (d Denied) Fix() string {
 	case strings.Contains(r, "router") || strings.Contains(r, "extraroutes"):
 		return "the credentials need the member role in the router's project (Neutron's default for " + r + "), or the cloud's admin to grant " + r
 	case strings.HasPrefix(r, "os_compute_api:"):
-		return "the credentials need the member role in the VM's project (Nova's default for " + r + "), or the cloud's admin to grant " + r + " in Nova's policy"
+		return "give the credentials a role Nova's policy allows for " + r + " (vpcni's calls, os-attach-interfaces and servers, need the member role in the VM's project by default), or have the cloud's admin grant " + r + " in Nova's policy"
 	case strings.HasPrefix(r, "identity:"):
 		return "Keystone refuses " + r + " to these credentials: an application credential may be restricted (access rules, roles), give it one with the roles vpcni needs"
 	}

@@ -31,7 +31,7 @@ func TestDeniedNamesTheRule(t *testing.T) {
 		{`{"NeutronError": {"type": "PolicyNotAuthorized", "message": "rule:create_port:binding:host_id is disallowed by policy", "detail": ""}}`,
 			"Neutron", "create_port:binding:host_id", "create_port:binding:host_id is admin-only by default"},
 		{`{"forbidden": {"code": 403, "message": "Policy doesn't allow os_compute_api:os-attach-interfaces:create to be performed."}}`,
-			"Nova", "os_compute_api:os-attach-interfaces:create", "member role in the VM's project"},
+			"Nova", "os_compute_api:os-attach-interfaces:create", "need the member role in the VM's project by default"},
 		{`{"error": {"code": 403, "title": "Forbidden", "message": "You are not authorized to perform the requested action: identity:list_users."}}`,
 			"Keystone", "identity:list_users", "application credential may be restricted"},
 		{`<html>403 Forbidden</html>`, "the cloud", "", "named no rule"},
