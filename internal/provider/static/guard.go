@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/vpcni/vpcni/internal/ipam"
 	"github.com/vpcni/vpcni/internal/provider"
 )
 
@@ -128,7 +129,15 @@ func (p *Provider) vet(ctx context.Context, picked []netip.Addr) (kept []netip.A
 	if !p.guard.Probe || p.guard.Segment == nil || len(picked) == 0 {
 		return picked, nil, nil
 	}
-	found, err := p.guard.Segment.Probe(ctx, picked)
+	// A range on a second NIC (range.nic) is another segment: the
+	// uplink's probe cannot see its hosts, and asks nothing for it.
+	var onUplink []netip.Addr
+	for _, a := range picked {
+		if j := slices.IndexFunc(p.ranges, func(r ipam.Range) bool { return r.Usable(a) }); j >= 0 && p.nics[j] == nil {
+			onUplink = append(onUplink, a)
+		}
+	}
+	found, err := p.guard.Segment.Probe(ctx, onUplink)
 	if err != nil {
 		p.mu.Lock()
 		for _, a := range picked {
