@@ -27,8 +27,9 @@ type Uplink struct {
 
 var _ Segment = (*Uplink)(nil)
 
-// OpenUplink opens the ARP socket on the interface name; each probe waits
-// timeout for answers. Needs CAP_NET_RAW (the agent has it).
+// OpenUplink opens the interface name; each probe waits timeout for
+// answers. The ARP socket needs CAP_NET_RAW (the agent has it); with
+// timeout 0 there is none, and the uplink only tells its addresses.
 func OpenUplink(name string, timeout time.Duration) (u *Uplink, err error) {
 	nl, err := netlink.NewHandle(unix.NETLINK_ROUTE)
 	if err != nil {
@@ -44,6 +45,9 @@ func OpenUplink(name string, timeout time.Duration) (u *Uplink, err error) {
 		return nil, fmt.Errorf("uplink %s: %w", name, err)
 	}
 	attrs := link.Attrs()
+	if timeout == 0 {
+		return &Uplink{name: name, index: attrs.Index, fd: -1, nl: nl}, nil
+	}
 	if len(attrs.HardwareAddr) != 6 {
 		return nil, fmt.Errorf("uplink %s has no Ethernet address: ARP cannot probe on it", name)
 	}
@@ -61,6 +65,9 @@ func OpenUplink(name string, timeout time.Duration) (u *Uplink, err error) {
 // Close releases the socket and the handle.
 func (u *Uplink) Close() error {
 	u.nl.Close()
+	if u.fd < 0 {
+		return nil
+	}
 	return unix.Close(u.fd)
 }
 
@@ -90,7 +97,7 @@ func (u *Uplink) Addresses() ([]netip.Addr, error) {
 // request or announcement from it. The node's own frames are skipped.
 func (u *Uplink) Probe(ctx context.Context, addrs []netip.Addr) (map[netip.Addr]net.HardwareAddr, error) {
 	found := map[netip.Addr]net.HardwareAddr{}
-	if len(addrs) == 0 {
+	if len(addrs) == 0 || u.fd < 0 {
 		return found, nil
 	}
 	want := map[netip.Addr]bool{}

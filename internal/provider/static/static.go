@@ -100,7 +100,11 @@ func init() {
 func nodeGuard(node provider.Node, cfg *Config) (Guard, error) {
 	g := Guard{Probe: cfg.Probe.On(), Recheck: cfg.Probe.RecheckDuration(), Notify: node.Notify, Log: node.Log}
 	if node.Uplink != "" {
-		u, err := OpenUplink(node.Uplink, cfg.Probe.TimeoutDuration())
+		timeout := cfg.Probe.TimeoutDuration()
+		if !g.Probe {
+			timeout = 0 // its addresses only: no ARP socket
+		}
+		u, err := OpenUplink(node.Uplink, timeout)
 		if err != nil {
 			return g, fmt.Errorf("static provider: %w (probe.enabled: false turns the probe off)", err)
 		}
