@@ -103,8 +103,9 @@ type Node struct {
 	// Kubernetes: the agent runs with the cluster (kubernetes.mode not
 	// off), so its objects may be read.
 	Kubernetes bool
-	// Uplink is the interface to the pods' network ("" unknown), which a
-	// provider without a cloud probes (the static provider's ARP).
+	// Uplink is the interface that holds the node's address on the pods'
+	// network ("" unknown), which a provider without a cloud probes (the
+	// static provider's ARP).
 	Uplink string
 	Log    *slog.Logger
 	// Notify, if set, is told what the provider found that a person should
