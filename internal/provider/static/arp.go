@@ -71,8 +71,9 @@ func (u *Uplink) Close() error {
 	return unix.Close(u.fd)
 }
 
-// Addresses implements Segment: the uplink's IPv4 addresses now.
-func (u *Uplink) Addresses() ([]netip.Addr, error) {
+// Addresses implements Segment: the uplink's IPv4 addresses now, with
+// their prefix lengths.
+func (u *Uplink) Addresses() ([]netip.Prefix, error) {
 	link, err := u.nl.LinkByIndex(u.index)
 	if err != nil {
 		return nil, fmt.Errorf("uplink %s: %w", u.name, err)
@@ -81,11 +82,14 @@ func (u *Uplink) Addresses() ([]netip.Addr, error) {
 	if err != nil && !errors.Is(err, netlink.ErrDumpInterrupted) {
 		return nil, fmt.Errorf("addresses of uplink %s: %w", u.name, err)
 	}
-	var out []netip.Addr
+	var out []netip.Prefix
 	for _, a := range addrs {
-		if ip, ok := netip.AddrFromSlice(a.IP.To4()); ok {
-			out = append(out, ip)
+		ip, ok := netip.AddrFromSlice(a.IP.To4())
+		if !ok {
+			continue
 		}
+		ones, _ := a.Mask.Size()
+		out = append(out, netip.PrefixFrom(ip, ones))
 	}
 	return out, nil
 }

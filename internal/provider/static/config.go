@@ -29,8 +29,9 @@ type Config struct {
 // learns anything from it) each address gets on the uplink before it
 // enters the node's pool: an address another host answers for is skipped
 // and set aside, said as a VpcniAddressInUse warning naming the MAC that
-// answered, and probed again once Recheck has passed. A range on a NIC of
-// its own is not probed (another segment). IPv4 only, as the ranges: no
+// answered, and probed again once Recheck has passed. Only addresses in the
+// uplink's own subnets are probed (ARP reaches no further): not a range
+// on a NIC of its own, nor a routed pod subnet. IPv4 only, as the ranges: no
 // NDP. The node's own
 // addresses, the gateway and, with Kubernetes on, every Node's
 // InternalIP and ExternalIP are never handed out, probe or not.

@@ -17,8 +17,9 @@ import (
 // Segment is the node's segment as the provider asks of it before an
 // address enters the node's pool (Uplink on a node).
 type Segment interface {
-	// Addresses are the node's own addresses on it now.
-	Addresses() ([]netip.Addr, error)
+	// Addresses are the node's own addresses on it now, with their
+	// prefix lengths (the subnets on the segment, which ARP reaches).
+	Addresses() ([]netip.Prefix, error)
 	// Probe asks who holds addrs and returns those another host answered
 	// for, with the MAC that answered.
 	Probe(ctx context.Context, addrs []netip.Addr) (map[netip.Addr]net.HardwareAddr, error)
@@ -75,7 +76,7 @@ func (p *Provider) SetGuard(g Guard) {
 // (and is logged): the probe still catches a node on the segment.
 func (p *Provider) refreshNodes(ctx context.Context) {
 	g := p.guard
-	var own []netip.Addr
+	var own []netip.Prefix
 	if g.Segment != nil {
 		var err error
 		if own, err = g.Segment.Addresses(); err != nil {
@@ -108,7 +109,7 @@ func (p *Provider) refreshNodes(ctx context.Context) {
 // with p.mu held.
 func (p *Provider) avoided(a netip.Addr) string {
 	switch {
-	case slices.Contains(p.ownAddrs, a):
+	case slices.ContainsFunc(p.ownAddrs, func(o netip.Prefix) bool { return o.Addr() == a }):
 		return "it is this node's own address (on the uplink)"
 	case slices.Contains(p.nodeAddrs, a):
 		return "it is a Node's address (InternalIP or ExternalIP)"
@@ -129,13 +130,22 @@ func (p *Provider) vet(ctx context.Context, picked []netip.Addr) (kept []netip.A
 	if !p.guard.Probe || p.guard.Segment == nil || len(picked) == 0 {
 		return picked, nil, nil
 	}
-	// A range on a second NIC (range.nic) is another segment: the
-	// uplink's probe cannot see its hosts, and asks nothing for it.
+	// ARP reaches the uplink's own subnets only: an address of a range on
+	// a second NIC (range.nic, another segment) or off the uplink's
+	// subnets (a routed pod subnet, which no host on the segment holds)
+	// is not asked for.
+	p.mu.Lock()
 	var onUplink []netip.Addr
 	for _, a := range picked {
-		if j := slices.IndexFunc(p.ranges, func(r ipam.Range) bool { return r.Usable(a) }); j >= 0 && p.nics[j] == nil {
+		j := slices.IndexFunc(p.ranges, func(r ipam.Range) bool { return r.Usable(a) })
+		onLink := slices.ContainsFunc(p.ownAddrs, func(o netip.Prefix) bool { return o.Masked().Contains(a) })
+		if j >= 0 && p.nics[j] == nil && onLink {
 			onUplink = append(onUplink, a)
 		}
+	}
+	p.mu.Unlock()
+	if len(onUplink) == 0 {
+		return picked, nil, nil
 	}
 	found, err := p.guard.Segment.Probe(ctx, onUplink)
 	if err != nil {

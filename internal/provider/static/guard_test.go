@@ -19,12 +19,12 @@ import (
 // and the hosts that answer (the real one is probed in test/staticguard).
 type segment struct {
 	mu      sync.Mutex
-	own     []netip.Addr
+	own     []netip.Prefix
 	holders map[netip.Addr]string
 	probed  [][]netip.Addr
 }
 
-func (s *segment) Addresses() ([]netip.Addr, error) { return s.own, nil }
+func (s *segment) Addresses() ([]netip.Prefix, error) { return s.own, nil }
 
 func (s *segment) Probe(_ context.Context, addrs []netip.Addr) (map[netip.Addr]net.HardwareAddr, error) {
 	s.mu.Lock()
@@ -52,7 +52,7 @@ func ips(ss ...string) []netip.Addr {
 // addresses instead of asking for another block; every address handed out
 // was probed first, and a held one is said with its MAC.
 func TestGuardInBlocks(t *testing.T) {
-	seg := &segment{own: ips("10.9.0.2"), holders: map[netip.Addr]string{netip.MustParseAddr("10.9.0.3"): "02:00:00:00:00:03"}}
+	seg := &segment{own: []netip.Prefix{netip.MustParsePrefix("10.9.0.2/24")}, holders: map[netip.Addr]string{netip.MustParseAddr("10.9.0.3"): "02:00:00:00:00:03"}}
 	src := &grantingSource{pending: []netip.Prefix{netip.MustParsePrefix("10.9.0.0/29"), netip.MustParsePrefix("10.9.0.8/29")}}
 	var notices []provider.Notice
 	p, err := static.NewInBlocks(blocksConfig("1s"), t.TempDir(), src)
@@ -98,7 +98,7 @@ func TestGuardInBlocks(t *testing.T) {
 // probe.enabled: false hands out without probing; node addresses are
 // still skipped.
 func TestGuardWithoutProbe(t *testing.T) {
-	seg := &segment{own: ips("10.0.0.2"), holders: map[netip.Addr]string{netip.MustParseAddr("10.0.0.3"): "02:00:00:00:00:03"}}
+	seg := &segment{own: []netip.Prefix{netip.MustParsePrefix("10.0.0.2/24")}, holders: map[netip.Addr]string{netip.MustParseAddr("10.0.0.3"): "02:00:00:00:00:03"}}
 	cfg := &static.Config{Ranges: []static.Range{{CIDR: "10.0.0.0/29"}}}
 	off := false
 	cfg.Probe.Enabled = &off
@@ -127,5 +127,28 @@ func TestProbeSettingsValidate(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), w) {
 			t.Errorf("%v: want %q", err, w)
 		}
+	}
+}
+
+// An address off the uplink's subnets (a routed pod subnet) is not
+// probed: ARP cannot reach a holder of it, and the wait would be for
+// nothing.
+func TestGuardProbesOnLinkOnly(t *testing.T) {
+	seg := &segment{own: []netip.Prefix{netip.MustParsePrefix("10.90.0.5/24")}}
+	p, err := static.New(&static.Config{Ranges: []static.Range{{CIDR: "10.77.0.0/26"}, {CIDR: "10.90.0.0/28"}}}, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.SetGuard(static.Guard{Segment: seg, Probe: true, Recheck: time.Minute})
+	got, err := p.Assign(context.Background(), provider.AssignRequest{Count: 63}) // 61 routed, then 2 on the uplink's subnet
+	if err != nil || len(got) != 63 {
+		t.Fatalf("Assign(63) = %d addresses, %v", len(got), err)
+	}
+	var probed []netip.Addr
+	for _, b := range seg.probed {
+		probed = append(probed, b...)
+	}
+	if want := ips("10.90.0.2", "10.90.0.3"); !slices.Equal(probed, want) {
+		t.Fatalf("probed %v, want only %v (the uplink's subnet, less its .5)", probed, want)
 	}
 }

@@ -44,9 +44,10 @@ type Provider struct {
 	held map[netip.Addr]bool
 	// Under mu, the guard's view: the uplink's addresses, the Nodes'
 	// (listed at nodesAt), and what other hosts answered for.
-	ownAddrs, nodeAddrs []netip.Addr
-	nodesAt             time.Time
-	foreign             map[netip.Addr]inUse
+	ownAddrs  []netip.Prefix
+	nodeAddrs []netip.Addr
+	nodesAt   time.Time
+	foreign   map[netip.Addr]inUse
 }
 
 // BlockSource is the node's blocks of the ranges, assigned by
