@@ -145,14 +145,18 @@ fuzz-long:
 # test/kubectlplugin: kubectl-vpcni finding a node's agent pod and each
 # way that fails, RBAC, kubectl vpcni nodes, on its own fixture (ports
 # 26483/22419, ~8 s; the exec itself runs in e2e-k8s, which has a kubelet).
+# test/staticguard: the static provider in namespaces of its own (vpc26n,
+# vpc26f) never hands out the node's, another Node's or a foreign host's
+# address (ARP probe on a veth segment; ~10 s).
 k8s-api: build k8s-build
-	VPCNI_REQUIRE_ROOT=1 VPCNI_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 5m -p 1 -v ./test/blocks ./test/fips ./test/leaks ./test/doctorapi ./test/kubectlplugin 2>&1 | tee /tmp/vpcni-k8s-api.log | $(TESTFILTER) ; exit $${PIPESTATUS[0]}
+	VPCNI_REQUIRE_ROOT=1 VPCNI_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 5m -p 1 -v ./test/blocks ./test/fips ./test/leaks ./test/doctorapi ./test/kubectlplugin ./test/staticguard 2>&1 | tee /tmp/vpcni-k8s-api.log | $(TESTFILTER) ; exit $${PIPESTATUS[0]}
 	VPCNI_REQUIRE_ROOT=1 VPCNI_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 5m -v ./test/sticky 2>&1 | tee /tmp/vpcni-sticky.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|vpcni-test:|^sticky-move' ; exit $${PIPESTATUS[0]}
 
 # Root-only: real namespaces, the built plugin driven by libcni, Debian's
 # reference plugins, a real neutron-server (scripts/neutron.sh installs and
 # starts it, and stops it again). The Keystone job runs last, on its own:
-# it restarts that neutron-server in Keystone mode. test/doctor runs
+# it restarts that neutron-server in Keystone mode (application credential,
+# a TLS front with a CA of its own, a proxy, the policy's refusals). test/doctor runs
 # vpcnictl doctor on a lab node with each planted fault (~1 s).
 TESTFILTER := grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|vpcni-test:|^chaos:|^\[neutron'
 integration: build

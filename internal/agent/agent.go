@@ -118,8 +118,13 @@ func newAgent(ctx context.Context, cfg config.Config, log *slog.Logger, st *stor
 	}
 	connect := func(ctx context.Context) (provider.Provider, error) {
 		info := dp.Info()
+		link := info.Uplink
+		if info.NodeLink != "" {
+			link = info.NodeLink
+		}
 		node := provider.Node{Name: cfg.NodeName, IP: info.NodeIP, PodMACs: info.OwnMACs, StateDir: cfg.StateDir,
-			Kubeconfig: cfg.Kubernetes.Kubeconfig, Log: log, Notify: a.providerNotice}
+			Kubeconfig: cfg.Kubernetes.Kubeconfig, Kubernetes: cfg.Kubernetes.Enabled(), Uplink: link,
+			Log: log, Notify: a.providerNotice}
 		p, err := prov.New(ctx, node, cfg.Provider.Settings)
 		if err != nil {
 			return nil, fmt.Errorf("provider %s: %w", cfg.Provider.Type, err)

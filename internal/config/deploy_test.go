@@ -36,9 +36,34 @@ func TestShippedDeployConfigLoads(t *testing.T) {
 	}
 	uncommented := strings.Replace(shipped, endpointLine, strings.Replace(endpointLine, "# ", "", 1), 1)
 
-	cfg, err := load(shipped)
+	// The credentials file is read when the config loads: as the shipped
+	// Secret leaves it (comments only), it is named as empty; filled in,
+	// the config loads.
+	secret, err := os.ReadFile("../../deploy/secret.yaml")
 	if err != nil {
-		t.Fatalf("as shipped: %v", err)
+		t.Fatal(err)
+	}
+	_, body, ok := strings.Cut(string(secret), "  credentials.yaml: |\n")
+	if !ok {
+		t.Fatal("deploy/secret.yaml has no credentials.yaml")
+	}
+	creds := filepath.Join(t.TempDir(), "credentials.yaml")
+	write := func(body string) {
+		if err := os.WriteFile(creds, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(body)
+	withCreds := strings.Replace(shipped, credLine, "    credentialsFile: "+creds+"\n", 1)
+	if _, err := load(withCreds); err == nil || !strings.Contains(err.Error(), "provider.openstack.credentialsFile: credentials file "+creds+" is empty (only comments)") {
+		t.Fatalf("as shipped, with the Secret as shipped: got %v, want the credentials file named as empty", err)
+	}
+	filled := strings.NewReplacer("# authURL", "authURL", "# applicationCredentialID: ...", "applicationCredentialID: id",
+		"# applicationCredentialSecret: ...", "applicationCredentialSecret: secret").Replace(body)
+	write(filled)
+	cfg, err := load(withCreds)
+	if err != nil {
+		t.Fatalf("as shipped, with the Secret's application credential filled in:\n%s\n%v", filled, err)
 	}
 	if o, ok := cfg.Provider.Settings.(*openstack.Config); !ok || o.CredentialsFile == "" || o.Endpoint != "" {
 		t.Fatalf("as shipped: want credentialsFile and no endpoint, got %+v", o)

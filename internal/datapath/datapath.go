@@ -182,6 +182,10 @@ type Info struct {
 	// NodeIP is the uplink's first IPv4 address: the node's address on the
 	// pods' network, by which a cloud finds its port (invalid: none).
 	NodeIP netip.Addr
+	// NodeLink names the interface that holds NodeIP when Uplink is not
+	// it (bridge: the bridge), for what must send on the segment as the
+	// node (the static provider's ARP probe); "": Uplink.
+	NodeLink string
 	// OwnMACs: pods send on the network with MACs of their own,
 	// alloc.AddressMAC(address), not the node's: the cloud's port security
 	// must allow them (macvlan, bridge).

@@ -74,7 +74,8 @@ func Run(ctx context.Context, o Options) Report {
 	if r, err := provider.Lookup(cfg.Provider.Type); err == nil && r.Doctor != nil {
 		clock := &DateClock{Next: http.DefaultTransport}
 		nodeIP, _ := netip.ParseAddr(uplink.IPv4)
-		rep.add(Cloud(r.Doctor.Diagnose(ctx, cfg.Provider.Settings, provider.DoctorNode{IP: nodeIP, ConfigFile: o.AgentConfig, Transport: clock}))...)
+		rep.add(Cloud(r.Doctor.Diagnose(ctx, cfg.Provider.Settings, provider.DoctorNode{IP: nodeIP, ConfigFile: o.AgentConfig, Transport: clock,
+			Wrap: func(rt http.RoundTripper) http.RoundTripper { clock.Next = rt; return clock }}))...)
 		rep.add(clock.Skew(r.Doctor.API))
 	}
 	if cfg.Kubernetes.Enabled() {

@@ -44,6 +44,9 @@ type Metrics struct {
 	// CloudWriteRaces counts the provider's writes that raced another
 	// writer's on the cloud port, by kind (provider.ReasonWriteRace).
 	CloudWriteRaces *prometheus.CounterVec
+	// AddressesInUse counts addresses another host answered the probe
+	// for (provider.ReasonAddressInUse).
+	AddressesInUse prometheus.Counter
 
 	// registered is everything on Registry, for Describe.
 	registered []prometheus.Collector
@@ -89,7 +92,10 @@ func New() *Metrics {
 	m.CloudWriteRaces = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "vpcni_cloud_write_races_total", Help: "Writes of the provider that raced another writer's on the cloud port, by kind (overlapped: landed over another write; dropped: the answer lacked someone else's address; knocked_out: vpcni's addresses taken off, put back).",
 	}, []string{"kind"})
-	m.register(m.CloudWriteRaces, m.Repairs, m.Reconciles, m.PodHealth, m.CNIDuration, m.CloudCalls, m.CloudLatency,
+	m.AddressesInUse = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "vpcni_addresses_in_use_elsewhere_total", Help: "Addresses the provider was about to hand out that another host on the segment answered a probe for (the static provider's ARP probe): set aside, never given to a pod.",
+	})
+	m.register(m.CloudWriteRaces, m.AddressesInUse, m.Repairs, m.Reconciles, m.PodHealth, m.CNIDuration, m.CloudCalls, m.CloudLatency,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -193,8 +199,11 @@ func (m *Metrics) Serve(ctx context.Context, addr string) (net.Addr, error) {
 
 // Notice counts what a provider reported (provider.Node.Notify).
 func (m *Metrics) Notice(n provider.Notice) {
-	if n.Reason == provider.ReasonWriteRace {
+	switch n.Reason {
+	case provider.ReasonWriteRace:
 		m.CloudWriteRaces.WithLabelValues(n.Kind).Inc()
+	case provider.ReasonAddressInUse:
+		m.AddressesInUse.Inc()
 	}
 }
 

@@ -98,9 +98,16 @@ type Node struct {
 	StateDir string
 	// Kubeconfig is the agent's kubernetes.kubeconfig ("": $KUBECONFIG,
 	// else the pod's service account), for a provider that reads cluster
-	// objects (the static provider's blocks).
+	// objects (the static provider's blocks and Nodes).
 	Kubeconfig string
-	Log        *slog.Logger
+	// Kubernetes: the agent runs with the cluster (kubernetes.mode not
+	// off), so its objects may be read.
+	Kubernetes bool
+	// Uplink is the interface that holds the node's address on the pods'
+	// network ("" unknown), which a provider without a cloud probes (the
+	// static provider's ARP).
+	Uplink string
+	Log    *slog.Logger
 	// Notify, if set, is told what the provider found that a person should
 	// know of though no call failed (see Notice). The provider calls it on
 	// its own goroutines and must not wait on it; nil: nobody listens.
@@ -130,6 +137,11 @@ type Notice struct {
 // it keeps its own addresses and leaves everyone else's as the cloud
 // has them, and says what it saw.
 const ReasonWriteRace = "VpcniCloudWriteRace"
+
+// ReasonAddressInUse: another host on the segment answered the probe of
+// an address the provider was about to hand out (the static provider's
+// ARP probe); the address is set aside, never handed to a pod.
+const ReasonAddressInUse = "VpcniAddressInUse"
 
 // Registration is one provider type.
 type Registration struct {
@@ -174,6 +186,10 @@ type DoctorNode struct {
 	// Transport carries every request to the cloud (doctor reads the
 	// clock of its answers).
 	Transport http.RoundTripper
+	// Wrap, if set, is used instead of Transport by a provider whose
+	// settings make a transport of their own (a CA bundle, a proxy): it
+	// puts doctor's Transport in front of that one.
+	Wrap func(http.RoundTripper) http.RoundTripper
 }
 
 // Step is one stage of a provider's start-up, checked: what it found,

@@ -27,20 +27,38 @@ import (
 	"github.com/vpcni/vpcni/internal/testbed"
 )
 
-const state = "/var/tmp/vpcni-neutron"
+// state is the fixture's directory: scripts/neutron.sh's NQ (its ports
+// are NEUTRON_PORT and KEYSTONE_PORT, both read from the environment by
+// the script), so a run can sit beside the shared API-mode neutron-server.
+var state = envOr("NQ", "/var/tmp/vpcni-neutron")
+
+func envOr(k, def string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return def
+}
 
 var creds struct {
-	AuthURL string `json:"auth_url"`
-	ID      string `json:"application_credential_id"`
-	Secret  string `json:"application_credential_secret"`
+	AuthURL   string `json:"auth_url"`
+	ProjectID string `json:"project_id"`
+	ID        string `json:"application_credential_id"`
+	Secret    string `json:"application_credential_secret"`
 }
 
 func TestMain(m *testing.M) {
 	testbed.RequireRoot("the Keystone tests")
-	up := exec.Command("bash", "../../scripts/neutron.sh", "up")
-	up.Env = append(os.Environ(), "KEYSTONE=1", "NQ="+state)
-	up.Stdout, up.Stderr = os.Stdout, os.Stderr
-	err := up.Run()
+	script := func(arg string, env ...string) *exec.Cmd {
+		c := exec.Command("bash", "../../scripts/neutron.sh", arg)
+		c.Env = append(append(os.Environ(), "NQ="+state), env...)
+		c.Stdout, c.Stderr = os.Stdout, os.Stderr
+		return c
+	}
+	// A Keystone-mode fixture already up (an earlier run's, kept) is
+	// reused and left up; one this run starts is taken down.
+	mode, _ := os.ReadFile(state + "/mode")
+	wasUp := strings.TrimSpace(string(mode)) == "keystone" && script("status").Run() == nil
+	err := script("up", "KEYSTONE=1").Run()
 	code := 1
 	if err == nil {
 		data, rerr := os.ReadFile(state + "/keystone.json")
@@ -52,10 +70,9 @@ func TestMain(m *testing.M) {
 	} else {
 		fmt.Println("vpcni-test: could not start Keystone and neutron-server:", err)
 	}
-	down := exec.Command("bash", "../../scripts/neutron.sh", "down")
-	down.Env = append(os.Environ(), "NQ="+state)
-	down.Stdout, down.Stderr = os.Stdout, os.Stderr
-	_ = down.Run()
+	if !wasUp {
+		_ = script("down").Run()
+	}
 	os.Exit(code)
 }
 

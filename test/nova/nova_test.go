@@ -23,6 +23,7 @@ import (
 	gcos "github.com/gophercloud/gophercloud/v2/openstack"
 	"github.com/gophercloud/gophercloud/v2/openstack/compute/v2/attachinterfaces"
 	"github.com/gophercloud/gophercloud/v2/openstack/compute/v2/flavors"
+	"github.com/gophercloud/gophercloud/v2/openstack/compute/v2/hypervisors"
 	"github.com/gophercloud/gophercloud/v2/openstack/compute/v2/servers"
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/networks"
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/ports"
@@ -222,4 +223,20 @@ func TestSharedNetwork(t *testing.T) {
 	if _, still := after[leases[0].Interface]; still {
 		t.Fatalf("the NIC is still attached after Release")
 	}
+}
+
+// TestRefusalNamesNovaRule: Nova's own 403 (an admin-only API, the
+// hypervisors, asked by the member) is read as vpcni reads a refused
+// attach: the service, the rule Nova names, the call and the fix.
+func TestRefusalNamesNovaRule(t *testing.T) {
+	_, err := hypervisors.List(memberCC, nil).AllPages(ctx(t))
+	d, ok := openstack.DeniedBy(err)
+	if !ok {
+		t.Fatalf("member listing hypervisors: %v, want a policy refusal", err)
+	}
+	if d.Service != "Nova" || d.Rule() != "os_compute_api:os-hypervisors:list-detail" ||
+		!strings.Contains(d.Error(), "Nova's policy refused GET ") || !strings.Contains(d.Error(), "in Nova's policy") {
+		t.Fatalf("Nova's refusal read as %+v: %s", d, d.Error())
+	}
+	t.Logf("Nova's 403 as vpcni says it: %s", d)
 }

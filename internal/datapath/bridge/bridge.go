@@ -165,7 +165,7 @@ func (b *Bridge) Info() datapath.Info {
 	if br, err := netlink.LinkByName(b.name); err == nil {
 		ip = nlutil.LinkIPv4(br.Attrs().Name)
 	}
-	return datapath.Info{Mode: "bridge", Uplink: b.name + " (port " + b.uplink + ")", MTU: b.mtu, NodeIP: ip, OwnMACs: true, PodVeth: true}
+	return datapath.Info{Mode: "bridge", Uplink: b.name + " (port " + b.uplink + ")", NodeLink: b.name, MTU: b.mtu, NodeIP: ip, OwnMACs: true, PodVeth: true}
 }
 
 // Close implements datapath.Datapath: the mode holds nothing open.

@@ -188,9 +188,11 @@ func (d *Datapath) Reconcile(_ context.Context, want datapath.Desired) (datapath
 	return rep, nil
 }
 
-// Info implements datapath.Datapath.
+// Info implements datapath.Datapath. It names no uplink: there is no
+// interface behind it, so a provider that probes its segment (static)
+// has none to probe.
 func (d *Datapath) Info() datapath.Info {
-	return datapath.Info{Mode: "fake", Uplink: "fake0", MTU: 1500, NodeIP: netip.MustParseAddr("10.0.0.2"), PodVeth: !d.NoPodVeth.Load()}
+	return datapath.Info{Mode: "fake", MTU: 1500, NodeIP: netip.MustParseAddr("10.0.0.2"), PodVeth: !d.NoPodVeth.Load()}
 }
 
 // Close implements datapath.Datapath.

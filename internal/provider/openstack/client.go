@@ -4,12 +4,10 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"os"
 	"strings"
 
 	"github.com/gophercloud/gophercloud/v2"
 	gcos "github.com/gophercloud/gophercloud/v2/openstack"
-	"sigs.k8s.io/yaml"
 )
 
 // NoAuthClient is a Neutron client for an endpoint without Keystone (a
@@ -46,15 +44,13 @@ func clients(ctx context.Context, cfg Config, rt http.RoundTripper) (nc, cc *gop
 		}
 		return nc, cc, nil
 	}
-	a := cfg.Auth
-	if cfg.CredentialsFile != "" {
-		data, err := os.ReadFile(cfg.CredentialsFile)
-		if err != nil {
-			return nil, nil, fmt.Errorf("OpenStack credentials: %w", err)
-		}
-		if err := yaml.UnmarshalStrict(data, &a); err != nil {
-			return nil, nil, fmt.Errorf("OpenStack credentials %s: %w", cfg.CredentialsFile, err)
-		}
+	a, err := cfg.credentials()
+	if err != nil {
+		return nil, nil, err
+	}
+	avail, err := cfg.availability()
+	if err != nil {
+		return nil, nil, err
 	}
 	opts := gophercloud.AuthOptions{
 		IdentityEndpoint: a.AuthURL, AllowReauth: true,
@@ -80,13 +76,14 @@ func clients(ctx context.Context, cfg Config, rt http.RoundTripper) (nc, cc *gop
 	if err := gcos.Authenticate(actx, pc, opts); err != nil {
 		return nil, nil, explain(fmt.Errorf("Keystone login at %s: %w", a.AuthURL, err))
 	}
-	nc, err = gcos.NewNetworkV2(pc, gophercloud.EndpointOpts{Region: a.Region})
+	eo := gophercloud.EndpointOpts{Region: a.Region, Availability: avail}
+	nc, err = gcos.NewNetworkV2(pc, eo)
 	if err != nil {
-		return nil, nil, fmt.Errorf("no Neutron endpoint in the Keystone catalog (region %q): %w", a.Region, err)
+		return nil, nil, fmt.Errorf("no Neutron endpoint of interface %s in the Keystone catalog (region %q; provider.openstack.endpointInterface picks public, internal or admin): %w", avail, a.Region, err)
 	}
 	if cfg.usesNova() {
-		if cc, err = gcos.NewComputeV2(pc, gophercloud.EndpointOpts{Region: a.Region}); err != nil {
-			return nil, nil, fmt.Errorf("no Nova (compute) endpoint in the Keystone catalog (region %q), which mode %s needs to attach ports to the VM: %w", a.Region, cfg.Mode, err)
+		if cc, err = gcos.NewComputeV2(pc, eo); err != nil {
+			return nil, nil, fmt.Errorf("no Nova (compute) endpoint of interface %s in the Keystone catalog (region %q), which mode %s needs to attach ports to the VM: %w", avail, a.Region, cfg.Mode, err)
 		}
 	}
 	return nc, cc, nil

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"path/filepath"
 	"strings"
 	"time"
 
@@ -58,6 +57,21 @@ type Config struct {
 	// Timeout of one Neutron call; Retries of a failed or conflicting one.
 	Timeout units.Duration `json:"timeout,omitempty"`
 	Retries int            `json:"retries,omitempty"`
+
+	// CABundle is the CA certificates (PEM) that sign the certificates of
+	// Keystone, Neutron and Nova, trusted beside the system's: a file's
+	// absolute path, or the PEM text itself (default: the system's only).
+	CABundle string `json:"caBundle,omitempty"`
+	// Insecure skips verifying those certificates (a lab; never a cloud
+	// that matters): logged as a warning at every connect.
+	Insecure bool `json:"insecure,omitempty"`
+	// EndpointInterface is which of the Keystone catalog's URLs for
+	// Neutron and Nova to use: public (default), internal or admin.
+	EndpointInterface string `json:"endpointInterface,omitempty"`
+	// Proxy is an HTTP(S) proxy (http://host:port) every call to
+	// Keystone, Neutron and Nova goes through. Empty: vpcnid's
+	// HTTPS_PROXY, HTTP_PROXY and NO_PROXY apply, as for any Go program.
+	Proxy string `json:"proxy,omitempty"`
 }
 
 // Auth is a Keystone login: an application credential, or a user
@@ -104,6 +118,9 @@ func (o *Config) Defaults() {
 	if o.AttachTimeout.Duration == 0 {
 		o.AttachTimeout.Duration = time.Minute
 	}
+	if o.EndpointInterface == "" {
+		o.EndpointInterface = "public"
+	}
 }
 
 // Validate implements provider.Settings: every bad field at once.
@@ -115,7 +132,7 @@ func (o *Config) Validate() error {
 	if o.SubnetID == "" {
 		bad("subnetID", "is required: the Neutron subnet pods take addresses from")
 	}
-	hasAuth := o.Auth.AuthURL != "" || o.CredentialsFile != ""
+	hasAuth := o.Auth != (Auth{}) || o.CredentialsFile != ""
 	switch {
 	case o.Endpoint == "" && !hasAuth:
 		bad("auth", "set auth.authURL with credentials (or credentialsFile), or endpoint for a Neutron without Keystone")
@@ -125,21 +142,10 @@ func (o *Config) Validate() error {
 	if o.Endpoint != "" && !strings.HasPrefix(o.Endpoint, "http://") && !strings.HasPrefix(o.Endpoint, "https://") {
 		bad("endpoint", "%q is not an http(s) URL", o.Endpoint)
 	}
-	if a := o.Auth; a.AuthURL != "" && o.CredentialsFile == "" {
-		appCred := a.ApplicationCredentialID != "" || a.ApplicationCredentialSecret != ""
-		user := a.Username != "" || a.Password != ""
-		switch {
-		case appCred && (a.ApplicationCredentialID == "" || a.ApplicationCredentialSecret == ""):
-			bad("auth", "an application credential needs both applicationCredentialID and applicationCredentialSecret")
-		case user && (a.Username == "" || a.Password == "" || a.ProjectID == "" && a.ProjectName == ""):
-			bad("auth", "a password login needs username, password and projectID or projectName")
-		case !appCred && !user:
-			bad("auth", "give an application credential or a username and password")
-		}
+	if hasAuth && o.Endpoint == "" {
+		errs = append(errs, o.checkCredentials()...)
 	}
-	if o.CredentialsFile != "" && !filepath.IsAbs(o.CredentialsFile) {
-		bad("credentialsFile", "%q must be an absolute path", o.CredentialsFile)
-	}
+	errs = append(errs, o.checkTransport()...)
 	switch o.PortLookup {
 	case "ip":
 		if o.NodeIP != "" {

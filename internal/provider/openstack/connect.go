@@ -2,7 +2,6 @@ package openstack
 
 import (
 	"context"
-	"net/http"
 
 	"github.com/gophercloud/gophercloud/v2"
 )
@@ -12,6 +11,10 @@ import (
 // catalog), for vpcni-controller, which shares the agent's section shape.
 func NetworkClient(ctx context.Context, cfg Config) (*gophercloud.ServiceClient, error) {
 	cfg.Mode, cfg.SecondaryNICs = "fixed-ips", 0 // no Nova
-	nc, _, err := clients(ctx, cfg, http.DefaultTransport)
+	rt, err := cfg.roundTripper(nil)
+	if err != nil {
+		return nil, err
+	}
+	nc, _, err := clients(ctx, cfg, rt)
 	return nc, err
 }

@@ -31,7 +31,15 @@ func Diagnose(ctx context.Context, cfg Config, node provider.DoctorNode) (steps 
 	if cfg.Endpoint == "" {
 		login = "Keystone " + cfg.Auth.AuthURL + " accepted the credentials"
 	}
-	p, err := connect(ctx, cfg, node.Transport)
+	rt := node.Transport
+	if node.Wrap != nil {
+		base, err := cfg.roundTripper(nil)
+		if !step("login", login, err) {
+			return steps
+		}
+		rt = node.Wrap(base)
+	}
+	p, err := connect(ctx, cfg, rt)
 	if !step("login", login, err) {
 		return steps
 	}

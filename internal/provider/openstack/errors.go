@@ -87,7 +87,7 @@ func explain(err error) error {
 		case code.Actual == http.StatusUnauthorized:
 			return fmt.Errorf("%w (Keystone refused the credentials: check the application credential or password)", err)
 		case code.Actual == http.StatusForbidden:
-			return fmt.Errorf("%w (Neutron's policy forbids it: the credentials need the member role in the VM port's project)", err)
+			return explainDenied(err)
 		case code.Actual >= 500:
 			return fmt.Errorf("%w: %w", err, provider.ErrUnavailable)
 		}
@@ -95,6 +95,9 @@ func explain(err error) error {
 	}
 	if errors.Is(err, context.Canceled) {
 		return err
+	}
+	if e := explainTLS(err); e != nil {
+		return e // the node's settings, not the cloud: retrying cannot help
 	}
 	// No usable HTTP answer: refused, reset, timed out, or without the
 	// object (errNoObject).

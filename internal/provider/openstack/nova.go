@@ -267,7 +267,7 @@ func (p *Provider) novaErr(err error) error {
 		case code.Actual == http.StatusUnauthorized:
 			return fmt.Errorf("%w (Keystone refused the credentials for Nova)", err)
 		case code.Actual == http.StatusForbidden:
-			return fmt.Errorf("%w (Nova's policy forbids it: the credentials need the member role in the VM's project)", err)
+			return explainDenied(err)
 		case code.Actual == http.StatusNotFound && strings.Contains(string(code.Body), p.instanceID):
 			return fmt.Errorf("%w (no such instance: is instanceID, or the VM port's device_id, this node's Nova server?)", err)
 		case code.Actual >= 500:
@@ -277,6 +277,9 @@ func (p *Provider) novaErr(err error) error {
 	}
 	if errors.Is(err, context.Canceled) {
 		return err
+	}
+	if e := explainTLS(err); e != nil {
+		return e
 	}
 	return fmt.Errorf("%w: %w", err, provider.ErrUnavailable)
 }

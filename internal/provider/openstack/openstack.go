@@ -84,10 +84,11 @@ func init() {
 // New logs in, finds the subnet and this node's VM port. cfg has had its
 // Defaults.
 func New(ctx context.Context, cfg Config, nodeIP netip.Addr) (*Provider, error) {
-	return open(ctx, cfg, nodeIP, http.DefaultTransport)
+	return open(ctx, cfg, nodeIP, nil)
 }
 
-// open is New with its requests going through rt.
+// open is New with its requests going through rt (nil: the transport
+// cfg's caBundle, insecure and proxy make).
 func open(ctx context.Context, cfg Config, nodeIP netip.Addr, rt http.RoundTripper) (*Provider, error) {
 	p, err := connect(ctx, cfg, rt)
 	if err != nil {
@@ -115,8 +116,12 @@ func open(ctx context.Context, cfg Config, nodeIP netip.Addr, rt http.RoundTripp
 }
 
 // connect logs in (Keystone) or readies the noauth clients; its requests
-// go through rt.
+// go through rt (nil: cfg's transport).
 func connect(ctx context.Context, cfg Config, rt http.RoundTripper) (*Provider, error) {
+	rt, err := cfg.roundTripper(rt)
+	if err != nil {
+		return nil, err
+	}
 	calls := &callCounter{next: rt}
 	nc, cc, err := clients(ctx, cfg, calls)
 	if err != nil {

@@ -51,6 +51,10 @@ func (p *Provider) checkPolicy(ctx context.Context) (why string, err error) {
 		p.port = nil // the no-op bumped the revision
 		return fmt.Sprintf("network %s is project %s's, and Neutron's policy (%s) lets these credentials change VM port %s", n.ID, n.ProjectID, rule, p.portID), p.refresh(ctx)
 	case gophercloud.ResponseCodeIs(err, http.StatusForbidden):
+		if d, ok := DeniedBy(err); ok && len(d.Rules) > 0 {
+			rule = d.Rule() // what the cloud's policy named, over the default's
+			err = fmt.Errorf("%w; %s", err, d.Error())
+		}
 		shared := ""
 		if n.Shared {
 			shared = " shared"

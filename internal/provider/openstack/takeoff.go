@@ -3,7 +3,6 @@ package openstack
 import (
 	"context"
 	"fmt"
-	"net/http"
 	"net/netip"
 
 	"github.com/gophercloud/gophercloud/v2"
@@ -23,7 +22,11 @@ func TakeOff(ctx context.Context, cfg Config, portID string, addrs []netip.Addr)
 		// NIC per pod: neither is taken over yet.
 		return fmt.Errorf("mode %s: taking a pod's address off a dead node is built for mode fixed-ips only", cfg.Mode)
 	}
-	calls := &callCounter{next: http.DefaultTransport}
+	rt, err := cfg.roundTripper(nil)
+	if err != nil {
+		return err
+	}
+	calls := &callCounter{next: rt}
 	nc, _, err := clients(ctx, cfg, calls)
 	if err != nil {
 		return err

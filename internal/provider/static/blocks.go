@@ -2,7 +2,6 @@ package static
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -18,38 +17,32 @@ import (
 func (p *Provider) assignInBlocks(ctx context.Context, req provider.AssignRequest) ([]alloc.Lease, error) {
 	waitCtx, cancel := context.WithTimeout(ctx, p.wait)
 	defer cancel()
-	var got []netip.Addr
-	var errs []error
+	p.refreshNodes(ctx)
 	blocks := p.blocks.Blocks()
-	p.mu.Lock()
-	for _, a := range req.Addresses {
-		switch {
-		case p.held[a]:
-			errs = append(errs, fmt.Errorf("%s: %w", a, provider.ErrTaken))
-		case !p.usable(a):
-			errs = append(errs, fmt.Errorf("%s is not in the configured ranges: %w", a, provider.ErrOutside))
-		case !inAny(blocks, a):
-			errs = append(errs, fmt.Errorf("%s is not in one of this node's blocks %v (another node's, or none's yet): %w", a, blocks, provider.ErrTaken))
-		default:
-			p.held[a] = true
-			got = append(got, a)
-		}
-	}
-	p.mu.Unlock()
+	got, errs := p.takeRequested(ctx, req.Addresses, blocks)
 	want := req.Count
 	for want > 0 {
 		p.mu.Lock()
-		for _, b := range blocks {
-			for a := b.Addr(); b.Contains(a) && want > 0; a = a.Next() {
-				if !p.held[a] && p.usable(a) {
-					p.held[a] = true
-					got = append(got, a)
-					want--
+		picked := p.pick(want, func(yield func(netip.Addr) bool) {
+			for _, b := range blocks {
+				for a := b.Addr(); b.Contains(a); a = a.Next() {
+					if !yield(a) {
+						return
+					}
 				}
 			}
-		}
+		})
 		p.mu.Unlock()
-		if want == 0 || waitCtx.Err() != nil {
+		if len(picked) > 0 {
+			kept, _, err := p.vet(ctx, picked)
+			if err != nil {
+				errs = append(errs, err)
+				break
+			}
+			got, want = append(got, kept...), want-len(kept)
+			continue // the blocks may hold more, past what answered
+		}
+		if waitCtx.Err() != nil {
 			break
 		}
 		if slices.ContainsFunc(blocks, p.outsideRanges) {
@@ -77,20 +70,7 @@ func (p *Provider) assignInBlocks(ctx context.Context, req provider.AssignReques
 			errs = append(errs, fmt.Errorf("block %s is outside provider.static.ranges: vpcni-controller's -block-ranges and the agents' ranges disagree", b))
 		}
 	}
-	if len(got) > 0 {
-		p.mu.Lock()
-		err := p.save()
-		if err != nil {
-			for _, a := range got {
-				delete(p.held, a)
-			}
-		}
-		p.mu.Unlock()
-		if err != nil {
-			return nil, err
-		}
-	}
-	return p.leases(got), errors.Join(errs...)
+	return p.finish(got, errs)
 }
 
 func inAny(blocks []netip.Prefix, a netip.Addr) bool {

@@ -20,6 +20,58 @@ type Config struct {
 	// two nodes hand out the same address. Without it the node takes
 	// from the whole ranges, which must then differ per node.
 	Blocks *Blocks `json:"blocks,omitempty"`
+	// Probe configures the check of the segment before an address is
+	// handed out (an ARP probe on the uplink).
+	Probe Probe `json:"probe,omitempty"`
+}
+
+// Probe is the ARP probe (RFC 5227: sender address 0.0.0.0, so no host
+// learns anything from it) each address gets on the uplink before it
+// enters the node's pool: an address another host answers for is skipped
+// and set aside, said as a VpcniAddressInUse warning naming the MAC that
+// answered, and probed again once Recheck has passed. Only addresses in the
+// uplink's own subnets are probed (ARP reaches no further): not a range
+// on a NIC of its own, nor a routed pod subnet. IPv4 only, as the ranges: no
+// NDP. The node's own
+// addresses, the gateway and, with Kubernetes on, every Node's
+// InternalIP and ExternalIP are never handed out, probe or not.
+type Probe struct {
+	// Enabled turns the probe on (default true).
+	Enabled *bool `json:"enabled,omitempty"`
+	// Timeout is how long a probe waits for an answer (default 300ms; a
+	// host on the segment answers in well under a millisecond). All the
+	// addresses of one request are probed at once, so a request waits
+	// this long once, and only when the pool had to grow: a pod's ADD
+	// from a warm pool never waits.
+	Timeout string `json:"timeout,omitempty"`
+	// Recheck is how long an address that answered stays set aside before
+	// it is probed again (default 10m).
+	Recheck string `json:"recheck,omitempty"`
+}
+
+// Probe's defaults.
+const (
+	DefaultProbeTimeout = 300 * time.Millisecond
+	DefaultProbeRecheck = 10 * time.Minute
+)
+
+// On says whether the probe runs.
+func (p Probe) On() bool { return p.Enabled == nil || *p.Enabled }
+
+// TimeoutDuration is timeout parsed (its default when empty).
+func (p Probe) TimeoutDuration() time.Duration {
+	if d, err := time.ParseDuration(p.Timeout); err == nil {
+		return d
+	}
+	return DefaultProbeTimeout
+}
+
+// RecheckDuration is recheck parsed (its default when empty).
+func (p Probe) RecheckDuration() time.Duration {
+	if d, err := time.ParseDuration(p.Recheck); err == nil {
+		return d
+	}
+	return DefaultProbeRecheck
 }
 
 // Blocks configures the node's side of per-node blocks.
@@ -71,6 +123,16 @@ func (c *Config) Defaults() {
 	if c.Blocks != nil && c.Blocks.Wait == "" {
 		c.Blocks.Wait = DefaultBlockWait.String()
 	}
+	if c.Probe.Enabled == nil {
+		on := true
+		c.Probe.Enabled = &on
+	}
+	if c.Probe.Timeout == "" {
+		c.Probe.Timeout = DefaultProbeTimeout.String()
+	}
+	if c.Probe.Recheck == "" {
+		c.Probe.Recheck = DefaultProbeRecheck.String()
+	}
 }
 
 // Validate implements provider.Settings: every bad range field at once.
@@ -86,6 +148,12 @@ func (c *Config) Validate() error {
 		if d, err := time.ParseDuration(c.Blocks.Wait); err != nil || d <= 0 || d > 10*time.Minute {
 			errs = append(errs, fmt.Errorf("blocks.wait: %q is not a duration between 0s and 10m (e.g. 10s)", c.Blocks.Wait))
 		}
+	}
+	if d, err := time.ParseDuration(c.Probe.Timeout); c.Probe.Timeout != "" && (err != nil || d < 10*time.Millisecond || d > 5*time.Second) {
+		errs = append(errs, fmt.Errorf("probe.timeout: %q is not a duration between 10ms and 5s (e.g. 300ms)", c.Probe.Timeout))
+	}
+	if d, err := time.ParseDuration(c.Probe.Recheck); c.Probe.Recheck != "" && (err != nil || d < time.Second || d > 24*time.Hour) {
+		errs = append(errs, fmt.Errorf("probe.recheck: %q is not a duration between 1s and 24h (e.g. 10m)", c.Probe.Recheck))
 	}
 	return errors.Join(errs...)
 }

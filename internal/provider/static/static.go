@@ -36,8 +36,18 @@ type Provider struct {
 	blocks BlockSource
 	wait   time.Duration
 
+	// guard keeps node addresses and those other hosts answer for out of
+	// the pool (guard.go).
+	guard Guard
+
 	mu   sync.Mutex
 	held map[netip.Addr]bool
+	// Under mu, the guard's view: the uplink's addresses, the Nodes'
+	// (listed at nodesAt), and what other hosts answered for.
+	ownAddrs  []netip.Prefix
+	nodeAddrs []netip.Addr
+	nodesAt   time.Time
+	foreign   map[netip.Addr]inUse
 }
 
 // BlockSource is the node's blocks of the ranges, assigned by
@@ -62,16 +72,55 @@ func init() {
 		NewSettings: func() provider.Settings { return &Config{} },
 		New: func(ctx context.Context, node provider.Node, s provider.Settings) (provider.Provider, error) {
 			cfg := s.(*Config)
-			if cfg.Blocks == nil {
-				return New(cfg, node.StateDir)
-			}
-			src, err := connectBlocks(ctx, node)
+			g, err := nodeGuard(node, cfg)
 			if err != nil {
 				return nil, err
 			}
-			return NewInBlocks(cfg, node.StateDir, src)
+			var p *Provider
+			if cfg.Blocks == nil {
+				p, err = New(cfg, node.StateDir)
+			} else {
+				var src *nodeblocks.Source
+				if src, err = connectBlocks(ctx, node); err != nil {
+					return nil, err
+				}
+				p, err = NewInBlocks(cfg, node.StateDir, src)
+			}
+			if err != nil {
+				return nil, err
+			}
+			p.SetGuard(g)
+			return p, nil
 		},
 	})
+}
+
+// nodeGuard is the guard on a node: its uplink (addresses, ARP) and, with
+// Kubernetes on, the Nodes. The uplink's socket lives as long as the
+// agent (a provider is never closed).
+func nodeGuard(node provider.Node, cfg *Config) (Guard, error) {
+	g := Guard{Probe: cfg.Probe.On(), Recheck: cfg.Probe.RecheckDuration(), Notify: node.Notify, Log: node.Log}
+	if node.Uplink != "" {
+		timeout := cfg.Probe.TimeoutDuration()
+		if !g.Probe {
+			timeout = 0 // its addresses only: no ARP socket
+		}
+		u, err := OpenUplink(node.Uplink, timeout)
+		if err != nil {
+			return g, fmt.Errorf("static provider: %w (probe.enabled: false turns the probe off)", err)
+		}
+		g.Segment = u
+	}
+	if node.Kubernetes {
+		rc, err := nodeblocks.RestConfig(node.Kubeconfig)
+		if err != nil {
+			return g, fmt.Errorf("static provider: the Nodes' addresses: %w", err)
+		}
+		if g.Nodes, err = ClusterNodes(rc); err != nil {
+			return g, fmt.Errorf("static provider: %w", err)
+		}
+	}
+	return g, nil
 }
 
 // connectBlocks starts the node's view of its NodeBlocks; it runs as long
@@ -115,7 +164,7 @@ type stateFile struct {
 
 // New builds the provider from config; its state lives in stateDir.
 func New(cfg *Config, stateDir string) (*Provider, error) {
-	p := &Provider{path: filepath.Join(stateDir, "static-provider.json"), held: map[netip.Addr]bool{}}
+	p := &Provider{path: filepath.Join(stateDir, "static-provider.json"), held: map[netip.Addr]bool{}, foreign: map[netip.Addr]inUse{}}
 	for i, r := range cfg.Ranges {
 		prefix, err := netip.ParsePrefix(r.CIDR)
 		if err != nil {
@@ -186,48 +235,102 @@ func nicAddress(r Range) string {
 	return r.NIC.Address
 }
 
-// Assign implements provider.Provider.
+// Assign implements provider.Provider. The pool calls it to grow, not on
+// a pod's ADD from a warm pool: the probe's wait (guard.go) is paid here.
 func (p *Provider) Assign(ctx context.Context, req provider.AssignRequest) ([]alloc.Lease, error) {
 	if p.blocks != nil {
 		return p.assignInBlocks(ctx, req)
 	}
+	p.refreshNodes(ctx)
+	got, errs := p.takeRequested(ctx, req.Addresses, nil)
+	want := req.Count
+	for want > 0 {
+		p.mu.Lock()
+		picked := p.pick(want, func(yield func(netip.Addr) bool) {
+			for _, r := range p.ranges {
+				stop := false
+				r.All(func(a netip.Addr) bool { stop = !yield(a); return !stop })
+				if stop {
+					return
+				}
+			}
+		})
+		held := len(p.held)
+		p.mu.Unlock()
+		if len(picked) == 0 {
+			errs = append(errs, fmt.Errorf("static ranges are used up (%d of %d addresses held): %w", held, p.capacity(), provider.ErrExhausted))
+			break
+		}
+		kept, _, err := p.vet(ctx, picked)
+		if err != nil {
+			errs = append(errs, err)
+			break
+		}
+		got, want = append(got, kept...), want-len(kept)
+	}
+	return p.finish(got, errs)
+}
+
+// takeRequested takes the addresses a request names, each if it is free,
+// usable, in one of blocks (when blocks is not nil), no node's, and no
+// other host answers for it.
+func (p *Provider) takeRequested(ctx context.Context, addrs []netip.Addr, blocks []netip.Prefix) (got []netip.Addr, errs []error) {
 	p.mu.Lock()
-	defer p.mu.Unlock()
-	var got []netip.Addr
-	var errs []error
-	for _, a := range req.Addresses {
+	var picked []netip.Addr
+	for _, a := range addrs {
+		why := p.avoided(a)
 		switch {
 		case p.held[a]:
 			errs = append(errs, fmt.Errorf("%s: %w", a, provider.ErrTaken))
 		case !p.usable(a):
 			errs = append(errs, fmt.Errorf("%s is not in the configured ranges: %w", a, provider.ErrOutside))
+		case blocks != nil && !inAny(blocks, a):
+			errs = append(errs, fmt.Errorf("%s is not in one of this node's blocks %v (another node's, or none's yet): %w", a, blocks, provider.ErrTaken))
+		case why != "":
+			errs = append(errs, fmt.Errorf("%s: %s: %w", a, why, provider.ErrTaken))
 		default:
 			p.held[a] = true
-			got = append(got, a)
+			picked = append(picked, a)
 		}
 	}
-	want := req.Count
-	for _, r := range p.ranges {
-		if want <= 0 {
-			break
+	p.mu.Unlock()
+	kept, refused, err := p.vet(ctx, picked)
+	if err != nil {
+		return nil, append(errs, err)
+	}
+	if len(refused) > 0 {
+		errs = append(errs, fmt.Errorf("%s: %w", describe(refused), provider.ErrTaken))
+	}
+	return kept, errs
+}
+
+// pick takes up to want addresses of each's that are free, usable and
+// avoided by nothing; called with p.mu held.
+func (p *Provider) pick(want int, each func(yield func(netip.Addr) bool)) []netip.Addr {
+	var out []netip.Addr
+	each(func(a netip.Addr) bool {
+		if !p.held[a] && p.usable(a) && p.avoided(a) == "" {
+			p.held[a] = true
+			out = append(out, a)
 		}
-		r.All(func(a netip.Addr) bool {
-			if !p.held[a] {
-				p.held[a] = true
-				got = append(got, a)
-				want--
-			}
-			return want > 0
-		})
-	}
-	if want > 0 {
-		errs = append(errs, fmt.Errorf("static ranges are used up (%d of %d addresses held): %w", len(p.held), p.capacity(), provider.ErrExhausted))
-	}
+		return len(out) < want
+	})
+	return out
+}
+
+// finish saves what a request took; if the state cannot be written
+// nothing is taken.
+func (p *Provider) finish(got []netip.Addr, errs []error) ([]alloc.Lease, error) {
 	if len(got) > 0 {
-		if err := p.save(); err != nil {
+		p.mu.Lock()
+		err := p.save()
+		if err != nil {
 			for _, a := range got {
 				delete(p.held, a)
 			}
+		}
+		p.mu.Unlock()
+		if err != nil {
 			return nil, err
 		}
 	}

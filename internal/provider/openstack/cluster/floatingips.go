@@ -15,6 +15,7 @@ import (
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/ports"
 
 	"github.com/vpcni/vpcni/internal/floatingip"
+	"github.com/vpcni/vpcni/internal/provider/openstack"
 )
 
 // FloatingIPs is pods' floating IPs (floatingip.Cloud) on Neutron. The
@@ -223,6 +224,9 @@ func (c *FloatingIPs) portOf(ctx context.Context, portID string, fixed netip.Add
 // network, 409 address taken) as floatingip.ErrInvalid: retrying cannot
 // help, the annotation must change.
 func classify(err error) error {
+	if d, ok := openstack.DeniedBy(err); ok {
+		return fmt.Errorf("%w; %s", err, d.Error())
+	}
 	for _, code := range []int{http.StatusBadRequest, http.StatusNotFound, http.StatusConflict} {
 		if gophercloud.ResponseCodeIs(err, code) {
 			return fmt.Errorf("%w: %w", floatingip.ErrInvalid, err)

@@ -15,6 +15,7 @@ import (
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/extensions/layer3/routers"
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/ports"
 
+	"github.com/vpcni/vpcni/internal/provider/openstack"
 	"github.com/vpcni/vpcni/internal/routes"
 )
 
@@ -237,9 +238,8 @@ func isStale(err error) bool {
 
 // explain says what to do about a refusal of Neutron's policy.
 func explain(err error) error {
-	var code gophercloud.ErrUnexpectedResponseCode
-	if errors.As(err, &code) && code.Actual == http.StatusForbidden {
-		return fmt.Errorf("%w (Neutron's policy forbids it: vpcni-controller needs get_router, add_extraroutes and remove_extraroutes on the router (a member of its project) and update_port:allowed_address_pairs on the nodes' VM ports (the owner of their network, or admin))", err)
+	if d, ok := openstack.DeniedBy(err); ok {
+		return fmt.Errorf("%w; %s (vpcni-controller needs get_router, add_extraroutes and remove_extraroutes on the router (a member of its project) and update_port:allowed_address_pairs on the nodes' VM ports (the owner of their network, or admin))", err, d.Error())
 	}
 	return err
 }
