@@ -64,6 +64,18 @@ func (e usageError) Error() string { return e.msg }
 // errHelp: -h asked for the usage, which is not a failure.
 var errHelp = errors.New("help requested")
 
+// register puts kubectl-vpcni's own flags on fs (docs/configuration.md
+// lists them; a test holds the two equal).
+func (o *options) register(fs *flag.FlagSet) {
+	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file (default: $KUBECONFIG, else ~/.kube/config)")
+	fs.StringVar(&o.context, "context", "", "the kubeconfig context to use (default: its current-context)")
+	fs.StringVar(&o.namespace, "n", DefaultNamespace, "the namespace vpcni is installed in")
+	fs.StringVar(&o.namespace, "namespace", DefaultNamespace, "the namespace vpcni is installed in")
+	fs.StringVar(&o.selector, "selector", DefaultSelector, "the label selector of the vpcnid DaemonSet's pods")
+	fs.StringVar(&o.node, "node", "", "run the command in the agent on this node")
+	fs.StringVar(&o.pod, "pod", "", "NAMESPACE/POD: run the command in the agent on this pod's node")
+}
+
 // parseArgs reads kubectl-vpcni's flags up to the first argument that is
 // not one (the command); everything from there on is the command's. So
 // `--node n1 status -o json` passes `-o json` to vpcnictl status. kubectl
@@ -74,13 +86,7 @@ func parseArgs(args []string, stderr io.Writer) (options, error) {
 	fs := flag.NewFlagSet("kubectl-vpcni", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() { usage(stderr) }
-	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file (default: $KUBECONFIG, else ~/.kube/config)")
-	fs.StringVar(&o.context, "context", "", "the kubeconfig context to use (default: its current-context)")
-	fs.StringVar(&o.namespace, "n", DefaultNamespace, "the namespace vpcni is installed in")
-	fs.StringVar(&o.namespace, "namespace", DefaultNamespace, "the namespace vpcni is installed in")
-	fs.StringVar(&o.selector, "selector", DefaultSelector, "the label selector of the vpcnid DaemonSet's pods")
-	fs.StringVar(&o.node, "node", "", "run the command in the agent on this node")
-	fs.StringVar(&o.pod, "pod", "", "NAMESPACE/POD: run the command in the agent on this pod's node")
+	o.register(fs)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return o, errHelp
