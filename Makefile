@@ -33,6 +33,10 @@ build:
 IMAGE     ?= vpcni/vpcni:$(VERSION)
 # The CA bundle the image trusts for HTTPS clouds (Keystone, Neutron).
 CA_BUNDLE ?= /etc/ssl/certs/ca-certificates.crt
+# The same image as an OCI image archive ($(BIN)/vpcni-image.oci.tar,
+# labelled as a release's): what the real-node e2e pushes to its registry.
+IMAGE_LABELS = -created $$(git log -1 --format=%ct 2>/dev/null || echo 0) -label org.opencontainers.image.version=$(VERSION) \
+	-label org.opencontainers.image.revision=$$(git rev-parse HEAD 2>/dev/null) -label org.opencontainers.image.licenses=Apache-2.0
 image:
 	rm -rf $(BIN)/image && mkdir -p $(BIN)/image
 	$(GOBUILD) -o $(BIN)/image/ ./cmd/...
@@ -42,6 +46,7 @@ image:
 		-env PATH=/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
 		-tree $(BIN)/cni-plugins:/opt/cni-plugins $$nft \
 		$$([ -f $(CA_BUNDLE) ] && echo -file $(CA_BUNDLE):/etc/ssl/certs/ca-certificates.crt:0644)
+	$(GO) run ./tools/ocilayout -ref docker.io/$(IMAGE) -out $(BIN)/vpcni-image.oci.tar $(IMAGE_LABELS) $(BIN)/vpcni-image.tar
 	echo $(IMAGE) > $(BIN)/vpcni-image.name
 
 # The release, for amd64 and arm64 (RELEASE_ARCHES), in $(BIN)/release:
@@ -72,18 +77,21 @@ release-e2e: release registry
 # later rolls back to): the previous release's source (from git) built
 # into its own image, $(BIN)/prev/vpcni-image.tar, with its deploy/ beside
 # it, cached while UPGRADE_FROM stays. When cutting a release, set it to
-# the release before.
+# the release before. Tagged with its version (UPGRADE_FROM), and also
+# written as an OCI image archive ($(BIN)/prev/vpcni-image.oci.tar, by
+# this tree's tools/ocilayout) for the e2e's registry.
 UPGRADE_FROM ?= dc642a0
-PREV_IMAGE   := vpcni/vpcni:release-$(UPGRADE_FROM)
+PREV_IMAGE   := vpcni/vpcni:$(UPGRADE_FROM)
 prev-image:
-	@if [ "$$(cat $(BIN)/prev/vpcni-image.name 2>/dev/null)" = "$(PREV_IMAGE)" ] && [ -f $(BIN)/prev/vpcni-image.tar ] && [ -d $(BIN)/prev/deploy ]; then \
+	@if [ "$$(cat $(BIN)/prev/vpcni-image.name 2>/dev/null)" = "$(PREV_IMAGE)" ] && [ -f $(BIN)/prev/vpcni-image.tar ] && [ -f $(BIN)/prev/vpcni-image.oci.tar ] && [ -d $(BIN)/prev/deploy ]; then \
 		echo "previous release image $(PREV_IMAGE): cached"; \
 	else \
 		rm -rf $(BIN)/prev && mkdir -p $(BIN)/prev/src && \
 		git archive $(UPGRADE_FROM) | tar -x -C $(BIN)/prev/src && \
 		$(MAKE) -C $(BIN)/prev/src image BIN=$(CURDIR)/$(BIN)/prev IMAGE=$(PREV_IMAGE) VERSION=$(UPGRADE_FROM) && \
 		cp -r $(BIN)/prev/src/deploy $(BIN)/prev/deploy && \
-		rm -rf $(BIN)/prev/src $(BIN)/prev/image; \
+		rm -rf $(BIN)/prev/src $(BIN)/prev/image && \
+		$(GO) run ./tools/ocilayout -ref docker.io/$(PREV_IMAGE) -out $(BIN)/prev/vpcni-image.oci.tar -label org.opencontainers.image.version=$(UPGRADE_FROM) $(BIN)/prev/vpcni-image.tar; \
 	fi
 
 k8s-build:
@@ -208,17 +216,20 @@ e2e-nova:
 
 # vpcni on a real Kubernetes node (scripts/k8s-node.sh: etcd, control plane,
 # containerd, kubelet and kube-proxy inside a lab node's namespace), installed
-# with the image and kubectl apply -k deploy/. The Kubernetes build is cached.
+# with kubectl apply -k deploy/ and the image pulled by tag from a real
+# registry on the node's loopback (scripts/registry.sh: this build's and the
+# previous release's images pushed with crane; the upgrade rolls by tag).
+# The Kubernetes build is cached.
 # TestAWSNode runs the same install with provider aws on an AWS-style lab
 # (the lab's EC2 endpoint and instance metadata).
-e2e-k8s: build image prev-image k8s-build
+e2e-k8s: build image prev-image k8s-build registry
 	VPCNI_REQUIRE_ROOT=1 VPCNI_BIN=$(CURDIR)/$(BIN) VPCNI_PREV_IMAGE=$(CURDIR)/$(BIN)/prev/vpcni-image.tar $(GO) test -count=1 -timeout 30m -v -run 'TestKubernetesNode|TestAWSNode' ./test/k8se2e 2>&1 | tee /tmp/vpcni-e2e-k8s.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|vpcni-test:|^upgrade' ; exit $${PIPESTATUS[0]}
 
 # Upgrade in place on the real node: the node installed with the previous
 # release (its deploy/ and image) and its pods, then this release applied
 # while the legacy VM probes every pod every 10 ms (make test runs it
 # inside e2e-k8s, which also rolls back and forward again later).
-upgrade-e2e: build image prev-image k8s-build
+upgrade-e2e: build image prev-image k8s-build registry
 	@VPCNI_REQUIRE_ROOT=1 VPCNI_BIN=$(CURDIR)/$(BIN) VPCNI_PREV_IMAGE=$(CURDIR)/$(BIN)/prev/vpcni-image.tar $(GO) test -count=1 -timeout 30m -v -run 'TestKubernetesNode/^upgrade$$' ./test/k8se2e 2>&1 | tee /tmp/vpcni-upgrade-e2e.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|vpcni-test:|^upgrade detail' ; rc=$${PIPESTATUS[0]}; \
 	grep '^upgrade:' /tmp/vpcni-upgrade-e2e.log | tail -1; exit $$rc
 
