@@ -102,8 +102,12 @@ storage:
 http:
   addr: $addr
 EOF
-  # setsid: the registry outlives this script and the caller's process group.
-  in_ns setsid "$bin" serve "$state/config.yml" >"$state/log" 2>&1 </dev/null &
+  # setsid: the registry outlives this script and the caller's process
+  # group. Neither setsid (not a group leader here) nor ip netns exec
+  # forks: the PID recorded is the registry's.
+  cmd=("$bin" serve "$state/config.yml")
+  [ -z "$netns" ] || cmd=(ip netns exec "$netns" "${cmd[@]}")
+  setsid "${cmd[@]}" >"$state/log" 2>&1 </dev/null &
   echo $! >"$state/pid"
   for _ in $(seq 1 100); do
     if answers; then echo "registry: serving http://$addr (pid $(cat "$state/pid"), state $state)"; exit 0; fi
@@ -127,12 +131,13 @@ push)
   ref=${3:?usage: $0 push ARCHIVE REF}
   crane=$(crane_bin)
   # crane push reads an OCI image layout directory, not the archive: unpack
-  # it to a scratch directory. --index keeps a multi-platform image an
-  # index (without it crane would push only the first manifest).
+  # it to a scratch directory. index.json's one entry is pushed as it is:
+  # the image index of a multi-platform archive, the manifest of a
+  # single-platform one.
   tmp=$(mktemp -d)
   trap 'rm -rf "$tmp"' EXIT
   tar -xf "$archive" -C "$tmp"
-  in_ns "$crane" push --insecure --index "$tmp" "$ref"
+  in_ns "$crane" push --insecure "$tmp" "$ref"
   ;;
 *)
   echo "usage: $0 build|crane|up|down|status|push ARCHIVE REF" >&2

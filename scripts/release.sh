@@ -81,7 +81,8 @@ img=vpcni-image-$version.oci.tar
 note "$img" all
 
 helm=$(bash scripts/helm.sh)
-"$helm" package deploy/helm/vpcni --version "$chart_version" --app-version "$version" -d "$out" >/dev/null
+# helm notes each symlinked file of the chart on stderr: shown only if it fails.
+msg=$("$helm" package deploy/helm/vpcni --version "$chart_version" --app-version "$version" -d "$out" 2>&1) || { echo "$msg" >&2; exit 1; }
 note "vpcni-$chart_version.tgz" all
 
 (cd "$out" && sha256sum -- $(for l in "${lines[@]}"; do echo "${l%% *}"; done) >SHA256SUMS)

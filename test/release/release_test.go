@@ -146,7 +146,9 @@ func TestPushPullRelease(t *testing.T) {
 	if got != "vpcnid "+version {
 		t.Errorf("the pulled agent says %q, want %q", got, "vpcnid "+version)
 	}
-	c.ctr(t, "images", "import", "--platform", "linux/amd64", archive)
+	// --base-name: ctr keeps only names under it (without one it renames
+	// every image import-DATE).
+	c.ctr(t, "images", "import", "--platform", "linux/amd64", "--base-name", "docker.io/vpcni/vpcni", archive)
 	if ls := c.ctr(t, "images", "ls", "-q"); !strings.Contains(ls, "docker.io/vpcni/vpcni:"+version) {
 		t.Errorf("ctr images import of %s: images are %q, want docker.io/vpcni/vpcni:%s", archive, ls, version)
 	}
