@@ -80,9 +80,15 @@ img=vpcni-image-$version.oci.tar
 "$work/tools/ocilayout" -ref "$repo:$version" -created "$created" "${labels[@]}" -out "$out/$img" "${images[@]}" >/dev/null
 note "$img" all
 
+# The chart as released installs this release's image: its image.tag
+# default (the first "  tag:" in values.yaml, under image:) becomes the
+# version. A copy, symlinks followed (files/ links into deploy/).
 helm=$(bash scripts/helm.sh)
-# helm notes each symlinked file of the chart on stderr: shown only if it fails.
-msg=$("$helm" package deploy/helm/vpcni --version "$chart_version" --app-version "$version" -d "$out" 2>&1) || { echo "$msg" >&2; exit 1; }
+cp -rL deploy/helm/vpcni "$work/vpcni"
+sed -i "0,/^  tag: .*/s//  tag: \"$version\"/" "$work/vpcni/values.yaml"
+grep -A3 '^image:' "$work/vpcni/values.yaml" | grep -qx "  tag: \"$version\"" ||
+	{ echo "release: could not set image.tag in the chart's values.yaml" >&2; exit 1; }
+msg=$("$helm" package "$work/vpcni" --version "$chart_version" --app-version "$version" -d "$out" 2>&1) || { echo "$msg" >&2; exit 1; }
 note "vpcni-$chart_version.tgz" all
 
 (cd "$out" && sha256sum -- $(for l in "${lines[@]}"; do echo "${l%% *}"; done) >SHA256SUMS)
