@@ -88,7 +88,13 @@ cp -rL deploy/helm/vpcni "$work/vpcni"
 sed -i "0,/^  tag: .*/s//  tag: \"$version\"/" "$work/vpcni/values.yaml"
 grep -A3 '^image:' "$work/vpcni/values.yaml" | grep -qx "  tag: \"$version\"" ||
 	{ echo "release: could not set image.tag in the chart's values.yaml" >&2; exit 1; }
-msg=$("$helm" package "$work/vpcni" --version "$chart_version" --app-version "$version" -d "$out" 2>&1) || { echo "$msg" >&2; exit 1; }
+msg=$("$helm" package "$work/vpcni" --version "$chart_version" --app-version "$version" -d "$work/chart" 2>&1) || { echo "$msg" >&2; exit 1; }
+# helm dates the package's entries now: repacked with the commit's time
+# (and sorted, gzip without a name or time), two releases of one commit
+# give the same chart package, as they give the same images.
+mkdir -p "$work/chart/x"
+tar -xzmf "$work/chart/vpcni-$chart_version.tgz" -C "$work/chart/x"
+tar -C "$work/chart/x" --sort=name --owner=0 --group=0 --numeric-owner --mtime="@$created" -cf - vpcni | gzip -n -9 >"$out/vpcni-$chart_version.tgz"
 note "vpcni-$chart_version.tgz" all
 
 (cd "$out" && sha256sum -- $(for l in "${lines[@]}"; do echo "${l%% *}"; done) >SHA256SUMS)
