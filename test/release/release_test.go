@@ -1,7 +1,8 @@
 // Package release proves make release's image travels the way a cluster
 // gets it: pushed to a real registry (distribution's, scripts/registry.sh,
-// on 127.0.0.1:5100) with a standard client (crane), read back as one image
-// index for linux/amd64 and linux/arm64, and pulled by digest by a real
+// on 127.0.0.1:5100) with the standard clients (crane, and skopeo from
+// oci-archive: directly), read back as one image index for linux/amd64 and
+// linux/arm64 whose digest is the archive's, and pulled by digest by a real
 // containerd (Debian's, a private instance of this test's own) that runs
 // the agent it holds; the same archive imported with `ctr images import`.
 // Root only (containerd, runc).
@@ -11,7 +12,9 @@ import (
 	"archive/tar"
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"debug/elf"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -109,9 +112,39 @@ func TestPushPullRelease(t *testing.T) {
 		t.Errorf("registry digest %s, the archive's index is %s", top, want)
 	}
 
+	// skopeo, the other standard client, copies the archive as it is (every
+	// platform) and reads back the same index.
+	if _, err := exec.LookPath("skopeo"); err != nil {
+		t.Fatalf("skopeo is not installed (scripts/install-deps.sh installs it): %v", err)
+	}
+	skopeoRef := "docker://" + registryAddr + "/vpcni/vpcni-skopeo:" + version
+	run(t, nil, "skopeo", "copy", "--all", "--dest-tls-verify=false", "oci-archive:"+archive, skopeoRef)
+	raw := run(t, nil, "skopeo", "inspect", "--raw", "--tls-verify=false", skopeoRef)
+	var sidx ocilayout.Index
+	if err := json.Unmarshal([]byte(raw), &sidx); err != nil {
+		t.Fatal(err)
+	}
+	var splat []string
+	for _, d := range sidx.Manifests {
+		if d.Platform != nil {
+			splat = append(splat, d.Platform.OS+"/"+d.Platform.Architecture)
+		}
+	}
+	sort.Strings(splat)
+	sum := sha256.Sum256([]byte(raw))
+	sdigest := "sha256:" + hex.EncodeToString(sum[:])
+	fmt.Printf("release-registry: skopeo inspect --raw %s: %s %s %s\n", skopeoRef, sidx.MediaType, sdigest, strings.Join(splat, " "))
+	if strings.Join(splat, " ") != "linux/amd64 linux/arm64" || sdigest != top {
+		t.Errorf("skopeo copy --all: the registry holds %s listing %v, want the archive's index %s of linux/amd64 and linux/arm64", sdigest, splat, top)
+	}
+
 	// Each platform's config says what it is, and what it holds runs there:
 	// the agent and nft are ELF files for that machine.
-	for arch, machine := range map[string]elf.Machine{"amd64": elf.EM_X86_64, "arm64": elf.EM_AARCH64} {
+	for _, pm := range []struct {
+		arch    string
+		machine elf.Machine
+	}{{"amd64", elf.EM_X86_64}, {"arm64", elf.EM_AARCH64}} {
+		arch, machine := pm.arch, pm.machine
 		var cfg struct {
 			Architecture string
 			Config       struct{ Labels map[string]string }
