@@ -66,8 +66,9 @@ release:
 # The local registry (distribution's, on 127.0.0.1:5100) and crane, built
 # from their Go modules and cached in /var/cache/vpcni-registry
 # (scripts/registry.sh; make deps starts the cold build). test/release
-# pushes make release's multi-architecture image to it with crane, shows
-# the index lists linux/amd64 and linux/arm64 (release-registry: lines),
+# pushes make release's multi-architecture image to it with crane and with
+# skopeo, shows the index lists linux/amd64 and linux/arm64 and has the
+# archive's digest (release-registry: lines),
 # checks each architecture's binaries are built for it, and has a real
 # containerd pull the amd64 image by digest, run its agent and import the
 # archive (~20 s past make release).
@@ -111,7 +112,7 @@ deps:
 	@# helm's cold build (~2.5 min) starts now, in the background: its module
 	@# downloads overlap lint, vet and the Kubernetes build; make helm waits.
 	@[ -x "$${VPCNI_HELM_CACHE:-/var/cache/vpcni-helm}/v3.21.4/helm" ] || { nohup bash scripts/helm.sh >/tmp/vpcni-helm-build.log 2>&1 & }
-	@# The registry and crane likewise (~3 min cold); make registry waits.
+	@# The registry and crane likewise (3-6 min cold); make registry waits.
 	@nohup bash scripts/registry.sh build >/tmp/vpcni-registry-build.log 2>&1 &
 
 lint:
@@ -231,7 +232,7 @@ e2e-nova:
 # TestAWSNode runs the same install with provider aws on an AWS-style lab
 # (the lab's EC2 endpoint and instance metadata).
 e2e-k8s: build image prev-image k8s-build registry
-	VPCNI_REQUIRE_ROOT=1 VPCNI_BIN=$(CURDIR)/$(BIN) VPCNI_PREV_IMAGE=$(CURDIR)/$(BIN)/prev/vpcni-image.tar $(GO) test -count=1 -timeout 30m -v -run 'TestKubernetesNode|TestAWSNode' ./test/k8se2e 2>&1 | tee /tmp/vpcni-e2e-k8s.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|vpcni-test:|^upgrade' ; exit $${PIPESTATUS[0]}
+	VPCNI_REQUIRE_ROOT=1 VPCNI_BIN=$(CURDIR)/$(BIN) VPCNI_PREV_IMAGE=$(CURDIR)/$(BIN)/prev/vpcni-image.tar $(GO) test -count=1 -timeout 30m -v -run 'TestKubernetesNode|TestAWSNode' ./test/k8se2e 2>&1 | tee /tmp/vpcni-e2e-k8s.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|vpcni-test:|^upgrade|^registry:' ; exit $${PIPESTATUS[0]}
 
 # Upgrade in place on the real node: the node installed with the previous
 # release (its deploy/ and image) and its pods, then this release applied
