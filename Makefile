@@ -4,14 +4,18 @@ SHELL := /bin/bash
 GO        ?= /usr/local/go/bin/go
 export PATH := /usr/local/go/bin:$(PATH)
 BIN       := bin
-VERSION   ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
+# The version: git describe's (v0.3.0 on a release tag, v0.3.0-4-gabc1234
+# after it, a bare commit where no tag is behind it; -dirty with local
+# changes). Every binary prints it (-version; `vpcnictl version`), the image
+# is tagged with it and carries it in its labels.
+VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS   := -s -w -X main.version=$(VERSION)
 # Static binaries: no dynamic loader on the plugin's critical path, and they
 # run in any container image.
 GOBUILD   := CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)"
 PKG_TEST_TIMEOUT ?= 15m
 
-.PHONY: conformance conformance-subset conformance-build conformance-build-bg e2e-lab-ebpf all build image prev-image upgrade-e2e k8s-build k8s-fixture deps generate verify-generate helm test unit fuzz fuzz-long k8s-api integration e2e-neutron-agents e2e-nova e2e-k8s e2e-k8s-twonode bench-startup e2e-k8s-helm critest chaos lint demo bench clean
+.PHONY: release registry release-e2e conformance conformance-subset conformance-build conformance-build-bg e2e-lab-ebpf all build image prev-image upgrade-e2e k8s-build k8s-fixture deps generate verify-generate helm test unit fuzz fuzz-long k8s-api integration e2e-neutron-agents e2e-nova e2e-k8s e2e-k8s-twonode bench-startup e2e-k8s-helm critest chaos lint demo bench clean
 
 all: build
 
@@ -22,11 +26,17 @@ build:
 # /usr/local/bin; the upstream portmap and bandwidth plugins the conflist
 # chains (scripts/cni-plugins.sh) in /opt/cni-plugins; nft and its libraries
 # (scripts/image-nft.sh: the SNAT table is written by knftables, which runs
-# nft); a docker-save tarball (no registry) for
-# `ctr -n k8s.io images import`. Its name is in $(BIN)/vpcni-image.name.
-IMAGE     ?= vpcni/vpcni:dev
+# nft); a docker-save tarball for `ctr -n k8s.io images import`, of this
+# machine's architecture, tagged with the version (make release writes the
+# OCI image archives for every architecture). Its name is in
+# $(BIN)/vpcni-image.name.
+IMAGE     ?= vpcni/vpcni:$(VERSION)
 # The CA bundle the image trusts for HTTPS clouds (Keystone, Neutron).
 CA_BUNDLE ?= /etc/ssl/certs/ca-certificates.crt
+# The same image as an OCI image archive ($(BIN)/vpcni-image.oci.tar,
+# labelled as a release's): what the real-node e2e pushes to its registry.
+IMAGE_LABELS = -created $$(git log -1 --format=%ct 2>/dev/null || echo 0) -label org.opencontainers.image.version=$(VERSION) \
+	-label org.opencontainers.image.revision=$$(git rev-parse HEAD 2>/dev/null) -label org.opencontainers.image.licenses=Apache-2.0
 image:
 	rm -rf $(BIN)/image && mkdir -p $(BIN)/image
 	$(GOBUILD) -o $(BIN)/image/ ./cmd/...
@@ -36,7 +46,37 @@ image:
 		-env PATH=/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
 		-tree $(BIN)/cni-plugins:/opt/cni-plugins $$nft \
 		$$([ -f $(CA_BUNDLE) ] && echo -file $(CA_BUNDLE):/etc/ssl/certs/ca-certificates.crt:0644)
+	$(GO) run ./tools/ocilayout -ref docker.io/$(IMAGE) -out $(BIN)/vpcni-image.oci.tar $(IMAGE_LABELS) $(BIN)/vpcni-image.tar
 	echo $(IMAGE) > $(BIN)/vpcni-image.name
+
+# The release, for amd64 and arm64 (RELEASE_ARCHES), in $(BIN)/release:
+# the node image as OCI image archives (every architecture in one, and one
+# per architecture), the CNI plugin and vpcnictl per architecture, the Helm
+# chart package and SHA256SUMS; one line printed per artifact with its
+# architecture and size (scripts/release.sh, docs/releasing.md). make test
+# runs it in release-e2e, last. Cold, the arm64 half compiles every
+# dependency for arm64 (7.3 min of CPU for the whole release here, most of
+# it arm64), builds the chained plugins (~35 s of CPU) and fetches
+# Debian's arm64 nft packages (~3 MB, ~20 s); warm, make release is
+# ~50 s of CPU (linking, compressing).
+RELEASE_ARCHES ?= amd64 arm64
+release:
+	@VERSION=$(VERSION) OUT=$(BIN)/release ARCHES='$(RELEASE_ARCHES)' GO=$(GO) CA_BUNDLE=$(CA_BUNDLE) bash scripts/release.sh
+
+# The local registry (distribution's, on 127.0.0.1:5100) and crane, built
+# from their Go modules and cached in /var/cache/vpcni-registry
+# (scripts/registry.sh; make deps starts the cold build). test/release
+# pushes make release's multi-architecture image to it with crane and with
+# skopeo, shows the index lists linux/amd64 and linux/arm64 and has the
+# archive's digest (release-registry: lines),
+# checks each architecture's binaries are built for it, and has a real
+# containerd pull the amd64 image by digest, run its agent and import the
+# archive (~20 s past make release).
+registry:
+	bash scripts/registry.sh build >/dev/null
+
+release-e2e: release registry
+	VPCNI_REQUIRE_ROOT=1 VPCNI_RELEASE_DIR=$(CURDIR)/$(BIN)/release $(GO) test -count=1 -timeout 10m -v ./test/release 2>&1 | tee /tmp/vpcni-release-e2e.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|vpcni-test:|^release' ; exit $${PIPESTATUS[0]}
 
 # Kubernetes for the end-to-end tests on a real node (cached in /var/cache/vpcni-k8s),
 # and the fixture's own test with Debian's bridge plugin (docs/k8s-node.md).
@@ -44,18 +84,21 @@ image:
 # later rolls back to): the previous release's source (from git) built
 # into its own image, $(BIN)/prev/vpcni-image.tar, with its deploy/ beside
 # it, cached while UPGRADE_FROM stays. When cutting a release, set it to
-# the release before.
+# the release before. Tagged with its version (UPGRADE_FROM), and also
+# written as an OCI image archive ($(BIN)/prev/vpcni-image.oci.tar, by
+# this tree's tools/ocilayout) for the e2e's registry.
 UPGRADE_FROM ?= dc642a0
-PREV_IMAGE   := vpcni/vpcni:release-$(UPGRADE_FROM)
+PREV_IMAGE   := vpcni/vpcni:$(UPGRADE_FROM)
 prev-image:
-	@if [ "$$(cat $(BIN)/prev/vpcni-image.name 2>/dev/null)" = "$(PREV_IMAGE)" ] && [ -f $(BIN)/prev/vpcni-image.tar ] && [ -d $(BIN)/prev/deploy ]; then \
+	@if [ "$$(cat $(BIN)/prev/vpcni-image.name 2>/dev/null)" = "$(PREV_IMAGE)" ] && [ -f $(BIN)/prev/vpcni-image.tar ] && [ -f $(BIN)/prev/vpcni-image.oci.tar ] && [ -d $(BIN)/prev/deploy ]; then \
 		echo "previous release image $(PREV_IMAGE): cached"; \
 	else \
 		rm -rf $(BIN)/prev && mkdir -p $(BIN)/prev/src && \
 		git archive $(UPGRADE_FROM) | tar -x -C $(BIN)/prev/src && \
 		$(MAKE) -C $(BIN)/prev/src image BIN=$(CURDIR)/$(BIN)/prev IMAGE=$(PREV_IMAGE) VERSION=$(UPGRADE_FROM) && \
 		cp -r $(BIN)/prev/src/deploy $(BIN)/prev/deploy && \
-		rm -rf $(BIN)/prev/src $(BIN)/prev/image; \
+		rm -rf $(BIN)/prev/src $(BIN)/prev/image && \
+		$(GO) run ./tools/ocilayout -ref docker.io/$(PREV_IMAGE) -out $(BIN)/prev/vpcni-image.oci.tar -label org.opencontainers.image.version=$(UPGRADE_FROM) $(BIN)/prev/vpcni-image.tar; \
 	fi
 
 k8s-build:
@@ -69,6 +112,8 @@ deps:
 	@# helm's cold build (~2.5 min) starts now, in the background: its module
 	@# downloads overlap lint, vet and the Kubernetes build; make helm waits.
 	@[ -x "$${VPCNI_HELM_CACHE:-/var/cache/vpcni-helm}/v3.21.4/helm" ] || { nohup bash scripts/helm.sh >/tmp/vpcni-helm-build.log 2>&1 & }
+	@# The registry and crane likewise (3-6 min cold); make registry waits.
+	@nohup bash scripts/registry.sh build >/tmp/vpcni-registry-build.log 2>&1 &
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed: $$out"; exit 1; fi
@@ -187,7 +232,10 @@ e2e-nova:
 
 # vpcni on a real Kubernetes node (scripts/k8s-node.sh: etcd, control plane,
 # containerd, kubelet and kube-proxy inside a lab node's namespace), installed
-# with the image and kubectl apply -k deploy/. The Kubernetes build is cached.
+# with kubectl apply -k deploy/ and the image pulled by tag from a real
+# registry on the node's loopback (scripts/registry.sh: this build's and the
+# previous release's images pushed with crane; the upgrade rolls by tag).
+# The Kubernetes build is cached.
 # TestAWSNode runs the same install with provider aws on an AWS-style lab
 # (the lab's EC2 endpoint and instance metadata). TestBlocksInstall installs
 # bare metal's per-node blocks (deploy/ with the deploy/blocks component,
@@ -195,14 +243,14 @@ e2e-nova:
 # TestMigrateFromBridge installs vpcni over a node whose pods run on Debian's
 # bridge plugin and replaces them (docs/install-bare-metal.md, Replacing
 # another CNI).
-e2e-k8s: build image prev-image k8s-build
-	VPCNI_REQUIRE_ROOT=1 VPCNI_BIN=$(CURDIR)/$(BIN) VPCNI_PREV_IMAGE=$(CURDIR)/$(BIN)/prev/vpcni-image.tar $(GO) test -count=1 -timeout 30m -v -run 'TestKubernetesNode|TestAWSNode|TestBlocksInstall|TestMigrateFromBridge' ./test/k8se2e 2>&1 | tee /tmp/vpcni-e2e-k8s.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|vpcni-test:|^upgrade' ; exit $${PIPESTATUS[0]}
+e2e-k8s: build image prev-image k8s-build registry
+	VPCNI_REQUIRE_ROOT=1 VPCNI_BIN=$(CURDIR)/$(BIN) VPCNI_PREV_IMAGE=$(CURDIR)/$(BIN)/prev/vpcni-image.tar $(GO) test -count=1 -timeout 30m -v -run 'TestKubernetesNode|TestAWSNode|TestBlocksInstall|TestMigrateFromBridge' ./test/k8se2e 2>&1 | tee /tmp/vpcni-e2e-k8s.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|vpcni-test:|^upgrade|^registry:' ; exit $${PIPESTATUS[0]}
 
 # Upgrade in place on the real node: the node installed with the previous
 # release (its deploy/ and image) and its pods, then this release applied
 # while the legacy VM probes every pod every 10 ms (make test runs it
 # inside e2e-k8s, which also rolls back and forward again later).
-upgrade-e2e: build image prev-image k8s-build
+upgrade-e2e: build image prev-image k8s-build registry
 	@VPCNI_REQUIRE_ROOT=1 VPCNI_BIN=$(CURDIR)/$(BIN) VPCNI_PREV_IMAGE=$(CURDIR)/$(BIN)/prev/vpcni-image.tar $(GO) test -count=1 -timeout 30m -v -run 'TestKubernetesNode/^upgrade$$' ./test/k8se2e 2>&1 | tee /tmp/vpcni-upgrade-e2e.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|vpcni-test:|^upgrade detail' ; rc=$${PIPESTATUS[0]}; \
 	grep '^upgrade:' /tmp/vpcni-upgrade-e2e.log | tail -1; exit $$rc
 
@@ -291,7 +339,7 @@ chaos: build
 # conformance-build waits for it (scripts/conformance.sh builds once under
 # a lock) and rebuilds if it failed. A make test that stops earlier leaves
 # the build running to its end (log: $(CONFORMANCE_RESULTS)/build.log).
-test: deps lint verify-generate helm unit fuzz k8s-api conformance-build-bg integration e2e-neutron-agents e2e-nova e2e-k8s e2e-k8s-twonode
+test: deps lint verify-generate helm unit fuzz k8s-api conformance-build-bg integration e2e-neutron-agents e2e-nova e2e-k8s e2e-k8s-twonode release-e2e
 
 conformance-build-bg: k8s-build
 	@mkdir -p $(CONFORMANCE_RESULTS)

@@ -5,7 +5,9 @@ set -euo pipefail
 
 # clang, llvm and libbpf-dev build mode ebpf's tc programs (go generate,
 # make verify-generate); the committed object is what nodes run.
-pkgs=(iproute2 nftables iptables containernetworking-plugins iperf3 sockperf kmod procps util-linux clang llvm libbpf-dev)
+# containerd and runc: test/release pulls and runs the release image (the
+# real-node fixture runs them too); skopeo: test/release pushes with it.
+pkgs=(iproute2 nftables iptables containernetworking-plugins iperf3 sockperf kmod procps util-linux clang llvm libbpf-dev containerd runc skopeo)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -95,6 +95,7 @@ build_crictl() {
 }
 
 PAUSE_IMAGE=registry.k8s.io/pause:3.10
+NODE_REGISTRY=${NODE_REGISTRY:-127.0.0.1:5100}
 BUSYBOX_IMAGE=vpcni.local/busybox:test
 
 # The pause and busybox images, from this repo's tools/pause and Debian's
@@ -412,6 +413,23 @@ state = "$CTRD/state"
     bin_dir = "$CNI_BIN_DIR"
     conf_dir = "$CNI_CONF_DIR"
     max_conf_num = 1
+  # Registry hosts, one certs.d/HOST/hosts.toml each (containerd's
+  # registry host configuration).
+  [plugins."io.containerd.grpc.v1.cri".registry]
+    config_path = "$CTRD/certs.d"
+EOC
+	# NODE_REGISTRY: a registry that serves plain HTTP on the node's own
+	# loopback. The real-node e2e runs one there (scripts/registry.sh with
+	# VPCNI_REGISTRY_NETNS, in this node's namespace: the node reaches it
+	# as a node reaches its cluster's registry, and nothing of it is
+	# reachable from the machine's own namespaces) and installs vpcni by
+	# pulling from it. Without it running, nothing pulls from it.
+	mkdir -p "$CTRD/certs.d/$NODE_REGISTRY"
+	cat >"$CTRD/certs.d/$NODE_REGISTRY/hosts.toml" <<EOC
+server = "http://$NODE_REGISTRY"
+
+[host."http://$NODE_REGISTRY"]
+  capabilities = ["pull", "resolve"]
 EOC
 	cat >"$KUBELET_DIR/config.yaml" <<EOC
 apiVersion: kubelet.config.k8s.io/v1beta1

@@ -160,7 +160,7 @@ spec:
   tolerations: [{key: vpcni.io/not-ready, operator: Exists, effect: NoSchedule}]
   containers:
   - name: vpcni
-    image: vpcni/vpcni:dev
+    image: VPCNI_IMAGE
     imagePullPolicy: Never
     command: ["/usr/local/bin/vpcni"]
     env: [{name: CNI_COMMAND, value: VERSION}]
@@ -240,7 +240,12 @@ func TestFixtureWithBridgeCNI(t *testing.T) {
 		t.Fatal(err)
 	}
 	manifest := filepath.Join(t.TempDir(), "pods.yaml")
-	if err := os.WriteFile(manifest, []byte(bridgePodYAML), 0o644); err != nil {
+	// make image tags it with the version (bin/vpcni-image.name).
+	image, err := os.ReadFile(filepath.Join(repo, "bin/vpcni-image.name"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(manifest, []byte(strings.ReplaceAll(bridgePodYAML, "VPCNI_IMAGE", strings.TrimSpace(string(image)))), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	t0 = time.Now()
@@ -303,7 +308,7 @@ func TestFixtureWithBridgeCNI(t *testing.T) {
 	if out, err := kubectl(t, "logs", "vpcni-image"); err != nil || !strings.Contains(out, "cniVersion") {
 		t.Fatalf("vpcni VERSION in the image printed %q (%v)", out, err)
 	}
-	fmt.Println("vpcni-test: k8s-node vpcni/vpcni:dev image runs (vpcni VERSION)")
+	fmt.Printf("vpcni-test: k8s-node %s image runs (vpcni VERSION)\n", strings.TrimSpace(string(image)))
 
 	t0 = time.Now()
 	downed = true

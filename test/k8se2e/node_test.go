@@ -85,6 +85,9 @@ type node struct {
 	// joined are the nodes after the first (upNodes), each with its env
 	// (scripts/k8s-node.sh join) and its own fault proxy.
 	joined []joinedNode
+	// registry, set, is the registry the node pulls vpcni's images from
+	// (useRegistry); else they are imported.
+	registry string
 }
 
 // joinedNode is a node that scripts/k8s-node.sh join added: its kubelet
@@ -176,6 +179,12 @@ func upNodes(t *testing.T, count int) *node { return upNodesOn(t, count, "openst
 
 // upNodesOn is upNodes on a lab of the given cloud ("openstack" or "aws").
 func upNodesOn(t *testing.T, count int, cloud string) *node {
+	return upNodesWith(t, count, cloud, false)
+}
+
+// upNodesWith is upNodesOn; with pull the first node installs vpcni by
+// pulling from a registry (useRegistry) instead of importing the image.
+func upNodesWith(t *testing.T, count int, cloud string, pull bool) *node {
 	script := filepath.Join(repo, "scripts/k8s-node.sh")
 	start := time.Now()
 	mustRun(t, nil, "bash", script, "build")
@@ -236,7 +245,11 @@ func upNodesOn(t *testing.T, count int, cloud string) *node {
 			n.env[k] = v
 		}
 	}
-	mustRun(t, nil, "bash", script, "import", filepath.Join(binDir, "vpcni-image.tar"))
+	if pull {
+		n.useRegistry(t)
+	} else {
+		mustRun(t, nil, "bash", script, "import", filepath.Join(binDir, "vpcni-image.tar"))
+	}
 	for i := range n.joined {
 		start = time.Now()
 		out := mustRun(t, []string{"NETNS=" + nodeNSName(i+1), "PRIVATE=" + strings.Join(privateHostDirs, " "),
@@ -384,7 +397,7 @@ pool:
 `
 	}
 	dir := n.t.TempDir()
-	deploy, image := filepath.Join(repo, "deploy"), currentImage(n.t)
+	deploy, image := filepath.Join(repo, "deploy"), n.ref(currentImage(n.t))
 	if n.prev != nil {
 		deploy, image = n.prev.deploy, n.prev.image
 	}
@@ -399,7 +412,7 @@ pool:
 	if err := os.Mkdir(ov, 0o755); err != nil {
 		n.t.Fatal(err)
 	}
-	name, tag, _ := strings.Cut(image, ":")
+	name, tag := splitImage(image)
 	files := map[string]string{
 		"kustomization.yaml": fmt.Sprintf(`apiVersion: kustomize.config.k8s.io/v1beta1
 kind: Kustomization
@@ -670,7 +683,8 @@ func (n *node) get(pod, hostport string) (string, error) {
 }
 
 func TestKubernetesNode(t *testing.T) {
-	n := upNode(t)
+	// Installed as a cluster gets vpcni: pulled from a registry by tag.
+	n := upNodesWith(t, 1, "openstack", true)
 
 	// No CNI yet: the node must stay NotReady, watched for a few seconds.
 	for end := time.Now().Add(3 * time.Second); time.Now().Before(end); time.Sleep(250 * time.Millisecond) {
@@ -687,12 +701,13 @@ func TestKubernetesNode(t *testing.T) {
 
 	// The previous release first: the upgrade below is the real one, with
 	// pods and a store it made.
-	n.prev = previousRelease(t)
+	n.prev = previousRelease(t, n)
 	n.overlay = n.writeOverlay("5s", 64, true)
 	n.dropNodeChainedPlugins()
 	applied := time.Now()
 	n.mustKubectl("apply", "-k", n.overlay)
 	n.waitInstalled("kubectl apply -k deploy (the previous release, "+n.prev.image+")", applied)
+	checkPulled(t, n, n.prev.image)
 	eventually(t, time.Minute, "the "+nodeside.TaintNotReady+" taint removed once the pool is warm", func() (bool, string) {
 		nd := n.getNode()
 		return !notReadyTainted(nd), fmt.Sprintf("taints %v", nd.Spec.Taints)

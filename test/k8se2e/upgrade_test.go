@@ -19,8 +19,9 @@ import (
 
 // previousRelease is the release make prev-image built from git
 // (UPGRADE_FROM): its deploy/ and image, the image imported into the
-// node's containerd. VPCNI_PREV_IMAGE names the image's tarball.
-func previousRelease(t *testing.T) *release {
+// node's containerd unless the node pulls from its registry (n.ref).
+// VPCNI_PREV_IMAGE names the image's tarball.
+func previousRelease(t *testing.T, n *node) *release {
 	tarball := os.Getenv("VPCNI_PREV_IMAGE")
 	if tarball == "" {
 		t.Fatal("VPCNI_PREV_IMAGE is not set: make e2e-k8s and make upgrade-e2e build the previous release (make prev-image) and set it")
@@ -33,8 +34,10 @@ func previousRelease(t *testing.T) *release {
 	if _, err := os.Stat(filepath.Join(dir, "deploy", "kustomization.yaml")); err != nil {
 		t.Fatalf("the previous release's deploy/: %v", err)
 	}
-	mustRun(t, nil, "bash", filepath.Join(repo, "scripts/k8s-node.sh"), "import", tarball)
-	return &release{deploy: filepath.Join(dir, "deploy"), image: strings.TrimSpace(string(name))}
+	if n.registry == "" {
+		mustRun(t, nil, "bash", filepath.Join(repo, "scripts/k8s-node.sh"), "import", tarball)
+	}
+	return &release{deploy: filepath.Join(dir, "deploy"), image: n.ref(strings.TrimSpace(string(name)))}
 }
 
 // wirings are the web pods' allocations as the agent holds them, by
@@ -111,7 +114,10 @@ func checkUpgrade(t *testing.T, n *node, web []pod) {
 		t.Fatalf("the previous release's agent: %+v %v (want no store schema: it predates them)", st, err)
 	}
 	n.prev = nil
-	cur := currentImage(t)
+	cur := n.ref(currentImage(t))
+	if cur == prev.image {
+		t.Fatalf("this release and the previous one are both %s: an upgrade must change the image's tag", cur)
+	}
 	ok, failed, took := n.roll(t, web, cur, func() {
 		n.overlay = n.writeOverlay("5s", 64, true)
 		n.mustKubectl("apply", "-k", n.overlay)
@@ -126,6 +132,9 @@ func checkUpgrade(t *testing.T, n *node, web []pod) {
 	}
 	if st, err := n.agentState(); err != nil || st.StoreSchema != store.Schema {
 		t.Errorf("this release's agent: store schema %d, want %d (%v)", st.StoreSchema, store.Schema, err)
+	}
+	if n.registry != "" {
+		checkPulled(t, n, cur)
 	}
 	checkPodToPod(t, n, web)
 	// The previous release wrote 10-vpcni.conflist; this one writes its
@@ -145,8 +154,8 @@ func checkUpgrade(t *testing.T, n *node, web []pod) {
 // would), probing every web pod every 10 ms: each way no probe fails and
 // every web pod is adopted as it was wired.
 func checkRollback(t *testing.T, n *node) {
-	prev := previousRelease(t)
-	cur := currentImage(t)
+	prev := previousRelease(t, n)
+	cur := n.ref(currentImage(t))
 	web := n.pods("default", "app=web")
 	for _, step := range []struct{ name, image string }{{"rollback", prev.image}, {"forward again", cur}} {
 		before := n.wirings(t, web)
