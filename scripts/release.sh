@@ -4,8 +4,9 @@
 #
 #   vpcni-image-VERSION.oci.tar               the node image, every architecture (an OCI image index)
 #   vpcni-image-VERSION-linux-ARCH.oci.tar    the node image, one architecture
-#   vpcni-VERSION-linux-ARCH.tar.gz           the CNI plugin and vpcnictl, static
+#   vpcni-VERSION-linux-ARCH.tar.gz           the CNI plugin, vpcnictl and kubectl-vpcni, static
 #   vpcni-CHARTVERSION.tgz                    the Helm chart (helm package)
+#   vpcni-deploy-VERSION.tar.gz               deploy/ for kubectl apply -k, its image tag the version
 #   SHA256SUMS                                sha256sum of each of the above
 #
 # Image archives are OCI image layouts in a tarball ("oci-archive"):
@@ -67,11 +68,12 @@ for arch in $arches; do
 	img=vpcni-image-$version-linux-$arch.oci.tar
 	"$work/tools/ocilayout" -ref "$repo:$version" -created "$created" "${labels[@]}" -out "$out/$img" "$d/image.tar" >/dev/null
 	note "$img" "$arch"
-	# What a node needs outside the image to be driven by hand: the plugin
-	# the runtime executes and the CLI, in a reproducible tarball.
+	# What a node needs outside the image to be driven by hand (the plugin
+	# the runtime executes, the CLI) and the kubectl plugin for an
+	# operator's workstation, in a reproducible tarball.
 	tgz=vpcni-$version-linux-$arch.tar.gz
 	mkdir -p "$d/dist/vpcni-$version-linux-$arch"
-	cp "$d/bin/vpcni" "$d/bin/vpcnictl" "$d/dist/vpcni-$version-linux-$arch/"
+	cp "$d/bin/vpcni" "$d/bin/vpcnictl" "$d/bin/kubectl-vpcni" "$d/dist/vpcni-$version-linux-$arch/"
 	tar -C "$d/dist" --sort=name --owner=0 --group=0 --numeric-owner --mtime="@$created" -cf - "vpcni-$version-linux-$arch" | gzip -n -9 >"$out/$tgz"
 	note "$tgz" "$arch"
 done
@@ -97,6 +99,16 @@ tar -xzmf "$work/chart/vpcni-$chart_version.tgz" -C "$work/chart/x"
 tar -C "$work/chart/x" --sort=name --owner=0 --group=0 --numeric-owner --mtime="@$created" -cf - vpcni | gzip -n -9 >"$out/vpcni-$chart_version.tgz"
 note "vpcni-$chart_version.tgz" all
 
+# deploy/ as kubectl apply -k reads it, installing this release's image:
+# the kustomization's newTag is the version (newName stays for the user's
+# registry). Symlinks followed, as for the chart.
+cp -rL deploy "$work/vpcni-deploy-$version"
+rm -rf "$work/vpcni-deploy-$version/helm"
+sed -i "s/^    newTag: .*/    newTag: \"$version\"/" "$work/vpcni-deploy-$version/kustomization.yaml"
+grep -qx "    newTag: \"$version\"" "$work/vpcni-deploy-$version/kustomization.yaml" ||
+	{ echo "release: could not set newTag in deploy/kustomization.yaml" >&2; exit 1; }
+tar -C "$work" --sort=name --owner=0 --group=0 --numeric-owner --mtime="@$created" -cf - "vpcni-deploy-$version" | gzip -n -9 >"$out/vpcni-deploy-$version.tar.gz"
+note "vpcni-deploy-$version.tar.gz" all
 (cd "$out" && sha256sum -- $(for l in "${lines[@]}"; do echo "${l%% *}"; done) >SHA256SUMS)
 note SHA256SUMS all
 
