@@ -256,26 +256,8 @@ images:
 patches:
   - path: daemonset-paths.yaml
 `, name, tag),
-		"daemonset-paths.yaml": fmt.Sprintf(`apiVersion: apps/v1
-kind: DaemonSet
-metadata:
-  name: vpcnid
-spec:
-  template:
-    spec:
-      volumes:
-        - name: cni-bin
-          hostPath: {path: %s, type: DirectoryOrCreate}
-        - name: cni-conf
-          hostPath: {path: %s, type: DirectoryOrCreate}
-        - name: socket-dir
-          hostPath: {path: %s, type: DirectoryOrCreate}
-        - name: state-dir
-          hostPath: {path: %s, type: DirectoryOrCreate}
-        - name: bpffs
-          hostPath: {path: %s, type: DirectoryOrCreate}
-`, n.env["VPCNI_K8S_CNI_BIN_DIR"], n.env["VPCNI_K8S_CNI_CONF_DIR"], hostSocketDir, hostStateDir, hostBPFDir),
-		"10-vpcni.conflist": n.shippedConflist(),
+		"daemonset-paths.yaml": n.daemonsetPaths(true),
+		"10-vpcni.conflist":    n.shippedConflist(),
 	}
 	for f, body := range files {
 		if err := os.WriteFile(filepath.Join(ov, f), []byte(body), 0o644); err != nil {

@@ -353,6 +353,34 @@ func eventually(t testing.TB, d time.Duration, what string, cond func() (bool, s
 	}
 }
 
+// daemonsetPaths is the overlay's patch that points the DaemonSet's host
+// volumes at this node's directories. This release mounts the node's
+// /sys/fs/bpf too (mode ebpf's pins); the previous one has no such volume
+// to move, so bpffs is false for it.
+func (n *node) daemonsetPaths(bpffs bool) string {
+	patch := fmt.Sprintf(`apiVersion: apps/v1
+kind: DaemonSet
+metadata:
+  name: vpcnid
+spec:
+  template:
+    spec:
+      volumes:
+        - name: cni-bin
+          hostPath: {path: %s, type: DirectoryOrCreate}
+        - name: cni-conf
+          hostPath: {path: %s, type: DirectoryOrCreate}
+        - name: socket-dir
+          hostPath: {path: %s, type: DirectoryOrCreate}
+        - name: state-dir
+          hostPath: {path: %s, type: DirectoryOrCreate}
+`, n.env["VPCNI_K8S_CNI_BIN_DIR"], n.env["VPCNI_K8S_CNI_CONF_DIR"], hostSocketDir, hostStateDir)
+	if bpffs {
+		patch += fmt.Sprintf("        - name: bpffs\n          hostPath: {path: %s, type: DirectoryOrCreate}\n", hostBPFDir)
+	}
+	return patch
+}
+
 // writeOverlay copies deploy/ and puts an overlay on it that points vpcni at
 // this node: its CNI dirs, host paths away from the machine's own, the
 // lab's subnet through the fault proxy, and the controller's release grace.
@@ -401,12 +429,6 @@ pool:
 	if n.prev != nil {
 		deploy, image = n.prev.deploy, n.prev.image
 	}
-	// This release mounts the node's /sys/fs/bpf (mode ebpf's pins); the
-	// previous one has no such volume to move.
-	bpffsVolume := ""
-	if n.prev == nil {
-		bpffsVolume = fmt.Sprintf("        - name: bpffs\n          hostPath: {path: %s, type: DirectoryOrCreate}\n", hostBPFDir)
-	}
 	mustRun(n.t, nil, "cp", "-r", deploy, filepath.Join(dir, "deploy"))
 	ov := filepath.Join(dir, "overlay")
 	if err := os.Mkdir(ov, 0o755); err != nil {
@@ -436,23 +458,7 @@ patches:
         path: /spec/template/spec/containers/0/command
         value: [/usr/local/bin/vpcni-controller, --release-grace=%s, --lease-duration=6s]
 %s`, name, tag, controllerGrace, controllerScale),
-		"daemonset-paths.yaml": fmt.Sprintf(`apiVersion: apps/v1
-kind: DaemonSet
-metadata:
-  name: vpcnid
-spec:
-  template:
-    spec:
-      volumes:
-        - name: cni-bin
-          hostPath: {path: %s, type: DirectoryOrCreate}
-        - name: cni-conf
-          hostPath: {path: %s, type: DirectoryOrCreate}
-        - name: socket-dir
-          hostPath: {path: %s, type: DirectoryOrCreate}
-        - name: state-dir
-          hostPath: {path: %s, type: DirectoryOrCreate}
-%s`, n.env["VPCNI_K8S_CNI_BIN_DIR"], n.env["VPCNI_K8S_CNI_CONF_DIR"], hostSocketDir, hostStateDir, bpffsVolume),
+		"daemonset-paths.yaml": n.daemonsetPaths(n.prev == nil),
 		"vpcnid.yaml": fmt.Sprintf(`socketPath: /run/vpcni/vpcnid.sock
 stateDir: /var/lib/vpcni
 metricsAddr: 127.0.0.1:19695
