@@ -8,11 +8,9 @@ import (
 	"strings"
 
 	"github.com/containernetworking/cni/libcni"
-)
 
-// confExts are the files a runtime reads from its CNI conf dir (containerd
-// and CRI-O through libcni): it takes the first by name.
-var confExts = []string{".conf", ".conflist", ".json"}
+	"github.com/vpcni/vpcni/internal/cniinstall"
+)
 
 // CNI judges the runtime's CNI dirs: whether the network configuration
 // the runtime uses (the first file in confDir by name) is vpcni's, and
@@ -20,7 +18,7 @@ var confExts = []string{".conf", ".conflist", ".json"}
 // the conf check, then the plugins check when vpcni's conflist was found.
 func CNI(confDir, binDir string) []Result {
 	conf := Result{Name: "cni conf"}
-	files, err := libcni.ConfFiles(confDir, confExts)
+	files, err := libcni.ConfFiles(confDir, cniinstall.ConfExts)
 	if st, serr := os.Stat(confDir); serr != nil || !st.IsDir() {
 		err = fmt.Errorf("not a directory")
 	}
