@@ -55,10 +55,15 @@ func TestBlocksInstall(t *testing.T) {
 	t.Logf("vpcni-test: kubectl delete -k: web and vpcni gone in %s", time.Since(start).Round(100*time.Millisecond))
 	helmBin := strings.TrimSpace(mustRun(t, nil, "bash", filepath.Join(repo, "scripts", "helm.sh")))
 	home := t.TempDir()
+	// The chart installs into the release's namespace and makes none: as
+	// the chart's README says, create it labelled for privileged pods
+	// (kubectl delete -k took deploy/'s).
+	n.mustKubectl("create", "namespace", "vpcni-system")
+	n.mustKubectl("label", "namespace", "vpcni-system", "pod-security.kubernetes.io/enforce=privileged")
 	installed := time.Now()
 	mustRun(t, []string{"HELM_CACHE_HOME=" + home + "/cache", "HELM_CONFIG_HOME=" + home + "/config", "HELM_DATA_HOME=" + home + "/data"},
 		"nsenter", "--net=/run/netns/"+nodeNS, "--", helmBin, "--kubeconfig", n.env["VPCNI_K8S_KUBECONFIG"],
-		"install", "vpcni", filepath.Join(repo, "deploy", "helm", "vpcni"), "--namespace", "default", "-f", n.writeBlocksValues())
+		"install", "vpcni", filepath.Join(repo, "deploy", "helm", "vpcni"), "--namespace", "vpcni-system", "-f", n.writeBlocksValues())
 	n.waitBlocksInstalled("helm install with blockRanges", installed)
 	n.checkBlocksWorkloads()
 }
