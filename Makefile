@@ -22,14 +22,16 @@ all: build
 build:
 	$(GOBUILD) -o $(BIN)/ ./cmd/vpcni ./cmd/vpcnid ./cmd/vpcnictl ./cmd/vpcni-controller ./cmd/kubectl-vpcni
 
-# The node image for a real Kubernetes node: every cmd/* binary, static, in
-# /usr/local/bin; the upstream portmap and bandwidth plugins the conflist
+# The node image for a real Kubernetes node: the node's binaries
+# (IMAGE_CMDS), static, in /usr/local/bin; the upstream portmap and bandwidth plugins the conflist
 # chains (scripts/cni-plugins.sh) in /opt/cni-plugins; nft and its libraries
 # (scripts/image-nft.sh: the SNAT table is written by knftables, which runs
 # nft); a docker-save tarball for `ctr -n k8s.io images import`, of this
 # machine's architecture, tagged with the version (make release writes the
 # OCI image archives for every architecture). Its name is in
-# $(BIN)/vpcni-image.name.
+# $(BIN)/vpcni-image.name. kubectl-vpcni is not among them: it is for an
+# operator's workstation (the release's CLI tarball).
+IMAGE_CMDS := ./cmd/vpcni ./cmd/vpcnid ./cmd/vpcnictl ./cmd/vpcni-controller
 IMAGE     ?= vpcni/vpcni:$(VERSION)
 # The CA bundle the image trusts for HTTPS clouds (Keystone, Neutron).
 CA_BUNDLE ?= /etc/ssl/certs/ca-certificates.crt
@@ -39,7 +41,7 @@ IMAGE_LABELS = -created $$(git log -1 --format=%ct 2>/dev/null || echo 0) -label
 	-label org.opencontainers.image.revision=$$(git rev-parse HEAD 2>/dev/null) -label org.opencontainers.image.licenses=Apache-2.0
 image:
 	rm -rf $(BIN)/image && mkdir -p $(BIN)/image
-	$(GOBUILD) -o $(BIN)/image/ ./cmd/...
+	$(GOBUILD) -o $(BIN)/image/ $(IMAGE_CMDS)
 	bash scripts/cni-plugins.sh $(BIN)/cni-plugins
 	nft=$$(bash scripts/image-nft.sh) && \
 	$(GO) run ./tools/mkimage -name $(IMAGE) -out $(BIN)/vpcni-image.tar -tree $(BIN)/image:/usr/local/bin -dir /tmp:1777 -entrypoint /usr/local/bin/vpcnid \

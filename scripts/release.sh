@@ -53,6 +53,9 @@ for arch in $arches; do
 	d=$work/$arch
 	mkdir -p "$d/bin"
 	GOARCH=$arch CGO_ENABLED=0 "$GO" build -trimpath -ldflags "-s -w -X main.version=$version" -o "$d/bin/" ./cmd/...
+	# kubectl-vpcni is for an operator's workstation (the CLI tarball below),
+	# not the node image.
+	mkdir -p "$d/cli" && mv "$d/bin/kubectl-vpcni" "$d/cli/"
 	# The chained plugins stay built between releases (bin/cni-plugins-ARCH).
 	GOARCH=$arch bash scripts/cni-plugins.sh "$(dirname "$out")/cni-plugins-linux-$arch"
 	cp -r "$(dirname "$out")/cni-plugins-linux-$arch" "$d/cni-plugins"
@@ -73,7 +76,7 @@ for arch in $arches; do
 	# operator's workstation, in a reproducible tarball.
 	tgz=vpcni-$version-linux-$arch.tar.gz
 	mkdir -p "$d/dist/vpcni-$version-linux-$arch"
-	cp "$d/bin/vpcni" "$d/bin/vpcnictl" "$d/bin/kubectl-vpcni" "$d/dist/vpcni-$version-linux-$arch/"
+	cp "$d/bin/vpcni" "$d/bin/vpcnictl" "$d/cli/kubectl-vpcni" "$d/dist/vpcni-$version-linux-$arch/"
 	tar -C "$d/dist" --sort=name --owner=0 --group=0 --numeric-owner --mtime="@$created" -cf - "vpcni-$version-linux-$arch" | gzip -n -9 >"$out/$tgz"
 	note "$tgz" "$arch"
 done
