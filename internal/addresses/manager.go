@@ -27,7 +27,8 @@ import (
 type Policy struct {
 	// WarmTarget free addresses are kept ready.
 	WarmTarget int
-	// BatchSize bounds one provider call.
+	// BatchSize bounds one provider call (0: no bound but the node's
+	// capacity).
 	BatchSize int
 	// MaxFree: free addresses above it go back to the provider after
 	// SurplusGrace (±25% jitter), never below MinHeld held.
@@ -108,8 +109,20 @@ type Manager struct {
 	exhaustedProbe time.Time
 	exhaustedPause time.Duration
 
-	refillMu     sync.Mutex // one provider refill, resync or trim at a time
-	surplusSince time.Time  // when free first went above MaxFree (zero: not above)
+	// The ADDs waiting for an address, first come first served, and the
+	// refill calls made for them (refill.go).
+	waiters []*waiter
+	calls   uint64    // refill calls started
+	lastErr error     // the last refill call's failure (nil: it succeeded)
+	retryAt time.Time // no refill call for waiting ADDs before this
+	backoff time.Duration
+	adds    []time.Time // when the ADDs of the last churnWindow were served
+
+	// refill is held by the one provider write at a time — a refill, a
+	// resync, a trim, a requested address, a give-back (lockRefill). A
+	// channel, not a mutex: a waiting ADD tries it without blocking.
+	refill       chan struct{}
+	surplusSince time.Time // when free first went above MaxFree (zero: not above)
 	surplusAfter time.Duration
 	kick         chan struct{}
 	// tried is closed once Run's first attempt to connect has ended, either
@@ -132,6 +145,7 @@ func New(policy Policy, node string, connect Connect, store Store, log *slog.Log
 		providerErr:  errConnecting,
 		kick:         make(chan struct{}, 1),
 		tried:        make(chan struct{}),
+		refill:       make(chan struct{}, 1),
 	}
 }
 
@@ -182,97 +196,6 @@ type Shortage struct {
 
 func (s *Shortage) Error() string { return s.Msg + ": " + s.Details }
 
-// Take allocates a free lease to owner. While the agent is starting, an
-// empty pool first waits for Run's first attempt to connect the provider
-// (bounded by the provider's own timeouts, and ctx). With the pool empty it
-// asks the provider for a whole batch, and waits — for a failed refill to succeed
-// on a retry, for the provider to connect, or for a cooldown to end — up
-// to AddWait; it ends at once when nothing can change in time (capacity
-// used up, no cooldown ending before the deadline). Every round either
-// obtains addresses, waits, or ends.
-func (m *Manager) Take(ctx context.Context, owner string) (alloc.Lease, error) {
-	select {
-	case <-m.tried:
-	default:
-		if l, ok := m.take(owner); ok { // restored or left free: no need to wait
-			m.Kick()
-			return l, nil
-		}
-		select {
-		case <-m.tried:
-		case <-ctx.Done():
-		}
-	}
-	deadline := time.Now().Add(m.policy.AddWait)
-	pause := 100 * time.Millisecond
-	for {
-		if l, ok := m.take(owner); ok {
-			m.Kick()
-			return l, nil
-		}
-		m.refillMu.Lock()
-		// Another ADD may have refilled while this one waited.
-		if l, ok := m.take(owner); ok {
-			m.refillMu.Unlock()
-			return l, nil
-		}
-		// An empty pool asks for a whole batch: one cloud call for the
-		// pods that follow this one.
-		n := m.want(max(m.policy.WarmTarget, m.policy.BatchSize))
-		got, err := 0, error(nil)
-		if n > 0 {
-			got, err = m.obtain(ctx, n)
-		}
-		m.refillMu.Unlock()
-		if got > 0 {
-			continue
-		}
-		// Nothing obtained: wait if something may change in time — a
-		// cooldown that ends before the deadline, or a provider that may
-		// answer on a retry (tried until the deadline, backing off).
-		wait := pause
-		exhausted := errors.Is(err, provider.ErrExhausted) || n == 0 && err == nil
-		if exhausted {
-			m.mu.Lock()
-			next, cooling := m.pool.NextCooled()
-			m.mu.Unlock()
-			if !cooling {
-				return alloc.Lease{}, m.exhausted()
-			}
-			wait = time.Until(next)
-		}
-		late := time.Now().Add(wait).After(deadline)
-		if ctx.Err() != nil || !time.Now().Before(deadline) || exhausted && late {
-			if err != nil && !errors.Is(err, provider.ErrExhausted) {
-				return alloc.Lease{}, &Shortage{
-					Msg:     fmt.Sprintf("no free address and the provider could not be reached for more within %s; try again later", m.policy.AddWait),
-					Details: err.Error()}
-			}
-			return alloc.Lease{}, m.exhausted()
-		}
-		select {
-		case <-ctx.Done():
-		case <-time.After(max(min(wait, time.Until(deadline)), time.Millisecond)):
-		}
-		pause = min(pause*2, 2*time.Second)
-	}
-}
-
-// take promotes what has cooled (and what was set aside long enough) and
-// takes the longest-rested free lease.
-func (m *Manager) take(owner string) (alloc.Lease, bool) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	now := time.Now()
-	m.promoteLocked(now)
-	m.pool.Unaside(now)
-	ip, ok := m.pool.Take(owner)
-	if !ok {
-		return alloc.Lease{}, false
-	}
-	return m.leases[ip], true
-}
-
 // promoteLocked frees the addresses whose rest is over; Run forgets them
 // in the store (an ADD does not wait for that write, and an address handed
 // out again leaves the store's cooling list with its record anyway).
@@ -289,10 +212,8 @@ func (m *Manager) promoteLocked(now time.Time) {
 	}
 }
 
-func (m *Manager) exhausted() *Shortage {
-	m.mu.Lock()
+func (m *Manager) exhaustedLocked() *Shortage {
 	c, capacity := m.pool.Counts(), m.info.Capacity
-	m.mu.Unlock()
 	return &Shortage{
 		Msg: fmt.Sprintf("no free address on node %s: %d allocated, %d cooling down (%s), capacity %d; try again later",
 			m.node, c.Allocated, c.Cooling, m.policy.Cooldown, capacity),
@@ -308,6 +229,7 @@ func (m *Manager) Untake(ip netip.Addr) {
 	if err := m.pool.Unallocate(ip); err != nil {
 		m.log.Error("return unused address", "address", ip, "err", err)
 	}
+	m.serveLocked(time.Now())
 }
 
 // setAsideAfter wiring failures in a row set an address aside; it is tried
@@ -333,6 +255,7 @@ func (m *Manager) Unwired(ip netip.Addr, cause error) {
 		if err := m.pool.Requeue(ip); err != nil {
 			m.log.Error("return unused address", "address", ip, "err", err)
 		}
+		m.serveLocked(time.Now())
 		m.mu.Unlock()
 		return
 	}
@@ -382,7 +305,8 @@ func (m *Manager) Release(owner string, ip netip.Addr, now time.Time) error {
 	if _, err := m.pool.Release(ip, now); err != nil {
 		return fmt.Errorf("pool disagrees with store: %w", err)
 	}
-	m.Kick() // surplus may go back to the provider
+	m.serveLocked(now) // free at once with no cooldown
+	m.Kick()           // surplus may go back to the provider
 	return nil
 }
 
@@ -414,6 +338,9 @@ type Status struct {
 	// Aside: held but handed to nobody, their wiring kept failing.
 	// Leaving: requested addresses on their way back to the provider.
 	Aside, Leaving int
+	// Waiting: ADDs in line for an address; WarmTarget: the free
+	// addresses the pool keeps ready now (it follows the node's churn).
+	Waiting, WarmTarget int
 	// Ready: an ADD could be served now; Reason says why not, or what is
 	// wrong while it still can (degraded).
 	Ready  bool
@@ -438,6 +365,7 @@ func (m *Manager) Status(now time.Time) Status {
 		due = m.pool.Due(now)
 	}
 	s := Status{Free: c.Free + due, Cooling: c.Cooling - due, Allocated: c.Allocated, Aside: c.Aside, Leaving: len(m.giveBack),
+		Waiting: len(m.waiters), WarmTarget: m.warmLocked(now),
 		Provider: m.info, Degraded: m.degradedLocked(), Addresses: map[string][]netip.Addr{}}
 	if m.prov != nil {
 		s.Provider = m.prov.Info()
@@ -583,9 +511,9 @@ func (m *Manager) maintain(ctx context.Context) {
 func (m *Manager) tryConnect(ctx context.Context) error {
 	prov, err := m.connect(ctx)
 	if err == nil {
-		m.refillMu.Lock()
+		m.lockRefill()
 		err = m.sync(ctx, prov)
-		m.refillMu.Unlock()
+		m.unlockRefill()
 	}
 	m.mu.Lock()
 	if err != nil {
@@ -609,9 +537,9 @@ func (m *Manager) resync(ctx context.Context) {
 	if prov == nil {
 		return
 	}
-	m.refillMu.Lock()
+	m.lockRefill()
 	err := m.sync(ctx, prov)
-	m.refillMu.Unlock()
+	m.unlockRefill()
 	if err != nil {
 		m.log.Warn("periodic provider resync failed", "err", err)
 		return
@@ -624,7 +552,7 @@ func (m *Manager) resync(ctx context.Context) {
 // sync reconciles the pool with what the provider holds: allocated
 // addresses stay (one the provider lost is asked for again by name), held
 // addresses nobody uses become free, free or cooling addresses the
-// provider no longer holds are forgotten. The caller holds refillMu.
+// provider no longer holds are forgotten. The caller holds the refill slot.
 func (m *Manager) sync(ctx context.Context, prov provider.Provider) error {
 	held, err := prov.Held(ctx)
 	if err != nil {
@@ -669,6 +597,7 @@ func (m *Manager) sync(ctx context.Context, prov provider.Provider) error {
 		}
 	}
 	m.synced = true
+	m.serveLocked(time.Now()) // adopted ones are free
 	m.mu.Unlock()
 	if err := errors.Join(m.store.Uncool(gone), m.store.Left(left)); err != nil {
 		return err
@@ -712,8 +641,8 @@ func (m *Manager) probe(ctx context.Context) {
 // STATUS says not ready on that answer, so no ADD comes to find out that
 // the subnet has room again. (With a warm target, topUp asks every tick.)
 func (m *Manager) probeExhausted(ctx context.Context) {
-	m.refillMu.Lock()
-	defer m.refillMu.Unlock()
+	m.lockRefill()
+	defer m.unlockRefill()
 	m.mu.Lock()
 	c := m.pool.Counts()
 	idle := c.Free > 0 || m.policy.WarmTarget > 0 || m.info.Capacity > 0 && c.Held() >= m.info.Capacity
@@ -731,78 +660,9 @@ func (m *Manager) probeExhausted(ctx context.Context) {
 	m.exhaustedProbe = time.Now().Add(m.exhaustedPause)
 }
 
-// topUp asks the provider for addresses until WarmTarget are free, in
-// batches of at most BatchSize, never beyond capacity.
-func (m *Manager) topUp(ctx context.Context) {
-	m.refillMu.Lock()
-	defer m.refillMu.Unlock()
-	for {
-		n := m.want(m.policy.WarmTarget)
-		if n == 0 {
-			return
-		}
-		if got, _ := m.obtain(ctx, n); got == 0 {
-			return
-		}
-	}
-}
-
-// want is how many addresses to ask for to have target free ones.
-func (m *Manager) want(target int) int {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	c := m.pool.Counts()
-	n := min(target-c.Free, m.policy.BatchSize)
-	if m.info.Capacity > 0 {
-		n = min(n, m.info.Capacity-c.Held())
-	}
-	return max(n, 0)
-}
-
-// obtain asks the provider for n addresses, puts them in the pool and says
-// how many it got. The caller holds refillMu.
-func (m *Manager) obtain(ctx context.Context, n int) (int, error) {
-	prov := m.provider()
-	if prov == nil {
-		m.mu.Lock()
-		defer m.mu.Unlock()
-		return 0, fmt.Errorf("provider not ready: %w", m.providerErr)
-	}
-	got, err := prov.Assign(ctx, provider.AssignRequest{Count: n})
-	m.mu.Lock()
-	added := 0
-	var back []netip.Addr
-	for _, l := range got {
-		if s := m.pool.State(l.Address); s != ipam.Unknown {
-			m.log.Error("provider returned an address the pool already has", "address", l.Address, "state", s)
-			continue
-		}
-		if m.giveBack[l.Address] {
-			// The cloud let it go (though the release said it failed) and
-			// gave it to the node anew: it is the node's now, not leaving.
-			delete(m.giveBack, l.Address)
-			back = append(back, l.Address)
-		}
-		_ = m.pool.AddFree(l.Address)
-		m.leases[l.Address] = l
-		added++
-	}
-	// A caller that gave up (an ADD whose runtime stopped waiting) says
-	// nothing about the provider: only the provider's own failure counts.
-	if err == nil || ctx.Err() == nil {
-		m.providerErr = err
-	}
-	m.info = prov.Info()
-	m.mu.Unlock()
-	if err := m.store.Left(back); err != nil {
-		m.log.Warn("forget leaving addresses the node holds again; the next start gives them back if still unused", "addresses", back, "err", err)
-	}
-	return added, err
-}
-
 // surplusDue says whether free addresses have stayed above MaxFree for
 // the grace period (with ±25% jitter, so nodes do not release in step).
-// The caller holds refillMu.
+// The caller holds the refill slot.
 func (m *Manager) surplusDue(now time.Time) bool {
 	m.mu.Lock()
 	free := m.pool.Counts().Free
@@ -835,8 +695,8 @@ func (m *Manager) trimSurplus(ctx context.Context) {
 	if prov == nil || degraded {
 		return // degraded: keep everything until the cloud answers again
 	}
-	m.refillMu.Lock()
-	defer m.refillMu.Unlock()
+	m.lockRefill()
+	defer m.unlockRefill()
 	if !m.surplusDue(time.Now()) {
 		return
 	}

@@ -37,8 +37,8 @@ func (m *Manager) TakeAddress(ctx context.Context, owner string, ip netip.Addr) 
 	if l, ok, err := m.claim(owner, ip); ok || err != nil {
 		return l, err
 	}
-	m.refillMu.Lock()
-	defer m.refillMu.Unlock()
+	m.lockRefill()
+	defer m.unlockRefill()
 	// A refill may have brought it in while this waited.
 	if l, ok, err := m.claim(owner, ip); ok || err != nil {
 		return l, err
@@ -182,7 +182,7 @@ func (m *Manager) forget(owner string, ip netip.Addr) error {
 // leaving once it did. On a failure they all stay leaving, also those the
 // provider may have let go of before it failed: releasing one again is
 // harmless, and one the node gets anew from the provider leaves the list
-// then (obtain, sync). The caller holds refillMu.
+// then (obtain, sync). The caller holds the refill slot.
 func (m *Manager) release(ctx context.Context, prov provider.Provider, ips []netip.Addr) error {
 	if prov == nil {
 		return errors.New("provider not connected")
@@ -202,13 +202,13 @@ func (m *Manager) release(ctx context.Context, prov provider.Provider, ips []net
 }
 
 // retryGiveBack releases the requested addresses still leaving. The list
-// is read under refillMu, which every path that puts an address into the
+// is read holding the refill slot, which every path that puts an address into the
 // pool holds (TakeAddress taking one back for its pod, a refill, a sync):
 // a list read before would release a running pod's address. An address
 // the pool holds is never released from here, whatever the list says.
 func (m *Manager) retryGiveBack(ctx context.Context) error {
-	m.refillMu.Lock()
-	defer m.refillMu.Unlock()
+	m.lockRefill()
+	defer m.unlockRefill()
 	m.mu.Lock()
 	prov := m.prov
 	var ips, pooled []netip.Addr
