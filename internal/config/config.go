@@ -94,7 +94,9 @@ func (k Kubernetes) Enabled() bool {
 type Pool struct {
 	// WarmTarget is how many free addresses the agent keeps ready.
 	WarmTarget int `json:"warmTarget"`
-	// BatchSize is how many addresses one provider call asks for at most.
+	// BatchSize is how many addresses one provider call asks for at most;
+	// 0 (the default): no bound but the node's capacity, so an empty pool
+	// asks for every waiting ADD plus the warm target in one call.
 	BatchSize int `json:"batchSize"`
 	// MaxFree: free addresses above this go back to the provider.
 	MaxFree int `json:"maxFree"`
@@ -158,7 +160,7 @@ func Defaults() Config {
 		Cooldown:    Duration{Duration: 30 * time.Second},
 		Resync:      Duration{Duration: time.Minute},
 		LogLevel:    "info",
-		Pool:        Pool{WarmTarget: 8, BatchSize: 8, MaxFree: 24, AddWait: Duration{Duration: 10 * time.Second}, SurplusGrace: Duration{Duration: 2 * time.Minute}},
+		Pool:        Pool{WarmTarget: 8, MaxFree: 24, AddWait: Duration{Duration: 10 * time.Second}, SurplusGrace: Duration{Duration: 2 * time.Minute}},
 		MetricsAddr: "127.0.0.1:9695",
 		SelfHeal:    SelfHeal{Period: Duration{Duration: 30 * time.Second}, MinInterval: Duration{Duration: 50 * time.Millisecond}},
 		Health:      Health{Interval: Duration{Duration: 30 * time.Second}, PingTimeout: Duration{Duration: time.Second}},
@@ -295,8 +297,8 @@ func (c *Config) Validate() error {
 			bad("metricsAddr", "%q is not host:port", c.MetricsAddr)
 		}
 	}
-	if c.Pool.BatchSize < 1 {
-		bad("pool.batchSize", "%d must be at least 1", c.Pool.BatchSize)
+	if c.Pool.BatchSize < 0 {
+		bad("pool.batchSize", "%d is negative (0: no bound)", c.Pool.BatchSize)
 	}
 	errs = append(errs, c.Provider.validate()...)
 	errs = append(errs, validateSection("snat", nopDefaults{c.SNAT})...)

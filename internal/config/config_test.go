@@ -63,7 +63,7 @@ func TestValidateNamesEveryBadField(t *testing.T) {
 		Cooldown:   config.Duration{Duration: -time.Second},
 		LogLevel:   "verbose",
 		SelfHeal:   config.SelfHeal{MinInterval: config.Duration{Duration: -time.Millisecond}},
-		Pool:       config.Pool{WarmTarget: -1, BatchSize: 0},
+		Pool:       config.Pool{WarmTarget: -1, BatchSize: -1},
 		Provider: config.Provider{Type: "static", Settings: &static.Config{Ranges: []static.Range{
 			{CIDR: "10.0.0.0/24"}, // fine
 			{CIDR: "10.0.1.7/24", Gateway: "10.9.9.9", Exclude: []string{"10.0.1.5", "bogus", "10.0.1.0/28"}},
@@ -212,6 +212,29 @@ provider:
 		s.Ranges[0].CIDR != want.CIDR || s.Ranges[0].Gateway != want.Gateway ||
 		strings.Join(s.Ranges[0].Exclude, ",") != strings.Join(want.Exclude, ",") {
 		t.Errorf("ranges = %+v, want [%+v]", s, want)
+	}
+}
+
+// A file written for the fixed batches (pool.batchSize 8, once the
+// default) still loads: its batchSize bounds each call; left out, calls
+// are unbounded.
+func TestLoadPoolBatchSize(t *testing.T) {
+	for _, tc := range []struct {
+		file string
+		want int
+	}{
+		{"pool: {warmTarget: 8, batchSize: 8}\n", 8},
+		{"pool: {warmTarget: 8}\n", 0},
+		{"pool: {batchSize: 0}\n", 0},
+	} {
+		p := writeFile(t, "vpcnid.yaml", "nodeName: n\nprovider: {static: {ranges: [{cidr: 10.0.0.0/24}]}}\n"+tc.file)
+		cfg, err := config.Load(p)
+		if err != nil {
+			t.Fatalf("%q: %v", tc.file, err)
+		}
+		if cfg.Pool.BatchSize != tc.want {
+			t.Errorf("%q: batchSize = %d, want %d", tc.file, cfg.Pool.BatchSize, tc.want)
+		}
 	}
 }
 
