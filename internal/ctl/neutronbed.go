@@ -48,9 +48,10 @@ func newNeutronBed(ctx context.Context, endpoint, prefix, cidr string) (b *neutr
 		return nil, fmt.Errorf("Neutron at %s: %w (start it with scripts/neutron.sh up)", endpoint, err)
 	}
 	b.netID = n.ID
+	bed := b // a failed return sets b to nil
 	defer func() {
 		if err != nil {
-			b.close()
+			bed.close()
 		}
 	}()
 	sn, err := subnets.Create(ctx, b.nc, subnets.CreateOpts{NetworkID: n.ID, IPVersion: gophercloud.IPv4, CIDR: cidr}).Extract()
