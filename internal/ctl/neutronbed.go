@@ -52,9 +52,10 @@ func newNeutronBed(ctx context.Context, endpoint, prefix, cidr string) (b *neutr
 		return nil, fmt.Errorf("Neutron at %s: %w (start it with scripts/neutron.sh up)", endpoint, err)
 	}
 	b.netID = n.ID
+	bed := b // b is nil by the time a failed return's cleanup runs
 	defer func() {
 		if err != nil {
-			b.close()
+			err = errors.Join(err, bed.close())
 		}
 	}()
 	sn, err := subnets.Create(ctx, b.nc, subnets.CreateOpts{NetworkID: n.ID, IPVersion: gophercloud.IPv4, CIDR: cidr}).Extract()
