@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"net/netip"
 	"strconv"
 	"strings"
@@ -33,7 +34,7 @@ func benchNeutron(args []string, out io.Writer) (err error) {
 	endpoint := fs.String("endpoint", "http://127.0.0.1:19696/", "noauth Neutron endpoint (scripts/neutron.sh up)")
 	k := fs.Int("k", 8, "addresses in the batched update")
 	rounds := fs.Int("rounds", 6, "rounds of batched vs single updates, alternating which goes first")
-	churn := fs.Int("churn", 40, "pods added and deleted one after another")
+	churn := fs.Int("churn", 40, "pods added and deleted one after another through vpcnid (0: skip the agent: calls_per_pod=NaN burst50_calls=-1)")
 	cold := fs.Int("cold", 5, "idle providers whose first Assign of one address is timed")
 	sizesFlag := fs.String("sizes", "8,32,100", "addresses per update in the port-size matrix (empty: skip the matrix)")
 	heldFlag := fs.String("held", "0,100,250", "addresses of vpcni's the port already holds in the port-size matrix")
@@ -93,27 +94,14 @@ func benchNeutron(args []string, out io.Writer) (err error) {
 	}
 
 	// 4. Calls per pod through the agent, default pool policy; room for the
-	// churn's cooling addresses plus the burst.
+	// churn's cooling addresses plus the burst. --churn 0 skips it.
 	pool := config.Defaults().Pool
-	agent, cni, err := b.agent("nbench", pool, 200)
-	if err != nil {
-		return err
+	perPod, burstCalls, burstTook := math.NaN(), int64(-1), time.Duration(0)
+	if *churn > 0 {
+		if perPod, burstCalls, burstTook, err = agentCalls(ctx, b, pool, *churn); err != nil {
+			return err
+		}
 	}
-	if err := waitWarm(agent, pool.WarmTarget); err != nil {
-		return err
-	}
-	before := calls(agent)
-	if _, err := churnPods(ctx, b.tb, cni, "churn", *churn); err != nil {
-		return err
-	}
-	perPod := float64(calls(agent)-before) / float64(*churn)
-
-	before = calls(agent)
-	burstTook, err := burstPods(ctx, b.tb, cni, 50)
-	if err != nil {
-		return err
-	}
-	burstCalls := calls(agent) - before
 
 	fmt.Fprintf(out, "neutron-bench: real neutron-server (Debian Zed, noauth, MariaDB) at %s; K=%d, %d rounds alternating which side goes first; churn of %d pods through vpcnid (pool warm %d, batch %d, maxFree %d, cooldown %s); burst of 50 ADDs took %s; calls are HTTP requests; times are median [p25–p75]\n",
 		*endpoint, *k, *rounds, *churn, pool.WarmTarget, pool.BatchSize, pool.MaxFree, config.Defaults().Cooldown, burstTook.Round(time.Millisecond))
@@ -135,6 +123,28 @@ func benchNeutron(args []string, out io.Writer) (err error) {
 	}
 	fmt.Fprintln(out)
 	return nil
+}
+
+// agentCalls counts the Neutron requests of vpcnid per pod under a churn
+// of n pods, and for a burst of 50 ADDs.
+func agentCalls(ctx context.Context, b *neutronBed, pool config.Pool, n int) (perPod float64, burstCalls int64, burstTook time.Duration, err error) {
+	agent, cni, err := b.agent("nbench", pool, 200)
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	if err := waitWarm(agent, pool.WarmTarget); err != nil {
+		return 0, 0, 0, err
+	}
+	before := calls(agent)
+	if _, err := churnPods(ctx, b.tb, cni, "churn", n); err != nil {
+		return 0, 0, 0, err
+	}
+	perPod = float64(calls(agent)-before) / float64(n)
+	before = calls(agent)
+	if burstTook, err = burstPods(ctx, b.tb, cni, 50); err != nil {
+		return 0, 0, 0, err
+	}
+	return perPod, calls(agent) - before, burstTook, nil
 }
 
 // op is one provider call: how long it took and the requests it made.
