@@ -450,12 +450,20 @@ func (p *Provider) assignLocked(ctx context.Context, req provider.AssignRequest)
 	need := max(req.Count, 0)
 	skip := map[netip.Addr]bool{} // found taken during this call
 	freshUsed := false            // the used set was read during this call
+	start := time.Now()
 	for conflicts := 0; need > 0 || len(explicit) > 0; conflicts++ {
 		if conflicts > 4*p.cfg.Retries {
 			errs = append(errs, fmt.Errorf("gave up after %d address conflicts: %w", conflicts, provider.ErrUnavailable))
 			break
 		}
-		if err := p.refreshIfMissing(ctx); err != nil {
+		// Named addresses may be found already vpcni's on the copy and
+		// returned with no write to check it: that copy must be recent
+		// (a pool's refill names none and writes on whatever copy it has).
+		refresh := p.refreshIfMissing
+		if len(explicit) > 0 {
+			refresh = p.refreshIfStale
+		}
+		if err := refresh(ctx); err != nil {
 			errs = append(errs, err)
 			break
 		}
@@ -501,6 +509,14 @@ func (p *Provider) assignLocked(ctx context.Context, req provider.AssignRequest)
 		}
 		for _, a := range picked {
 			add[a] = true
+		}
+		if len(add) == 0 && need > 0 && p.portAt.Before(start) {
+			// No room as the copy has it: read the port before saying so.
+			if err := p.refresh(ctx); err != nil {
+				errs = append(errs, err)
+				break
+			}
+			continue
 		}
 		if len(add) == 0 {
 			switch {
