@@ -6,9 +6,13 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/http/httputil"
 	"net/netip"
 	"net/url"
 	"path/filepath"
+	"regexp"
+	"slices"
+	"sync"
 	"time"
 
 	"github.com/gophercloud/gophercloud/v2"
@@ -48,10 +52,10 @@ func newNeutronBed(ctx context.Context, endpoint, prefix, cidr string) (b *neutr
 		return nil, fmt.Errorf("Neutron at %s: %w (start it with scripts/neutron.sh up)", endpoint, err)
 	}
 	b.netID = n.ID
-	bed := b // a failed return sets b to nil
+	bed := b // b is nil by the time a failed return's cleanup runs
 	defer func() {
 		if err != nil {
-			bed.close()
+			err = errors.Join(err, bed.close())
 		}
 	}()
 	sn, err := subnets.Create(ctx, b.nc, subnets.CreateOpts{NetworkID: n.ID, IPVersion: gophercloud.IPv4, CIDR: cidr}).Extract()
@@ -145,3 +149,86 @@ func (b *neutronBed) vmProvider(ctx context.Context, ip netip.Addr) (*openstack.
 	}
 	return openstack.New(ctx, b.osCfg, ip)
 }
+
+// vmProviderVia is vmProvider with the provider's requests sent to
+// endpoint (a recorder in front of the bed's Neutron).
+func (b *neutronBed) vmProviderVia(ctx context.Context, ip netip.Addr, endpoint string) (*openstack.Provider, error) {
+	if err := b.newPort(ctx, ip); err != nil {
+		return nil, err
+	}
+	cfg := b.osCfg
+	cfg.Endpoint = endpoint
+	return openstack.New(ctx, cfg, ip)
+}
+
+// request is one HTTP request a recorder passed on: its method, its path
+// with IDs as {id}, its status and how long Neutron took to answer it
+// (as seen at the recorder, on loopback).
+type request struct {
+	method, path string
+	status       int
+	took         time.Duration
+}
+
+// recorder is a reverse proxy on loopback in front of a Neutron endpoint
+// that records every request: the benchmark's view of where a provider
+// call's time goes, without any hook in the provider (so the same
+// measurement runs against any version of it).
+type recorder struct {
+	URL string
+	srv *http.Server
+	ln  net.Listener
+
+	mu   sync.Mutex
+	reqs []request
+}
+
+var uuidRE = regexp.MustCompile(`[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}`)
+
+func newRecorder(endpoint string) (*recorder, error) {
+	u, err := url.Parse(endpoint)
+	if err != nil {
+		return nil, err
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	r := &recorder{URL: "http://" + ln.Addr().String() + "/", ln: ln}
+	rp := httputil.NewSingleHostReverseProxy(u)
+	rp.Transport = roundTripFunc(func(q *http.Request) (*http.Response, error) {
+		start := time.Now()
+		resp, err := http.DefaultTransport.RoundTrip(q)
+		rq := request{method: q.Method, path: uuidRE.ReplaceAllString(q.URL.Path, "{id}"), took: time.Since(start)}
+		if resp != nil {
+			rq.status = resp.StatusCode
+		}
+		r.mu.Lock()
+		r.reqs = append(r.reqs, rq)
+		r.mu.Unlock()
+		return resp, err
+	})
+	r.srv = &http.Server{Handler: rp, ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = r.srv.Serve(ln) }()
+	return r, nil
+}
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// mark is where the requests made from now on start.
+func (r *recorder) mark() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.reqs)
+}
+
+// since returns the requests made after mark.
+func (r *recorder) since(mark int) []request {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.reqs[mark:])
+}
+
+func (r *recorder) close() error { return r.srv.Close() }

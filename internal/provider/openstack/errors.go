@@ -69,6 +69,12 @@ func answered[T any](v *T, err error) (*T, error) {
 	return v, err
 }
 
+// isStatus says whether err is an HTTP answer with that status.
+func isStatus(err error, status int) bool {
+	var code gophercloud.ErrUnexpectedResponseCode
+	return errors.As(err, &code) && code.Actual == status
+}
+
 // retryable: a 412 (someone else wrote first), a 5xx, or no answer at all.
 func retryable(err error) bool {
 	var code gophercloud.ErrUnexpectedResponseCode

@@ -56,6 +56,8 @@ type Provider struct {
 	portAt time.Time           // when port was read
 	used   map[netip.Addr]bool // addresses of the subnet others hold, as last seen
 	usedAt time.Time
+	// usedListing: a background listing of used is under way.
+	usedListing bool
 }
 
 var _ provider.Provider = (*Provider)(nil)
@@ -327,6 +329,20 @@ func (p *Provider) refreshIfStale(ctx context.Context) error {
 	return p.refresh(ctx)
 }
 
+// refreshIfMissing reads the VM port when the provider has no copy of it.
+// A write goes out on the copy the provider has, however old: it carries
+// that copy's revision in If-Match, so a copy someone else's write made
+// stale fails fast with a 412 (errStale), and the caller re-reads and
+// plans again. The VM port has one writer per node, so the copy is almost
+// always right, and a GET before every write (20–150 ms on the real
+// server, more on a loaded one) bought nothing.
+func (p *Provider) refreshIfMissing(ctx context.Context) error {
+	if p.port != nil {
+		return nil
+	}
+	return p.refresh(ctx)
+}
+
 // refresh re-reads the VM port.
 func (p *Provider) refresh(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.Timeout.Duration)
@@ -342,25 +358,61 @@ func (p *Provider) refresh(ctx context.Context) error {
 
 // refreshUsed learns which addresses of the subnet other ports hold.
 func (p *Provider) refreshUsed(ctx context.Context) error {
+	used, err := p.listUsed(ctx)
+	if err != nil {
+		return err
+	}
+	p.used, p.usedAt = used, time.Now()
+	return nil
+}
+
+// listUsed lists the addresses of the subnet that ports hold.
+func (p *Provider) listUsed(ctx context.Context) (map[netip.Addr]bool, error) {
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.Timeout.Duration)
 	defer cancel()
 	pages, err := ports.List(p.nc, ports.ListOpts{FixedIPs: []ports.FixedIPOpts{{SubnetID: p.cfg.SubnetID}}}).AllPages(ctx)
 	if err != nil {
-		return explain(fmt.Errorf("list the subnet's addresses: %w", err))
+		return nil, explain(fmt.Errorf("list the subnet's addresses: %w", err))
 	}
 	all, err := ports.ExtractPorts(pages)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	p.used, p.usedAt = map[netip.Addr]bool{}, time.Now()
+	used := map[netip.Addr]bool{}
 	for _, port := range all {
 		for _, f := range port.FixedIPs {
 			if a, err := netip.ParseAddr(f.IPAddress); err == nil {
-				p.used[a] = true
+				used[a] = true
 			}
 		}
 	}
-	return nil
+	return used, nil
+}
+
+// refreshUsedLater re-learns the subnet's used addresses in the
+// background, off the write's path: listing every port of a subnet takes
+// a second and more on a large one, and a copy a few minutes old costs at
+// worst a 409 on an address another node took meanwhile, after which
+// Assign lists again before its next try. One listing at a time; the
+// caller holds p.mu.
+func (p *Provider) refreshUsedLater() {
+	if p.usedListing {
+		return
+	}
+	p.usedListing = true
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), p.cfg.Timeout.Duration)
+		defer cancel()
+		used, err := p.listUsed(ctx)
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		p.usedListing = false
+		// A conflict meanwhile may have dropped the copy for a fresh one:
+		// that one is newer than this.
+		if err == nil && p.used != nil {
+			p.used, p.usedAt = used, time.Now()
+		}
+	}()
 }
 
 // Assign implements provider.Provider: new addresses are named
@@ -398,21 +450,31 @@ func (p *Provider) assignLocked(ctx context.Context, req provider.AssignRequest)
 	need := max(req.Count, 0)
 	skip := map[netip.Addr]bool{} // found taken during this call
 	freshUsed := false            // the used set was read during this call
+	start := time.Now()
 	for conflicts := 0; need > 0 || len(explicit) > 0; conflicts++ {
 		if conflicts > 4*p.cfg.Retries {
 			errs = append(errs, fmt.Errorf("gave up after %d address conflicts: %w", conflicts, provider.ErrUnavailable))
 			break
 		}
-		if err := p.refreshIfStale(ctx); err != nil {
+		// Named addresses may be found already vpcni's on the copy and
+		// returned with no write to check it: that copy must be recent
+		// (a pool's refill names none and writes on whatever copy it has).
+		refresh := p.refreshIfMissing
+		if len(explicit) > 0 {
+			refresh = p.refreshIfStale
+		}
+		if err := refresh(ctx); err != nil {
 			errs = append(errs, err)
 			break
 		}
-		if need > 0 && (p.used == nil || time.Since(p.usedAt) > time.Minute) {
+		if need > 0 && p.used == nil {
 			if err := p.refreshUsed(ctx); err != nil {
 				errs = append(errs, err)
 				break
 			}
 			freshUsed = true
+		} else if need > 0 && time.Since(p.usedAt) > time.Minute {
+			p.refreshUsedLater()
 		}
 		v, err := m.view(ctx)
 		if err != nil {
@@ -448,6 +510,14 @@ func (p *Provider) assignLocked(ctx context.Context, req provider.AssignRequest)
 		for _, a := range picked {
 			add[a] = true
 		}
+		if len(add) == 0 && need > 0 && p.portAt.Before(start) {
+			// No room as the copy has it: read the port before saying so.
+			if err := p.refresh(ctx); err != nil {
+				errs = append(errs, err)
+				break
+			}
+			continue
+		}
 		if len(add) == 0 {
 			switch {
 			case need > 0 && v.room <= 0:
@@ -468,6 +538,10 @@ func (p *Provider) assignLocked(ctx context.Context, req provider.AssignRequest)
 			}
 			skip[taken] = true
 			p.used = nil
+			continue
+		case errors.Is(err, errStale):
+			// Someone else wrote the port since vpcni's copy: untilHeld
+			// read it again; plan again on what it holds now.
 			continue
 		case isNeutronError(err, http.StatusConflict, "IpAddressGenerationFailure", nil):
 			errs = append(errs, fmt.Errorf("subnet %s is full: %w", p.subnet, provider.ErrExhausted))
@@ -566,9 +640,14 @@ func (p *Provider) Release(ctx context.Context, addrs []netip.Addr) error {
 }
 
 // releaseFixed takes vpcni's addresses off the VM port; the caller holds
-// p.mu.
+// p.mu. It plans on the provider's copy of the port and plans again when
+// that copy turns out stale (see refreshIfMissing).
 func (p *Provider) releaseFixed(ctx context.Context, addrs []netip.Addr) error {
-	if err := p.refresh(ctx); err != nil {
+	return p.replanned(ctx, func() error { return p.releaseFixedOnce(ctx, addrs) })
+}
+
+func (p *Provider) releaseFixedOnce(ctx context.Context, addrs []netip.Addr) error {
+	if err := p.refreshIfMissing(ctx); err != nil {
 		return err
 	}
 	_, marked, on, err := p.state()
@@ -604,6 +683,17 @@ func (p *Provider) releaseFixed(ctx context.Context, addrs []netip.Addr) error {
 		err = fmt.Errorf("left %v on port %s: vpcni did not put them there", foreign, p.portID)
 	}
 	return errors.Join(err, floatingErr(keep, p.portID))
+}
+
+// replanned runs a plan-and-write until it is not turned back as made on
+// a stale copy of the port (errStale), at most Retries times.
+func (p *Provider) replanned(ctx context.Context, f func() error) error {
+	for n := 0; ; n++ {
+		err := f()
+		if !errors.Is(err, errStale) || n+1 >= p.cfg.Retries || ctx.Err() != nil {
+			return err
+		}
+	}
 }
 
 // pick chooses n addresses of the subnet's allocation pools that nobody

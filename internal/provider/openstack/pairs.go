@@ -207,8 +207,15 @@ func (p *Provider) unreserve(ctx context.Context, res map[netip.Addr]string) err
 	return errors.Join(errs...)
 }
 
+// releasePairs takes vpcni's pairs off the VM port and deletes their
+// reservations, planning again when its copy of the port was stale (see
+// refreshIfMissing).
 func (p *Provider) releasePairs(ctx context.Context, addrs []netip.Addr) error {
-	if err := p.refresh(ctx); err != nil {
+	return p.replanned(ctx, func() error { return p.releasePairsOnce(ctx, addrs) })
+}
+
+func (p *Provider) releasePairsOnce(ctx context.Context, addrs []netip.Addr) error {
+	if err := p.refreshIfMissing(ctx); err != nil {
 		return err
 	}
 	res, err := p.reservations(ctx)

@@ -115,6 +115,10 @@ func hasPairOn(port *ports.Port, ap ports.AddressPair) bool {
 // datapath sends from (the node ran another datapath mode before), in one
 // write. A pair vpcni did not make is left as it is.
 func (p *Provider) fixPairMACs(ctx context.Context) error {
+	return p.replanned(ctx, func() error { return p.fixPairMACsOnce(ctx) })
+}
+
+func (p *Provider) fixPairMACsOnce(ctx context.Context) error {
 	if err := p.refresh(ctx); err != nil {
 		return err
 	}

@@ -2,8 +2,10 @@ package openstack
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
+	"net/http"
 	"net/netip"
 	"slices"
 
@@ -169,13 +171,21 @@ func (p *Provider) tell(kind, msg string, attrs ...any) {
 	}
 }
 
+// errStale: the first write of an untilHeld answered 412, so the copy of
+// the port it was planned on was stale; untilHeld has read the port again
+// and the caller plans again (what to add may have changed: an address
+// that is now someone else's on the port must not be marked vpcni's).
+var errStale = errors.New("the VM port changed since vpcni's copy of it")
+
 // untilHeld runs one write attempt after another until the VM port, read
-// back, holds what was written of vpcni's. Each attempt works on the port
-// as just read, writes under If-Match and reads the port back; a racing
-// write may still land (see the top of this file), so an attempt
-// remembers which of vpcni's own addresses it knocked out and the next
-// puts them back. Retryable failures (412, 5xx, no answer) back off and
-// try again, up to Retries attempts.
+// back, holds what was written of vpcni's. The first attempt works on the
+// provider's copy of the port (see refreshIfMissing): a 412 to it re-reads
+// the port and returns errStale. Each later attempt works on the port as
+// just read, writes under If-Match and reads the port back; a racing write
+// may still land (see the top of this file), so an attempt remembers which
+// of vpcni's own addresses it knocked out and the next puts them back.
+// Retryable failures (412, 5xx, no answer) back off and try again, up to
+// Retries attempts.
 func (p *Provider) untilHeld(ctx context.Context, what string, attempt func() (held bool, err error)) error {
 	for n := 0; ; n++ {
 		if n > 0 {
@@ -191,6 +201,12 @@ func (p *Provider) untilHeld(ctx context.Context, what string, attempt func() (h
 			}
 		}
 		held, err := attempt()
+		if n == 0 && isStatus(err, http.StatusPreconditionFailed) {
+			if err := p.refresh(ctx); err != nil {
+				return err
+			}
+			return fmt.Errorf("%w: %w", errStale, err)
+		}
 		if err != nil && !retryable(err) {
 			return err
 		}

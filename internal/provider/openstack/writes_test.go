@@ -252,6 +252,11 @@ func TestWriteReportsOneThatLandedOverAnother(t *testing.T) {
 	n := newLabNode(t, "fixed-ips")
 	x := netip.MustParseAddr("10.81.0.200")
 	n.write(t, withFixedIP(x, n.subnetID))
+	// The provider's copy of the port is current (Held reads it), so its
+	// write goes out checked against r0.
+	if _, err := n.p.Held(context.Background()); err != nil {
+		t.Fatal(err)
+	}
 	r0 := n.read(t).RevisionNumber
 	n.h.before = func(r *http.Request) *http.Request {
 		n.h.before = nil
@@ -423,5 +428,118 @@ func TestWritePairsPutsBackItsOwnDuringARelease(t *testing.T) {
 	told := n.told()
 	if len(told) != 1 || told[0].Kind != "knocked_out" || !strings.Contains(told[0].Message, kept.String()) {
 		t.Fatalf("told %v, want one knocked_out naming %s", told, kept)
+	}
+}
+
+// requests counts the provider's HTTP requests by method from now on.
+func (n *labNode) requests() func() map[string]int64 {
+	before := n.p.calls.snapshot()
+	return func() map[string]int64 {
+		out := map[string]int64{}
+		for k, v := range n.p.calls.snapshot() {
+			if d := v - before[k]; d != 0 {
+				out[k] = d
+			}
+		}
+		return out
+	}
+}
+
+// On a port only vpcni writes, an Assign is one PUT and its read-back,
+// and a Release the floating-IP check, one PUT and its read-back: no GET
+// of the port before the write, however long ago the provider last read
+// it (If-Match guards the copy), and the listing of the subnet's ports
+// that an old copy of them calls for runs off the write's path.
+func TestWritesOnACurrentCopyMakeNoReadFirst(t *testing.T) {
+	n := newLabNode(t, "fixed-ips")
+	ctx := context.Background()
+	n.p.portAt = time.Now().Add(-time.Hour) // a copy an hour old, still right
+	count := n.requests()
+	got, err := n.p.Assign(ctx, provider.AssignRequest{Count: 3})
+	if err != nil || len(got) != 3 {
+		t.Fatalf("Assign(3) = %v, %v", got, err)
+	}
+	if c := count(); c["GET"] != 1 || c["PUT"] != 1 || len(c) != 2 {
+		t.Errorf("Assign on a current copy made %v requests, want one PUT and its read-back", c)
+	}
+	count = n.requests()
+	if err := n.p.Release(ctx, provider.Addresses(got)); err != nil {
+		t.Fatal(err)
+	}
+	if c := count(); c["GET"] != 2 || c["PUT"] != 1 || len(c) != 2 {
+		t.Errorf("Release on a current copy made %v requests, want the floating-IP check, one PUT and its read-back", c)
+	}
+	if on, _ := n.fixedIPs(t); on[got[0].Address] {
+		t.Errorf("%s is still on the port after its Release", got[0].Address)
+	}
+
+	// The subnet's used addresses as read an hour ago: the Assign goes
+	// ahead on them and they are listed again in the background.
+	n.p.usedAt = time.Now().Add(-time.Hour)
+	got, err = n.p.Assign(ctx, provider.AssignRequest{Count: 1})
+	if err != nil || len(got) != 1 {
+		t.Fatalf("Assign(1) = %v, %v", got, err)
+	}
+	waitUntil(t, func() bool { n.p.mu.Lock(); defer n.p.mu.Unlock(); return !n.p.usedListing })
+	n.p.mu.Lock()
+	age, held := time.Since(n.p.usedAt), n.p.used[got[0].Address]
+	n.p.mu.Unlock()
+	if age > time.Minute || !held {
+		t.Errorf("the subnet's used addresses were not listed again in the background (read %s ago, holding vpcni's new %s: %v)", age, got[0].Address, held)
+	}
+}
+
+// A copy of the port someone else's write made stale is turned back by
+// If-Match (412): vpcni reads the port and plans again, so an address the
+// other writer put on the port meanwhile — the one vpcni would have
+// picked — stays theirs, unmarked, and vpcni takes another.
+func TestAStaleCopyIsPlannedAgain(t *testing.T) {
+	n := newLabNode(t, "fixed-ips")
+	ctx := context.Background()
+	// vpcni's copy says nothing but the node's IP is on the port; the
+	// lowest free address, the one pick takes first, goes on it by hand.
+	x := n.p.pick(1, map[netip.Addr]bool{}, nil, nil)[0]
+	n.write(t, withFixedIP(x, n.subnetID))
+	count := n.requests()
+	got, err := n.p.Assign(ctx, provider.AssignRequest{Count: 1})
+	if err != nil || len(got) != 1 {
+		t.Fatalf("Assign(1) = %v, %v", got, err)
+	}
+	if got[0].Address == x {
+		t.Fatalf("vpcni took %s, which another writer put on the port", x)
+	}
+	on, marked := n.fixedIPs(t)
+	if !on[x] || marked[x] {
+		t.Errorf("the other writer's %s: on the port %v (want true), marked %v (want false)", x, on[x], marked[x])
+	}
+	if a := got[0].Address; !on[a] || !marked[a] {
+		t.Errorf("vpcni's %s: on the port %v, marked %v", a, on[a], marked[a])
+	}
+	if c := count(); c["PUT"] != 2 || c["GET"] != 2 {
+		t.Errorf("a write on a stale copy made %v requests, want a PUT turned back, a GET, the PUT and its read-back", c)
+	}
+	if told := n.told(); len(told) != 0 {
+		t.Errorf("a write turned back by If-Match is no race, but the provider told %v", kinds(told))
+	}
+	// A Release on a copy made stale the same way goes through too.
+	y := netip.MustParseAddr("10.81.0.90")
+	n.write(t, withFixedIP(y, n.subnetID))
+	if err := n.p.Release(ctx, provider.Addresses(got)); err != nil {
+		t.Fatal(err)
+	}
+	on, _ = n.fixedIPs(t)
+	if on[got[0].Address] || !on[x] || !on[y] {
+		t.Errorf("after the Release the port holds %v: want %s gone, %s and %s kept", on, got[0].Address, x, y)
+	}
+}
+
+func waitUntil(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met in 10 s")
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }
