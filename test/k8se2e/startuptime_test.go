@@ -24,8 +24,12 @@ import (
 //     after another), read here as the lines arrive;
 //   - when its kubelet saw it running: the kubelet's pod-startup tracker
 //     logs, per pod, "Observed pod startup duration" with
-//     watchObservedRunningTime in nanoseconds — the end point of
-//     Kubernetes' own pod-startup SLI (kubelet_pod_start_sli_duration_seconds).
+//     observedRunningTime in nanoseconds (its PLEG saw every container
+//     running). The same line's watchObservedRunningTime, the end point of
+//     Kubernetes' own SLI (kubelet_pod_start_sli_duration_seconds), is when
+//     the kubelet's API watch next brought the pod: here it came up to 10 s
+//     after the pod was Ready for some pods, which would time the watch,
+//     not the pod.
 
 // createStreaming runs `kubectl create -f file -o name` and returns each
 // created object's name ("su-…", without "pod/") with the time its line
@@ -91,11 +95,11 @@ func (n *node) markKubeletLogs() logMark {
 	return m
 }
 
-var startupLine = regexp.MustCompile(`"Observed pod startup duration" pod="([^"/]+)/([^"]+)".* watchObservedRunningTime="([^"]+)"`)
+var startupLine = regexp.MustCompile(`"Observed pod startup duration" pod="([^"/]+)/([^"]+)".* observedRunningTime="([^"]+)"`)
 
 // observedRunning reads, from each kubelet's log past the mark, the time
-// the kubelet saw each pod running (its watchObservedRunningTime); the
-// last line for a pod wins.
+// the kubelet saw each pod running (its observedRunningTime); the last
+// line for a pod wins.
 func observedRunning(m logMark) (map[string]time.Time, error) {
 	out := map[string]time.Time{}
 	for f, off := range m {
@@ -204,7 +208,7 @@ I1127 15:56:47.2   11906 kubelet.go:1] "SyncLoop UPDATE" pods=["default/su-vpcni
 	if err := parseObservedRunning(strings.NewReader(log), got); err != nil {
 		t.Fatal(err)
 	}
-	want := time.Date(2026, 11, 27, 15, 56, 47, 129536959, time.UTC)
+	want := time.Date(2026, 11, 27, 15, 56, 47, 128263603, time.UTC)
 	if len(got) != 1 || !got["su-vpcni-0-184"].Equal(want) {
 		t.Fatalf("parsed %v, want su-vpcni-0-184 at %s", got, want)
 	}
