@@ -190,6 +190,10 @@ func datapathLab(ctx context.Context, bin, mode string, turn, secs int) (_ measu
 	}, turn, 1, secs)
 }
 
+// minVerdictRounds is the fewest rounds whose interquartile range the
+// verdict reads.
+const minVerdictRounds = 4
+
 // pathRatios are one path's ratios to another over the rounds: throughput,
 // request/response latency (lower is better), connection rate.
 type pathRatios struct{ tput, rr, crr spread }
@@ -217,10 +221,13 @@ func (m measures) plus(o measures) measures {
 }
 
 // verdict reads a ratio's interquartile range: "faster" only when all of
-// it is on the better side of 1.
+// it is on the better side of 1, and over enough rounds for quartiles to
+// mean something.
 func verdict(s spread, higherBetter bool) string {
 	switch {
-	case s.contains(1) || s.med != s.med:
+	case s.n < minVerdictRounds:
+		return fmt.Sprintf("too few rounds to tell (%d, want %d or more)", s.n, minVerdictRounds)
+	case s.contains(1):
 		return fmt.Sprintf("no difference out of the scatter (%s)", s.format("%.2fx"))
 	case (s.q1 > 1) == higherBetter:
 		return fmt.Sprintf("faster (%s)", s.format("%.2fx"))

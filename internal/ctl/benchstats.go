@@ -8,13 +8,16 @@ import (
 
 // spread is a figure measured over rounds: its median and quartiles, so
 // that a reader can tell a difference from the scatter of the rounds.
-type spread struct{ med, q1, q3 float64 }
+type spread struct {
+	med, q1, q3 float64
+	n           int // rounds
+}
 
 // spreadOf is v's median and quartiles, interpolated linearly between the
 // order statistics (numpy's default): with ten rounds a quartile is not
 // one round's value.
 func spreadOf(v []float64) spread {
-	return spread{quantile(v, 0.5), quantile(v, 0.25), quantile(v, 0.75)}
+	return spread{quantile(v, 0.5), quantile(v, 0.25), quantile(v, 0.75), len(v)}
 }
 
 func quantile(v []float64, q float64) float64 {

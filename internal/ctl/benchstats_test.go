@@ -6,7 +6,7 @@ import (
 )
 
 func TestSpreadAndVerdict(t *testing.T) {
-	if s := spreadOf([]float64{4, 1, 3, 2}); s.med != 2.5 || s.q1 != 1.75 || s.q3 != 3.25 {
+	if s := spreadOf([]float64{4, 1, 3, 2}); s.med != 2.5 || s.q1 != 1.75 || s.q3 != 3.25 || s.n != 4 {
 		t.Errorf("spread of 1..4: %+v, want median 2.5, quartiles 1.75 and 3.25", s)
 	}
 	if s := spreadOf([]float64{7}); s.med != 7 || s.q1 != 7 || s.q3 != 7 {
@@ -22,12 +22,13 @@ func TestSpreadAndVerdict(t *testing.T) {
 		higherBetter bool
 		want         string
 	}{
-		{[]float64{1.1, 1.2, 1.3}, true, "faster"},
-		{[]float64{1.1, 1.2, 1.3}, false, "slower"},
-		{[]float64{0.8, 0.9, 0.95}, false, "faster"},
-		{[]float64{0.8, 0.9, 0.95}, true, "slower"},
-		{[]float64{0.8, 1.0, 1.2}, true, "no difference"},
-		{nil, true, "no difference"},
+		{[]float64{1.1, 1.2, 1.3, 1.2}, true, "faster"},
+		{[]float64{1.1, 1.2, 1.3, 1.2}, false, "slower"},
+		{[]float64{0.8, 0.9, 0.95, 0.9}, false, "faster"},
+		{[]float64{0.8, 0.9, 0.95, 0.9}, true, "slower"},
+		{[]float64{0.8, 1.0, 1.2, 1.0}, true, "no difference"},
+		{[]float64{1.1, 1.2, 1.3}, true, "too few rounds"},
+		{nil, true, "too few rounds"},
 	} {
 		if got := verdict(spreadOf(c.v), c.higherBetter); !strings.HasPrefix(got, c.want) {
 			t.Errorf("verdict(%v, higher better %v) = %q, want %q…", c.v, c.higherBetter, got, c.want)
