@@ -111,7 +111,7 @@ func TestPodStartup(t *testing.T) {
 				adds = adds.plus(round)
 				p99, beyond := round.interpolated(0.99)
 				addP99s = append(addP99s, p99)
-				t.Logf("round %d vpcni: the agents' ADD: %.0f, mean %.0f ms, p99 %.0f ms%s (bucket <= %gs)", r+1, round.count,
+				t.Logf("round %d vpcni: the agents' ADD: %.0f, mean %.0f ms, p99 %.0f ms%s (bucket <= %g s)", r+1, round.count,
 					1000*round.sum/round.count, 1000*p99, beyondNote(beyond), round.quantile(0.99))
 			}
 			for _, c := range confs {
@@ -143,7 +143,7 @@ func TestPodStartup(t *testing.T) {
 	}
 	addP99, beyond := adds.interpolated(0.99)
 	if adds.count > 0 {
-		fmt.Printf("bench: vpcni's agents' ADD over %.0f requests (%d bursts of %d): mean %.0f ms, p99 %.0f ms%s (bucket <= %gs; per burst %v ms)\n",
+		fmt.Printf("bench: vpcni's agents' ADD over %.0f requests (%d bursts of %d): mean %.0f ms, p99 %.0f ms%s (bucket <= %g s; per burst %v ms)\n",
 			adds.count, rounds, 2*perNode, 1000*adds.sum/adds.count, 1000*addP99, beyondNote(beyond), adds.quantile(0.99), roundTo(scale(addP99s, 1000)))
 	}
 	fmt.Printf("bench: load average %s after %s\n", loadAvg(), time.Since(started).Round(time.Second))
