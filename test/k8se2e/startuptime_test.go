@@ -22,14 +22,19 @@ import (
 //   - when each pod was created: `kubectl create -o name` prints each pod
 //     as soon as the API server answered its POST (it creates them one
 //     after another), read here as the lines arrive;
-//   - when its kubelet saw it running: the kubelet's pod-startup tracker
-//     logs, per pod, "Observed pod startup duration" with
-//     observedRunningTime in nanoseconds (its PLEG saw every container
-//     running). The same line's watchObservedRunningTime, the end point of
-//     Kubernetes' own SLI (kubelet_pod_start_sli_duration_seconds), is when
-//     the kubelet's API watch next brought the pod: here it came up to 10 s
-//     after the pod was Ready for some pods, which would time the watch,
-//     not the pod.
+//   - when it was running as the cluster sees it: the kubelet's
+//     pod-startup tracker logs, per pod, "Observed pod startup duration"
+//     with observedRunningTime in nanoseconds: when the kubelet's status
+//     manager's write of the pod's running status succeeded at the API
+//     server (RecordStatusUpdated). That includes the kubelet's queue of
+//     status writes (its API client's QPS limit), which a 200-pod burst
+//     fills; it is the same queue with any CNI or none, which is why each
+//     plugin is compared with the no-CNI floor of its own round. The same
+//     line's watchObservedRunningTime, the end point of Kubernetes' SLI
+//     (kubelet_pod_start_sli_duration_seconds), is when the kubelet's
+//     watch next brought the pod back: here it came up to 10 s after the
+//     pod was Ready for some pods, which would time the watch, not the
+//     pod.
 
 // createStreaming runs `kubectl create -f file -o name` and returns each
 // created object's name ("su-…", without "pod/") with the time its line
@@ -98,8 +103,8 @@ func (n *node) markKubeletLogs() logMark {
 var startupLine = regexp.MustCompile(`"Observed pod startup duration" pod="([^"/]+)/([^"]+)".* observedRunningTime="([^"]+)"`)
 
 // observedRunning reads, from each kubelet's log past the mark, the time
-// the kubelet saw each pod running (its observedRunningTime); the last
-// line for a pod wins.
+// each pod's running status reached the API server (the kubelet's
+// observedRunningTime); the last line for a pod wins.
 func observedRunning(m logMark) (map[string]time.Time, error) {
 	out := map[string]time.Time{}
 	for f, off := range m {
