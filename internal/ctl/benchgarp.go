@@ -28,17 +28,23 @@ import (
 // address goes back to the cloud at once) and added on n2 with the same
 // address. The figure is the legacy VM's outage as it sees it: from the
 // start of the DEL on n1 until the sending of its first probe answered from
-// n2 (to within one probe interval). Once
-// with the agents' gratuitous ARP on, once with it off; each run uses an
-// address the legacy VM has never seen before the run.
+// n2 (to within one probe interval). With the agents' gratuitous ARP on
+// and with it off, --samples times each, the side that goes first
+// alternating (on, off; off, on; …) so that neither always meets the lab
+// fresh; each move uses an address the legacy VM has never seen before.
+// The summary line gives the medians and their interquartile ranges.
 func benchGARP(args []string, out io.Writer) (err error) {
 	fs := flag.NewFlagSet("bench garp", flag.ContinueOnError)
 	prefix := fs.String("prefix", "vpcni-garpbench", "the lab's namespace prefix")
 	subnet := fs.String("subnet", "10.94.0.0/24", "the lab's subnet")
 	every := fs.Duration("every", 10*time.Millisecond, "the legacy VM's probe interval")
 	limit := fs.Duration("limit", 3*time.Minute, "longest wait for the legacy VM to reach the moved pod")
+	samples := fs.Int("samples", 5, "moves with gratuitous ARP on and as many with it off (at most 40)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
+	}
+	if *samples < 1 || *samples > 40 {
+		return usageError{fmt.Sprintf("--samples %d: want 1 to 40 (each move takes an address of its own from .150 up)", *samples)}
 	}
 	bin, err := binDir()
 	if err != nil {
@@ -48,7 +54,7 @@ func benchGARP(args []string, out io.Writer) (err error) {
 	if err != nil {
 		return usageError{fmt.Sprintf("--subnet %q: %v", *subnet, err)}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2**limit+2*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(2**samples)*(*limit+time.Minute))
 	defer cancel()
 	l, err := lab.Up(ctx, lab.Config{Prefix: *prefix, Nodes: 2, Subnet: sn})
 	if err != nil {
@@ -65,17 +71,29 @@ func benchGARP(args []string, out io.Writer) (err error) {
 	defer func() { err = errors.Join(err, testbed.StopRecorded(runDir), os.RemoveAll(runDir)) }()
 	fmt.Fprintf(out, "garp-move detail: legacy VM eth0 %s\n", neighParams(l.Legacy.NS))
 	b4 := sn.Addr().As4()
-	var ms [2]time.Duration
-	for i, garp := range []bool{true, false} {
-		b4[3] = byte(150 + i)
-		m, err := garpMove(ctx, l, bin, runDir, garp, netip.AddrFrom4(b4), *every, *limit)
-		if err != nil {
-			return fmt.Errorf("move with garp=%v: %w", garp, err)
+	outages := map[bool][]float64{}
+	move := 0
+	for i := range *samples {
+		order := []bool{true, false}
+		if i%2 == 1 {
+			order = []bool{false, true}
 		}
-		fmt.Fprintf(out, "garp-move detail: garp=%v %s\n", garp, m)
-		ms[i] = m.outage
+		for _, garp := range order {
+			b4[3] = byte(150 + move)
+			move++
+			m, err := garpMove(ctx, l, bin, runDir, garp, netip.AddrFrom4(b4), *every, *limit)
+			if err != nil {
+				return fmt.Errorf("move %d with garp=%v: %w", move, garp, err)
+			}
+			fmt.Fprintf(out, "garp-move detail: sample=%d garp=%v %s\n", i+1, garp, m)
+			outages[garp] = append(outages[garp], float64(m.outage.Milliseconds()))
+		}
 	}
-	fmt.Fprintf(out, "garp-move: with_ms=%d without_ms=%d\n", ms[0].Milliseconds(), ms[1].Milliseconds())
+	with, without := spreadOf(outages[true]), spreadOf(outages[false])
+	fmt.Fprintf(out, "garp-move detail: %d samples each, the first side alternating; outage median [interquartile range]: with %s ms, without %s ms\n",
+		*samples, with.format("%.0f"), without.format("%.0f"))
+	fmt.Fprintf(out, "garp-move: with_ms=%.0f without_ms=%.0f samples=%d with_q1_ms=%.0f with_q3_ms=%.0f without_q1_ms=%.0f without_q3_ms=%.0f\n",
+		with.med, without.med, *samples, with.q1, with.q3, without.q1, without.q3)
 	return nil
 }
 
