@@ -145,6 +145,9 @@ func New(cfg *rest.Config, nodeName string, a Agent, log *slog.Logger, opts Opti
 		o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", nodeName).String()
 	}))
 	n.pods = pf.Core().V1().Pods().Informer()
+	if err := n.pods.SetTransform(slimPod); err != nil {
+		return nil, err
+	}
 	nf := informers.NewSharedInformerFactoryWithOptions(cs, 10*time.Minute, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 		o.FieldSelector = fields.OneTermEqualSelector("metadata.name", nodeName).String()
 	}))
