@@ -153,6 +153,11 @@ func New(cfg *rest.Config, nodeName string, a Agent, log *slog.Logger, opts Opti
 	}))
 	n.node = nf.Core().V1().Nodes().Informer()
 	n.addrs = pas.Informer(k8s.LabelNode+"="+k8s.NodeLabel(nodeName), 10*time.Minute, nil)
+	for _, inf := range []cache.SharedIndexInformer{n.node, n.addrs} {
+		if err := inf.SetTransform(withoutManagedFields); err != nil {
+			return nil, err
+		}
+	}
 	_, _ = n.addrs.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    n.enqueueAddr,
 		UpdateFunc: func(_, o any) { n.enqueueAddr(o) },

@@ -4,6 +4,7 @@ import (
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/vpcni/vpcni/internal/k8s"
@@ -63,4 +64,21 @@ func ipRequests(cs []corev1.Container) []corev1.Container {
 		}
 	}
 	return out
+}
+
+// withoutManagedFields is the transform of the node side's other
+// informers (its PodAddresses, its Node, the AddressReservations): the
+// managed fields are bookkeeping of the API server's apply, often larger
+// than the object, and the agent never reads them; of its Node it drops
+// the image list too (kilobytes per image on a busy node; the capacity
+// step reads the node's capacity, allocatable and taints, and writes by
+// patch, never the cached object back).
+func withoutManagedFields(obj any) (any, error) {
+	if m, err := meta.Accessor(obj); err == nil {
+		m.SetManagedFields(nil)
+	}
+	if node, ok := obj.(*corev1.Node); ok {
+		node.Status.Images = nil
+	}
+	return obj, nil
 }

@@ -89,3 +89,23 @@ func TestSlimPodAnswersAsTheFullPod(t *testing.T) {
 		t.Errorf("tombstone changed: %v", got)
 	}
 }
+
+// TestWithoutManagedFields: the other informers' objects lose their
+// managed fields (and a Node its image list) and keep the rest.
+func TestWithoutManagedFields(t *testing.T) {
+	mf := []metav1.ManagedFieldsEntry{{Manager: "kubelet"}}
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1", ResourceVersion: "7", ManagedFields: mf},
+		Spec:   corev1.NodeSpec{Taints: []corev1.Taint{{Key: "k", Effect: corev1.TaintEffectNoSchedule}}},
+		Status: corev1.NodeStatus{Capacity: corev1.ResourceList{k8s.IPResource: resource.MustParse("10")}, Images: []corev1.ContainerImage{{Names: []string{"busybox"}}}}}
+	got, err := withoutManagedFields(node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := got.(*corev1.Node)
+	if n.ManagedFields != nil || n.Status.Images != nil {
+		t.Errorf("kept %v %v", n.ManagedFields, n.Status.Images)
+	}
+	if n.Name != "n1" || n.ResourceVersion != "7" || len(n.Spec.Taints) != 1 || n.Status.Capacity.Name(k8s.IPResource, resource.DecimalSI).Value() != 10 {
+		t.Errorf("lost what the capacity step reads: %+v", n)
+	}
+}
