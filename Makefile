@@ -375,6 +375,7 @@ bench: build
 	$(BIN)/vpcnictl bench pool --provider aws
 	$(BIN)/vpcnictl bench restart
 	$(MAKE) image k8s-build
+	$(BIN)/vpcnictl bench node-scale
 	$(MAKE) bench-startup
 	VPCNI_K8S_BENCH=1 VPCNI_K8S_BENCH_ROUNDS=0 VPCNI_REQUIRE_ROOT=1 VPCNI_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 40m -v -run 'TestK8sBench' ./test/k8se2e 2>&1 | tee /tmp/vpcni-k8s-bench.log | grep -E '^(--- |FAIL|ok|bench:|k8s-bench:|bandwidth:)|node_test|bench_test|chain_test|vpcni-test:' ; exit $${PIPESTATUS[0]}
 

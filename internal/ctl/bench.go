@@ -35,6 +35,7 @@ var benches = []struct {
 	{"selfheal", "each piece of the datapath taken away under pod churn: time until the agent puts it back, with the kernel watch and with the timer alone", benchSelfHeal},
 	{"route-budget", "one block per node on a router with fewer routes (the lab's Neutron endpoint): blocks routed, blocks reported with the fix, refused writes, then the limit raised", benchRouteBudget},
 	{"restart", "vpcnid restarted with N pods (default 200): time until it serves, the first ADD, the background restore", benchRestart},
+	{"node-scale", "one node at 250 pods (and at 0 and 100 for the ratios), vpcnid in Kubernetes mode against a kube-apiserver of its own: restart to serving, a node reconcile pass, RSS and CPU at rest, the kernel watch's cost", benchNodeScale},
 }
 
 func bench(args []string, out io.Writer) error {

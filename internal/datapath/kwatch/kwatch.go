@@ -90,14 +90,14 @@ func Watch(ctx context.Context, uplink string, kick func(what string)) error {
 		keep(ctx, w, "tc", subscribeTC, w.tc),
 		keep(ctx, w, "nftables", subscribeNFT(here), w.nft),
 	)
-	// A handle of its own: its socket is opened here, in the namespace
-	// watched; the goroutine polling it may run on any thread. Started
-	// whatever else failed: each part watches on its own.
-	h, herr := netlink.NewHandle(unix.NETLINK_ROUTE)
-	if herr != nil {
-		return errors.Join(err, fmt.Errorf("netlink handle for proxy entries: %w", herr))
+	// A socket of its own: opened here, in the namespace watched; the
+	// goroutine polling it may run on any thread. Started whatever else
+	// failed: each part watches on its own.
+	d, derr := newProxyDumper()
+	if derr != nil {
+		return errors.Join(err, fmt.Errorf("netlink socket for proxy entries: %w", derr))
 	}
-	go w.pollProxies(ctx, h)
+	go w.pollProxies(ctx, d)
 	return err
 }
 
@@ -110,41 +110,38 @@ const ProxyPoll = 50 * time.Millisecond
 // between two reads, it is never seen present, and would otherwise be
 // missed. (A pod deleted for good costs those few extra reconciles, which
 // find nothing to do.)
-func (w *watcher) pollProxies(ctx context.Context, h *netlink.Handle) {
-	defer h.Close()
+func (w *watcher) pollProxies(ctx context.Context, d *proxyDumper) {
+	defer d.close()
 	const again = 3
-	var before map[string]bool
-	missing := map[string]int{} // entry -> reads left to ask about it
+	// Two sets, swapped each read: a poll allocates nothing once they
+	// have grown to the node's entries.
+	before, now := map[proxyKey]bool{}, map[proxyKey]bool{}
+	missing := map[proxyKey]int{} // entry -> reads left to ask about it
 	t := time.NewTicker(ProxyPoll)
 	defer t.Stop()
 	for {
-		entries, err := h.NeighProxyList(0, netlink.FAMILY_V4)
-		if err == nil {
-			now := make(map[string]bool, len(entries))
-			for _, n := range entries {
-				now[fmt.Sprintf("%s dev %d", n.IP, n.LinkIndex)] = true
-			}
+		if err := d.dump(now); err == nil {
 			for e := range before {
 				if !now[e] {
 					missing[e] = again
 				}
 			}
-			gone := ""
+			var gone *proxyKey
 			for e, left := range missing {
 				switch {
 				case now[e]:
 					delete(missing, e)
 				default:
-					gone = e
+					gone = &e
 					if missing[e] = left - 1; left <= 1 {
 						delete(missing, e)
 					}
 				}
 			}
-			if gone != "" {
-				w.kick("proxy neighbour " + gone + " gone") // one reconcile looks at all of them
+			if gone != nil {
+				w.kick("proxy neighbour " + gone.String() + " gone") // one reconcile looks at all of them
 			}
-			before = now
+			before, now = now, before
 		} // a failed dump (interrupted by a change) is read again next tick
 		select {
 		case <-ctx.Done():

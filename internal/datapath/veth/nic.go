@@ -10,6 +10,7 @@ import (
 	"syscall"
 
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
 
 	"github.com/vpcni/vpcni/internal/alloc"
@@ -282,16 +283,15 @@ func hasLocalPodsRule(rules []netlink.Rule) bool {
 }
 
 func (v *Veth) hasProxyOn(linkIdx int, ip netip.Addr) bool {
-	neighs, err := nlutil.RetryDump(func() ([]netlink.Neigh, error) { return netlink.NeighProxyList(linkIdx, netlink.FAMILY_V4) })
-	if err != nil {
-		return false
-	}
-	for _, n := range neighs {
-		if n.IP.Equal(ip.AsSlice()) {
-			return true
-		}
-	}
-	return false
+	// One entry asked for (RTM_GETNEIGH with NTF_PROXY), not the table
+	// dumped: the health probe asks for every pod of the node, and a dump
+	// per pod made each pass O(pods²) — 62,500 entries decoded every 30 s
+	// at 250 pods (bench node-scale).
+	req := nl.NewNetlinkRequest(unix.RTM_GETNEIGH, 0)
+	req.AddData(&netlink.Ndmsg{Family: netlink.FAMILY_V4, Index: uint32(linkIdx), Flags: netlink.NTF_PROXY})
+	req.AddData(nl.NewRtAttr(unix.NDA_DST, ip.AsSlice()))
+	msgs, err := req.Execute(unix.NETLINK_ROUTE, unix.RTM_NEWNEIGH)
+	return err == nil && len(msgs) > 0
 }
 
 // reconcileNICs is Reconcile's part for secondary NICs, in one rule dump:

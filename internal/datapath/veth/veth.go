@@ -564,9 +564,18 @@ func (v *Veth) tracePod(a *alloc.Allocation, hostMAC net.HardwareAddr) []datapat
 	return h
 }
 
-// hasRoute looks for a /32 to dst on linkIdx (dst valid), or a default route
+// hasRoute looks for the /32 to dst on linkIdx that the FIB matches for dst (dst valid), or a default route
 // via gw on linkIdx, in the handle's namespace (zero Handle: the node's).
 func (v *Veth) hasRoute(h *netlink.Handle, linkIdx int, dst netip.Addr, gw net.IP) bool {
+	if dst.IsValid() {
+		// The route the FIB matches for dst, asked for alone: the health
+		// probe asks for every pod of the node, and a dump of the node's
+		// routes per pod made each pass O(pods²) (bench node-scale).
+		routes, err := h.RouteGetWithOptions(dst.AsSlice(), &netlink.RouteGetOptions{FIBMatch: true})
+		return err == nil && slices.ContainsFunc(routes, func(r netlink.Route) bool {
+			return r.LinkIndex == linkIdx && r.Dst != nil && r.Dst.IP.Equal(dst.AsSlice()) && isHostMask(r.Dst.Mask)
+		})
+	}
 	filter := &netlink.Route{LinkIndex: linkIdx}
 	routes, err := nlutil.RetryDump(func() ([]netlink.Route, error) {
 		return h.RouteListFiltered(netlink.FAMILY_V4, filter, netlink.RT_FILTER_OIF)
@@ -575,9 +584,6 @@ func (v *Veth) hasRoute(h *netlink.Handle, linkIdx int, dst netip.Addr, gw net.I
 		return false
 	}
 	for _, r := range routes {
-		if dst.IsValid() && r.Dst != nil && r.Dst.IP.Equal(dst.AsSlice()) && isHostMask(r.Dst.Mask) {
-			return true
-		}
 		if gw != nil && r.Gw.Equal(gw) && (r.Dst == nil || nlutil.IsZeroMask(r.Dst.Mask)) {
 			return true
 		}

@@ -145,11 +145,19 @@ func New(cfg *rest.Config, nodeName string, a Agent, log *slog.Logger, opts Opti
 		o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", nodeName).String()
 	}))
 	n.pods = pf.Core().V1().Pods().Informer()
+	if err := n.pods.SetTransform(slimPod); err != nil {
+		return nil, err
+	}
 	nf := informers.NewSharedInformerFactoryWithOptions(cs, 10*time.Minute, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 		o.FieldSelector = fields.OneTermEqualSelector("metadata.name", nodeName).String()
 	}))
 	n.node = nf.Core().V1().Nodes().Informer()
 	n.addrs = pas.Informer(k8s.LabelNode+"="+k8s.NodeLabel(nodeName), 10*time.Minute, nil)
+	for _, inf := range []cache.SharedIndexInformer{n.node, n.addrs} {
+		if err := inf.SetTransform(withoutManagedFields); err != nil {
+			return nil, err
+		}
+	}
 	_, _ = n.addrs.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    n.enqueueAddr,
 		UpdateFunc: func(_, o any) { n.enqueueAddr(o) },

@@ -26,7 +26,11 @@ func NewReservations(cfg *rest.Config) (*Reservations, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Reservations{inf: c.Informer(10 * time.Minute)}, nil
+	inf := c.Informer(10 * time.Minute)
+	if err := inf.SetTransform(withoutManagedFields); err != nil {
+		return nil, err
+	}
+	return &Reservations{inf: inf}, nil
 }
 
 // Run watches until ctx ends.
