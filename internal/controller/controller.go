@@ -38,9 +38,31 @@ type clients struct {
 	pas *k8s.PodAddresses
 }
 
-func newClients(cfg *rest.Config) (*clients, error) {
+// The client-side rate limit of each reconciler's clients, when the
+// kubeconfig sets none. client-go's own default, 5 requests/s in bursts
+// of 10, is a kubelet's: at 1,000 nodes it held the blocks back (a block
+// is two writes, its create and its status: 1,000 of them took minutes,
+// all of it waiting on the client) and every routes pass, which writes
+// each block's condition. The API server's priority and fairness still
+// shares it out: the controller's requests queue there behind the
+// cluster's own, as kube-controller-manager's do.
+const (
+	clientQPS   = 100
+	clientBurst = 200
+)
+
+// clientConfig is cfg under vpcni-controller's user agent and rate limit.
+func clientConfig(cfg *rest.Config) *rest.Config {
 	cfg = rest.CopyConfig(cfg)
 	cfg.UserAgent = "vpcni-controller"
+	if cfg.QPS == 0 && cfg.RateLimiter == nil {
+		cfg.QPS, cfg.Burst = clientQPS, clientBurst
+	}
+	return cfg
+}
+
+func newClients(cfg *rest.Config) (*clients, error) {
+	cfg = clientConfig(cfg)
 	c := &clients{cfg: cfg}
 	var err error
 	if c.cs, err = kubernetes.NewForConfig(cfg); err != nil {
