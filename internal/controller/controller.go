@@ -17,9 +17,11 @@ package controller
 
 import (
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
 
 	"github.com/vpcni/vpcni/internal/k8s"
 )
@@ -75,4 +77,17 @@ func newClients(cfg *rest.Config) (*clients, error) {
 		return nil, err
 	}
 	return c, nil
+}
+
+// dropManagedFields has an informer cache its objects without their
+// managed fields, which no reconciler reads: they are a third of a
+// PodAddress's size in memory, and the controller caches every
+// PodAddress of the cluster (30,000 at 1,000 nodes of 30 pods).
+func dropManagedFields(inf cache.SharedIndexInformer) error {
+	return inf.SetTransform(func(obj any) (any, error) {
+		if m, err := meta.Accessor(obj); err == nil {
+			m.SetManagedFields(nil)
+		}
+		return obj, nil
+	})
 }

@@ -101,6 +101,9 @@ func NewRouteReconciler(cfg *rest.Config, rec *routes.Reconciler, opts RouteOpti
 		return nil, err
 	}
 	r.blocks = client.Informer("", 10*time.Minute, nil)
+	if err := dropManagedFields(r.blocks); err != nil {
+		return nil, err
+	}
 	enqueue := func(any) { r.queue.Add(routerKey) }
 	handler := cache.ResourceEventHandlerFuncs{AddFunc: enqueue, UpdateFunc: func(o, n any) {
 		// Its own status writes come back as updates: only a change of
