@@ -382,6 +382,9 @@ func TestScale(t *testing.T) {
 	fmt.Printf("scale: the controller at rest for %s: %s\n", rest, requests(m3, m4, rest))
 	ctlReqs := controllerRequests(m4) - controllerRequests(m0)
 	qps := ctlReqs / total.Seconds()
+	cmEnd := scrapeController(t)
+	fmt.Printf("scale: the controller's Go heap now: %.1f MB in use, %.1f MB from the OS; %.0f goroutines\n",
+		sum(cmEnd, "go_memstats_heap_inuse_bytes", nil)/(1<<20), sum(cmEnd, "go_memstats_sys_bytes", nil)/(1<<20), sum(cmEnd, "go_goroutines", nil))
 	fmt.Printf("scale: the controller over the whole run (%.0fs): %.0f requests, %.1f/s; all clients %s; CPU %.1fs; RSS now %.1f MB, peak %.1f MB (sampled %.1f MB)\n",
 		total.Seconds(), ctlReqs, qps, allRequests(m0, m4, total), cpu1-cpu0, float64(rss)/1024, float64(hwm)/1024, float64(peakRSS.Load())/1024)
 	if ctl.exited() || kwok.exited() {
