@@ -130,6 +130,11 @@ func NewBlockAssigner(cfg *rest.Config, opts BlockOptions, log *slog.Logger) (*B
 		}
 		return nil, nil
 	}})
+	for _, inf := range []cache.SharedIndexInformer{b.blocks, b.addrs} {
+		if err := dropManagedFields(inf); err != nil {
+			return nil, err
+		}
+	}
 	enqueue := func(obj any) {
 		if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 			obj = d.Obj

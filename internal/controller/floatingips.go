@@ -108,6 +108,9 @@ func NewFloatingIPs(cfg *rest.Config, cloud floatingip.Cloud, network string, lo
 		return nil, err
 	}
 	f.addrs = pas.Informer("", 10*time.Minute, cache.Indexers{k8s.IndexPod: k8s.PodIndex})
+	if err := dropManagedFields(f.addrs); err != nil {
+		return nil, err
+	}
 	enqueue := func(obj any) {
 		if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 			obj = d.Obj

@@ -8,11 +8,14 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/pager"
 
+	"github.com/vpcni/vpcni/internal/apis/vpcni/v1alpha1"
 	"github.com/vpcni/vpcni/internal/k8s"
 	"github.com/vpcni/vpcni/internal/k8s/nodeblocks"
 	"github.com/vpcni/vpcni/internal/leaks"
@@ -20,10 +23,10 @@ import (
 
 // ClusterReader reads what the cluster says for the leak audit: Nodes,
 // pods (metadata only), PodAddresses, AddressReservations and NodeBlocks.
-// Each read is a quorum list (from etcd, not the API server's watch cache,
-// which may lag): the audit reads the cloud first, then the cluster, so
-// that whatever the cloud showed with its owner already recorded is seen
-// owned. A CRD that is not installed reads as empty (sticky IPs or blocks
+// Each read is a consistent list (as of now, never a lagging watch cache's
+// view), a page at a time: the audit reads the cloud first, then the
+// cluster, so that whatever the cloud showed with its owner already
+// recorded is seen owned. A CRD that is not installed reads as empty (sticky IPs or blocks
 // not in use); any other error fails the pass, so nothing is judged on
 // half a picture.
 type ClusterReader struct {
@@ -34,7 +37,6 @@ type ClusterReader struct {
 	pas      *k8s.PodAddresses
 	ars      *k8s.AddressReservations
 	nbs      *nodeblocks.Client
-	opts     metav1.ListOptions
 }
 
 // NewClusterReader connects one; instance reads a Node's spec.providerID
@@ -72,77 +74,102 @@ func ClusterID(ctx context.Context, cfg *rest.Config) (string, error) {
 // absent: the resource's CRD is not installed.
 func absent(err error) bool { return apierrors.IsNotFound(err) }
 
+// listPageSize bounds one response of the reads: the API server and this
+// process handle one page of objects at a time, not every pod of the
+// cluster in one answer (30,000 pods' metadata is ~30 MB of JSON).
+const listPageSize = 500
+
+// eachItem lists a resource a page at a time and hands each object to f.
+// The first page is a quorum read; the pages after it are read at the
+// same resourceVersion, so the whole list is one consistent snapshot as
+// an unpaginated list would be. A continue token that expired midway
+// (etcd compacted) makes the pager read the whole list at once instead.
+func eachItem(ctx context.Context, list func(context.Context, metav1.ListOptions) (runtime.Object, error), f func(runtime.Object) error) error {
+	p := pager.New(list)
+	p.PageSize = listPageSize
+	return p.EachListItem(ctx, metav1.ListOptions{}, f)
+}
+
 // Read implements the leak collector's cluster reader.
 func (r *ClusterReader) Read(ctx context.Context) (*leaks.Cluster, error) {
 	c := leaks.NewCluster()
-	nodes, err := r.cs.CoreV1().Nodes().List(ctx, r.opts)
+	err := eachItem(ctx, func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+		return r.cs.CoreV1().Nodes().List(ctx, o)
+	},
+		func(obj runtime.Object) error {
+			n := obj.(*corev1.Node)
+			var ips []netip.Addr
+			for _, a := range n.Status.Addresses {
+				if a.Type != corev1.NodeInternalIP {
+					continue
+				}
+				if ip, err := netip.ParseAddr(a.Address); err == nil {
+					ips = append(ips, ip)
+				}
+			}
+			c.AddNode(n.Name, ips)
+			if id, ok := r.instance(n.Spec.ProviderID); ok {
+				c.Instances[id] = n.Name
+			}
+			return nil
+		})
 	if err != nil {
 		return nil, fmt.Errorf("list Nodes: %w", err)
 	}
-	for _, n := range nodes.Items {
-		var ips []netip.Addr
-		for _, a := range n.Status.Addresses {
-			if a.Type != corev1.NodeInternalIP {
-				continue
-			}
-			if ip, err := netip.ParseAddr(a.Address); err == nil {
-				ips = append(ips, ip)
-			}
-		}
-		c.AddNode(n.Name, ips)
-		if id, ok := r.instance(n.Spec.ProviderID); ok {
-			c.Instances[id] = n.Name
-		}
-	}
-	pods, err := r.md.Resource(schema.GroupVersionResource{Version: "v1", Resource: "pods"}).List(ctx, r.opts)
+	pods := r.md.Resource(schema.GroupVersionResource{Version: "v1", Resource: "pods"})
+	uids := map[string]string{}
+	err = eachItem(ctx, func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) { return pods.List(ctx, o) },
+		func(obj runtime.Object) error {
+			p := obj.(*metav1.PartialObjectMetadata)
+			c.Pods[p.Namespace+"/"+p.Name] = true
+			uids[p.Namespace+"/"+p.Name] = string(p.UID)
+			return nil
+		})
 	if err != nil {
 		return nil, fmt.Errorf("list pods: %w", err)
 	}
-	uids := map[string]string{}
-	for _, p := range pods.Items {
-		c.Pods[p.Namespace+"/"+p.Name] = true
-		uids[p.Namespace+"/"+p.Name] = string(p.UID)
-	}
-	pas, err := r.pas.List(ctx, r.opts)
+	err = eachItem(ctx, func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) { return r.pas.List(ctx, o) },
+		func(obj runtime.Object) error {
+			pa := obj.(*v1alpha1.PodAddress)
+			a, err := netip.ParseAddr(pa.Spec.Address)
+			if err != nil {
+				return nil
+			}
+			pod := pa.Spec.PodNamespace + "/" + pa.Spec.PodName
+			uid, live := uids[pod]
+			live = live && (pa.Spec.PodUID == "" || pa.Spec.PodUID == uid)
+			// Two PodAddresses of one address (a pod re-created on another
+			// node while the old one's is not yet deleted): the live one wins.
+			if old, ok := c.Addresses[a]; ok && old.Live {
+				return nil
+			}
+			c.Addresses[a] = leaks.PodAddress{Name: pa.Name, Pod: pod, Node: pa.Spec.Node, Live: live}
+			return nil
+		})
 	if err != nil {
 		return nil, fmt.Errorf("list PodAddresses: %w", err)
 	}
-	for _, pa := range pas.Items {
-		a, err := netip.ParseAddr(pa.Spec.Address)
-		if err != nil {
-			continue
-		}
-		pod := pa.Spec.PodNamespace + "/" + pa.Spec.PodName
-		uid, live := uids[pod]
-		live = live && (pa.Spec.PodUID == "" || pa.Spec.PodUID == uid)
-		// Two PodAddresses of one address (a pod re-created on another
-		// node while the old one's is not yet deleted): the live one wins.
-		if old, ok := c.Addresses[a]; ok && old.Live {
-			continue
-		}
-		c.Addresses[a] = leaks.PodAddress{Name: pa.Name, Pod: pod, Node: pa.Spec.Node, Live: live}
-	}
-	ars, err := r.ars.List(ctx, r.opts)
-	if err != nil && !absent(err) {
-		return nil, fmt.Errorf("list AddressReservations: %w", err)
-	}
-	if err == nil {
-		for _, ar := range ars.Items {
+	err = eachItem(ctx, func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) { return r.ars.List(ctx, o) },
+		func(obj runtime.Object) error {
+			ar := obj.(*v1alpha1.AddressReservation)
 			if a, err := netip.ParseAddr(ar.Spec.Address); err == nil {
 				c.Reservations[a] = ar.Namespace + "/" + ar.Name
 			}
-		}
-	}
-	nbs, err := r.nbs.List(ctx, r.opts)
+			return nil
+		})
 	if err != nil && !absent(err) {
-		return nil, fmt.Errorf("list NodeBlocks: %w", err)
+		return nil, fmt.Errorf("list AddressReservations: %w", err)
 	}
-	if err == nil {
-		for _, nb := range nbs.Items {
+	err = eachItem(ctx, func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) { return r.nbs.List(ctx, o) },
+		func(obj runtime.Object) error {
+			nb := obj.(*v1alpha1.NodeBlock)
 			if p, err := netip.ParsePrefix(nb.Spec.CIDR); err == nil {
 				c.Blocks[p.Masked()] = nb.Spec.Node
 			}
-		}
+			return nil
+		})
+	if err != nil && !absent(err) {
+		return nil, fmt.Errorf("list NodeBlocks: %w", err)
 	}
 	return c, nil
 }

@@ -63,6 +63,9 @@ func NewOrphans(cfg *rest.Config, grace time.Duration, log *slog.Logger) (*Orpha
 		return nil, err
 	}
 	o.addrs = pas.Informer("", 5*time.Minute, cache.Indexers{k8s.IndexPod: k8s.PodIndex})
+	if err := dropManagedFields(o.addrs); err != nil {
+		return nil, err
+	}
 	enqueue := func(obj any) {
 		if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 			obj = d.Obj

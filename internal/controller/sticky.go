@@ -122,6 +122,26 @@ func NewStickyKeeper(cfg *rest.Config, opts StickyOptions, log *slog.Logger) (*S
 	k.nodes = f.Core().V1().Nodes().Informer()
 	k.addrs = pas.Informer("", 10*time.Minute, cache.Indexers{k8s.IndexPod: k8s.PodIndex})
 	k.ars = res.Informer(10 * time.Minute)
+	for _, inf := range []cache.SharedIndexInformer{k.sets, k.addrs, k.ars} {
+		if err := dropManagedFields(inf); err != nil {
+			return nil, err
+		}
+	}
+	// Of a Node only its Ready condition decides (dead): a whole Node
+	// (its images, volumes, the kubelet's other conditions) is kilobytes,
+	// a thousand of them megabytes the keeper never reads.
+	if err := k.nodes.SetTransform(func(obj any) (any, error) {
+		if n, ok := obj.(*corev1.Node); ok {
+			lean := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n.Name, UID: n.UID, ResourceVersion: n.ResourceVersion}}
+			if c := readyCondition(n); c != nil {
+				lean.Status.Conditions = []corev1.NodeCondition{*c}
+			}
+			return lean, nil
+		}
+		return obj, nil
+	}); err != nil {
+		return nil, err
+	}
 
 	key := func(obj any) (namespace, name string, ok bool) {
 		if d, isD := obj.(cache.DeletedFinalStateUnknown); isD {
@@ -189,8 +209,18 @@ func NewStickyKeeper(cfg *rest.Config, opts StickyOptions, log *slog.Logger) (*S
 			}
 		}
 	}
+	// Only a change of Ready: a kubelet's heartbeat updates every Node
+	// every few minutes (10 s on old kubelets), and each wake reads every
+	// reservation.
 	_, _ = k.nodes.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		UpdateFunc: func(_, n any) { nodeChanged(n) }, DeleteFunc: nodeChanged})
+		UpdateFunc: func(o, n any) {
+			on, ok1 := o.(*corev1.Node)
+			nn, ok2 := n.(*corev1.Node)
+			if ok1 && ok2 && readyStatus(on) == readyStatus(nn) {
+				return
+			}
+			nodeChanged(n)
+		}, DeleteFunc: nodeChanged})
 	return k, nil
 }
 
@@ -376,6 +406,23 @@ func (k *StickyKeeper) takeOver(ctx context.Context, ar *v1alpha1.AddressReserva
 	k.takenOver.Add(1)
 	k.log.Info("reserved address taken off a dead node's port", "pod", key, "address", a, "node", ar.Spec.Node, "port", ar.Spec.Port, "why", why)
 	return 0, nil
+}
+
+func readyCondition(n *corev1.Node) *corev1.NodeCondition {
+	for i := range n.Status.Conditions {
+		if n.Status.Conditions[i].Type == corev1.NodeReady {
+			return &n.Status.Conditions[i]
+		}
+	}
+	return nil
+}
+
+// readyStatus is the Node's Ready status and since when ("" without one).
+func readyStatus(n *corev1.Node) string {
+	if c := readyCondition(n); c != nil {
+		return string(c.Status) + " " + c.LastTransitionTime.String()
+	}
+	return ""
 }
 
 // dead says why node counts as dead ("" : it does not), or how long until

@@ -6,12 +6,15 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"time"
 
-	"github.com/vpcni/vpcni/internal/k8s"
+	"github.com/prometheus/client_golang/prometheus"
 	admissionv1 "k8s.io/api/admission/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/vpcni/vpcni/internal/k8s"
 )
 
 // WebhookPath is where vpcni-controller serves the pod mutation; the
@@ -44,11 +47,21 @@ func PodPatch(pod *corev1.Pod) ([]byte, error) {
 	return json.Marshal([]map[string]any{{"op": "add", "path": "/spec/containers/0/resources", "value": res}})
 }
 
+// webhookSeconds times the handler, from the request read to the answer
+// written (the API server's apiserver_admission_webhook_admission_duration_seconds
+// adds the connection and TLS, in coarser buckets).
+var webhookSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{
+	Name:    "vpcni_controller_webhook_duration_seconds",
+	Help:    "Time the pod admission webhook took to answer one AdmissionReview, in this replica.",
+	Buckets: []float64{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1},
+})
+
 // WebhookHandler answers AdmissionReviews for pods. It never refuses a
 // pod: a pod it cannot read is admitted unchanged (the agent warns on it),
 // as when the webhook is down.
 func WebhookHandler(log *slog.Logger) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer func(start time.Time) { webhookSeconds.Observe(time.Since(start).Seconds()) }(time.Now())
 		if r.Method != http.MethodPost {
 			http.Error(w, "POST an AdmissionReview", http.StatusMethodNotAllowed)
 			return

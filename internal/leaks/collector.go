@@ -46,6 +46,8 @@ type Collector struct {
 	claimed  int64
 	failed   int64 // passes that could not read the cloud or the cluster
 	passes   int64
+	// lastPass is how long the last pass that got through took.
+	lastPass time.Duration
 	// toldUnclaimed: the unclaimed count last told; failing: the last
 	// pass failed (told once).
 	toldUnclaimed int
@@ -76,6 +78,7 @@ func (c *Collector) Pass(ctx context.Context) ([]Finding, error) {
 }
 
 func (c *Collector) pass(ctx context.Context) ([]Finding, error) {
+	start := time.Now()
 	fs, err := Audit(ctx, c.Cloud, c.Cluster)
 	if err != nil {
 		c.count(false)
@@ -97,6 +100,7 @@ func (c *Collector) pass(ctx context.Context) ([]Finding, error) {
 	}
 	c.mu.Lock()
 	c.last = fs
+	c.lastPass = time.Since(start)
 	c.mu.Unlock()
 	c.count(true)
 	return fs, nil
@@ -266,6 +270,7 @@ var (
 	releasedDesc = prometheus.NewDesc("vpcni_leak_released_total", "Orphans the leak collector released, by kind.", []string{"kind"}, nil)
 	claimedDesc  = prometheus.NewDesc("vpcni_leak_claimed_total", "Held resources the leak collector tagged as this cluster's.", nil, nil)
 	passesDesc   = prometheus.NewDesc("vpcni_leak_passes_total", "Leak passes, by result (ok|failed: the cloud or the cluster could not be read).", []string{"result"}, nil)
+	passDesc     = prometheus.NewDesc("vpcni_leak_pass_seconds", "How long the last leak pass that got through took: the cloud and the cluster read (twice when orphans were due), judged, claims and releases written.", nil, nil)
 )
 
 // Describe implements prometheus.Collector.
@@ -274,6 +279,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- releasedDesc
 	ch <- claimedDesc
 	ch <- passesDesc
+	ch <- passDesc
 }
 
 // Collect implements prometheus.Collector: every kind is reported, zero
@@ -300,4 +306,5 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(claimedDesc, prometheus.CounterValue, float64(c.claimed))
 	ch <- prometheus.MustNewConstMetric(passesDesc, prometheus.CounterValue, float64(c.passes-c.failed), "ok")
 	ch <- prometheus.MustNewConstMetric(passesDesc, prometheus.CounterValue, float64(c.failed), "failed")
+	ch <- prometheus.MustNewConstMetric(passDesc, prometheus.GaugeValue, c.lastPass.Seconds())
 }
