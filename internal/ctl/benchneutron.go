@@ -106,13 +106,13 @@ func benchNeutron(args []string, out io.Writer) (err error) {
 	fmt.Fprintf(out, "neutron-bench: real neutron-server (Debian Zed, noauth, MariaDB) at %s; K=%d, %d rounds alternating which side goes first; churn of %d pods through vpcnid (pool warm %d, batch %d, maxFree %d, cooldown %s); burst of 50 ADDs took %s; calls are HTTP requests; times are median [p25–p75]\n",
 		*endpoint, *k, *rounds, *churn, pool.WarmTarget, pool.BatchSize, pool.MaxFree, config.Defaults().Cooldown, burstTook.Round(time.Millisecond))
 	fmt.Fprintf(out, "batched update of %d addresses: %s, each %v; %d single updates: %s, each %v\n",
-		*k, spread(bs.batch.took()), roundAll(bs.batch.took()), *k, spread(bs.single.took()), roundAll(bs.single.took()))
+		*k, msSpread(bs.batch.took()), roundAll(bs.batch.took()), *k, msSpread(bs.single.took()), roundAll(bs.single.took()))
 	fmt.Fprintf(out, "requests per batched Assign: %s; per Release of it: %s\n", bs.batch.requests(), bs.release.requests())
-	fmt.Fprintf(out, "cold first Assign of 1 address (%d providers idle 11 s): %s; requests %s\n", len(coldOps), spread(coldOps.took()), coldOps.requests())
+	fmt.Fprintf(out, "cold first Assign of 1 address (%d providers idle 11 s): %s; requests %s\n", len(coldOps), msSpread(coldOps.took()), coldOps.requests())
 	for _, c := range cells {
 		fmt.Fprintf(out, "port holding %3d, %3d more: Assign %s (its PUT %s), requests %s; Release %s (its PUT %s), requests %s\n",
-			c.held, c.n, spread(c.assign.took()), spread(c.assign.put()), c.assign.requests(),
-			spread(c.release.took()), spread(c.release.put()), c.release.requests())
+			c.held, c.n, msSpread(c.assign.took()), msSpread(c.assign.put()), c.assign.requests(),
+			msSpread(c.release.took()), msSpread(c.release.put()), c.release.requests())
 	}
 	fmt.Fprintf(out, "neutron-bench: calls_per_pod=%.3f burst50_calls=%d batch_put_ms=%.0f single_puts_ms=%.0f rounds=%d batch_put_p25_ms=%.0f batch_put_p75_ms=%.0f single_puts_p25_ms=%.0f single_puts_p75_ms=%.0f assign_requests=%.1f release_requests=%.1f cold_assign_ms=%.0f cold_assign_requests=%.1f",
 		perPod, burstCalls, ms(medianDur(bs.batch.took())), ms(medianDur(bs.single.took())), *rounds,
@@ -222,9 +222,13 @@ func (o ops) requests() string {
 	return parts[0] + " (" + strings.Join(parts[1:], ", ") + ")"
 }
 
-// spread is "median [p25–p75] ms".
-func spread(d []time.Duration) string {
-	return fmt.Sprintf("%.0f ms [%.0f–%.0f]", ms(medianDur(d)), ms(pct(d, 25)), ms(pct(d, 75)))
+// msSpread is "median [p25–p75] ms" of durations.
+func msSpread(d []time.Duration) string {
+	v := make([]float64, len(d))
+	for i, x := range d {
+		v[i] = ms(x)
+	}
+	return spreadOf(v).format("%.0f") + " ms"
 }
 
 type batchSingle struct{ batch, single, release ops }
