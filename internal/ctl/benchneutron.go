@@ -72,6 +72,11 @@ func benchNeutron(args []string, out io.Writer) (err error) {
 	if err != nil {
 		return err
 	}
+	// Each part prints as it ends: a later part that fails (a loaded
+	// server's timeouts) leaves the earlier figures standing.
+	fmt.Fprintf(out, "batched update of %d addresses: %s, each %v; %d single updates: %s, each %v\n",
+		*k, msSpread(bs.batch.took()), roundAll(bs.batch.took()), *k, msSpread(bs.single.took()), roundAll(bs.single.took()))
+	fmt.Fprintf(out, "requests per batched Assign: %s; per Release of it: %s\n", bs.batch.requests(), bs.release.requests())
 
 	// 2. A cold node's first Assign: providers that read their port and
 	// then sat idle past any cache of it, as an agent does between its
@@ -80,6 +85,7 @@ func benchNeutron(args []string, out io.Writer) (err error) {
 	if err != nil {
 		return err
 	}
+	fmt.Fprintf(out, "cold first Assign of 1 address (%d providers idle 11 s): %s; requests %s\n", len(coldOps), msSpread(coldOps.took()), coldOps.requests())
 
 	// 3. N addresses onto a port holding H.
 	var cells []sizeCell
@@ -88,7 +94,7 @@ func benchNeutron(args []string, out io.Writer) (err error) {
 		if err != nil {
 			return err
 		}
-		if cells, err = portSizes(ctx, rec, big, helds, sizes, *samples); err != nil {
+		if cells, err = portSizes(ctx, rec, big, helds, sizes, *samples, out); err != nil {
 			return err
 		}
 	}
@@ -105,15 +111,6 @@ func benchNeutron(args []string, out io.Writer) (err error) {
 
 	fmt.Fprintf(out, "neutron-bench: real neutron-server (Debian Zed, noauth, MariaDB) at %s; K=%d, %d rounds alternating which side goes first; churn of %d pods through vpcnid (pool warm %d, batch %d, maxFree %d, cooldown %s); burst of 50 ADDs took %s; calls are HTTP requests; times are median [p25–p75]\n",
 		*endpoint, *k, *rounds, *churn, pool.WarmTarget, pool.BatchSize, pool.MaxFree, config.Defaults().Cooldown, burstTook.Round(time.Millisecond))
-	fmt.Fprintf(out, "batched update of %d addresses: %s, each %v; %d single updates: %s, each %v\n",
-		*k, msSpread(bs.batch.took()), roundAll(bs.batch.took()), *k, msSpread(bs.single.took()), roundAll(bs.single.took()))
-	fmt.Fprintf(out, "requests per batched Assign: %s; per Release of it: %s\n", bs.batch.requests(), bs.release.requests())
-	fmt.Fprintf(out, "cold first Assign of 1 address (%d providers idle 11 s): %s; requests %s\n", len(coldOps), msSpread(coldOps.took()), coldOps.requests())
-	for _, c := range cells {
-		fmt.Fprintf(out, "port holding %3d, %3d more: Assign %s (its PUT %s), requests %s; Release %s (its PUT %s), requests %s\n",
-			c.held, c.n, msSpread(c.assign.took()), msSpread(c.assign.put()), c.assign.requests(),
-			msSpread(c.release.took()), msSpread(c.release.put()), c.release.requests())
-	}
 	fmt.Fprintf(out, "neutron-bench: calls_per_pod=%.3f burst50_calls=%d batch_put_ms=%.0f single_puts_ms=%.0f rounds=%d batch_put_p25_ms=%.0f batch_put_p75_ms=%.0f single_puts_p25_ms=%.0f single_puts_p75_ms=%.0f assign_requests=%.1f release_requests=%.1f cold_assign_ms=%.0f cold_assign_requests=%.1f",
 		perPod, burstCalls, ms(medianDur(bs.batch.took())), ms(medianDur(bs.single.took())), *rounds,
 		ms(pct(bs.batch.took(), 25)), ms(pct(bs.batch.took(), 75)), ms(pct(bs.single.took(), 25)), ms(pct(bs.single.took(), 75)),
@@ -365,7 +362,7 @@ type sizeCell struct {
 
 // portSizes fills the port to each of helds in turn and, samples times,
 // assigns and releases each of sizes on it.
-func portSizes(ctx context.Context, rec *recorder, prov provider.Provider, helds, sizes []int, samples int) ([]sizeCell, error) {
+func portSizes(ctx context.Context, rec *recorder, prov provider.Provider, helds, sizes []int, samples int, out io.Writer) ([]sizeCell, error) {
 	var cells []sizeCell
 	var base []netip.Addr // the port's held addresses
 	for _, h := range helds {
@@ -402,6 +399,11 @@ func portSizes(ctx context.Context, rec *recorder, prov provider.Provider, helds
 				}
 				row[i].release = append(row[i].release, o)
 			}
+		}
+		for _, c := range row {
+			fmt.Fprintf(out, "port holding %3d, %3d more: Assign %s (its PUT %s), requests %s; Release %s (its PUT %s), requests %s\n",
+				c.held, c.n, msSpread(c.assign.took()), msSpread(c.assign.put()), c.assign.requests(),
+				msSpread(c.release.took()), msSpread(c.release.put()), c.release.requests())
 		}
 		cells = append(cells, row...)
 	}
