@@ -1,7 +1,6 @@
 package scale
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -10,12 +9,14 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/vpcni/vpcni/internal/testbed/apiserver"
 )
 
 // proc is a process the bench runs for its length (kwok, vpcni-controller):
 // its output goes to <dir>/<name>.log, its PID and binary to
 // <dir>/<name>.pid, so that a run that crashed leaves nothing the next one
-// cannot stop (stopRecorded, by that PID, only while /proc says it still
+// cannot stop (apiserver.StopRecorded, by that PID, only while /proc says it still
 // runs that binary).
 type proc struct {
 	name, dir string
@@ -24,7 +25,7 @@ type proc struct {
 }
 
 func startProc(dir, name, bin string, args ...string) (*proc, error) {
-	if err := stopRecorded(dir, name); err != nil {
+	if err := apiserver.StopRecorded(dir, name); err != nil {
 		return nil, err
 	}
 	logf, err := os.OpenFile(filepath.Join(dir, name+".log"), os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
@@ -35,7 +36,7 @@ func startProc(dir, name, bin string, args ...string) (*proc, error) {
 	p := &proc{name: name, dir: dir, cmd: exec.Command(bin, args...), done: make(chan struct{})}
 	p.cmd.Stdout, p.cmd.Stderr = logf, logf
 	// A process group of its own: a Ctrl-C of the test does not reach it
-	// half-way; stop or the next run's stopRecorded ends it.
+	// half-way; stop or the next run's apiserver.StopRecorded ends it.
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := p.cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start %s: %w", name, err)
@@ -44,7 +45,7 @@ func startProc(dir, name, bin string, args ...string) (*proc, error) {
 	if exe == "" {
 		exe = bin
 	}
-	if err := os.WriteFile(pidFile(dir, name), fmt.Appendf(nil, "%d %s\n", p.cmd.Process.Pid, exe), 0o600); err != nil {
+	if err := os.WriteFile(apiserver.PIDFile(dir, name), fmt.Appendf(nil, "%d %s\n", p.cmd.Process.Pid, exe), 0o600); err != nil {
 		_ = p.cmd.Process.Kill()
 		return nil, err
 	}
@@ -84,57 +85,7 @@ func (p *proc) stop() {
 			<-p.done
 		}
 	}
-	_ = os.Remove(pidFile(p.dir, p.name))
-}
-
-func pidFile(dir, name string) string { return filepath.Join(dir, name+".pid") }
-
-// stopRecorded stops what an earlier run's PID file names, if /proc says
-// that PID still runs the binary recorded with it (a reused PID is
-// someone else's).
-func stopRecorded(dir, name string) error {
-	f := pidFile(dir, name)
-	data, err := os.ReadFile(f)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	pidText, exe, _ := strings.Cut(strings.TrimSpace(string(data)), " ")
-	pid, err := strconv.Atoi(pidText)
-	if err != nil || pid <= 1 {
-		return fmt.Errorf("%s: no PID in %q; remove it once %s is stopped", f, data, name)
-	}
-	if running(pid, exe) {
-		_ = syscall.Kill(pid, syscall.SIGTERM)
-		for i := 0; running(pid, exe) && i < 200; i++ {
-			time.Sleep(50 * time.Millisecond)
-		}
-		if running(pid, exe) {
-			_ = syscall.Kill(pid, syscall.SIGKILL)
-			for i := 0; running(pid, exe) && i < 100; i++ {
-				time.Sleep(50 * time.Millisecond)
-			}
-		}
-		if running(pid, exe) {
-			return fmt.Errorf("%s left by an earlier run (pid %d) does not stop", name, pid)
-		}
-	}
-	return os.Remove(f)
-}
-
-func running(pid int, exe string) bool {
-	got, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
-	if err != nil || got != exe {
-		return false
-	}
-	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return false
-	}
-	i := strings.LastIndexByte(string(stat), ')')
-	return i < 0 || i+2 >= len(stat) || stat[i+2] != 'Z'
+	_ = os.Remove(apiserver.PIDFile(p.dir, p.name))
 }
 
 // rssKiB reads a process's resident set (VmRSS) and its peak (VmHWM).

@@ -104,7 +104,7 @@ func TestScale(t *testing.T) {
 	}
 	// An earlier run's leftovers first: they hold the API server's clients.
 	for _, p := range []string{"kwok", "vpcni-controller"} {
-		if err := stopRecorded(stateDir, p); err != nil {
+		if err := apiserver.StopRecorded(stateDir, p); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -130,7 +130,7 @@ func Start(ctx context.Context, o Options) (_ *Server, err error) {
 		}
 	}()
 	for _, c := range slicesBackward(components) {
-		if err := stopRecorded(o.Dir, c); err != nil {
+		if err := StopRecorded(o.Dir, c); err != nil {
 			return nil, err
 		}
 	}
@@ -210,7 +210,7 @@ func Start(ctx context.Context, o Options) (_ *Server, err error) {
 func (s *Server) Stop() error {
 	var errs []error
 	for _, c := range slicesBackward(components) {
-		errs = append(errs, stopRecorded(s.opts.Dir, c))
+		errs = append(errs, StopRecorded(s.opts.Dir, c))
 	}
 	if s.lock != nil {
 		s.lock.Close() // closing the file releases the flock
@@ -242,7 +242,7 @@ func (s *Server) withLog(err error, component string) error {
 
 // start runs a component in a process group of its own (a Ctrl-C of the
 // test does not reach it half-way; Stop or the next Start ends it) and
-// records "pid binary" for stopRecorded.
+// records "pid binary" for StopRecorded.
 func (s *Server) start(name, bin string, args ...string) error {
 	logf, err := os.OpenFile(s.Log(name), os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
 	if err != nil {
@@ -256,7 +256,7 @@ func (s *Server) start(name, bin string, args ...string) error {
 		return fmt.Errorf("start %s: %w", name, err)
 	}
 	exe, _ := filepath.EvalSymlinks(bin)
-	if err := os.WriteFile(pidFile(s.opts.Dir, name), fmt.Appendf(nil, "%d %s\n", cmd.Process.Pid, exe), 0o600); err != nil {
+	if err := os.WriteFile(PIDFile(s.opts.Dir, name), fmt.Appendf(nil, "%d %s\n", cmd.Process.Pid, exe), 0o600); err != nil {
 		_ = cmd.Process.Kill()
 		return err
 	}
@@ -265,12 +265,14 @@ func (s *Server) start(name, bin string, args ...string) error {
 	return nil
 }
 
-func pidFile(dir, name string) string { return filepath.Join(dir, name+".pid") }
+// PIDFile is where a fixture records the process it started as "pid
+// binary" (the format StopRecorded reads).
+func PIDFile(dir, name string) string { return filepath.Join(dir, name+".pid") }
 
-// stopRecorded stops the process a PID file names, if /proc says it still
+// StopRecorded stops the process a PID file names, if /proc says it still
 // runs the binary recorded with it (a reused PID is someone else's).
-func stopRecorded(dir, name string) error {
-	f := pidFile(dir, name)
+func StopRecorded(dir, name string) error {
+	f := PIDFile(dir, name)
 	data, err := os.ReadFile(f)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil
