@@ -475,17 +475,21 @@ func TestWritesOnACurrentCopyMakeNoReadFirst(t *testing.T) {
 
 	// The subnet's used addresses as read an hour ago: the Assign goes
 	// ahead on them and they are listed again in the background.
+	// (The listing may end before or after the Assign's write: whether it
+	// saw vpcni's new address is a race, and harmless — candidates skip
+	// the port's own addresses anyway.)
 	n.p.usedAt = time.Now().Add(-time.Hour)
+	began := time.Now()
 	got, err = n.p.Assign(ctx, provider.AssignRequest{Count: 1})
 	if err != nil || len(got) != 1 {
 		t.Fatalf("Assign(1) = %v, %v", got, err)
 	}
 	waitUntil(t, func() bool { n.p.mu.Lock(); defer n.p.mu.Unlock(); return !n.p.usedListing })
 	n.p.mu.Lock()
-	age, held := time.Since(n.p.usedAt), n.p.used[got[0].Address]
+	at := n.p.usedAt
 	n.p.mu.Unlock()
-	if age > time.Minute || !held {
-		t.Errorf("the subnet's used addresses were not listed again in the background (read %s ago, holding vpcni's new %s: %v)", age, got[0].Address, held)
+	if at.Before(began) {
+		t.Errorf("the subnet's used addresses were not listed again in the background (last read %s before the Assign)", began.Sub(at))
 	}
 }
 
