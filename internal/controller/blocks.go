@@ -65,12 +65,10 @@ type BlockAssigner struct {
 	// ranges full (Warning, with the fix), a block held back (Normal).
 	recorder k8s.Events
 
-	// pick serialises the choice of a free block among the workers.
-	pick      sync.Mutex
 	mu        sync.Mutex
 	goneSince map[string]time.Time
-	// recent are blocks this assigner created, or is creating, that its
-	// cache may not show yet, so no reconcile hands them out again nor
+	// recent are blocks this assigner created that its cache may not
+	// show yet, so the next reconcile neither hands them out again nor
 	// gives their node another.
 	recent map[netip.Prefix]recentBlock
 
@@ -184,20 +182,9 @@ func (b *BlockAssigner) Run(ctx context.Context) error {
 	}
 	b.log.Info("assigning per-node blocks", "ranges", b.opts.Blocks.Ranges, "size", "/"+strconv.Itoa(b.opts.Blocks.Bits),
 		"blocks", b.opts.Blocks.Count(), "reclaim_grace", b.opts.Grace)
-	// Several nodes at once: a block is two writes (its create, then its
-	// status), each a round trip to the API server, so one worker gave
-	// 1,000 new nodes their blocks at ~12 a second (80 s for the last).
-	// The queue never hands one node to two workers.
-	var wg sync.WaitGroup
-	for range blockWorkers {
-		wg.Go(func() { k8s.RunQueue(ctx, b.queue, b.reconcile, b.log) })
-	}
-	wg.Wait()
+	k8s.RunQueue(ctx, b.queue, b.reconcile, b.log)
 	return nil
 }
-
-// blockWorkers reconcile nodes in parallel.
-const blockWorkers = 4
 
 func (b *BlockAssigner) reconcile(ctx context.Context, node string) (time.Duration, error) {
 	obj, exists, err := b.nodes.GetIndexer().GetByKey(node)
@@ -260,14 +247,14 @@ func nodeRef(m *metav1.PartialObjectMetadata) *corev1.ObjectReference {
 }
 
 // assign creates one NodeBlock for node, on the first block no NodeBlock
-// (cached, or being created here) overlaps. If another writer created the
+// (cached, or just created here) overlaps. If another writer created the
 // same block first, the API server says AlreadyExists: that block is taken,
 // the next one is tried.
 func (b *BlockAssigner) assign(ctx context.Context, m *metav1.PartialObjectMetadata) error {
 	node := m.Name
-	var taken []netip.Prefix // blocks another writer created first
+	used := b.usedBlocks()
 	for range 64 {
-		p, ok := b.reserve(node, taken)
+		p, ok := b.opts.Blocks.Free(used)
 		if !ok {
 			return errRangesFull
 		}
@@ -277,19 +264,17 @@ func (b *BlockAssigner) assign(ctx context.Context, m *metav1.PartialObjectMetad
 			Spec:       v1alpha1.NodeBlockSpec{Node: node, CIDR: p.String()},
 		}
 		created, err := b.client.Create(ctx, nb)
-		if err != nil {
-			b.mu.Lock()
-			delete(b.recent, p)
-			b.mu.Unlock()
-		}
 		if apierrors.IsAlreadyExists(err) {
 			b.conflicts.Add(1)
-			taken = append(taken, p)
+			used = append(used, p)
 			continue
 		}
 		if err != nil {
 			return fmt.Errorf("create NodeBlock %s for node %s: %w", nb.Name, node, err)
 		}
+		b.mu.Lock()
+		b.recent[p] = recentBlock{node: node, at: time.Now()}
+		b.mu.Unlock()
 		b.assigned.Add(1)
 		b.log.Info("block assigned", "node", node, "block", p)
 		b.recorder.Eventf(nodeRef(m), corev1.EventTypeNormal, EventBlockAssigned, "block %s assigned to node %s (NodeBlock %s)", p, node, created.Name)
@@ -297,22 +282,6 @@ func (b *BlockAssigner) assign(ctx context.Context, m *metav1.PartialObjectMetad
 			Reason: v1alpha1.ReasonRequested, Message: "node " + node + " takes its pods' addresses from this block"})
 	}
 	return errors.New("64 blocks in a row were taken by another writer: is a second vpcni-controller assigning without the leader lease?")
-}
-
-// reserve picks the first block that no NodeBlock, no create under way
-// here and none of taken overlaps, and holds it as node's recent block,
-// in one step for all workers: two nodes assigned at once never pick the
-// same block (which would cost the second an AlreadyExists and a retry).
-func (b *BlockAssigner) reserve(node string, taken []netip.Prefix) (netip.Prefix, bool) {
-	b.pick.Lock()
-	defer b.pick.Unlock()
-	p, ok := b.opts.Blocks.Free(append(b.usedBlocks(), taken...))
-	if ok {
-		b.mu.Lock()
-		b.recent[p] = recentBlock{node: node, at: time.Now()}
-		b.mu.Unlock()
-	}
-	return p, ok
 }
 
 // reclaim gives a gone node's blocks back, once it has been gone for Grace
