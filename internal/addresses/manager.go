@@ -113,6 +113,7 @@ type Manager struct {
 	// refill calls made for them (refill.go).
 	waiters []*waiter
 	calls   uint64    // refill calls started
+	ended   uint64    // the number of the last refill call that ended
 	lastErr error     // the last refill call's failure (nil: it succeeded)
 	retryAt time.Time // no refill call for waiting ADDs before this
 	backoff time.Duration

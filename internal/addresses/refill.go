@@ -154,7 +154,11 @@ func (m *Manager) await(ctx context.Context, w *waiter, deadline time.Time) (all
 			}
 			// Otherwise a call is in flight: its end wakes the first in line.
 		}
-		if ctx.Err() != nil || !now.Before(deadline) {
+		// Past the deadline an ADD still hears the answer of one call that
+		// counted it (as an ADD always did, AddWait 0 included): one that
+		// came while another's call was under way waits for its own.
+		heard := m.ended > w.seq
+		if ctx.Err() != nil || !now.Before(deadline) && heard {
 			m.leaveLocked(w)
 			err := m.shortageLocked()
 			if ctx.Err() != nil && (m.lastErr == nil || errors.Is(m.lastErr, provider.ErrExhausted)) {
@@ -162,6 +166,9 @@ func (m *Manager) await(ctx context.Context, w *waiter, deadline time.Time) (all
 			}
 			m.mu.Unlock()
 			return alloc.Lease{}, err
+		}
+		if !now.Before(deadline) {
+			look = now.Add(time.Second) // the call's end wakes the line
 		}
 		m.mu.Unlock()
 		t := time.NewTimer(max(time.Until(look), time.Millisecond))
@@ -286,6 +293,7 @@ func (m *Manager) refillOnce(ctx context.Context) (got int, err error) {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	m.ended = seq
 	switch {
 	case errors.Is(err, provider.ErrExhausted) || n == 0 && err == nil && waiting > 0:
 		// No more to be had: every ADD the call counted and did not
