@@ -206,6 +206,9 @@ func (a *Agent) add(ctx context.Context, req *api.CNIRequest) (*types100.Result,
 	perr := <-putErr
 	a.log.Debug("add timing", "container", rec.ContainerID, "allocate_ms", msBetween(start, allocated),
 		"wire_ms", msBetween(allocated, wiredAt), "record_ms", msBetween(allocated, recorded))
+	a.metrics.AddPhase.WithLabelValues("address").Observe(allocated.Sub(start).Seconds())
+	a.metrics.AddPhase.WithLabelValues("wire").Observe(wiredAt.Sub(allocated).Seconds())
+	a.metrics.AddPhase.WithLabelValues("record").Observe(recorded.Sub(allocated).Seconds())
 	if perr != nil {
 		if err == nil {
 			_ = a.dp.Teardown(ctx, rec)

@@ -27,6 +27,8 @@ var (
 		"vpcni_total_iqr_s":      true,
 		"vpcni_over_floor_p99_s": true,
 		"vpcni_add_p99_ms":       true,
+		"vpcni_address_p99_ms":   true,
+		"vpcni_wire_p99_ms":      true,
 		"vpcni_addresses":        true, // a key of bench cni's summary line
 		"vpcni_uplink":           true, // datapath ebpf's tc program on the uplink
 		"vpcni_pod":              true, // datapath ebpf's tc program on a host veth

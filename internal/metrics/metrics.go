@@ -26,10 +26,12 @@ type Metrics struct {
 	Pool     *prometheus.GaugeVec
 	// Capacity is the provider's bound on the addresses the node may hold,
 	// so that a pool near exhaustion can be told as a ratio.
-	Capacity     prometheus.Gauge
-	Allocations  prometheus.Gauge
-	Degraded     prometheus.Gauge
-	CNIDuration  *prometheus.HistogramVec
+	Capacity    prometheus.Gauge
+	Allocations prometheus.Gauge
+	Degraded    prometheus.Gauge
+	CNIDuration *prometheus.HistogramVec
+	// AddPhase is a new ADD's time by part (address, wire, record).
+	AddPhase     *prometheus.HistogramVec
 	CloudCalls   *prometheus.CounterVec
 	CloudLatency *prometheus.HistogramVec
 	// Repairs counts pieces of the datapath put back, by kind (route,
@@ -72,6 +74,14 @@ func New() *Metrics {
 			Name: "vpcni_cni_request_duration_seconds", Help: "Time vpcnid spent on a CNI verb.",
 			Buckets: []float64{.001, .002, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
 		}, []string{"verb", "result"}),
+		// An ADD's parts, so its tail can be told apart: waiting for an
+		// address (the pool, or the cloud call that refills it), wiring
+		// the pod's datapath, writing the record (in parallel with the
+		// wiring).
+		AddPhase: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "vpcni_cni_add_phase_duration_seconds", Help: "Time of each part of a new ADD: address (taken from the pool, including any wait for a refill), wire (the datapath's setup), record (the store's write, in parallel with wire).",
+			Buckets: []float64{.001, .002, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
+		}, []string{"phase"}),
 		CloudCalls: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "vpcni_cloud_calls_total", Help: "Provider operations, by operation and result.",
 		}, []string{"op", "result"}),
@@ -95,7 +105,7 @@ func New() *Metrics {
 	m.AddressesInUse = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "vpcni_addresses_in_use_elsewhere_total", Help: "Addresses the provider was about to hand out that another host on the segment answered a probe for (the static provider's ARP probe): set aside, never given to a pod.",
 	})
-	m.register(m.CloudWriteRaces, m.AddressesInUse, m.Repairs, m.Reconciles, m.PodHealth, m.CNIDuration, m.CloudCalls, m.CloudLatency,
+	m.register(m.CloudWriteRaces, m.AddressesInUse, m.Repairs, m.Reconciles, m.PodHealth, m.CNIDuration, m.AddPhase, m.CloudCalls, m.CloudLatency,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

@@ -69,6 +69,7 @@ func TestPodStartup(t *testing.T) {
 	totals := map[string][]float64{}   // per round
 	var adds addHist
 	var addP99s []float64
+	phases := map[string]addHist{}
 	for r := 0; r < rounds; r++ {
 		order := append(slices.Clone(kinds[r%3:]), kinds[:r%3]...)
 		if (r/3)%2 == 1 {
@@ -92,6 +93,12 @@ func TestPodStartup(t *testing.T) {
 				time.Sleep(2 * time.Second) // containerd reloads its CNI config
 			}
 			before := n.cniAdds()
+			phasesBefore := map[string]addHist{}
+			if kind == "vpcni" {
+				for _, ph := range addPhases {
+					phasesBefore[ph] = n.addPhase(ph)
+				}
+			}
 			tag := fmt.Sprintf("%s-%d", kind, r)
 			if kind == floorKind {
 				tag = fmt.Sprintf("hostnet-%d", r)
@@ -114,6 +121,17 @@ func TestPodStartup(t *testing.T) {
 				addP99s = append(addP99s, p99)
 				t.Logf("round %d vpcni: the agents' ADD: %.0f, mean %.0f ms, p99 %.0f ms%s (bucket <= %g s)", r+1, round.count,
 					1000*round.sum/round.count, 1000*p99, beyondNote(beyond), round.quantile(0.99))
+				// Where the ADD's time went: its wait for an address
+				// against wiring and recording.
+				for _, ph := range addPhases {
+					d := n.addPhase(ph).minus(phasesBefore[ph])
+					if phases[ph].le == nil {
+						phases[ph] = addHist{le: map[float64]float64{}}
+					}
+					phases[ph] = phases[ph].plus(d)
+					pp, pb := d.interpolated(0.99)
+					t.Logf("round %d vpcni: the agents' ADD, %s: mean %.0f ms, p99 %.0f ms%s", r+1, ph, 1000*d.sum/max(d.count, 1), 1000*pp, beyondNote(pb))
+				}
 			}
 			for _, c := range confs {
 				if err := os.Remove(c); err != nil {
@@ -147,13 +165,20 @@ func TestPodStartup(t *testing.T) {
 		fmt.Printf("bench: vpcni's agents' ADD over %.0f requests (%d bursts of %d): mean %.0f ms, p99 %.0f ms%s (bucket <= %g s; per burst %v ms)\n",
 			adds.count, rounds, 2*perNode, 1000*adds.sum/adds.count, 1000*addP99, beyondNote(beyond), adds.quantile(0.99), roundTo(scale(addP99s, 1000)))
 	}
+	phaseP99 := map[string]float64{}
+	for _, ph := range addPhases {
+		h := phases[ph]
+		p, b := h.interpolated(0.99)
+		phaseP99[ph] = 1000 * p
+		fmt.Printf("bench: vpcni's agents' ADD, %s part, over %.0f new ADDs: mean %.0f ms, p99 %.0f ms%s\n", ph, h.count, 1000*h.sum/max(h.count, 1), 1000*p, beyondNote(b))
+	}
 	fmt.Printf("bench: load average %s after %s\n", loadAvg(), time.Since(started).Round(time.Second))
-	fmt.Printf("pod-startup: pods=%d vpcni_p99_s=%.2f bridge_p99_s=%.2f vpcni_total_s=%.2f bridge_total_s=%.2f floor_p99_s=%.2f floor_total_s=%.2f rounds=%d vpcni_p99_iqr_s=%.2f bridge_p99_iqr_s=%.2f floor_p99_iqr_s=%.2f vpcni_total_iqr_s=%.2f bridge_total_iqr_s=%.2f floor_total_iqr_s=%.2f vpcni_over_floor_p99_s=%.2f bridge_over_floor_p99_s=%.2f vpcni_add_p99_ms=%.0f\n",
+	fmt.Printf("pod-startup: pods=%d vpcni_p99_s=%.2f bridge_p99_s=%.2f vpcni_total_s=%.2f bridge_total_s=%.2f floor_p99_s=%.2f floor_total_s=%.2f rounds=%d vpcni_p99_iqr_s=%.2f bridge_p99_iqr_s=%.2f floor_p99_iqr_s=%.2f vpcni_total_iqr_s=%.2f bridge_total_iqr_s=%.2f floor_total_iqr_s=%.2f vpcni_over_floor_p99_s=%.2f bridge_over_floor_p99_s=%.2f vpcni_add_p99_ms=%.0f vpcni_address_p99_ms=%.0f vpcni_wire_p99_ms=%.0f\n",
 		2*perNode, percentile(per["vpcni"], 99), percentile(per["bridge"], 99), median(totals["vpcni"]), median(totals["bridge"]),
 		percentile(per[floorKind], 99), median(totals[floorKind]), rounds,
 		iqr(roundP99["vpcni"]), iqr(roundP99["bridge"]), iqr(roundP99[floorKind]),
 		iqr(totals["vpcni"]), iqr(totals["bridge"]), iqr(totals[floorKind]),
-		over["vpcni"].med, over["bridge"].med, 1000*addP99)
+		over["vpcni"].med, over["bridge"].med, 1000*addP99, phaseP99["address"], phaseP99["wire"])
 }
 
 // floorKind is the batch no CNI serves: hostNetwork pods (a sandbox and a
@@ -367,29 +392,44 @@ func roundTo(v []float64) []float64 {
 	return out
 }
 
-// addHist is vpcnid's ADD histogram (vpcni_cni_request_duration_seconds,
-// verb ADD, any result) summed over the cluster's agents: the cumulative
-// count at each bucket's upper bound, the count and the sum of seconds.
+// addHist is one of vpcnid's histograms (the ADD's,
+// vpcni_cni_request_duration_seconds with verb ADD and any result, or one
+// phase of it) summed over the cluster's agents: the cumulative count at
+// each bucket's upper bound, the count and the sum of seconds.
 type addHist struct {
 	le         map[float64]float64
 	count, sum float64
 }
 
-var histLine = regexp.MustCompile(`^vpcni_cni_request_duration_seconds_(bucket|sum|count)\{([^}]*)\} (\S+)$`)
-
-// cniAdds scrapes every node's agent (metricsAddr on the node's loopback).
+// cniAdds is the agents' ADD histogram.
 func (n *node) cniAdds() addHist {
+	return n.agentHist("vpcni_cni_request_duration_seconds", `verb="ADD"`)
+}
+
+// addPhases are the parts of a new ADD vpcnid times
+// (vpcni_cni_add_phase_duration_seconds).
+var addPhases = []string{"address", "wire", "record"}
+
+// addPhase is the agents' histogram of one part of a new ADD.
+func (n *node) addPhase(phase string) addHist {
+	return n.agentHist("vpcni_cni_add_phase_duration_seconds", `phase="`+phase+`"`)
+}
+
+// agentHist scrapes metric's series that carry label from every node's
+// agent (metricsAddr on the node's loopback) and sums them.
+func (n *node) agentHist(metric, label string) addHist {
+	line := regexp.MustCompile(`^` + metric + `_(bucket|sum|count)\{([^}]*)\} (\S+)$`)
 	h := addHist{le: map[float64]float64{}}
 	for i := range n.envs() {
 		out := mustRun(n.t, nil, "nsenter", "--net=/run/netns/"+nodeNSName(i), "--", "curl", "-fsS", "http://127.0.0.1:19695/metrics")
-		for _, line := range strings.Split(out, "\n") {
-			m := histLine.FindStringSubmatch(line)
-			if m == nil || !strings.Contains(m[2], `verb="ADD"`) {
+		for _, l := range strings.Split(out, "\n") {
+			m := line.FindStringSubmatch(l)
+			if m == nil || !strings.Contains(m[2], label) {
 				continue
 			}
 			v, err := strconv.ParseFloat(m[3], 64)
 			if err != nil {
-				n.t.Fatalf("metric line %q: %v", line, err)
+				n.t.Fatalf("metric line %q: %v", l, err)
 			}
 			switch m[1] {
 			case "count":
@@ -400,7 +440,7 @@ func (n *node) cniAdds() addHist {
 				_, le, _ := strings.Cut(m[2], `le="`)
 				bound, err := strconv.ParseFloat(strings.TrimSuffix(le, `"`), 64)
 				if err != nil {
-					n.t.Fatalf("metric line %q: %v", line, err)
+					n.t.Fatalf("metric line %q: %v", l, err)
 				}
 				h.le[bound] += v
 			}
