@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"sort"
 	"time"
 
 	"github.com/vpcni/vpcni/internal/alloc"
@@ -42,8 +43,8 @@ type waiter struct {
 
 const (
 	// churnWindow is how far back the warm target looks at the node's
-	// ADDs; churnAhead is how much of that demand it keeps ready: the
-	// ADDs of churnAhead at the recent rate.
+	// ADDs; churnAhead is how much of that demand it keeps ready (see
+	// warmLocked).
 	churnWindow = time.Minute
 	churnAhead  = 10 * time.Second
 	// retryFirst and retryMax pace the calls for waiting ADDs while the
@@ -345,16 +346,23 @@ func (m *Manager) wantLocked(now time.Time) int {
 	return max(n, 0)
 }
 
-// warmLocked is the warm target now: WarmTarget, raised to the ADDs of
-// churnAhead at the rate of the last churnWindow, at most MaxFree (above
-// it the surplus would go back). WarmTarget 0 keeps nothing ready.
+// warmLocked is the warm target now: WarmTarget, raised to the node's
+// demand of the next churnAhead, at most MaxFree (above it the surplus
+// would go back). The demand is the larger of the ADDs of the last
+// churnAhead and churnAhead's worth at the rate of the last churnWindow:
+// the first follows a burst within seconds, where the minute's rate alone
+// lags it (100 ADDs in 20 s: ten seconds in, the minute's rate says 9 and
+// the last ten seconds 50), and ADDs bunched behind refill calls wire in
+// a crowd; the second carries steady churn. WarmTarget 0 keeps nothing
+// ready.
 func (m *Manager) warmLocked(now time.Time) int {
 	if m.policy.WarmTarget <= 0 {
 		return 0
 	}
 	m.trimAddsLocked(now)
-	recent := (len(m.adds)*int(churnAhead/time.Second) + int(churnWindow/time.Second) - 1) / int(churnWindow/time.Second)
-	return max(m.policy.WarmTarget, min(recent, m.policy.MaxFree))
+	perWindow := (len(m.adds)*int(churnAhead/time.Second) + int(churnWindow/time.Second) - 1) / int(churnWindow/time.Second)
+	lately := len(m.adds) - sort.Search(len(m.adds), func(i int) bool { return now.Sub(m.adds[i]) < churnAhead })
+	return max(m.policy.WarmTarget, min(max(perWindow, lately), m.policy.MaxFree))
 }
 
 // countAddLocked notes an ADD served from the pool, for the warm target.

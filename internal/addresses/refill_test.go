@@ -326,28 +326,41 @@ func TestFailingCallsWakeTheLine(t *testing.T) {
 	}
 }
 
-// The warm target follows the node's churn: ten seconds' worth of the
-// last minute's ADDs, never below warmTarget nor above maxFree.
+// The warm target follows the node's churn: the larger of the last ten
+// seconds' ADDs and ten seconds' worth of the last minute's, never below
+// warmTarget nor above maxFree.
 func TestWarmTargetFollowsChurn(t *testing.T) {
 	c := &slowCloud{cloud: newCloud(t, "10.1.34.0/24")}
 	pol := policy()
-	pol.WarmTarget, pol.BatchSize, pol.MaxFree, pol.Tick = 2, 0, 10, 10*time.Millisecond
+	pol.WarmTarget, pol.BatchSize, pol.MaxFree, pol.Tick = 2, 0, 40, 10*time.Millisecond
 	m := startManager(t, c, pol)
 	eventually(t, "the warm pool", func() bool { return m.Status(time.Now()).Free == 2 })
+	burst := time.Now()
 	for i := range 30 {
 		if _, err := m.Take(context.Background(), fmt.Sprint("a", i)); err != nil {
 			t.Fatal(err)
 		}
 	}
-	// 30 ADDs in the last minute: 5 in ten seconds.
-	eventually(t, "the warm target raised to 5", func() bool { s := m.Status(time.Now()); return s.WarmTarget == 5 && s.Free == 5 })
+	// A burst of 30: the last ten seconds say 30, where the minute's rate
+	// says 5.
+	eventually(t, "the warm target raised to the burst", func() bool { s := m.Status(time.Now()); return s.WarmTarget == 30 && s.Free == 30 })
+	// Past ten seconds the minute's rate carries it: 30 in a minute, 5 in
+	// ten seconds; past the minute, warmTarget again.
+	if got := m.Status(burst.Add(15 * time.Second)).WarmTarget; got != 5 {
+		t.Fatalf("warm target 15 s after 30 ADDs: %d, want 5 (ten seconds at the minute's rate)", got)
+	}
+	if got := m.Status(burst.Add(61 * time.Second)).WarmTarget; got != 2 {
+		t.Fatalf("warm target a minute after the last ADD: %d, want warmTarget 2", got)
+	}
+	pol.MaxFree = 10
+	m2 := startManager(t, &slowCloud{cloud: newCloud(t, "10.1.37.0/24")}, pol)
 	for i := range 90 {
-		if _, err := m.Take(context.Background(), fmt.Sprint("b", i)); err != nil {
+		if _, err := m2.Take(context.Background(), fmt.Sprint("b", i)); err != nil {
 			t.Fatal(err)
 		}
 	}
-	// 120: 20 in ten seconds, held to maxFree.
-	eventually(t, "the warm target at maxFree", func() bool { s := m.Status(time.Now()); return s.WarmTarget == 10 && s.Free == 10 })
+	// 90 at once, held to maxFree.
+	eventually(t, "the warm target at maxFree", func() bool { s := m2.Status(time.Now()); return s.WarmTarget == 10 && s.Free == 10 })
 	// warmTarget 0 keeps nothing ready, whatever the churn.
 	pol.WarmTarget = 0
 	m0 := startManager(t, &slowCloud{cloud: newCloud(t, "10.1.35.0/24")}, pol)
