@@ -131,6 +131,11 @@ type PoolState struct {
 	Capacity int `json:"capacity"`
 	// CapacityReason says what bounds Capacity.
 	CapacityReason string `json:"capacityReason,omitempty"`
+	// WarmTarget is how many free addresses the pool keeps ready now
+	// (pool.warmTarget, raised with the node's churn); Waiting counts the
+	// ADDs in line for an address from the cloud.
+	WarmTarget int `json:"warmTarget"`
+	Waiting    int `json:"waiting,omitempty"`
 	// Addresses lists every held address by state: free, cooling,
 	// allocated, aside, leaving.
 	Addresses map[string][]string `json:"addresses,omitempty"`

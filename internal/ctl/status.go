@@ -214,7 +214,10 @@ func printState(out io.Writer, st *api.State) {
 	fmt.Fprintf(out, "node      %s\nagent     %s (since %s)\nprovider  %s\ndatapath  %s via %s, mtu %d%s\n",
 		st.Node, health, st.StartedAt, st.Provider, st.Datapath, st.Uplink, st.MTU, fast)
 	p := st.Pool
-	fmt.Fprintf(out, "pool      free %d, cooling %d, allocated %d, capacity %d\n", p.Free, p.Cooling, p.Allocated, p.Capacity)
+	fmt.Fprintf(out, "pool      free %d, cooling %d, allocated %d, capacity %d; warm target %d\n", p.Free, p.Cooling, p.Allocated, p.Capacity, p.WarmTarget)
+	if p.Waiting > 0 {
+		fmt.Fprintf(out, "          %d ADDs waiting for addresses from the cloud\n", p.Waiting)
+	}
 	if p.Aside > 0 {
 		fmt.Fprintf(out, "          %d set aside (their wiring kept failing; tried again later): %s\n", p.Aside, strings.Join(p.Addresses["aside"], " "))
 	}

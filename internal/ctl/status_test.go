@@ -139,6 +139,7 @@ func TestStatusShowsHealth(t *testing.T) {
 		return alloc.Allocation{Lease: alloc.Lease{Address: netip.MustParseAddr(ip)}, PodNamespace: "default", PodName: id, ContainerID: id, IfName: "eth0"}
 	}
 	st := api.State{Node: "node-a", Ready: true, Provider: "static", Datapath: "veth",
+		Pool:        api.PoolState{Free: 2, Allocated: 3, Capacity: 64, WarmTarget: 12, Waiting: 4},
 		Allocations: []alloc.Allocation{al("10.77.0.64", "p0"), al("10.77.0.65", "p1"), al("10.77.0.66", "p2")},
 		Health: map[string]api.PodHealth{
 			"p0/eth0": {Healthy: true, PingMicros: 85, CheckedAt: "2026-11-24T00:00:00Z"},
@@ -150,7 +151,7 @@ func TestStatusShowsHealth(t *testing.T) {
 		t.Fatalf("exit %d: %s", code, stderr.String())
 	}
 	out := stdout.String()
-	for _, want := range []string{"DATAPATH", "ok (ping 85us)", "UNHEALTHY", "unhealthy datapaths:\n  10.77.0.65 (default/p1), checked 2026-11-24T00:00:00Z: node has no route 10.77.0.65/32 dev vpc123"} {
+	for _, want := range []string{"capacity 64; warm target 12\n", "4 ADDs waiting for addresses from the cloud", "DATAPATH", "ok (ping 85us)", "UNHEALTHY", "unhealthy datapaths:\n  10.77.0.65 (default/p1), checked 2026-11-24T00:00:00Z: node has no route 10.77.0.65/32 dev vpc123"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("status lacks %q:\n%s", want, out)
 		}
