@@ -202,7 +202,7 @@ func (a *Agent) State() (*api.State, error) {
 	dp := a.dp.Info()
 	st := &api.State{
 		Node: a.cfg.NodeName, Ready: s.Ready, Reason: s.Reason, Degraded: s.Degraded,
-		Provider: a.cfg.Provider.Type, ProviderPort: s.Provider.Port, Datapath: dp.Mode, Uplink: dp.Uplink, MTU: dp.MTU,
+		Provider: a.cfg.Provider.Type, ProviderPort: s.Provider.Port, ProviderSubnet: s.Provider.Subnet, Datapath: dp.Mode, Uplink: dp.Uplink, MTU: dp.MTU,
 		Pool: api.PoolState{Free: s.Free, Cooling: s.Cooling, Allocated: s.Allocated, Aside: s.Aside, Leaving: s.Leaving, Capacity: s.Provider.Capacity,
 			CapacityReason: s.Provider.CapacityReason, WarmTarget: s.WarmTarget, Waiting: s.Waiting, Addresses: byState, ProviderCalls: s.Provider.Calls},
 		Allocations: make([]alloc.Allocation, 0, len(records)),

@@ -89,7 +89,10 @@ type State struct {
 	Provider string `json:"provider"`
 	// ProviderPort is the cloud port the node's pod addresses live on.
 	ProviderPort string `json:"providerPort,omitempty"`
-	Datapath     string `json:"datapath"`
+	// ProviderSubnet is where the pod addresses come from and how that
+	// was settled, e.g. a subnet configured or discovered from the VM port.
+	ProviderSubnet string `json:"providerSubnet,omitempty"`
+	Datapath       string `json:"datapath"`
 	// FastPath is the datapath's kernel fast path, for a mode that has
 	// one (ebpf): "on", or "off: <why>".
 	FastPath    string             `json:"fastPath,omitempty"`

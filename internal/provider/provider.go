@@ -48,6 +48,10 @@ type Info struct {
 	// CapacityReason what bounds it, for a person reading why.
 	Capacity       int
 	CapacityReason string
+	// Subnet names where the node's pod addresses come from and how that
+	// was settled (configured, or discovered); "" when the provider has
+	// no such choice to report.
+	Subnet string
 	// Calls counts the provider's cloud requests by method (nil: it does
 	// not count them).
 	Calls map[string]int64

@@ -20,8 +20,10 @@ type Config struct {
 	// for the same fields (a mounted Secret), over what Auth says.
 	Auth            Auth   `json:"auth,omitempty"`
 	CredentialsFile string `json:"credentialsFile,omitempty"`
-	// SubnetID is the Neutron subnet pods take addresses from.
-	SubnetID string `json:"subnetID"`
+	// SubnetID is the Neutron subnet pods take addresses from. Empty:
+	// the subnet of the node's own VM port's fixed IP (the one the port is
+	// found by), so one config serves nodes in different subnets.
+	SubnetID string `json:"subnetID,omitempty"`
 	// PortLookup: "ip" finds this node's VM port by NodeIP (default: the
 	// uplink's address); "instance" by InstanceID (the Nova server ID).
 	PortLookup string `json:"portLookup,omitempty"`
@@ -128,9 +130,6 @@ func (o *Config) Validate() error {
 	var errs []error
 	bad := func(field, format string, args ...any) {
 		errs = append(errs, fmt.Errorf("%s: "+format, append([]any{field}, args...)...))
-	}
-	if o.SubnetID == "" {
-		bad("subnetID", "is required: the Neutron subnet pods take addresses from")
 	}
 	hasAuth := o.Auth != (Auth{}) || o.CredentialsFile != ""
 	switch {

@@ -45,16 +45,31 @@ func Diagnose(ctx context.Context, cfg Config, node provider.DoctorNode) (steps 
 	}
 	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout.Duration)
 	defer cancel()
-	networkID, err := p.readSubnet(ctx)
-	if !step("subnet", fmt.Sprintf("Neutron answers; subnet %s is %s", cfg.SubnetID, p.subnet), err) {
-		return steps
-	}
-	err = p.findPort(ctx, networkID, node.IP)
-	if err == nil {
-		err = p.findInstance()
-	}
-	if !step("port", fmt.Sprintf("VM port %s (by %s)", p.portID, cfg.PortLookup), err) {
-		return steps
+	if cfg.SubnetID != "" {
+		networkID, err := p.readSubnet(ctx)
+		if !step("subnet", fmt.Sprintf("Neutron answers; %s", p.SubnetSource()), err) {
+			return steps
+		}
+		err = p.findPort(ctx, networkID, node.IP)
+		if err == nil {
+			err = p.findInstance()
+		}
+		if !step("port", fmt.Sprintf("VM port %s (by %s)", p.portID, cfg.PortLookup), err) {
+			return steps
+		}
+	} else {
+		// No subnetID: the VM port first, then the subnet of its address.
+		err := p.findPort(ctx, "", node.IP)
+		if err == nil {
+			err = p.findInstance()
+		}
+		if !step("port", fmt.Sprintf("Neutron answers; VM port %s (by %s)", p.portID, cfg.PortLookup), err) {
+			return steps
+		}
+		err = p.discoverSubnet(ctx)
+		if !step("subnet", p.SubnetSource(), err) {
+			return steps
+		}
 	}
 	why, err := p.checkPolicy(ctx)
 	if !step("policy", why, err) {
@@ -149,7 +164,7 @@ func fix(s provider.Step, mode, configFile string) string {
 	case "login":
 		return "check provider.openstack.auth or credentialsFile in " + configFile + ": an application credential with the member role in the VM port's project"
 	case "subnet":
-		return "check provider.openstack.subnetID in " + configFile + " (openstack subnet show)"
+		return "check provider.openstack.subnetID in " + configFile + " (openstack subnet show); left empty, the VM port's own IPv4 subnet is used"
 	case "port":
 		return "set provider.openstack.nodeIP in " + configFile + " to this node's address on the pods' network, or portLookup: instance with instanceID (the Nova server)"
 	case "policy":

@@ -43,7 +43,12 @@ type Provider struct {
 	subnet  netip.Prefix
 	gateway netip.Addr
 	pools   [][2]netip.Addr
-	portID  string
+	// subnetHow says how the pods' subnet was settled: configured, or
+	// discovered from the VM port (for status and doctor).
+	subnetHow string
+	portID    string
+	// nodeIP is the address the VM port was looked up by (portLookup ip).
+	nodeIP  netip.Addr
 	podMACs bool // pairs carry each pod's own MAC (see podmacs.go)
 	// instanceID is the node's Nova server: where NICs are attached.
 	instanceID string
@@ -98,12 +103,21 @@ func open(ctx context.Context, cfg Config, nodeIP netip.Addr, rt http.RoundTripp
 	}
 	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout.Duration)
 	defer cancel()
-	networkID, err := p.readSubnet(ctx)
-	if err != nil {
-		return nil, err
-	}
-	if err := p.findPort(ctx, networkID, nodeIP); err != nil {
-		return nil, err
+	if p.cfg.SubnetID != "" {
+		networkID, err := p.readSubnet(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if err := p.findPort(ctx, networkID, nodeIP); err != nil {
+			return nil, err
+		}
+	} else {
+		if err := p.findPort(ctx, "", nodeIP); err != nil {
+			return nil, err
+		}
+		if err := p.discoverSubnet(ctx); err != nil {
+			return nil, err
+		}
 	}
 	if err := p.findInstance(); err != nil {
 		return nil, err
@@ -143,6 +157,9 @@ func (p *Provider) readSubnet(ctx context.Context) (networkID string, err error)
 		return "", fmt.Errorf("subnet %s has CIDR %q: vpcni needs an IPv4 subnet", p.cfg.SubnetID, sn.CIDR)
 	}
 	p.gateway, _ = netip.ParseAddr(sn.GatewayIP)
+	if p.subnetHow == "" {
+		p.subnetHow = "configured (subnetID)"
+	}
 	for _, pool := range sn.AllocationPools {
 		lo, err1 := netip.ParseAddr(pool.Start)
 		hi, err2 := netip.ParseAddr(pool.End)
@@ -165,7 +182,9 @@ func (p *Provider) findInstance() error {
 	return nil
 }
 
-// findPort finds this node's VM port by its IP or by instance ID.
+// findPort finds this node's VM port by its IP or by instance ID, on
+// networkID ("": on any network, the subnet being discovered from the
+// port).
 func (p *Provider) findPort(ctx context.Context, networkID string, nodeIP netip.Addr) error {
 	opts := ports.ListOpts{NetworkID: networkID}
 	what := ""
@@ -188,6 +207,7 @@ func (p *Provider) findPort(ctx context.Context, networkID string, nodeIP netip.
 		}
 		opts.FixedIPs = []ports.FixedIPOpts{{IPAddress: nodeIP.String()}}
 		what = "fixed IP " + nodeIP.String()
+		p.nodeIP = nodeIP
 	}
 	pages, err := ports.List(p.nc, opts).AllPages(ctx)
 	if err != nil {
@@ -196,6 +216,22 @@ func (p *Provider) findPort(ctx context.Context, networkID string, nodeIP netip.
 	found, err := ports.ExtractPorts(pages)
 	if err != nil {
 		return err
+	}
+	if networkID == "" {
+		// On every network, the VM's own NICs that vpcni attached
+		// (secondary, passthrough) carry its device_id too: they are not
+		// the VM port.
+		found = slices.DeleteFunc(found, func(port ports.Port) bool { _, ours := NICOf(port.Name); return ours })
+	}
+	switch {
+	case len(found) == 0 && networkID == "":
+		return fmt.Errorf("no Neutron port has %s: is this node's IP (or instanceID) right?", what)
+	case len(found) > 1 && networkID == "":
+		ids := make([]string, len(found))
+		for i := range found {
+			ids[i] = found[i].ID
+		}
+		return fmt.Errorf("%d Neutron ports have %s (%v): set subnetID (the pods' subnet), or portLookup: ip with the node's address", len(found), what, ids)
 	}
 	switch len(found) {
 	case 0:
@@ -240,6 +276,9 @@ func (p *Provider) Info() provider.Info {
 		}
 	}
 	i.Capacity, i.CapacityReason = limit, why
+	if p.subnet.IsValid() {
+		i.Subnet = p.SubnetSource()
+	}
 	return i
 }
 
