@@ -12,6 +12,9 @@ func TestNICSettingsValidate(t *testing.T) {
 		want []string // "" = valid
 	}{
 		{Config{Endpoint: "http://n/", ComputeEndpoint: "http://c/", SubnetID: "s", Mode: "passthrough"}, nil},
+		// No subnetID: each node takes its VM port's own subnet.
+		{Config{Endpoint: "http://n/"}, nil},
+		{Config{Endpoint: "http://n/", PortLookup: "instance", InstanceID: "i"}, nil},
 		{Config{Endpoint: "http://n/", SubnetID: "s", Mode: "passthrough"}, []string{"computeEndpoint: is required"}},
 		{Config{Endpoint: "http://n/", SubnetID: "s", SecondaryNICs: 1}, []string{"computeEndpoint: is required"}},
 		{Config{Endpoint: "http://n/", ComputeEndpoint: "c", SubnetID: "s", Mode: "address-pairs", SecondaryNICs: 9, MaxNICs: 4},
