@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 	"time"
 
@@ -24,6 +25,13 @@ type Config struct {
 	// the subnet of the node's own VM port's fixed IP (the one the port is
 	// found by), so one config serves nodes in different subnets.
 	SubnetID string `json:"subnetID,omitempty"`
+	// Subnets (IDs) or SubnetTags (Neutron's tags filter: subnets with
+	// every tag) select several IPv4 subnets, instead of SubnetID: the VM
+	// port's own (or the first on its network) serves the VM port, and a
+	// new secondary NIC goes on the one with the most free addresses,
+	// a full one moving on to the next.
+	Subnets    []string `json:"subnets,omitempty"`
+	SubnetTags []string `json:"subnetTags,omitempty"`
 	// PortLookup: "ip" finds this node's VM port by NodeIP (default: the
 	// uplink's address); "instance" by InstanceID (the Nova server ID).
 	PortLookup string `json:"portLookup,omitempty"`
@@ -130,6 +138,24 @@ func (o *Config) Validate() error {
 	var errs []error
 	bad := func(field, format string, args ...any) {
 		errs = append(errs, fmt.Errorf("%s: "+format, append([]any{field}, args...)...))
+	}
+	switch {
+	case o.SubnetID != "" && len(o.Subnets) > 0:
+		bad("subnetID", "names one subnet and subnets several: give one of them")
+	case o.SubnetID != "" && len(o.SubnetTags) > 0:
+		bad("subnetID", "names one subnet and subnetTags selects several: give one of them")
+	case len(o.Subnets) > 0 && len(o.SubnetTags) > 0:
+		bad("subnets", "and subnetTags both select subnets: give one of them")
+	}
+	for i, id := range o.Subnets {
+		if strings.TrimSpace(id) == "" || slices.Contains(o.Subnets[:i], id) {
+			bad("subnets", "entry %d %q is empty or repeated", i, id)
+		}
+	}
+	for i, tag := range o.SubnetTags {
+		if strings.TrimSpace(tag) == "" || strings.Contains(tag, ",") {
+			bad("subnetTags", "entry %d %q is empty or has a comma", i, tag)
+		}
 	}
 	hasAuth := o.Auth != (Auth{}) || o.CredentialsFile != ""
 	switch {

@@ -15,6 +15,14 @@ func TestNICSettingsValidate(t *testing.T) {
 		// No subnetID: each node takes its VM port's own subnet.
 		{Config{Endpoint: "http://n/"}, nil},
 		{Config{Endpoint: "http://n/", PortLookup: "instance", InstanceID: "i"}, nil},
+		// Several subnets: a list or tags, not with subnetID, not both.
+		{Config{Endpoint: "http://n/", Subnets: []string{"a", "b"}}, nil},
+		{Config{Endpoint: "http://n/", SubnetTags: []string{"pods", "az1"}}, nil},
+		{Config{Endpoint: "http://n/", SubnetID: "s", Subnets: []string{"a"}}, []string{"subnetID: names one subnet and subnets several"}},
+		{Config{Endpoint: "http://n/", SubnetID: "s", SubnetTags: []string{"t"}}, []string{"subnetID: names one subnet and subnetTags"}},
+		{Config{Endpoint: "http://n/", Subnets: []string{"a"}, SubnetTags: []string{"t"}}, []string{"subnets: and subnetTags both"}},
+		{Config{Endpoint: "http://n/", Subnets: []string{"a", "", "a"}, SubnetTags: []string{"x,y"}},
+			[]string{`subnets: entry 1 "" is empty`, `subnets: entry 2 "a" is empty or repeated`, `subnetTags: entry 0 "x,y"`}},
 		{Config{Endpoint: "http://n/", SubnetID: "s", Mode: "passthrough"}, []string{"computeEndpoint: is required"}},
 		{Config{Endpoint: "http://n/", SubnetID: "s", SecondaryNICs: 1}, []string{"computeEndpoint: is required"}},
 		{Config{Endpoint: "http://n/", ComputeEndpoint: "c", SubnetID: "s", Mode: "address-pairs", SecondaryNICs: 9, MaxNICs: 4},

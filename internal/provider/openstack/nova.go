@@ -40,6 +40,10 @@ const nicOwnMark = "vpcni-nic-address="
 type nicPort struct {
 	id, mac  string
 	deviceID string
+	// subnet is the one subnet the port's addresses are on: a NIC's port
+	// holds addresses of one subnet only (its own address's), so its
+	// leases carry one prefix and gateway and its route table one subnet.
+	subnet   string
 	own      netip.Addr   // the NIC's own address
 	addrs    []netip.Addr // its fixed IPs on the subnet, own included
 	revision int
@@ -66,18 +70,33 @@ func NICOf(name string) (instance string, ok bool) {
 
 func (p *Provider) nicPortOf(port ports.Port) nicPort {
 	n := nicPort{id: port.ID, mac: port.MACAddress, deviceID: port.DeviceID, revision: port.RevisionNumber}
-	for _, f := range port.FixedIPs {
-		if a, err := netip.ParseAddr(f.IPAddress); err == nil && f.SubnetID == p.cfg.SubnetID {
-			n.addrs = append(n.addrs, a)
-		}
-	}
-	slices.SortFunc(n.addrs, netip.Addr.Compare)
 	if _, v, ok := strings.Cut(port.Description, nicOwnMark); ok {
 		// A mark someone cut short reads as no mark (the first address).
 		if f := strings.Fields(v); len(f) > 0 {
 			n.own, _ = netip.ParseAddr(strings.TrimSuffix(f[0], "]"))
 		}
 	}
+	// The port's subnet is its own address's; without a mark, that of its
+	// first fixed IP on the pods' subnet, else its first fixed IP.
+	for _, f := range port.FixedIPs {
+		a, err := netip.ParseAddr(f.IPAddress)
+		switch {
+		case err != nil:
+		case a == n.own:
+			n.subnet = f.SubnetID
+		case n.subnet == "" && f.SubnetID == p.cfg.SubnetID && !n.own.IsValid():
+			n.subnet = f.SubnetID
+		}
+	}
+	if n.subnet == "" && len(port.FixedIPs) > 0 {
+		n.subnet = port.FixedIPs[0].SubnetID
+	}
+	for _, f := range port.FixedIPs {
+		if a, err := netip.ParseAddr(f.IPAddress); err == nil && f.SubnetID == n.subnet {
+			n.addrs = append(n.addrs, a)
+		}
+	}
+	slices.SortFunc(n.addrs, netip.Addr.Compare)
 	if !n.own.IsValid() && len(n.addrs) > 0 {
 		n.own = n.addrs[0]
 	}
@@ -88,7 +107,9 @@ func (p *Provider) nicPortOf(port ports.Port) nicPort {
 func (p *Provider) listNICs(ctx context.Context, kind string) ([]nicPort, error) {
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.Timeout.Duration)
 	defer cancel()
-	pages, err := ports.List(p.nc, ports.ListOpts{NetworkID: p.port.NetworkID, Name: p.nicName(kind)}).AllPages(ctx)
+	// By name alone: it names this VM, and secondary NICs may sit on
+	// other networks than the VM port's (subnets, subnetTags).
+	pages, err := ports.List(p.nc, ports.ListOpts{Name: p.nicName(kind)}).AllPages(ctx)
 	if err != nil {
 		return nil, explain(fmt.Errorf("list vpcni's %s NIC ports: %w", kind, err))
 	}
@@ -98,7 +119,11 @@ func (p *Provider) listNICs(ctx context.Context, kind string) ([]nicPort, error)
 	}
 	out := make([]nicPort, 0, len(all))
 	for _, port := range all {
-		out = append(out, p.nicPortOf(port))
+		n := p.nicPortOf(port)
+		if _, err := p.subnetInfo(ctx, n.subnet); err != nil {
+			return nil, err
+		}
+		out = append(out, n)
 	}
 	return out, nil
 }
@@ -145,7 +170,7 @@ func (p *Provider) nicRoom(ctx context.Context) (int, error) {
 // port's fixed IPs) in one bulk POST, all or nothing. A member of a project
 // may create ports on a shared network with Neutron picking the address
 // ({subnet_id} only) — the way passthrough serves such networks.
-func (p *Provider) createNICPorts(ctx context.Context, kind string, fixed [][]ports.IP, desc func(i int) string) ([]nicPort, error) {
+func (p *Provider) createNICPorts(ctx context.Context, kind, networkID string, fixed [][]ports.IP, desc func(i int) string) ([]nicPort, error) {
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.Timeout.Duration)
 	defer cancel()
 	var body struct {
@@ -153,7 +178,7 @@ func (p *Provider) createNICPorts(ctx context.Context, kind string, fixed [][]po
 	}
 	for i, f := range fixed {
 		body.Ports = append(body.Ports, map[string]any{
-			"network_id": p.port.NetworkID, "name": p.nicName(kind), "description": desc(i), "fixed_ips": f,
+			"network_id": networkID, "name": p.nicName(kind), "description": desc(i), "fixed_ips": f,
 		})
 	}
 	var resp struct {

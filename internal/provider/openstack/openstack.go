@@ -28,7 +28,6 @@ import (
 
 	"github.com/gophercloud/gophercloud/v2"
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/ports"
-	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/subnets"
 
 	"github.com/vpcni/vpcni/internal/alloc"
 	"github.com/vpcni/vpcni/internal/provider"
@@ -48,8 +47,13 @@ type Provider struct {
 	subnetHow string
 	portID    string
 	// nodeIP is the address the VM port was looked up by (portLookup ip).
-	nodeIP  netip.Addr
-	podMACs bool // pairs carry each pod's own MAC (see podmacs.go)
+	nodeIP netip.Addr
+	// nets: the subnets read so far by ID (the pods' subnet, those
+	// selected, those secondary NICs are on); selected: the IDs subnets or
+	// subnetTags select, in order (see subnets.go).
+	nets     map[string]*subnetInfo
+	selected []string
+	podMACs  bool // pairs carry each pod's own MAC (see podmacs.go)
 	// instanceID is the node's Nova server: where NICs are attached.
 	instanceID string
 	// notify is told of races with other writers (provider.Node.Notify);
@@ -149,25 +153,15 @@ func connect(ctx context.Context, cfg Config, rt http.RoundTripper) (*Provider, 
 // readSubnet reads the pods' subnet: its CIDR, gateway and allocation
 // pools; it returns its network.
 func (p *Provider) readSubnet(ctx context.Context) (networkID string, err error) {
-	sn, err := answered(subnets.Get(ctx, p.nc, p.cfg.SubnetID).Extract())
+	s, err := p.subnetInfo(ctx, p.cfg.SubnetID)
 	if err != nil {
-		return "", explain(fmt.Errorf("subnet %s: %w", p.cfg.SubnetID, err))
+		return "", err
 	}
-	if p.subnet, err = netip.ParsePrefix(sn.CIDR); err != nil || !p.subnet.Addr().Is4() {
-		return "", fmt.Errorf("subnet %s has CIDR %q: vpcni needs an IPv4 subnet", p.cfg.SubnetID, sn.CIDR)
-	}
-	p.gateway, _ = netip.ParseAddr(sn.GatewayIP)
+	p.subnet, p.gateway, p.pools = s.prefix, s.gateway, s.pools
 	if p.subnetHow == "" {
 		p.subnetHow = "configured (subnetID)"
 	}
-	for _, pool := range sn.AllocationPools {
-		lo, err1 := netip.ParseAddr(pool.Start)
-		hi, err2 := netip.ParseAddr(pool.End)
-		if err1 == nil && err2 == nil {
-			p.pools = append(p.pools, [2]netip.Addr{lo, hi})
-		}
-	}
-	return sn.NetworkID, nil
+	return s.networkID, nil
 }
 
 // findInstance settles the node's Nova server: the configured one, else
@@ -407,9 +401,14 @@ func (p *Provider) refreshUsed(ctx context.Context) error {
 
 // listUsed lists the addresses of the subnet that ports hold.
 func (p *Provider) listUsed(ctx context.Context) (map[netip.Addr]bool, error) {
+	return p.listUsedOn(ctx, p.cfg.SubnetID)
+}
+
+// listUsedOn lists the addresses of a subnet that ports hold.
+func (p *Provider) listUsedOn(ctx context.Context, subnetID string) (map[netip.Addr]bool, error) {
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.Timeout.Duration)
 	defer cancel()
-	pages, err := ports.List(p.nc, ports.ListOpts{FixedIPs: []ports.FixedIPOpts{{SubnetID: p.cfg.SubnetID}}}).AllPages(ctx)
+	pages, err := ports.List(p.nc, ports.ListOpts{FixedIPs: []ports.FixedIPOpts{{SubnetID: subnetID}}}).AllPages(ctx)
 	if err != nil {
 		return nil, explain(fmt.Errorf("list the subnet's addresses: %w", err))
 	}

@@ -23,8 +23,14 @@ import (
 // is the node's capacity.
 
 // nicLease is the lease of an address on a NIC of its own.
+// It carries the prefix and gateway of the NIC's own subnet (listNICs
+// read it); a NIC on the pods' subnet has the VM port's.
 func (p *Provider) nicLease(a netip.Addr, n nicPort) alloc.Lease {
-	return alloc.Lease{Address: a, Prefix: p.subnet, Gateway: p.gateway, Interface: n.id,
+	prefix, gw := p.subnet, p.gateway
+	if s := p.nets[n.subnet]; s != nil {
+		prefix, gw = s.prefix, s.gateway
+	}
+	return alloc.Lease{Address: a, Prefix: prefix, Gateway: gw, Interface: n.id,
 		NIC: &alloc.NIC{MAC: n.mac, Address: n.own}}
 }
 
@@ -103,7 +109,7 @@ func (p *Provider) assignPassthrough(ctx context.Context, req provider.AssignReq
 // (taken, or the subnet full) it creates them one at a time and takes
 // what it can, each failure named.
 func (p *Provider) createEach(ctx context.Context, kind string, specs [][]ports.IP, desc func(int) string) ([]nicPort, error) {
-	made, err := p.createNICPorts(ctx, kind, specs, desc)
+	made, err := p.createNICPorts(ctx, kind, p.port.NetworkID, specs, desc)
 	if err == nil {
 		return made, nil
 	}
@@ -112,7 +118,7 @@ func (p *Provider) createEach(ctx context.Context, kind string, specs [][]ports.
 	}
 	var errs []error
 	for i, s := range specs {
-		one, err := p.createNICPorts(ctx, kind, [][]ports.IP{s}, func(int) string { return desc(i) })
+		one, err := p.createNICPorts(ctx, kind, p.port.NetworkID, [][]ports.IP{s}, func(int) string { return desc(i) })
 		switch {
 		case err == nil:
 			made = append(made, one...)

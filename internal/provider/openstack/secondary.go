@@ -7,7 +7,7 @@ import (
 	"net/http"
 	"net/netip"
 	"slices"
-	"time"
+	"strings"
 
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/ports"
 
@@ -104,17 +104,17 @@ func (p *Provider) assignSpill(ctx context.Context, req provider.AssignRequest) 
 }
 
 // assignOnNICs puts addresses on secondary NICs with room, attaching new
-// ones up to secondaryNICs. The caller holds p.mu.
+// ones up to secondaryNICs. A NIC's addresses come from its own subnet; a
+// subnet found full is left for the rest of the call and the next NIC goes
+// on another (see nicSubnets). The caller holds p.mu.
 func (p *Provider) assignOnNICs(ctx context.Context, nics []nicPort, explicit []netip.Addr, count int) (out []alloc.Lease, err error) {
 	var errs []error
 	// A NIC attached here that ends up holding no pod address (a write
-	// after its attach failed) would hold one of the VM's few NIC slots
-	// and an address for nothing, and no lease would ever release it.
+	// after its attach failed, or its subnet filled meanwhile) would hold
+	// one of the VM's few NIC slots and an address for nothing, and no
+	// lease would ever release it.
 	created := map[string]bool{}
 	defer func() {
-		if err == nil {
-			return
-		}
 		for _, n := range nics {
 			if created[n.id] && len(n.pods()) == 0 {
 				if derr := p.dropNIC(ctx, n); derr != nil {
@@ -124,15 +124,32 @@ func (p *Provider) assignOnNICs(ctx context.Context, nics []nicPort, explicit []
 		}
 	}()
 	skip := map[netip.Addr]bool{}
+	full := map[string]bool{}  // subnets found full during this call
+	fresh := map[string]bool{} // subnets whose used addresses were listed during this call
 	for conflicts := 0; count > 0 || len(explicit) > 0; {
-		i := slices.IndexFunc(nics, func(n nicPort) bool { return len(n.pods()) < p.cfg.MaxAddresses })
+		// A named address goes on a NIC of its subnet; others on any NIC
+		// whose subnet has room.
+		var want netip.Addr
+		if len(explicit) > 0 {
+			want = explicit[0]
+		}
+		i := slices.IndexFunc(nics, func(n nicPort) bool {
+			s := p.nets[n.subnet]
+			return len(n.pods()) < p.cfg.MaxAddresses && s != nil &&
+				(want.IsValid() && s.prefix.Contains(want) || !want.IsValid() && !full[n.subnet])
+		})
 		if i < 0 {
 			if len(nics) >= p.cfg.SecondaryNICs {
-				errs = append(errs, fmt.Errorf("VM port %s and its %d secondary NICs hold maxAddresses %d each: %w",
+				errs = append(errs, fmt.Errorf("VM port %s and its %d secondary NICs hold maxAddresses %d each, or their subnets are full: %w",
 					p.portID, len(nics), p.cfg.MaxAddresses, provider.ErrExhausted))
 				break
 			}
-			n, err := p.newSecondary(ctx)
+			n, err := p.newSecondary(ctx, full, want)
+			if errors.Is(err, provider.ErrOutside) && want.IsValid() {
+				errs = append(errs, err)
+				explicit = explicit[1:]
+				continue
+			}
 			if err != nil {
 				errs = append(errs, err)
 				break
@@ -141,13 +158,18 @@ func (p *Provider) assignOnNICs(ctx context.Context, nics []nicPort, explicit []
 			nics, i = append(nics, n), len(nics)
 		}
 		n := &nics[i]
+		s := p.nets[n.subnet]
 		room := p.cfg.MaxAddresses - len(n.pods())
-		take := explicit[:min(len(explicit), room)]
-		if p.used == nil || time.Since(p.usedAt) > time.Minute {
-			if err := p.refreshUsed(ctx); err != nil {
-				errs = append(errs, err)
-				break
+		var take []netip.Addr
+		for _, a := range explicit {
+			if len(take) < room && s.prefix.Contains(a) {
+				take = append(take, a)
 			}
+		}
+		used, err := p.usedOn(ctx, s, false)
+		if err != nil {
+			errs = append(errs, err)
+			break
 		}
 		avoid := map[netip.Addr]bool{}
 		for _, m := range nics {
@@ -159,14 +181,21 @@ func (p *Provider) assignOnNICs(ctx context.Context, nics []nicPort, explicit []
 		for _, a := range explicit {
 			also[a] = true
 		}
-		picked := p.pick(min(count, room-len(take)), avoid, skip, also)
+		picked := pickOn(s, used, min(count, room-len(take)), avoid, skip, also)
+		if len(picked) < min(count, room-len(take)) && !fresh[s.id] {
+			// Too few free as last listed: others may have given some
+			// back since. List again before calling the subnet full.
+			fresh[s.id] = true
+			p.forget(s)
+			continue
+		}
 		add := append(slices.Clone(take), picked...)
 		if len(add) == 0 {
-			errs = append(errs, fmt.Errorf("no free address left in subnet %s (%s): %w", p.subnet, p.cfg.SubnetID, provider.ErrExhausted))
-			break
+			full[s.id] = true // the next NIC goes on another subnet
+			continue
 		}
 		var taken netip.Addr
-		err := p.addToNIC(ctx, n, add)
+		err = p.addToNIC(ctx, n, add)
 		switch {
 		case err == nil:
 		case isNeutronError(err, http.StatusConflict, "IpAddressAlreadyAllocated", &taken) && taken.IsValid() && conflicts < 4*p.cfg.Retries:
@@ -175,7 +204,8 @@ func (p *Provider) assignOnNICs(ctx context.Context, nics []nicPort, explicit []
 				errs = append(errs, fmt.Errorf("%s: %w", taken, provider.ErrTaken))
 				explicit = slices.DeleteFunc(explicit, func(a netip.Addr) bool { return a == taken })
 			}
-			skip[taken], p.used = true, nil
+			skip[taken] = true
+			p.forget(s)
 			continue
 		default:
 			errs = append(errs, err)
@@ -183,19 +213,21 @@ func (p *Provider) assignOnNICs(ctx context.Context, nics []nicPort, explicit []
 		}
 		for _, a := range add {
 			out = append(out, p.nicLease(a, *n))
-			if p.used != nil {
-				p.used[a] = true
+			if used != nil {
+				used[a] = true
 			}
 		}
-		explicit = explicit[len(take):]
+		explicit = slices.DeleteFunc(explicit, func(a netip.Addr) bool { return slices.Contains(take, a) })
 		count -= len(picked)
 	}
 	return out, errors.Join(errs...)
 }
 
-// newSecondary creates a port (Neutron picks its own address) and
-// attaches it; one that does not attach is deleted.
-func (p *Provider) newSecondary(ctx context.Context) (nicPort, error) {
+// newSecondary creates a port (Neutron picks its own address) on the
+// subnet with the most free addresses that is not full (on want's subnet
+// when want is valid), and attaches it; one that does not attach is
+// deleted. A subnet Neutron finds full is marked so and the next tried.
+func (p *Provider) newSecondary(ctx context.Context, full map[string]bool, want netip.Addr) (nicPort, error) {
 	room, err := p.nicRoom(ctx)
 	if err != nil {
 		return nicPort{}, err
@@ -203,29 +235,51 @@ func (p *Provider) newSecondary(ctx context.Context) (nicPort, error) {
 	if room < 1 {
 		return nicPort{}, fmt.Errorf("instance %s has no room for another secondary NIC (maxNICs %d): %w", p.instanceID, p.cfg.MaxNICs, provider.ErrExhausted)
 	}
-	made, err := p.createNICPorts(ctx, kindSecondary, [][]ports.IP{{{SubnetID: p.cfg.SubnetID}}},
-		func(int) string { return "vpcni secondary NIC of instance " + p.instanceID })
+	cands, free, err := p.nicSubnets(ctx)
 	if err != nil {
-		if isNeutronError(err, http.StatusConflict, "IpAddressGenerationFailure", nil) {
-			return nicPort{}, fmt.Errorf("subnet %s is full: %w", p.subnet, provider.ErrExhausted)
-		}
 		return nicPort{}, err
 	}
-	n := made[0]
-	if err := p.attach(ctx, n.id); err != nil {
-		return nicPort{}, errors.Join(err, p.abandon(ctx, n))
+	var tried []string
+	for i, s := range cands {
+		switch {
+		case want.IsValid() && !s.prefix.Contains(want):
+			continue
+		case !want.IsValid() && (full[s.id] || free[i] < 2):
+			// A NIC takes one address of its own and a pod's at least.
+			full[s.id] = true
+			tried = append(tried, fmt.Sprintf("%s (%s): %d free", s.id, s.prefix, free[i]))
+			continue
+		}
+		made, err := p.createNICPorts(ctx, kindSecondary, s.networkID, [][]ports.IP{{{SubnetID: s.id}}},
+			func(int) string { return "vpcni secondary NIC of instance " + p.instanceID })
+		if isNeutronError(err, http.StatusConflict, "IpAddressGenerationFailure", nil) {
+			full[s.id] = true
+			tried = append(tried, fmt.Sprintf("%s (%s): full", s.id, s.prefix))
+			continue
+		}
+		if err != nil {
+			return nicPort{}, err
+		}
+		n := made[0]
+		if err := p.attach(ctx, n.id); err != nil {
+			return nicPort{}, errors.Join(err, p.abandon(ctx, n))
+		}
+		n.deviceID = p.instanceID
+		return n, nil
 	}
-	n.deviceID = p.instanceID
-	return n, nil
+	if want.IsValid() && len(tried) == 0 {
+		return nicPort{}, fmt.Errorf("%s is on no subnet a secondary NIC may go on: %w", want, provider.ErrOutside)
+	}
+	return nicPort{}, fmt.Errorf("no subnet has room for another secondary NIC (%s): %w", strings.Join(tried, "; "), provider.ErrExhausted)
 }
 
 // setNICAddrs makes a secondary NIC's port hold its own address and pods,
 // with the own-address mark, under If-Match, retrying a 412 on a fresh
 // read, and reads it back.
 func (p *Provider) setNICAddrs(ctx context.Context, n *nicPort, pods []netip.Addr) error {
-	fixed := []ports.IP{{SubnetID: p.cfg.SubnetID, IPAddress: n.own.String()}}
+	fixed := []ports.IP{{SubnetID: n.subnet, IPAddress: n.own.String()}}
 	for _, a := range pods {
-		fixed = append(fixed, ports.IP{SubnetID: p.cfg.SubnetID, IPAddress: a.String()})
+		fixed = append(fixed, ports.IP{SubnetID: n.subnet, IPAddress: a.String()})
 	}
 	desc := fmt.Sprintf("vpcni secondary NIC of instance %s [%s%s]", p.instanceID, nicOwnMark, n.own)
 	want := sorted(slices.Clone(pods))
