@@ -40,7 +40,9 @@ down)
   KEYSTONE=1 bash "$HERE/neutron.sh" down
   exit 0 ;;
 status)
-  curl -sf -o /dev/null "http://127.0.0.1:$NOVA_PORT/" && echo "nova answers on 127.0.0.1:$NOVA_PORT" ;;
+  # Says, never starts: without the exit, a stopped Nova was started here.
+  curl -sf -o /dev/null "http://127.0.0.1:$NOVA_PORT/" && echo "nova answers on 127.0.0.1:$NOVA_PORT"
+  exit ;;
 up) ;;
 *) echo "usage: $0 up|down|status" >&2; exit 2 ;;
 esac
