@@ -2,11 +2,14 @@ package nova
 
 import (
 	"errors"
+	"fmt"
 	"net/netip"
+	"os"
 	"slices"
 	"strings"
 	"testing"
 
+	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/extensions/attributestags"
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/ports"
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/subnets"
 
@@ -90,6 +93,69 @@ func TestSecondaryNICSubnets(t *testing.T) {
 		t.Fatalf("after restart Held = %+v, %v; want %+v", held, err, all)
 	}
 	if err := again.Release(ctx(t), provider.Addresses(all)); err != nil {
+		t.Fatal(err)
+	}
+	if att := (neutrontest.Endpoint{Nova: &neutrontest.Nova{CC: memberCC}}).Attached(t, server); len(att) != 1 {
+		t.Fatalf("after releasing everything the VM has NICs %v, want only its own", att)
+	}
+}
+
+// TestSecondaryNICSubnetTags: subnetTags selects the subnets with the
+// tag (Neutron's tags filter), the VM port's own among them: the VM port
+// serves from it, and the NIC goes on the tagged subnet with the most free
+// addresses — the VM port's own (47 free) before the other tagged one (20)
+// — never on an untagged one.
+func TestSecondaryNICSubnetTags(t *testing.T) {
+	ep := endpoint()
+	tag := fmt.Sprintf("vpcni-pods-%d", os.Getpid())
+	own := ep.NewSubnet(t, "10.242.4.0/24", 50)
+	other := ep.NewSubnet(t, "10.242.5.0/24", 20)
+	untagged := ep.NewSubnet(t, "10.242.6.0/24", 100)
+	for _, sn := range []providertest.Subnet{own, other} {
+		if err := attributestags.Add(ctx(t), memberNC, "subnets", sn.ID, tag).ExtractErr(); err != nil {
+			t.Fatalf("tag subnet %s: %v", sn.ID, err)
+		}
+	}
+	nodeIP := netip.MustParseAddr("10.242.4.10")
+	vm, err := ports.Create(ctx(t), memberNC, ports.CreateOpts{NetworkID: networkOf(t, own.ID), Name: "vm-" + nodeIP.String(),
+		FixedIPs: []ports.IP{{SubnetID: own.ID, IPAddress: nodeIP.String()}}}).Extract()
+	if err != nil {
+		t.Fatalf("create VM port: %v", err)
+	}
+	server := newServer(t, vm.ID)
+	cfg := openstack.Config{SubnetTags: []string{tag}, MaxAddresses: 2, SecondaryNICs: 1}
+	memberAuth(&cfg)
+	cfg.Defaults()
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	p, err := openstack.New(ctx(t), cfg, nodeIP)
+	if err != nil {
+		t.Fatalf("provider with subnetTags: %v", err)
+	}
+	info := p.Info().Subnet
+	if !strings.Contains(info, own.ID) || !strings.Contains(info, "the VM port's own") || !strings.Contains(info, other.ID) || strings.Contains(info, untagged.ID) {
+		t.Errorf("Info().Subnet = %q, want %s (the VM port's own, tagged) and %s, not %s", info, own.ID, other.ID, untagged.ID)
+	}
+	t.Logf("vpcni-test: %s", info)
+	got, err := p.Assign(ctx(t), provider.AssignRequest{Count: 3})
+	if err != nil || len(got) != 3 {
+		t.Fatalf("Assign(3) = %v, %v", got, err)
+	}
+	var nic []alloc.Lease
+	for _, l := range got {
+		if l.Prefix != own.CIDR || l.Gateway != own.Gateway {
+			t.Errorf("lease %+v: want it in %s, the tagged subnet with most free addresses", l, own.CIDR)
+		}
+		if l.NIC != nil {
+			nic = append(nic, l)
+		}
+	}
+	if len(nic) != 1 {
+		t.Fatalf("leases %+v: want 2 on the VM port and 1 on a secondary NIC", got)
+	}
+	checkAttached(t, server, nic)
+	if err := p.Release(ctx(t), provider.Addresses(got)); err != nil {
 		t.Fatal(err)
 	}
 	if att := (neutrontest.Endpoint{Nova: &neutrontest.Nova{CC: memberCC}}).Attached(t, server); len(att) != 1 {
