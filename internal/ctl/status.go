@@ -211,11 +211,12 @@ func printState(out io.Writer, st *api.State) {
 	if st.FastPath != "" {
 		fast = ", fast path " + st.FastPath
 	}
-	fmt.Fprintf(out, "node      %s\nagent     %s (since %s)\nprovider  %s\ndatapath  %s via %s, mtu %d%s\n",
-		st.Node, health, st.StartedAt, st.Provider, st.Datapath, st.Uplink, st.MTU, fast)
+	prov := st.Provider
 	if st.ProviderSubnet != "" {
-		fmt.Fprintf(out, "          %s\n", st.ProviderSubnet)
+		prov += ", " + st.ProviderSubnet
 	}
+	fmt.Fprintf(out, "node      %s\nagent     %s (since %s)\nprovider  %s\ndatapath  %s via %s, mtu %d%s\n",
+		st.Node, health, st.StartedAt, prov, st.Datapath, st.Uplink, st.MTU, fast)
 	p := st.Pool
 	fmt.Fprintf(out, "pool      free %d, cooling %d, allocated %d, capacity %d; warm target %d\n", p.Free, p.Cooling, p.Allocated, p.Capacity, p.WarmTarget)
 	if p.Waiting > 0 {

@@ -163,3 +163,16 @@ func TestStatusShowsHealth(t *testing.T) {
 		}
 	}
 }
+
+// The table names the pods' subnet and how the provider settled it.
+func TestStatusShowsSubnet(t *testing.T) {
+	const subnet = "subnet 5f1c (10.0.3.0/24), discovered: the subnet of VM port 9a2e's fixed IP 10.0.3.14"
+	socket, _ := fakeAgent(t, api.State{Node: "node-a", Ready: true, Provider: "openstack", ProviderSubnet: subnet})
+	var stdout, stderr bytes.Buffer
+	if code := Main([]string{"status", "--socket", socket}, &stdout, &stderr); code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr.String())
+	}
+	if !strings.Contains(stdout.String(), "provider  openstack, "+subnet+"\n") {
+		t.Errorf("status does not name the subnet under the provider:\n%s", stdout.String())
+	}
+}
