@@ -120,6 +120,11 @@ func (p *Provider) listNICs(ctx context.Context, kind string) ([]nicPort, error)
 	out := make([]nicPort, 0, len(all))
 	for _, port := range all {
 		n := p.nicPortOf(port)
+		if n.subnet == "" {
+			// No address at all: nothing to lease, and nothing to read.
+			out = append(out, n)
+			continue
+		}
 		if _, err := p.subnetInfo(ctx, n.subnet); err != nil {
 			return nil, err
 		}
