@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/ports"
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/subnets"
 )
 
@@ -296,4 +297,68 @@ func pickOn(s *subnetInfo, used map[netip.Addr]bool, n int, on, skip, also map[n
 		}
 	}
 	return out
+}
+
+// refreshUsed learns which addresses of the subnet other ports hold.
+func (p *Provider) refreshUsed(ctx context.Context) error {
+	used, err := p.listUsed(ctx)
+	if err != nil {
+		return err
+	}
+	p.used, p.usedAt = used, time.Now()
+	return nil
+}
+
+// listUsed lists the addresses of the subnet that ports hold.
+func (p *Provider) listUsed(ctx context.Context) (map[netip.Addr]bool, error) {
+	return p.listUsedOn(ctx, p.cfg.SubnetID)
+}
+
+// listUsedOn lists the addresses of a subnet that ports hold.
+func (p *Provider) listUsedOn(ctx context.Context, subnetID string) (map[netip.Addr]bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, p.cfg.Timeout.Duration)
+	defer cancel()
+	pages, err := ports.List(p.nc, ports.ListOpts{FixedIPs: []ports.FixedIPOpts{{SubnetID: subnetID}}}).AllPages(ctx)
+	if err != nil {
+		return nil, explain(fmt.Errorf("list the subnet's addresses: %w", err))
+	}
+	all, err := ports.ExtractPorts(pages)
+	if err != nil {
+		return nil, err
+	}
+	used := map[netip.Addr]bool{}
+	for _, port := range all {
+		for _, f := range port.FixedIPs {
+			if a, err := netip.ParseAddr(f.IPAddress); err == nil {
+				used[a] = true
+			}
+		}
+	}
+	return used, nil
+}
+
+// refreshUsedLater re-learns the subnet's used addresses in the
+// background, off the write's path: listing every port of a subnet takes
+// a second and more on a large one, and a copy a few minutes old costs at
+// worst a 409 on an address another node took meanwhile, after which
+// Assign lists again before its next try. One listing at a time; the
+// caller holds p.mu.
+func (p *Provider) refreshUsedLater() {
+	if p.usedListing {
+		return
+	}
+	p.usedListing = true
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), p.cfg.Timeout.Duration)
+		defer cancel()
+		used, err := p.listUsed(ctx)
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		p.usedListing = false
+		// A conflict meanwhile may have dropped the copy for a fresh one:
+		// that one is newer than this.
+		if err == nil && p.used != nil {
+			p.used, p.usedAt = used, time.Now()
+		}
+	}()
 }
