@@ -120,6 +120,51 @@ func TestSubnetDiscovery(t *testing.T) {
 	}
 }
 
+// TestSubnetsFirstOnVMNetwork: with subnets listed that do not include
+// the VM port's own, the first listed on the VM port's network serves the
+// VM port's fixed IPs (a second subnet of the same network), and a listed
+// subnet of another network does not.
+func TestSubnetsFirstOnVMNetwork(t *testing.T) {
+	r := realNeutron{}
+	nodeIP := netip.MustParseAddr("10.201.244.19")
+	dropLeftovers(t, nodeIP)
+	own := r.NewSubnet(t, "10.201.244.0/24", 50)
+	elsewhere := r.NewSubnet(t, "10.201.245.0/24", 50)
+	gw := "10.201.246.1"
+	sn, err := subnets.Create(ctx(t), nc, subnets.CreateOpts{NetworkID: network(t, own.ID), IPVersion: 4, CIDR: "10.201.246.0/24", GatewayIP: &gw,
+		AllocationPools: []subnets.AllocationPool{{Start: "10.201.246.2", End: "10.201.246.40"}}}).Extract()
+	if err != nil {
+		t.Fatalf("a second subnet on the VM port's network: %v", err)
+	}
+	second := providertest.Subnet{ID: sn.ID, CIDR: netip.MustParsePrefix("10.201.246.0/24"), Gateway: netip.MustParseAddr(gw)}
+	n := r.NewNode(t, own, nodeIP)
+	cfg := openstack.Config{Endpoint: endpoint, Subnets: []string{elsewhere.ID, second.ID}}
+	cfg.Defaults()
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	p, err := openstack.New(ctx(t), cfg, nodeIP)
+	if err != nil {
+		t.Fatalf("subnets listed without the VM port's own: %v", err)
+	}
+	if info := p.Info().Subnet; !strings.Contains(info, second.ID) || !strings.Contains(info, "first on the VM port's network") {
+		t.Errorf("Info().Subnet = %q, want %s, the first listed on the VM port's network", info, second.ID)
+	}
+	got, err := p.Assign(ctx(t), provider.AssignRequest{Count: 2})
+	if err != nil || len(got) != 2 {
+		t.Fatalf("Assign(2) = %v, %v", got, err)
+	}
+	checkOnSubnet(t, got, second, n.PortID)
+	for _, a := range provider.Addresses(got) {
+		if !onPort(t, n.PortID, second.ID, a) {
+			t.Errorf("%s is not a fixed IP of VM port %s on subnet %s", a, n.PortID, second.ID)
+		}
+	}
+	if err := p.Release(ctx(t), provider.Addresses(got)); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // checkOnSubnet: every lease carries the subnet's prefix and gateway and
 // names the VM port.
 func checkOnSubnet(t *testing.T, ls []alloc.Lease, sn providertest.Subnet, port string) {
