@@ -266,6 +266,9 @@ func NewPodNetworkCache(cfg *rest.Config, log *slog.Logger) (*PodNetworkCache, e
 	return c, nil
 }
 
+// listWait is how long the first lists may take before Run says so.
+const listWait = 30 * time.Second
+
 // Run starts the caches and the Events to cs; Choose answers once the
 // caches hold their first lists. They run until ctx ends.
 func (c *PodNetworkCache) Run(ctx context.Context, cs kubernetes.Interface) {
@@ -276,6 +279,13 @@ func (c *PodNetworkCache) Run(ctx context.Context, cs kubernetes.Interface) {
 		go inf.RunWithContext(ctx)
 		synced = append(synced, inf.HasSynced)
 	}
+	// Said once, not at each admission: without the CRD every pod would log it.
+	slow := time.AfterFunc(listWait, func() {
+		if !c.listed.Load() {
+			c.log.Warn("PodNetworks or namespaces not listed yet: new pods get no PodNetwork until they are (is the PodNetwork CRD installed?)", "waited", listWait)
+		}
+	})
+	defer slow.Stop()
 	if cache.WaitForCacheSync(ctx.Done(), synced...) {
 		c.listed.Store(true)
 		c.log.Info("PodNetworks listed", "networks", len(*c.nets.Load()))

@@ -2,6 +2,7 @@ package controller
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -116,7 +117,9 @@ func WebhookHandler(log *slog.Logger, networks PodNetworkChooser) http.Handler {
 				choice, cerr := networks.Choose(r.Context(), req.Namespace, pod.Labels)
 				switch {
 				case cerr != nil:
-					log.Warn("pod admitted on its node's default network: its PodNetwork not chosen", "namespace", req.Namespace, "err", cerr)
+					if !errors.Is(cerr, errNotListed) { // PodNetworkCache.Run says that one once
+						log.Warn("pod admitted on its node's default network: its PodNetwork not chosen", "namespace", req.Namespace, "err", cerr)
+					}
 					resp.Warnings = append(resp.Warnings, fmt.Sprintf("vpcni: no PodNetwork chosen (%v); the pod goes on its node's default network", cerr))
 				case len(choice.Others) > 0:
 					resp.Warnings = append(resp.Warnings, fmt.Sprintf("vpcni: PodNetworks %s and %s select this pod; it goes on %s, whose name sorts first",
