@@ -1,6 +1,7 @@
 package blocks
 
 import (
+	"bytes"
 	"context"
 	"encoding/pem"
 	"fmt"
@@ -8,6 +9,9 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -19,6 +23,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"sigs.k8s.io/yaml"
 
 	"github.com/vpcni/vpcni/internal/apis/vpcni/v1alpha1"
 	"github.com/vpcni/vpcni/internal/controller"
@@ -215,4 +220,120 @@ func TestPodNetworksChosenByTheWebhook(t *testing.T) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
+}
+
+// webhookAddr is where the vpcni-controller binary serves its webhook in
+// TestControllerBinaryChoosesPodNetworks (the scale bench's is :29443).
+const webhookAddr = "127.0.0.1:29453"
+
+// The real vpcni-controller binary with its webhook on, as the service
+// account deploy/rbac.yaml sets up, called by the API server through
+// deploy/webhook.yaml's configuration (its Service made an ExternalName of
+// localhost, as the scale bench does): a new pod in a namespace a
+// PodNetwork selects is stored with it. Proves the wiring in main (the
+// PodNetwork cache started beside the webhook) and the RBAC it needs.
+func TestControllerBinaryChoosesPodNetworks(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	applyDeploy(t)
+	cs := kubernetes.NewForConfigOrDie(fixture.Config)
+	bin := filepath.Join(os.Getenv("VPCNI_BIN"), "vpcni-controller")
+	if os.Getenv("VPCNI_BIN") == "" {
+		bin = filepath.Join(t.TempDir(), "vpcni-controller")
+		if out, err := exec.Command("go", "build", "-o", bin, "github.com/vpcni/vpcni/cmd/vpcni-controller").CombinedOutput(); err != nil {
+			t.Fatalf("build: %v\n%s", err, out)
+		}
+	}
+	if err := applyWebhook(ctx, cs); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		bg := context.Background()
+		_ = cs.AdmissionregistrationV1().MutatingWebhookConfigurations().Delete(bg, "vpcni", metav1.DeleteOptions{})
+		_ = cs.CoreV1().Services(namespace).Delete(bg, "vpcni-webhook", metav1.DeleteOptions{})
+		_ = cs.CoreV1().Secrets(namespace).Delete(bg, "vpcni-webhook-cert", metav1.DeleteOptions{})
+	})
+	pns, err := k8s.NewPodNetworks(fixture.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pn := &v1alpha1.PodNetwork{ObjectMeta: metav1.ObjectMeta{Name: "pn-bin"}, Spec: v1alpha1.PodNetworkSpec{
+		NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"pn-bin": "yes"}},
+		AWS:               &v1alpha1.AWSPodNetwork{SubnetIDs: []string{"subnet-0a1b"}, SecurityGroups: []string{"sg-0c2d"}}}}
+	if err := pns.Create(ctx, pn); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = pns.Delete(context.Background(), pn.Name, metav1.DeleteOptions{}) })
+
+	c := startController(t, bin, kubeconfigAs(t, "vpcni-controller"), "pn-replica", "-webhook-addr", webhookAddr)
+	waitFor(t, 30*time.Second, "the controller's caBundle and its PodNetworks listed", func() error {
+		mwc, err := cs.AdmissionregistrationV1().MutatingWebhookConfigurations().Get(ctx, "vpcni", metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if len(mwc.Webhooks[0].ClientConfig.CABundle) == 0 || !strings.Contains(c.Output(), "PodNetworks listed") {
+			return fmt.Errorf("caBundle %d bytes; log so far:\n%s", len(mwc.Webhooks[0].ClientConfig.CABundle), c.Output())
+		}
+		return nil
+	})
+	// A namespace made just before its pod: the controller's cache may not
+	// have it yet, and looks it up.
+	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "pn-bin", Labels: map[string]string{"pn-bin": "yes"}}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cs.CoreV1().Namespaces().Delete(context.Background(), "pn-bin", metav1.DeleteOptions{}) })
+	p, err := cs.CoreV1().Pods("pn-bin").Create(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "web"},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "registry.invalid/none"}}}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Annotations[v1alpha1.AnnotationNetwork] != "pn-bin" || !k8s.RequestsIP(p) {
+		t.Fatalf("pod stored with annotations %v, requests IP %v; want network pn-bin and the request\ncontroller log:\n%s", p.Annotations, k8s.RequestsIP(p), c.Output())
+	}
+	t.Logf("vpcni-test: the controller binary recorded network %q on pn-bin/web", p.Annotations[v1alpha1.AnnotationNetwork])
+}
+
+// applyWebhook creates deploy/webhook.yaml's objects in the fixture, the
+// Service an ExternalName of localhost on webhookAddr's port (the API
+// server dials it; the certificate still names the Service).
+func applyWebhook(ctx context.Context, cs kubernetes.Interface) error {
+	data, err := os.ReadFile("../../deploy/webhook.yaml")
+	if err != nil {
+		return err
+	}
+	_, portText, _ := strings.Cut(webhookAddr, ":")
+	port, _ := strconv.Atoi(portText)
+	for _, doc := range bytes.Split(data, []byte("\n---")) {
+		var tm metav1.TypeMeta
+		if err := yaml.Unmarshal(doc, &tm); err != nil {
+			return err
+		}
+		var err error
+		switch tm.Kind {
+		case "Service":
+			var svc corev1.Service
+			if err = yaml.Unmarshal(doc, &svc); err == nil {
+				svc.Spec = corev1.ServiceSpec{Type: corev1.ServiceTypeExternalName, ExternalName: "localhost"}
+				_, err = cs.CoreV1().Services(namespace).Create(ctx, &svc, metav1.CreateOptions{})
+			}
+		case "MutatingWebhookConfiguration":
+			var mwc admissionregistrationv1.MutatingWebhookConfiguration
+			if err = yaml.Unmarshal(doc, &mwc); err == nil {
+				for i := range mwc.Webhooks {
+					p := int32(port)
+					mwc.Webhooks[i].ClientConfig.Service.Port = &p
+				}
+				_, err = cs.AdmissionregistrationV1().MutatingWebhookConfigurations().Create(ctx, &mwc, metav1.CreateOptions{})
+			}
+		case "Secret":
+			var sec corev1.Secret
+			if err = yaml.Unmarshal(doc, &sec); err == nil {
+				_, err = cs.CoreV1().Secrets(namespace).Create(ctx, &sec, metav1.CreateOptions{})
+			}
+		}
+		if err != nil {
+			return fmt.Errorf("deploy/webhook.yaml: %s: %w", tm.Kind, err)
+		}
+	}
+	return nil
 }
