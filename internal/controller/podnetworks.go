@@ -124,7 +124,7 @@ type PodNetworkCache struct {
 	nsLabels func(ctx context.Context, name string) (map[string]string, error)
 
 	mu   sync.Mutex
-	told map[string]time.Time // conflict key → when last logged
+	told map[string]time.Time // conflict key → when last told; as many as distinct overlaps
 
 	// listed is set once the caches hold their first lists: before, a
 	// choice would miss PodNetworks not read yet.
@@ -134,8 +134,10 @@ type PodNetworkCache struct {
 	events    k8s.Events
 }
 
-// newPodNetworkCache is a cache with nets and the namespaces' labels
-// from nsLabels, recording Events to recorder.
+// newPodNetworkCache is a cache with no PodNetworks yet (setPodNetworks
+// fills it) that reads namespaces' labels from nsLabels and records Events
+// to recorder; it chooses at once (NewPodNetworkCache's waits for Run's
+// first lists).
 func newPodNetworkCache(log *slog.Logger, recorder record.EventRecorder, nsLabels func(context.Context, string) (map[string]string, error)) *PodNetworkCache {
 	c := &PodNetworkCache{log: log, recorder: recorder, nsLabels: nsLabels, told: map[string]time.Time{}}
 	c.nets.Store(&[]podNetworkSelector{})
