@@ -199,7 +199,9 @@ fuzz-long:
 # e2e node's). Per-node blocks: three vpcnid nodes from one config with
 # pods reachable, reclaiming, racing writers, the controller binary with
 # its lease and RBAC; the routed pod subnet's routes and pairs within the
-# router's budget, on the lab's endpoint and on a lab (~50 s). test/doctorapi:
+# router's budget, on the lab's endpoint and on a lab; the PodNetwork CRD's
+# schema and the pod webhook recording a pod's PodNetwork, in-process and
+# the controller binary's (~50 s). test/doctorapi:
 # vpcnictl doctor's API server check on a fixture of its own (ports
 # 26473/22409): accepted, no such Node, refused token, no RBAC (~5 s).
 # test/kubectlplugin: kubectl-vpcni finding a node's agent pod and each

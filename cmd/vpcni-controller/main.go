@@ -225,7 +225,7 @@ func run(o options, log *slog.Logger) error {
 	routeMetrics := &controller.RouteMetrics{}
 	var certs *controller.Certs
 	if o.webhookAddr != "" {
-		certs, err = serveWebhook(ctx, cs, o, log)
+		certs, err = serveWebhook(ctx, cfg, cs, o, log)
 		if err != nil {
 			return err
 		}
@@ -376,7 +376,7 @@ func run(o options, log *slog.Logger) error {
 // serveWebhook starts the pod admission webhook on this replica: its
 // certificate kept by controller.Certs (shared with the other replicas through
 // the Secret), served over HTTPS until ctx ends.
-func serveWebhook(ctx context.Context, cs kubernetes.Interface, o options, log *slog.Logger) (*controller.Certs, error) {
+func serveWebhook(ctx context.Context, cfg *rest.Config, cs kubernetes.Interface, o options, log *slog.Logger) (*controller.Certs, error) {
 	certs, err := controller.NewCerts(cs, controller.CertOptions{Namespace: o.namespace, Secret: o.webhookSecret, Service: o.webhookService,
 		WebhookConfig: o.webhookConfig, Validity: o.certValidity}, log)
 	if err != nil {
@@ -387,7 +387,12 @@ func serveWebhook(ctx context.Context, cs kubernetes.Interface, o options, log *
 		return nil, fmt.Errorf("webhook: %w", err)
 	}
 	mux := http.NewServeMux()
-	mux.Handle(controller.WebhookPath, controller.WebhookHandler(log))
+	networks, err := controller.NewPodNetworkCache(cfg, log)
+	if err != nil {
+		return nil, fmt.Errorf("webhook: %w", err)
+	}
+	go networks.Run(ctx, cs)
+	mux.Handle(controller.WebhookPath, controller.WebhookHandler(log, networks))
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second,
 		TLSConfig: &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: certs.GetCertificate}}
 	go certs.Run(ctx)

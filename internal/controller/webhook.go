@@ -2,10 +2,12 @@ package controller
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -14,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/vpcni/vpcni/internal/apis/vpcni/v1alpha1"
 	"github.com/vpcni/vpcni/internal/k8s"
 )
 
@@ -22,8 +25,10 @@ import (
 const WebhookPath = "/mutate-pod"
 
 // PodPatch is the JSON patch that makes a pod on the pod network request
-// one vpcni.io/ip; nil when the pod needs none (host network) or already
-// asks for it (set by hand, or a re-admission).
+// one vpcni.io/ip and, when network is not "", records that PodNetwork on
+// it (v1alpha1.AnnotationNetwork); nil when the pod needs neither: host
+// network, or it already asks for the address and names its network (set
+// by hand, or a re-admission: a network recorded on the pod is kept).
 //
 // The request goes on the first container, with an equal limit: an
 // extended resource cannot be overcommitted, so the API server wants both.
@@ -31,20 +36,44 @@ const WebhookPath = "/mutate-pod"
 // the larger of that and each init container). The patch replaces that
 // container's whole resources object, which works whether or not the
 // request serialised it.
-func PodPatch(pod *corev1.Pod) ([]byte, error) {
-	if !k8s.OnPodNetwork(pod) || k8s.RequestsIP(pod) || len(pod.Spec.Containers) == 0 {
+func PodPatch(pod *corev1.Pod, network string) ([]byte, error) {
+	if !k8s.OnPodNetwork(pod) || len(pod.Spec.Containers) == 0 {
 		return nil, nil
 	}
-	res := *pod.Spec.Containers[0].Resources.DeepCopy()
-	one := resource.MustParse("1")
-	if res.Requests == nil {
-		res.Requests = corev1.ResourceList{}
+	var ops []map[string]any
+	if !k8s.RequestsIP(pod) {
+		res := *pod.Spec.Containers[0].Resources.DeepCopy()
+		one := resource.MustParse("1")
+		if res.Requests == nil {
+			res.Requests = corev1.ResourceList{}
+		}
+		if res.Limits == nil {
+			res.Limits = corev1.ResourceList{}
+		}
+		res.Requests[k8s.IPResource], res.Limits[k8s.IPResource] = one, one
+		ops = append(ops, map[string]any{"op": "add", "path": "/spec/containers/0/resources", "value": res})
 	}
-	if res.Limits == nil {
-		res.Limits = corev1.ResourceList{}
+	if _, has := pod.Annotations[v1alpha1.AnnotationNetwork]; network != "" && !has {
+		if pod.Annotations == nil {
+			ops = append(ops, map[string]any{"op": "add", "path": "/metadata/annotations",
+				"value": map[string]string{v1alpha1.AnnotationNetwork: network}})
+		} else {
+			// "/" in a key is "~1" in a JSON pointer (RFC 6901).
+			ops = append(ops, map[string]any{"op": "add", "path": "/metadata/annotations/" + strings.ReplaceAll(v1alpha1.AnnotationNetwork, "/", "~1"),
+				"value": network})
+		}
 	}
-	res.Requests[k8s.IPResource], res.Limits[k8s.IPResource] = one, one
-	return json.Marshal([]map[string]any{{"op": "add", "path": "/spec/containers/0/resources", "value": res}})
+	if len(ops) == 0 {
+		return nil, nil
+	}
+	return json.Marshal(ops)
+}
+
+// choosesNetwork says whether pod's PodNetwork is to be chosen: a pod on
+// the pod network that names none yet.
+func choosesNetwork(pod *corev1.Pod) bool {
+	_, has := pod.Annotations[v1alpha1.AnnotationNetwork]
+	return k8s.OnPodNetwork(pod) && !has
 }
 
 // webhookSeconds times the handler, from the request read to the answer
@@ -56,10 +85,12 @@ var webhookSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{
 	Buckets: []float64{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1},
 })
 
-// WebhookHandler answers AdmissionReviews for pods. It never refuses a
-// pod: a pod it cannot read is admitted unchanged (the agent warns on it),
-// as when the webhook is down.
-func WebhookHandler(log *slog.Logger) http.Handler {
+// WebhookHandler answers AdmissionReviews for pods: it adds the vpcni.io/ip
+// request and records the PodNetwork networks chooses (nil: none). It never
+// refuses a pod: a pod it cannot read is admitted unchanged (the agent warns
+// on it), as when the webhook is down, and a pod whose network cannot be
+// chosen goes on its node's default network, with a warning.
+func WebhookHandler(log *slog.Logger, networks PodNetworkChooser) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		defer func(start time.Time) { webhookSeconds.Observe(time.Since(start).Seconds()) }(time.Now())
 		if r.Method != http.MethodPost {
@@ -81,13 +112,28 @@ func WebhookHandler(log *slog.Logger) http.Handler {
 		if req.Kind.Group == "" && req.Kind.Kind == "Pod" && req.Operation == admissionv1.Create {
 			var pod corev1.Pod
 			patch, err := []byte(nil), json.Unmarshal(req.Object.Raw, &pod)
+			var network string
+			if err == nil && networks != nil && choosesNetwork(&pod) {
+				choice, cerr := networks.Choose(r.Context(), req.Namespace, pod.Labels)
+				switch {
+				case cerr != nil:
+					if !errors.Is(cerr, errNotListed) { // PodNetworkCache.Run says that one once
+						log.Warn("pod admitted on its node's default network: its PodNetwork not chosen", "namespace", req.Namespace, "err", cerr)
+					}
+					resp.Warnings = append(resp.Warnings, fmt.Sprintf("vpcni: no PodNetwork chosen (%v); the pod goes on its node's default network", cerr))
+				case len(choice.Others) > 0:
+					resp.Warnings = append(resp.Warnings, fmt.Sprintf("vpcni: PodNetworks %s and %s select this pod; it goes on %s, whose name sorts first",
+						choice.Network, strings.Join(choice.Others, ", "), choice.Network))
+				}
+				network = choice.Network
+			}
 			if err == nil {
-				patch, err = PodPatch(&pod)
+				patch, err = PodPatch(&pod, network)
 			}
 			switch {
 			case err != nil:
 				log.Warn("pod admitted without a vpcni.io/ip request: unreadable", "namespace", req.Namespace, "err", err)
-				resp.Warnings = []string{fmt.Sprintf("vpcni: pod not read (%v); it requests no %s", err, k8s.IPResource)}
+				resp.Warnings = append(resp.Warnings, fmt.Sprintf("vpcni: pod not read (%v); it requests no %s", err, k8s.IPResource))
 			case patch != nil:
 				pt := admissionv1.PatchTypeJSONPatch
 				resp.Patch, resp.PatchType = patch, &pt

@@ -67,7 +67,7 @@ func TestPodPatch(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			before := tc.pod.DeepCopy()
-			patch, err := PodPatch(tc.pod)
+			patch, err := PodPatch(tc.pod, "")
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -98,7 +98,7 @@ func TestPodPatch(t *testing.T) {
 			if len(got.Spec.Containers[1].Resources.Requests) != 0 || !k8s.RequestsIP(got) {
 				t.Errorf("second container %+v, RequestsIP %v", got.Spec.Containers[1].Resources, k8s.RequestsIP(got))
 			}
-			if again, err := PodPatch(got); err != nil || again != nil {
+			if again, err := PodPatch(got, ""); err != nil || again != nil {
 				t.Errorf("a patched pod patched again: %s, %v", again, err)
 			}
 		})
@@ -125,7 +125,7 @@ func review(t *testing.T, srv *httptest.Server, req *admissionv1.AdmissionReques
 
 func TestWebhookHandler(t *testing.T) {
 	mux := http.NewServeMux()
-	mux.Handle(WebhookPath, WebhookHandler(slog.New(slog.NewTextHandler(io.Discard, nil))))
+	mux.Handle(WebhookPath, WebhookHandler(slog.New(slog.NewTextHandler(io.Discard, nil)), nil))
 	srv := httptest.NewServer(mux)
 	defer srv.Close()
 	podKind := metav1.GroupVersionKind{Version: "v1", Kind: "Pod"}

@@ -1,7 +1,9 @@
 // Package blocks proves per-node blocks against a real kube-apiserver and
 // etcd (internal/testbed/apiserver, started once for the package):
 // vpcni-controller's BlockAssigner and the agents' static provider in
-// blocks mode, in-process, each with its own client as in production.
+// blocks mode, in-process, each with its own client as in production;
+// and, on the same fixture, the PodNetwork CRD with the pod webhook that
+// chooses a pod's network.
 package blocks
 
 import (
@@ -20,5 +22,6 @@ func TestMain(m *testing.M) {
 	// Another work tree's run holding the fixture is waited for, within
 	// the package's own timeout (make k8s-api: 5m).
 	os.Exit(apiserver.RunPackage(m, apiserver.Options{LockWait: 3 * time.Minute,
-		CRDs: []string{"../../deploy/vpcni.io_nodeblocks.yaml", "../../deploy/vpcni.io_podaddresses.yaml"}}, func(s *apiserver.Server) { fixture = s }))
+		CRDs: []string{"../../deploy/vpcni.io_nodeblocks.yaml", "../../deploy/vpcni.io_podaddresses.yaml",
+			"../../deploy/vpcni.io_podnetworks.yaml"}}, func(s *apiserver.Server) { fixture = s }))
 }

@@ -109,7 +109,8 @@ func TestScale(t *testing.T) {
 		}
 	}
 	fx, err := apiserver.Start(ctx, apiserver.Options{Dir: filepath.Join(stateDir, "apiserver"), Port: apiPort, EtcdPort: etcdPort,
-		CRDs: []string{"../../deploy/vpcni.io_podaddresses.yaml", "../../deploy/vpcni.io_nodeblocks.yaml", "../../deploy/vpcni.io_addressreservations.yaml"}})
+		CRDs: []string{"../../deploy/vpcni.io_podaddresses.yaml", "../../deploy/vpcni.io_nodeblocks.yaml", "../../deploy/vpcni.io_addressreservations.yaml",
+			"../../deploy/vpcni.io_podnetworks.yaml"}})
 	if err != nil {
 		t.Fatal(err)
 	}

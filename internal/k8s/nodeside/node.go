@@ -120,6 +120,8 @@ type Node struct {
 	synced   bool
 	// warned: pods told once that they request no vpcni.io/ip.
 	warned map[types.UID]bool
+	// notServed: pods told once that their PodNetwork is not served.
+	notServed map[types.UID]bool
 }
 
 // NewNode connects to the API server described by cfg. Run starts it.
@@ -325,6 +327,7 @@ func (n *Node) reconcile(ctx context.Context, k attKey) (again time.Duration, er
 		return 0, nil
 	}
 	n.warnUnrequested(pod)
+	n.warnNetworkNotServed(pod)
 	return 0, n.annotate(ctx, pod, att)
 }
 
@@ -370,6 +373,11 @@ func (n *Node) unrequested() (int, error) {
 	for uid := range n.warned {
 		if !live[uid] {
 			delete(n.warned, uid)
+		}
+	}
+	for uid := range n.notServed {
+		if !live[uid] {
+			delete(n.notServed, uid)
 		}
 	}
 	n.mu.Unlock()

@@ -121,3 +121,34 @@ func TestCRDKeepsTheWireContract(t *testing.T) {
 		t.Errorf("PodAddressSpec has JSON fields %q (required %q), want %q (required %q)", goProps, goRequired, wantProps, wantRequired)
 	}
 }
+
+// The generated PodNetwork CRD: cluster-scoped under the names the docs
+// give, and the schema's rule that one provider section is set (the API
+// server's refusals themselves are proven against a real one in
+// test/blocks).
+func TestPodNetworkCRD(t *testing.T) {
+	data, err := os.ReadFile("../../../../deploy/vpcni.io_podnetworks.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var c crd
+	if err := yaml.Unmarshal(data, &c); err != nil {
+		t.Fatal(err)
+	}
+	s := c.Spec
+	if s.Group != SchemeGroupVersion.Group || s.Scope != "Cluster" || s.Names.Kind != "PodNetwork" ||
+		s.Names.Plural != PodNetworkResource.Resource || !slices.Equal(s.Names.ShortNames, []string{"pn"}) {
+		t.Fatalf("group, scope or names: %+v", s)
+	}
+	if !strings.Contains(string(data), "[has(self.openstack), has(self.static), has(self.aws)].filter(x,") {
+		t.Error("the CRD lost the rule that exactly one provider section is set")
+	}
+	var props []string
+	for name := range s.Versions[0].Schema.OpenAPIV3Schema.Properties.Spec.Properties {
+		props = append(props, name)
+	}
+	slices.Sort(props)
+	if want := []string{"aws", "namespaceSelector", "openstack", "podSelector", "static"}; !slices.Equal(props, want) {
+		t.Errorf("spec fields %q, want %q", props, want)
+	}
+}

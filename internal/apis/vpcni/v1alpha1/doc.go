@@ -4,7 +4,9 @@
 // (cluster-scoped), one aligned block of a cluster-wide range given to one
 // node, written only by vpcni-controller; and the AddressReservation
 // (namespaced, named as its pod), the address a StatefulSet pod keeps
-// across re-creation, written only by vpcni-controller.
+// across re-creation, written only by vpcni-controller; and the PodNetwork
+// (cluster-scoped), which pods take their addresses from which network,
+// written by the operator and read by vpcni-controller's pod webhook.
 //
 // The Go types here are the one definition of that API: the deep copies in
 // zz_generated.deepcopy.go and the CRD in deploy/ are generated from them

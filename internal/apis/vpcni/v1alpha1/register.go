@@ -24,6 +24,9 @@ const NodeBlockKind = "NodeBlock"
 // ReservationResource is the AddressReservation API resource.
 var ReservationResource = SchemeGroupVersion.WithResource("addressreservations")
 
+// PodNetworkResource is the PodNetwork API resource.
+var PodNetworkResource = SchemeGroupVersion.WithResource("podnetworks")
+
 var (
 	// SchemeBuilder registers this API's types.
 	SchemeBuilder = runtime.NewSchemeBuilder(addKnownTypes)
@@ -36,7 +39,7 @@ var (
 // parameters for this group.
 func addKnownTypes(s *runtime.Scheme) error {
 	s.AddKnownTypes(SchemeGroupVersion, &PodAddress{}, &PodAddressList{}, &NodeBlock{}, &NodeBlockList{},
-		&AddressReservation{}, &AddressReservationList{})
+		&AddressReservation{}, &AddressReservationList{}, &PodNetwork{}, &PodNetworkList{})
 	metav1.AddToGroupVersion(s, SchemeGroupVersion)
 	return nil
 }

@@ -1,0 +1,62 @@
+package nodeside
+
+import (
+	"io"
+	"log/slog"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
+
+	"github.com/vpcni/vpcni/internal/alloc"
+	"github.com/vpcni/vpcni/internal/apis/vpcni/v1alpha1"
+	"github.com/vpcni/vpcni/internal/k8s"
+)
+
+// A pod whose PodNetwork the agent does not serve is told so once, as a
+// Warning naming the network; a pod without one is not; the pod is
+// forgotten once its address is released.
+func TestPodNetworkNotServedWarnedOnce(t *testing.T) {
+	mk := func(name, network string) *corev1.Pod {
+		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default", UID: types.UID("uid-" + name)},
+			Spec: corev1.PodSpec{NodeName: "n1", Containers: []corev1.Container{{Name: "c"}}}}
+		if network != "" {
+			p.Annotations = map[string]string{v1alpha1.AnnotationNetwork: network}
+		}
+		return p
+	}
+	web, plain := mk("web", "web-net"), mk("plain", "")
+	pods := cache.NewSharedIndexInformer(nil, &corev1.Pod{}, 0, cache.Indexers{})
+	for _, p := range []*corev1.Pod{web, plain} {
+		if err := pods.GetIndexer().Add(p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	att := func(p string) *alloc.Allocation {
+		return &alloc.Allocation{ContainerID: "c-" + p, IfName: "eth0", PodNamespace: "default", PodName: p, PodUID: "uid-" + p}
+	}
+	rec := record.NewFakeRecorder(10)
+	n := &Node{name: "n1", pods: pods, recorder: k8s.Events{EventRecorder: rec}, warned: map[types.UID]bool{},
+		log: slog.New(slog.NewTextHandler(io.Discard, nil)), agent: podsAgent{atts: []*alloc.Allocation{att("web"), att("plain")}}}
+	for range 3 {
+		n.warnNetworkNotServed(web)
+		n.warnNetworkNotServed(plain)
+	}
+	if len(rec.Events) != 1 {
+		t.Fatalf("%d events, want 1", len(rec.Events))
+	}
+	if ev := <-rec.Events; !strings.Contains(ev, "Warning "+EventPodNetworkNotServed) || !strings.Contains(ev, "web-net") {
+		t.Errorf("event %q, want a %s Warning naming web-net", ev, EventPodNetworkNotServed)
+	}
+	if _, err := n.unrequested(); err != nil || len(n.notServed) != 1 {
+		t.Fatalf("with its address held: %d pods remembered (%v), want 1", len(n.notServed), err)
+	}
+	n.agent = podsAgent{atts: []*alloc.Allocation{att("plain")}}
+	if _, err := n.unrequested(); err != nil || len(n.notServed) != 0 {
+		t.Errorf("after the release: %d pods remembered (%v), want 0", len(n.notServed), err)
+	}
+}
