@@ -106,6 +106,20 @@ func TestLegacyVMReachesPods(t *testing.T) {
 	}
 	// Port security: take pod 0's address off n1's VM port by hand; its
 	// traffic is dropped at the VPC bridge. Put it back: it flows again.
+	// First n1's pool must be settled: a top-up write of its own in flight
+	// would read the port back without pod 0's address and put it back
+	// (the knocked-out repair), racing the edit.
+	settled := time.Now().Add(30 * time.Second)
+	for {
+		st, err := nodes[0].agent.State()
+		if err == nil && st.Pool.Waiting == 0 && st.Pool.Free >= st.Pool.WarmTarget {
+			break
+		}
+		if time.Now().After(settled) {
+			t.Fatalf("n1's pool did not settle within 30s: %+v, %v", st, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 	setOnPort(t, l, l.Nodes[0].PortID, pods[0].ip, false)
 	if err := probe(c, legacy, testbed.HostPort(pods[0].ip, 7777)); err == nil {
 		t.Fatalf("legacy VM still reaches %s with the address off the VM port: port security is not enforced", pods[0].ip)
