@@ -125,9 +125,6 @@ func TestPodStartup(t *testing.T) {
 				// against wiring and recording.
 				for _, ph := range addPhases {
 					d := n.addPhase(ph).minus(phasesBefore[ph])
-					if phases[ph].le == nil {
-						phases[ph] = addHist{le: map[float64]float64{}}
-					}
 					phases[ph] = phases[ph].plus(d)
 					pp, pb := d.interpolated(0.99)
 					t.Logf("round %d vpcni: the agents' ADD, %s: mean %.0f ms, p99 %.0f ms%s", r+1, ph, 1000*d.sum/max(d.count, 1), 1000*pp, beyondNote(pb))
