@@ -101,6 +101,13 @@ func run(configPath string) error {
 		}
 		a.SetReservations(res)
 		go res.Run(ctx)
+		// The PodNetworks, and which one each pod of the node is on.
+		pns, err := nodeside.NewPodNetworks(rc, node)
+		if err != nil {
+			return fmt.Errorf("kubernetes: %w", err)
+		}
+		a.SetPodNetworks(pns)
+		go pns.Run(ctx)
 		nodeDone := make(chan struct{})
 		go func() { node.Run(ctx); close(nodeDone) }()
 		// The store closes only after the Kubernetes side stopped using it.

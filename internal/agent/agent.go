@@ -38,6 +38,8 @@ type Agent struct {
 	metrics      *metrics.Metrics
 	cluster      Cluster      // nil: no orchestrator
 	reservations Reservations // nil: only runtime requests pick an address
+	podNets      PodNetworks  // nil: every pod on the node's default network
+	nets         netPools     // the pools of the PodNetworks served (networks.go)
 	snat         *snat.NAT    // nil: SNAT off
 
 	locks keyedMutex // one ADD/DEL/CHECK at a time per attachment
@@ -117,26 +119,13 @@ func newAgent(ctx context.Context, cfg config.Config, log *slog.Logger, st *stor
 		return nil, err
 	}
 	connect := func(ctx context.Context) (provider.Provider, error) {
-		info := dp.Info()
-		link := info.Uplink
-		if info.NodeLink != "" {
-			link = info.NodeLink
-		}
-		node := provider.Node{Name: cfg.NodeName, IP: info.NodeIP, PodMACs: info.OwnMACs, StateDir: cfg.StateDir,
-			Kubeconfig: cfg.Kubernetes.Kubeconfig, Kubernetes: cfg.Kubernetes.Enabled(), Uplink: link,
-			Log: log, Notify: a.providerNotice}
-		p, err := prov.New(ctx, node, cfg.Provider.Settings)
+		p, err := prov.New(ctx, a.providerNode(), cfg.Provider.Settings)
 		if err != nil {
 			return nil, fmt.Errorf("provider %s: %w", cfg.Provider.Type, err)
 		}
 		return a.metrics.Instrument(p), nil
 	}
-	p := cfg.Pool
-	a.addrs = addresses.New(addresses.Policy{
-		WarmTarget: p.WarmTarget, BatchSize: p.BatchSize, MaxFree: p.MaxFree, MinHeld: p.MinHeld,
-		SurplusGrace: p.SurplusGrace.Duration, AddWait: p.AddWait.Duration,
-		Cooldown: cfg.Cooldown.Duration, Resync: cfg.Resync.Duration,
-	}, cfg.NodeName, connect, st, log)
+	a.addrs = addresses.New(a.policy(), cfg.NodeName, connect, st, log)
 	// After each sync with the provider the idle addresses are known:
 	// anything the node still has wired for them goes.
 	a.addrs.Synced = func() { a.kick("sync") }
@@ -152,6 +141,29 @@ func newAgent(ctx context.Context, cfg config.Config, log *slog.Logger, st *stor
 		return nil, fmt.Errorf("restore at start: %w", err)
 	}
 	return a, nil
+}
+
+// providerNode is what the provider is told of the node.
+func (a *Agent) providerNode() provider.Node {
+	info := a.dp.Info()
+	link := info.Uplink
+	if info.NodeLink != "" {
+		link = info.NodeLink
+	}
+	return provider.Node{Name: a.cfg.NodeName, IP: info.NodeIP, PodMACs: info.OwnMACs, StateDir: a.cfg.StateDir,
+		Kubeconfig: a.cfg.Kubernetes.Kubeconfig, Kubernetes: a.cfg.Kubernetes.Enabled(), Uplink: link,
+		Log: a.log, Notify: a.providerNotice}
+}
+
+// policy is every pool's policy, the default network's and each
+// PodNetwork's alike.
+func (a *Agent) policy() addresses.Policy {
+	p := a.cfg.Pool
+	return addresses.Policy{
+		WarmTarget: p.WarmTarget, BatchSize: p.BatchSize, MaxFree: p.MaxFree, MinHeld: p.MinHeld,
+		SurplusGrace: p.SurplusGrace.Duration, AddWait: p.AddWait.Duration,
+		Cooldown: a.cfg.Cooldown.Duration, Resync: a.cfg.Resync.Duration,
+	}
 }
 
 // fastPather is a datapath mode with a kernel fast path beside its plain
@@ -193,9 +205,31 @@ func (a *Agent) restore(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	conflicts, err := a.addrs.Restore(records, cooling, leaving, time.Now())
+	// Each record goes back to its network's pool. The cooling and
+	// leaving addresses (recorded by address alone) go to the default
+	// network's: one of a PodNetwork's is not held by the default
+	// provider, so its first sync drops it before the pool could hand it
+	// out, and the PodNetwork's own pool finds it held and keeps it.
+	byNet := map[string][]*alloc.Allocation{}
+	for _, r := range records {
+		byNet[r.PodNetwork] = append(byNet[r.PodNetwork], r)
+	}
+	conflicts, err := a.addrs.Restore(byNet[""], cooling, leaving, time.Now())
 	if err != nil {
 		return err
+	}
+	for name, recs := range byNet {
+		if name == "" {
+			continue
+		}
+		a.nets.mu.Lock()
+		m := a.netPoolLocked(name)
+		a.nets.mu.Unlock()
+		more, err := m.Restore(recs, nil, nil, time.Now())
+		if err != nil {
+			return err
+		}
+		conflicts = append(conflicts, more...)
 	}
 	for _, c := range conflicts {
 		// Never wired nor released: either would touch the other
@@ -221,6 +255,7 @@ func (a *Agent) restore(ctx context.Context) error {
 func (a *Agent) Run(ctx context.Context) {
 	var wg sync.WaitGroup
 	wg.Go(func() { a.addrs.Run(ctx) })
+	wg.Go(func() { a.runNetworks(ctx) })
 	wg.Go(func() { a.checkRestored(ctx) })
 	wg.Go(func() { a.selfHeal(ctx) })
 	wg.Go(func() { a.healthLoop(ctx) })
@@ -324,9 +359,9 @@ func (a *Agent) reconcileNode(ctx context.Context, why string) (broken []string,
 		a.wiring.Unlock()
 		return nil, err
 	}
-	want := datapath.Desired{Idle: a.addrs.Idle()}
+	want := datapath.Desired{Idle: a.idle()}
 	for _, r := range records {
-		if a.addrs.Owns(r.Key(), r.Address) {
+		if a.owns(r) {
 			want.Allocations = append(want.Allocations, r)
 		} else {
 			want.Leave = append(want.Leave, r)
@@ -384,7 +419,7 @@ func (a *Agent) repairKey(ctx context.Context, key string) {
 	unlock := a.locks.Lock(key)
 	defer unlock()
 	r, err := a.store.Get(cid, ifName)
-	if err != nil || r == nil || !a.addrs.Owns(key, r.Address) {
+	if err != nil || r == nil || !a.owns(r) {
 		return // gone meanwhile (a DEL), or a conflicting record: left alone
 	}
 	if _, err := os.Stat(r.Netns); errors.Is(err, os.ErrNotExist) {

@@ -152,6 +152,10 @@ func (a *Agent) add(ctx context.Context, req *api.CNIRequest) (*types100.Result,
 	if aerr != nil {
 		return nil, aerr
 	}
+	netName, pool, aerr := a.podNetwork(ctx, podNS, podName)
+	if aerr != nil {
+		return nil, aerr
+	}
 	rec, unlock, aerr := a.lockRecord(req)
 	if aerr != nil {
 		return nil, aerr
@@ -168,9 +172,9 @@ func (a *Agent) add(ctx context.Context, req *api.CNIRequest) (*types100.Result,
 	var lease alloc.Lease
 	var err error
 	if want.IsValid() {
-		lease, err = a.addrs.TakeAddress(ctx, alloc.Key(req.ContainerID, req.IfName), want)
+		lease, err = pool.TakeAddress(ctx, alloc.Key(req.ContainerID, req.IfName), want)
 	} else {
-		lease, err = a.addrs.Take(ctx, alloc.Key(req.ContainerID, req.IfName))
+		lease, err = pool.Take(ctx, alloc.Key(req.ContainerID, req.IfName))
 	}
 	if err != nil {
 		var s *addresses.Shortage
@@ -186,6 +190,7 @@ func (a *Agent) add(ctx context.Context, req *api.CNIRequest) (*types100.Result,
 		return nil, api.Errorf(api.CodeInternal, "could not allocate an address", err.Error())
 	}
 	allocated := time.Now()
+	lease.PodNetwork = netName
 	rec = &alloc.Allocation{
 		ContainerID: req.ContainerID, IfName: req.IfName, Network: conf.Name, Netns: req.Netns, Lease: lease,
 		PodNamespace: podNS, PodName: podName, PodUID: podUID, Requested: want.IsValid() || sticky, Created: time.Now().UTC(),
@@ -232,7 +237,7 @@ func (a *Agent) add(ctx context.Context, req *api.CNIRequest) (*types100.Result,
 		a.untake(rec, wiringErr)
 		return nil, setupError(err)
 	}
-	a.addrs.Wired(rec.Address)
+	pool.Wired(rec.Address)
 	a.snatPod(ctx, rec.Address)
 	rec.Wiring, rec.Ready = &wired, true
 	// Marking the record ready is not waited for: it only changes the
@@ -381,7 +386,7 @@ func (a *Agent) release(ctx context.Context, rec *alloc.Allocation) error {
 	if rec.Requested {
 		// Outside the wiring lock: this waits on the cloud, and a
 		// reconcile waiting for the lock would hold up every ADD behind it.
-		if err := a.addrs.GiveBack(ctx, rec.Key(), rec.Address); err != nil {
+		if err := a.pool(rec).GiveBack(ctx, rec.Key(), rec.Address); err != nil {
 			a.log.Error("requested address not given back to the provider", "address", rec.Address, "record", rec.Key(), "err", err)
 		}
 	}
@@ -394,7 +399,7 @@ func (a *Agent) release(ctx context.Context, rec *alloc.Allocation) error {
 // The store is read only when the pool does not give the address to rec,
 // which it otherwise always does.
 func (a *Agent) heldByAnother(rec *alloc.Allocation) (string, error) {
-	if a.addrs.Owns(rec.Key(), rec.Address) {
+	if a.owns(rec) {
 		return "", nil
 	}
 	records, err := a.store.List()
@@ -402,7 +407,7 @@ func (a *Agent) heldByAnother(rec *alloc.Allocation) (string, error) {
 		return "", fmt.Errorf("read allocation store: %w", err)
 	}
 	for _, r := range records {
-		if r.Address == rec.Address && r.Key() != rec.Key() && a.addrs.Owns(r.Key(), r.Address) {
+		if r.Address == rec.Address && r.Key() != rec.Key() && a.owns(r) {
 			return r.Key(), nil
 		}
 	}
@@ -445,10 +450,11 @@ func (a *Agent) unwire(ctx context.Context, rec *alloc.Allocation) error {
 		}
 		return nil
 	}
-	if err := a.store.Release(rec, a.addrs.CoolUntil(now)); err != nil {
+	pool := a.pool(rec)
+	if err := a.store.Release(rec, pool.CoolUntil(now)); err != nil {
 		return fmt.Errorf("update allocation store: %w", err)
 	}
-	if err := a.addrs.Release(rec.Key(), rec.Address, now); err != nil {
+	if err := pool.Release(rec.Key(), rec.Address, now); err != nil {
 		a.log.Error("address not returned to the pool", "address", rec.Address, "record", rec.Key(), "err", err)
 	}
 	return nil

@@ -77,7 +77,7 @@ func (a *Agent) probeAll(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
-		if !r.Ready || !a.addrs.Owns(r.Key(), r.Address) {
+		if !r.Ready || !a.owns(r) {
 			continue // an ADD under way, or a record in conflict
 		}
 		h := api.PodHealth{Healthy: true}

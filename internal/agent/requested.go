@@ -62,13 +62,13 @@ func (a *Agent) dropRecord(rec *alloc.Allocation) error {
 func (a *Agent) untake(rec *alloc.Allocation, wiringErr error) {
 	if !rec.Requested {
 		if wiringErr != nil {
-			a.addrs.Unwired(rec.Address, wiringErr)
+			a.pool(rec).Unwired(rec.Address, wiringErr)
 		} else {
-			a.addrs.Untake(rec.Address)
+			a.pool(rec).Untake(rec.Address)
 		}
 		return
 	}
-	if err := a.addrs.GiveBackLater(rec.Key(), rec.Address); err != nil {
+	if err := a.pool(rec).GiveBackLater(rec.Key(), rec.Address); err != nil {
 		a.log.Error("requested address of a failed ADD not given back to the provider", "address", rec.Address, "err", err)
 	}
 }

@@ -6,16 +6,19 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
+	"github.com/vpcni/vpcni/internal/addresses"
 	"github.com/vpcni/vpcni/internal/alloc"
 	"github.com/vpcni/vpcni/internal/api"
 	"github.com/vpcni/vpcni/internal/datapath"
@@ -192,19 +195,13 @@ func (a *Agent) State() (*api.State, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := a.addrs.Status(time.Now())
-	byState := map[string][]string{}
-	for st, ips := range s.Addresses {
-		for _, ip := range ips {
-			byState[st] = append(byState[st], ip.String())
-		}
-	}
+	now := time.Now()
+	s := a.addrs.Status(now)
 	dp := a.dp.Info()
 	st := &api.State{
 		Node: a.cfg.NodeName, Ready: s.Ready, Reason: s.Reason, Degraded: s.Degraded,
 		Provider: a.cfg.Provider.Type, ProviderPort: s.Provider.Port, ProviderSubnet: s.Provider.Subnet, Datapath: dp.Mode, Uplink: dp.Uplink, MTU: dp.MTU,
-		Pool: api.PoolState{Free: s.Free, Cooling: s.Cooling, Allocated: s.Allocated, Aside: s.Aside, Leaving: s.Leaving, Capacity: s.Provider.Capacity,
-			CapacityReason: s.Provider.CapacityReason, WarmTarget: s.WarmTarget, Waiting: s.Waiting, Addresses: byState, ProviderCalls: s.Provider.Calls},
+		Pool:        poolState(s),
 		Allocations: make([]alloc.Allocation, 0, len(records)),
 		Health:      a.Health(),
 		StartedAt:   a.started.UTC().Format(time.RFC3339),
@@ -219,7 +216,25 @@ func (a *Agent) State() (*api.State, error) {
 	for _, r := range records {
 		st.Allocations = append(st.Allocations, *r)
 	}
+	pools := a.netPools()
+	for _, name := range slices.Sorted(maps.Keys(pools)) {
+		ns := pools[name].Status(now)
+		st.PodNetworks = append(st.PodNetworks, api.PodNetworkState{Name: name, Ready: ns.Ready, Reason: ns.Reason,
+			Source: ns.Provider.Subnet, Pool: poolState(ns)})
+	}
 	return st, nil
+}
+
+// poolState is a pool's status as /v1/state tells it.
+func poolState(s addresses.Status) api.PoolState {
+	byState := map[string][]string{}
+	for st, ips := range s.Addresses {
+		for _, ip := range ips {
+			byState[st] = append(byState[st], ip.String())
+		}
+	}
+	return api.PoolState{Free: s.Free, Cooling: s.Cooling, Allocated: s.Allocated, Aside: s.Aside, Leaving: s.Leaving, Capacity: s.Provider.Capacity,
+		CapacityReason: s.Provider.CapacityReason, WarmTarget: s.WarmTarget, Waiting: s.Waiting, Addresses: byState, ProviderCalls: s.Provider.Calls}
 }
 
 // Trace is the path of pod ("namespace/name") through this node: for each
@@ -249,8 +264,9 @@ func (a *Agent) Trace(ctx context.Context, pod string) (*api.Trace, *api.Error) 
 		if a.snat != nil {
 			hops = append(hops, a.snatHop(ctx, r.Address))
 		}
-		hops = append(hops, a.cloudHop(ctx, r.Address))
-		tr.Attachments = append(tr.Attachments, api.TraceAttachment{ContainerID: r.ContainerID, IfName: r.IfName, Address: r.Address.String(), Hops: hops})
+		hops = append(hops, a.cloudHop(ctx, r))
+		tr.Attachments = append(tr.Attachments, api.TraceAttachment{ContainerID: r.ContainerID, IfName: r.IfName, Address: r.Address.String(),
+			PodNetwork: r.PodNetwork, Hops: hops})
 	}
 	if len(tr.Attachments) == 0 {
 		return nil, api.Errorf(api.CodeUnknownContainer, "trace: this node's agent has no address for pod "+pod,
@@ -260,9 +276,13 @@ func (a *Agent) Trace(ctx context.Context, pod string) (*api.Trace, *api.Error) 
 }
 
 // cloudHop is the address as the cloud holds it for this node.
-func (a *Agent) cloudHop(ctx context.Context, addr netip.Addr) api.Hop {
-	held, where, err := a.addrs.CloudHolds(ctx, addr)
+func (a *Agent) cloudHop(ctx context.Context, r *alloc.Allocation) api.Hop {
+	addr := r.Address
+	held, where, err := a.pool(r).CloudHolds(ctx, addr)
 	what := fmt.Sprintf("%s held by provider %s", addr, a.cfg.Provider.Type)
+	if r.PodNetwork != "" {
+		what += " for PodNetwork " + r.PodNetwork
+	}
 	if where != "" {
 		what += " on port " + where
 	}

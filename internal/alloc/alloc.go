@@ -27,6 +27,10 @@ type Lease struct {
 	// that the provider attached to the node (a passthrough NIC, a
 	// secondary NIC): how the datapath finds it and routes through it.
 	NIC *NIC `json:"nic,omitempty"`
+	// PodNetwork names the PodNetwork whose pool the address is of (""
+	// for the node's default network): the agent keeps a pool per
+	// network, and a record's address goes back to its own.
+	PodNetwork string `json:"podNetwork,omitempty"`
 }
 
 // NIC is a cloud port attached to the node as a network interface.

@@ -95,10 +95,13 @@ type State struct {
 	Datapath       string `json:"datapath"`
 	// FastPath is the datapath's kernel fast path, for a mode that has
 	// one (ebpf): "on", or "off: <why>".
-	FastPath    string             `json:"fastPath,omitempty"`
-	Uplink      string             `json:"uplink"`
-	MTU         int                `json:"mtu"`
-	Pool        PoolState          `json:"pool"`
+	FastPath string    `json:"fastPath,omitempty"`
+	Uplink   string    `json:"uplink"`
+	MTU      int       `json:"mtu"`
+	Pool     PoolState `json:"pool"`
+	// PodNetworks are the pools of the PodNetworks the node serves, by
+	// name (the default network's is Pool).
+	PodNetworks []PodNetworkState  `json:"podNetworks,omitempty"`
 	Allocations []alloc.Allocation `json:"allocations"`
 	// Health is the last probe of each allocation's datapath, by its key
 	// (container/ifname); missing: not probed yet (or probes are off).
@@ -107,6 +110,17 @@ type State struct {
 	// StoreSchema is the layout of the agent's allocation store (the
 	// upgrade e2e sees a previous release's file migrated).
 	StoreSchema int `json:"storeSchema,omitempty"`
+}
+
+// PodNetworkState is the node's pool of one PodNetwork.
+type PodNetworkState struct {
+	Name   string `json:"name"`
+	Ready  bool   `json:"ready"`
+	Reason string `json:"reason,omitempty"`
+	// Source says where the network's addresses come from: its cloud
+	// network, subnets and security groups.
+	Source string    `json:"source,omitempty"`
+	Pool   PoolState `json:"pool"`
 }
 
 // PodHealth is the result of one probe of a pod's datapath.
@@ -165,7 +179,10 @@ type TraceAttachment struct {
 	ContainerID string `json:"containerID"`
 	IfName      string `json:"ifName"`
 	Address     string `json:"address"`
-	Hops        []Hop  `json:"hops"`
+	// PodNetwork is the PodNetwork the address is of ("": the node's
+	// default network).
+	PodNetwork string `json:"podNetwork,omitempty"`
+	Hops       []Hop  `json:"hops"`
 }
 
 // OK says whether every hop of every attachment is ok.

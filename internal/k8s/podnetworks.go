@@ -63,3 +63,10 @@ func (c *PodNetworks) Informer(resync time.Duration) cache.SharedIndexInformer {
 		WatchFuncWithContext: c.Watch,
 	}, &v1alpha1.PodNetwork{}, resync, cache.Indexers{})
 }
+
+// Get reads one PodNetwork.
+func (c *PodNetworks) Get(ctx context.Context, name string) (*v1alpha1.PodNetwork, error) {
+	pn := &v1alpha1.PodNetwork{}
+	err := c.rc.Get().Resource(v1alpha1.PodNetworkResource.Resource).Name(name).Do(ctx).Into(pn)
+	return pn, err
+}

@@ -7,6 +7,7 @@ package provider
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"log/slog"
 	"net/http"
@@ -160,6 +161,14 @@ type Registration struct {
 	// on unless the file says snat.enabled: false; the provider reports
 	// the network's ranges in Info.VPCCIDRs.
 	SNATByDefault bool
+	// Network, if set, serves the pods of one PodNetwork on this node:
+	// name is the PodNetwork's, spec its section for this provider type
+	// (the JSON of spec.<type>), s the node's validated settings (how to
+	// reach the cloud). The provider it returns holds only that network's
+	// addresses, in leases of their own (a NIC on the network, say), and
+	// the agent runs a pool of its own on it. nil: the provider serves no
+	// PodNetworks, and a pod that names one is refused.
+	Network func(ctx context.Context, node Node, s Settings, name string, spec json.RawMessage) (Provider, error)
 	// Doctor, if set, is how vpcnictl doctor looks at the provider's cloud
 	// from the node (nil: the provider has no cloud to look at, as
 	// static).

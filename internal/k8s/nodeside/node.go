@@ -120,7 +120,8 @@ type Node struct {
 	synced   bool
 	// warned: pods told once that they request no vpcni.io/ip.
 	warned map[types.UID]bool
-	// notServed: pods told once that their PodNetwork is not served.
+	// notServed: pods told once that their address is not of their
+	// PodNetwork.
 	notServed map[types.UID]bool
 }
 
@@ -327,7 +328,7 @@ func (n *Node) reconcile(ctx context.Context, k attKey) (again time.Duration, er
 		return 0, nil
 	}
 	n.warnUnrequested(pod)
-	n.warnNetworkNotServed(pod)
+	n.warnNetworkNotServed(pod, att)
 	return 0, n.annotate(ctx, pod, att)
 }
 

@@ -4,23 +4,24 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/vpcni/vpcni/internal/alloc"
 	"github.com/vpcni/vpcni/internal/apis/vpcni/v1alpha1"
 )
 
-// EventPodNetworkNotServed is the Warning on a pod whose PodNetwork
-// (vpcni.io/network) the agent does not serve: vpcnid gives every pod its
-// address from the node's default network, whatever PodNetwork
-// vpcni-controller's webhook recorded on it.
+// EventPodNetworkNotServed is the Warning on a pod whose address is not
+// of the PodNetwork it names (vpcni.io/network): vpcnid gives a pod an
+// address of its PodNetwork at its ADD, or fails the ADD; a pod that
+// started before its agent served PodNetworks, or whose annotation was
+// changed by hand after it started, keeps the address it got.
 const EventPodNetworkNotServed = "VpcniPodNetworkNotServed"
 
-// warnNetworkNotServed says once, on the pod, that it holds an address of
-// the node's default network although a PodNetwork selected it: the
-// operator asked for another subnet or other security groups and must not
-// believe the pod has them. The pod keeps that address until it is
-// recreated, as any pod whose network changes after it started.
-func (n *Node) warnNetworkNotServed(pod *corev1.Pod) {
+// warnNetworkNotServed says once, on the pod, that its address is of
+// another network than the PodNetwork it names: the operator asked for
+// another subnet or other security groups and must not believe the pod
+// has them. The pod keeps that address until it is recreated.
+func (n *Node) warnNetworkNotServed(pod *corev1.Pod, att *alloc.Allocation) {
 	network := pod.Annotations[v1alpha1.AnnotationNetwork]
-	if network == "" {
+	if network == "" || network == att.PodNetwork {
 		return
 	}
 	n.mu.Lock()
@@ -33,8 +34,12 @@ func (n *Node) warnNetworkNotServed(pod *corev1.Pod) {
 	if seen {
 		return
 	}
-	n.log.Warn("pod's PodNetwork not served by this agent: its address is from the node's default network", "pod", pod.Namespace+"/"+pod.Name, "network", network)
+	has := "the node's default network"
+	if att.PodNetwork != "" {
+		has = "PodNetwork " + att.PodNetwork
+	}
+	n.log.Warn("pod's address is not of its PodNetwork", "pod", pod.Namespace+"/"+pod.Name, "network", network, "has", has)
 	n.recorder.Eventf(pod, corev1.EventTypeWarning, EventPodNetworkNotServed,
-		"the pod's PodNetwork %s (%s) is not served by vpcnid on %s yet: its address is from the node's default network, with that network's subnet and security groups, until the pod is recreated on an agent that serves it",
-		network, v1alpha1.AnnotationNetwork, n.name)
+		"the pod names PodNetwork %s (%s) but its address %s on %s is of %s, with that network's subnet and security groups (it started before vpcnid served PodNetworks, or the annotation changed after it started): recreate the pod to move it",
+		network, v1alpha1.AnnotationNetwork, att.Address, n.name, has)
 }

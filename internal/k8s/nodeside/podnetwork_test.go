@@ -17,9 +17,10 @@ import (
 	"github.com/vpcni/vpcni/internal/k8s"
 )
 
-// A pod whose PodNetwork the agent does not serve is told so once, as a
-// Warning naming the network; a pod without one is not; the pod is
-// forgotten once its address is released.
+// A pod whose address is not of the PodNetwork it names is told so once,
+// as a Warning naming the network; a pod without one is not, nor one
+// whose address is of its PodNetwork; the pod is forgotten once its
+// address is released.
 func TestPodNetworkNotServedWarnedOnce(t *testing.T) {
 	mk := func(name, network string) *corev1.Pod {
 		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default", UID: types.UID("uid-" + name)},
@@ -29,9 +30,9 @@ func TestPodNetworkNotServedWarnedOnce(t *testing.T) {
 		}
 		return p
 	}
-	web, plain := mk("web", "web-net"), mk("plain", "")
+	web, plain, served := mk("web", "web-net"), mk("plain", ""), mk("served", "web-net")
 	pods := cache.NewSharedIndexInformer(nil, &corev1.Pod{}, 0, cache.Indexers{})
-	for _, p := range []*corev1.Pod{web, plain} {
+	for _, p := range []*corev1.Pod{web, plain, served} {
 		if err := pods.GetIndexer().Add(p); err != nil {
 			t.Fatal(err)
 		}
@@ -42,9 +43,12 @@ func TestPodNetworkNotServedWarnedOnce(t *testing.T) {
 	rec := record.NewFakeRecorder(10)
 	n := &Node{name: "n1", pods: pods, recorder: k8s.Events{EventRecorder: rec}, warned: map[types.UID]bool{},
 		log: slog.New(slog.NewTextHandler(io.Discard, nil)), agent: podsAgent{atts: []*alloc.Allocation{att("web"), att("plain")}}}
+	onNet := att("served")
+	onNet.PodNetwork = "web-net"
 	for range 3 {
-		n.warnNetworkNotServed(web)
-		n.warnNetworkNotServed(plain)
+		n.warnNetworkNotServed(web, att("web"))
+		n.warnNetworkNotServed(plain, att("plain"))
+		n.warnNetworkNotServed(served, onNet)
 	}
 	if len(rec.Events) != 1 {
 		t.Fatalf("%d events, want 1", len(rec.Events))

@@ -25,11 +25,27 @@ import (
 // created but never attached (the agent died between the two calls) is
 // found and deleted, never leaked.
 
-// NIC kinds, in the port's name.
+// NIC kinds, in the port's name. A PodNetwork's NICs are all of kind
+// network, the PodNetwork's name in the description (nicNetworkMark): a
+// name may hold dashes, and the name must end with the instance.
 const (
 	kindPassthrough = "passthrough"
 	kindSecondary   = "secondary"
+	kindNetwork     = "network"
 )
+
+// nicKind is the kind of the NICs that hold this provider's addresses
+// past the VM port: a PodNetwork's, or the node's secondary ones.
+func (p *Provider) nicKind() string {
+	if p.network != "" {
+		return kindNetwork
+	}
+	return kindSecondary
+}
+
+// nicNetworkMark names, in a NIC port's description, the PodNetwork whose
+// pods it holds.
+const nicNetworkMark = "vpcni-network="
 
 // nicOwnMark holds a secondary NIC's own address in its port's
 // description: Neutron sorts fixed IPs as text, so "the first" would not
@@ -40,6 +56,8 @@ const nicOwnMark = "vpcni-nic-address="
 type nicPort struct {
 	id, mac  string
 	deviceID string
+	// network is the PodNetwork the NIC serves ("": the node's own).
+	network string
 	// subnet is the one subnet the port's addresses are on: a NIC's port
 	// holds addresses of one subnet only (its own address's), so its
 	// leases carry one prefix and gateway and its route table one subnet.
@@ -60,7 +78,7 @@ func (p *Provider) nicName(kind string) string { return "vpcni-" + kind + "-" + 
 // which instance (vpcni-controller's leak audit finds the NICs of VMs
 // that are gone by it).
 func NICOf(name string) (instance string, ok bool) {
-	for _, k := range []string{kindSecondary, kindPassthrough} {
+	for _, k := range []string{kindSecondary, kindPassthrough, kindNetwork} {
 		if inst, found := strings.CutPrefix(name, "vpcni-"+k+"-"); found && inst != "" {
 			return inst, true
 		}
@@ -70,6 +88,11 @@ func NICOf(name string) (instance string, ok bool) {
 
 func (p *Provider) nicPortOf(port ports.Port) nicPort {
 	n := nicPort{id: port.ID, mac: port.MACAddress, deviceID: port.DeviceID, revision: port.RevisionNumber}
+	if _, v, ok := strings.Cut(port.Description, nicNetworkMark); ok {
+		if f := strings.Fields(v); len(f) > 0 {
+			n.network = strings.TrimSuffix(f[0], "]")
+		}
+	}
 	if _, v, ok := strings.Cut(port.Description, nicOwnMark); ok {
 		// A mark someone cut short reads as no mark (the first address).
 		if f := strings.Fields(v); len(f) > 0 {
@@ -120,6 +143,10 @@ func (p *Provider) listNICs(ctx context.Context, kind string) ([]nicPort, error)
 	out := make([]nicPort, 0, len(all))
 	for _, port := range all {
 		n := p.nicPortOf(port)
+		if n.network != p.network {
+			// Another PodNetwork's: its own provider lists (and cleans) it.
+			continue
+		}
 		if n.subnet == "" {
 			// No address at all: nothing to lease, and nothing to read.
 			out = append(out, n)
@@ -182,9 +209,15 @@ func (p *Provider) createNICPorts(ctx context.Context, kind, networkID string, f
 		Ports []map[string]any `json:"ports"`
 	}
 	for i, f := range fixed {
-		body.Ports = append(body.Ports, map[string]any{
+		port := map[string]any{
 			"network_id": networkID, "name": p.nicName(kind), "description": desc(i), "fixed_ips": f,
-		})
+		}
+		if len(p.groups) > 0 {
+			// A PodNetwork's security groups: Neutron filters the pods on
+			// this port by them, as it would a VM's.
+			port["security_groups"] = p.groups
+		}
+		body.Ports = append(body.Ports, port)
 	}
 	var resp struct {
 		Ports []ports.Port `json:"ports"`

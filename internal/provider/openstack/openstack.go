@@ -16,6 +16,7 @@ package openstack
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -56,6 +57,11 @@ type Provider struct {
 	podMACs  bool // pairs carry each pod's own MAC (see podmacs.go)
 	// instanceID is the node's Nova server: where NICs are attached.
 	instanceID string
+	// network is the PodNetwork this provider serves ("": the node's
+	// default network), groups its security groups: every address is on
+	// a NIC of the network's own, never on the VM port (podnetwork.go).
+	network string
+	groups  []string
 	// notify is told of races with other writers (provider.Node.Notify);
 	// nil: nobody listens.
 	notify func(provider.Notice)
@@ -78,6 +84,12 @@ func init() {
 		Doctor: &provider.Doctor{API: "neutron", Diagnose: func(ctx context.Context, s provider.Settings, node provider.DoctorNode) []provider.Step {
 			return Diagnose(ctx, *s.(*Config), node)
 		}},
+		Network: func(ctx context.Context, node provider.Node, s provider.Settings, name string, spec json.RawMessage) (provider.Provider, error) {
+			if node.PodMACs {
+				return nil, fmt.Errorf("PodNetwork %s: its addresses live on NICs of their own, which this datapath mode cannot route pods by (it sends with each pod's MAC on the uplink): use datapath veth or ebpf", name)
+			}
+			return NewNetwork(ctx, *s.(*Config), node.IP, name, spec)
+		},
 		New: func(ctx context.Context, node provider.Node, s provider.Settings) (provider.Provider, error) {
 			p, err := New(ctx, *s.(*Config), node.IP)
 			if err != nil {

@@ -31,7 +31,7 @@ import (
 // heldSecondary lists the pod addresses on this VM's secondary NICs. The
 // caller holds p.mu.
 func (p *Provider) heldSecondary(ctx context.Context) ([]alloc.Lease, error) {
-	nics, err := p.attachedNICs(ctx, kindSecondary)
+	nics, err := p.attachedNICs(ctx, p.nicKind())
 	var out []alloc.Lease
 	for _, n := range nics {
 		for _, a := range n.pods() {
@@ -45,7 +45,7 @@ func (p *Provider) heldSecondary(ctx context.Context) ([]alloc.Lease, error) {
 func (p *Provider) assignSpill(ctx context.Context, req provider.AssignRequest) ([]alloc.Lease, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	nics, err := p.attachedNICs(ctx, kindSecondary)
+	nics, err := p.attachedNICs(ctx, p.nicKind())
 	if err != nil {
 		return nil, err
 	}
@@ -225,7 +225,8 @@ func (p *Provider) assignOnNICs(ctx context.Context, nics []nicPort, explicit []
 
 // newSecondary creates a port (Neutron picks its own address) on the
 // subnet with the most free addresses that is not full (on want's subnet
-// when want is valid), and attaches it; one that does not attach is
+// when want is valid), with the PodNetwork's security groups if the
+// provider serves one, and attaches it; one that does not attach is
 // deleted. A subnet Neutron finds full is marked so and the next tried.
 func (p *Provider) newSecondary(ctx context.Context, full map[string]bool, want netip.Addr) (nicPort, error) {
 	room, err := p.nicRoom(ctx)
@@ -250,8 +251,8 @@ func (p *Provider) newSecondary(ctx context.Context, full map[string]bool, want 
 			tried = append(tried, fmt.Sprintf("%s (%s): %d free", s.id, s.prefix, free[i]))
 			continue
 		}
-		made, err := p.createNICPorts(ctx, kindSecondary, s.networkID, [][]ports.IP{{{SubnetID: s.id}}},
-			func(int) string { return "vpcni secondary NIC of instance " + p.instanceID })
+		made, err := p.createNICPorts(ctx, p.nicKind(), s.networkID, [][]ports.IP{{{SubnetID: s.id}}},
+			func(int) string { return p.nicDesc(netip.Addr{}) })
 		if isNeutronError(err, http.StatusConflict, "IpAddressGenerationFailure", nil) {
 			full[s.id] = true
 			tried = append(tried, fmt.Sprintf("%s (%s): full", s.id, s.prefix))
@@ -273,6 +274,19 @@ func (p *Provider) newSecondary(ctx context.Context, full map[string]bool, want 
 	return nicPort{}, fmt.Errorf("no subnet has room for another secondary NIC (%s): %w", strings.Join(tried, "; "), provider.ErrExhausted)
 }
 
+// nicDesc is a secondary NIC port's description: whose NIC it is, the
+// PodNetwork it serves (if any), and its own address once known.
+func (p *Provider) nicDesc(own netip.Addr) string {
+	d := "vpcni secondary NIC of instance " + p.instanceID
+	if p.network != "" {
+		d = fmt.Sprintf("vpcni NIC of instance %s for pod network %s [%s%s]", p.instanceID, p.network, nicNetworkMark, p.network)
+	}
+	if own.IsValid() {
+		d += fmt.Sprintf(" [%s%s]", nicOwnMark, own)
+	}
+	return d
+}
+
 // setNICAddrs makes a secondary NIC's port hold its own address and pods,
 // with the own-address mark, under If-Match, retrying a 412 on a fresh
 // read, and reads it back.
@@ -281,7 +295,7 @@ func (p *Provider) setNICAddrs(ctx context.Context, n *nicPort, pods []netip.Add
 	for _, a := range pods {
 		fixed = append(fixed, ports.IP{SubnetID: n.subnet, IPAddress: a.String()})
 	}
-	desc := fmt.Sprintf("vpcni secondary NIC of instance %s [%s%s]", p.instanceID, nicOwnMark, n.own)
+	desc := p.nicDesc(n.own)
 	want := sorted(slices.Clone(pods))
 	for attempt := 0; attempt < p.cfg.Retries; attempt++ {
 		if attempt > 0 {
@@ -332,7 +346,7 @@ func (p *Provider) addToNIC(ctx context.Context, n *nicPort, add []netip.Addr) e
 // without pod addresses is detached and its port deleted. The caller
 // holds p.mu.
 func (p *Provider) releaseSecondary(ctx context.Context, addrs []netip.Addr) error {
-	nics, err := p.attachedNICs(ctx, kindSecondary)
+	nics, err := p.attachedNICs(ctx, p.nicKind())
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,198 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/vpcni/vpcni/internal/addresses"
+	"github.com/vpcni/vpcni/internal/alloc"
+	"github.com/vpcni/vpcni/internal/api"
+	"github.com/vpcni/vpcni/internal/provider"
+)
+
+// PodNetworks: a pod that vpcni-controller's webhook put on a PodNetwork
+// (vpcni.io/network) takes its address from that network's pool, not the
+// node's default one. The agent keeps one address manager per PodNetwork
+// it serves, made at the first ADD that needs it (or at start, for the
+// networks of recorded pods), each over the provider's Network: its own
+// warm pool, cooldown and refill, so one network's burst or full subnet
+// never starves another. A record names its network (Lease.PodNetwork):
+// its address goes back to that network's pool.
+
+// PodNetworks tells the agent which PodNetwork a pod is on and what that
+// network says (Kubernetes, see internal/k8s/nodeside). Without it every
+// pod is on the node's default network.
+type PodNetworks interface {
+	// NetworkOf is the PodNetwork recorded on pod namespace/name; "" for
+	// none (the node's default network).
+	NetworkOf(ctx context.Context, namespace, name string) (string, error)
+	// Spec is PodNetwork name's section for provider type typ (the JSON
+	// of spec.<typ>). An error says why there is none: no such
+	// PodNetwork, or it takes its addresses from another provider.
+	Spec(ctx context.Context, name, typ string) (json.RawMessage, error)
+}
+
+// SetPodNetworks connects the agent to the cluster's PodNetworks; call it
+// before Run.
+func (a *Agent) SetPodNetworks(p PodNetworks) { a.podNets = p }
+
+// netPools are the address managers of the PodNetworks the node serves.
+type netPools struct {
+	mu     sync.Mutex
+	byName map[string]*addresses.Manager
+	// run is Run's context once Run started (nil before): a manager made
+	// before then is started by Run.
+	run context.Context
+	wg  sync.WaitGroup
+}
+
+// pool is the address manager of a record's network.
+func (a *Agent) pool(rec *alloc.Allocation) *addresses.Manager {
+	if rec.PodNetwork == "" {
+		return a.addrs
+	}
+	a.nets.mu.Lock()
+	defer a.nets.mu.Unlock()
+	if m := a.nets.byName[rec.PodNetwork]; m != nil {
+		return m
+	}
+	// Every recorded network got a manager at start, and new records are
+	// made from one: only a record written by hand gets here.
+	return a.netPoolLocked(rec.PodNetwork)
+}
+
+// podNetwork is the PodNetwork an ADD's pod is on ("" the default) and its
+// manager. A pod whose PodNetwork cannot be served is refused with why: it
+// must not come up on another network than the one that filters it.
+func (a *Agent) podNetwork(ctx context.Context, podNS, podName string) (string, *addresses.Manager, *api.Error) {
+	if a.podNets == nil || podName == "" {
+		return "", a.addrs, nil
+	}
+	c, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	name, err := a.podNets.NetworkOf(c, podNS, podName)
+	if err != nil {
+		return "", nil, api.Errorf(api.CodeTryAgainLater, fmt.Sprintf("could not read pod %s/%s's PodNetwork", podNS, podName), err.Error())
+	}
+	if name == "" {
+		return "", a.addrs, nil
+	}
+	reg, err := provider.Lookup(a.cfg.Provider.Type)
+	if err != nil {
+		return "", nil, api.Errorf(api.CodeInternal, err.Error(), "")
+	}
+	if reg.Network == nil {
+		return "", nil, api.Errorf(api.CodeInvalidEnv, fmt.Sprintf("pod %s/%s is on PodNetwork %s, but provider %s serves no PodNetworks", podNS, podName, name, a.cfg.Provider.Type),
+			"give the pod's namespace no PodNetwork on this node's provider, or run the pod where one is served")
+	}
+	if _, err := a.podNets.Spec(c, name, a.cfg.Provider.Type); err != nil {
+		return "", nil, api.Errorf(api.CodeTryAgainLater, fmt.Sprintf("pod %s/%s is on PodNetwork %s, which this node cannot serve", podNS, podName, name), err.Error())
+	}
+	a.nets.mu.Lock()
+	defer a.nets.mu.Unlock()
+	return name, a.netPoolLocked(name), nil
+}
+
+// netPoolLocked returns PodNetwork name's manager, making it (and starting
+// it, once Run runs) the first time. The caller holds a.nets.mu.
+func (a *Agent) netPoolLocked(name string) *addresses.Manager {
+	if m := a.nets.byName[name]; m != nil {
+		return m
+	}
+	reg, _ := provider.Lookup(a.cfg.Provider.Type)
+	connect := func(ctx context.Context) (provider.Provider, error) {
+		if reg.Network == nil {
+			return nil, fmt.Errorf("provider %s serves no PodNetworks", a.cfg.Provider.Type)
+		}
+		if a.podNets == nil {
+			return nil, errors.New("the agent runs without Kubernetes: no PodNetwork can be read")
+		}
+		spec, err := a.podNets.Spec(ctx, name, a.cfg.Provider.Type)
+		if err != nil {
+			return nil, err
+		}
+		p, err := reg.Network(ctx, a.providerNode(), a.cfg.Provider.Settings, name, spec)
+		if err != nil {
+			return nil, fmt.Errorf("provider %s, PodNetwork %s: %w", a.cfg.Provider.Type, name, err)
+		}
+		return a.metrics.Instrument(onNetwork{p, name}), nil
+	}
+	m := addresses.New(a.policy(), a.cfg.NodeName, connect, a.store, a.log.With("podNetwork", name))
+	m.Synced = func() { a.kick("sync") }
+	m.Report = a.addrs.Report
+	if a.nets.byName == nil {
+		a.nets.byName = map[string]*addresses.Manager{}
+	}
+	a.nets.byName[name] = m
+	if ctx := a.nets.run; ctx != nil {
+		a.nets.wg.Go(func() { m.Run(ctx) })
+	}
+	return m
+}
+
+// runNetworks starts the managers made before Run and those made after,
+// and waits for them all once ctx ends.
+func (a *Agent) runNetworks(ctx context.Context) {
+	a.nets.mu.Lock()
+	a.nets.run = ctx
+	for _, m := range a.nets.byName {
+		a.nets.wg.Go(func() { m.Run(ctx) })
+	}
+	a.nets.mu.Unlock()
+	<-ctx.Done()
+	a.nets.wg.Wait()
+}
+
+// netPools lists the PodNetworks served and their managers, by name.
+func (a *Agent) netPools() map[string]*addresses.Manager {
+	a.nets.mu.Lock()
+	defer a.nets.mu.Unlock()
+	out := make(map[string]*addresses.Manager, len(a.nets.byName))
+	for n, m := range a.nets.byName {
+		out[n] = m
+	}
+	return out
+}
+
+// idle lists the addresses no pod uses, of every network's pool.
+func (a *Agent) idle() []netip.Addr {
+	out := a.addrs.Idle()
+	for _, m := range a.netPools() {
+		out = append(out, m.Idle()...)
+	}
+	slices.SortFunc(out, netip.Addr.Compare)
+	return slices.Compact(out)
+}
+
+// owns says whether the record's network pool gives its address to it.
+func (a *Agent) owns(rec *alloc.Allocation) bool { return a.pool(rec).Owns(rec.Key(), rec.Address) }
+
+// onNetwork stamps a PodNetwork's leases with its name, so the record of
+// an address taken from it says where the address goes back to.
+type onNetwork struct {
+	provider.Provider
+	name string
+}
+
+func (o onNetwork) stamp(ls []alloc.Lease) []alloc.Lease {
+	for i := range ls {
+		ls[i].PodNetwork = o.name
+	}
+	return ls
+}
+
+func (o onNetwork) Assign(ctx context.Context, req provider.AssignRequest) ([]alloc.Lease, error) {
+	ls, err := o.Provider.Assign(ctx, req)
+	return o.stamp(ls), err
+}
+
+func (o onNetwork) Held(ctx context.Context) ([]alloc.Lease, error) {
+	ls, err := o.Provider.Held(ctx)
+	return o.stamp(ls), err
+}

@@ -1,0 +1,102 @@
+package nodeside
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/vpcni/vpcni/internal/apis/vpcni/v1alpha1"
+	"github.com/vpcni/vpcni/internal/k8s"
+)
+
+// PodNetworks is the agent's view of the cluster's PodNetworks (a watch of
+// them all: a cluster has a handful) and of which one each pod of the node
+// is on (the pod's vpcni.io/network, from the node's pod cache). It
+// implements agent.PodNetworks.
+type PodNetworks struct {
+	inf  cache.SharedIndexInformer
+	c    *k8s.PodNetworks
+	node *Node
+}
+
+// NewPodNetworks connects to the API server; Run starts the watch. node
+// is the agent's Kubernetes side, whose pod cache tells each pod's network.
+func NewPodNetworks(cfg *rest.Config, node *Node) (*PodNetworks, error) {
+	c, err := k8s.NewPodNetworks(cfg)
+	if err != nil {
+		return nil, err
+	}
+	inf := c.Informer(10 * time.Minute)
+	if err := inf.SetTransform(withoutManagedFields); err != nil {
+		return nil, err
+	}
+	return &PodNetworks{inf: inf, c: c, node: node}, nil
+}
+
+// Run watches until ctx ends.
+func (p *PodNetworks) Run(ctx context.Context) { p.inf.Run(ctx.Done()) }
+
+// NetworkOf is the PodNetwork on pod namespace/name: from the node's pod
+// cache, or — for a pod the cache has not seen yet (the runtime can be
+// quicker than the watch) — from the API server.
+func (p *PodNetworks) NetworkOf(ctx context.Context, namespace, name string) (string, error) {
+	if obj, ok, _ := p.node.pods.GetIndexer().GetByKey(namespace + "/" + name); ok {
+		if pod, ok := obj.(interface{ GetAnnotations() map[string]string }); ok {
+			return pod.GetAnnotations()[v1alpha1.AnnotationNetwork], nil
+		}
+	}
+	pod, err := p.node.cs.CoreV1().Pods(namespace).Get(ctx, name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		// Not a pod of the API (a sandbox a test or the runtime made by
+		// hand): the node's default network.
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("get pod %s/%s: %w", namespace, name, err)
+	}
+	return pod.Annotations[v1alpha1.AnnotationNetwork], nil
+}
+
+// Spec is PodNetwork name's section for provider type typ, from the watch
+// or, before it has it, from the API server.
+func (p *PodNetworks) Spec(ctx context.Context, name, typ string) (json.RawMessage, error) {
+	var pn *v1alpha1.PodNetwork
+	if obj, ok, _ := p.inf.GetStore().GetByKey(name); ok {
+		pn, _ = obj.(*v1alpha1.PodNetwork)
+	}
+	if pn == nil {
+		got, err := p.c.Get(ctx, name)
+		if apierrors.IsNotFound(err) {
+			return nil, fmt.Errorf("no PodNetwork %s exists (kubectl get podnetworks): create it, or recreate the pod without %s", name, v1alpha1.AnnotationNetwork)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("get PodNetwork %s: %w", name, err)
+		}
+		pn = got
+	}
+	var section any
+	switch typ {
+	case "openstack":
+		if pn.Spec.OpenStack != nil {
+			section = pn.Spec.OpenStack
+		}
+	case "static":
+		if pn.Spec.Static != nil {
+			section = pn.Spec.Static
+		}
+	case "aws":
+		if pn.Spec.AWS != nil {
+			section = pn.Spec.AWS
+		}
+	}
+	if section == nil {
+		return nil, fmt.Errorf("PodNetwork %s has no %s section: this node's provider is %s", name, typ, typ)
+	}
+	return json.Marshal(section)
+}

@@ -1,0 +1,166 @@
+package openstack
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+
+	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/extensions/security/groups"
+
+	"github.com/vpcni/vpcni/internal/alloc"
+	"github.com/vpcni/vpcni/internal/provider"
+)
+
+// PodNetworks on OpenStack: the pods of a PodNetwork take their addresses
+// from NICs of their own — Neutron ports vpcni creates on the PodNetwork's
+// network, with its security groups, and attaches to the node's VM through
+// Nova, as secondary NICs are (secondary.go). Every pod address is an
+// extra fixed IP on such a port, so Neutron filters each pod by the
+// PodNetwork's groups exactly as it would a VM, and pods of two
+// PodNetworks never share a port. A NIC holds maxAddresses pods; a new one
+// goes on the PodNetwork's subnet with most free addresses, and is given
+// back once its last pod is gone. The VM's maxNICs is shared by every
+// PodNetwork and the node's own secondary NICs: a node whose VM has no NIC
+// slot left serves no new network (nor a full one's next NIC).
+
+// NetworkSpec is a PodNetwork's openstack section.
+type NetworkSpec struct {
+	NetworkID      string   `json:"networkID"`
+	SubnetIDs      []string `json:"subnetIDs"`
+	SecurityGroups []string `json:"securityGroups,omitempty"`
+	PortPerPod     bool     `json:"portPerPod,omitempty"`
+}
+
+// network is the provider of one PodNetwork on this node: a Provider of
+// its own (its own writer lock, subnets and NIC kind) on the node's VM.
+type network struct {
+	p    *Provider
+	spec NetworkSpec
+}
+
+var _ provider.Provider = (*network)(nil)
+
+// NewNetwork connects the provider of PodNetwork name on this node: it
+// logs in as cfg says, finds the node's VM (by its port, as New does) and
+// reads the network's subnets and security groups, refusing a spec that
+// cannot be served as it stands.
+func NewNetwork(ctx context.Context, cfg Config, nodeIP netip.Addr, name string, raw json.RawMessage) (provider.Provider, error) {
+	var spec NetworkSpec
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&spec); err != nil {
+		return nil, fmt.Errorf("PodNetwork %s: its openstack section: %w", name, err)
+	}
+	switch {
+	case spec.NetworkID == "":
+		return nil, fmt.Errorf("PodNetwork %s: openstack.networkID is empty", name)
+	case len(spec.SubnetIDs) == 0:
+		return nil, fmt.Errorf("PodNetwork %s: openstack.subnetIDs is empty", name)
+	case cfg.Mode == "passthrough":
+		return nil, fmt.Errorf("PodNetwork %s: the node runs mode passthrough (a port per pod), whose pods this vpcnid does not put on PodNetworks yet: use mode fixed-ips on nodes that serve PodNetworks", name)
+	case spec.PortPerPod:
+		return nil, fmt.Errorf("PodNetwork %s: openstack.portPerPod is not served by this vpcnid (pods share a NIC of the network, with its security groups): unset it", name)
+	}
+	// The node's own settings reach the cloud; the network's pods never
+	// touch the VM port, whose subnet is not read.
+	cfg.Mode, cfg.SecondaryNICs = "fixed-ips", max(cfg.MaxNICs-1, 1)
+	cfg.SubnetID, cfg.Subnets, cfg.SubnetTags = "", slices.Clone(spec.SubnetIDs), nil
+	p, err := connect(ctx, cfg, nil)
+	if err != nil {
+		return nil, err
+	}
+	p.network, p.groups = name, slices.Clone(spec.SecurityGroups)
+	c, cancel := context.WithTimeout(ctx, cfg.Timeout.Duration)
+	defer cancel()
+	if err := p.findPort(c, "", nodeIP); err != nil {
+		return nil, err
+	}
+	if p.instanceID = cfg.InstanceID; p.instanceID == "" {
+		p.instanceID = p.port.DeviceID
+	}
+	if p.instanceID == "" {
+		return nil, fmt.Errorf("VM port %s has no device_id: set instanceID (the node's Nova server), which PodNetwork %s needs to attach its NICs", p.portID, name)
+	}
+	for _, id := range spec.SubnetIDs {
+		s, err := p.subnetInfo(c, id)
+		if err != nil {
+			return nil, fmt.Errorf("PodNetwork %s: %w", name, err)
+		}
+		if s.networkID != spec.NetworkID {
+			return nil, fmt.Errorf("PodNetwork %s: subnet %s (%s) is on network %s, not on its networkID %s", name, id, s.prefix, s.networkID, spec.NetworkID)
+		}
+	}
+	p.selected = slices.Clone(spec.SubnetIDs)
+	for _, id := range spec.SecurityGroups {
+		// A group that does not exist would fail the first port's create
+		// with a 404 a person must decode; say it now.
+		if _, err := answered(groups.Get(c, p.nc, id).Extract()); err != nil {
+			return nil, explain(fmt.Errorf("PodNetwork %s: security group %s: %w", name, id, err))
+		}
+	}
+	return &network{p: p, spec: spec}, nil
+}
+
+// Assign implements provider.Provider: every address on a NIC of the
+// network (explicit ones on a NIC of their subnet).
+func (n *network) Assign(ctx context.Context, req provider.AssignRequest) ([]alloc.Lease, error) {
+	p := n.p
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	nics, err := p.attachedNICs(ctx, kindNetwork)
+	if err != nil {
+		return nil, err
+	}
+	var out []alloc.Lease
+	var explicit []netip.Addr
+	for _, a := range req.Addresses {
+		if i := slices.IndexFunc(nics, func(m nicPort) bool { return slices.Contains(m.pods(), a) }); i >= 0 {
+			out = append(out, p.nicLease(a, nics[i]))
+			continue
+		}
+		explicit = append(explicit, a)
+	}
+	more, err := p.assignOnNICs(ctx, nics, explicit, max(req.Count, 0))
+	return append(out, more...), err
+}
+
+// Release implements provider.Provider; a NIC left without pods goes.
+func (n *network) Release(ctx context.Context, addrs []netip.Addr) error {
+	n.p.mu.Lock()
+	defer n.p.mu.Unlock()
+	return n.p.releaseSecondary(ctx, addrs)
+}
+
+// Held implements provider.Provider: the pod addresses on the network's
+// NICs of this VM.
+func (n *network) Held(ctx context.Context) ([]alloc.Lease, error) {
+	n.p.mu.Lock()
+	defer n.p.mu.Unlock()
+	return n.p.heldSecondary(ctx)
+}
+
+// Info implements provider.Provider: the network, its subnets and groups,
+// and its bound — maxAddresses on each NIC the VM may still take.
+func (n *network) Info() provider.Info {
+	p := n.p
+	var subs []string
+	for _, id := range n.spec.SubnetIDs {
+		if s := p.nets[id]; s != nil {
+			subs = append(subs, fmt.Sprintf("%s (%s)", id, s.prefix))
+		}
+	}
+	sg := "the project's default security group"
+	if len(n.spec.SecurityGroups) > 0 {
+		sg = "security groups " + strings.Join(n.spec.SecurityGroups, ", ")
+	}
+	return provider.Info{
+		Name: "openstack", Calls: p.calls.snapshot(),
+		Capacity:       p.cfg.SecondaryNICs * p.cfg.MaxAddresses,
+		CapacityReason: fmt.Sprintf("maxAddresses %d on each of up to %d NICs (maxNICs %d less the VM's primary NIC; the node's other networks share them)", p.cfg.MaxAddresses, p.cfg.SecondaryNICs, p.cfg.MaxNICs),
+		Subnet:         fmt.Sprintf("pod network %s: network %s, subnets %s; %s", p.network, n.spec.NetworkID, strings.Join(subs, ", "), sg),
+	}
+}
