@@ -50,26 +50,33 @@ var seq atomic.Int64
 // NewSubnet implements providertest.Endpoint.
 func (e Endpoint) NewSubnet(t *testing.T, cidr string, pool int) providertest.Subnet {
 	t.Helper()
+	name := fmt.Sprintf("vpcni-test-%d-%d", os.Getpid(), seq.Add(1))
+	n, err := networks.Create(ctx(t), e.NC, networks.CreateOpts{Name: name}).Extract()
+	if err != nil {
+		t.Fatalf("create network: %v", err)
+	}
+	t.Cleanup(func() { e.DeleteNetwork(n.ID) })
+	return e.AddSubnet(t, n.ID, cidr, pool)
+}
+
+// AddSubnet makes a subnet on a network: the gateway its first address, an
+// allocation pool of pool addresses after it. It goes with the network.
+func (e Endpoint) AddSubnet(t *testing.T, network, cidr string, pool int) providertest.Subnet {
+	t.Helper()
 	prefix := netip.MustParsePrefix(cidr)
 	gw := prefix.Addr().Next()
 	last := gw
 	for range pool {
 		last = last.Next()
 	}
-	name := fmt.Sprintf("vpcni-test-%d-%d", os.Getpid(), seq.Add(1))
-	n, err := networks.Create(ctx(t), e.NC, networks.CreateOpts{Name: name}).Extract()
-	if err != nil {
-		t.Fatalf("create network: %v", err)
-	}
 	gws := gw.String()
 	sn, err := subnets.Create(ctx(t), e.NC, subnets.CreateOpts{
-		NetworkID: n.ID, Name: name, IPVersion: gophercloud.IPv4, CIDR: cidr, GatewayIP: &gws,
+		NetworkID: network, Name: fmt.Sprintf("vpcni-test-%d-%d", os.Getpid(), seq.Add(1)), IPVersion: gophercloud.IPv4, CIDR: cidr, GatewayIP: &gws,
 		AllocationPools: []subnets.AllocationPool{{Start: gw.Next().String(), End: last.String()}},
 	}).Extract()
 	if err != nil {
-		t.Fatalf("create subnet: %v", err)
+		t.Fatalf("create subnet %s: %v", cidr, err)
 	}
-	t.Cleanup(func() { e.DeleteNetwork(n.ID) })
 	return providertest.Subnet{ID: sn.ID, CIDR: prefix, Gateway: gw}
 }
 
