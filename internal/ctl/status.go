@@ -11,10 +11,12 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
 
+	"github.com/vpcni/vpcni/internal/alloc"
 	"github.com/vpcni/vpcni/internal/api"
 	_ "github.com/vpcni/vpcni/internal/builtin/clouds" // the clouds a -cloud-config may name
 )
@@ -228,12 +230,26 @@ func printState(out io.Writer, st *api.State) {
 	if p.Leaving > 0 {
 		fmt.Fprintf(out, "          %d leaving (requested addresses going back to the cloud): %s\n", p.Leaving, strings.Join(p.Addresses["leaving"], " "))
 	}
+	for _, n := range st.PodNetworks {
+		np := n.Pool
+		state := "ready"
+		if !n.Ready {
+			state = "NOT READY: " + n.Reason
+		}
+		fmt.Fprintf(out, "network   %s (%s): free %d, cooling %d, allocated %d, capacity %d; %s\n", n.Name, state, np.Free, np.Cooling, np.Allocated, np.Capacity, n.Source)
+	}
 	if len(st.Allocations) == 0 {
 		fmt.Fprintln(out, "no allocations")
 		return
 	}
+	// The network and NIC columns only on a node that serves PodNetworks.
+	nets := len(st.PodNetworks) > 0 || slices.ContainsFunc(st.Allocations, func(a alloc.Allocation) bool { return a.PodNetwork != "" })
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ADDRESS\tPOD\tCONTAINER\tIF\tHOST IF\tNETNS\tSINCE\tDATAPATH")
+	header := "ADDRESS\tPOD\tCONTAINER\tIF\tHOST IF\tNETNS\tSINCE\tDATAPATH"
+	if nets {
+		header += "\tNETWORK\tNIC"
+	}
+	fmt.Fprintln(tw, header)
 	var problems []string
 	for _, a := range st.Allocations {
 		pod := a.PodNamespace + "/" + a.PodName
@@ -251,7 +267,18 @@ func printState(out io.Writer, st *api.State) {
 			dp = "UNHEALTHY"
 			problems = append(problems, fmt.Sprintf("  %s (%s), checked %s: %s", a.Address, pod, h.CheckedAt, h.Problem))
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%.12s\t%s\t%s\t%s\t%s\t%s\n", a.Address, pod, a.ContainerID, a.IfName, a.HostIf(), filepath.Base(a.Netns), a.Created.Format(time.RFC3339), dp)
+		row := fmt.Sprintf("%s\t%s\t%.12s\t%s\t%s\t%s\t%s\t%s", a.Address, pod, a.ContainerID, a.IfName, a.HostIf(), filepath.Base(a.Netns), a.Created.Format(time.RFC3339), dp)
+		if nets {
+			network, nic := a.PodNetwork, "-"
+			if network == "" {
+				network = "default"
+			}
+			if a.NIC != nil {
+				nic = a.NIC.MAC + " (port " + a.Interface + ")"
+			}
+			row += "\t" + network + "\t" + nic
+		}
+		fmt.Fprintln(tw, row)
 	}
 	tw.Flush()
 	if len(problems) > 0 {

@@ -176,3 +176,38 @@ func TestStatusShowsSubnet(t *testing.T) {
 		t.Errorf("status does not name the subnet under the provider:\n%s", stdout.String())
 	}
 }
+
+// A node that serves PodNetworks shows each network's pool and source,
+// and each pod's network and NIC; a node that serves none keeps the
+// table as it was.
+func TestStatusShowsPodNetworks(t *testing.T) {
+	web := alloc.Allocation{ContainerID: "c1", IfName: "eth0", PodNamespace: "shop", PodName: "web-0",
+		Lease: alloc.Lease{Address: netip.MustParseAddr("10.9.0.5"), Interface: "port-w", PodNetwork: "web", NIC: &alloc.NIC{MAC: "fa:16:3e:00:00:09"}}}
+	plain := alloc.Allocation{ContainerID: "c2", IfName: "eth0", PodNamespace: "default", PodName: "app",
+		Lease: alloc.Lease{Address: netip.MustParseAddr("10.0.3.7")}}
+	st := api.State{Node: "node-a", Ready: true, Provider: "openstack", Allocations: []alloc.Allocation{web, plain},
+		PodNetworks: []api.PodNetworkState{{Name: "web", Ready: true, Source: "pod network web: network n1, subnets s1 (10.9.0.0/24); security groups sg-web",
+			Pool: api.PoolState{Free: 2, Allocated: 1, Capacity: 448}}}}
+	socket, _ := fakeAgent(t, st)
+	var stdout, stderr bytes.Buffer
+	if code := Main([]string{"status", "--socket", socket}, &stdout, &stderr); code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr.String())
+	}
+	out := stdout.String()
+	for _, want := range []string{
+		"network   web (ready): free 2, cooling 0, allocated 1, capacity 448; pod network web: network n1, subnets s1 (10.9.0.0/24); security groups sg-web\n",
+		"NETWORK", "web      fa:16:3e:00:00:09 (port port-w)", "default  -",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("status lacks %q:\n%s", want, out)
+		}
+	}
+	socket, _ = fakeAgent(t, api.State{Node: "node-a", Ready: true, Provider: "openstack", Allocations: []alloc.Allocation{plain}})
+	stdout.Reset()
+	if code := Main([]string{"status", "--socket", socket}, &stdout, &stderr); code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr.String())
+	}
+	if strings.Contains(stdout.String(), "NETWORK") {
+		t.Errorf("a node without PodNetworks shows the network column:\n%s", stdout.String())
+	}
+}

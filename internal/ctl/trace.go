@@ -73,7 +73,11 @@ func trace(args []string, out io.Writer) error {
 func printTrace(out io.Writer, tr *api.Trace) {
 	fmt.Fprintf(out, "pod %s on node %s (datapath %s, provider %s)\n", tr.Pod, tr.Node, tr.Datapath, tr.Provider)
 	for _, a := range tr.Attachments {
-		fmt.Fprintf(out, "\n%s %s (container %.12s)\n", a.IfName, a.Address, a.ContainerID)
+		network := ""
+		if a.PodNetwork != "" {
+			network = ", PodNetwork " + a.PodNetwork
+		}
+		fmt.Fprintf(out, "\n%s %s (container %.12s%s)\n", a.IfName, a.Address, a.ContainerID, network)
 		tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "WHERE\tPIECE\tSTATE\tDETAIL")
 		var fixes []string
