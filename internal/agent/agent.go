@@ -181,6 +181,13 @@ func (a *Agent) snapshot() metrics.Snapshot {
 		fp := f.FastPath()
 		snap.FastPath = &fp
 	}
+	for name, m := range a.netPools() {
+		ns := m.Status(time.Now())
+		if snap.PodNetworks == nil {
+			snap.PodNetworks = map[string]metrics.NetworkPool{}
+		}
+		snap.PodNetworks[name] = metrics.NetworkPool{Free: ns.Free, Cooling: ns.Cooling, Allocated: ns.Allocated, Capacity: ns.Provider.Capacity}
+	}
 	return snap
 }
 

@@ -133,7 +133,25 @@ type Snapshot struct {
 	Mode string
 	// FastPath is the datapath's fast path (nil: the mode has none).
 	FastPath *datapath.FastPath
+	// PodNetworks are the pools of the PodNetworks the node serves, by
+	// name (the figures above are the default network's).
+	PodNetworks map[string]NetworkPool
 }
+
+// NetworkPool is one PodNetwork's pool as the gauges show it.
+type NetworkPool struct {
+	Free, Cooling, Allocated int
+	// Capacity is the network's bound on the node (0: unknown).
+	Capacity int
+}
+
+// A PodNetwork's pool, one series per network the node serves.
+var (
+	networkAddresses = prometheus.NewDesc("vpcni_pod_network_addresses",
+		"Addresses the node holds for a PodNetwork's pods, by network and state (free, cooling, allocated).", []string{"network", "state"}, nil)
+	networkCapacity = prometheus.NewDesc("vpcni_pod_network_capacity",
+		"The most addresses the node may hold for a PodNetwork (its provider's bound, e.g. maxAddresses on each NIC the VM may still take; 0: unknown).", []string{"network"}, nil)
+)
 
 // The fast path's instruments, reported only by a mode that has one.
 var (
@@ -154,6 +172,8 @@ type watcher struct {
 func (w *watcher) Describe(ch chan<- *prometheus.Desc) {
 	ch <- fastPathActive
 	ch <- fastPathPackets
+	ch <- networkAddresses
+	ch <- networkCapacity
 	w.m.Pool.Describe(ch)
 	w.m.Capacity.Describe(ch)
 	w.m.Allocations.Describe(ch)
@@ -178,6 +198,12 @@ func (w *watcher) Collect(ch chan<- prometheus.Metric) {
 	w.m.Capacity.Collect(ch)
 	w.m.Allocations.Collect(ch)
 	w.m.Degraded.Collect(ch)
+	for name, p := range s.PodNetworks {
+		for state, n := range map[string]int{"free": p.Free, "cooling": p.Cooling, "allocated": p.Allocated} {
+			ch <- prometheus.MustNewConstMetric(networkAddresses, prometheus.GaugeValue, float64(n), name, state)
+		}
+		ch <- prometheus.MustNewConstMetric(networkCapacity, prometheus.GaugeValue, float64(p.Capacity), name)
+	}
 	if fp := s.FastPath; fp != nil {
 		active := 0.0
 		if fp.Active {
