@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
@@ -44,11 +45,13 @@ func (p *PodNetworks) Run(ctx context.Context) { p.inf.Run(ctx.Done()) }
 
 // NetworkOf is the PodNetwork on pod namespace/name: from the node's pod
 // cache, or — for a pod the cache has not seen yet (the runtime can be
-// quicker than the watch) — from the API server.
+// quicker than the watch) — from the API server. Only when that fails
+// and PodNetworks exist does it fail: a pod that may be on one must not
+// come up on another network.
 func (p *PodNetworks) NetworkOf(ctx context.Context, namespace, name string) (string, error) {
 	if obj, ok, _ := p.node.pods.GetIndexer().GetByKey(namespace + "/" + name); ok {
-		if pod, ok := obj.(interface{ GetAnnotations() map[string]string }); ok {
-			return pod.GetAnnotations()[v1alpha1.AnnotationNetwork], nil
+		if pod, ok := obj.(*corev1.Pod); ok {
+			return pod.Annotations[v1alpha1.AnnotationNetwork], nil
 		}
 	}
 	pod, err := p.node.cs.CoreV1().Pods(namespace).Get(ctx, name, metav1.GetOptions{})
@@ -58,6 +61,12 @@ func (p *PodNetworks) NetworkOf(ctx context.Context, namespace, name string) (st
 		return "", nil
 	}
 	if err != nil {
+		if p.inf.HasSynced() && len(p.inf.GetStore().ListKeys()) == 0 {
+			// No PodNetwork exists: the pod is on the default network
+			// whatever it says, and the ADD need not wait for the API
+			// server to come back.
+			return "", nil
+		}
 		return "", fmt.Errorf("get pod %s/%s: %w", namespace, name, err)
 	}
 	return pod.Annotations[v1alpha1.AnnotationNetwork], nil
