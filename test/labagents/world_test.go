@@ -294,7 +294,9 @@ func sweep(ctx context.Context, nc *gophercloud.ServiceClient) error {
 	if page, err := ports.List(nc, ports.ListOpts{}).AllPages(ctx); err == nil {
 		ps, _ := ports.ExtractPorts(page)
 		for _, p := range ps {
-			if strings.HasPrefix(p.Name, prefix+"-") {
+			// The test's own, and the NICs vpcnid made for its VMs
+			// (vpcni-<kind>-<instance>).
+			if strings.HasPrefix(p.Name, prefix+"-") || strings.HasPrefix(p.Name, "vpcni-") && strings.HasSuffix(p.Name, "-"+prefix+"-n1") {
 				keep(ports.Delete(ctx, nc, p.ID).ExtractErr())
 			}
 		}
@@ -323,13 +325,15 @@ func sweep(ctx context.Context, nc *gophercloud.ServiceClient) error {
 		}
 		return nil
 	})
-	if page, err := groups.List(nc, groups.ListOpts{Name: prefix + "-open"}).AllPages(ctx); err == nil {
-		sgs, _ := groups.ExtractGroups(page)
-		for _, g := range sgs {
-			keep(groups.Delete(ctx, nc, g.ID).ExtractErr())
+	for _, name := range []string{prefix + "-open", prefix + "-web"} {
+		if page, err := groups.List(nc, groups.ListOpts{Name: name}).AllPages(ctx); err == nil {
+			sgs, _ := groups.ExtractGroups(page)
+			for _, g := range sgs {
+				keep(groups.Delete(ctx, nc, g.ID).ExtractErr())
+			}
+		} else {
+			keep(err)
 		}
-	} else {
-		keep(err)
 	}
 	for _, ns := range netnsutil.List(prefix + "-") {
 		keep(netnsutil.Delete(ns))
