@@ -220,7 +220,7 @@ k8s-api: build k8s-build
 # it restarts that neutron-server in Keystone mode (application credential,
 # a TLS front with a CA of its own, a proxy, the policy's refusals). test/doctor runs
 # vpcnictl doctor on a lab node with each planted fault (~1 s).
-TESTFILTER := grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|vpcni-test:|^chaos:|^\[neutron'
+TESTFILTER := grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|vpcni-test:|^chaos:|^\[neutron|^pod-networks:'
 integration: build
 	VPCNI_REQUIRE_ROOT=1 VPCNI_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout $(PKG_TEST_TIMEOUT) -v ./test/integration ./test/macvlan ./test/bridge ./test/neutron ./test/lab ./test/labnics ./test/doctor ./test/aws 2>&1 | tee /tmp/vpcni-integration.log | $(TESTFILTER) ; exit $${PIPESTATUS[0]}
 	VPCNI_REQUIRE_ROOT=1 $(GO) test -count=1 -timeout $(PKG_TEST_TIMEOUT) -v ./test/keystone 2>&1 | tee /tmp/vpcni-keystone.log | $(TESTFILTER) ; exit $${PIPESTATUS[0]}
@@ -240,7 +240,7 @@ e2e-lab-ebpf: build
 # kube-apiserver (the cached Kubernetes build), printing `pod-networks: …`
 # (~3 min in all).
 e2e-neutron-agents: build k8s-build
-	VPCNI_REQUIRE_ROOT=1 VPCNI_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout $(PKG_TEST_TIMEOUT) -v ./test/labagents 2>&1 | tee /tmp/vpcni-e2e-neutron-agents.log | $(TESTFILTER) -e '^pod-networks:' ; exit $${PIPESTATUS[0]}
+	VPCNI_REQUIRE_ROOT=1 VPCNI_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout $(PKG_TEST_TIMEOUT) -v ./test/labagents 2>&1 | tee /tmp/vpcni-e2e-neutron-agents.log | $(TESTFILTER) ; exit $${PIPESTATUS[0]}
 
 # The NIC modes against a real Nova (Debian's Zed, fake virt driver) beside
 # a real neutron-server with Keystone (scripts/nova.sh, its own state and
