@@ -23,6 +23,7 @@ import (
 	"time"
 
 	types100 "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/gophercloud/gophercloud/v2"
 
 	"github.com/vpcni/vpcni/internal/config"
 	"github.com/vpcni/vpcni/internal/floatingip"
@@ -102,41 +103,10 @@ type pod struct {
 func TestRealNeutronAgents(t *testing.T) {
 	c, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
-	nc := openstack.NoAuthClient(endpoint, http.Client{Timeout: 30 * time.Second})
-	if err := sweep(c, nc); err != nil {
-		t.Fatalf("clearing an earlier run: %v", err)
-	}
-	t.Cleanup(func() {
-		sc, scancel := context.WithTimeout(context.Background(), 2*time.Minute)
-		defer scancel()
-		if err := sweep(sc, nc); err != nil {
-			t.Errorf("cleanup: %v", err)
-		}
-	})
 	t0 := time.Now()
-	w, err := build(c, nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	n1, err := w.plug(c, "n1", at(211))
-	if err != nil {
-		t.Fatal(err)
-	}
-	n2, err := w.plug(c, "n2", at(212))
-	if err != nil {
-		t.Fatal(err)
-	}
-	legacy, err := w.plug(c, "legacy", at(230))
-	if err != nil {
-		t.Fatal(err)
-	}
+	nc, w, vms := upWorld(t, c, map[string]byte{"n1": 211, "n2": 212, "legacy": 230})
+	n1, n2, legacy := vms["n1"], vms["n2"], vms["legacy"]
 	for _, v := range []*vm{n1, n2, legacy} {
-		ac, acancel := context.WithTimeout(c, time.Minute)
-		err := w.waitActive(ac, v)
-		acancel()
-		if err != nil {
-			t.Fatal(err)
-		}
 		serve(t, netnsutil.Path(v.ns), v.ip)
 	}
 	// The fabric itself: VM to VM through the brq bridge and the agent's
@@ -335,6 +305,43 @@ func TestRealNeutronAgents(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("vpcni-test: whole e2e %.1fs", time.Since(t0).Seconds())
+}
+
+// upWorld clears what an earlier run left, builds the world and plugs a
+// VM per name (the last octet of its address), each port ACTIVE before it
+// returns; the world is swept again when the test ends.
+func upWorld(t *testing.T, c context.Context, vms map[string]byte) (*gophercloud.ServiceClient, *world, map[string]*vm) {
+	t.Helper()
+	nc := openstack.NoAuthClient(endpoint, http.Client{Timeout: 30 * time.Second})
+	if err := sweep(c, nc); err != nil {
+		t.Fatalf("clearing an earlier run: %v", err)
+	}
+	t.Cleanup(func() {
+		sc, scancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer scancel()
+		if err := sweep(sc, nc); err != nil {
+			t.Errorf("cleanup: %v", err)
+		}
+	})
+	w, err := build(c, nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]*vm{}
+	for name, b := range vms {
+		if out[name], err = w.plug(c, name, at(b)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, v := range out {
+		ac, acancel := context.WithTimeout(c, time.Minute)
+		err := w.waitActive(ac, v)
+		acancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	return nc, w, out
 }
 
 // serve runs an echo server on ip inside the namespace at path until the

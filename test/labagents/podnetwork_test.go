@@ -13,8 +13,8 @@ import (
 	"testing"
 	"time"
 
-	types100 "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/cni/libcni"
+	types100 "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/gophercloud/gophercloud/v2"
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/extensions/layer3/routers"
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/extensions/security/groups"
@@ -59,38 +59,9 @@ const (
 func TestPodNetworkSecurityGroups(t *testing.T) {
 	c, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
-	nc := openstack.NoAuthClient(endpoint, http.Client{Timeout: 30 * time.Second})
-	if err := sweep(c, nc); err != nil {
-		t.Fatalf("clearing an earlier run: %v", err)
-	}
-	t.Cleanup(func() {
-		sc, scancel := context.WithTimeout(context.Background(), 2*time.Minute)
-		defer scancel()
-		if err := sweep(sc, nc); err != nil {
-			t.Errorf("cleanup: %v", err)
-		}
-	})
 	t0 := time.Now()
-	w, err := build(c, nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	n1, err := w.plug(c, "n1", at(211))
-	if err != nil {
-		t.Fatal(err)
-	}
-	legacy, err := w.plug(c, "legacy", at(230))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, v := range []*vm{n1, legacy} {
-		ac, acancel := context.WithTimeout(c, time.Minute)
-		err := w.waitActive(ac, v)
-		acancel()
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
+	nc, w, vms := upWorld(t, c, map[string]byte{"n1": 211, "legacy": 230})
+	n1, legacy := vms["n1"], vms["legacy"]
 
 	// PodNetwork web's network: its own subnet on the router, and group
 	// web, which admits TCP 80 from the legacy VM only.
