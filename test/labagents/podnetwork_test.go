@@ -107,8 +107,10 @@ func TestPodNetworkSecurityGroups(t *testing.T) {
 	if _, err := cs.CoreV1().Nodes().Create(c, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodeName}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatal(err)
 	}
-	if _, err := cs.CoreV1().Namespaces().Create(c, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "web", Labels: map[string]string{"team": "web"}}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		t.Fatal(err)
+	for _, team := range []string{"web", "db"} {
+		if _, err := cs.CoreV1().Namespaces().Create(c, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: team, Labels: map[string]string{"team": team}}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+			t.Fatal(err)
+		}
 	}
 	pns, err := k8s.NewPodNetworks(api.Config)
 	if err != nil {
@@ -119,8 +121,16 @@ func TestPodNetworkSecurityGroups(t *testing.T) {
 		OpenStack:         &v1alpha1.OpenStackPodNetwork{NetworkID: webNet.ID, SubnetIDs: []string{webSubnet.ID}, SecurityGroups: []string{sgWeb.ID}}}}); err != nil {
 		t.Fatal(err)
 	}
+	// PodNetwork db: the default network and subnet, but a group set of
+	// its own (the open group), so a NIC of its own.
+	if err := pns.Create(c, &v1alpha1.PodNetwork{ObjectMeta: metav1.ObjectMeta{Name: "db"}, Spec: v1alpha1.PodNetworkSpec{
+		NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"team": "db"}},
+		OpenStack:         &v1alpha1.OpenStackPodNetwork{NetworkID: w.netID, SubnetIDs: []string{w.subnetID}, SecurityGroups: []string{w.sgID}}}}); err != nil {
+		t.Fatal(err)
+	}
 	for _, p := range []*corev1.Pod{
 		{ObjectMeta: metav1.ObjectMeta{Name: "web-0", Namespace: "web", Annotations: map[string]string{v1alpha1.AnnotationNetwork: "web"}}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "db-0", Namespace: "db", Annotations: map[string]string{v1alpha1.AnnotationNetwork: "db"}}},
 		{ObjectMeta: metav1.ObjectMeta{Name: "plain-0", Namespace: "default"}},
 	} {
 		p.Spec = corev1.PodSpec{NodeName: nodeName, Containers: []corev1.Container{{Name: "c", Image: "none"}}}
@@ -199,8 +209,9 @@ func TestPodNetworkSecurityGroups(t *testing.T) {
 		}
 		return ip, netnsutil.Path(ns), func(ctx context.Context) error { return cni.Del(ctx, rt) }
 	}
-	plainIP, _, _ := add("default", "plain-0")
+	plainIP, plainNS, _ := add("default", "plain-0")
 	webIP, webNS, delWeb := add("web", "web-0")
+	dbIP, dbNS, _ := add("db", "db-0")
 	if !netip.MustParsePrefix(subnetCIDR).Contains(plainIP) || !webPrefix.Contains(webIP) {
 		t.Fatalf("pod addresses: default pod %s (want in %s), web pod %s (want in %s)", plainIP, subnetCIDR, webIP, webCIDR)
 	}
@@ -208,14 +219,17 @@ func TestPodNetworkSecurityGroups(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var nicPort string
+	var nicPort, dbPort string
 	for _, a := range st.Allocations {
-		if a.Address == webIP && a.PodNetwork == "web" && a.NIC != nil {
+		switch {
+		case a.Address == webIP && a.PodNetwork == "web" && a.NIC != nil:
 			nicPort = a.Interface
+		case a.Address == dbIP && a.PodNetwork == "db" && a.NIC != nil:
+			dbPort = a.Interface
 		}
 	}
-	if nicPort == "" || len(st.PodNetworks) != 1 || st.PodNetworks[0].Name != "web" || st.PodNetworks[0].Pool.Allocated != 1 {
-		t.Fatalf("vpcnid's state: allocations %+v, podNetworks %+v; want web's pod on a NIC of PodNetwork web", st.Allocations, st.PodNetworks)
+	if nicPort == "" || dbPort == "" || nicPort == dbPort || len(st.PodNetworks) != 2 || st.PodNetworks[1].Name != "web" || st.PodNetworks[1].Pool.Allocated != 1 {
+		t.Fatalf("vpcnid's state: allocations %+v, podNetworks %+v; want web's and db's pods each on a NIC of its PodNetwork", st.Allocations, st.PodNetworks)
 	}
 	port, err := ports.Get(c, nc, nicPort).Extract()
 	if err != nil {
@@ -224,13 +238,15 @@ func TestPodNetworkSecurityGroups(t *testing.T) {
 	if port.NetworkID != webNet.ID || len(port.SecurityGroups) != 1 || port.SecurityGroups[0] != sgWeb.ID {
 		t.Fatalf("web pod's NIC port %s: network %s, groups %v; want web's network %s and group web %s", port.ID, port.NetworkID, port.SecurityGroups, webNet.ID, sgWeb.ID)
 	}
-	t.Logf("vpcni-test: default pod %s on the VM port; web pod %s on NIC port %s (%s), network %s, group web; %s",
-		plainIP, webIP, port.ID, port.Description, webNet.ID, st.PodNetworks[0].Source)
-	ac, acancel := context.WithTimeout(c, time.Minute)
-	err = w.waitActive(ac, &vm{name: "web's NIC", portID: port.ID})
-	acancel()
-	if err != nil {
-		t.Fatal(err)
+	t.Logf("vpcni-test: default pod %s on the VM port; web pod %s on NIC port %s (%s), network %s, group web; %s; db pod %s on NIC port %s",
+		plainIP, webIP, port.ID, port.Description, webNet.ID, st.PodNetworks[1].Source, dbIP, dbPort)
+	for _, id := range []string{port.ID, dbPort} {
+		ac, acancel := context.WithTimeout(c, time.Minute)
+		err = w.waitActive(ac, &vm{name: "NIC " + id, portID: id})
+		acancel()
+		if err != nil {
+			t.Fatal(err)
+		}
 	}
 
 	legacyNS := netnsutil.Path(legacy.ns)
@@ -270,6 +286,41 @@ func TestPodNetworkSecurityGroups(t *testing.T) {
 		t.Errorf("web pod %s -> default pod %s:80 across the router: %v", webIP, plainIP, err)
 	}
 
+	// Each pod leaves by its own port: the agent's egress chain of each
+	// port counts its pod's packets, and no other port's does.
+	serve(t, legacyNS, legacy.ip)
+	egress := map[string]string{"VM port": n1.portID, "web's NIC": port.ID, "db's NIC": dbPort}
+	ownPort := true
+	for _, from := range []struct {
+		pod, ns, port string
+		ip            netip.Addr
+	}{{"default pod", plainNS, "VM port", plainIP}, {"web pod", webNS, "web's NIC", webIP}, {"db pod", dbNS, "db's NIC", dbIP}} {
+		before := map[string]int{}
+		for name, id := range egress {
+			if before[name], err = egressPackets(id); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := eventually(20*time.Second, reach(from.ns, legacy.ip, echoPort)); err != nil {
+			t.Errorf("%s %s -> legacy VM: %v", from.pod, from.ip, err)
+		}
+		var counts []string
+		for _, name := range []string{"VM port", "web's NIC", "db's NIC"} {
+			id := egress[name]
+			after, err := egressPackets(id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if sent := after - before[name]; (name == from.port) != (sent > 0) {
+				ownPort = false
+				t.Errorf("%s %s -> legacy VM: %s's egress chain counted %d packets", from.pod, from.ip, name, sent)
+			} else {
+				counts = append(counts, fmt.Sprintf("%s +%d", name, sent))
+			}
+		}
+		t.Logf("vpcni-test: %s %s -> legacy VM: the agent's egress chains: %s", from.pod, from.ip, strings.Join(counts, ", "))
+	}
+
 	// A rule added in Neutron lets 22 through; the pod is not touched.
 	if _, err := rules.Create(c, nc, rules.CreateOpts{Direction: rules.DirIngress, EtherType: rules.EtherType4, SecGroupID: sgWeb.ID,
 		Protocol: rules.ProtocolTCP, PortRangeMin: sshPort, PortRangeMax: sshPort, RemoteIPPrefix: legacy.ip.String() + "/32"}).Extract(); err != nil {
@@ -299,8 +350,8 @@ func TestPodNetworkSecurityGroups(t *testing.T) {
 	} else {
 		t.Logf("vpcni-test: web-0's DEL: its NIC detached and its port deleted %.1fs after", d.Seconds())
 	}
-	fmt.Printf("pod-networks: networks=2 subnets=2 sg_allowed=%s sg_blocked=%s sg_rule_change=%s nic_released=%s e2e_s=%.1f\n",
-		yes(sgAllowed), yes(sgBlocked), yes(ruleChange), yes(nicReleased), time.Since(t0).Seconds())
+	fmt.Printf("pod-networks: networks=2 subnets=2 pod_networks=2 sg_allowed=%s sg_blocked=%s sg_rule_change=%s own_port=%s nic_released=%s e2e_s=%.1f\n",
+		yes(sgAllowed), yes(sgBlocked), yes(ruleChange), yes(ownPort), yes(nicReleased), time.Since(t0).Seconds())
 }
 
 // podRuntime is a pod's CNI call as the kubelet makes it.
@@ -314,17 +365,30 @@ func podRuntime(name, netns, namespace string) *libcni.RuntimeConf {
 // agent's ingress chain for a port sends what no rule of its groups
 // admits to neutron-linuxbri-sg-fallback (which drops it).
 func fallbackDrops(chain string) (int, error) {
+	return chainPackets(chain, "neutron-linuxbri-sg-fallback")
+}
+
+// chainPackets is the packet count of the rule of an iptables chain that
+// jumps to target.
+func chainPackets(chain, target string) (int, error) {
 	out, err := exec.Command("iptables", "-t", "filter", "-L", chain, "-v", "-x", "-n").CombinedOutput()
 	if err != nil {
 		return 0, fmt.Errorf("iptables -L %s: %w: %s", chain, err, out)
 	}
 	for _, line := range strings.Split(string(out), "\n") {
 		f := strings.Fields(line)
-		if len(f) > 2 && f[2] == "neutron-linuxbri-sg-fallback" {
+		if len(f) > 2 && f[2] == target {
 			return strconv.Atoi(f[0])
 		}
 	}
-	return 0, fmt.Errorf("no rule to neutron-linuxbri-sg-fallback in %s:\n%s", chain, out)
+	return 0, fmt.Errorf("no rule to %s in %s:\n%s", target, chain, out)
+}
+
+// egressPackets counts the packets the linuxbridge agent's egress chain
+// for a port has seen from it: every one but DHCP passes the chain's jump
+// to the port's anti-spoofing chain.
+func egressPackets(portID string) (int, error) {
+	return chainPackets("neutron-linuxbri-o"+portID[:10], "neutron-linuxbri-s"+portID[:10])
 }
 
 // crdFiles are vpcni's CRDs in deploy/.
