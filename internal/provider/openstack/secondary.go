@@ -140,8 +140,11 @@ func (p *Provider) assignOnNICs(ctx context.Context, nics []nicPort, explicit []
 		})
 		if i < 0 {
 			if len(nics) >= p.cfg.SecondaryNICs {
-				errs = append(errs, fmt.Errorf("VM port %s and its %d secondary NICs hold maxAddresses %d each, or their subnets are full: %w",
-					p.portID, len(nics), p.cfg.MaxAddresses, provider.ErrExhausted))
+				held := fmt.Sprintf("VM port %s and its %d secondary NICs", p.portID, len(nics))
+				if p.network != "" {
+					held = fmt.Sprintf("the %d NICs of pod network %s", len(nics), p.network)
+				}
+				errs = append(errs, fmt.Errorf("%s hold maxAddresses %d each, or their subnets are full: %w", held, p.cfg.MaxAddresses, provider.ErrExhausted))
 				break
 			}
 			n, err := p.newSecondary(ctx, full, want)
@@ -234,7 +237,7 @@ func (p *Provider) newSecondary(ctx context.Context, full map[string]bool, want 
 		return nicPort{}, err
 	}
 	if room < 1 {
-		return nicPort{}, fmt.Errorf("instance %s has no room for another secondary NIC (maxNICs %d): %w", p.instanceID, p.cfg.MaxNICs, provider.ErrExhausted)
+		return nicPort{}, fmt.Errorf("instance %s has no room for another %s (maxNICs %d): %w", p.instanceID, p.nicWhat(), p.cfg.MaxNICs, provider.ErrExhausted)
 	}
 	cands, free, err := p.nicSubnets(ctx)
 	if err != nil {
@@ -271,7 +274,15 @@ func (p *Provider) newSecondary(ctx context.Context, full map[string]bool, want 
 	if want.IsValid() && len(tried) == 0 {
 		return nicPort{}, fmt.Errorf("%s is on no subnet a secondary NIC may go on: %w", want, provider.ErrOutside)
 	}
-	return nicPort{}, fmt.Errorf("no subnet has room for another secondary NIC (%s): %w", strings.Join(tried, "; "), provider.ErrExhausted)
+	return nicPort{}, fmt.Errorf("no subnet has room for another %s (%s): %w", p.nicWhat(), strings.Join(tried, "; "), provider.ErrExhausted)
+}
+
+// nicWhat names the NICs this provider attaches, for errors.
+func (p *Provider) nicWhat() string {
+	if p.network != "" {
+		return "NIC for pod network " + p.network
+	}
+	return "secondary NIC"
 }
 
 // nicDesc is a secondary NIC port's description: whose NIC it is, the
