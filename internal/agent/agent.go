@@ -225,6 +225,11 @@ func (a *Agent) restore(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	for _, name := range a.savedNetworks() {
+		if _, ok := byNet[name]; !ok && name != "" {
+			byNet[name] = nil // its pool holds addresses, no pod
+		}
+	}
 	for name, recs := range byNet {
 		if name == "" {
 			continue
