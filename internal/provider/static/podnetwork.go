@@ -57,10 +57,10 @@ func networkConfig(name string, raw json.RawMessage, defaults []Range) (*Config,
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&spec); err != nil {
-		return nil, fmt.Errorf("PodNetwork %s: its static section: %w", name, err)
+		return nil, fmt.Errorf("its static section: %w", err)
 	}
 	if len(spec.Ranges) == 0 {
-		return nil, fmt.Errorf("PodNetwork %s: static.ranges is empty", name)
+		return nil, errors.New("static.ranges is empty")
 	}
 	var errs []error
 	var gw netip.Addr
@@ -101,7 +101,7 @@ func networkConfig(name string, raw json.RawMessage, defaults []Range) (*Config,
 		errs = append(errs, fmt.Errorf("static.gateway: %s is in none of the ranges %s: the L2 modes reach it on the range's subnet", gw, strings.Join(spec.Ranges, ", ")))
 	}
 	if err := errors.Join(errs...); err != nil {
-		return nil, fmt.Errorf("PodNetwork %s: %w", name, err)
+		return nil, err
 	}
 	return cfg, nil
 }
@@ -143,7 +143,7 @@ func claimRanges(stateDir, name string, cfg *Config) error {
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("PodNetwork %s: %w", name, err)
+		return err
 	}
 	nets[name] = mine
 	return nil
@@ -152,7 +152,8 @@ func claimRanges(stateDir, name string, cfg *Config) error {
 // NewNetwork builds the provider of static PodNetwork name from its spec,
 // with state under stateDir/podnetworks/<name>; node is the node's own
 // config (provider.static), whose ranges the network must keep clear of.
-// The caller arms the guard (SetGuard).
+// The caller arms the guard (SetGuard). Its errors do not repeat the
+// network's name: the agent's wrap says it.
 func NewNetwork(node *Config, stateDir, name string, raw json.RawMessage) (*Provider, error) {
 	if !dnsName.MatchString(name) || len(name) > 253 {
 		return nil, fmt.Errorf("PodNetwork %q: not a Kubernetes object name", name)
@@ -163,14 +164,14 @@ func NewNetwork(node *Config, stateDir, name string, raw json.RawMessage) (*Prov
 	}
 	dir := NetworkStateDir(stateDir, name)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("PodNetwork %s: its state directory: %w", name, err)
+		return nil, fmt.Errorf("its state directory: %w", err)
 	}
 	if err := claimRanges(stateDir, name, cfg); err != nil {
 		return nil, err
 	}
 	p, err := New(cfg, dir)
 	if err != nil {
-		return nil, fmt.Errorf("PodNetwork %s: %w", name, err)
+		return nil, err
 	}
 	p.network = name
 	return p, nil
