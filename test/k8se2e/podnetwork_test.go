@@ -11,6 +11,7 @@ import (
 
 	"github.com/vpcni/vpcni/internal/api"
 	"github.com/vpcni/vpcni/internal/apis/vpcni/v1alpha1"
+	"github.com/vpcni/vpcni/internal/k8s/nodeside"
 )
 
 // staticNetRange is the static PodNetwork's range in TestBlocksInstall: a
@@ -146,6 +147,9 @@ func checkStaticPodNetwork(t *testing.T, n *node, web []pod) {
 		}
 	}
 
+	if ev := n.mustKubectl("-n", "pn-static", "get", "events", "--field-selector", "reason="+nodeside.EventPodNetworkNotServed, "-o", "name"); strings.TrimSpace(ev) != "" {
+		t.Errorf("%s on pods the agent put on their PodNetwork: %s", nodeside.EventPodNetworkNotServed, ev)
+	}
 	st, err := n.agentState()
 	if err != nil {
 		t.Fatal(err)
