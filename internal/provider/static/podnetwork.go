@@ -52,7 +52,7 @@ func NetworkStateDir(stateDir, name string) string {
 // contains it. Every bad field is named at once. defaults are the node's
 // own ranges (provider.static.ranges), which no PodNetwork may overlap:
 // two pools would hand out one address.
-func networkConfig(name string, raw json.RawMessage, defaults []Range) (*Config, error) {
+func networkConfig(raw json.RawMessage, defaults []Range) (*Config, error) {
 	var spec NetworkSpec
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.DisallowUnknownFields()
@@ -158,7 +158,7 @@ func NewNetwork(node *Config, stateDir, name string, raw json.RawMessage) (*Prov
 	if !dnsName.MatchString(name) || len(name) > 253 {
 		return nil, fmt.Errorf("PodNetwork %q: not a Kubernetes object name", name)
 	}
-	cfg, err := networkConfig(name, raw, node.Ranges)
+	cfg, err := networkConfig(raw, node.Ranges)
 	if err != nil {
 		return nil, err
 	}
