@@ -30,6 +30,11 @@ import (
 // restarted agent makes their pools again — and finds their free
 // addresses and NICs — even when no pod of the network is left.
 
+// ReasonPodNetworkExhausted is the Node's Warning when a pod's PodNetwork
+// has no address for it on this node: the network's subnets are full, or
+// the VM has no NIC slot left for another network.
+const ReasonPodNetworkExhausted = "VpcniPodNetworkExhausted"
+
 // PodNetworks tells the agent which PodNetwork a pod is on and what that
 // network says (Kubernetes, see internal/k8s/nodeside). Without it every
 // pod is on the node's default network.
