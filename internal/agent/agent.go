@@ -236,6 +236,10 @@ func (a *Agent) restore(ctx context.Context) error {
 		}
 		a.nets.mu.Lock()
 		m := a.netPoolLocked(name)
+		if a.nets.restored == nil {
+			a.nets.restored = map[string]bool{}
+		}
+		a.nets.restored[name] = true
 		a.nets.mu.Unlock()
 		more, err := m.Restore(recs, nil, nil, time.Now())
 		if err != nil {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -62,6 +63,9 @@ type netPools struct {
 	wg  sync.WaitGroup
 	// saveMu: one write of networksFile at a time.
 	saveMu sync.Mutex
+	// restored: the networks whose pools were made at start (from records
+	// or networksFile), which may hold addresses before they connect.
+	restored map[string]bool
 }
 
 // pool is the address manager of a record's network.
@@ -156,15 +160,21 @@ func (a *Agent) netPoolLocked(name string) *addresses.Manager {
 // hold (or may hold) addresses on this node.
 const networksFile = "podnetworks.json"
 
-// saveNetworks writes the PodNetworks whose pools hold addresses, or have
-// not been compared with the cloud yet (they may). One writer at a time.
+// saveNetworks writes the PodNetworks whose pools hold addresses, or were
+// restored at start and have not been compared with the cloud yet (they
+// may). A network that never connected in this run holds nothing. One
+// writer at a time.
 func (a *Agent) saveNetworks() {
 	a.nets.saveMu.Lock()
 	defer a.nets.saveMu.Unlock()
+	a.nets.mu.Lock()
+	restored := maps.Clone(a.nets.restored)
+	a.nets.mu.Unlock()
 	var names []string
 	for name, m := range a.netPools() {
 		s := m.Status(time.Now())
-		if s.Provider.Name == "" || s.Free+s.Cooling+s.Allocated+s.Aside+s.Leaving > 0 {
+		connected := s.Provider.Name != ""
+		if !connected && restored[name] || s.Free+s.Cooling+s.Allocated+s.Aside+s.Leaving > 0 {
 			names = append(names, name)
 		}
 	}

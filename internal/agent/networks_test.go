@@ -185,4 +185,20 @@ func TestPodNetworkServedFromItsOwnPool(t *testing.T) {
 		t.Error("the default network's pod lost its wiring over the restart")
 	}
 	b.checkInvariant(t, n)
+
+	// With no pod of web left, its pool still holds addresses: a restart
+	// makes it again from the state directory's list, and finds them.
+	waitUntil(t, "the list of networks written", func() bool { return slices.Contains(b.savedNetworks(), "web") })
+	if slices.Contains(b.savedNetworks(), "bad") {
+		t.Errorf("the list of networks %v names bad, whose pool never connected", b.savedNetworks())
+	}
+	held := b.webState(t).Pool.Free
+	b.stop()
+	c := n.start()
+	c.waitRestored(t)
+	waitUntil(t, "web's pool made again and synced", func() bool {
+		ws := c.webState(t)
+		return ws.Ready && ws.Pool.Free >= held && held > 0
+	})
+	c.checkInvariant(t, n)
 }
