@@ -29,6 +29,7 @@ import (
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/extensions/layer3/floatingips"
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/extensions/layer3/routers"
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/ports"
+	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/subnets"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -219,6 +220,23 @@ func TestLeakAuditAndCollector(t *testing.T) {
 	leakRes := newPort("vpcni-res-gone", "network:vpcni", gone.PortID, 1)
 	heldNIC := newPort("vpcni-secondary-inst-live", "", "inst-live", 2)
 	leakNIC := newPort("vpcni-secondary-inst-gone", "", "inst-gone", 2)
+	// A PodNetwork's NICs, on a network and subnet of their own: found by
+	// their tag, not by the pods' subnet.
+	pnSubnet := e.NewSubnet(t, "10.97.7.0/24", 20)
+	newNetNIC := func(device string) string {
+		t.Helper()
+		p, err := ports.Create(c, nc, ports.CreateOpts{NetworkID: networkOf(t, e, pnSubnet.ID), Name: "vpcni-network-" + device, DeviceID: device,
+			Description: "vpcni NIC of instance " + device + " for pod network web [vpcni-network=web]",
+			FixedIPs:    []ports.IP{{SubnetID: pnSubnet.ID}, {SubnetID: pnSubnet.ID}}}).Extract()
+		if err != nil {
+			t.Fatalf("PodNetwork NIC of %s: %v", device, err)
+		}
+		if err := attributestags.Add(c, nc, "ports", p.ID, openstack.NICTag).ExtractErr(); err != nil {
+			t.Fatal(err)
+		}
+		return p.ID
+	}
+	heldNetNIC, leakNetNIC := newNetNIC("inst-live"), newNetNIC("inst-gone")
 
 	// The routed pod subnet: a route and a pair of blocks no NodeBlock has.
 	leakRoute := netip.MustParsePrefix("10.94.1.0/26")
@@ -278,7 +296,7 @@ func TestLeakAuditAndCollector(t *testing.T) {
 		return m
 	}
 	fixed := func(a netip.Addr) string { return "fixed-ip " + a.String() }
-	always := held(fixed(webAddr), fixed(poolAddr), fixed(movedAddr), "reservation-port "+heldRes, "nic-port "+heldNIC,
+	always := held(fixed(webAddr), fixed(poolAddr), fixed(movedAddr), "reservation-port "+heldRes, "nic-port "+heldNIC, "nic-port "+heldNetNIC,
 		"floating-ip "+webFIP.ID, "floating-ip "+keptFIP.ID)
 	always[fixed(foreign)] = leaks.Unclaimed
 
@@ -286,16 +304,16 @@ func TestLeakAuditAndCollector(t *testing.T) {
 	// account: the route and pair orphaned, the other cluster's address
 	// unclaimed, the rest held.
 	rep := audit(t, kc, cloudCfg)
-	before := held(fixed(leakB), fixed(leakC), fixed(slowAddr), "reservation-port "+leakRes, "nic-port "+leakNIC, "floating-ip "+leakFIP.ID)
+	before := held(fixed(leakB), fixed(leakC), fixed(slowAddr), "reservation-port "+leakRes, "nic-port "+leakNIC, "nic-port "+leakNetNIC, "floating-ip "+leakFIP.ID)
 	before["route "+leakRoute.String()], before["block-pair "+leakPair.String()] = leaks.Orphan, leaks.Orphan
 	check(rep, always)
 	check(rep, before)
-	if rep.Orphans != 2 || rep.Unclaimed != 1 || rep.Held != 13 {
-		t.Errorf("audit: held=%d orphans=%d unclaimed=%d, want 13, 2, 1", rep.Held, rep.Orphans, rep.Unclaimed)
+	if rep.Orphans != 2 || rep.Unclaimed != 1 || rep.Held != 15 {
+		t.Errorf("audit: held=%d orphans=%d unclaimed=%d, want 15, 2, 1", rep.Held, rep.Orphans, rep.Unclaimed)
 	}
 	table := run(t, filepath.Join(binDir, "vpcnictl"), "audit", "-kubeconfig", kc, "-cloud-config", cloudCfg, "-block-ranges", blockRange)
 	t.Logf("vpcni-test: vpcnictl audit, before the controller:\n%s", table)
-	if !strings.Contains(table, "KIND") || !strings.Contains(table, "audit: held=13 orphans=2 unclaimed=1") {
+	if !strings.Contains(table, "KIND") || !strings.Contains(table, "audit: held=15 orphans=2 unclaimed=1") {
 		t.Errorf("audit table without its header or summary")
 	}
 	if t.Failed() {
@@ -338,7 +356,7 @@ func TestLeakAuditAndCollector(t *testing.T) {
 	}
 	rep = audit(t, kc, cloudCfg)
 	leaked := map[string]leaks.Verdict{fixed(leakB): leaks.Orphan, fixed(leakC): leaks.Orphan, fixed(slowAddr): leaks.Orphan,
-		"reservation-port " + leakRes: leaks.Orphan, "nic-port " + leakNIC: leaks.Orphan, "floating-ip " + leakFIP.ID: leaks.Orphan}
+		"reservation-port " + leakRes: leaks.Orphan, "nic-port " + leakNIC: leaks.Orphan, "nic-port " + leakNetNIC: leaks.Orphan, "floating-ip " + leakFIP.ID: leaks.Orphan}
 	check(rep, always)
 	check(rep, leaked)
 	t.Logf("vpcni-test: vpcnictl audit after the node and the pod went:\n%s", run(t, filepath.Join(binDir, "vpcnictl"), "audit", "-kubeconfig", kc, "-cloud-config", cloudCfg, "-block-ranges", blockRange))
@@ -352,8 +370,9 @@ func TestLeakAuditAndCollector(t *testing.T) {
 		on := portIPs(t, e, gone.PortID)
 		_, resErr := ports.Get(c, nc, leakRes).Extract()
 		_, nicErr := ports.Get(c, nc, leakNIC).Extract()
+		_, netNICErr := ports.Get(c, nc, leakNetNIC).Extract()
 		_, fipErr := floatingips.Get(c, nc, leakFIP.ID).Extract()
-		return slices.Contains(on, leakB) && slices.Contains(on, leakC) && resErr == nil && nicErr == nil && fipErr == nil
+		return slices.Contains(on, leakB) && slices.Contains(on, leakC) && resErr == nil && nicErr == nil && netNICErr == nil && fipErr == nil
 	}
 	time.Sleep(time.Until(marked.Add(grace - 1500*time.Millisecond)))
 	if !still() {
@@ -365,6 +384,9 @@ func TestLeakAuditAndCollector(t *testing.T) {
 		on := portIPs(t, e, gone.PortID)
 		_, resErr := ports.Get(c, nc, leakRes).Extract()
 		_, nicErr := ports.Get(c, nc, leakNIC).Extract()
+		if _, err := ports.Get(c, nc, leakNetNIC).Extract(); err == nil {
+			nicErr = nil // both NICs gone, or not yet
+		}
 		_, fipErr := floatingips.Get(c, nc, leakFIP.ID).Extract()
 		r, err := routers.Get(c, nc, bed.RouterID).Extract()
 		if err != nil {
@@ -386,9 +408,9 @@ func TestLeakAuditAndCollector(t *testing.T) {
 	for _, m := range released {
 		order = append(order, m[1]+" "+m[2])
 	}
-	if len(order) != 5 || !slices.Contains(order, "floating-ip "+leakFIP.Address) ||
+	if len(order) != 6 || !slices.Contains(order, "floating-ip "+leakFIP.Address) ||
 		slices.Index(order, "floating-ip "+leakFIP.Address) > slices.Index(order, fixed(leakB)) {
-		t.Errorf("releases %v: want 5 (two fixed IPs, a reservation port, a NIC port, a floating IP), the floating IP before %s", order, leakB)
+		t.Errorf("releases %v: want 6 (two fixed IPs, a reservation port, two NIC ports, a floating IP), the floating IP before %s", order, leakB)
 	}
 	if strings.Contains(log, "releasing an orphan failed") {
 		t.Error("a release was refused")
@@ -433,7 +455,7 @@ func TestLeakAuditAndCollector(t *testing.T) {
 	check(after, held(fixed(slowAddr)))
 	metrics := get(t, "http://"+healthAddr+"/metrics")
 	for _, m := range []string{`vpcni_leak_released_total{kind="fixed-ip"} 2`, `vpcni_leak_released_total{kind="floating-ip"} 1`,
-		`vpcni_leak_released_total{kind="reservation-port"} 1`, `vpcni_leak_released_total{kind="nic-port"} 1`,
+		`vpcni_leak_released_total{kind="reservation-port"} 1`, `vpcni_leak_released_total{kind="nic-port"} 2`,
 		`vpcni_leak_holdings{kind="fixed-ip",verdict="orphan"} 0`, `vpcni_leak_holdings{kind="fixed-ip",verdict="unclaimed"} 1`} {
 		if !strings.Contains(metrics, m) {
 			t.Errorf("metrics lack %s", m)
@@ -523,15 +545,11 @@ func pairOn(t *testing.T, e neutrontest.Endpoint, id string, cidr netip.Prefix) 
 
 func networkOf(t *testing.T, e neutrontest.Endpoint, subnetID string) string {
 	t.Helper()
-	pages, err := ports.List(e.NC, ports.ListOpts{FixedIPs: []ports.FixedIPOpts{{SubnetID: subnetID}}}).AllPages(context.Background())
+	sn, err := subnets.Get(context.Background(), e.NC, subnetID).Extract()
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("subnet %s: %v", subnetID, err)
 	}
-	all, err := ports.ExtractPorts(pages)
-	if err != nil || len(all) == 0 {
-		t.Fatalf("ports of subnet %s: %v", subnetID, err)
-	}
-	return all[0].NetworkID
+	return sn.NetworkID
 }
 
 func deleteFIPsOn(e neutrontest.Endpoint, netID string) {

@@ -27,7 +27,7 @@ func ClusterTag(clusterID string) string { return "vpcni-cluster=" + clusterID }
 // Leaks is the leak collector's cloud (leaks.Cloud) on OpenStack. What it
 // reads: every port with an address on the pods' subnet (marks in
 // descriptions, reservation ports by device_owner, NIC ports by name,
-// block pairs), the floating IPs marked for pods and, with a router, its
+// block pairs) and vpcni's NIC ports on any network (openstack.NICTag), the floating IPs marked for pods and, with a router, its
 // routes. Claims are Neutron tags (standard-attr-tag) on ports and
 // floating IPs.
 type Leaks struct {
@@ -89,7 +89,36 @@ func (n *Leaks) subnetPorts(ctx context.Context) (*subnets.Subnet, netip.Prefix,
 		return nil, netip.Prefix{}, nil, fmt.Errorf("list the ports of subnet %s: %w", sn.ID, err)
 	}
 	all, err := ports.ExtractPorts(pages)
+	if err != nil {
+		return nil, netip.Prefix{}, nil, err
+	}
+	// vpcni's NICs on any network — a PodNetwork's, a listed subnet's —
+	// by their tag.
+	pages, err = ports.List(n.NC, ports.ListOpts{Tags: openstack.NICTag}).AllPages(cc)
+	if err != nil {
+		return nil, netip.Prefix{}, nil, fmt.Errorf("list the ports tagged %s: %w", openstack.NICTag, err)
+	}
+	nics, err := ports.ExtractPorts(pages)
+	for _, p := range nics {
+		if !slices.ContainsFunc(all, func(q ports.Port) bool { return q.ID == p.ID }) {
+			all = append(all, p)
+		}
+	}
 	return sn, subnet, all, err
+}
+
+// nicCarries are the addresses a NIC port carries: those on the pods'
+// subnet, or, for a NIC on another subnet (a PodNetwork's), all of them.
+func nicCarries(p ports.Port, subnetID string) []netip.Addr {
+	onSubnet := slices.ContainsFunc(p.FixedIPs, func(f ports.IP) bool { return f.SubnetID == subnetID })
+	var out []netip.Addr
+	for _, f := range p.FixedIPs {
+		if a, err := netip.ParseAddr(f.IPAddress); err == nil && (f.SubnetID == subnetID || !onSubnet) {
+			out = append(out, a)
+		}
+	}
+	slices.SortFunc(out, netip.Addr.Compare)
+	return out
 }
 
 // Holdings implements leaks.Cloud.
@@ -153,13 +182,8 @@ func (n *Leaks) Holdings(ctx context.Context) ([]leaks.Holding, error) {
 			continue
 		}
 		if inst, nic := openstack.NICOf(p.Name); nic {
-			h := leaks.Holding{Kind: leaks.NICPort, Resource: p.ID, Instance: inst, NodeIPs: slices.Clone(byDevice[inst]), Claimed: claimed}
-			for _, f := range p.FixedIPs {
-				if a, err := netip.ParseAddr(f.IPAddress); err == nil && f.SubnetID == sn.ID {
-					h.Carries = append(h.Carries, a)
-				}
-			}
-			slices.SortFunc(h.Carries, netip.Addr.Compare)
+			h := leaks.Holding{Kind: leaks.NICPort, Resource: p.ID, Instance: inst, NodeIPs: slices.Clone(byDevice[inst]), Claimed: claimed,
+				Carries: nicCarries(p, sn.ID)}
 			if len(h.Carries) > 0 {
 				h.Address = h.Carries[0].String()
 			}
@@ -264,14 +288,7 @@ func (n *Leaks) Release(ctx context.Context, h leaks.Holding) error {
 		// tells Nova); its instance is no Node, or is gone.
 		return n.deletePort(ctx, h, func(p *ports.Port) bool {
 			inst, nic := openstack.NICOf(p.Name)
-			var carries []netip.Addr
-			for _, f := range p.FixedIPs {
-				if a, err := netip.ParseAddr(f.IPAddress); err == nil && f.SubnetID == n.OpenStack.SubnetID {
-					carries = append(carries, a)
-				}
-			}
-			slices.SortFunc(carries, netip.Addr.Compare)
-			return nic && inst == h.Instance && slices.Equal(carries, h.Carries)
+			return nic && inst == h.Instance && slices.Equal(nicCarries(*p, n.OpenStack.SubnetID), h.Carries)
 		})
 	case leaks.FloatingIP:
 		cc, cancel := n.call(ctx)
