@@ -164,6 +164,33 @@ func TestPodNetworkNICs(t *testing.T) {
 		t.Fatalf("after releasing everything the VM has NICs %v, want only its own", att)
 	}
 
+	// portPerPod: a NIC of its own for each pod, with the groups.
+	pp, err := openstack.NewNetwork(ctx(t), cfg, nodeIP, "per-pod", json.RawMessage(fmt.Sprintf(`{"networkID":%q,"subnetIDs":[%q],"securityGroups":[%q],"portPerPod":true}`,
+		networkOf(t, db.ID), db.ID, sg.ID)))
+	if err != nil {
+		t.Fatalf("PodNetwork per-pod: %v", err)
+	}
+	two, err := pp.Assign(ctx(t), provider.AssignRequest{Count: 2})
+	if err != nil || len(two) != 2 {
+		t.Fatalf("per-pod: Assign(2) = %v, %v", two, err)
+	}
+	if ps := nicPorts(t, two); len(ps) != 2 {
+		t.Errorf("per-pod's two addresses are on ports %v: want a NIC each", ps)
+	} else {
+		for _, id := range ps {
+			if port, err := ports.Get(ctx(t), memberNC, id).Extract(); err != nil || !slices.Equal(port.SecurityGroups, []string{sg.ID}) {
+				t.Errorf("per-pod's NIC port %s: %+v, %v; want group %s", id, port, err, sg.ID)
+			}
+		}
+		t.Logf("vpcni-test: portPerPod: 2 pods on 2 NICs %v, each with the group", ps)
+	}
+	if err := pp.Release(ctx(t), provider.Addresses(two)); err != nil {
+		t.Fatal(err)
+	}
+	if att := (neutrontest.Endpoint{Nova: &neutrontest.Nova{CC: memberCC}}).Attached(t, server); len(att) != 1 {
+		t.Fatalf("after releasing per-pod's addresses the VM has NICs %v, want only its own", att)
+	}
+
 	// Specs that cannot be served, refused with the reason.
 	for _, bad := range []struct {
 		name string
@@ -173,7 +200,6 @@ func TestPodNetworkNICs(t *testing.T) {
 		{"subnet-elsewhere", spec(webNet, []string{db.ID}, nil), "not on its networkID"},
 		{"no-such-group", spec(webNet, []string{web1.ID}, []string{"00000000-0000-4000-8000-000000000000"}), "security group"},
 		{"unknown-field", json.RawMessage(`{"networkID":"x","subnetIDs":["y"],"securityGroup":["z"]}`), "unknown field"},
-		{"port-per-pod", json.RawMessage(`{"networkID":"x","subnetIDs":["y"],"portPerPod":true}`), "portPerPod"},
 	} {
 		_, err := openstack.NewNetwork(ctx(t), cfg, nodeIP, bad.name, bad.spec)
 		if err == nil || !strings.Contains(err.Error(), bad.want) || !strings.Contains(err.Error(), bad.name) {

@@ -25,7 +25,9 @@ import (
 // goes on the PodNetwork's subnet with most free addresses, and is given
 // back once its last pod is gone. The VM's maxNICs is shared by every
 // PodNetwork and the node's own secondary NICs: a node whose VM has no NIC
-// slot left serves no new network (nor a full one's next NIC).
+// slot left serves no new network (nor a full one's next NIC). With
+// portPerPod each pod gets a NIC of its own (maxAddresses 1 on it): a NIC
+// slot per pod.
 
 // NetworkSpec is a PodNetwork's openstack section.
 type NetworkSpec struct {
@@ -62,12 +64,15 @@ func NewNetwork(ctx context.Context, cfg Config, nodeIP netip.Addr, name string,
 		return nil, fmt.Errorf("PodNetwork %s: openstack.subnetIDs is empty", name)
 	case cfg.Mode == "passthrough":
 		return nil, fmt.Errorf("PodNetwork %s: the node runs mode passthrough (a port per pod), whose pods this vpcnid does not put on PodNetworks yet: use mode fixed-ips on nodes that serve PodNetworks", name)
-	case spec.PortPerPod:
-		return nil, fmt.Errorf("PodNetwork %s: openstack.portPerPod is not served by this vpcnid (pods share a NIC of the network, with its security groups): unset it", name)
 	}
 	// The node's own settings reach the cloud; the network's pods never
 	// touch the VM port, whose subnet is not read.
 	cfg.Mode, cfg.SecondaryNICs = "fixed-ips", max(cfg.MaxNICs-1, 1)
+	if spec.PortPerPod {
+		// A NIC per pod: its port holds the pod's address beside its own,
+		// and no other pod's.
+		cfg.MaxAddresses = 1
+	}
 	cfg.SubnetID, cfg.Subnets, cfg.SubnetTags = "", slices.Clone(spec.SubnetIDs), nil
 	p, err := connect(ctx, cfg, nil)
 	if err != nil {
