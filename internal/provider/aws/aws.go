@@ -95,7 +95,7 @@ func init() {
 		Network: func(ctx context.Context, node provider.Node, s provider.Settings, name string, spec json.RawMessage) (provider.Provider, error) {
 			return NewNetwork(ctx, *s.(*Config), node, name, spec)
 		},
-		Doctor:        &provider.Doctor{API: "ec2", Diagnose: diagnose},
+		Doctor: &provider.Doctor{API: "ec2", Diagnose: diagnose},
 	})
 }
 
