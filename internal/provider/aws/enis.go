@@ -321,6 +321,9 @@ func (p *Provider) createENI(ctx context.Context, sn *subnet, count int) (_ *eni
 		}
 	}()
 	att, dev, err := p.attach(ctx, e)
+	if errors.Is(err, provider.ErrExhausted) {
+		return nil, fmt.Errorf("attach ENI %s to instance %s: %w", e.id, p.id.instanceID, err)
+	}
 	if err != nil {
 		return nil, explain(fmt.Errorf("attach ENI %s to instance %s at device index %d: %w", e.id, p.id.instanceID, dev, err))
 	}

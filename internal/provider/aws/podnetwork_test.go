@@ -264,21 +264,24 @@ func TestPodNetworkENIs(t *testing.T) {
 		}
 
 		// The instance's 4 ENIs are shared: net-c takes the last, net-d
-		// finds none and says so.
+		// (which read the instance before it did) finds none and says so.
 		netC, _, err := w.openNetwork(t, "net-c", fmt.Sprintf(`{"subnetIDs":[%q]}`, w.b1))
+		if err != nil {
+			t.Fatal(err)
+		}
+		netD, _, err := w.openNetwork(t, "net-d", fmt.Sprintf(`{"subnetIDs":[%q]}`, w.b1))
 		if err != nil {
 			t.Fatal(err)
 		}
 		if c, err := netC.Assign(ctx, provider.AssignRequest{Count: 1}); err != nil || len(c) != 1 {
 			t.Fatalf("net-c Assign(1) = %v, %v", c, err)
 		}
-		netD, _, err := w.openNetwork(t, "net-d", fmt.Sprintf(`{"subnetIDs":[%q]}`, w.b1))
-		if err != nil {
-			t.Fatal(err)
-		}
 		d, err := netD.Assign(ctx, provider.AssignRequest{Count: 1})
-		if len(d) != 0 || !errors.Is(err, provider.ErrExhausted) || !strings.Contains(err.Error(), "share") {
-			t.Errorf("net-d Assign(1) on an instance with its 4 ENIs = %v, %v; want ErrExhausted naming the shared ENIs", d, err)
+		if len(d) != 0 || !errors.Is(err, provider.ErrExhausted) || errors.Is(err, provider.ErrUnavailable) || !strings.Contains(err.Error(), "PodNetworks") {
+			t.Errorf("net-d Assign(1) on an instance with its 4 ENIs = %v, %v; want ErrExhausted naming the ENIs PodNetworks share", d, err)
+		}
+		if d, err := netD.Assign(ctx, provider.AssignRequest{Count: 1}); len(d) != 0 || !errors.Is(err, provider.ErrExhausted) {
+			t.Errorf("net-d Assign(1) again = %v, %v; want ErrExhausted", d, err)
 		}
 		if n := len(ep.ENIs(t, w.inst.ID)); n != 4 {
 			t.Errorf("the instance has %d ENIs, want 4", n)
