@@ -307,6 +307,26 @@ func (p *Provider) createENI(ctx context.Context, sn *subnet, count int) (_ *eni
 	} else if count > 0 {
 		in.SecondaryPrivateIpAddressCount = aws.Int32(int32(count))
 	}
+	// The node's provider and each PodNetwork's add ENIs to the same
+	// instance: one at a time counts its ENIs, picks a device index and
+	// attaches, or two would take the last slot, or the same index.
+	unlock := lockAttach(p.id.instanceID)
+	locked := true
+	defer func() {
+		if locked {
+			unlock()
+		}
+	}()
+	dev, inUse, err := p.freeDevice(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if inUse >= p.maxENIs {
+		// Someone took the last slot since the provider last read the
+		// instance: another of vpcni's providers on the node (the node's
+		// own pods', or a PodNetwork's), or a person.
+		return nil, fmt.Errorf("the instance has its %d ENIs on its network card (the node's own pods and its PodNetworks share them): %w", p.maxENIs, provider.ErrExhausted)
+	}
 	out, err := p.ec2.CreateNetworkInterface(ctx, in)
 	if err != nil {
 		return nil, explain(fmt.Errorf("create an ENI in subnet %s (%s): %w", sn.id, sn.cidr, err))
@@ -320,10 +340,9 @@ func (p *Provider) createENI(ctx context.Context, sn *subnet, count int) (_ *eni
 			}
 		}
 	}()
-	att, dev, err := p.attach(ctx, e)
-	if errors.Is(err, provider.ErrExhausted) {
-		return nil, fmt.Errorf("attach ENI %s to instance %s: %w", e.id, p.id.instanceID, err)
-	}
+	att, dev, err := p.attach(ctx, e, dev)
+	unlock()
+	locked = false
 	if err != nil {
 		return nil, explain(fmt.Errorf("attach ENI %s to instance %s at device index %d: %w", e.id, p.id.instanceID, dev, err))
 	}
@@ -346,22 +365,9 @@ func (p *Provider) createENI(ctx context.Context, sn *subnet, count int) (_ *eni
 	return e, nil
 }
 
-// attach attaches e at the instance's lowest free device index on the
-// default card. The node's provider and each PodNetwork's attach to the
-// same instance, each with its own lock: one at a time picks an index
-// and attaches, or two would pick the same one.
-func (p *Provider) attach(ctx context.Context, e *eni) (att *ec2.AttachNetworkInterfaceOutput, dev int, err error) {
-	unlock := lockAttach(p.id.instanceID)
-	defer unlock()
-	var inUse int
-	if dev, inUse, err = p.freeDevice(ctx); err != nil {
-		return nil, 0, err
-	}
-	if inUse >= p.maxENIs {
-		// Another provider of the node (its own pods', or a PodNetwork's)
-		// took the last slot since this one last read the instance.
-		return nil, dev, fmt.Errorf("the instance has its %d ENIs on its network card, those of the node's pods and of its PodNetworks together: %w", p.maxENIs, provider.ErrExhausted)
-	}
+// attach attaches e at device index dev of the default card (the caller
+// holds the instance's attach lock).
+func (p *Provider) attach(ctx context.Context, e *eni, dev int) (att *ec2.AttachNetworkInterfaceOutput, _ int, err error) {
 	for try := 0; ; try++ {
 		att, err = p.ec2.AttachNetworkInterface(ctx, &ec2.AttachNetworkInterfaceInput{
 			InstanceId: &p.id.instanceID, NetworkInterfaceId: &e.id, DeviceIndex: aws.Int32(int32(dev)), NetworkCardIndex: aws.Int32(int32(p.primary().card)),
@@ -386,7 +392,7 @@ func (p *Provider) attach(ctx context.Context, e *eni) (att *ec2.AttachNetworkIn
 	return att, dev, err
 }
 
-// attachLocks: instance ID → its *sync.Mutex (see attach).
+// attachLocks: instance ID → its *sync.Mutex (see createENI).
 var attachLocks sync.Map
 
 func lockAttach(instance string) (unlock func()) {
