@@ -29,8 +29,8 @@ import (
 
 // pnWorld is a VPC for PodNetwork tests: the node's subnet (.0/26) with
 // an m5.xlarge instance at .10 (4 ENIs of 15 addresses), subnets a1
-// (.64/28), a2 (.96/27) and b1 (.128/27) in the instance's zone, and az2
-// (.192/27) in another zone.
+// (.64/28), a2 (.96/27) and b1 (.128/26, room for /28 prefixes) in the
+// instance's zone, and az2 (.192/27) in another zone.
 type pnWorld struct {
 	ep                    *ec2test.Endpoint
 	lab                   *ec2api.Server // nil: moto
@@ -44,7 +44,7 @@ func newPNWorld(t *testing.T, ep *ec2test.Endpoint, lab *ec2api.Server) *pnWorld
 	t.Helper()
 	w := &pnWorld{ep: ep, lab: lab, cidr: subnetCIDR()}
 	sub := func(last byte, bits int) netip.Prefix { return netip.PrefixFrom(at(w.cidr, last), bits) }
-	ids := ep.NewVPC(t, w.cidr, sub(0, 26), sub(64, 28), sub(96, 27), sub(128, 27))
+	ids := ep.NewVPC(t, w.cidr, sub(0, 26), sub(64, 28), sub(96, 27), sub(128, 26))
 	w.node, w.a1, w.a2, w.b1 = ids[0], ids[1], ids[2], ids[3]
 	out, err := ep.Client.DescribeSubnets(ec2test.Ctx(t), &ec2.DescribeSubnetsInput{SubnetIds: []string{w.node}})
 	if err != nil || len(out.Subnets) != 1 {
@@ -113,11 +113,15 @@ func (w *pnWorld) take(t *testing.T, subnetID string, addrs ...netip.Addr) {
 
 // openNetwork builds PodNetwork name's provider on the world's node as the
 // agent does: through the aws registration's Network, with the node's
-// validated settings (emptied ENIs go at once). stop ends its cleanup.
+// validated settings (the endpoint's Configure, and emptied ENIs go at
+// once). stop ends its cleanup.
 func (w *pnWorld) openNetwork(t *testing.T, name, spec string) (_ provider.Provider, stop func(), _ error) {
 	t.Helper()
 	cfg := &vpcaws.Config{Endpoint: w.ep.URL, IMDSEndpoint: w.inst.IMDSURL, ClusterName: "vpcni-test",
 		ENIMinLifetime: config.Duration{Duration: time.Millisecond}, CleanupInterval: config.Duration{Duration: 50 * time.Millisecond}}
+	if w.ep.Configure != nil {
+		w.ep.Configure(cfg)
+	}
 	cfg.Defaults()
 	if err := cfg.Validate(); err != nil {
 		t.Fatalf("provider config: %v", err)
@@ -363,6 +367,69 @@ func TestPodNetworkFullSubnet(t *testing.T) {
 			}
 		}
 		oneENI(t, "after a2 is full", rest, w.inst.ENI, w.prefix(t, w.a1))
+	})
+}
+
+// With the node's prefixMode a PodNetwork's ENI holds /28 prefixes, as
+// the node's own do: a prefix's addresses not handed out are idle (not
+// held), kept in the network's own record across a restart, apart from
+// the node's; the prefix goes when all 16 are given back, and then the
+// emptied ENI. moto ignores Ipv4PrefixCount (AWS-FACTS CN3): lab only.
+func TestPodNetworkPrefixMode(t *testing.T) {
+	t.Run("moto", func(t *testing.T) {
+		t.Skip("moto ignores Ipv4PrefixCount on CreateNetworkInterface (AWS-FACTS CN3); the lab's endpoint runs this test")
+	})
+	t.Run("lab", func(t *testing.T) {
+		ep, lab := lab(t, ec2api.Options{})
+		ep.Configure = func(c *vpcaws.Config) { c.PrefixMode = true }
+		w := newPNWorld(t, ep, lab)
+		ctx := ec2test.Ctx(t)
+		node := ep.Open(t, w.inst, nil)
+		own, err := node.Assign(ctx, provider.AssignRequest{Count: 3})
+		if err != nil || len(own) != 3 {
+			t.Fatalf("the node's own Assign(3) = %v, %v", own, err)
+		}
+		spec := fmt.Sprintf(`{"subnetIDs":[%q]}`, w.b1)
+		net, stop, err := w.openNetwork(t, "net-p", spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i := net.Info(); i.Capacity != 3*14*16 || !strings.Contains(i.CapacityReason, "/28 prefixes") {
+			t.Errorf("Info = %d (%s); want 672: 3 ENIs × 14 prefixes × 16", i.Capacity, i.CapacityReason)
+		}
+		got, err := net.Assign(ctx, provider.AssignRequest{Count: 3})
+		if err != nil || len(got) != 3 {
+			t.Fatalf("net-p Assign(3) = %v, %v", got, err)
+		}
+		id := oneENI(t, "net-p", got, w.inst.ENI, w.prefix(t, w.b1))
+		pf := prefixes(t, ep, id)
+		if len(pf) != 1 || pf[0].Bits() != 28 || !pf[0].Contains(got[0].Address) {
+			t.Fatalf("net-p's ENI holds prefixes %v, want one /28 holding %v", pf, got)
+		}
+		if h, err := node.Held(ctx); err != nil || !slices.Equal(provider.Addresses(h), provider.Addresses(own)) {
+			t.Errorf("the node's Held = %v, %v; want only its own %v", h, err, provider.Addresses(own))
+		}
+		stop()
+		net, _, err = w.openNetwork(t, "net-p", spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if h, err := net.Held(ctx); err != nil || !sameLeases(h, got) {
+			t.Errorf("net-p restarted: Held = %v, %v; want the 3 handed out, not the prefix's 13 idle", h, err)
+		}
+		if _, err := os.Stat(w.inst.StateDir + "/aws-eni-owned.net-p.json"); err != nil {
+			t.Errorf("net-p's record of its idle addresses: %v", err)
+		}
+		if err := net.Release(ctx, provider.Addresses(got)); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, "net-p's emptied ENI deleted", func() bool {
+			_, err := ep.Client.DescribeNetworkInterfaces(ec2test.Ctx(t), &ec2.DescribeNetworkInterfacesInput{NetworkInterfaceIds: []string{id}})
+			return err != nil && strings.Contains(err.Error(), "InvalidNetworkInterfaceID.NotFound")
+		})
+		if h, err := node.Held(ctx); err != nil || len(h) != 3 {
+			t.Errorf("the node's Held after net-p's release = %v, %v; want its 3", h, err)
+		}
 	})
 }
 
