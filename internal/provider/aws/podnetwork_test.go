@@ -466,6 +466,41 @@ func TestPodNetworkRefusals(t *testing.T) {
 	})
 }
 
+// A PodNetwork's ENI left detached past leakedENIGrace (a crash between
+// create and attach, or its PodNetwork deleted with no provider left to
+// collect it) is deleted by the node's own provider at start, as its own
+// leaks are; a young one is left to its network's provider.
+func TestPodNetworkLeakedENI(t *testing.T) {
+	both(t, func(t *testing.T, ep *ec2test.Endpoint, lab *ec2api.Server) {
+		w := newPNWorld(t, ep, lab)
+		mk := func(created time.Time) string {
+			var ts []types.Tag
+			for k, v := range map[string]string{"vpcni.io/owner": "vpcni", "vpcni.io/instance-id": w.inst.ID, "vpcni.io/cluster": "vpcni-test",
+				"vpcni.io/pod-network": "gone", "vpcni.io/created-at": created.UTC().Format(time.RFC3339)} {
+				ts = append(ts, types.Tag{Key: aws.String(k), Value: aws.String(v)})
+			}
+			out, err := ep.Client.CreateNetworkInterface(ec2test.Ctx(t), &ec2.CreateNetworkInterfaceInput{SubnetId: &w.b1,
+				TagSpecifications: []types.TagSpecification{{ResourceType: types.ResourceTypeNetworkInterface, Tags: ts}}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return aws.ToString(out.NetworkInterface.NetworkInterfaceId)
+		}
+		leaked, young := mk(time.Now().Add(-time.Hour)), mk(time.Now())
+		ep.Open(t, w.inst, nil)
+		exists := func(id string) bool {
+			_, err := ep.Client.DescribeNetworkInterfaces(ec2test.Ctx(t), &ec2.DescribeNetworkInterfacesInput{NetworkInterfaceIds: []string{id}})
+			return err == nil
+		}
+		if exists(leaked) {
+			t.Errorf("the leaked PodNetwork ENI %s is still there", leaked)
+		}
+		if !exists(young) {
+			t.Errorf("the young PodNetwork ENI %s was deleted", young)
+		}
+	})
+}
+
 func sortedStrings(s ...string) []string {
 	s = slices.Clone(s)
 	slices.Sort(s)
