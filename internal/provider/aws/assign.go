@@ -176,7 +176,11 @@ func (p *Provider) eniForNamed(ctx context.Context, a netip.Addr, plan map[strin
 		if s := p.subnets[p.id.subnetID]; s != nil && p.network == "" && !slices.Contains(cidrs, s.cidr.String()) {
 			cidrs = append(cidrs, s.cidr.String())
 		}
-		return nil, fmt.Errorf("%s is in none of the node's subnets (%s): %w", a, strings.Join(cidrs, ", "), provider.ErrOutside)
+		whose := "the node's subnets"
+		if p.network != "" {
+			whose = "PodNetwork " + p.network + "'s subnets"
+		}
+		return nil, fmt.Errorf("%s is in none of %s (%s): %w", a, whose, strings.Join(cidrs, ", "), provider.ErrOutside)
 	}
 	if !slices.Contains(p.eniSubnets, sn.id) || p.attachedOnCard() >= p.maxENIs {
 		return nil, fmt.Errorf("%s: no ENI in subnet %s (%s) has room for it, and %s: %w", a, sn.id, sn.cidr, p.noMoreENIs(), provider.ErrExhausted)

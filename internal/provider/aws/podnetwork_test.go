@@ -257,6 +257,17 @@ func TestPodNetworkENIs(t *testing.T) {
 			t.Errorf("net-b Info.Subnet = %q, want it to name the VPC's default group", s)
 		}
 
+		// An address asked for by name goes on the network's ENI of its
+		// subnet; one outside the network's subnets is refused.
+		named, err := netB.Assign(ctx, provider.AssignRequest{Addresses: []netip.Addr{at(w.cidr, 170)}})
+		if err != nil || len(named) != 1 || named[0].Interface != eniB || named[0].Address != at(w.cidr, 170) {
+			t.Errorf("net-b Assign(%s) = %v, %v; want it on ENI %s", at(w.cidr, 170), named, err, eniB)
+		}
+		b = append(b, named...)
+		if out, err := netB.Assign(ctx, provider.AssignRequest{Addresses: []netip.Addr{at(w.cidr, 200)}}); len(out) != 0 || !errors.Is(err, provider.ErrOutside) || !strings.Contains(err.Error(), "PodNetwork net-b's subnets") {
+			t.Errorf("net-b Assign(%s) outside its subnets = %v, %v; want ErrOutside naming net-b's subnets", at(w.cidr, 200), out, err)
+		}
+
 		// A restarted network provider reads its ENI back.
 		stopA()
 		netA, _, err = w.openNetwork(t, "net-a", specA)
