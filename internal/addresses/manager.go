@@ -215,10 +215,16 @@ func (m *Manager) promoteLocked(now time.Time) {
 
 func (m *Manager) exhaustedLocked() *Shortage {
 	c, capacity := m.pool.Counts(), m.info.Capacity
+	details := "free addresses by deleting pods, wait for the cooldown, or give the node more addresses"
+	if m.lastErr != nil && errors.Is(m.lastErr, provider.ErrExhausted) {
+		// What bounds the node now, in the provider's words (a subnet
+		// full, no NIC slot left for another network).
+		details += "; the provider's last answer: " + m.lastErr.Error()
+	}
 	return &Shortage{
 		Msg: fmt.Sprintf("no free address on node %s: %d allocated, %d cooling down (%s), capacity %d; try again later",
 			m.node, c.Allocated, c.Cooling, m.policy.Cooldown, capacity),
-		Details: "free addresses by deleting pods, wait for the cooldown, or give the node more addresses"}
+		Details: details}
 }
 
 // Untake puts back a lease that never reached a pod because its ADD

@@ -225,12 +225,21 @@ func (a *Agent) restore(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	for _, name := range a.savedNetworks() {
+		if _, ok := byNet[name]; !ok && name != "" {
+			byNet[name] = nil // its pool holds addresses, no pod
+		}
+	}
 	for name, recs := range byNet {
 		if name == "" {
 			continue
 		}
 		a.nets.mu.Lock()
 		m := a.netPoolLocked(name)
+		if a.nets.restored == nil {
+			a.nets.restored = map[string]bool{}
+		}
+		a.nets.restored[name] = true
 		a.nets.mu.Unlock()
 		more, err := m.Restore(recs, nil, nil, time.Now())
 		if err != nil {

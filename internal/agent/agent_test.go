@@ -38,6 +38,8 @@ type node struct {
 	netns string
 	dp    *fake.Datapath
 	cfg   config.Config
+	// podNets, if set, is the cluster's PodNetworks the agent reads.
+	podNets PodNetworks
 }
 
 func newNode(t *testing.T, cidr string, mutate ...func(*config.Config)) *node {
@@ -111,6 +113,9 @@ func (n *node) startWith(c func(*Agent) Cluster) *running {
 	if c != nil {
 		a.SetCluster(c(a))
 	}
+	if n.podNets != nil {
+		a.SetPodNetworks(n.podNets)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &running{Agent: a, cancel: cancel, done: make(chan struct{})}
 	go func() { a.Run(ctx); close(r.done) }()
@@ -164,8 +169,8 @@ func (r *running) checkInvariant(t *testing.T, n *node) {
 		}
 		seen[rec.Address] = rec.Key()
 		keys = append(keys, rec.Key())
-		if !r.addrs.Owns(rec.Key(), rec.Address) {
-			t.Errorf("the pool does not give %s to %s", rec.Address, rec.Key())
+		if !r.owns(rec) {
+			t.Errorf("the pool of its network does not give %s to %s", rec.Address, rec.Key())
 		}
 		if !n.dp.Wired(rec.Key(), rec.Address) {
 			t.Errorf("%s (%s) is recorded but not wired", rec.Key(), rec.Address)
@@ -175,8 +180,12 @@ func (r *running) checkInvariant(t *testing.T, n *node) {
 	if links := n.dp.Links(); !slices.Equal(links, keys) {
 		t.Errorf("wired %v, recorded %v", links, keys)
 	}
-	if s := r.addrs.Status(time.Now()); s.Allocated != len(recs) {
-		t.Errorf("pool allocates %d, the store records %d", s.Allocated, len(recs))
+	allocated := r.addrs.Status(time.Now()).Allocated
+	for _, m := range r.netPools() {
+		allocated += m.Status(time.Now()).Allocated
+	}
+	if allocated != len(recs) {
+		t.Errorf("the pools allocate %d, the store records %d", allocated, len(recs))
 	}
 }
 

@@ -179,6 +179,12 @@ func (a *Agent) add(ctx context.Context, req *api.CNIRequest) (*types100.Result,
 	if err != nil {
 		var s *addresses.Shortage
 		var bad *addresses.BadRequest
+		if netName != "" && errors.As(err, &s) && a.cluster != nil {
+			// The pod's own Event says why it cannot start; the Node's
+			// says that this node cannot serve the network now — a full
+			// subnet, or no NIC slot left for another network.
+			a.cluster.NodeWarning(ReasonPodNetworkExhausted, fmt.Sprintf("node %s could not give pod %s/%s an address of PodNetwork %s: %s (%s)", a.cfg.NodeName, podNS, podName, netName, s.Msg, s.Details))
+		}
 		switch {
 		case errors.As(err, &s) && sticky && want.IsValid():
 			return nil, api.Errorf(api.CodeTryAgainLater, fmt.Sprintf("pod %s/%s keeps its address (AddressReservation): %s", podNS, podName, s.Msg), s.Details)

@@ -5,7 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"slices"
 	"sync"
 	"time"
@@ -23,7 +26,15 @@ import (
 // networks of recorded pods), each over the provider's Network: its own
 // warm pool, cooldown and refill, so one network's burst or full subnet
 // never starves another. A record names its network (Lease.PodNetwork):
-// its address goes back to that network's pool.
+// its address goes back to that network's pool. The networks whose pools
+// hold addresses are also kept in a file of the state directory, so a
+// restarted agent makes their pools again — and finds their free
+// addresses and NICs — even when no pod of the network is left.
+
+// ReasonPodNetworkExhausted is the Node's Warning when a pod's PodNetwork
+// has no address for it on this node: the network's subnets are full, or
+// the VM has no NIC slot left for another network.
+const ReasonPodNetworkExhausted = "VpcniPodNetworkExhausted"
 
 // PodNetworks tells the agent which PodNetwork a pod is on and what that
 // network says (Kubernetes, see internal/k8s/nodeside). Without it every
@@ -50,6 +61,11 @@ type netPools struct {
 	// before then is started by Run.
 	run context.Context
 	wg  sync.WaitGroup
+	// saveMu: one write of networksFile at a time.
+	saveMu sync.Mutex
+	// restored: the networks whose pools were made at start (from records
+	// or networksFile), which may hold addresses before they connect.
+	restored map[string]bool
 }
 
 // pool is the address manager of a record's network.
@@ -124,7 +140,10 @@ func (a *Agent) netPoolLocked(name string) *addresses.Manager {
 		return a.metrics.Instrument(onNetwork{p, name}), nil
 	}
 	m := addresses.New(a.policy(), a.cfg.NodeName, connect, a.store, a.log.With("podNetwork", name))
-	m.Synced = func() { a.kick("sync") }
+	m.Synced = func() {
+		a.kick("sync")
+		a.saveNetworks()
+	}
 	m.Report = a.addrs.Report
 	if a.nets.byName == nil {
 		a.nets.byName = map[string]*addresses.Manager{}
@@ -133,7 +152,58 @@ func (a *Agent) netPoolLocked(name string) *addresses.Manager {
 	if ctx := a.nets.run; ctx != nil {
 		a.nets.wg.Go(func() { m.Run(ctx) })
 	}
+	go a.saveNetworks()
 	return m
+}
+
+// networksFile lists, in the state directory, the PodNetworks whose pools
+// hold (or may hold) addresses on this node.
+const networksFile = "podnetworks.json"
+
+// saveNetworks writes the PodNetworks whose pools hold addresses, or were
+// restored at start and have not been compared with the cloud yet (they
+// may). A network that never connected in this run holds nothing. One
+// writer at a time.
+func (a *Agent) saveNetworks() {
+	a.nets.saveMu.Lock()
+	defer a.nets.saveMu.Unlock()
+	a.nets.mu.Lock()
+	restored := maps.Clone(a.nets.restored)
+	a.nets.mu.Unlock()
+	var names []string
+	for name, m := range a.netPools() {
+		s := m.Status(time.Now())
+		connected := s.Provider.Name != ""
+		if !connected && restored[name] || s.Free+s.Cooling+s.Allocated+s.Aside+s.Leaving > 0 {
+			names = append(names, name)
+		}
+	}
+	slices.Sort(names)
+	data, _ := json.Marshal(names)
+	path := filepath.Join(a.cfg.StateDir, networksFile)
+	tmp := path + ".tmp"
+	err := os.WriteFile(tmp, data, 0o600)
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err != nil {
+		a.log.Warn("could not record the PodNetworks served; after a restart their pools are made again only by their pods", "file", path, "err", err)
+	}
+}
+
+// savedNetworks reads the PodNetworks recorded by saveNetworks (none when
+// the file is missing or unreadable: the records still name theirs).
+func (a *Agent) savedNetworks() []string {
+	data, err := os.ReadFile(filepath.Join(a.cfg.StateDir, networksFile))
+	if err != nil {
+		return nil
+	}
+	var names []string
+	if err := json.Unmarshal(data, &names); err != nil {
+		a.log.Warn("unreadable list of PodNetworks served; ignored", "file", networksFile, "err", err)
+		return nil
+	}
+	return names
 }
 
 // runNetworks starts the managers made before Run and those made after,

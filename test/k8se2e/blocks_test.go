@@ -39,12 +39,17 @@ func TestBlocksInstall(t *testing.T) {
 	n.mustKubectl("apply", "-k", n.overlay)
 	n.waitBlocksInstalled("kubectl apply -k deploy/ with components: [blocks]", applied)
 	n.checkBlocksWorkloads()
+	t.Run("static-podnetwork", func(t *testing.T) { checkStaticPodNetwork(t, n, n.pods("default", "app=web")) })
+	t.Run("helm-install", func(t *testing.T) { checkBlocksHelmInstall(t, n) })
+}
 
-	// The same mode through the chart, on the same node once deploy/'s
-	// install is removed: the NodeBlocks go with their CRD, so the
-	// controller the chart runs must again give the node its first block
-	// before any pod on the pod network can start. (The node stays Ready
-	// meanwhile: kubectl delete leaves vpcni's conflist on the node.)
+// checkBlocksHelmInstall installs the same mode through the chart, on the
+// same node once deploy/'s install is removed: the NodeBlocks go with
+// their CRD, so the controller the chart runs must again give the node its
+// first block before any pod on the pod network can start. (The node
+// stays Ready meanwhile: kubectl delete leaves vpcni's conflist on the
+// node.)
+func checkBlocksHelmInstall(t *testing.T, n *node) {
 	start := time.Now()
 	n.mustKubectl("delete", "deployment/web", "service/web", "--wait=true")
 	eventually(t, 2*time.Minute, "the web pods gone", func() (bool, string) {

@@ -128,9 +128,17 @@ func TestPodNetworkSecurityGroups(t *testing.T) {
 		OpenStack:         &v1alpha1.OpenStackPodNetwork{NetworkID: w.netID, SubnetIDs: []string{w.subnetID}, SecurityGroups: []string{w.sgID}}}}); err != nil {
 		t.Fatal(err)
 	}
+	// PodNetwork extra: a third group set, for which the VM has no NIC
+	// slot left (maxNICs 3).
+	if err := pns.Create(c, &v1alpha1.PodNetwork{ObjectMeta: metav1.ObjectMeta{Name: "extra"}, Spec: v1alpha1.PodNetworkSpec{
+		NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"team": "extra"}},
+		OpenStack:         &v1alpha1.OpenStackPodNetwork{NetworkID: w.netID, SubnetIDs: []string{w.subnetID}, SecurityGroups: []string{sgWeb.ID}}}}); err != nil {
+		t.Fatal(err)
+	}
 	for _, p := range []*corev1.Pod{
 		{ObjectMeta: metav1.ObjectMeta{Name: "web-0", Namespace: "web", Annotations: map[string]string{v1alpha1.AnnotationNetwork: "web"}}},
 		{ObjectMeta: metav1.ObjectMeta{Name: "db-0", Namespace: "db", Annotations: map[string]string{v1alpha1.AnnotationNetwork: "db"}}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "extra-0", Namespace: "db", Annotations: map[string]string{v1alpha1.AnnotationNetwork: "extra"}}},
 		{ObjectMeta: metav1.ObjectMeta{Name: "plain-0", Namespace: "default"}},
 	} {
 		p.Spec = corev1.PodSpec{NodeName: nodeName, Containers: []corev1.Container{{Name: "c", Image: "none"}}}
@@ -168,7 +176,7 @@ func TestPodNetworkSecurityGroups(t *testing.T) {
 	cfg.Pool = config.Pool{WarmTarget: 0, BatchSize: 1, MaxFree: 0, AddWait: config.Duration{Duration: time.Minute}}
 	cfg.Kubernetes = config.Kubernetes{Mode: "on", Kubeconfig: kubeconfig}
 	cfg.Provider = config.Provider{Type: "openstack", Settings: &openstack.Config{Endpoint: endpoint, SubnetID: w.subnetID,
-		ComputeEndpoint: hv.URL(), MaxNICs: 4}}
+		ComputeEndpoint: hv.URL(), MaxNICs: 3}} // the VM port and two NICs
 	agent, err := testbed.StartAgentIn(runDir, n1.ns, binDir, cfg)
 	if err != nil {
 		t.Fatalf("vpcnid on n1: %v", err)
@@ -227,6 +235,32 @@ func TestPodNetworkSecurityGroups(t *testing.T) {
 		case a.Address == dbIP && a.PodNetwork == "db" && a.NIC != nil:
 			dbPort = a.Interface
 		}
+	}
+	// A third PodNetwork finds no NIC slot: the ADD says so, and so does
+	// an Event on the Node.
+	ns := prefix + "-pod-extra-0"
+	if err := netnsutil.Add(ns); err != nil {
+		t.Fatal(err)
+	}
+	_, err = cni.Add(c, podRuntime("extra-0", netnsutil.Path(ns), "db"))
+	nicLimit := err != nil && strings.Contains(err.Error(), "no room for another NIC for pod network extra")
+	if !nicLimit {
+		t.Errorf("ADD of a pod on a third PodNetwork with maxNICs 3: %v; want it refused for want of a NIC slot", err)
+	} else {
+		t.Logf("vpcni-test: a third PodNetwork on n1 (maxNICs 3): %v", err)
+	}
+	if _, err := eventually(20*time.Second, func() error {
+		evs, err := cs.CoreV1().Events("default").List(c, metav1.ListOptions{FieldSelector: "involvedObject.name=" + nodeName + ",reason=VpcniPodNetworkExhausted"})
+		if err == nil && len(evs.Items) == 0 {
+			err = fmt.Errorf("no VpcniPodNetworkExhausted Event on node %s", nodeName)
+		}
+		if err == nil {
+			t.Logf("vpcni-test: Event on node %s: %s: %s", nodeName, evs.Items[0].Reason, evs.Items[0].Message)
+		}
+		return err
+	}); err != nil {
+		nicLimit = false
+		t.Error(err)
 	}
 	if nicPort == "" || dbPort == "" || nicPort == dbPort || len(st.PodNetworks) != 2 || st.PodNetworks[1].Name != "web" || st.PodNetworks[1].Pool.Allocated != 1 {
 		t.Fatalf("vpcnid's state: allocations %+v, podNetworks %+v; want web's and db's pods each on a NIC of its PodNetwork", st.Allocations, st.PodNetworks)
@@ -350,8 +384,8 @@ func TestPodNetworkSecurityGroups(t *testing.T) {
 	} else {
 		t.Logf("vpcni-test: web-0's DEL: its NIC detached and its port deleted %.1fs after", d.Seconds())
 	}
-	fmt.Printf("pod-networks: networks=2 subnets=2 pod_networks=2 sg_allowed=%s sg_blocked=%s sg_rule_change=%s own_port=%s nic_released=%s e2e_s=%.1f\n",
-		yes(sgAllowed), yes(sgBlocked), yes(ruleChange), yes(ownPort), yes(nicReleased), time.Since(t0).Seconds())
+	fmt.Printf("pod-networks: networks=2 subnets=2 pod_networks=2 sg_allowed=%s sg_blocked=%s sg_rule_change=%s own_port=%s nic_limit=%s nic_released=%s e2e_s=%.1f\n",
+		yes(sgAllowed), yes(sgBlocked), yes(ruleChange), yes(ownPort), yes(nicLimit), yes(nicReleased), time.Since(t0).Seconds())
 }
 
 // podRuntime is a pod's CNI call as the kubelet makes it.

@@ -101,6 +101,9 @@ func TestPodNetworkNICs(t *testing.T) {
 		if inst, ok := openstack.NICOf(port.Name); !ok || inst != server {
 			t.Errorf("web's NIC port %s is named %q: NICOf = %q, %v; want this VM's NIC", id, port.Name, inst, ok)
 		}
+		if !slices.Contains(port.Tags, openstack.NICTag) {
+			t.Errorf("web's NIC port %s has tags %v, want %s (the leak audit finds NICs by it)", id, port.Tags, openstack.NICTag)
+		}
 		if !strings.Contains(port.Description, "pod network web") {
 			t.Errorf("web's NIC port %s: description %q does not name the PodNetwork", id, port.Description)
 		}

@@ -72,6 +72,7 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /v2.0/ports/{id}", s.locked(s.getPort))
 	mux.HandleFunc("PUT /v2.0/ports/{id}", s.locked(s.updatePort))
 	mux.HandleFunc("DELETE /v2.0/ports/{id}", s.locked(s.deletePort))
+	mux.HandleFunc("PUT /v2.0/ports/{id}/tags/{tag}", s.locked(s.tagPort))
 	s.routeRouters(mux)
 	return mux
 }
@@ -228,6 +229,20 @@ func (s *Server) listPorts(r *http.Request, _ []byte) (int, any, *apiError) {
 	return 200, map[string]any{"ports": out}, nil
 }
 
+// tagPort adds a tag to a port (Neutron answers 201 with no body, and a
+// tag the port has already changes nothing).
+func (s *Server) tagPort(r *http.Request, _ []byte) (int, any, *apiError) {
+	p, ok := s.ports[r.PathValue("id")]
+	if !ok {
+		return 0, nil, errorf(404, "PortNotFound", "Port %s could not be found.", r.PathValue("id"))
+	}
+	if tag := r.PathValue("tag"); !slices.Contains(p.Tags, tag) {
+		p.Tags = append(p.Tags, tag)
+		p.Revision++
+	}
+	return 201, nil, nil
+}
+
 func (s *Server) getPort(r *http.Request, _ []byte) (int, any, *apiError) {
 	p, ok := s.ports[r.PathValue("id")]
 	if !ok {
@@ -285,7 +300,7 @@ func (s *Server) createPort(b portBody) (*Port, *apiError) {
 	if b.NetworkID == nil || s.networks[*b.NetworkID] == nil {
 		return nil, errorf(404, "NetworkNotFound", "Network could not be found.")
 	}
-	p := &Port{ID: newID(), NetworkID: *b.NetworkID, MACAddress: newMAC(), PortSecurity: true, AdminUp: true,
+	p := &Port{ID: newID(), NetworkID: *b.NetworkID, MACAddress: newMAC(), PortSecurity: true, AdminUp: true, Tags: []string{},
 		Status: "DOWN", ProjectID: project, TenantID: project, Revision: 1, FixedIPs: []FixedIP{}, Pairs: []Pair{}}
 	s.ports[p.ID] = p
 	want := []FixedIP{{}}

@@ -79,6 +79,9 @@ type Port struct {
 	ProjectID    string    `json:"project_id"`
 	TenantID     string    `json:"tenant_id"`
 	Revision     int       `json:"revision_number"`
+	// Tags are the port's (standard-attr-tag), set one by one with PUT
+	// /ports/{id}/tags/{tag} as Neutron ignores tags in a create.
+	Tags []string `json:"tags"`
 }
 
 // apiError is a Neutron error answer.
@@ -178,6 +181,15 @@ func (p *Port) matches(q map[string][]string) bool {
 			field := map[string]string{"network_id": p.NetworkID, "device_owner": p.DeviceOwner, "device_id": p.DeviceID, "name": p.Name, "id": p.ID}[key]
 			if !slices.Contains(values, field) {
 				return false
+			}
+		case "tags":
+			// Neutron's tags filter: every tag listed, comma-separated.
+			for _, v := range values {
+				for _, tag := range strings.Split(v, ",") {
+					if !slices.Contains(p.Tags, tag) {
+						return false
+					}
+				}
 			}
 		case "fixed_ips":
 			for _, v := range values {

@@ -141,14 +141,14 @@ func open(ctx context.Context, cfg Config, node provider.Node, net *podNetwork) 
 	if cfg.MaxENIs > 0 && cfg.MaxENIs < p.maxENIs {
 		p.maxENIs = cfg.MaxENIs
 	}
-	file := recordsFile
+	path := filepath.Join(node.StateDir, recordsFile)
 	if net != nil {
-		p.network, file = net.name, net.recordsFile()
+		p.network, path = net.name, net.recordsPath(node.StateDir)
 		if err := p.checkNetwork(start, net); err != nil {
 			return nil, err
 		}
 	}
-	if p.rec, err = loadRecords(filepath.Join(node.StateDir, file), p.id.instanceID); err != nil {
+	if p.rec, err = loadRecords(path, p.id.instanceID); err != nil {
 		return nil, err
 	}
 	p.mu.Lock()

@@ -232,7 +232,7 @@ func TestCrossCheck(t *testing.T) {
 	}
 	want := map[string]any{
 		"4 held":       "[] <nil>",
-		"4 assign .40": fmt.Sprintf("[{%s %s %s primary <nil> }] <nil>", at(cidr, 40), cidr, at(cidr, 1)), // PodNetwork "" last
+		"4 assign .40": fmt.Sprintf("[{%s %s %s primary <nil> }] <nil>", at(cidr, 40), cidr, at(cidr, 1)), // the lease printed with %v, its PodNetwork ""
 		"5 errors": []string{"InvalidNetworkInterfaceID.NotFound 'eni-0123456789abcdef0'", "InvalidAttachmentID.NotFound '<attachment>'",
 			"InvalidNetworkInterfaceID.NotFound '<eni>'", "InvalidNetworkInterfaceID.NotFound '<eni>'"},
 		"3 free": int32(251 - 4), // the instance's address, .20, .30 and .31

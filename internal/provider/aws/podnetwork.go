@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"path/filepath"
 	"slices"
 	"strings"
 
@@ -43,9 +44,14 @@ type podNetwork struct {
 	spec NetworkSpec
 }
 
-// recordsFile is where the network's provider keeps its records: its idle
-// prefix addresses (prefixes.go), apart from the node's own.
-func (n *podNetwork) recordsFile() string { return "aws-eni-owned." + n.name + ".json" }
+// recordsPath is where the network's provider keeps its records — its
+// idle prefix addresses (prefixes.go) — apart from the node's own, under
+// stateDir/podnetworks/<name> as every provider's state of a PodNetwork:
+// sharing the node's file, a network would take the node's idle prefix
+// addresses on the primary ENI as its own.
+func (n *podNetwork) recordsPath(stateDir string) string {
+	return filepath.Join(stateDir, "podnetworks", n.name, recordsFile)
+}
 
 // NewNetwork connects the provider of PodNetwork name on this node: it
 // reads who the node is from IMDS and connects to EC2 as New does (cfg is

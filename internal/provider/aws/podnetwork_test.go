@@ -428,7 +428,7 @@ func TestPodNetworkPrefixMode(t *testing.T) {
 		if h, err := net.Held(ctx); err != nil || !sameLeases(h, got) {
 			t.Errorf("net-p restarted: Held = %v, %v; want the 3 handed out, not the prefix's 13 idle", h, err)
 		}
-		if _, err := os.Stat(w.inst.StateDir + "/aws-eni-owned.net-p.json"); err != nil {
+		if _, err := os.Stat(w.inst.StateDir + "/podnetworks/net-p/aws-eni-owned.json"); err != nil {
 			t.Errorf("net-p's record of its idle addresses: %v", err)
 		}
 		if err := net.Release(ctx, provider.Addresses(got)); err != nil {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/gophercloud/gophercloud/v2"
 	"github.com/gophercloud/gophercloud/v2/openstack/compute/v2/attachinterfaces"
+	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/extensions/attributestags"
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/ports"
 
 	"github.com/vpcni/vpcni/internal/provider"
@@ -46,6 +47,14 @@ func (p *Provider) nicKind() string {
 // nicNetworkMark names, in a NIC port's description, the PodNetwork whose
 // pods it holds.
 const nicNetworkMark = "vpcni-network="
+
+// NICTag is on every NIC port vpcni creates (standard-attr-tag): a NIC may
+// sit on any network (a PodNetwork's, a listed subnet's), and Neutron
+// filters ports by tag across networks but by name only exactly, so the
+// leak audit finds the NICs of VMs that are gone by it. Neutron ignores
+// tags in a create: the tag is put on right after, and a port that cannot
+// be tagged is deleted, never used untagged.
+const NICTag = "vpcni-nic"
 
 // nicOwnMark holds a secondary NIC's own address in its port's
 // description: Neutron sorts fixed IPs as text, so "the first" would not
@@ -229,6 +238,15 @@ func (p *Provider) createNICPorts(ctx context.Context, kind, networkID string, f
 	out := make([]nicPort, len(resp.Ports))
 	for i, port := range resp.Ports {
 		out[i] = p.nicPortOf(port)
+	}
+	for _, n := range out {
+		if err := attributestags.Add(ctx, p.nc, "ports", n.id, NICTag).ExtractErr(); err != nil {
+			var errs []error
+			for _, m := range out {
+				errs = append(errs, p.deletePort(ctx, m.id))
+			}
+			return nil, errors.Join(explain(fmt.Errorf("tag %s NIC port %s %s: %w", kind, n.id, NICTag, err)), errors.Join(errs...))
+		}
 	}
 	return out, nil
 }

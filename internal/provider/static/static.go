@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -27,6 +28,9 @@ type Provider struct {
 	ranges []ipam.Range
 	nics   []*alloc.NIC // per range: the NIC it lives on (nil: the uplink)
 	path   string
+	// network is the PodNetwork the provider serves ("": the node's
+	// default network, provider.static), see podnetwork.go.
+	network string
 
 	size int // usable addresses in all ranges
 
@@ -92,6 +96,7 @@ func init() {
 			p.SetGuard(g)
 			return p, nil
 		},
+		Network: network,
 	})
 }
 
@@ -399,6 +404,15 @@ func (p *Provider) leases(addrs []netip.Addr) []alloc.Lease {
 func (p *Provider) Info() provider.Info {
 	info := provider.Info{Name: "static", Capacity: p.size,
 		CapacityReason: fmt.Sprintf("%d usable addresses in the configured ranges", p.size)}
+	if p.network != "" {
+		var rs []string
+		for _, r := range p.ranges {
+			rs = append(rs, fmt.Sprintf("%s (gateway %s)", r.Prefix, r.Gateway))
+		}
+		info.Subnet = fmt.Sprintf("pod network %s: ranges %s", p.network, strings.Join(rs, ", "))
+		info.CapacityReason = fmt.Sprintf("%d usable addresses in PodNetwork %s's ranges", p.size, p.network)
+		return info
+	}
 	if p.blocks != nil {
 		// The node may grow by blocks into whatever no other node holds
 		// (shared with every node still growing): as the ranges fill,
