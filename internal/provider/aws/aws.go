@@ -128,6 +128,7 @@ func open(ctx context.Context, cfg Config, node provider.Node, net *podNetwork) 
 	if p.id, err = readIdentity(start, md); err != nil {
 		return nil, err
 	}
+	p.meter.shareWith(p.id.instanceID)
 	if p.ec2, err = p.connect(start, md); err != nil {
 		return nil, err
 	}

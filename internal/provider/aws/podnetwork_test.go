@@ -53,6 +53,15 @@ func newPNWorld(t *testing.T, ep *ec2test.Endpoint, lab *ec2api.Server) *pnWorld
 	w.vpc = aws.ToString(out.Subnets[0].VpcId)
 	w.az2 = w.subnet(t, w.vpc, sub(192, 27), ep.Client.Options().Region+"b")
 	ep.InstanceType = "m5.xlarge"
+	// The node's providers share its EC2 buckets (apiRate per action): a
+	// test that opens six of them on one instance would wait on 5/s.
+	adjust := ep.Configure
+	ep.Configure = func(c *vpcaws.Config) {
+		c.APIRate, c.APIBurst = 500, 500
+		if adjust != nil {
+			adjust(c)
+		}
+	}
 	_, w.inst = ep.NewInstance(t, w.node, at(w.cidr, 10))
 	return w
 }
@@ -259,9 +268,18 @@ func TestPodNetworkENIs(t *testing.T) {
 
 		// An address asked for by name goes on the network's ENI of its
 		// subnet; one outside the network's subnets is refused.
-		named, err := netB.Assign(ctx, provider.AssignRequest{Addresses: []netip.Addr{at(w.cidr, 170)}})
-		if err != nil || len(named) != 1 || named[0].Interface != eniB || named[0].Address != at(w.cidr, 170) {
-			t.Errorf("net-b Assign(%s) = %v, %v; want it on ENI %s", at(w.cidr, 170), named, err, eniB)
+		// (moto picks addresses at random, EX2: take one no ENI holds.)
+		var held []netip.Addr
+		for _, n := range ep.ENIs(t, w.inst.ID) {
+			held = append(held, ep.ENIAddrs(t, aws.ToString(n.NetworkInterfaceId))...)
+		}
+		free := at(w.cidr, 170)
+		for slices.Contains(held, free) {
+			free = free.Next()
+		}
+		named, err := netB.Assign(ctx, provider.AssignRequest{Addresses: []netip.Addr{free}})
+		if err != nil || len(named) != 1 || named[0].Interface != eniB || named[0].Address != free {
+			t.Errorf("net-b Assign(%s) = %v, %v; want it on ENI %s", free, named, err, eniB)
 		}
 		b = append(b, named...)
 		if out, err := netB.Assign(ctx, provider.AssignRequest{Addresses: []netip.Addr{at(w.cidr, 200)}}); len(out) != 0 || !errors.Is(err, provider.ErrOutside) || !strings.Contains(err.Error(), "PodNetwork net-b's subnets") {
