@@ -48,10 +48,12 @@ func (p *Provider) Assign(ctx context.Context, req provider.AssignRequest) ([]al
 	return out, errors.Join(errs...)
 }
 
-// usable says whether vpcni may put addresses on e: the primary ENI or one
-// of vpcni's that is not being removed.
+// usableENI says whether vpcni may put addresses on e: one of the
+// provider's own ENIs that is not being removed, or the primary ENI for
+// the node's own pods (never a PodNetwork's: its pods have ENIs of their
+// own, with its security groups).
 func (p *Provider) usableENI(e *eni) bool {
-	return (e.id == p.id.eniID || e.ours) && e.attached && !p.draining[e.id]
+	return (e.id == p.id.eniID && p.network == "" || e.ours) && e.attached && !p.draining[e.id]
 }
 
 // room is how many more secondary addresses or prefixes e takes.
@@ -171,10 +173,14 @@ func (p *Provider) eniForNamed(ctx context.Context, a netip.Addr, plan map[strin
 				cidrs = append(cidrs, s.cidr.String())
 			}
 		}
-		if s := p.subnets[p.id.subnetID]; s != nil && !slices.Contains(cidrs, s.cidr.String()) {
+		if s := p.subnets[p.id.subnetID]; s != nil && p.network == "" && !slices.Contains(cidrs, s.cidr.String()) {
 			cidrs = append(cidrs, s.cidr.String())
 		}
-		return nil, fmt.Errorf("%s is in none of the node's subnets (%s): %w", a, strings.Join(cidrs, ", "), provider.ErrOutside)
+		whose := "the node's subnets"
+		if p.network != "" {
+			whose = "PodNetwork " + p.network + "'s subnets"
+		}
+		return nil, fmt.Errorf("%s is in none of %s (%s): %w", a, whose, strings.Join(cidrs, ", "), provider.ErrOutside)
 	}
 	if !slices.Contains(p.eniSubnets, sn.id) || p.attachedOnCard() >= p.maxENIs {
 		return nil, fmt.Errorf("%s: no ENI in subnet %s (%s) has room for it, and %s: %w", a, sn.id, sn.cidr, p.noMoreENIs(), provider.ErrExhausted)
@@ -186,6 +192,9 @@ func (p *Provider) eniForNamed(ctx context.Context, a netip.Addr, plan map[strin
 func (p *Provider) noMoreENIs() string {
 	if p.attachedOnCard() >= p.maxENIs {
 		return fmt.Sprintf("the instance has its %d ENIs (%s)", p.maxENIs, p.Info().CapacityReason)
+	}
+	if p.network != "" {
+		return fmt.Sprintf("the subnet is not one of PodNetwork %s's subnetIDs", p.network)
 	}
 	return "new ENIs go to other subnets (subnets/subnetTags)"
 }

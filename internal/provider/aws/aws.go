@@ -15,10 +15,12 @@ package aws
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"path/filepath"
 	"slices"
 	"sync"
 	"time"
@@ -46,6 +48,9 @@ type Provider struct {
 	nodeName string
 	log      *slog.Logger
 	notify   func(provider.Notice)
+	// network is the PodNetwork the provider serves ("": the node's own
+	// pods, on the primary ENI and ENIs without a pod-network tag).
+	network string
 	// groups are the security groups of the ENIs vpcni creates.
 	groups []string
 	// eniSubnets are where new ENIs go (the configured ones, else the
@@ -87,7 +92,10 @@ func init() {
 		// unless snat.enabled is false (as aws-vpc-cni's
 		// AWS_VPC_K8S_CNI_EXTERNALSNAT=false does by default).
 		SNATByDefault: true,
-		Doctor:        &provider.Doctor{API: "ec2", Diagnose: diagnose},
+		Network: func(ctx context.Context, node provider.Node, s provider.Settings, name string, spec json.RawMessage) (provider.Provider, error) {
+			return NewNetwork(ctx, *s.(*Config), node, name, spec)
+		},
+		Doctor: &provider.Doctor{API: "ec2", Diagnose: diagnose},
 	})
 }
 
@@ -98,6 +106,11 @@ func init() {
 // emptied and leaked ENIs, which runs as long as ctx. cfg has had its
 // Defaults.
 func New(ctx context.Context, cfg Config, node provider.Node) (*Provider, error) {
+	return open(ctx, cfg, node, nil)
+}
+
+// open is New for the node's own pods (net nil) or for a PodNetwork's.
+func open(ctx context.Context, cfg Config, node provider.Node, net *podNetwork) (*Provider, error) {
 	if node.StateDir == "" {
 		return nil, errors.New("provider aws needs the agent's stateDir: it records there which addresses on the primary ENI are vpcni's")
 	}
@@ -115,6 +128,7 @@ func New(ctx context.Context, cfg Config, node provider.Node) (*Provider, error)
 	if p.id, err = readIdentity(start, md); err != nil {
 		return nil, err
 	}
+	p.meter.shareWith(p.id.instanceID)
 	if p.ec2, err = p.connect(start, md); err != nil {
 		return nil, err
 	}
@@ -128,7 +142,14 @@ func New(ctx context.Context, cfg Config, node provider.Node) (*Provider, error)
 	if cfg.MaxENIs > 0 && cfg.MaxENIs < p.maxENIs {
 		p.maxENIs = cfg.MaxENIs
 	}
-	if p.rec, err = loadRecords(node.StateDir, p.id.instanceID); err != nil {
+	path := filepath.Join(node.StateDir, recordsFile)
+	if net != nil {
+		p.network, path = net.name, net.recordsPath(node.StateDir)
+		if err := p.checkNetwork(start, net); err != nil {
+			return nil, err
+		}
+	}
+	if p.rec, err = loadRecords(path, p.id.instanceID); err != nil {
 		return nil, err
 	}
 	p.mu.Lock()
@@ -186,6 +207,9 @@ func (p *Provider) start(ctx context.Context) error {
 	if err := p.reconcileRecords(); err != nil {
 		return err
 	}
+	if p.network != "" {
+		return nil // its groups and subnets are the PodNetwork's (checkNetwork)
+	}
 	p.groups = p.cfg.SecurityGroups
 	if len(p.groups) == 0 {
 		p.groups = p.id.groups
@@ -196,6 +220,9 @@ func (p *Provider) start(ctx context.Context) error {
 // Info implements provider.Provider: the primary ENI, the capacity the
 // instance type gives, and the EC2 requests made so far by action.
 func (p *Provider) Info() provider.Info {
+	if p.network != "" {
+		return p.networkInfo()
+	}
 	i := provider.Info{Name: "aws", Port: p.id.eniID, Calls: p.meter.snapshot(), VPCCIDRs: slices.Clone(p.id.vpcCIDRs)}
 	i.Capacity = p.limits.Capacity(p.maxENIs, p.cfg.PrefixMode)
 	per := fmt.Sprintf("%d secondary addresses (%d IPv4 addresses per ENI less the ENI's own)", p.limits.slots(), p.limits.IPv4PerENI)

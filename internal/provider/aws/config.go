@@ -62,9 +62,10 @@ type Config struct {
 	// Tags are put on every ENI vpcni creates, besides its own.
 	Tags map[string]string `json:"tags,omitempty"`
 	// APIRate and APIBurst are the client-side token bucket per EC2 action
-	// (requests per second, and how many may go at once): EC2's own
-	// buckets are per account and region, shared by every node (default
-	// 5/s, burst 10).
+	// (requests per second, and how many may go at once), one for the
+	// node's providers together (its own pods' and each PodNetwork's):
+	// EC2's own buckets are per account and region, shared by every node
+	// (default 5/s, burst 10).
 	APIRate  float64 `json:"apiRate,omitempty"`
 	APIBurst int     `json:"apiBurst,omitempty"`
 	// Retries is how many attempts one EC2 call gets (the SDK's standard

@@ -330,6 +330,7 @@ func (p *Provider) permissions(ctx context.Context, enis []types.NetworkInterfac
 
 // nodePolicy is the least IAM policy of a node's role, for fixes.
 const nodePolicy = "ec2:DescribeInstances, ec2:DescribeInstanceTypes, ec2:DescribeNetworkInterfaces, ec2:DescribeSubnets, " +
+	"ec2:DescribeSecurityGroups (PodNetworks with securityGroups), " +
 	"ec2:CreateNetworkInterface, ec2:AttachNetworkInterface, ec2:DetachNetworkInterface, ec2:DeleteNetworkInterface, " +
 	"ec2:ModifyNetworkInterfaceAttribute, ec2:AssignPrivateIpAddresses, ec2:UnassignPrivateIpAddresses, ec2:CreateTags (on network-interface/*)"
 

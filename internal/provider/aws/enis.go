@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -29,6 +30,9 @@ const (
 	tagNode     = tagPrefix + "node"
 	tagCluster  = tagPrefix + "cluster"
 	tagCreated  = tagPrefix + "created-at"
+	// tagNetwork names the PodNetwork whose pods an ENI carries
+	// (podnetwork.go); the node's own ENIs have none.
+	tagNetwork = tagPrefix + "pod-network"
 )
 
 // eni is one ENI attached to the instance, as EC2 describes it.
@@ -43,9 +47,12 @@ type eni struct {
 	primaryIP   netip.Addr
 	secondaries []netip.Addr
 	prefixes    []netip.Prefix
-	// ours: vpcni created the ENI for this instance (its tags).
-	ours    bool
-	created time.Time
+	// vpcni: vpcni created the ENI for this instance (its tags); network
+	// is the PodNetwork it serves ("" the node's own pods). ours: vpcni's
+	// and of the provider's own network, the only ENIs it writes.
+	vpcni, ours bool
+	network     string
+	created     time.Time
 }
 
 // used is how many of the ENI's address slots hold a secondary address
@@ -69,6 +76,7 @@ type subnet struct {
 	id   string
 	cidr netip.Prefix
 	az   string
+	vpc  string
 	free int // AvailableIpAddressCount as last read
 }
 
@@ -121,7 +129,9 @@ func (p *Provider) parseENI(n types.NetworkInterface) *eni {
 	for _, t := range n.TagSet {
 		tags[aws.ToString(t.Key)] = aws.ToString(t.Value)
 	}
-	e.ours = tags[tagOwner] == ownerValue && tags[tagInstance] == p.id.instanceID
+	e.vpcni = tags[tagOwner] == ownerValue && tags[tagInstance] == p.id.instanceID
+	e.network = tags[tagNetwork]
+	e.ours = e.vpcni && e.network == p.network
 	e.created, _ = time.Parse(time.RFC3339, tags[tagCreated])
 	return e
 }
@@ -204,7 +214,7 @@ func (p *Provider) readSubnets(ctx context.Context, ids []string) error {
 
 func (p *Provider) parseSubnet(s types.Subnet) *subnet {
 	cidr, _ := netip.ParsePrefix(aws.ToString(s.CidrBlock))
-	return &subnet{id: aws.ToString(s.SubnetId), cidr: cidr, az: aws.ToString(s.AvailabilityZone), free: int(aws.ToInt32(s.AvailableIpAddressCount))}
+	return &subnet{id: aws.ToString(s.SubnetId), cidr: cidr, az: aws.ToString(s.AvailabilityZone), vpc: aws.ToString(s.VpcId), free: int(aws.ToInt32(s.AvailableIpAddressCount))}
 }
 
 // fixDeleteOnTermination sets DeleteOnTermination on vpcni's ENIs that
@@ -272,6 +282,11 @@ func (p *Provider) createENI(ctx context.Context, sn *subnet, count int) (_ *eni
 	if p.cfg.ClusterName != "" {
 		tags = append(tags, types.Tag{Key: aws.String(tagCluster), Value: aws.String(p.cfg.ClusterName)})
 	}
+	desc := fmt.Sprintf("vpcni pod addresses of instance %s (node %s)", p.id.instanceID, p.nodeName)
+	if p.network != "" {
+		tags = append(tags, types.Tag{Key: aws.String(tagNetwork), Value: aws.String(p.network)})
+		desc = fmt.Sprintf("vpcni pod network %s on instance %s (node %s)", p.network, p.id.instanceID, p.nodeName)
+	}
 	for _, k := range sortedKeys(p.cfg.Tags) {
 		tags = append(tags, types.Tag{Key: aws.String(k), Value: aws.String(p.cfg.Tags[k])})
 	}
@@ -284,7 +299,7 @@ func (p *Provider) createENI(ctx context.Context, sn *subnet, count int) (_ *eni
 		ClientToken:       aws.String(hex.EncodeToString(token)),
 		SubnetId:          &sn.id,
 		Groups:            p.groups,
-		Description:       aws.String(fmt.Sprintf("vpcni pod addresses of instance %s (node %s)", p.id.instanceID, p.nodeName)),
+		Description:       aws.String(desc),
 		TagSpecifications: []types.TagSpecification{{ResourceType: types.ResourceTypeNetworkInterface, Tags: tags}},
 	}
 	if count > 0 && p.cfg.PrefixMode {
@@ -292,12 +307,32 @@ func (p *Provider) createENI(ctx context.Context, sn *subnet, count int) (_ *eni
 	} else if count > 0 {
 		in.SecondaryPrivateIpAddressCount = aws.Int32(int32(count))
 	}
+	// The node's provider and each PodNetwork's add ENIs to the same
+	// instance: one at a time counts its ENIs, picks a device index and
+	// attaches, or two would take the last slot, or the same index.
+	unlock := lockAttach(p.id.instanceID)
+	locked := true
+	defer func() {
+		if locked {
+			unlock()
+		}
+	}()
+	dev, inUse, err := p.freeDevice(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if inUse >= p.maxENIs {
+		// Someone took the last slot since the provider last read the
+		// instance: another of vpcni's providers on the node (the node's
+		// own pods', or a PodNetwork's), or a person.
+		return nil, fmt.Errorf("the instance has its %d ENIs on its network card (the node's own pods and its PodNetworks share them): %w", p.maxENIs, provider.ErrExhausted)
+	}
 	out, err := p.ec2.CreateNetworkInterface(ctx, in)
 	if err != nil {
 		return nil, explain(fmt.Errorf("create an ENI in subnet %s (%s): %w", sn.id, sn.cidr, err))
 	}
 	e := p.parseENI(*out.NetworkInterface)
-	e.ours, e.created = true, now
+	e.vpcni, e.ours, e.network, e.created = true, true, p.network, now
 	defer func() {
 		if err != nil {
 			if derr := p.deleteENI(ctx, e.id); derr != nil {
@@ -305,32 +340,9 @@ func (p *Provider) createENI(ctx context.Context, sn *subnet, count int) (_ *eni
 			}
 		}
 	}()
-	dev, err := p.freeDevice(ctx)
-	if err != nil {
-		return nil, err
-	}
-	var att *ec2.AttachNetworkInterfaceOutput
-	for try := 0; ; try++ {
-		att, err = p.ec2.AttachNetworkInterface(ctx, &ec2.AttachNetworkInterfaceInput{
-			InstanceId: &p.id.instanceID, NetworkInterfaceId: &e.id, DeviceIndex: aws.Int32(int32(dev)), NetworkCardIndex: aws.Int32(int32(p.primary().card)),
-		})
-		// A new ENI may not be visible to the attach call at once (EC2's
-		// API is eventually consistent).
-		if err == nil || !isCode(err, codeENINotFound) || try >= 3 {
-			break
-		}
-		if serr := sleep(ctx, time.Duration(200<<try)*time.Millisecond); serr != nil {
-			return nil, serr
-		}
-	}
-	if err != nil {
-		// A retried attach whose first reply was lost finds the ENI
-		// attached already (InvalidNetworkInterface.InUse): it is.
-		if a, rerr := p.attachmentOf(ctx, e.id); rerr == nil && a != nil && aws.ToString(a.InstanceId) == p.id.instanceID {
-			att, err = &ec2.AttachNetworkInterfaceOutput{AttachmentId: a.AttachmentId}, nil
-			dev = int(aws.ToInt32(a.DeviceIndex))
-		}
-	}
+	att, dev, err := p.attach(ctx, e, dev)
+	unlock()
+	locked = false
 	if err != nil {
 		return nil, explain(fmt.Errorf("attach ENI %s to instance %s at device index %d: %w", e.id, p.id.instanceID, dev, err))
 	}
@@ -351,6 +363,43 @@ func (p *Provider) createENI(ctx context.Context, sn *subnet, count int) (_ *eni
 		return nil, err
 	}
 	return e, nil
+}
+
+// attach attaches e at device index dev of the default card (the caller
+// holds the instance's attach lock).
+func (p *Provider) attach(ctx context.Context, e *eni, dev int) (att *ec2.AttachNetworkInterfaceOutput, _ int, err error) {
+	for try := 0; ; try++ {
+		att, err = p.ec2.AttachNetworkInterface(ctx, &ec2.AttachNetworkInterfaceInput{
+			InstanceId: &p.id.instanceID, NetworkInterfaceId: &e.id, DeviceIndex: aws.Int32(int32(dev)), NetworkCardIndex: aws.Int32(int32(p.primary().card)),
+		})
+		// A new ENI may not be visible to the attach call at once (EC2's
+		// API is eventually consistent).
+		if err == nil || !isCode(err, codeENINotFound) || try >= 3 {
+			break
+		}
+		if serr := sleep(ctx, time.Duration(200<<try)*time.Millisecond); serr != nil {
+			return nil, dev, serr
+		}
+	}
+	if err != nil {
+		// A retried attach whose first reply was lost finds the ENI
+		// attached already (InvalidNetworkInterface.InUse): it is.
+		if a, rerr := p.attachmentOf(ctx, e.id); rerr == nil && a != nil && aws.ToString(a.InstanceId) == p.id.instanceID {
+			att, err = &ec2.AttachNetworkInterfaceOutput{AttachmentId: a.AttachmentId}, nil
+			dev = int(aws.ToInt32(a.DeviceIndex))
+		}
+	}
+	return att, dev, err
+}
+
+// attachLocks: instance ID → its *sync.Mutex (see createENI).
+var attachLocks sync.Map
+
+func lockAttach(instance string) (unlock func()) {
+	m, _ := attachLocks.LoadOrStore(instance, &sync.Mutex{})
+	mu := m.(*sync.Mutex)
+	mu.Lock()
+	return mu.Unlock
 }
 
 // waitAttached waits until EC2 has finished attaching e (asynchronous on
@@ -384,11 +433,12 @@ func (p *Provider) attachmentOf(ctx context.Context, id string) (*types.NetworkI
 }
 
 // freeDevice is the lowest device index above 0 the instance does not use
-// on its default card, by EC2's DescribeInstances and the ENIs as read.
-func (p *Provider) freeDevice(ctx context.Context) (int, error) {
+// on its default card, by EC2's DescribeInstances and the ENIs as read,
+// and how many ENIs EC2 says are attached there.
+func (p *Provider) freeDevice(ctx context.Context) (dev, inUse int, _ error) {
 	out, err := p.ec2.DescribeInstances(ctx, &ec2.DescribeInstancesInput{InstanceIds: []string{p.id.instanceID}})
 	if err != nil {
-		return 0, explain(fmt.Errorf("read instance %s for a free device index: %w", p.id.instanceID, err))
+		return 0, 0, explain(fmt.Errorf("read instance %s for a free device index: %w", p.id.instanceID, err))
 	}
 	card := p.primary().card
 	used := map[int]bool{0: true}
@@ -397,6 +447,7 @@ func (p *Provider) freeDevice(ctx context.Context) (int, error) {
 			for _, n := range in.NetworkInterfaces {
 				if a := n.Attachment; a != nil && int(aws.ToInt32(a.NetworkCardIndex)) == card {
 					used[int(aws.ToInt32(a.DeviceIndex))] = true
+					inUse++
 				}
 			}
 		}
@@ -410,7 +461,7 @@ func (p *Provider) freeDevice(ctx context.Context) (int, error) {
 	for used[d] {
 		d++
 	}
-	return d, nil
+	return d, inUse, nil
 }
 
 // deleteENI deletes a detached ENI; one already gone is no error.
@@ -482,7 +533,10 @@ func (p *Provider) deleteLeaked(ctx context.Context) (int, error) {
 	var errs []error
 	for _, ni := range out.NetworkInterfaces {
 		e := p.parseENI(ni)
-		if !e.ours || ni.Status != types.NetworkInterfaceStatusAvailable || time.Since(e.created) < p.cfg.LeakedENIGrace.Duration {
+		// Any of vpcni's ENIs of this instance left detached is a leak,
+		// whichever network it served: a PodNetwork gone from the cluster
+		// has no provider left to collect its own.
+		if !e.vpcni || ni.Status != types.NetworkInterfaceStatusAvailable || time.Since(e.created) < p.cfg.LeakedENIGrace.Duration {
 			continue
 		}
 		if err := p.deleteENI(ctx, e.id); err != nil {

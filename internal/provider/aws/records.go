@@ -65,10 +65,10 @@ type intent struct {
 
 const recordsFile = "aws-eni-owned.json"
 
-// loadRecords reads the records of instance from dir (empty if there are
-// none, or they are another instance's).
-func loadRecords(dir, instance string) (*records, error) {
-	r := &records{path: filepath.Join(dir, recordsFile), Instance: instance, Owned: map[string]map[string]time.Time{}}
+// loadRecords reads the records of instance from path (empty if there
+// are none, or they are another instance's).
+func loadRecords(path, instance string) (*records, error) {
+	r := &records{path: path, Instance: instance, Owned: map[string]map[string]time.Time{}}
 	data, err := os.ReadFile(r.path)
 	if errors.Is(err, os.ErrNotExist) {
 		return r, nil

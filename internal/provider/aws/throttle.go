@@ -24,29 +24,51 @@ import (
 //
 // It sits after the retryer in the SDK's middleware stack: every attempt,
 // a retry too, waits for a token and is counted — what EC2 sees.
+//
+// The buckets are the node's, shared by its providers (the node's own
+// pods' and each PodNetwork's, see shareWith): a node serving PodNetworks
+// keeps to the same share. The counts are each provider's own.
 type meter struct {
 	rate  rate.Limit
 	burst int
+	b     *buckets
 
-	mu      sync.Mutex
-	buckets map[string]*rate.Limiter
-	calls   map[string]int64
+	mu    sync.Mutex
+	calls map[string]int64
+}
+
+// buckets are the token buckets of one node, by action.
+type buckets struct {
+	mu sync.Mutex
+	m  map[string]*rate.Limiter
 }
 
 func newMeter(perSecond float64, burst int) *meter {
-	return &meter{rate: rate.Limit(perSecond), burst: burst, buckets: map[string]*rate.Limiter{}, calls: map[string]int64{}}
+	return &meter{rate: rate.Limit(perSecond), burst: burst, b: &buckets{m: map[string]*rate.Limiter{}}, calls: map[string]int64{}}
+}
+
+// nodeBuckets: instance ID → the *buckets its providers share.
+var nodeBuckets sync.Map
+
+// shareWith makes m draw from the buckets of instance, which every
+// provider of the instance in this process shares (the first one's rate
+// and burst: they come from one config). Call it before the first
+// request.
+func (m *meter) shareWith(instance string) {
+	v, _ := nodeBuckets.LoadOrStore(instance, m.b)
+	m.b = v.(*buckets)
 }
 
 // wait takes a token from op's bucket, waiting for one as long as ctx
 // lets it, and counts the request.
 func (m *meter) wait(ctx context.Context, op string) error {
-	m.mu.Lock()
-	b := m.buckets[op]
+	m.b.mu.Lock()
+	b := m.b.m[op]
 	if b == nil {
 		b = rate.NewLimiter(m.rate, m.burst)
-		m.buckets[op] = b
+		m.b.m[op] = b
 	}
-	m.mu.Unlock()
+	m.b.mu.Unlock()
 	if err := b.Wait(ctx); err != nil {
 		return err
 	}
