@@ -10,8 +10,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -204,31 +206,32 @@ func (a *Agent) restore(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	cooling, err := a.store.Cooling()
+	cooling, err := a.store.CoolingByNetwork()
 	if err != nil {
 		return err
 	}
-	leaving, err := a.store.Leaving()
+	leaving, err := a.store.LeavingByNetwork()
 	if err != nil {
 		return err
 	}
-	// Each record goes back to its network's pool. The cooling and
-	// leaving addresses (recorded by address alone) go to the default
-	// network's: one of a PodNetwork's is not held by the default
-	// provider, so its first sync drops it before the pool could hand it
-	// out, and the PodNetwork's own pool finds it held and keeps it.
+	// Each record, cooling and leaving address goes back to its network's
+	// pool: the default's, or its PodNetwork's (made now, connected by
+	// Run). The networks whose pools held addresses when the agent
+	// stopped get theirs too, with no pod left.
 	byNet := map[string][]*alloc.Allocation{}
 	for _, r := range records {
 		byNet[r.PodNetwork] = append(byNet[r.PodNetwork], r)
 	}
-	conflicts, err := a.addrs.Restore(byNet[""], cooling, leaving, time.Now())
+	for _, names := range [][]string{slices.Collect(maps.Keys(cooling)), slices.Collect(maps.Keys(leaving)), a.savedNetworks()} {
+		for _, name := range names {
+			if _, ok := byNet[name]; !ok {
+				byNet[name] = nil
+			}
+		}
+	}
+	conflicts, err := a.addrs.Restore(byNet[""], cooling[""], leaving[""], time.Now())
 	if err != nil {
 		return err
-	}
-	for _, name := range a.savedNetworks() {
-		if _, ok := byNet[name]; !ok && name != "" {
-			byNet[name] = nil // its pool holds addresses, no pod
-		}
 	}
 	for name, recs := range byNet {
 		if name == "" {
@@ -241,7 +244,7 @@ func (a *Agent) restore(ctx context.Context) error {
 		}
 		a.nets.restored[name] = true
 		a.nets.mu.Unlock()
-		more, err := m.Restore(recs, nil, nil, time.Now())
+		more, err := m.Restore(recs, cooling[name], leaving[name], time.Now())
 		if err != nil {
 			return err
 		}

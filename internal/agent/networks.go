@@ -17,6 +17,7 @@ import (
 	"github.com/vpcni/vpcni/internal/alloc"
 	"github.com/vpcni/vpcni/internal/api"
 	"github.com/vpcni/vpcni/internal/provider"
+	"github.com/vpcni/vpcni/internal/store"
 )
 
 // PodNetworks: a pod that vpcni-controller's webhook put on a PodNetwork
@@ -26,10 +27,13 @@ import (
 // networks of recorded pods), each over the provider's Network: its own
 // warm pool, cooldown and refill, so one network's burst or full subnet
 // never starves another. A record names its network (Lease.PodNetwork):
-// its address goes back to that network's pool. The networks whose pools
-// hold addresses are also kept in a file of the state directory, so a
-// restarted agent makes their pools again — and finds their free
-// addresses and NICs — even when no pod of the network is left.
+// its address goes back to that network's pool, and so do its cooling and
+// leaving entries (the store names their network). The networks whose
+// pools may hold addresses are also kept in a file of the state
+// directory, so a restarted agent makes their pools again — and finds
+// their free addresses and NICs — even when no pod of the network is
+// left. A pool, once made, lives as long as the agent: it keeps its warm
+// addresses (and so its NIC) with no pod of the network on the node.
 
 // ReasonPodNetworkExhausted is the Node's Warning when a pod's PodNetwork
 // has no address for it on this node: the network's subnets are full, or
@@ -139,7 +143,7 @@ func (a *Agent) netPoolLocked(name string) *addresses.Manager {
 		}
 		return a.metrics.Instrument(onNetwork{p, name}), nil
 	}
-	m := addresses.New(a.policy(), a.cfg.NodeName, connect, a.store, a.log.With("podNetwork", name))
+	m := addresses.New(a.policy(), a.cfg.NodeName, connect, netStore{a.store, name}, a.log.With("podNetwork", name))
 	m.Synced = func() {
 		a.kick("sync")
 		a.saveNetworks()
@@ -160,10 +164,12 @@ func (a *Agent) netPoolLocked(name string) *addresses.Manager {
 // hold (or may hold) addresses on this node.
 const networksFile = "podnetworks.json"
 
-// saveNetworks writes the PodNetworks whose pools hold addresses, or were
-// restored at start and have not been compared with the cloud yet (they
-// may). A network that never connected in this run holds nothing. One
-// writer at a time.
+// saveNetworks writes the PodNetworks whose pools may hold addresses: every
+// one that connected (written at its first sync, before its first
+// assignment; its warm pool keeps addresses as long as the agent runs) and
+// every one restored at start. A network that never connected in this run
+// and was not restored holds nothing (its PodNetwork is missing or
+// refused). One writer at a time.
 func (a *Agent) saveNetworks() {
 	a.nets.saveMu.Lock()
 	defer a.nets.saveMu.Unlock()
@@ -173,22 +179,41 @@ func (a *Agent) saveNetworks() {
 	var names []string
 	for name, m := range a.netPools() {
 		s := m.Status(time.Now())
-		connected := s.Provider.Name != ""
-		if !connected && restored[name] || s.Free+s.Cooling+s.Allocated+s.Aside+s.Leaving > 0 {
+		if s.Provider.Name != "" || restored[name] || s.Free+s.Cooling+s.Allocated+s.Aside+s.Leaving > 0 {
 			names = append(names, name)
 		}
 	}
 	slices.Sort(names)
 	data, _ := json.Marshal(names)
 	path := filepath.Join(a.cfg.StateDir, networksFile)
+	err := writeFileSynced(path, data)
+	if err != nil {
+		a.log.Warn("could not record the PodNetworks served; after a restart their pools are made again only by their pods", "file", path, "err", err)
+	}
+}
+
+// writeFileSynced replaces path with data: a temporary file written and
+// synced, renamed over it, the directory synced — a crash leaves the old
+// file or the new one.
+func writeFileSynced(path string, data []byte) error {
 	tmp := path + ".tmp"
-	err := os.WriteFile(tmp, data, 0o600)
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(data)
+	err = errors.Join(err, f.Sync(), f.Close())
 	if err == nil {
 		err = os.Rename(tmp, path)
 	}
 	if err != nil {
-		a.log.Warn("could not record the PodNetworks served; after a restart their pools are made again only by their pods", "file", path, "err", err)
+		return err
 	}
+	d, err := os.Open(filepath.Dir(path))
+	if err != nil {
+		return err
+	}
+	return errors.Join(d.Sync(), d.Close())
 }
 
 // savedNetworks reads the PodNetworks recorded by saveNetworks (none when
@@ -205,6 +230,15 @@ func (a *Agent) savedNetworks() []string {
 	}
 	return names
 }
+
+// netStore is the store as a PodNetwork's pool writes to it: an address
+// it claims names the network, so a restart gives it back to that pool.
+type netStore struct {
+	*store.Store
+	name string
+}
+
+func (s netStore) Claim(a netip.Addr) error { return s.ClaimOn(a, s.name) }
 
 // runNetworks starts the managers made before Run and those made after,
 // and waits for them all once ctx ends.

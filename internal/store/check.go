@@ -454,7 +454,7 @@ func readAll(db *bolt.DB) error {
 			}
 		}
 		if b := tx.Bucket(bucketCooling); b != nil {
-			if err := b.ForEach(func(k, v []byte) error { _, _, err := decodeCooling(k, v); return err }); err != nil {
+			if err := b.ForEach(func(k, v []byte) error { _, _, _, err := decodeCooling(k, v); return err }); err != nil {
 				return err
 			}
 		}

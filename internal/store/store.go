@@ -11,10 +11,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -354,7 +357,8 @@ func (s *Store) List() ([]*alloc.Allocation, error) {
 }
 
 // Release removes a record and, in the same transaction, marks its address
-// cooling until the given time (none when until is zero).
+// cooling until the given time (none when until is zero), with the
+// record's PodNetwork: a restart puts it back in that network's pool.
 func (s *Store) Release(r *alloc.Allocation, until time.Time) error {
 	return s.update(func(tx *bolt.Tx) error {
 		if err := tx.Bucket(bucketAllocs).Delete([]byte(r.Key())); err != nil {
@@ -364,9 +368,15 @@ func (s *Store) Release(r *alloc.Allocation, until time.Time) error {
 			return nil
 		}
 		v, _ := until.MarshalText()
+		if r.PodNetwork != "" {
+			v = fmt.Appendf(v, " %s", r.PodNetwork)
+		}
 		return tx.Bucket(bucketCooling).Put([]byte(r.Address.String()), v)
 	})
 }
+
+// ofNetwork is the value suffix that names an entry's PodNetwork.
+const ofNetwork = " network="
 
 // Leave removes a record whose address leaves the node (a requested
 // address, the pod's own, going back to the provider) and, in the same
@@ -378,30 +388,55 @@ func (s *Store) Leave(r *alloc.Allocation) error {
 		if err := tx.Bucket(bucketAllocs).Delete([]byte(r.Key())); err != nil {
 			return err
 		}
-		return tx.Bucket(bucketLeaving).Put([]byte(r.Address.String()), []byte(r.Key()))
+		return tx.Bucket(bucketLeaving).Put([]byte(r.Address.String()), leavingValue(r.Key(), r.PodNetwork))
 	})
+}
+
+// leavingValue is a leaving entry's value: who it left (a record's key, or
+// "claimed") and, for a PodNetwork's address, the network.
+func leavingValue(who, network string) []byte {
+	if network != "" {
+		who += ofNetwork + network
+	}
+	return []byte(who)
 }
 
 // Claim marks a requested address leaving before the provider is asked
 // for it: if the agent dies before the pod's record is written (Put clears
 // the mark), the next start gives the address back instead of taking it
 // for a free one.
-func (s *Store) Claim(a netip.Addr) error {
+func (s *Store) Claim(a netip.Addr) error { return s.ClaimOn(a, "") }
+
+// ClaimOn is Claim for an address of a PodNetwork's pool.
+func (s *Store) ClaimOn(a netip.Addr, network string) error {
 	return s.update(func(tx *bolt.Tx) error {
-		return tx.Bucket(bucketLeaving).Put([]byte(a.String()), []byte("claimed"))
+		return tx.Bucket(bucketLeaving).Put([]byte(a.String()), leavingValue("claimed", network))
 	})
 }
 
 // Leaving lists the addresses on their way back to the provider.
 func (s *Store) Leaving() ([]netip.Addr, error) {
+	by, err := s.LeavingByNetwork()
 	var out []netip.Addr
+	for _, addrs := range by {
+		out = append(out, addrs...)
+	}
+	slices.SortFunc(out, netip.Addr.Compare)
+	return out, err
+}
+
+// LeavingByNetwork lists the addresses on their way back to the provider
+// by the PodNetwork whose pool they are of ("": the node's default).
+func (s *Store) LeavingByNetwork() (map[string][]netip.Addr, error) {
+	out := map[string][]netip.Addr{}
 	err := s.db.View(func(tx *bolt.Tx) error {
-		return tx.Bucket(bucketLeaving).ForEach(func(k, _ []byte) error {
+		return tx.Bucket(bucketLeaving).ForEach(func(k, v []byte) error {
 			a, err := decodeLeaving(k)
 			if err != nil {
 				return err
 			}
-			out = append(out, a)
+			_, network, _ := strings.Cut(string(v), ofNetwork)
+			out[network] = append(out[network], a)
 			return nil
 		})
 	})
@@ -444,28 +479,44 @@ func (s *Store) Delete(containerID, ifName string) error {
 	})
 }
 
-// decodeCooling reads a cooling entry: an IPv4 address, and until when.
-func decodeCooling(k, v []byte) (a netip.Addr, until time.Time, err error) {
+// decodeCooling reads a cooling entry: an IPv4 address, until when, and
+// the PodNetwork whose pool it is of ("": the node's default).
+func decodeCooling(k, v []byte) (a netip.Addr, until time.Time, network string, err error) {
 	a, err = netip.ParseAddr(string(k))
 	if err != nil || !a.Is4() {
-		return a, until, fmt.Errorf("cooling entry %q: not an IPv4 address", k)
+		return a, until, "", fmt.Errorf("cooling entry %q: not an IPv4 address", k)
 	}
-	if err := until.UnmarshalText(v); err != nil {
-		return a, until, fmt.Errorf("cooling entry %s: %w", a, err)
+	t, network, _ := strings.Cut(string(v), " ")
+	if err := until.UnmarshalText([]byte(t)); err != nil {
+		return a, until, "", fmt.Errorf("cooling entry %s: %w", a, err)
 	}
-	return a, until, nil
+	return a, until, network, nil
 }
 
 // Cooling lists the addresses cooling down and until when.
 func (s *Store) Cooling() (map[netip.Addr]time.Time, error) {
+	by, err := s.CoolingByNetwork()
 	out := map[netip.Addr]time.Time{}
+	for _, m := range by {
+		maps.Copy(out, m)
+	}
+	return out, err
+}
+
+// CoolingByNetwork lists the addresses cooling down and until when, by the
+// PodNetwork whose pool they are of ("": the node's default).
+func (s *Store) CoolingByNetwork() (map[string]map[netip.Addr]time.Time, error) {
+	out := map[string]map[netip.Addr]time.Time{}
 	err := s.db.View(func(tx *bolt.Tx) error {
 		return tx.Bucket(bucketCooling).ForEach(func(k, v []byte) error {
-			a, until, err := decodeCooling(k, v)
+			a, until, network, err := decodeCooling(k, v)
 			if err != nil {
 				return err
 			}
-			out[a] = until
+			if out[network] == nil {
+				out[network] = map[netip.Addr]time.Time{}
+			}
+			out[network][a] = until
 			return nil
 		})
 	})
