@@ -193,6 +193,10 @@ var errConnecting = errors.New("not connected to the provider yet")
 // succeed (CNI "try again later").
 type Shortage struct {
 	Msg, Details string
+	// Exhausted: the pool cannot grow — the provider said it has no more
+	// (a subnet full, no NIC slot left), or the node holds its capacity —
+	// rather than the cloud being slow or out of reach.
+	Exhausted bool
 }
 
 func (s *Shortage) Error() string { return s.Msg + ": " + s.Details }
@@ -216,15 +220,17 @@ func (m *Manager) promoteLocked(now time.Time) {
 func (m *Manager) exhaustedLocked() *Shortage {
 	c, capacity := m.pool.Counts(), m.info.Capacity
 	details := "free addresses by deleting pods, wait for the cooldown, or give the node more addresses"
+	exhausted := capacity > 0 && c.Held() >= capacity
 	if m.lastErr != nil && errors.Is(m.lastErr, provider.ErrExhausted) {
 		// What bounds the node now, in the provider's words (a subnet
 		// full, no NIC slot left for another network).
 		details += "; the provider's last answer: " + m.lastErr.Error()
+		exhausted = true
 	}
 	return &Shortage{
 		Msg: fmt.Sprintf("no free address on node %s: %d allocated, %d cooling down (%s), capacity %d; try again later",
 			m.node, c.Allocated, c.Cooling, m.policy.Cooldown, capacity),
-		Details: details}
+		Details: details, Exhausted: exhausted}
 }
 
 // Untake puts back a lease that never reached a pod because its ADD

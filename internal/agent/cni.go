@@ -179,7 +179,7 @@ func (a *Agent) add(ctx context.Context, req *api.CNIRequest) (*types100.Result,
 	if err != nil {
 		var s *addresses.Shortage
 		var bad *addresses.BadRequest
-		if netName != "" && errors.As(err, &s) && a.cluster != nil {
+		if netName != "" && errors.As(err, &s) && s.Exhausted && a.cluster != nil {
 			// The pod's own Event says why it cannot start; the Node's
 			// says that this node cannot serve the network now — a full
 			// subnet, or no NIC slot left for another network.

@@ -65,6 +65,9 @@ type netPools struct {
 	// before then is started by Run.
 	run context.Context
 	wg  sync.WaitGroup
+	// stopped: Run is waiting for the managers to end; no new one starts
+	// (an ADD during shutdown finds its manager not running).
+	stopped bool
 	// saveMu: one write of networksFile at a time.
 	saveMu sync.Mutex
 	// restored: the networks whose pools were made at start (from records
@@ -111,6 +114,10 @@ func (a *Agent) podNetwork(ctx context.Context, podNS, podName string) (string, 
 		return "", nil, api.Errorf(api.CodeInvalidEnv, fmt.Sprintf("pod %s/%s is on PodNetwork %s, but provider %s serves no PodNetworks", podNS, podName, name, a.cfg.Provider.Type),
 			"give the pod's namespace no PodNetwork on this node's provider, or run the pod where one is served")
 	}
+	if dp := a.dp.Info(); reg.NetworkNICs && !dp.NICRoutes {
+		return "", nil, api.Errorf(api.CodeInvalidEnv, fmt.Sprintf("pod %s/%s is on PodNetwork %s, whose addresses live on NICs of their own, which datapath %s cannot route pods by", podNS, podName, name, dp.Mode),
+			"run the PodNetwork's pods on nodes with datapath veth or ebpf")
+	}
 	if _, err := a.podNets.Spec(c, name, a.cfg.Provider.Type); err != nil {
 		return "", nil, api.Errorf(api.CodeTryAgainLater, fmt.Sprintf("pod %s/%s is on PodNetwork %s, which this node cannot serve", podNS, podName, name), err.Error())
 	}
@@ -153,7 +160,7 @@ func (a *Agent) netPoolLocked(name string) *addresses.Manager {
 		a.nets.byName = map[string]*addresses.Manager{}
 	}
 	a.nets.byName[name] = m
-	if ctx := a.nets.run; ctx != nil {
+	if ctx := a.nets.run; ctx != nil && !a.nets.stopped {
 		a.nets.wg.Go(func() { m.Run(ctx) })
 	}
 	go a.saveNetworks()
@@ -250,6 +257,9 @@ func (a *Agent) runNetworks(ctx context.Context) {
 	}
 	a.nets.mu.Unlock()
 	<-ctx.Done()
+	a.nets.mu.Lock()
+	a.nets.stopped = true
+	a.nets.mu.Unlock()
 	a.nets.wg.Wait()
 }
 

@@ -195,6 +195,11 @@ type Info struct {
 	// a pod on that node end; without one (macvlan, ipvlan, passthrough)
 	// it cannot, and the agent refuses a pod that asks for it.
 	PodVeth bool
+	// NICRoutes: a pod whose address lives on a NIC of its own (a
+	// secondary NIC, a PodNetwork's) is routed out through that NIC
+	// (veth, ebpf); the modes that wire pods on the uplink refuse such an
+	// address (OnUplink).
+	NICRoutes bool
 }
 
 // FastPath is the state of a mode's kernel fast path beside its plain one

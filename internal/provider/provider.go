@@ -169,6 +169,11 @@ type Registration struct {
 	// the agent runs a pool of its own on it. nil: the provider serves no
 	// PodNetworks, and a pod that names one is refused.
 	Network func(ctx context.Context, node Node, s Settings, name string, spec json.RawMessage) (Provider, error)
+	// NetworkNICs: a PodNetwork's addresses live on NICs of their own
+	// (Lease.NIC), which only a datapath mode that routes pods by their
+	// NIC can wire (datapath.Info.NICRoutes); the agent refuses such a
+	// pod on another mode before any NIC is made.
+	NetworkNICs bool
 	// Doctor, if set, is how vpcnictl doctor looks at the provider's cloud
 	// from the node (nil: the provider has no cloud to look at, as
 	// static).

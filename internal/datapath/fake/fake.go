@@ -192,7 +192,7 @@ func (d *Datapath) Reconcile(_ context.Context, want datapath.Desired) (datapath
 // interface behind it, so a provider that probes its segment (static)
 // has none to probe.
 func (d *Datapath) Info() datapath.Info {
-	return datapath.Info{Mode: "fake", MTU: 1500, NodeIP: netip.MustParseAddr("10.0.0.2"), PodVeth: !d.NoPodVeth.Load()}
+	return datapath.Info{Mode: "fake", MTU: 1500, NodeIP: netip.MustParseAddr("10.0.0.2"), PodVeth: !d.NoPodVeth.Load(), NICRoutes: true}
 }
 
 // Close implements datapath.Datapath.

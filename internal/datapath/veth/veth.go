@@ -145,7 +145,7 @@ func (v *Veth) Close() error {
 
 // Info implements datapath.Datapath.
 func (v *Veth) Info() datapath.Info {
-	return datapath.Info{Mode: "veth", Uplink: v.Uplink, MTU: v.MTU, NodeIP: v.UplinkIP(), PodVeth: true}
+	return datapath.Info{Mode: "veth", Uplink: v.Uplink, MTU: v.MTU, NodeIP: v.UplinkIP(), PodVeth: true, NICRoutes: true}
 }
 
 // prepareNode sets what routed pods need on the node: forwarding, and proxy

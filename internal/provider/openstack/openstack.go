@@ -84,11 +84,14 @@ func init() {
 		Doctor: &provider.Doctor{API: "neutron", Diagnose: func(ctx context.Context, s provider.Settings, node provider.DoctorNode) []provider.Step {
 			return Diagnose(ctx, *s.(*Config), node)
 		}},
+		NetworkNICs: true,
 		Network: func(ctx context.Context, node provider.Node, s provider.Settings, name string, spec json.RawMessage) (provider.Provider, error) {
-			if node.PodMACs {
-				return nil, fmt.Errorf("PodNetwork %s: its addresses live on NICs of their own, which this datapath mode cannot route pods by (it sends with each pod's MAC on the uplink): use datapath veth or ebpf", name)
+			p, err := NewNetwork(ctx, *s.(*Config), node.IP, name, spec)
+			if err != nil {
+				return nil, err
 			}
-			return NewNetwork(ctx, *s.(*Config), node.IP, name, spec)
+			p.(*network).p.notify = node.Notify
+			return p, nil
 		},
 		New: func(ctx context.Context, node provider.Node, s provider.Settings) (provider.Provider, error) {
 			p, err := New(ctx, *s.(*Config), node.IP)

@@ -23,7 +23,7 @@ import (
 // PodNetwork's groups exactly as it would a VM, and pods of two
 // PodNetworks never share a port. A NIC holds maxAddresses pods; a new one
 // goes on the PodNetwork's subnet with most free addresses, and is given
-// back once its last pod is gone. The VM's maxNICs is shared by every
+// back once the network's pool releases its last address on it. The VM's maxNICs is shared by every
 // PodNetwork and the node's own secondary NICs: a node whose VM has no NIC
 // slot left serves no new network (nor a full one's next NIC). With
 // portPerPod each pod gets a NIC of its own (maxAddresses 1 on it): a NIC
@@ -42,6 +42,9 @@ type NetworkSpec struct {
 type network struct {
 	p    *Provider
 	spec NetworkSpec
+	// source is Info's Subnet, written once at connect: Info runs without
+	// the provider's lock, and p.nets grows under it.
+	source string
 }
 
 var _ provider.Provider = (*network)(nil)
@@ -107,7 +110,19 @@ func NewNetwork(ctx context.Context, cfg Config, nodeIP netip.Addr, name string,
 			return nil, explain(fmt.Errorf("PodNetwork %s: security group %s: %w", name, id, err))
 		}
 	}
-	return &network{p: p, spec: spec}, nil
+	var subs []string
+	for _, id := range spec.SubnetIDs {
+		subs = append(subs, fmt.Sprintf("%s (%s)", id, p.nets[id].prefix))
+	}
+	sg := "the project's default security group"
+	if len(spec.SecurityGroups) > 0 {
+		sg = "security groups " + strings.Join(spec.SecurityGroups, ", ")
+	}
+	if spec.PortPerPod {
+		sg += ", a NIC per pod"
+	}
+	source := fmt.Sprintf("pod network %s: network %s, subnets %s; %s", name, spec.NetworkID, strings.Join(subs, ", "), sg)
+	return &network{p: p, spec: spec, source: source}, nil
 }
 
 // Assign implements provider.Provider: every address on a NIC of the
@@ -152,20 +167,10 @@ func (n *network) Held(ctx context.Context) ([]alloc.Lease, error) {
 // and its bound — maxAddresses on each NIC the VM may still take.
 func (n *network) Info() provider.Info {
 	p := n.p
-	var subs []string
-	for _, id := range n.spec.SubnetIDs {
-		if s := p.nets[id]; s != nil {
-			subs = append(subs, fmt.Sprintf("%s (%s)", id, s.prefix))
-		}
-	}
-	sg := "the project's default security group"
-	if len(n.spec.SecurityGroups) > 0 {
-		sg = "security groups " + strings.Join(n.spec.SecurityGroups, ", ")
-	}
 	return provider.Info{
 		Name: "openstack", Calls: p.calls.snapshot(),
 		Capacity:       p.cfg.SecondaryNICs * p.cfg.MaxAddresses,
 		CapacityReason: fmt.Sprintf("maxAddresses %d on each of up to %d NICs (maxNICs %d less the VM's primary NIC; the node's other networks share them)", p.cfg.MaxAddresses, p.cfg.SecondaryNICs, p.cfg.MaxNICs),
-		Subnet:         fmt.Sprintf("pod network %s: network %s, subnets %s; %s", p.network, n.spec.NetworkID, strings.Join(subs, ", "), sg),
+		Subnet:         n.source,
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"sync"
 
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/ports"
 
@@ -232,6 +233,11 @@ func (p *Provider) assignOnNICs(ctx context.Context, nics []nicPort, explicit []
 // provider serves one, and attaches it; one that does not attach is
 // deleted. A subnet Neutron finds full is marked so and the next tried.
 func (p *Provider) newSecondary(ctx context.Context, full map[string]bool, want netip.Addr) (nicPort, error) {
+	// The node's own provider and each PodNetwork's attach NICs to the
+	// same VM, each under its own lock: the VM's free slot is counted and
+	// taken under one lock of the instance's, or two would take the last.
+	unlock := lockInstance(p.instanceID)
+	defer unlock()
 	room, err := p.nicRoom(ctx)
 	if err != nil {
 		return nicPort{}, err
@@ -296,6 +302,16 @@ func (p *Provider) nicDesc(own netip.Addr) string {
 		d += fmt.Sprintf(" [%s%s]", nicOwnMark, own)
 	}
 	return d
+}
+
+// instanceLocks serialise, per VM, counting its free NIC slots and taking
+// one, across the providers of one agent.
+var instanceLocks sync.Map // instance ID -> *sync.Mutex
+
+func lockInstance(id string) (unlock func()) {
+	mu, _ := instanceLocks.LoadOrStore(id, &sync.Mutex{})
+	mu.(*sync.Mutex).Lock()
+	return mu.(*sync.Mutex).Unlock
 }
 
 // setNICAddrs makes a secondary NIC's port hold its own address and pods,

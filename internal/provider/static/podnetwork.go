@@ -138,7 +138,7 @@ func claimRanges(stateDir, name string, cfg *Config) error {
 		}
 		for _, p := range mine {
 			if j := slices.IndexFunc(theirs, p.Overlaps); j >= 0 {
-				errs = append(errs, fmt.Errorf("range %s overlaps %s of PodNetwork %s, which this node serves: the two would hand out the same addresses (give them ranges apart; a node serves a network until vpcnid restarts)", p, theirs[j], other))
+				errs = append(errs, fmt.Errorf("range %s overlaps %s of PodNetwork %s, which this node serves: the two would hand out the same addresses (give them ranges apart; a node keeps serving a network once it has, restarts included)", p, theirs[j], other))
 			}
 		}
 	}
