@@ -92,7 +92,7 @@ func init() {
 		// unless snat.enabled is false (as aws-vpc-cni's
 		// AWS_VPC_K8S_CNI_EXTERNALSNAT=false does by default).
 		SNATByDefault: true,
-		NetworkNICs: true,
+		NetworkNICs:   true,
 		Network: func(ctx context.Context, node provider.Node, s provider.Settings, name string, spec json.RawMessage) (provider.Provider, error) {
 			return NewNetwork(ctx, *s.(*Config), node, name, spec)
 		},
