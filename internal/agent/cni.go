@@ -152,7 +152,7 @@ func (a *Agent) add(ctx context.Context, req *api.CNIRequest) (*types100.Result,
 	if aerr != nil {
 		return nil, aerr
 	}
-	netName, pool, aerr := a.podNetwork(ctx, podNS, podName)
+	netName, pool, aerr := a.podNetwork(ctx, podNS, podName, podUID)
 	if aerr != nil {
 		return nil, aerr
 	}

@@ -44,9 +44,10 @@ const ReasonPodNetworkExhausted = "VpcniPodNetworkExhausted"
 // network says (Kubernetes, see internal/k8s/nodeside). Without it every
 // pod is on the node's default network.
 type PodNetworks interface {
-	// NetworkOf is the PodNetwork recorded on pod namespace/name; "" for
-	// none (the node's default network).
-	NetworkOf(ctx context.Context, namespace, name string) (string, error)
+	// NetworkOf is the PodNetwork recorded on pod namespace/name whose UID
+	// is uid (the runtime's K8S_POD_UID; "" when it gave none); "" for none
+	// (the node's default network).
+	NetworkOf(ctx context.Context, namespace, name, uid string) (string, error)
 	// Spec is PodNetwork name's section for provider type typ (the JSON
 	// of spec.<typ>). An error says why there is none: no such
 	// PodNetwork, or it takes its addresses from another provider.
@@ -93,13 +94,13 @@ func (a *Agent) pool(rec *alloc.Allocation) *addresses.Manager {
 // podNetwork is the PodNetwork an ADD's pod is on ("" the default) and its
 // manager. A pod whose PodNetwork cannot be served is refused with why: it
 // must not come up on another network than the one that filters it.
-func (a *Agent) podNetwork(ctx context.Context, podNS, podName string) (string, *addresses.Manager, *api.Error) {
+func (a *Agent) podNetwork(ctx context.Context, podNS, podName, podUID string) (string, *addresses.Manager, *api.Error) {
 	if a.podNets == nil || podName == "" {
 		return "", a.addrs, nil
 	}
 	c, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	name, err := a.podNets.NetworkOf(c, podNS, podName)
+	name, err := a.podNets.NetworkOf(c, podNS, podName, podUID)
 	if err != nil {
 		return "", nil, api.Errorf(api.CodeTryAgainLater, fmt.Sprintf("could not read pod %s/%s's PodNetwork", podNS, podName), err.Error())
 	}

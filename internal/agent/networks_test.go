@@ -22,7 +22,7 @@ type podNets struct {
 	specs map[string]string
 }
 
-func (p podNets) NetworkOf(_ context.Context, namespace, name string) (string, error) {
+func (p podNets) NetworkOf(_ context.Context, namespace, name, _ string) (string, error) {
 	return p.pods[namespace+"/"+name], nil
 }
 

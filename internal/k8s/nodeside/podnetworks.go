@@ -45,12 +45,13 @@ func (p *PodNetworks) Run(ctx context.Context) { p.inf.Run(ctx.Done()) }
 
 // NetworkOf is the PodNetwork on pod namespace/name: from the node's pod
 // cache, or — for a pod the cache has not seen yet (the runtime can be
-// quicker than the watch) — from the API server. Only when that fails
-// and PodNetworks exist does it fail: a pod that may be on one must not
-// come up on another network.
-func (p *PodNetworks) NetworkOf(ctx context.Context, namespace, name string) (string, error) {
+// quicker than the watch), or an older pod of the same name it still
+// holds (uid tells them apart) — from the API server. Only when that
+// fails and PodNetworks exist does it fail: a pod that may be on one must
+// not come up on another network.
+func (p *PodNetworks) NetworkOf(ctx context.Context, namespace, name, uid string) (string, error) {
 	if obj, ok, _ := p.node.pods.GetIndexer().GetByKey(namespace + "/" + name); ok {
-		if pod, ok := obj.(*corev1.Pod); ok {
+		if pod, ok := obj.(*corev1.Pod); ok && (uid == "" || string(pod.UID) == uid) {
 			return pod.Annotations[v1alpha1.AnnotationNetwork], nil
 		}
 	}
@@ -68,6 +69,9 @@ func (p *PodNetworks) NetworkOf(ctx context.Context, namespace, name string) (st
 			return "", nil
 		}
 		return "", fmt.Errorf("get pod %s/%s: %w", namespace, name, err)
+	}
+	if uid != "" && string(pod.UID) != uid {
+		return "", fmt.Errorf("pod %s/%s is %s in the API server, not %s as the runtime says: it was recreated under the same name", namespace, name, pod.UID, uid)
 	}
 	return pod.Annotations[v1alpha1.AnnotationNetwork], nil
 }
