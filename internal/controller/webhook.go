@@ -26,9 +26,12 @@ const WebhookPath = "/mutate-pod"
 
 // PodPatch is the JSON patch that makes a pod on the pod network request
 // one vpcni.io/ip and, when network is not "", records that PodNetwork on
-// it (v1alpha1.AnnotationNetwork); nil when the pod needs neither: host
-// network, or it already asks for the address and names its network (set
-// by hand, or a re-admission: a network recorded on the pod is kept).
+// it (v1alpha1.AnnotationNetwork); a pod on a PodNetwork (recorded now or
+// before) also requests one of the network's resource
+// (k8s.NetworkResource), which only nodes with room on that network
+// advertise. nil when the pod needs none of it: host network, or it
+// already asks for all and names its network (set by hand, or a
+// re-admission: a network recorded on the pod is kept).
 //
 // The request goes on the first container, with an equal limit: an
 // extended resource cannot be overcommitted, so the API server wants both.
@@ -41,8 +44,20 @@ func PodPatch(pod *corev1.Pod, network string) ([]byte, error) {
 		return nil, nil
 	}
 	var ops []map[string]any
-	if !k8s.RequestsIP(pod) {
-		res := *pod.Spec.Containers[0].Resources.DeepCopy()
+	want := []corev1.ResourceName{k8s.IPResource}
+	onNet := pod.Annotations[v1alpha1.AnnotationNetwork]
+	if onNet == "" {
+		onNet = network
+	}
+	if r, ok := k8s.NetworkResource(onNet); ok {
+		want = append(want, r)
+	}
+	res := *pod.Spec.Containers[0].Resources.DeepCopy()
+	added := false
+	for _, r := range want {
+		if k8s.Requests(pod, r) {
+			continue
+		}
 		one := resource.MustParse("1")
 		if res.Requests == nil {
 			res.Requests = corev1.ResourceList{}
@@ -50,7 +65,10 @@ func PodPatch(pod *corev1.Pod, network string) ([]byte, error) {
 		if res.Limits == nil {
 			res.Limits = corev1.ResourceList{}
 		}
-		res.Requests[k8s.IPResource], res.Limits[k8s.IPResource] = one, one
+		res.Requests[r], res.Limits[r] = one, one
+		added = true
+	}
+	if added {
 		ops = append(ops, map[string]any{"op": "add", "path": "/spec/containers/0/resources", "value": res})
 	}
 	if _, has := pod.Annotations[v1alpha1.AnnotationNetwork]; network != "" && !has {

@@ -164,3 +164,43 @@ func TestWebhookHandler(t *testing.T) {
 		t.Errorf("a review without a request: HTTP %d, want 400", resp.StatusCode)
 	}
 }
+
+// A pod on a PodNetwork requests one of the network's resource beside its
+// address, whether the webhook records the network now or it was there
+// already; a name too long for a resource is recorded but not counted.
+func TestPodPatchRequestsNetworkResource(t *testing.T) {
+	web, _ := k8s.NetworkResource("web")
+	db, _ := k8s.NetworkResource("db")
+	one := resource.MustParse("1")
+	got := applyPatch(t, testPod(nil), mustPatch(t, testPod(nil), "web"))
+	if r := got.Spec.Containers[0].Resources; !r.Requests[web].Equal(one) || !r.Limits[web].Equal(one) || !r.Requests[k8s.IPResource].Equal(one) {
+		t.Errorf("a pod put on web requests %v, limits %v; want one %s and one %s", r.Requests, r.Limits, web, k8s.IPResource)
+	}
+	// Already annotated db and asking for its address: db's resource only.
+	pre := testPod(func(p *corev1.Pod) {
+		p.Annotations = map[string]string{"vpcni.io/network": "db"}
+		p.Spec.Containers[1].Resources.Requests = corev1.ResourceList{k8s.IPResource: one}
+		p.Spec.Containers[1].Resources.Limits = corev1.ResourceList{k8s.IPResource: one}
+	})
+	got = applyPatch(t, pre, mustPatch(t, pre, ""))
+	if r := got.Spec.Containers[0].Resources; !r.Requests[db].Equal(one) || r.Requests[k8s.IPResource] != (resource.Quantity{}) {
+		t.Errorf("a pod already on db requests %v on its first container; want db's resource alone", r.Requests)
+	}
+	long := "n" + string(bytes.Repeat([]byte("x"), 63))
+	if _, ok := k8s.NetworkResource(long); ok {
+		t.Fatalf("a %d-character name makes a resource", len(long))
+	}
+	got = applyPatch(t, testPod(nil), mustPatch(t, testPod(nil), long))
+	if r := got.Spec.Containers[0].Resources; len(r.Requests) != 1 || got.Annotations["vpcni.io/network"] != long {
+		t.Errorf("a pod on a PodNetwork with a long name: requests %v, network %q; want the address alone and the network recorded", r.Requests, got.Annotations["vpcni.io/network"])
+	}
+}
+
+func mustPatch(t *testing.T, pod *corev1.Pod, network string) []byte {
+	t.Helper()
+	p, err := PodPatch(pod, network)
+	if err != nil || p == nil {
+		t.Fatalf("PodPatch: %s, %v", p, err)
+	}
+	return p
+}
