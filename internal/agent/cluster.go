@@ -77,6 +77,10 @@ type PoolFigures struct {
 	// shows it: not ready (why), or ready but degraded (the cloud fails).
 	Ready, Degraded bool
 	Reason          string
+	// Networks is, per PodNetwork of the node's provider type, how many
+	// addresses of it the node may hold (0: unknown); nil when the agent
+	// reads no PodNetworks.
+	Networks map[string]int
 }
 
 // Pool returns the pool's figures now.
@@ -84,7 +88,28 @@ func (a *Agent) Pool() PoolFigures {
 	s := a.addrs.Status(time.Now())
 	return PoolFigures{Free: s.Free, Cooling: s.Cooling, Allocated: s.Allocated, Capacity: s.Provider.Capacity,
 		WarmTarget: a.cfg.Pool.WarmTarget, ProviderPort: s.Provider.Port, Connected: s.Provider.Name != "",
-		Ready: s.Ready, Degraded: s.Degraded, Reason: s.Reason}
+		Ready: s.Ready, Degraded: s.Degraded, Reason: s.Reason, Networks: a.networkCapacities(s.Provider)}
+}
+
+// networkCapacities is how many addresses of each PodNetwork of the
+// node's provider type the node may hold: a served network's own bound
+// (its provider's capacity), else what the node's provider says a new
+// network could get (Info.NetworkRoom). nil without PodNetworks.
+func (a *Agent) networkCapacities(def provider.Info) map[string]int {
+	if a.podNets == nil {
+		return nil
+	}
+	out := map[string]int{}
+	pools := a.netPools()
+	for _, name := range a.podNets.Names(a.cfg.Provider.Type) {
+		out[name] = def.NetworkRoom
+		if m := pools[name]; m != nil {
+			if info := m.Provider(); info.Name != "" {
+				out[name] = info.Capacity
+			}
+		}
+	}
+	return out
 }
 
 // ProviderPort is the cloud port the node's pod addresses live on ("" for

@@ -52,6 +52,8 @@ type PodNetworks interface {
 	// of spec.<typ>). An error says why there is none: no such
 	// PodNetwork, or it takes its addresses from another provider.
 	Spec(ctx context.Context, name, typ string) (json.RawMessage, error)
+	// Names lists the PodNetworks with a section for provider type typ.
+	Names(typ string) []string
 }
 
 // SetPodNetworks connects the agent to the cluster's PodNetworks; call it

@@ -37,6 +37,17 @@ func (p podNets) Spec(_ context.Context, name, typ string) (json.RawMessage, err
 	return json.RawMessage(s), nil
 }
 
+func (p podNets) Names(typ string) []string {
+	var out []string
+	for name := range p.specs {
+		if typ == "static" {
+			out = append(out, name)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
 func podReq(id, namespace, name, netns string) *api.CNIRequest {
 	return &api.CNIRequest{ContainerID: id, IfName: "eth0", Netns: netns,
 		Args:   "K8S_POD_NAMESPACE=" + namespace + ";K8S_POD_NAME=" + name,

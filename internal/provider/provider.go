@@ -49,6 +49,10 @@ type Info struct {
 	// CapacityReason what bounds it, for a person reading why.
 	Capacity       int
 	CapacityReason string
+	// NetworkRoom is how many addresses a PodNetwork this node does not
+	// serve yet could get here (a provider with NICs: its free NIC slots
+	// times the addresses of one; 0: unknown).
+	NetworkRoom int
 	// Subnet names where the node's pod addresses come from and how that
 	// was settled (configured, or discovered); "" when the provider has
 	// no such choice to report.

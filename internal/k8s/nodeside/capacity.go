@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -73,13 +74,50 @@ func (c *nodeCapacity) sync(ctx context.Context, node *corev1.Node, p agent.Pool
 	return want, errors.Join(rerr, c.syncTaint(ctx, node, want))
 }
 
+// networkResources is what the node advertises per PodNetwork
+// (k8s.NetworkResource): the addresses of it the node may hold, the
+// kubelet's pod limit when that is unknown; nil for every resource of a
+// PodNetwork the node may no longer serve, which the patch removes.
+func networkResources(node *corev1.Node, p agent.PoolFigures, podLimit int64) map[string]any {
+	out := map[string]any{}
+	for name, room := range p.Networks {
+		r, ok := k8s.NetworkResource(name)
+		if !ok {
+			continue
+		}
+		v := int64(room)
+		if v <= 0 {
+			v = podLimit
+		}
+		want := resource.NewQuantity(v, resource.DecimalSI)
+		capQ, hasCap := node.Status.Capacity[r]
+		allocQ, hasAlloc := node.Status.Allocatable[r]
+		if !hasCap || !hasAlloc || capQ.Cmp(*want) != 0 || allocQ.Cmp(*want) != 0 {
+			out[string(r)] = want.String()
+		}
+	}
+	for r := range node.Status.Capacity {
+		name, ours := strings.CutPrefix(string(r), k8s.NetworkResourcePrefix)
+		if _, wanted := p.Networks[name]; ours && !wanted {
+			out[string(r)] = nil
+		}
+	}
+	return out
+}
+
 func (c *nodeCapacity) syncResource(ctx context.Context, node *corev1.Node, p agent.PoolFigures, unrequested int) error {
+	podLimit := int64(110) // the kubelet's default maxPods
+	if q, ok := node.Status.Capacity[corev1.ResourcePods]; ok {
+		podLimit = q.Value()
+	}
+	if nets := networkResources(node, p, podLimit); c.ipResource && len(nets) > 0 {
+		patch, _ := json.Marshal(map[string]any{"status": map[string]any{"capacity": nets, "allocatable": nets}})
+		if _, err := c.cs.CoreV1().Nodes().Patch(ctx, node.Name, types.MergePatchType, patch, metav1.PatchOptions{}, "status"); err != nil {
+			return fmt.Errorf("advertise the PodNetworks' resources %v on node %s: %w", nets, node.Name, err)
+		}
+	}
 	var want *resource.Quantity
 	if c.ipResource {
-		podLimit := int64(110) // the kubelet's default maxPods
-		if q, ok := node.Status.Capacity[corev1.ResourcePods]; ok {
-			podLimit = q.Value()
-		}
 		want = resource.NewQuantity(ipCapacity(p, podLimit, unrequested), resource.DecimalSI)
 	}
 	capQ, hasCap := node.Status.Capacity[k8s.IPResource]

@@ -2,6 +2,7 @@ package nodeside
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -178,5 +179,24 @@ func TestUnrequestedPods(t *testing.T) {
 	n.agent = podsAgent{atts: []*alloc.Allocation{att("counted")}}
 	if got, err := n.unrequested(); err != nil || got != 0 || len(n.warned) != 0 {
 		t.Errorf("after the release: %d unrequested (%v), %d pods remembered", got, err, len(n.warned))
+	}
+}
+
+// Each PodNetwork of the node's provider is advertised with the addresses
+// of it the node may hold (the pod limit when unknown); one the node no
+// longer serves is removed; one already right is left alone.
+func TestNetworkResources(t *testing.T) {
+	q := func(s string) resource.Quantity { return resource.MustParse(s) }
+	node := &corev1.Node{Status: corev1.NodeStatus{
+		Capacity:    corev1.ResourceList{"pn.vpcni.io/old": q("3"), "pn.vpcni.io/web": q("4"), corev1.ResourcePods: q("50")},
+		Allocatable: corev1.ResourceList{"pn.vpcni.io/old": q("3"), "pn.vpcni.io/web": q("4")},
+	}}
+	got := networkResources(node, agent.PoolFigures{Networks: map[string]int{"web": 4, "db": 0, "api": 12}}, 50)
+	want := map[string]any{"pn.vpcni.io/db": "50", "pn.vpcni.io/api": "12", "pn.vpcni.io/old": nil}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("networkResources = %v, want %v", got, want)
+	}
+	if got := networkResources(&corev1.Node{}, agent.PoolFigures{}, 50); len(got) != 0 {
+		t.Errorf("a node without PodNetworks: %v", got)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -112,4 +113,22 @@ func (p *PodNetworks) Spec(ctx context.Context, name, typ string) (json.RawMessa
 		return nil, fmt.Errorf("PodNetwork %s has no %s section: this node's provider is %s", name, typ, typ)
 	}
 	return json.Marshal(section)
+}
+
+// Names lists the watched PodNetworks with a section for provider type
+// typ, sorted (none before the first list arrived).
+func (p *PodNetworks) Names(typ string) []string {
+	var out []string
+	for _, obj := range p.inf.GetStore().List() {
+		pn, ok := obj.(*v1alpha1.PodNetwork)
+		if !ok {
+			continue
+		}
+		s := pn.Spec
+		if typ == "openstack" && s.OpenStack != nil || typ == "static" && s.Static != nil || typ == "aws" && s.AWS != nil {
+			out = append(out, pn.Name)
+		}
+	}
+	slices.Sort(out)
+	return out
 }
