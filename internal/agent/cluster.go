@@ -78,7 +78,7 @@ type PoolFigures struct {
 	Ready, Degraded bool
 	Reason          string
 	// Networks is, per PodNetwork of the node's provider type, how many
-	// addresses of it the node may hold (0: unknown); nil when the agent
+	// addresses of it the node may hold (-1: unknown); nil when the agent
 	// reads no PodNetworks.
 	Networks map[string]int
 }
@@ -102,7 +102,10 @@ func (a *Agent) networkCapacities(def provider.Info) map[string]int {
 	out := map[string]int{}
 	pools := a.netPools()
 	for _, name := range a.podNets.Names(a.cfg.Provider.Type) {
-		out[name] = def.NetworkRoom
+		out[name] = -1
+		if def.NetworkRoom > 0 {
+			out[name] = def.NetworkRoom
+		}
 		if m := pools[name]; m != nil {
 			if info := m.Provider(); info.Name != "" {
 				out[name] = info.Capacity

@@ -75,8 +75,9 @@ func (c *nodeCapacity) sync(ctx context.Context, node *corev1.Node, p agent.Pool
 }
 
 // networkResources is what the node advertises per PodNetwork
-// (k8s.NetworkResource): the addresses of it the node may hold, the
-// kubelet's pod limit when that is unknown; nil for every resource of a
+// (k8s.NetworkResource): the addresses of it the node may hold (0: none,
+// the scheduler places no pod of it here), the kubelet's pod limit when
+// that is unknown; nil for every resource of a
 // PodNetwork the node may no longer serve, which the patch removes.
 func networkResources(node *corev1.Node, p agent.PoolFigures, podLimit int64) map[string]any {
 	out := map[string]any{}
@@ -86,8 +87,8 @@ func networkResources(node *corev1.Node, p agent.PoolFigures, podLimit int64) ma
 			continue
 		}
 		v := int64(room)
-		if v <= 0 {
-			v = podLimit
+		if v < 0 {
+			v = podLimit // unknown: the kubelet's pod limit bounds it
 		}
 		want := resource.NewQuantity(v, resource.DecimalSI)
 		capQ, hasCap := node.Status.Capacity[r]

@@ -191,8 +191,8 @@ func TestNetworkResources(t *testing.T) {
 		Capacity:    corev1.ResourceList{"pn.vpcni.io/old": q("3"), "pn.vpcni.io/web": q("4"), corev1.ResourcePods: q("50")},
 		Allocatable: corev1.ResourceList{"pn.vpcni.io/old": q("3"), "pn.vpcni.io/web": q("4")},
 	}}
-	got := networkResources(node, agent.PoolFigures{Networks: map[string]int{"web": 4, "db": 0, "api": 12}}, 50)
-	want := map[string]any{"pn.vpcni.io/db": "50", "pn.vpcni.io/api": "12", "pn.vpcni.io/old": nil}
+	got := networkResources(node, agent.PoolFigures{Networks: map[string]int{"web": 4, "db": -1, "api": 12, "full": 0}}, 50)
+	want := map[string]any{"pn.vpcni.io/db": "50", "pn.vpcni.io/api": "12", "pn.vpcni.io/full": "0", "pn.vpcni.io/old": nil}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("networkResources = %v, want %v", got, want)
 	}

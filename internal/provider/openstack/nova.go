@@ -188,6 +188,7 @@ func (p *Provider) attachedNICs(ctx context.Context, kind string) ([]nicPort, er
 			errs = append(errs, p.deletePort(ctx, n.id))
 		}
 	}
+	p.ownNICs.Store(int64(len(out)))
 	return out, errors.Join(errs...)
 }
 
@@ -204,7 +205,15 @@ func (p *Provider) nicRoom(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	return max(p.cfg.MaxNICs-len(ifs), 0), nil
+	room := max(p.cfg.MaxNICs-len(ifs), 0)
+	p.slotsFree.Store(int64(room) + 1) // +1: zero means not counted yet
+	return room, nil
+}
+
+// freeSlots is the VM's free NIC slots as last counted (ok false: never).
+func (p *Provider) freeSlots() (int, bool) {
+	n := p.slotsFree.Load()
+	return int(n - 1), n > 0
 }
 
 // createNICPorts creates one port per entry of fixed (each entry is the

@@ -25,6 +25,7 @@ import (
 	"net/netip"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/gophercloud/gophercloud/v2"
@@ -62,6 +63,11 @@ type Provider struct {
 	// a NIC of the network's own, never on the VM port (podnetwork.go).
 	network string
 	groups  []string
+	// slotsFree is the VM's free NIC slots at the last count, plus one (0:
+	// never counted), and ownNICs this provider's NICs at its last
+	// listing: Info reads them without the lock.
+	slotsFree atomic.Int64
+	ownNICs   atomic.Int64
 	// notify is told of races with other writers (provider.Node.Notify);
 	// nil: nobody listens.
 	notify func(provider.Notice)

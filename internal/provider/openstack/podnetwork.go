@@ -160,6 +160,11 @@ func (n *network) Release(ctx context.Context, addrs []netip.Addr) error {
 func (n *network) Held(ctx context.Context) ([]alloc.Lease, error) {
 	n.p.mu.Lock()
 	defer n.p.mu.Unlock()
+	// Count the VM's free NIC slots at each resync too, for Info's
+	// capacity (another network may have taken one since).
+	if _, err := n.p.nicRoom(ctx); err != nil {
+		return nil, err
+	}
 	return n.p.heldSecondary(ctx)
 }
 
@@ -167,10 +172,18 @@ func (n *network) Held(ctx context.Context) ([]alloc.Lease, error) {
 // and its bound — maxAddresses on each NIC the VM may still take.
 func (n *network) Info() provider.Info {
 	p := n.p
+	capacity := p.cfg.SecondaryNICs * p.cfg.MaxAddresses
+	why := fmt.Sprintf("maxAddresses %d on each of up to %d NICs (maxNICs %d less the VM's primary NIC; the node's other networks share them)", p.cfg.MaxAddresses, p.cfg.SecondaryNICs, p.cfg.MaxNICs)
+	if free, ok := p.freeSlots(); ok {
+		// What the VM can still take: its NICs of this network and the
+		// free slots (which every network counts as its own).
+		nics := int(p.ownNICs.Load()) + free
+		capacity = min(nics, p.cfg.SecondaryNICs) * p.cfg.MaxAddresses
+		why = fmt.Sprintf("maxAddresses %d on each of its %d NICs and the VM's %d free NIC slots (maxNICs %d; the node's other networks share the slots)", p.cfg.MaxAddresses, p.ownNICs.Load(), free, p.cfg.MaxNICs)
+	}
 	return provider.Info{
 		Name: "openstack", Calls: p.calls.snapshot(),
-		Capacity:       p.cfg.SecondaryNICs * p.cfg.MaxAddresses,
-		CapacityReason: fmt.Sprintf("maxAddresses %d on each of up to %d NICs (maxNICs %d less the VM's primary NIC; the node's other networks share them)", p.cfg.MaxAddresses, p.cfg.SecondaryNICs, p.cfg.MaxNICs),
-		Subnet:         n.source,
+		Capacity: capacity, CapacityReason: why,
+		Subnet: n.source,
 	}
 }
