@@ -262,6 +262,27 @@ func TestPodNetworkSecurityGroups(t *testing.T) {
 		nicLimit = false
 		t.Error(err)
 	}
+	// The node tells the scheduler its room per PodNetwork: web and db
+	// on their NICs, none for extra (no NIC slot left).
+	if _, err := eventually(30*time.Second, func() error {
+		n, err := cs.CoreV1().Nodes().Get(c, nodeName, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		got := map[string]string{}
+		for r, q := range n.Status.Allocatable {
+			if name, ok := strings.CutPrefix(string(r), "pn.vpcni.io/"); ok {
+				got[name] = q.String()
+			}
+		}
+		if got["extra"] != "0" || got["web"] == "" || got["web"] == "0" || got["db"] == "" || got["db"] == "0" {
+			return fmt.Errorf("node %s advertises %v; want room on web and db, none on extra", nodeName, got)
+		}
+		t.Logf("vpcni-test: node %s advertises per PodNetwork %v", nodeName, got)
+		return nil
+	}); err != nil {
+		t.Error(err)
+	}
 	if nicPort == "" || dbPort == "" || nicPort == dbPort || len(st.PodNetworks) != 2 || st.PodNetworks[1].Name != "web" || st.PodNetworks[1].Pool.Allocated != 1 {
 		t.Fatalf("vpcnid's state: allocations %+v, podNetworks %+v; want web's and db's pods each on a NIC of its PodNetwork", st.Allocations, st.PodNetworks)
 	}
