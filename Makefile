@@ -78,7 +78,7 @@ registry:
 	bash scripts/registry.sh build >/dev/null
 
 release-e2e: release registry
-	VPCNI_REQUIRE_ROOT=1 VPCNI_RELEASE_DIR=$(CURDIR)/$(BIN)/release $(GO) test -count=1 -timeout 10m -v ./test/release 2>&1 | tee /tmp/vpcni-release-e2e.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|vpcni-test:|^release' ; exit $${PIPESTATUS[0]}
+	VPCNI_REQUIRE_ROOT=1 VPCNI_RELEASE_DIR=$(CURDIR)/$(BIN)/release $(GO) test -count=1 -timeout 10m -v ./test/release 2>&1 | tee /tmp/vpcni-release-e2e.log | scripts/testfilter '^release' ; exit $${PIPESTATUS[0]}
 
 # Kubernetes for the end-to-end tests on a real node (cached in /var/cache/vpcni-k8s),
 # and the fixture's own test with Debian's bridge plugin (docs/k8s-node.md).
@@ -212,7 +212,7 @@ fuzz-long:
 # address (ARP probe on a veth segment; ~10 s).
 k8s-api: build k8s-build
 	VPCNI_REQUIRE_ROOT=1 VPCNI_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 5m -p 1 -v ./test/blocks ./test/fips ./test/leaks ./test/doctorapi ./test/kubectlplugin ./test/staticguard 2>&1 | tee /tmp/vpcni-k8s-api.log | $(TESTFILTER) ; exit $${PIPESTATUS[0]}
-	VPCNI_REQUIRE_ROOT=1 VPCNI_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 5m -v ./test/sticky 2>&1 | tee /tmp/vpcni-sticky.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|vpcni-test:|^sticky-move' ; exit $${PIPESTATUS[0]}
+	VPCNI_REQUIRE_ROOT=1 VPCNI_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 5m -v ./test/sticky 2>&1 | tee /tmp/vpcni-sticky.log | scripts/testfilter '^sticky-move' ; exit $${PIPESTATUS[0]}
 
 # Root-only: real namespaces, the built plugin driven by libcni, Debian's
 # reference plugins, a real neutron-server (scripts/neutron.sh installs and
@@ -220,7 +220,10 @@ k8s-api: build k8s-build
 # it restarts that neutron-server in Keystone mode (application credential,
 # a TLS front with a CA of its own, a proxy, the policy's refusals). test/doctor runs
 # vpcnictl doctor on a lab node with each planted fault (~1 s).
-TESTFILTER := grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|vpcni-test:|^chaos:|^\[neutron|^pod-networks:'
+# scripts/testfilter keeps the RUN/PASS/FAIL lines, vpcni-test: lines and the
+# summaries named here, and prints a failing test's own output under its
+# FAIL line.
+TESTFILTER := scripts/testfilter '^chaos:|^\[neutron|^pod-networks:'
 integration: build
 	VPCNI_REQUIRE_ROOT=1 VPCNI_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout $(PKG_TEST_TIMEOUT) -v ./test/integration ./test/macvlan ./test/bridge ./test/neutron ./test/lab ./test/labnics ./test/doctor ./test/aws 2>&1 | tee /tmp/vpcni-integration.log | $(TESTFILTER) ; exit $${PIPESTATUS[0]}
 	VPCNI_REQUIRE_ROOT=1 $(GO) test -count=1 -timeout $(PKG_TEST_TIMEOUT) -v ./test/keystone 2>&1 | tee /tmp/vpcni-keystone.log | $(TESTFILTER) ; exit $${PIPESTATUS[0]}
@@ -264,14 +267,14 @@ e2e-nova:
 # bridge plugin and replaces them (docs/install-bare-metal.md, Replacing
 # another CNI).
 e2e-k8s: build image prev-image k8s-build registry
-	VPCNI_REQUIRE_ROOT=1 VPCNI_BIN=$(CURDIR)/$(BIN) VPCNI_PREV_IMAGE=$(CURDIR)/$(BIN)/prev/vpcni-image.tar $(GO) test -count=1 -timeout 30m -v -run 'TestKubernetesNode|TestAWSNode|TestBlocksInstall|TestMigrateFromBridge' ./test/k8se2e 2>&1 | tee /tmp/vpcni-e2e-k8s.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|vpcni-test:|^upgrade|^registry:' ; exit $${PIPESTATUS[0]}
+	VPCNI_REQUIRE_ROOT=1 VPCNI_BIN=$(CURDIR)/$(BIN) VPCNI_PREV_IMAGE=$(CURDIR)/$(BIN)/prev/vpcni-image.tar $(GO) test -count=1 -timeout 30m -v -run 'TestKubernetesNode|TestAWSNode|TestBlocksInstall|TestMigrateFromBridge' ./test/k8se2e 2>&1 | tee /tmp/vpcni-e2e-k8s.log | scripts/testfilter '^upgrade|^registry:' ; exit $${PIPESTATUS[0]}
 
 # Upgrade in place on the real node: the node installed with the previous
 # release (its deploy/ and image) and its pods, then this release applied
 # while the legacy VM probes every pod every 10 ms (make test runs it
 # inside e2e-k8s, which also rolls back and forward again later).
 upgrade-e2e: build image prev-image k8s-build registry
-	@VPCNI_REQUIRE_ROOT=1 VPCNI_BIN=$(CURDIR)/$(BIN) VPCNI_PREV_IMAGE=$(CURDIR)/$(BIN)/prev/vpcni-image.tar $(GO) test -count=1 -timeout 30m -v -run 'TestKubernetesNode/^upgrade$$' ./test/k8se2e 2>&1 | tee /tmp/vpcni-upgrade-e2e.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|vpcni-test:|^upgrade detail' ; rc=$${PIPESTATUS[0]}; \
+	@VPCNI_REQUIRE_ROOT=1 VPCNI_BIN=$(CURDIR)/$(BIN) VPCNI_PREV_IMAGE=$(CURDIR)/$(BIN)/prev/vpcni-image.tar $(GO) test -count=1 -timeout 30m -v -run 'TestKubernetesNode/^upgrade$$' ./test/k8se2e 2>&1 | tee /tmp/vpcni-upgrade-e2e.log | scripts/testfilter '^upgrade detail' ; rc=$${PIPESTATUS[0]}; \
 	grep '^upgrade:' /tmp/vpcni-upgrade-e2e.log | tail -1; exit $$rc
 
 # vpcni on two real kubelets (scripts/k8s-node.sh up + join: the control
@@ -280,7 +283,7 @@ upgrade-e2e: build image prev-image k8s-build registry
 # Kubernetes' own Granular Checks and HostPort conformance tests on the
 # same cluster (test/k8se2e TestTwoNodes, ~2.5 min; in `make test`).
 e2e-k8s-twonode: build image conformance-build
-	VPCNI_REQUIRE_ROOT=1 VPCNI_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 20m -v -run 'TestTwoNodes' ./test/k8se2e 2>&1 | tee /tmp/vpcni-e2e-k8s-twonode.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|vpcni-test:|k8s-e2e' ; exit $${PIPESTATUS[0]}
+	VPCNI_REQUIRE_ROOT=1 VPCNI_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 20m -v -run 'TestTwoNodes' ./test/k8se2e 2>&1 | tee /tmp/vpcni-e2e-k8s-twonode.log | scripts/testfilter 'k8s-e2e' ; exit $${PIPESTATUS[0]}
 
 # The same node installed through the Helm chart instead (test/k8se2e
 # TestHelmInstall): helm install of deploy/helm/vpcni into vpcni-system with
@@ -303,7 +306,7 @@ e2e-k8s-helm: build image k8s-build
 critest: build k8s-build
 	bash scripts/cni-plugins.sh $(BIN)/cni-plugins
 	bash scripts/critest.sh build >/dev/null
-	flock /tmp/vpcni-k8s.lock env VPCNI_CONFORMANCE_DIR=$(CONFORMANCE_RESULTS) VPCNI_REQUIRE_ROOT=1 VPCNI_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 15m -v ./test/critest 2>&1 | tee /tmp/vpcni-critest-run.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|vpcni-test:|^critest:' ; exit $${PIPESTATUS[0]}
+	flock /tmp/vpcni-k8s.lock env VPCNI_CONFORMANCE_DIR=$(CONFORMANCE_RESULTS) VPCNI_REQUIRE_ROOT=1 VPCNI_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 15m -v ./test/critest 2>&1 | tee /tmp/vpcni-critest-run.log | scripts/testfilter '^critest:' ; exit $${PIPESTATUS[0]}
 
 # Kubernetes' own [sig-network] conformance tests (every one: 47 at
 # v1.36.3) against vpcni on two real nodes (test/k8se2e TestConformance):
@@ -332,7 +335,7 @@ conformance-build: k8s-build
 conformance: build image conformance-build
 	@mkdir -p $(CONFORMANCE_RESULTS) && touch $(CONFORMANCE_RESULTS)/.started && rm -f $(CONFORMANCE_RESULTS)/.critest-exit
 	mkdir -p $(CONFORMANCE_RESULTS); $(MAKE) critest CONFORMANCE_RESULTS=$(CONFORMANCE_RESULTS); echo $$? >$(CONFORMANCE_RESULTS)/.critest-exit
-	VPCNI_CONFORMANCE=1 VPCNI_CONFORMANCE_RESULTS=$(CONFORMANCE_RESULTS) VPCNI_CONFORMANCE_FOCUS='$(CONFORMANCE_FOCUS)' VPCNI_REQUIRE_ROOT=1 VPCNI_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 90m -v -run 'TestConformance' ./test/k8se2e 2>&1 | tee /tmp/vpcni-conformance.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|vpcni-test:|k8s-e2e' ; rc=$${PIPESTATUS[0]}; \
+	VPCNI_CONFORMANCE=1 VPCNI_CONFORMANCE_RESULTS=$(CONFORMANCE_RESULTS) VPCNI_CONFORMANCE_FOCUS='$(CONFORMANCE_FOCUS)' VPCNI_REQUIRE_ROOT=1 VPCNI_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 90m -v -run 'TestConformance' ./test/k8se2e 2>&1 | tee /tmp/vpcni-conformance.log | scripts/testfilter 'k8s-e2e' ; rc=$${PIPESTATUS[0]}; \
 	VPCNI_CONFORMANCE_RESULTS=$(CONFORMANCE_RESULTS) bash scripts/conformance.sh summary; \
 	cri=$$(cat $(CONFORMANCE_RESULTS)/.critest-exit 2>/dev/null || echo unknown); \
 	[ "$$cri" = 0 ] || echo "conformance: FAILED: make critest exited $$cri (/tmp/vpcni-critest-run.log)"; \
