@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/vpcni/vpcni/internal/addresses"
 	"github.com/vpcni/vpcni/internal/alloc"
 	"github.com/vpcni/vpcni/internal/api"
 	"github.com/vpcni/vpcni/internal/provider"
@@ -92,27 +93,52 @@ func (a *Agent) Pool() PoolFigures {
 }
 
 // networkCapacities is how many addresses of each PodNetwork of the
-// node's provider type the node may hold: a served network's own bound
-// (its provider's capacity), else what the node's provider says a new
-// network could get (Info.NetworkRoom). nil without PodNetworks.
+// node's provider type the node may hold (-1: unknown): a served network's
+// own bound (its provider's capacity); before that what the provider says
+// the network could get here (Registration.NetworkRoom, from the default
+// provider's def); 0 where the datapath cannot wire the network's pods.
+// nil without PodNetworks.
 func (a *Agent) networkCapacities(def provider.Info) map[string]int {
 	if a.podNets == nil {
+		return nil
+	}
+	reg, err := provider.Lookup(a.cfg.Provider.Type)
+	if err != nil {
 		return nil
 	}
 	out := map[string]int{}
 	pools := a.netPools()
 	for _, name := range a.podNets.Names(a.cfg.Provider.Type) {
-		out[name] = -1
-		if def.NetworkRoom > 0 {
-			out[name] = def.NetworkRoom
-		}
-		if m := pools[name]; m != nil {
-			if info := m.Provider(); info.Name != "" {
-				out[name] = info.Capacity
-			}
-		}
+		out[name] = a.networkRoom(reg, def, name, pools[name])
 	}
 	return out
+}
+
+func (a *Agent) networkRoom(reg provider.Registration, def provider.Info, name string, m *addresses.Manager) int {
+	switch {
+	case reg.Network == nil:
+		return 0
+	case reg.NetworkNICs && !a.dp.Info().NICRoutes:
+		return 0
+	}
+	if m != nil {
+		if info := m.Provider(); info.Name != "" {
+			return info.Capacity
+		}
+	}
+	if reg.NetworkRoom == nil {
+		return -1
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	spec, err := a.podNets.Spec(ctx, name, a.cfg.Provider.Type)
+	if err != nil {
+		return -1
+	}
+	if room, ok := reg.NetworkRoom(a.cfg.Provider.Settings, spec, def); ok {
+		return room
+	}
+	return -1
 }
 
 // ProviderPort is the cloud port the node's pod addresses live on ("" for

@@ -99,7 +99,17 @@ func TestPodNetworkServedFromItsOwnPool(t *testing.T) {
 	}
 	a := n.start()
 
+	// Before any pod of it, the node advertises what web's ranges hold
+	// (13 of the /28: not its network, broadcast or gateway address); a
+	// spec the provider cannot serve is unknown (-1, the pod limit: the
+	// ADD says why).
+	if got := a.Pool().Networks; got["web"] != 13 || got["bad"] != -1 || len(got) != 2 {
+		t.Errorf("room per PodNetwork before any pod: %v, want web 13, bad -1", got)
+	}
 	ip, gw := a.addPod(t, n, "c-web0", "shop", "web-0")
+	if got := a.Pool().Networks["web"]; got != 13 {
+		t.Errorf("web's room once served: %d, want its pool's capacity 13", got)
+	}
 	if !web.Contains(ip) || gw != netip.MustParseAddr("10.30.0.14") {
 		t.Fatalf("web-0 got %s via %s, want an address of %s via web's gateway 10.30.0.14", ip, gw, web)
 	}

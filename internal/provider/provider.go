@@ -49,10 +49,10 @@ type Info struct {
 	// CapacityReason what bounds it, for a person reading why.
 	Capacity       int
 	CapacityReason string
-	// NetworkRoom is how many addresses a PodNetwork this node does not
-	// serve yet could get here (a provider with NICs: its free NIC slots
-	// times the addresses of one; 0: unknown).
-	NetworkRoom int
+	// FreeNICs is, for a provider whose PodNetworks live on NICs of their
+	// own, how many more NICs the VM may take, as last counted (-1: not
+	// counted yet); read by its Registration.NetworkRoom.
+	FreeNICs int
 	// Subnet names where the node's pod addresses come from and how that
 	// was settled (configured, or discovered); "" when the provider has
 	// no such choice to report.
@@ -178,6 +178,13 @@ type Registration struct {
 	// NIC can wire (datapath.Info.NICRoutes); the agent refuses such a
 	// pod on another mode before any NIC is made.
 	NetworkNICs bool
+	// NetworkRoom, if set, is how many addresses of a PodNetwork the node
+	// could hold before it serves any of its pods — what the node
+	// advertises to the scheduler for the network's first pods: spec and s
+	// as for Network, def the node's default provider's Info. ok false:
+	// unknown (the agent advertises the kubelet's pod limit). nil: always
+	// unknown.
+	NetworkRoom func(s Settings, spec json.RawMessage, def Info) (room int, ok bool)
 	// Doctor, if set, is how vpcnictl doctor looks at the provider's cloud
 	// from the node (nil: the provider has no cloud to look at, as
 	// static).

@@ -91,6 +91,9 @@ func init() {
 			return Diagnose(ctx, *s.(*Config), node)
 		}},
 		NetworkNICs: true,
+		NetworkRoom: func(s provider.Settings, spec json.RawMessage, def provider.Info) (int, bool) {
+			return networkRoom(*s.(*Config), spec, def)
+		},
 		Network: func(ctx context.Context, node provider.Node, s provider.Settings, name string, spec json.RawMessage) (provider.Provider, error) {
 			p, err := NewNetwork(ctx, *s.(*Config), node.IP, name, spec)
 			if err != nil {
@@ -291,6 +294,12 @@ func (p *Provider) Info() provider.Info {
 		}
 	}
 	i.Capacity, i.CapacityReason = limit, why
+	i.FreeNICs = -1
+	if free, ok := p.freeSlots(); ok {
+		i.FreeNICs = free
+	} else if p.cc == nil {
+		i.FreeNICs = 0 // without Nova no NIC is attached
+	}
 	if p.subnet.IsValid() {
 		i.Subnet = p.SubnetSource()
 	}
@@ -326,6 +335,12 @@ func (p *Provider) Held(ctx context.Context) ([]alloc.Lease, error) {
 		var more []alloc.Lease
 		more, err = p.heldSecondary(ctx)
 		out = append(out, more...)
+	}
+	if err == nil && p.cc != nil {
+		// The VM's free NIC slots, for Info.FreeNICs: what a PodNetwork
+		// the node does not serve yet could get. A failed count keeps the
+		// last one; the addresses are what this call is for.
+		_, _ = p.nicRoom(ctx)
 	}
 	return out, err
 }

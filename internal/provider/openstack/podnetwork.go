@@ -187,3 +187,23 @@ func (n *network) Info() provider.Info {
 		Subnet: n.source,
 	}
 }
+
+// networkRoom is how many addresses a PodNetwork the node does not serve
+// yet could get here (Registration.NetworkRoom): a NIC of its own in each
+// of the VM's free slots (def.FreeNICs, counted by the default provider),
+// maxAddresses on each, or one with portPerPod. ok false until the slots
+// were counted.
+func networkRoom(cfg Config, raw json.RawMessage, def provider.Info) (int, bool) {
+	var spec NetworkSpec
+	if def.FreeNICs < 0 || json.Unmarshal(raw, &spec) != nil {
+		return 0, false
+	}
+	if cfg.Mode == "passthrough" {
+		return 0, true // NewNetwork refuses it
+	}
+	per := cfg.MaxAddresses
+	if spec.PortPerPod {
+		per = 1
+	}
+	return def.FreeNICs * per, true
+}

@@ -193,3 +193,22 @@ func network(_ context.Context, node provider.Node, s provider.Settings, name st
 	p.SetGuard(g)
 	return p, nil
 }
+
+// networkRoom is how many addresses a static PodNetwork has for the node
+// before it serves any of its pods (Registration.NetworkRoom): every
+// usable address of its ranges, as its provider's capacity will say.
+func networkRoom(s provider.Settings, spec json.RawMessage, _ provider.Info) (int, bool) {
+	cfg, err := networkConfig(spec, s.(*Config).Ranges)
+	if err != nil {
+		return 0, false
+	}
+	ranges, _, err := buildRanges(cfg)
+	if err != nil {
+		return 0, false
+	}
+	n := 0
+	for _, rg := range ranges {
+		n += rg.Size()
+	}
+	return n, true
+}

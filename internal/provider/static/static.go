@@ -96,7 +96,8 @@ func init() {
 			p.SetGuard(g)
 			return p, nil
 		},
-		Network: network,
+		Network:     network,
+		NetworkRoom: networkRoom,
 	})
 }
 
@@ -167,29 +168,29 @@ type stateFile struct {
 	Held []netip.Addr `json:"held"`
 }
 
-// New builds the provider from config; its state lives in stateDir.
-func New(cfg *Config, stateDir string) (*Provider, error) {
-	p := &Provider{path: filepath.Join(stateDir, "static-provider.json"), held: map[netip.Addr]bool{}, foreign: map[netip.Addr]inUse{}}
+// buildRanges turns the configured ranges into the pool's ranges, each
+// with the NIC it lives on (nil: the uplink).
+func buildRanges(cfg *Config) (ranges []ipam.Range, nics []*alloc.NIC, err error) {
 	for i, r := range cfg.Ranges {
 		prefix, err := netip.ParsePrefix(r.CIDR)
 		if err != nil {
-			return nil, fmt.Errorf("ranges[%d]: %w", i, err)
+			return nil, nil, fmt.Errorf("ranges[%d]: %w", i, err)
 		}
 		var gw netip.Addr
 		if r.Gateway != "" {
 			if gw, err = netip.ParseAddr(r.Gateway); err != nil {
-				return nil, fmt.Errorf("ranges[%d].gateway: %w", i, err)
+				return nil, nil, fmt.Errorf("ranges[%d].gateway: %w", i, err)
 			}
 		}
 		var nic *alloc.NIC
 		if r.NIC != nil {
 			hw, err := net.ParseMAC(r.NIC.MAC)
 			if err != nil {
-				return nil, fmt.Errorf("ranges[%d].nic.mac: %w", i, err)
+				return nil, nil, fmt.Errorf("ranges[%d].nic.mac: %w", i, err)
 			}
 			a, err := netip.ParseAddr(r.NIC.Address)
 			if err != nil {
-				return nil, fmt.Errorf("ranges[%d].nic.address: %w", i, err)
+				return nil, nil, fmt.Errorf("ranges[%d].nic.address: %w", i, err)
 			}
 			nic = &alloc.NIC{MAC: hw.String(), Address: a}
 		}
@@ -202,16 +203,28 @@ func New(cfg *Config, stateDir string) (*Provider, error) {
 		for _, e := range r.Exclude {
 			pe, err := ParseAddrOrPrefix(e)
 			if err != nil {
-				return nil, fmt.Errorf("ranges[%d].exclude: %w", i, err)
+				return nil, nil, fmt.Errorf("ranges[%d].exclude: %w", i, err)
 			}
 			ex = append(ex, pe)
 		}
 		rg, err := ipam.NewRange(prefix, gw, ex)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
-		p.ranges = append(p.ranges, rg)
-		p.nics = append(p.nics, nic)
+		ranges = append(ranges, rg)
+		nics = append(nics, nic)
+	}
+	return ranges, nics, nil
+}
+
+// New builds the provider from config; its state lives in stateDir.
+func New(cfg *Config, stateDir string) (*Provider, error) {
+	p := &Provider{path: filepath.Join(stateDir, "static-provider.json"), held: map[netip.Addr]bool{}, foreign: map[netip.Addr]inUse{}}
+	var err error
+	if p.ranges, p.nics, err = buildRanges(cfg); err != nil {
+		return nil, err
+	}
+	for _, rg := range p.ranges {
 		p.size += rg.Size()
 	}
 	data, err := os.ReadFile(p.path)
