@@ -40,6 +40,7 @@ func TestBlocksInstall(t *testing.T) {
 	n.waitBlocksInstalled("kubectl apply -k deploy/ with components: [blocks]", applied)
 	n.checkBlocksWorkloads()
 	t.Run("static-podnetwork", func(t *testing.T) { checkStaticPodNetwork(t, n, n.pods("default", "app=web")) })
+	t.Run("podnetwork-capacity", func(t *testing.T) { checkPodNetworkCapacity(t, n) })
 	t.Run("helm-install", func(t *testing.T) { checkBlocksHelmInstall(t, n) })
 }
 

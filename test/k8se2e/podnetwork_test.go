@@ -9,8 +9,11 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+
 	"github.com/vpcni/vpcni/internal/api"
 	"github.com/vpcni/vpcni/internal/apis/vpcni/v1alpha1"
+	"github.com/vpcni/vpcni/internal/k8s"
 	"github.com/vpcni/vpcni/internal/k8s/nodeside"
 )
 
@@ -178,4 +181,90 @@ func (n *node) getIn(ns, pod, hostport string) (string, error) {
 		return out, fmt.Errorf("answer %q", out)
 	}
 	return strings.TrimSpace(body), nil
+}
+
+// smallNetRange is checkPodNetworkCapacity's PodNetwork: a /29 whose
+// gateway is its first address holds 5 pods.
+const (
+	smallNetRange = "10.20.17.0/29"
+	smallNetRoom  = 5
+)
+
+const smallNetManifest = `apiVersion: vpcni.io/v1alpha1
+kind: PodNetwork
+metadata:
+  name: e2e-small
+spec:
+  namespaceSelector:
+    matchLabels: {vpcni-e2e/network: small}
+  static:
+    ranges: [%[1]s]
+    gateway: %[2]s
+---
+apiVersion: v1
+kind: Namespace
+metadata:
+  name: pn-small
+  labels: {vpcni-e2e/network: small}
+`
+
+// checkPodNetworkCapacity: the scheduler places a PodNetwork's pods only
+// where the network has room. The node advertises pn.vpcni.io/e2e-small
+// (what its range holds) before any pod of it; a Deployment of two more
+// replicas than that in the selected namespace gets that many Ready, on
+// the network, and the others Pending, unschedulable for
+// "Insufficient pn.vpcni.io/e2e-small" — not stuck in ContainerCreating on
+// a node that has no address for them.
+func checkPodNetworkCapacity(t *testing.T, n *node) {
+	start := time.Now()
+	netRange := netip.MustParsePrefix(smallNetRange)
+	n.apply(fmt.Sprintf(smallNetManifest, netRange, netRange.Addr().Next()))
+	t.Cleanup(func() {
+		_, _ = n.kubectl("delete", "namespace", "pn-small", "--wait=true", "--timeout=1m")
+		_, _ = n.kubectl("delete", "podnetwork", "e2e-small", "--wait=true", "--timeout=30s")
+	})
+	res, _ := k8s.NetworkResource("e2e-small")
+	eventually(t, time.Minute, fmt.Sprintf("node advertising %s=%d", res, smallNetRoom), func() (bool, string) {
+		nd := n.getNode()
+		c, a := nd.Status.Capacity[res], nd.Status.Allocatable[res]
+		return c.Value() == smallNetRoom && a.Value() == smallNetRoom, fmt.Sprintf("capacity %s, allocatable %s", c.String(), a.String())
+	})
+	t.Logf("vpcni-test: PodNetwork e2e-small (%s) created; node advertises %s=%d after %s, before any pod of it", netRange, res, smallNetRoom, time.Since(start).Round(100*time.Millisecond))
+
+	replicas := smallNetRoom + 2
+	n.apply(fmt.Sprintf(staticNetWeb, "pn-small", replicas, n.env["VPCNI_K8S_BUSYBOX_IMAGE"]))
+	var ready, pending []corev1.Pod
+	eventually(t, 2*time.Minute, fmt.Sprintf("%d pods Ready, %d Pending unschedulable", smallNetRoom, replicas-smallNetRoom), func() (bool, string) {
+		ready, pending = ready[:0], pending[:0]
+		var other []string
+		for _, p := range n.fullPods("-n", "pn-small", "-l", "app=pnweb") {
+			switch {
+			case podReady(&p):
+				ready = append(ready, p)
+			case p.Status.Phase == corev1.PodPending && p.Spec.NodeName == "" && unschedulable(&p) != "":
+				pending = append(pending, p)
+			default:
+				other = append(other, fmt.Sprintf("%s %s node=%q", p.Name, p.Status.Phase, p.Spec.NodeName))
+			}
+		}
+		return len(ready) == smallNetRoom && len(pending) == replicas-smallNetRoom && len(other) == 0,
+			fmt.Sprintf("%d ready, %d pending, others %v", len(ready), len(pending), other)
+	})
+	var ips []string
+	for _, p := range ready {
+		ips = append(ips, p.Status.PodIP)
+		if ip, err := netip.ParseAddr(p.Status.PodIP); err != nil || !netRange.Contains(ip) {
+			t.Errorf("%s has %q, not an address of %s", p.Name, p.Status.PodIP, netRange)
+		}
+		if !k8s.Requests(&p, res) {
+			t.Errorf("%s requests no %s: the webhook did not add it", p.Name, res)
+		}
+	}
+	for _, p := range pending {
+		if why := unschedulable(&p); !strings.Contains(why, "Insufficient "+string(res)) {
+			t.Errorf("%s Pending for another reason: %s", p.Name, why)
+		}
+	}
+	t.Logf("vpcni-test: %d replicas on e2e-small, room for %d: %d Ready on %s (%s), %d Pending in %s; %s PodScheduled=False: %s",
+		replicas, smallNetRoom, len(ready), netRange, strings.Join(ips, " "), len(pending), time.Since(start).Round(100*time.Millisecond), pending[0].Name, unschedulable(&pending[0]))
 }
