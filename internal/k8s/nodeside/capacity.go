@@ -111,7 +111,10 @@ func (c *nodeCapacity) syncResource(ctx context.Context, node *corev1.Node, p ag
 	if q, ok := node.Status.Capacity[corev1.ResourcePods]; ok {
 		podLimit = q.Value()
 	}
-	if nets := networkResources(node, p, podLimit); c.ipResource && len(nets) > 0 {
+	if !c.ipResource {
+		p.Networks = nil // off: every pn.vpcni.io/<name> goes with vpcni.io/ip
+	}
+	if nets := networkResources(node, p, podLimit); len(nets) > 0 {
 		patch, _ := json.Marshal(map[string]any{"status": map[string]any{"capacity": nets, "allocatable": nets}})
 		if _, err := c.cs.CoreV1().Nodes().Patch(ctx, node.Name, types.MergePatchType, patch, metav1.PatchOptions{}, "status"); err != nil {
 			return fmt.Errorf("advertise the PodNetworks' resources %v on node %s: %w", nets, node.Name, err)

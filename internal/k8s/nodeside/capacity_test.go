@@ -118,13 +118,24 @@ func TestNodeCapacitySync(t *testing.T) {
 	if ip, _ := state(get()); ip != "16" {
 		t.Errorf("provider not connected: %s=%s, want the 16 advertised before", k8s.IPResource, ip)
 	}
-	// Turned off: the resource goes.
+	// A PodNetwork's room is advertised beside it.
+	web, _ := k8s.NetworkResource("web")
+	if _, err := c.sync(ctx, get(), agent.PoolFigures{Capacity: 16, Connected: true, Networks: map[string]int{"web": 4}}, 0); err != nil {
+		t.Fatal(err)
+	}
+	if q := get().Status.Allocatable[web]; q.Value() != 4 {
+		t.Errorf("%s = %s, want 4", web, q.String())
+	}
+	// Turned off: the resources go.
 	c.ipResource = false
-	if _, err := c.sync(ctx, get(), agent.PoolFigures{Capacity: 8, Connected: true}, 0); err != nil {
+	if _, err := c.sync(ctx, get(), agent.PoolFigures{Capacity: 8, Connected: true, Networks: map[string]int{"web": 4}}, 0); err != nil {
 		t.Fatal(err)
 	}
 	if ip, _ := state(get()); ip != "" {
 		t.Errorf("ipResource off: %s=%s still advertised", k8s.IPResource, ip)
+	}
+	if q, ok := get().Status.Capacity[web]; ok {
+		t.Errorf("ipResource off: %s=%s still advertised", web, q.String())
 	}
 }
 
