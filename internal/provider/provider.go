@@ -53,6 +53,9 @@ type Info struct {
 	// own, how many more NICs the VM may take, as last counted (-1: not
 	// counted yet); read by its Registration.NetworkRoom.
 	FreeNICs int
+	// NICAddresses is how many pod addresses one more NIC would hold
+	// (0: not said); with FreeNICs, what a new PodNetwork could get.
+	NICAddresses int
 	// Subnet names where the node's pod addresses come from and how that
 	// was settled (configured, or discovered); "" when the provider has
 	// no such choice to report.

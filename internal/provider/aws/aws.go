@@ -23,6 +23,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -71,6 +72,11 @@ type Provider struct {
 	cidrBackoff map[string]backoff
 	answers     answerStyle
 	kick        chan struct{}
+	// freeENIs is how many more ENIs the instance's default card takes,
+	// plus one (0: not read yet), and ownENIs the ENIs of the provider's
+	// own network, both at the last read of the ENIs: Info reads them
+	// without the lock.
+	freeENIs, ownENIs atomic.Int64
 }
 
 type backoff struct {
@@ -96,7 +102,8 @@ func init() {
 		Network: func(ctx context.Context, node provider.Node, s provider.Settings, name string, spec json.RawMessage) (provider.Provider, error) {
 			return NewNetwork(ctx, *s.(*Config), node, name, spec)
 		},
-		Doctor: &provider.Doctor{API: "ec2", Diagnose: diagnose},
+		NetworkRoom: networkRoom,
+		Doctor:      &provider.Doctor{API: "ec2", Diagnose: diagnose},
 	})
 }
 
@@ -235,7 +242,18 @@ func (p *Provider) Info() provider.Info {
 		enis = fmt.Sprintf("%d ENIs (maxENIs; instance type %s allows %d)", p.maxENIs, p.id.instanceType, p.limits.ENIs)
 	}
 	i.CapacityReason = enis + " × " + per
+	i.FreeNICs, i.NICAddresses = -1, p.limits.Capacity(1, p.cfg.PrefixMode)
+	if free, ok := p.freeSlots(); ok {
+		i.FreeNICs = free
+	}
 	return i
+}
+
+// freeSlots is how many more ENIs the instance's default card takes, as
+// last read (ok false: never).
+func (p *Provider) freeSlots() (int, bool) {
+	n := p.freeENIs.Load()
+	return int(n - 1), n > 0
 }
 
 // InstanceID is the node's instance, as IMDS named it.

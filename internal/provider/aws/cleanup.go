@@ -63,6 +63,7 @@ func (p *Provider) removeEmpty(ctx context.Context) error {
 			for i, x := range p.enis {
 				if x.id == e.id {
 					p.enis = append(p.enis[:i:i], p.enis[i+1:]...)
+					p.countENIs()
 					break
 				}
 			}

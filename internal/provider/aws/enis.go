@@ -174,6 +174,7 @@ func (p *Provider) readENIs(ctx context.Context) error {
 		return err
 	}
 	p.enis, p.readAt = all, time.Now()
+	p.countENIs()
 	p.fixDeleteOnTermination(ctx)
 	return nil
 }
@@ -252,6 +253,19 @@ func (p *Provider) primary() *eni {
 		}
 	}
 	return nil
+}
+
+// countENIs keeps, for Info, the instance's free ENI slots and the ENIs
+// of this provider's network as just read.
+func (p *Provider) countENIs() {
+	own := 0
+	for _, e := range p.enis {
+		if e.ours && e.id != p.id.eniID {
+			own++
+		}
+	}
+	p.ownENIs.Store(int64(own))
+	p.freeENIs.Store(int64(max(p.maxENIs-p.attachedOnCard(), 0)) + 1) // +1: zero means not read
 }
 
 // attachedOnCard counts the ENIs on the default network card.
@@ -359,6 +373,7 @@ func (p *Provider) createENI(ctx context.Context, sn *subnet, count int) (_ *eni
 	// It is the instance's now, deleted with it: kept whatever comes next
 	// (an ENI still attaching is used once a read finds it attached).
 	p.enis = append(p.enis, e)
+	p.countENIs()
 	if err := p.waitAttached(ctx, e); err != nil {
 		return nil, err
 	}

@@ -142,9 +142,10 @@ func (p *Provider) checkNetwork(ctx context.Context, net *podNetwork) error {
 }
 
 // networkInfo is Info for a PodNetwork's provider: its subnets and
-// groups, and its bound — the slots of every ENI the instance may still
-// take beyond its primary one, shared with the node's own pods and its
-// other PodNetworks.
+// groups, and its bound — the slots of its own ENIs and of one ENI in each
+// free slot of the instance, as last read (before that, of every ENI
+// beyond the primary one); the free slots are shared with the node's own
+// pods and its other PodNetworks.
 func (p *Provider) networkInfo() provider.Info {
 	var subs []string
 	for _, id := range p.eniSubnets {
@@ -161,11 +162,32 @@ func (p *Provider) networkInfo() provider.Info {
 	if p.cfg.PrefixMode {
 		per = fmt.Sprintf("%d /28 prefixes of 16 addresses", p.limits.slots())
 	}
+	capacity := p.limits.Capacity(extra, p.cfg.PrefixMode)
+	why := fmt.Sprintf("%s on each of up to %d ENIs (%d ENIs of instance type %s less the primary ENI; the node's own pods and its other PodNetworks share them)",
+		per, extra, p.maxENIs, p.id.instanceType)
+	if free, ok := p.freeSlots(); ok {
+		// What the instance can still give the network: its ENIs and
+		// the free slots (which every network counts as its own).
+		own := int(p.ownENIs.Load())
+		capacity = p.limits.Capacity(min(own+free, extra), p.cfg.PrefixMode)
+		why = fmt.Sprintf("%s on each of its %d ENIs and the instance's %d free ENI slots (%d ENIs of instance type %s; the node's own pods and its other PodNetworks share them)",
+			per, own, free, p.maxENIs, p.id.instanceType)
+	}
 	return provider.Info{
 		Name: "aws", Calls: p.meter.snapshot(), VPCCIDRs: slices.Clone(p.id.vpcCIDRs),
-		Capacity: p.limits.Capacity(extra, p.cfg.PrefixMode),
-		CapacityReason: fmt.Sprintf("%s on each of up to %d ENIs (%d ENIs of instance type %s less the primary ENI; the node's own pods and its other PodNetworks share them)",
-			per, extra, p.maxENIs, p.id.instanceType),
+		Capacity: capacity, CapacityReason: why,
 		Subnet: fmt.Sprintf("pod network %s: subnets %s; %s", p.network, strings.Join(subs, ", "), sg),
 	}
+}
+
+// networkRoom is how many addresses a PodNetwork the node does not serve
+// yet could get here (Registration.NetworkRoom): an ENI of its own in each
+// of the instance's free slots (def.FreeNICs, counted by the node's own
+// provider at each read of its ENIs), each holding def.NICAddresses.
+// ok false until the ENIs were read.
+func networkRoom(_ provider.Settings, _ json.RawMessage, def provider.Info) (int, bool) {
+	if def.FreeNICs < 0 || def.NICAddresses <= 0 {
+		return 0, false
+	}
+	return def.FreeNICs * def.NICAddresses, true
 }

@@ -257,10 +257,17 @@ func TestPodNetworkENIs(t *testing.T) {
 			}
 		}
 
-		// Info: the network, its subnets and groups, the shared bound.
+		// Info: the network, its subnets and groups, its bound: its own
+		// ENI and the instance's one free slot (of 4 ENIs: the primary,
+		// net-a's, net-b's), 14 addresses each, the slot shared.
 		wantA := fmt.Sprintf("pod network net-a: subnets %s (%s), %s (%s); security groups %s, %s", w.a1, w.prefix(t, w.a1), w.a2, w.prefix(t, w.a2), sgA1, sgA2)
-		if i := netA.Info(); i.Subnet != wantA || i.Capacity != 3*14 || !strings.Contains(i.CapacityReason, "share") {
-			t.Errorf("net-a Info: %q, %d (%s); want %q, 42 (3 ENIs of 14 slots, shared)", i.Subnet, i.Capacity, i.CapacityReason, wantA)
+		if i := netA.Info(); i.Subnet != wantA || i.Capacity != 2*14 || !strings.Contains(i.CapacityReason, "share") {
+			t.Errorf("net-a Info: %q, %d (%s); want %q, 28 (its ENI and the free slot, 14 addresses each, shared)", i.Subnet, i.Capacity, i.CapacityReason, wantA)
+		}
+		// A network the node does not serve yet could get the free slot.
+		reg, _ := provider.Lookup("aws")
+		if room, ok := reg.NetworkRoom(nil, nil, node.Info()); room != 14 || !ok {
+			t.Errorf("room of a new network: %d (known %v), want 14: one free ENI slot of 14 addresses", room, ok)
 		}
 		if s := netB.Info().Subnet; !strings.HasSuffix(s, "; the VPC's default security group") {
 			t.Errorf("net-b Info.Subnet = %q, want it to name the VPC's default group", s)
@@ -318,6 +325,14 @@ func TestPodNetworkENIs(t *testing.T) {
 		}
 		if n := len(ep.ENIs(t, w.inst.ID)); n != 4 {
 			t.Errorf("the instance has %d ENIs, want 4", n)
+		}
+		// No slot left: a new network has no room, once the node's
+		// provider has read its ENIs again.
+		if _, err := node.Held(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if room, ok := reg.NetworkRoom(nil, nil, node.Info()); room != 0 || !ok {
+			t.Errorf("room of a new network on a full instance: %d (known %v), want 0", room, ok)
 		}
 
 		// The controller's leak collector reads them as vpcni's ENIs of
