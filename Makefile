@@ -260,14 +260,16 @@ e2e-nova:
 # previous release's images pushed with crane; the upgrade rolls by tag).
 # The Kubernetes build is cached.
 # TestAWSNode runs the same install with provider aws on an AWS-style lab
-# (the lab's EC2 endpoint and instance metadata). TestBlocksInstall installs
+# (the lab's EC2 endpoint and instance metadata); TestAWSPodNetworks puts
+# PodNetworks on ENIs of their own there until the instance has no slot
+# left, and the next one's pod stays Pending. TestBlocksInstall installs
 # bare metal's per-node blocks (deploy/ with the deploy/blocks component,
 # then the chart with blockRanges) on a fresh node (~2.2 min).
 # TestMigrateFromBridge installs vpcni over a node whose pods run on Debian's
 # bridge plugin and replaces them (docs/install-bare-metal.md, Replacing
 # another CNI).
 e2e-k8s: build image prev-image k8s-build registry
-	VPCNI_REQUIRE_ROOT=1 VPCNI_BIN=$(CURDIR)/$(BIN) VPCNI_PREV_IMAGE=$(CURDIR)/$(BIN)/prev/vpcni-image.tar $(GO) test -count=1 -timeout 30m -v -run 'TestKubernetesNode|TestAWSNode|TestBlocksInstall|TestMigrateFromBridge' ./test/k8se2e 2>&1 | tee /tmp/vpcni-e2e-k8s.log | scripts/testfilter '^upgrade|^registry:' ; exit $${PIPESTATUS[0]}
+	VPCNI_REQUIRE_ROOT=1 VPCNI_BIN=$(CURDIR)/$(BIN) VPCNI_PREV_IMAGE=$(CURDIR)/$(BIN)/prev/vpcni-image.tar $(GO) test -count=1 -timeout 30m -v -run 'TestKubernetesNode|TestAWSNode|TestAWSPodNetworks|TestBlocksInstall|TestMigrateFromBridge' ./test/k8se2e 2>&1 | tee /tmp/vpcni-e2e-k8s.log | scripts/testfilter '^upgrade|^registry:' ; exit $${PIPESTATUS[0]}
 
 # Upgrade in place on the real node: the node installed with the previous
 # release (its deploy/ and image) and its pods, then this release applied

@@ -22,26 +22,28 @@ import (
 // and from the lab's segment, so nothing else on the node hands it out.
 const staticNetRange = "10.20.16.0/24"
 
-// staticNetManifest is the PodNetwork, the namespace it selects (by a
-// label) and one it does not, and the same small Deployment in each.
+// staticNetManifest is a static PodNetwork (name, range, gateway) and the
+// namespace it selects by a label (its own name).
 const staticNetManifest = `apiVersion: vpcni.io/v1alpha1
 kind: PodNetwork
 metadata:
-  name: e2e-static
+  name: %[1]s
 spec:
   namespaceSelector:
-    matchLabels: {vpcni-e2e/network: static}
+    matchLabels: {vpcni-e2e/network: %[1]s}
   static:
-    ranges: [%[1]s]
-    gateway: %[2]s
+    ranges: [%[2]s]
+    gateway: %[3]s
 ---
 apiVersion: v1
 kind: Namespace
 metadata:
-  name: pn-static
-  labels: {vpcni-e2e/network: static}
----
-apiVersion: v1
+  name: %[4]s
+  labels: {vpcni-e2e/network: %[1]s}
+`
+
+// plainNamespace is a namespace no PodNetwork selects.
+const plainNamespace = `apiVersion: v1
 kind: Namespace
 metadata:
   name: pn-plain
@@ -82,7 +84,7 @@ func checkStaticPodNetwork(t *testing.T, n *node, web []pod) {
 	start := time.Now()
 	netRange := netip.MustParsePrefix(staticNetRange)
 	gateway := netRange.Addr().Next()
-	n.apply(fmt.Sprintf(staticNetManifest, netRange, gateway))
+	n.apply(fmt.Sprintf(staticNetManifest, "e2e-static", netRange, gateway, "pn-static") + "---\n" + plainNamespace)
 	t.Cleanup(func() {
 		_, _ = n.kubectl("delete", "namespace", "pn-static", "pn-plain", "--wait=true", "--timeout=1m")
 		_, _ = n.kubectl("delete", "podnetwork", "e2e-static", "--wait=true", "--timeout=30s")
@@ -190,24 +192,6 @@ const (
 	smallNetRoom  = 5
 )
 
-const smallNetManifest = `apiVersion: vpcni.io/v1alpha1
-kind: PodNetwork
-metadata:
-  name: e2e-small
-spec:
-  namespaceSelector:
-    matchLabels: {vpcni-e2e/network: small}
-  static:
-    ranges: [%[1]s]
-    gateway: %[2]s
----
-apiVersion: v1
-kind: Namespace
-metadata:
-  name: pn-small
-  labels: {vpcni-e2e/network: small}
-`
-
 // checkPodNetworkCapacity: the scheduler places a PodNetwork's pods only
 // where the network has room. The node advertises pn.vpcni.io/e2e-small
 // (what its range holds) before any pod of it; a Deployment of two more
@@ -218,17 +202,13 @@ metadata:
 func checkPodNetworkCapacity(t *testing.T, n *node) {
 	start := time.Now()
 	netRange := netip.MustParsePrefix(smallNetRange)
-	n.apply(fmt.Sprintf(smallNetManifest, netRange, netRange.Addr().Next()))
+	n.apply(fmt.Sprintf(staticNetManifest, "e2e-small", netRange, netRange.Addr().Next(), "pn-small"))
 	t.Cleanup(func() {
 		_, _ = n.kubectl("delete", "namespace", "pn-small", "--wait=true", "--timeout=1m")
 		_, _ = n.kubectl("delete", "podnetwork", "e2e-small", "--wait=true", "--timeout=30s")
 	})
 	res, _ := k8s.NetworkResource("e2e-small")
-	eventually(t, time.Minute, fmt.Sprintf("node advertising %s=%d", res, smallNetRoom), func() (bool, string) {
-		nd := n.getNode()
-		c, a := nd.Status.Capacity[res], nd.Status.Allocatable[res]
-		return c.Value() == smallNetRoom && a.Value() == smallNetRoom, fmt.Sprintf("capacity %s, allocatable %s", c.String(), a.String())
-	})
+	n.waitNetworkRoom(t, res, smallNetRoom)
 	t.Logf("vpcni-test: PodNetwork e2e-small (%s) created; node advertises %s=%d after %s, before any pod of it", netRange, res, smallNetRoom, time.Since(start).Round(100*time.Millisecond))
 
 	replicas := smallNetRoom + 2
