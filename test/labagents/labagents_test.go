@@ -38,6 +38,9 @@ const (
 	endpoint    = "http://" + neutronAddr + "/"
 	prefix      = "vpcni-lagt" // every namespace and Neutron object of this test
 	subnetCIDR  = "10.91.0.0/24"
+	// subnet2CIDR is a second subnet of the tenant network, on the router
+	// too: a node there is served by the same config as one in the first.
+	subnet2CIDR = "10.91.2.0/24"
 	// The external network's wire, made by scripts/neutron-agents.sh: the
 	// agents' physical network, whose far end (namespace extNS, extGW) is
 	// the upstream router floating IPs are reached from.
@@ -104,7 +107,8 @@ func TestRealNeutronAgents(t *testing.T) {
 	c, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
 	t0 := time.Now()
-	nc, w, vms := upWorld(t, c, map[string]byte{"n1": 211, "n2": 212, "legacy": 230})
+	// n2 sits in the network's second subnet.
+	nc, w, vms := upWorld(t, c, map[string]netip.Addr{"n1": at(211), "n2": at2(212), "legacy": at(230)})
 	n1, n2, legacy := vms["n1"], vms["n2"], vms["legacy"]
 	for _, v := range []*vm{n1, n2, legacy} {
 		serve(t, netnsutil.Path(v.ns), v.ip)
@@ -121,9 +125,11 @@ func TestRealNeutronAgents(t *testing.T) {
 	t.Logf("vpcni-test: network, router and 3 VMs up in %.1fs", time.Since(t0).Seconds())
 
 	// vpcnid on each node, against the real Neutron through a forwarder on
-	// the node's loopback. The pool holds nothing spare (an address goes
-	// back as soon as its pod is deleted) and resync is rare, so the hand
-	// edits below are not undone behind the test's back.
+	// the node's loopback, with one config that names no subnet: each
+	// node serves its pods from its own VM port's subnet. The pool holds
+	// nothing spare (an address goes back as soon as its pod is deleted)
+	// and resync is rare, so the hand edits below are not undone behind
+	// the test's back.
 	runDir := t.TempDir()
 	pods := map[string]*pod{}
 	for _, node := range []*vm{n1, n2} {
@@ -140,7 +146,7 @@ func TestRealNeutronAgents(t *testing.T) {
 		cfg.Cooldown = config.Duration{}
 		cfg.Resync = config.Duration{Duration: 10 * time.Minute}
 		cfg.Pool = config.Pool{WarmTarget: 0, BatchSize: 1, MaxFree: 0, AddWait: config.Duration{Duration: 30 * time.Second}}
-		cfg.Provider = config.Provider{Type: "openstack", Settings: &openstack.Config{Endpoint: endpoint, SubnetID: w.subnetID}}
+		cfg.Provider = config.Provider{Type: "openstack", Settings: &openstack.Config{Endpoint: endpoint}}
 		agent, err := testbed.StartAgentIn(runDir, node.ns, binDir, cfg)
 		if err != nil {
 			t.Fatalf("vpcnid on %s: %v", node.name, err)
@@ -166,6 +172,9 @@ func TestRealNeutronAgents(t *testing.T) {
 			t.Fatal(err)
 		}
 		p.ip, _ = netip.AddrFromSlice(r.IPs[0].Address.IP.To4())
+		if _, want, _ := w.subnetOf(node.ip); !want.Contains(p.ip) {
+			t.Fatalf("pod on %s (%s) got %s, not an address of its node's subnet %s", node.name, node.ip, p.ip, want)
+		}
 		serve(t, p.ns, p.ip)
 		d, err := eventually(30*time.Second, func() error { return probe(c, netnsutil.Path(legacy.ns), netip.Addr{}, p.ip) })
 		if err != nil {
@@ -176,6 +185,7 @@ func TestRealNeutronAgents(t *testing.T) {
 		p.del = func(ctx context.Context) error { return cni.Del(ctx, testbed.Runtime(p.rt, p.ns, "eth0", nil)) }
 	}
 	p1, p2 := pods["n1"], pods["n2"]
+	t.Logf("vpcni-test: one config without subnetID: the pod on n1 (%s) got %s of %s, the pod on n2 (%s) %s of %s", n1.ip, p1.ip, subnetCIDR, n2.ip, p2.ip, subnet2CIDR)
 	legacyNS := netnsutil.Path(legacy.ns)
 
 	// The connectivity matrix, each pair given the agent's few seconds.
@@ -308,9 +318,9 @@ func TestRealNeutronAgents(t *testing.T) {
 }
 
 // upWorld clears what an earlier run left, builds the world and plugs a
-// VM per name (the last octet of its address), each port ACTIVE before it
+// VM per name (its address, in either subnet), each port ACTIVE before it
 // returns; the world is swept again when the test ends.
-func upWorld(t *testing.T, c context.Context, vms map[string]byte) (*gophercloud.ServiceClient, *world, map[string]*vm) {
+func upWorld(t *testing.T, c context.Context, vms map[string]netip.Addr) (*gophercloud.ServiceClient, *world, map[string]*vm) {
 	t.Helper()
 	nc := openstack.NoAuthClient(endpoint, http.Client{Timeout: 30 * time.Second})
 	if err := sweep(c, nc); err != nil {
@@ -328,8 +338,8 @@ func upWorld(t *testing.T, c context.Context, vms map[string]byte) (*gophercloud
 		t.Fatal(err)
 	}
 	out := map[string]*vm{}
-	for name, b := range vms {
-		if out[name], err = w.plug(c, name, at(b)); err != nil {
+	for name, ip := range vms {
+		if out[name], err = w.plug(c, name, ip); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -60,7 +60,7 @@ func TestPodNetworkSecurityGroups(t *testing.T) {
 	c, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
 	t0 := time.Now()
-	nc, w, vms := upWorld(t, c, map[string]byte{"n1": 211, "legacy": 230})
+	nc, w, vms := upWorld(t, c, map[string]netip.Addr{"n1": at(211), "legacy": at(230)})
 	n1, legacy := vms["n1"], vms["legacy"]
 
 	// PodNetwork web's network: its own subnet on the router, and group

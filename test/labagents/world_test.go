@@ -36,8 +36,12 @@ type world struct {
 	subnetID string
 	mtu      int
 	gw       netip.Addr
-	extNetID string
-	routerID string
+	// subnet2ID is the network's second subnet (subnet2CIDR), whose
+	// gateway gw2 is the router's too.
+	subnet2ID string
+	gw2       netip.Addr
+	extNetID  string
+	routerID  string
 }
 
 // vm is a simulated VM: a namespace whose eth0 (with the port's MAC and
@@ -138,12 +142,38 @@ func build(ctx context.Context, nc *gophercloud.ServiceClient) (*world, error) {
 	if _, err := routers.AddInterface(ctx, nc, r.ID, routers.AddInterfaceOpts{SubnetID: sn.ID}).Extract(); err != nil {
 		return nil, fmt.Errorf("router interface: %w", err)
 	}
+	w.gw2 = netip.MustParsePrefix(subnet2CIDR).Addr().Next()
+	gw2 := w.gw2.String()
+	sn2, err := subnets.Create(ctx, nc, subnets.CreateOpts{
+		Name: prefix + "-2", NetworkID: w.netID, IPVersion: gophercloud.IPv4, CIDR: subnet2CIDR, GatewayIP: &gw2, EnableDHCP: &dhcp,
+		AllocationPools: []subnets.AllocationPool{{Start: at2(2).String(), End: at2(199).String()}},
+	}).Extract()
+	if err != nil {
+		return nil, fmt.Errorf("second subnet: %w", err)
+	}
+	w.subnet2ID = sn2.ID
+	if _, err := routers.AddInterface(ctx, nc, r.ID, routers.AddInterfaceOpts{SubnetID: sn2.ID}).Extract(); err != nil {
+		return nil, fmt.Errorf("router interface on the second subnet: %w", err)
+	}
 	return w, nil
 }
 
-// at is the address with last octet b in the tenant subnet.
-func at(b byte) netip.Addr {
-	a := netip.MustParsePrefix(subnetCIDR).Addr().As4()
+// subnetOf is the subnet of the tenant network that ip is in: its ID,
+// prefix and gateway.
+func (w *world) subnetOf(ip netip.Addr) (id string, p netip.Prefix, gw netip.Addr) {
+	if p := netip.MustParsePrefix(subnet2CIDR); p.Contains(ip) {
+		return w.subnet2ID, p, w.gw2
+	}
+	return w.subnetID, netip.MustParsePrefix(subnetCIDR), w.gw
+}
+
+// at is the address with last octet b in the tenant subnet, at2 in its
+// second subnet.
+func at(b byte) netip.Addr  { return withLast(subnetCIDR, b) }
+func at2(b byte) netip.Addr { return withLast(subnet2CIDR, b) }
+
+func withLast(cidr string, b byte) netip.Addr {
+	a := netip.MustParsePrefix(cidr).Addr().As4()
 	a[3] = b
 	return netip.AddrFrom4(a)
 }
@@ -152,10 +182,11 @@ func at(b byte) netip.Addr {
 // behind it. The device owner is neither compute:* (the agent would leave
 // the tap to Nova) nor network:* (trusted: no port security).
 func (w *world) plug(ctx context.Context, name string, ip netip.Addr) (*vm, error) {
+	subnetID, subnet, gw := w.subnetOf(ip)
 	p, err := ports.Create(ctx, w.nc, portsbinding.CreateOptsExt{
 		CreateOptsBuilder: ports.CreateOpts{
 			Name: prefix + "-" + name, NetworkID: w.netID, DeviceOwner: "vpcni-e2e:vm", DeviceID: prefix + "-" + name,
-			FixedIPs:       []ports.IP{{SubnetID: w.subnetID, IPAddress: ip.String()}},
+			FixedIPs:       []ports.IP{{SubnetID: subnetID, IPAddress: ip.String()}},
 			SecurityGroups: &[]string{w.sgID},
 		},
 		HostID: w.host,
@@ -175,9 +206,9 @@ func (w *world) plug(ctx context.Context, name string, ip netip.Addr) (*vm, erro
 		return nil, err
 	}
 	for _, c := range [][]string{
-		{"ip", "addr", "add", fmt.Sprintf("%s/%d", ip, netip.MustParsePrefix(subnetCIDR).Bits()), "dev", "eth0"},
+		{"ip", "addr", "add", fmt.Sprintf("%s/%d", ip, subnet.Bits()), "dev", "eth0"},
 		{"ip", "link", "set", "eth0", "up"},
-		{"ip", "route", "add", "default", "via", w.gw.String()},
+		{"ip", "route", "add", "default", "via", gw.String()},
 	} {
 		if err := netnsutil.Exec(v.ns, c...); err != nil {
 			return nil, err
@@ -224,7 +255,8 @@ func (w *world) setOnPort(ctx context.Context, portID string, ip netip.Addr, on 
 			}
 		}
 		if on {
-			fixed = append(fixed, ports.IP{SubnetID: w.subnetID, IPAddress: ip.String()})
+			subnetID, _, _ := w.subnetOf(ip)
+			fixed = append(fixed, ports.IP{SubnetID: subnetID, IPAddress: ip.String()})
 		}
 		rev := p.RevisionNumber
 		_, err = ports.Update(ctx, w.nc, portID, ports.UpdateOpts{FixedIPs: fixed, RevisionNumber: &rev}).Extract()
