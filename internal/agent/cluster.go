@@ -96,7 +96,8 @@ func (a *Agent) Pool() PoolFigures {
 // node's provider type the node may hold (-1: unknown): a served network's
 // own bound (its provider's capacity); before that what the provider says
 // the network could get here (Registration.NetworkRoom, from the default
-// provider's def); 0 where the datapath cannot wire the network's pods.
+// provider's def, whose free NIC slots are the smallest count of any
+// pool's provider); 0 where the datapath cannot wire the network's pods.
 // nil without PodNetworks.
 func (a *Agent) networkCapacities(def provider.Info) map[string]int {
 	if a.podNets == nil {
@@ -108,6 +109,16 @@ func (a *Agent) networkCapacities(def provider.Info) map[string]int {
 	}
 	out := map[string]int{}
 	pools := a.netPools()
+	if reg.NetworkNICs {
+		// Each provider counts the VM's free NIC slots at its own reads,
+		// and a network's just after it took one: the smallest count is
+		// the latest (a slot given back shows at the next resync).
+		for _, m := range pools {
+			if i := m.Provider(); i.Name != "" && i.FreeNICs >= 0 && (def.FreeNICs < 0 || i.FreeNICs < def.FreeNICs) {
+				def.FreeNICs = i.FreeNICs
+			}
+		}
+	}
 	for _, name := range a.podNets.Names(a.cfg.Provider.Type) {
 		out[name] = a.networkRoom(reg, def, name, pools[name])
 	}

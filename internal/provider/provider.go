@@ -50,8 +50,9 @@ type Info struct {
 	Capacity       int
 	CapacityReason string
 	// FreeNICs is, for a provider whose PodNetworks live on NICs of their
-	// own, how many more NICs the VM may take, as last counted (-1: not
-	// counted yet); read by its Registration.NetworkRoom.
+	// own (the node's and each network's), how many more NICs the VM may
+	// take, as last counted (-1: not counted yet); read by its
+	// Registration.NetworkRoom.
 	FreeNICs int
 	// NICAddresses is how many pod addresses one more NIC would hold
 	// (0: not said); with FreeNICs, what a new PodNetwork could get.

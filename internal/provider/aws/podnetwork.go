@@ -173,9 +173,14 @@ func (p *Provider) networkInfo() provider.Info {
 		why = fmt.Sprintf("%s on each of its %d ENIs and the instance's %d free ENI slots (%d ENIs of instance type %s; the node's own pods and its other PodNetworks share them)",
 			per, own, free, p.maxENIs, p.id.instanceType)
 	}
+	free, ok := p.freeSlots()
+	if !ok {
+		free = -1
+	}
 	return provider.Info{
 		Name: "aws", Calls: p.meter.snapshot(), VPCCIDRs: slices.Clone(p.id.vpcCIDRs),
 		Capacity: capacity, CapacityReason: why,
+		FreeNICs: free, NICAddresses: p.limits.Capacity(1, p.cfg.PrefixMode),
 		Subnet: fmt.Sprintf("pod network %s: subnets %s; %s", p.network, strings.Join(subs, ", "), sg),
 	}
 }

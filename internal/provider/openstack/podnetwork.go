@@ -181,10 +181,14 @@ func (n *network) Info() provider.Info {
 		capacity = min(nics, p.cfg.SecondaryNICs) * p.cfg.MaxAddresses
 		why = fmt.Sprintf("maxAddresses %d on each of its %d NICs and the VM's %d free NIC slots (maxNICs %d; the node's other networks share the slots)", p.cfg.MaxAddresses, p.ownNICs.Load(), free, p.cfg.MaxNICs)
 	}
+	free, ok := p.freeSlots()
+	if !ok {
+		free = -1
+	}
 	return provider.Info{
 		Name: "openstack", Calls: p.calls.snapshot(),
 		Capacity: capacity, CapacityReason: why,
-		Subnet: n.source,
+		Subnet: n.source, FreeNICs: free, NICAddresses: p.cfg.MaxAddresses,
 	}
 }
 

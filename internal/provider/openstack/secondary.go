@@ -275,6 +275,8 @@ func (p *Provider) newSecondary(ctx context.Context, full map[string]bool, want 
 			return nicPort{}, errors.Join(err, p.abandon(ctx, n))
 		}
 		n.deviceID = p.instanceID
+		p.slotsFree.Store(int64(room-1) + 1) // the slot counted above is taken
+		p.ownNICs.Add(1)
 		return n, nil
 	}
 	if want.IsValid() && len(tried) == 0 {
