@@ -125,6 +125,8 @@ func (a *Agent) networkCapacities(def provider.Info) map[string]int {
 	return out
 }
 
+// networkRoom is one PodNetwork's figure for networkCapacities; m is its
+// pool, nil when the node does not serve it yet.
 func (a *Agent) networkRoom(reg provider.Registration, def provider.Info, name string, m *addresses.Manager) int {
 	switch {
 	case reg.Network == nil:

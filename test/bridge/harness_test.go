@@ -115,8 +115,18 @@ func (e *env) nodeState() string {
 			e.T.Fatal("IPv6 link-local addresses in the node stay tentative")
 		}
 	}
-	s := e.sh(ns, "ip", "-d", "addr") + e.sh(ns, "ip", "-d", "route", "show", "table", "all") +
-		e.sh(ns, "ip", "rule") + e.sh(ns, "ip", "-d", "neigh", "show", "nud", "permanent")
+	read := func() string {
+		return e.sh(ns, "ip", "-d", "addr") + e.sh(ns, "ip", "-d", "route", "show", "table", "all") +
+			e.sh(ns, "ip", "rule") + e.sh(ns, "ip", "-d", "neigh", "show", "nud", "permanent")
+	}
+	// `ip -d` now and then prints "Error: Peer netns reference is
+	// invalid." amid a link's details while namespaces come and go on the
+	// machine: a failed read, not the node's state, so it is read again.
+	s := read()
+	for i := 0; i < 5 && strings.Contains(s, "Error: "); i++ {
+		time.Sleep(50 * time.Millisecond)
+		s = read()
+	}
 	return volatile.ReplaceAllString(s, "")
 }
 
