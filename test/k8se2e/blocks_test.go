@@ -263,7 +263,8 @@ configMapGenerator:
 images:
   - name: vpcni/vpcni
     newName: %s
-    newTag: %s
+    # quoted: a tag of digits alone (a commit's short hash) is a number
+    newTag: "%s"
 patches:
   - path: daemonset-paths.yaml
 `, name, tag),

@@ -449,7 +449,8 @@ configMapGenerator:
 images:
   - name: vpcni/vpcni
     newName: %s
-    newTag: %s
+    # quoted: a tag of digits alone (a commit's short hash) is a number
+    newTag: "%s"
 patches:
   - path: daemonset-paths.yaml
   - target: {kind: Deployment, name: vpcni-controller}
