@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/netip"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
@@ -167,31 +166,11 @@ func TestPodNetworkSecurityGroups(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := config.Defaults()
-	cfg.NodeName = nodeName
-	cfg.SocketPath = filepath.Join(runDir, "n1", "vpcnid.sock")
-	cfg.StateDir = filepath.Join(runDir, "n1", "state")
-	cfg.MetricsAddr = ""
-	cfg.Cooldown = config.Duration{}
-	cfg.Pool = config.Pool{WarmTarget: 0, BatchSize: 1, MaxFree: 0, AddWait: config.Duration{Duration: time.Minute}}
+	cfg := nodeConfig(runDir, n1, nodeName)
 	cfg.Kubernetes = config.Kubernetes{Mode: "on", Kubeconfig: kubeconfig}
 	cfg.Provider = config.Provider{Type: "openstack", Settings: &openstack.Config{Endpoint: endpoint, SubnetID: w.subnetID,
 		ComputeEndpoint: hv.URL(), MaxNICs: 3}} // the VM port and two NICs
-	agent, err := testbed.StartAgentIn(runDir, n1.ns, binDir, cfg)
-	if err != nil {
-		t.Fatalf("vpcnid on n1: %v", err)
-	}
-	t.Cleanup(func() {
-		if t.Failed() {
-			log, _ := os.ReadFile(agent.LogPath)
-			t.Logf("n1's vpcnid log:\n%s", log)
-		}
-		_ = agent.Stop()
-	})
-	cni, err := testbed.NewCNIIn(n1.ns, []string{binDir}, filepath.Join(runDir, "n1", "cache"), testbed.VpcniConfList("1.0.0", prefix, cfg.SocketPath))
-	if err != nil {
-		t.Fatal(err)
-	}
+	agent, cni := startNode(t, runDir, n1, cfg)
 	add := func(namespace, name string) (netip.Addr, string, func(context.Context) error) {
 		t.Helper()
 		ns := prefix + "-pod-" + name

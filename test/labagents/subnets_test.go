@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -83,32 +81,12 @@ func TestSubnetFullMovesOn(t *testing.T) {
 		}
 		t.Cleanup(func() { fw.Close() })
 	}
-	cfg := config.Defaults()
-	cfg.NodeName = n1.ns
-	cfg.SocketPath = filepath.Join(runDir, "n1", "vpcnid.sock")
-	cfg.StateDir = filepath.Join(runDir, "n1", "state")
-	cfg.MetricsAddr = ""
-	cfg.Cooldown = config.Duration{}
-	cfg.Pool = config.Pool{WarmTarget: 0, BatchSize: 1, MaxFree: 0, AddWait: config.Duration{Duration: time.Minute}}
+	cfg := nodeConfig(runDir, n1, n1.ns)
 	// No subnetID: the VM port serves from its own subnet, the NICs from
 	// the listed ones (none of them on the VM port's network).
 	cfg.Provider = config.Provider{Type: "openstack", Settings: &openstack.Config{Endpoint: endpoint, Subnets: ids,
 		ComputeEndpoint: hv.URL(), MaxNICs: 3, SecondaryNICs: 2, MaxAddresses: 4}}
-	agent, err := testbed.StartAgentIn(runDir, n1.ns, binDir, cfg)
-	if err != nil {
-		t.Fatalf("vpcnid on n1: %v", err)
-	}
-	t.Cleanup(func() {
-		if t.Failed() {
-			log, _ := os.ReadFile(agent.LogPath)
-			t.Logf("n1's vpcnid log:\n%s", log)
-		}
-		_ = agent.Stop()
-	})
-	cni, err := testbed.NewCNIIn(n1.ns, []string{binDir}, filepath.Join(runDir, "n1", "cache"), testbed.VpcniConfList("1.0.0", prefix, cfg.SocketPath))
-	if err != nil {
-		t.Fatal(err)
-	}
+	agent, cni := startNode(t, runDir, n1, cfg)
 
 	type pod struct {
 		ns string

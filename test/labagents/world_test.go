@@ -5,8 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
+	"testing"
 	"time"
 
 	"github.com/gophercloud/gophercloud/v2"
@@ -20,7 +23,9 @@ import (
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/ports"
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/subnets"
 
+	"github.com/vpcni/vpcni/internal/config"
 	"github.com/vpcni/vpcni/internal/netnsutil"
+	"github.com/vpcni/vpcni/internal/testbed"
 )
 
 // world is what the test builds in the real Neutron: a tenant network and
@@ -371,4 +376,40 @@ func sweep(ctx context.Context, nc *gophercloud.ServiceClient) error {
 		keep(netnsutil.Delete(ns))
 	}
 	return errors.Join(errs...)
+}
+
+// nodeConfig is vpcnid's config for VM v as these tests run it: its node
+// name, its socket and state under runDir/<v's name>, no metrics, no
+// cooldown, and a pool that holds nothing spare (one address per ADD).
+func nodeConfig(runDir string, v *vm, nodeName string) config.Config {
+	cfg := config.Defaults()
+	cfg.NodeName = nodeName
+	cfg.SocketPath = filepath.Join(runDir, v.name, "vpcnid.sock")
+	cfg.StateDir = filepath.Join(runDir, v.name, "state")
+	cfg.MetricsAddr = ""
+	cfg.Cooldown = config.Duration{}
+	cfg.Pool = config.Pool{WarmTarget: 0, BatchSize: 1, MaxFree: 0, AddWait: config.Duration{Duration: time.Minute}}
+	return cfg
+}
+
+// startNode starts vpcnid on VM v with cfg, stopped when the test ends
+// (its log printed if the test failed), and a CNI runner for its socket.
+func startNode(t *testing.T, runDir string, v *vm, cfg config.Config) (*testbed.Agent, *testbed.CNI) {
+	t.Helper()
+	agent, err := testbed.StartAgentIn(runDir, v.ns, binDir, cfg)
+	if err != nil {
+		t.Fatalf("vpcnid on %s: %v", v.name, err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			log, _ := os.ReadFile(agent.LogPath)
+			t.Logf("%s's vpcnid log:\n%s", v.name, log)
+		}
+		_ = agent.Stop()
+	})
+	cni, err := testbed.NewCNIIn(v.ns, []string{binDir}, filepath.Join(runDir, v.name, "cache"), testbed.VpcniConfList("1.0.0", prefix, cfg.SocketPath))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return agent, cni
 }
