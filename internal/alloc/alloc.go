@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"net/netip"
 	"time"
+
+	"github.com/vpcni/vpcni/internal/family"
 )
 
 // Lease is one address a provider holds for the node, with where it lives:
@@ -46,9 +48,18 @@ type NIC struct {
 // MACs of their own (macvlan, bridge): 0a:58 and the four bytes of the
 // IPv4 address. It is unique on the segment as the address is, and known
 // before the pod exists, so a cloud port can allow it while the address
-// waits in the warm pool.
+// waits in the warm pool. A dual-stack pod's MAC is its IPv4 address's;
+// an IPv6 address gives its last four bytes, unique only among addresses
+// that differ there (one node block, one /96).
 func AddressMAC(ip netip.Addr) string {
-	b := ip.As4()
+	ip = ip.Unmap()
+	var b [4]byte
+	if ip.Is4() {
+		b = ip.As4()
+	} else {
+		s := ip.As16()
+		copy(b[:], s[12:])
+	}
 	return fmt.Sprintf("0a:58:%02x:%02x:%02x:%02x", b[0], b[1], b[2], b[3])
 }
 
@@ -66,10 +77,19 @@ type Allocation struct {
 	// Network is the CNI network name (GC is per network).
 	Network string `json:"network"`
 	Netns   string `json:"netns"`
+	// Lease is the attachment's address of its first family (the agent's
+	// ipFamilies order): all of it for a single-family pod. A record that
+	// a release before dual-stack wrote holds this alone, and such a
+	// release reads this alone, so a rollback keeps every pod's first
+	// address.
 	Lease
-	PodNamespace string `json:"podNamespace,omitempty"`
-	PodName      string `json:"podName,omitempty"`
-	PodUID       string `json:"podUID,omitempty"`
+	// Others are the attachment's addresses of its other families, in
+	// the configured order: a dual-stack pod's second address, taken with
+	// the first and given back with it.
+	Others       []Lease `json:"others,omitempty"`
+	PodNamespace string  `json:"podNamespace,omitempty"`
+	PodName      string  `json:"podName,omitempty"`
+	PodUID       string  `json:"podUID,omitempty"`
 	// Requested: the runtime asked for this address by name (CNI_ARGS
 	// IP=, or the ips capability). It is the pod's, not the node's pool's:
 	// DEL gives it straight back to the provider, without a cooldown, so
@@ -97,6 +117,30 @@ func (a *Allocation) Key() string { return Key(a.ContainerID, a.IfName) }
 // Key of an attachment.
 func Key(containerID, ifName string) string { return containerID + "/" + ifName }
 
+// Leases are all of the attachment's addresses, first family first.
+func (a *Allocation) Leases() []Lease {
+	return append([]Lease{a.Lease}, a.Others...)
+}
+
+// Addresses are the attachment's addresses, first family first.
+func (a *Allocation) Addresses() []netip.Addr {
+	out := []netip.Addr{a.Address}
+	for _, l := range a.Others {
+		out = append(out, l.Address)
+	}
+	return out
+}
+
+// LeaseOf is the attachment's address of family f, if it has one.
+func (a *Allocation) LeaseOf(f family.Family) (Lease, bool) {
+	for _, l := range a.Leases() {
+		if family.Of(l.Address) == f {
+			return l, true
+		}
+	}
+	return Lease{}, false
+}
+
 // PodMAC is the MAC of the pod's interface, as wired ("" if not known).
 func (a *Allocation) PodMAC() string {
 	if a.Wiring == nil {
@@ -110,14 +154,18 @@ func (a *Allocation) PodMAC() string {
 	return ""
 }
 
-// PodGateway is the next hop the pod's address routes through, as wired
-// (invalid if not known).
-func (a *Allocation) PodGateway() netip.Addr {
+// PodGateway is the next hop the pod's first address routes through, as
+// wired (invalid if not known).
+func (a *Allocation) PodGateway() netip.Addr { return a.GatewayOf(a.Address) }
+
+// GatewayOf is the next hop one of the pod's addresses routes through, as
+// wired (invalid if not known).
+func (a *Allocation) GatewayOf(addr netip.Addr) netip.Addr {
 	if a.Wiring == nil {
 		return netip.Addr{}
 	}
 	for _, ip := range a.Wiring.IPs {
-		if ip.Address.Addr() == a.Address {
+		if ip.Address.Addr() == addr {
 			return ip.Gateway
 		}
 	}

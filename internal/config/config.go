@@ -13,6 +13,7 @@ import (
 
 	"sigs.k8s.io/yaml"
 
+	"github.com/vpcni/vpcni/internal/family"
 	"github.com/vpcni/vpcni/internal/provider"
 	"github.com/vpcni/vpcni/internal/snat"
 	"github.com/vpcni/vpcni/internal/units"
@@ -31,6 +32,10 @@ type Config struct {
 	Uplink string `json:"uplink"`
 	// MTU of the pod interfaces (default: the uplink's MTU).
 	MTU int `json:"mtu"`
+	// IPFamilies are the address families each pod gets, in the order
+	// of the CNI result: [ipv4] (default), [ipv6], or both for
+	// dual-stack. Every family has a pool of its own. Empty: [ipv4].
+	IPFamilies []family.Family `json:"ipFamilies"`
 	// Datapath picks the pod wiring mode and holds its section.
 	Datapath Datapath `json:"datapath"`
 	// Cooldown is how long a released address rests before it is reused.
@@ -157,6 +162,7 @@ func Defaults() Config {
 		SocketPath:  "/run/vpcni/vpcnid.sock",
 		StateDir:    "/var/lib/vpcni",
 		Datapath:    Datapath{Mode: "veth"},
+		IPFamilies:  []family.Family{family.V4},
 		Cooldown:    Duration{Duration: 30 * time.Second},
 		Resync:      Duration{Duration: time.Minute},
 		LogLevel:    "info",
@@ -220,6 +226,15 @@ func expandEnv(s string) (string, error) {
 	return out, nil
 }
 
+// Families are the pods' address families, in order: IPFamilies, or
+// IPv4 alone when the file left them empty.
+func (c *Config) Families() []family.Family {
+	if len(c.IPFamilies) == 0 {
+		return []family.Family{family.V4}
+	}
+	return c.IPFamilies
+}
+
 // Validate names every bad field at once.
 func (c *Config) Validate() error {
 	var errs []error
@@ -242,6 +257,9 @@ func (c *Config) Validate() error {
 	}
 	if c.MTU != 0 && (c.MTU < 576 || c.MTU > 65535) {
 		bad("mtu", "%d is outside 576..65535 (0 = the uplink's MTU)", c.MTU)
+	}
+	if err := family.Check(c.Families()); err != nil {
+		bad("ipFamilies", "%v", err)
 	}
 	errs = append(errs, c.Datapath.validate()...)
 	if c.Cooldown.Duration < 0 || c.Cooldown.Duration > time.Hour {

@@ -2,6 +2,7 @@ package config_test
 
 import (
 	"encoding/json"
+	"github.com/vpcni/vpcni/internal/family"
 	"os"
 	"path/filepath"
 	"strings"
@@ -59,6 +60,7 @@ func TestValidateNamesEveryBadField(t *testing.T) {
 		StateDir:   "var/lib/vpcni",
 		Uplink:     "eth0 with spaces",
 		MTU:        100,
+		IPFamilies: []family.Family{family.V6, family.V6},
 		Datapath:   config.Datapath{Mode: "no-such-mode"},
 		Cooldown:   config.Duration{Duration: -time.Second},
 		LogLevel:   "verbose",
@@ -84,6 +86,7 @@ func TestValidateNamesEveryBadField(t *testing.T) {
 		"stateDir:",
 		"uplink:",
 		"mtu:",
+		"ipFamilies:",
 		"datapath:",
 		"cooldown:",
 		"resync:",
@@ -119,7 +122,7 @@ func TestValidateNamesEveryBadField(t *testing.T) {
 		t.Errorf("%d errors, want %d:\n%s", len(lines), len(want), msg)
 	}
 	// The messages say what is wrong, not just where.
-	for _, hint := range []string{`"no-such-mode"`, "did you mean 10.0.1.0/24", "larger than a /16", "only IPv4", `"bogus"`, "576..65535"} {
+	for _, hint := range []string{`"no-such-mode"`, "did you mean 10.0.1.0/24", "larger than a /16", "only IPv4", `"bogus"`, "576..65535", "ipv6 named twice"} {
 		if !strings.Contains(msg, hint) {
 			t.Errorf("error lacks %q:\n%s", hint, msg)
 		}
@@ -445,6 +448,37 @@ provider:
 		_, err := config.Load(writeFile(t, "vpcnid.yaml", tc.yaml))
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%q: Load = %v, want an error with %s", tc.yaml, err, tc.want)
+		}
+	}
+}
+
+// ipFamilies reads as written, in order; left out it is IPv4 alone.
+func TestLoadIPFamilies(t *testing.T) {
+	for _, tc := range []struct {
+		file string
+		want []family.Family
+		bad  string
+	}{
+		{"", []family.Family{family.V4}, ""},
+		{"ipFamilies: [ipv6]\n", []family.Family{family.V6}, ""},
+		{"ipFamilies: [ipv6, ipv4]\n", []family.Family{family.V6, family.V4}, ""},
+		{"ipFamilies: []\n", []family.Family{family.V4}, ""},
+		{"ipFamilies: [ipv4, ipv4]\n", nil, "ipFamilies: address family ipv4 named twice"},
+		{"ipFamilies: [ip6]\n", nil, `unknown address family "ip6"`},
+	} {
+		p := writeFile(t, "vpcnid.yaml", "nodeName: n\nprovider: {static: {ranges: [{cidr: 10.0.0.0/24}]}}\n"+tc.file)
+		cfg, err := config.Load(p)
+		if tc.bad != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.bad) {
+				t.Errorf("%q: error %v, want %q", tc.file, err, tc.bad)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("%q: %v", tc.file, err)
+		}
+		if got := cfg.Families(); family.Join(got) != family.Join(tc.want) {
+			t.Errorf("%q: families %v, want %v", tc.file, got, tc.want)
 		}
 	}
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/vpcni/vpcni/internal/alloc"
 	"github.com/vpcni/vpcni/internal/api"
+	"github.com/vpcni/vpcni/internal/family"
 	"github.com/vpcni/vpcni/internal/registry"
 )
 
@@ -246,12 +247,13 @@ type Settings interface {
 }
 
 // Node is what a mode learns of the node: the uplink pods reach the
-// network through ("" = the default route's interface) and the pods' MTU
-// (0 = the uplink's).
+// network through ("" = the default route's interface), the pods' MTU
+// (0 = the uplink's) and the address families its pods get (nil: IPv4).
 type Node struct {
-	Uplink string
-	MTU    int
-	Log    *slog.Logger
+	Uplink   string
+	MTU      int
+	Families []family.Family
+	Log      *slog.Logger
 }
 
 // Registration is one datapath mode.
@@ -261,6 +263,10 @@ type Registration struct {
 	NewSettings func() Settings
 	// New opens the mode on this node with its validated settings.
 	New func(node Node, s Settings) (Datapath, error)
+	// Families are the address families the mode wires (nil: IPv4
+	// only); the agent refuses an ipFamilies the mode lacks, naming the
+	// modes that have it.
+	Families []family.Family
 	// Prepare sets what the mode needs of the node's kernel (sysctls),
 	// from a privileged step (vpcnictl install-cni) so that the agent
 	// itself need not be privileged. Nil: nothing to prepare.

@@ -15,6 +15,7 @@ import (
 	"slices"
 
 	"github.com/vpcni/vpcni/internal/alloc"
+	"github.com/vpcni/vpcni/internal/family"
 	"github.com/vpcni/vpcni/internal/registry"
 )
 
@@ -49,6 +50,10 @@ type Info struct {
 	// CapacityReason what bounds it, for a person reading why.
 	Capacity       int
 	CapacityReason string
+	// Capacities are, for a provider that serves more than one address
+	// family, each family's Capacity and CapacityReason (the agent runs a
+	// pool per family); nil: Capacity is the one family's.
+	Capacities map[family.Family]Capacity
 	// FreeNICs is, for a provider whose PodNetworks live on NICs of their
 	// own (the node's and each network's), how many more NICs the VM may
 	// take, as last counted (-1: not counted yet); read by its
@@ -70,10 +75,28 @@ type Info struct {
 	VPCCIDRs []netip.Prefix
 }
 
+// Capacity is how many addresses of one family the node may hold (0:
+// unknown) and what bounds it.
+type Capacity struct {
+	Max    int
+	Reason string
+}
+
 // AssignRequest asks for addresses.
 type AssignRequest struct {
 	Count     int
 	Addresses []netip.Addr
+	// Family is the family of the Count addresses (0: IPv4). A provider
+	// that serves one family only is asked only for that one.
+	Family family.Family
+}
+
+// Fam is the request's family, IPv4 when unset.
+func (r AssignRequest) Fam() family.Family {
+	if r.Family == 0 {
+		return family.V4
+	}
+	return r.Family
 }
 
 // Errors a provider wraps so the agent can tell a person what to do.
@@ -120,7 +143,11 @@ type Node struct {
 	// network ("" unknown), which a provider without a cloud probes (the
 	// static provider's ARP).
 	Uplink string
-	Log    *slog.Logger
+	// Families are the address families the node's pods get, in order
+	// (the agent's ipFamilies): a provider that cannot serve one of them
+	// refuses to start and says what to configure.
+	Families []family.Family
+	Log      *slog.Logger
 	// Notify, if set, is told what the provider found that a person should
 	// know of though no call failed (see Notice). The provider calls it on
 	// its own goroutines and must not wait on it; nil: nobody listens.
@@ -189,6 +216,10 @@ type Registration struct {
 	// unknown (the agent advertises the kubelet's pod limit). nil: always
 	// unknown.
 	NetworkRoom func(s Settings, spec json.RawMessage, def Info) (room int, ok bool)
+	// Families are the address families the provider can serve (nil:
+	// IPv4 only); the agent refuses an ipFamilies the provider lacks
+	// before it starts the provider.
+	Families []family.Family
 	// Doctor, if set, is how vpcnictl doctor looks at the provider's cloud
 	// from the node (nil: the provider has no cloud to look at, as
 	// static).
