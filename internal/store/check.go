@@ -22,6 +22,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"github.com/vpcni/vpcni/internal/family"
 	"hash/fnv"
 	"io/fs"
 	"os"
@@ -440,12 +441,18 @@ func openBolt(path string) (db *bolt.DB, closeFile func(), err error) {
 }
 
 // readAll decodes what the agent reads: the schema, every record and
-// every cooling entry. The caller runs it under guard.
+// every cooling and leaving entry of both families. The caller runs it
+// under guard. A file of a newer schema is not read further: migrate
+// refuses it as newer, not as damaged, whatever its records hold.
 func readAll(db *bolt.DB) error {
 	return db.View(func(tx *bolt.Tx) error {
 		if meta := tx.Bucket(bucketMeta); meta != nil {
-			if _, err := schemaOf(meta); err != nil {
+			n, err := schemaOf(meta)
+			if err != nil {
 				return err
+			}
+			if n > Schema {
+				return nil
 			}
 		}
 		if b := tx.Bucket(bucketAllocs); b != nil {
@@ -453,13 +460,17 @@ func readAll(db *bolt.DB) error {
 				return err
 			}
 		}
-		if b := tx.Bucket(bucketCooling); b != nil {
-			if err := b.ForEach(func(k, v []byte) error { _, _, _, err := decodeCooling(k, v); return err }); err != nil {
-				return err
+		for _, f := range family.All {
+			if b := tx.Bucket(coolingOf(hostOf(f))); b != nil {
+				if err := b.ForEach(func(k, v []byte) error { _, _, _, err := decodeCooling(k, v, f); return err }); err != nil {
+					return err
+				}
 			}
-		}
-		if b := tx.Bucket(bucketLeaving); b != nil {
-			return b.ForEach(func(k, _ []byte) error { _, err := decodeLeaving(k); return err })
+			if b := tx.Bucket(leavingOf(hostOf(f))); b != nil {
+				if err := b.ForEach(func(k, _ []byte) error { _, err := decodeLeaving(k, f); return err }); err != nil {
+					return err
+				}
+			}
 		}
 		return nil
 	})

@@ -97,11 +97,18 @@ func TestOpenRefusesDamagedFiles(t *testing.T) {
 		{"schema -1", edited(t, put(bucketMeta, string(keySchema), "-1")), `schema "-1" is not one any vpcnid writes`},
 		{"schema not a number", edited(t, put(bucketMeta, string(keySchema), "one")), `schema "one"`},
 		{"record not JSON", edited(t, put(bucketAllocs, "c3/eth0", "{")), `record "c3/eth0"`},
-		{"record without an address", edited(t, put(bucketAllocs, "c3/eth0", `{"containerID":"c3","ifName":"eth0"}`)), "not an IPv4 address"},
-		{"record of an IPv6 address", edited(t, put(bucketAllocs, "c3/eth0", `{"containerID":"c3","ifName":"eth0","address":"fd00::3"}`)), "not an IPv4 address"},
+		{"record without an address", edited(t, put(bucketAllocs, "c3/eth0", `{"containerID":"c3","ifName":"eth0"}`)), "not an IPv4 or IPv6 address"},
+		{"record of a v4-mapped address", edited(t, put(bucketAllocs, "c3/eth0", `{"containerID":"c3","ifName":"eth0","address":"::ffff:10.0.0.3"}`)), "not an IPv4 or IPv6 address"},
+		{"record of two IPv6 addresses", edited(t, put(bucketAllocs, "c3/eth0", `{"containerID":"c3","ifName":"eth0","address":"fd00::3","others":[{"address":"fd00::4"}]}`)), "two ipv6 addresses"},
+		{"record with another address missing", edited(t, put(bucketAllocs, "c3/eth0", `{"containerID":"c3","ifName":"eth0","address":"10.0.0.3","others":[{}]}`)), "not an IPv4 or IPv6 address"},
 		{"record under another key", edited(t, put(bucketAllocs, "c3/eth0", `{"containerID":"c4","ifName":"eth0","address":"10.0.0.9"}`)), `names "c4/eth0"`},
 		{"cooling entry not an address", edited(t, put(bucketCooling, "10.0.0", "2026-11-20T10:00:00Z")), `cooling entry "10.0.0"`},
 		{"cooling entry not a time", edited(t, put(bucketCooling, "10.0.0.8", "soon")), "cooling entry 10.0.0.8"},
+		// Each family's entries in its own bucket: an IPv6 key where a
+		// release before IPv6 reads IPv4 would be damage to it.
+		{"IPv6 cooling entry among IPv4's", edited(t, put(bucketCooling, "fd00::8", "2026-11-20T10:00:00Z")), `cooling entry "fd00::8": not an ipv4 address`},
+		{"IPv4 cooling entry among IPv6's", edited(t, put(bucketCooling6, "10.0.0.8", "2026-11-20T10:00:00Z")), `cooling entry "10.0.0.8": not an ipv6 address`},
+		{"IPv4 leaving entry among IPv6's", edited(t, put(bucketLeaving6, "10.0.0.8", "claimed")), `leaving entry "10.0.0.8": not an ipv6 address`},
 		{"a bucket among the records", edited(t, func(tx *bolt.Tx) error {
 			_, err := tx.Bucket(bucketAllocs).CreateBucket([]byte("c3/eth0"))
 			return err

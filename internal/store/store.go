@@ -4,7 +4,11 @@
 // down, plus the addresses cooling down after release and those leaving the
 // node (requested addresses going back to the provider). Records written by
 // earlier versions (without lease or wiring) read as allocations without
-// them; the agent checks and completes them at start.
+// them; the agent checks and completes them at start. A dual-stack
+// record holds its first address where every release reads it and the
+// others beside it; IPv6 addresses cool down and leave in buckets of
+// their own, which a release before IPv6 never opens (it refuses an IPv6
+// key in its buckets as damage).
 package store
 
 import (
@@ -25,6 +29,7 @@ import (
 	berrors "go.etcd.io/bbolt/errors"
 
 	"github.com/vpcni/vpcni/internal/alloc"
+	"github.com/vpcni/vpcni/internal/family"
 )
 
 var (
@@ -36,6 +41,11 @@ var (
 	// older vpcnid ignores the bucket (and, rolled back to, adopts them
 	// as free again, as it always did).
 	bucketLeaving = []byte("leaving")
+	// The IPv6 addresses cooling and leaving, as the two above hold
+	// IPv4's: a rollback to a release that reads IPv4 alone still opens
+	// a dual-stack node's file and finds its IPv4 part whole.
+	bucketCooling6 = []byte("cooling6")
+	bucketLeaving6 = []byte("leaving6")
 	// bucketMeta holds the file's schema version (keySchema, decimal).
 	// Files from before versions have none: schema 0.
 	bucketMeta = []byte("meta")
@@ -56,6 +66,22 @@ const Schema = 1
 // cooling bucket); the file only learns its version.
 var migrations = []func(*bolt.Tx) error{
 	func(*bolt.Tx) error { return nil },
+}
+
+// coolingOf and leavingOf are the buckets that hold an address of a's
+// family.
+func coolingOf(a netip.Addr) []byte {
+	if family.Of(a) == family.V6 {
+		return bucketCooling6
+	}
+	return bucketCooling
+}
+
+func leavingOf(a netip.Addr) []byte {
+	if family.Of(a) == family.V6 {
+		return bucketLeaving6
+	}
+	return bucketLeaving
 }
 
 // Key of an attachment, as records are filed.
@@ -125,7 +151,7 @@ func Open(dir string) (*Store, error) {
 	}
 	err = guard(func() error {
 		return db.Update(func(tx *bolt.Tx) error {
-			for _, b := range [][]byte{bucketAllocs, bucketCooling, bucketLeaving, bucketMeta} {
+			for _, b := range [][]byte{bucketAllocs, bucketCooling, bucketLeaving, bucketCooling6, bucketLeaving6, bucketMeta} {
 				if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 					return err
 				}
@@ -277,10 +303,15 @@ func (s *Store) Put(r *alloc.Allocation) error {
 			return err
 		}
 		// An address handed out again is no longer cooling, nor leaving.
-		if err := tx.Bucket(bucketCooling).Delete([]byte(r.Address.String())); err != nil {
-			return err
+		for _, a := range r.Addresses() {
+			if err := tx.Bucket(coolingOf(a)).Delete([]byte(a.String())); err != nil {
+				return err
+			}
+			if err := tx.Bucket(leavingOf(a)).Delete([]byte(a.String())); err != nil {
+				return err
+			}
 		}
-		return tx.Bucket(bucketLeaving).Delete([]byte(r.Address.String()))
+		return nil
 	})
 }
 
@@ -307,16 +338,24 @@ func (s *Store) MarkReady(r *alloc.Allocation) error {
 	})
 }
 
-// decode reads a record as the store files it: an allocation of an IPv4
-// address, as JSON, under its own attachment's key. The agent keys its
-// work and its pool by both.
+// decode reads a record as the store files it: an allocation of one
+// address of each of its families, as JSON, under its own attachment's
+// key. The agent keys its work and its pool by both.
 func decode(k, v []byte) (*alloc.Allocation, error) {
 	r := &alloc.Allocation{}
 	if err := json.Unmarshal(v, r); err != nil {
 		return nil, fmt.Errorf("record %q: %w", k, err)
 	}
-	if !r.Address.Is4() {
-		return nil, fmt.Errorf("record %q: address %q is not an IPv4 address", k, r.Address)
+	seen := map[family.Family]bool{}
+	for _, a := range r.Addresses() {
+		f := family.Of(a)
+		if f == 0 || a.Is4In6() || a.Zone() != "" {
+			return nil, fmt.Errorf("record %q: address %q is not an IPv4 or IPv6 address", k, a)
+		}
+		if seen[f] {
+			return nil, fmt.Errorf("record %q: two %s addresses (%s)", k, f, r.Addresses())
+		}
+		seen[f] = true
 	}
 	if r.Key() != string(k) {
 		return nil, fmt.Errorf("record %q is filed under another attachment's key (it names %q)", k, r.Key())
@@ -356,9 +395,10 @@ func (s *Store) List() ([]*alloc.Allocation, error) {
 	return out, err
 }
 
-// Release removes a record and, in the same transaction, marks its address
-// cooling until the given time (none when until is zero), with the
-// record's PodNetwork: a restart puts it back in that network's pool.
+// Release removes a record and, in the same transaction, marks its
+// addresses cooling until the given time (none when until is zero), with
+// the record's PodNetwork: a restart puts them back in that network's
+// pools.
 func (s *Store) Release(r *alloc.Allocation, until time.Time) error {
 	return s.update(func(tx *bolt.Tx) error {
 		if err := tx.Bucket(bucketAllocs).Delete([]byte(r.Key())); err != nil {
@@ -371,24 +411,34 @@ func (s *Store) Release(r *alloc.Allocation, until time.Time) error {
 		if r.PodNetwork != "" {
 			v = fmt.Appendf(v, " %s", r.PodNetwork)
 		}
-		return tx.Bucket(bucketCooling).Put([]byte(r.Address.String()), v)
+		for _, a := range r.Addresses() {
+			if err := tx.Bucket(coolingOf(a)).Put([]byte(a.String()), v); err != nil {
+				return err
+			}
+		}
+		return nil
 	})
 }
 
 // ofNetwork is the value suffix that names an entry's PodNetwork.
 const ofNetwork = " network="
 
-// Leave removes a record whose address leaves the node (a requested
-// address, the pod's own, going back to the provider) and, in the same
-// transaction, marks the address leaving until Left: a crash in between
-// can neither lose the record's release nor let the address be taken
-// for a free one of the node's.
+// Leave removes a record whose addresses leave the node (requested
+// addresses, the pod's own, going back to the provider) and, in the same
+// transaction, marks them leaving until Left: a crash in between can
+// neither lose the record's release nor let an address be taken for a
+// free one of the node's.
 func (s *Store) Leave(r *alloc.Allocation) error {
 	return s.update(func(tx *bolt.Tx) error {
 		if err := tx.Bucket(bucketAllocs).Delete([]byte(r.Key())); err != nil {
 			return err
 		}
-		return tx.Bucket(bucketLeaving).Put([]byte(r.Address.String()), leavingValue(r.Key(), r.PodNetwork))
+		for _, a := range r.Addresses() {
+			if err := tx.Bucket(leavingOf(a)).Put([]byte(a.String()), leavingValue(r.Key(), r.PodNetwork)); err != nil {
+				return err
+			}
+		}
+		return nil
 	})
 }
 
@@ -410,7 +460,7 @@ func (s *Store) Claim(a netip.Addr) error { return s.ClaimOn(a, "") }
 // ClaimOn is Claim for an address of a PodNetwork's pool.
 func (s *Store) ClaimOn(a netip.Addr, network string) error {
 	return s.update(func(tx *bolt.Tx) error {
-		return tx.Bucket(bucketLeaving).Put([]byte(a.String()), leavingValue("claimed", network))
+		return tx.Bucket(leavingOf(a)).Put([]byte(a.String()), leavingValue("claimed", network))
 	})
 }
 
@@ -430,40 +480,56 @@ func (s *Store) Leaving() ([]netip.Addr, error) {
 func (s *Store) LeavingByNetwork() (map[string][]netip.Addr, error) {
 	out := map[string][]netip.Addr{}
 	err := s.db.View(func(tx *bolt.Tx) error {
-		return tx.Bucket(bucketLeaving).ForEach(func(k, v []byte) error {
-			a, err := decodeLeaving(k)
+		for _, f := range family.All {
+			err := tx.Bucket(leavingOf(hostOf(f))).ForEach(func(k, v []byte) error {
+				a, err := decodeLeaving(k, f)
+				if err != nil {
+					return err
+				}
+				_, network, _ := strings.Cut(string(v), ofNetwork)
+				out[network] = append(out[network], a)
+				return nil
+			})
 			if err != nil {
 				return err
 			}
-			_, network, _ := strings.Cut(string(v), ofNetwork)
-			out[network] = append(out[network], a)
-			return nil
-		})
+		}
+		return nil
 	})
 	return out, err
 }
 
-func decodeLeaving(k []byte) (netip.Addr, error) {
+// hostOf is any address of family f, to pick f's buckets by.
+func hostOf(f family.Family) netip.Addr {
+	if f == family.V6 {
+		return netip.IPv6Unspecified()
+	}
+	return netip.IPv4Unspecified()
+}
+
+// decodeLeaving reads a leaving entry's key: an address of the bucket's
+// family f.
+func decodeLeaving(k []byte, f family.Family) (netip.Addr, error) {
 	a, err := netip.ParseAddr(string(k))
-	if err != nil || !a.Is4() {
-		return a, fmt.Errorf("leaving entry %q: not an IPv4 address", k)
+	if err != nil || family.Of(a) != f || a.Is4In6() || a.Zone() != "" {
+		return a, fmt.Errorf("leaving entry %q: not an %s address", k, f)
 	}
 	return a, nil
 }
 
 // Left forgets leaving addresses (the provider has them back, or the node
 // holds them again).
-func (s *Store) Left(addrs []netip.Addr) error { return s.forget(bucketLeaving, addrs) }
+func (s *Store) Left(addrs []netip.Addr) error { return s.forget(leavingOf, addrs) }
 
-// forget deletes the entries of addrs from an address-keyed bucket.
-func (s *Store) forget(bucket []byte, addrs []netip.Addr) error {
+// forget deletes the entries of addrs from the address-keyed buckets
+// bucket picks by each address's family.
+func (s *Store) forget(bucket func(netip.Addr) []byte, addrs []netip.Addr) error {
 	if len(addrs) == 0 {
 		return nil
 	}
 	return s.update(func(tx *bolt.Tx) error {
-		b := tx.Bucket(bucket)
 		for _, a := range addrs {
-			if err := b.Delete([]byte(a.String())); err != nil {
+			if err := tx.Bucket(bucket(a)).Delete([]byte(a.String())); err != nil {
 				return err
 			}
 		}
@@ -479,12 +545,13 @@ func (s *Store) Delete(containerID, ifName string) error {
 	})
 }
 
-// decodeCooling reads a cooling entry: an IPv4 address, until when, and
-// the PodNetwork whose pool it is of ("": the node's default).
-func decodeCooling(k, v []byte) (a netip.Addr, until time.Time, network string, err error) {
+// decodeCooling reads a cooling entry: an address of the bucket's family
+// f, until when, and the PodNetwork whose pool it is of ("": the node's
+// default).
+func decodeCooling(k, v []byte, f family.Family) (a netip.Addr, until time.Time, network string, err error) {
 	a, err = netip.ParseAddr(string(k))
-	if err != nil || !a.Is4() {
-		return a, until, "", fmt.Errorf("cooling entry %q: not an IPv4 address", k)
+	if err != nil || family.Of(a) != f || a.Is4In6() || a.Zone() != "" {
+		return a, until, "", fmt.Errorf("cooling entry %q: not an %s address", k, f)
 	}
 	t, network, _ := strings.Cut(string(v), " ")
 	if err := until.UnmarshalText([]byte(t)); err != nil {
@@ -508,21 +575,27 @@ func (s *Store) Cooling() (map[netip.Addr]time.Time, error) {
 func (s *Store) CoolingByNetwork() (map[string]map[netip.Addr]time.Time, error) {
 	out := map[string]map[netip.Addr]time.Time{}
 	err := s.db.View(func(tx *bolt.Tx) error {
-		return tx.Bucket(bucketCooling).ForEach(func(k, v []byte) error {
-			a, until, network, err := decodeCooling(k, v)
+		for _, f := range family.All {
+			err := tx.Bucket(coolingOf(hostOf(f))).ForEach(func(k, v []byte) error {
+				a, until, network, err := decodeCooling(k, v, f)
+				if err != nil {
+					return err
+				}
+				if out[network] == nil {
+					out[network] = map[netip.Addr]time.Time{}
+				}
+				out[network][a] = until
+				return nil
+			})
 			if err != nil {
 				return err
 			}
-			if out[network] == nil {
-				out[network] = map[netip.Addr]time.Time{}
-			}
-			out[network][a] = until
-			return nil
-		})
+		}
+		return nil
 	})
 	return out, err
 }
 
 // Uncool forgets cooling entries (their cooldown is over, or the provider
 // took the address back).
-func (s *Store) Uncool(addrs []netip.Addr) error { return s.forget(bucketCooling, addrs) }
+func (s *Store) Uncool(addrs []netip.Addr) error { return s.forget(coolingOf, addrs) }
