@@ -23,6 +23,7 @@ import (
 	"github.com/vpcni/vpcni/internal/config"
 	"github.com/vpcni/vpcni/internal/datapath"
 	"github.com/vpcni/vpcni/internal/datapath/kwatch"
+	"github.com/vpcni/vpcni/internal/family"
 	"github.com/vpcni/vpcni/internal/metrics"
 	"github.com/vpcni/vpcni/internal/provider"
 	"github.com/vpcni/vpcni/internal/snat"
@@ -31,10 +32,13 @@ import (
 
 // Agent is one node's vpcnid.
 type Agent struct {
-	cfg          config.Config
-	log          *slog.Logger
-	store        *store.Store
-	addrs        *addresses.Manager
+	cfg   config.Config
+	log   *slog.Logger
+	store *store.Store
+	addrs *addresses.Manager // the default network's pool of the first family
+	// fams are the default network's pools by family, addrs among them
+	// (families.go).
+	fams         map[family.Family]*addresses.Manager
 	dp           datapath.Datapath
 	started      time.Time
 	metrics      *metrics.Metrics
@@ -85,7 +89,12 @@ func New(ctx context.Context, cfg config.Config, log *slog.Logger) (_ *Agent, er
 	if err != nil {
 		return nil, err
 	}
-	node := datapath.Node{Uplink: cfg.Uplink, MTU: cfg.MTU, Log: log}
+	if preg, err := provider.Lookup(cfg.Provider.Type); err != nil {
+		return nil, err
+	} else if err := checkFamilies(cfg.Families(), cfg.Provider.Type, preg, cfg.Datapath.Mode, mode); err != nil {
+		return nil, err
+	}
+	node := datapath.Node{Uplink: cfg.Uplink, MTU: cfg.MTU, Families: cfg.Families(), Log: log}
 	clearOtherModes(node, cfg.Datapath.Mode, log)
 	dp, err := mode.New(node, cfg.Datapath.Settings)
 	if err != nil {
@@ -120,24 +129,35 @@ func newAgent(ctx context.Context, cfg config.Config, log *slog.Logger, st *stor
 	if err != nil {
 		return nil, err
 	}
-	connect := func(ctx context.Context) (provider.Provider, error) {
+	shared := &sharedProvider{connect: func(ctx context.Context) (provider.Provider, error) {
 		p, err := prov.New(ctx, a.providerNode(), cfg.Provider.Settings)
 		if err != nil {
 			return nil, fmt.Errorf("provider %s: %w", cfg.Provider.Type, err)
 		}
 		return a.metrics.Instrument(p), nil
-	}
-	a.addrs = addresses.New(a.policy(), cfg.NodeName, connect, st, log)
-	// After each sync with the provider the idle addresses are known:
-	// anything the node still has wired for them goes.
-	a.addrs.Synced = func() { a.kick("sync") }
-	// What the manager reports (an address set aside: its wiring keeps
-	// failing) is logged there and told to the cluster as a node warning.
-	a.addrs.Report = func(reason, message string) {
-		if a.cluster != nil {
-			a.cluster.NodeWarning(reason, message)
+	}}
+	fams := cfg.Families()
+	a.fams = map[family.Family]*addresses.Manager{}
+	for _, f := range fams {
+		mlog := log
+		if len(fams) > 1 {
+			mlog = log.With("family", f.String())
 		}
+		m := addresses.New(a.policy(), cfg.NodeName, shared.family(f), st, mlog)
+		// After each sync with the provider the idle addresses are known:
+		// anything the node still has wired for them goes.
+		m.Synced = func() { a.kick("sync") }
+		// What the manager reports (an address set aside: its wiring
+		// keeps failing) is logged there and told to the cluster as a
+		// node warning.
+		m.Report = func(reason, message string) {
+			if a.cluster != nil {
+				a.cluster.NodeWarning(reason, message)
+			}
+		}
+		a.fams[f] = m
 	}
+	a.addrs = a.fams[fams[0]]
 	a.metrics.Watch(a.snapshot)
 	if err := a.restore(ctx); err != nil {
 		return nil, fmt.Errorf("restore at start: %w", err)
@@ -154,7 +174,7 @@ func (a *Agent) providerNode() provider.Node {
 	}
 	return provider.Node{Name: a.cfg.NodeName, IP: info.NodeIP, PodMACs: info.OwnMACs, StateDir: a.cfg.StateDir,
 		Kubeconfig: a.cfg.Kubernetes.Kubeconfig, Kubernetes: a.cfg.Kubernetes.Enabled(), Uplink: link,
-		Log: a.log, Notify: a.providerNotice}
+		Families: a.cfg.Families(), Log: a.log, Notify: a.providerNotice}
 }
 
 // policy is every pool's policy, the default network's and each
@@ -229,7 +249,7 @@ func (a *Agent) restore(ctx context.Context) error {
 			}
 		}
 	}
-	conflicts, err := a.addrs.Restore(byNet[""], cooling[""], leaving[""], time.Now())
+	conflicts, err := a.restoreFamilies(byNet[""], cooling[""], leaving[""])
 	if err != nil {
 		return err
 	}
@@ -273,7 +293,9 @@ func (a *Agent) restore(ctx context.Context) error {
 // and the pods' health probes.
 func (a *Agent) Run(ctx context.Context) {
 	var wg sync.WaitGroup
-	wg.Go(func() { a.addrs.Run(ctx) })
+	for _, m := range a.fams {
+		wg.Go(func() { m.Run(ctx) })
+	}
 	wg.Go(func() { a.runNetworks(ctx) })
 	wg.Go(func() { a.checkRestored(ctx) })
 	wg.Go(func() { a.selfHeal(ctx) })

@@ -86,10 +86,24 @@ type PoolFigures struct {
 
 // Pool returns the pool's figures now.
 func (a *Agent) Pool() PoolFigures {
-	s := a.addrs.Status(time.Now())
-	return PoolFigures{Free: s.Free, Cooling: s.Cooling, Allocated: s.Allocated, Capacity: s.Provider.Capacity,
+	now := time.Now()
+	s := a.addrs.Status(now)
+	f := PoolFigures{Free: s.Free, Cooling: s.Cooling, Allocated: s.Allocated, Capacity: s.Provider.Capacity,
 		WarmTarget: a.cfg.Pool.WarmTarget, ProviderPort: s.Provider.Port, Connected: s.Provider.Name != "",
 		Ready: s.Ready, Degraded: s.Degraded, Reason: s.Reason, Networks: a.networkCapacities(s.Provider)}
+	// A pod takes an address of every family: the node has room for as
+	// many as its tightest family, and is as ready as its least ready one.
+	for _, m := range a.otherPools() {
+		o := m.Status(now)
+		f.Free = min(f.Free, o.Free)
+		if c := o.Provider.Capacity; c > 0 && (f.Capacity == 0 || c < f.Capacity) {
+			f.Capacity = c
+		}
+		f.Connected = f.Connected && o.Provider.Name != ""
+		f.Degraded = f.Degraded || o.Degraded
+	}
+	f.Ready, f.Reason = a.poolsReady(now)
+	return f
 }
 
 // networkCapacities is how many addresses of each PodNetwork of the

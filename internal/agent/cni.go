@@ -20,6 +20,7 @@ import (
 	"github.com/vpcni/vpcni/internal/alloc"
 	"github.com/vpcni/vpcni/internal/api"
 	"github.com/vpcni/vpcni/internal/datapath"
+	"github.com/vpcni/vpcni/internal/family"
 	"github.com/vpcni/vpcni/internal/store"
 )
 
@@ -143,18 +144,28 @@ func (a *Agent) add(ctx context.Context, req *api.CNIRequest) (*types100.Result,
 	if aerr := checkBandwidth(conf, a.dp.Info); aerr != nil {
 		return nil, aerr
 	}
-	want, aerr := requestedAddress(req.Args, conf)
+	fams := a.cfg.Families()
+	wants, aerr := requestedAddresses(req.Args, conf, fams)
 	if aerr != nil {
 		return nil, aerr
 	}
 	podNS, podName, podUID := k8sPod(req.Args)
-	want, sticky, aerr := a.reserved(podNS, podName, want)
+	// A reservation keeps the pod's first address (the one its
+	// PodAddress and reservation name first).
+	want, sticky, aerr := a.reserved(podNS, podName, wants[fams[0]])
 	if aerr != nil {
 		return nil, aerr
+	}
+	if want.IsValid() {
+		wants[fams[0]] = want
 	}
 	netName, pool, aerr := a.podNetwork(ctx, podNS, podName, podUID)
 	if aerr != nil {
 		return nil, aerr
+	}
+	if netName != "" && len(fams) > 1 {
+		return nil, api.Errorf(api.CodeInvalidEnv, fmt.Sprintf("pod %s/%s is on PodNetwork %s, and PodNetworks give pods one address family while this node's pods get %s (ipFamilies)", podNS, podName, netName, family.Join(fams)),
+			"run the PodNetwork's pods on single-family nodes")
 	}
 	rec, unlock, aerr := a.lockRecord(req)
 	if aerr != nil {
@@ -162,20 +173,20 @@ func (a *Agent) add(ctx context.Context, req *api.CNIRequest) (*types100.Result,
 	}
 	defer unlock()
 	if rec != nil {
-		if want.IsValid() && want != rec.Address {
-			return nil, api.Errorf(api.CodeInvalidEnv, fmt.Sprintf("container %s interface %s already has %s, not the requested %s: DEL it first", rec.ContainerID, rec.IfName, rec.Address, want), "")
+		for f, w := range wants {
+			if l, ok := rec.LeaseOf(f); !ok || l.Address != w {
+				return nil, api.Errorf(api.CodeInvalidEnv, fmt.Sprintf("container %s interface %s already has %s, not the requested %s: DEL it first", rec.ContainerID, rec.IfName, addrList(rec.Addresses()), w), "")
+			}
 		}
 		return a.readd(ctx, rec, req, conf)
 	}
 
 	start := time.Now()
-	var lease alloc.Lease
-	var err error
-	if want.IsValid() {
-		lease, err = pool.TakeAddress(ctx, alloc.Key(req.ContainerID, req.IfName), want)
-	} else {
-		lease, err = pool.Take(ctx, alloc.Key(req.ContainerID, req.IfName))
+	pools := append([]*addresses.Manager{pool}, a.otherPools()...)
+	if netName != "" {
+		pools = pools[:1]
 	}
+	leases, err := takeAll(ctx, alloc.Key(req.ContainerID, req.IfName), pools, fams, wants)
 	if err != nil {
 		var s *addresses.Shortage
 		var bad *addresses.BadRequest
@@ -196,10 +207,10 @@ func (a *Agent) add(ctx context.Context, req *api.CNIRequest) (*types100.Result,
 		return nil, api.Errorf(api.CodeInternal, "could not allocate an address", err.Error())
 	}
 	allocated := time.Now()
-	lease.PodNetwork = netName
+	leases[0].PodNetwork = netName
 	rec = &alloc.Allocation{
-		ContainerID: req.ContainerID, IfName: req.IfName, Network: conf.Name, Netns: req.Netns, Lease: lease,
-		PodNamespace: podNS, PodName: podName, PodUID: podUID, Requested: want.IsValid() || sticky, Created: time.Now().UTC(),
+		ContainerID: req.ContainerID, IfName: req.IfName, Network: conf.Name, Netns: req.Netns, Lease: leases[0], Others: leases[1:],
+		PodNamespace: podNS, PodName: podName, PodUID: podUID, Requested: len(wants) > 0 || sticky, Created: time.Now().UTC(),
 		Shaped: shaped(conf),
 	}
 	a.wiring.RLock()
@@ -243,7 +254,9 @@ func (a *Agent) add(ctx context.Context, req *api.CNIRequest) (*types100.Result,
 		a.untake(rec, wiringErr)
 		return nil, setupError(err)
 	}
-	pool.Wired(rec.Address)
+	for _, l := range rec.Leases() {
+		a.familyPool(rec, l).Wired(l.Address)
+	}
 	a.snatPod(ctx, rec.Address)
 	rec.Wiring, rec.Ready = &wired, true
 	// Marking the record ready is not waited for: it only changes the
@@ -257,7 +270,7 @@ func (a *Agent) add(ctx context.Context, req *api.CNIRequest) (*types100.Result,
 		}
 		a.changed(&r)
 	}(*rec)
-	a.log.Info("pod added", "container", rec.ContainerID, "ifName", rec.IfName, "address", rec.Address, "pod", podNS+"/"+podName)
+	a.log.Info("pod added", "container", rec.ContainerID, "ifName", rec.IfName, "address", addrList(rec.Addresses()), "pod", podNS+"/"+podName)
 	return result(rec, wired, conf), nil
 }
 
@@ -366,7 +379,7 @@ func (a *Agent) del(ctx context.Context, req *api.CNIRequest) *api.Error {
 	if err := a.release(ctx, rec); err != nil {
 		return api.Errorf(api.CodeInternal, "could not remove the pod's wiring; the address stays allocated until a retry succeeds", err.Error())
 	}
-	a.log.Info("pod deleted", "container", rec.ContainerID, "ifName", rec.IfName, "address", rec.Address)
+	a.log.Info("pod deleted", "container", rec.ContainerID, "ifName", rec.IfName, "address", addrList(rec.Addresses()))
 	a.changed(rec)
 	return nil
 }
@@ -392,8 +405,10 @@ func (a *Agent) release(ctx context.Context, rec *alloc.Allocation) error {
 	if rec.Requested {
 		// Outside the wiring lock: this waits on the cloud, and a
 		// reconcile waiting for the lock would hold up every ADD behind it.
-		if err := a.pool(rec).GiveBack(ctx, rec.Key(), rec.Address); err != nil {
-			a.log.Error("requested address not given back to the provider", "address", rec.Address, "record", rec.Key(), "err", err)
+		for _, l := range rec.Leases() {
+			if err := a.familyPool(rec, l).GiveBack(ctx, rec.Key(), l.Address); err != nil {
+				a.log.Error("requested address not given back to the provider", "address", l.Address, "record", rec.Key(), "err", err)
+			}
 		}
 	}
 	return nil
@@ -432,6 +447,15 @@ func (a *Agent) dropConflict(rec *alloc.Allocation, holder string) error {
 	if err := a.store.Delete(rec.ContainerID, rec.IfName); err != nil {
 		return fmt.Errorf("update allocation store: %w", err)
 	}
+	// Its addresses of other families, if their pools gave them to it,
+	// are its own and go back (cooling: a pod may have used them).
+	for _, l := range rec.Others {
+		if pool := a.familyPool(rec, l); pool.Owns(rec.Key(), l.Address) {
+			if err := pool.Release(rec.Key(), l.Address, time.Now()); err != nil {
+				a.log.Error("address not returned to the pool", "address", l.Address, "record", rec.Key(), "err", err)
+			}
+		}
+	}
 	a.log.Warn("dropped a record whose address another record holds; the address stays with that one",
 		"container", rec.ContainerID, "ifName", rec.IfName, "address", rec.Address, "holder", holder)
 	a.kick("conflict")
@@ -456,12 +480,13 @@ func (a *Agent) unwire(ctx context.Context, rec *alloc.Allocation) error {
 		}
 		return nil
 	}
-	pool := a.pool(rec)
-	if err := a.store.Release(rec, pool.CoolUntil(now)); err != nil {
+	if err := a.store.Release(rec, a.pool(rec).CoolUntil(now)); err != nil {
 		return fmt.Errorf("update allocation store: %w", err)
 	}
-	if err := pool.Release(rec.Key(), rec.Address, now); err != nil {
-		a.log.Error("address not returned to the pool", "address", rec.Address, "record", rec.Key(), "err", err)
+	for _, l := range rec.Leases() {
+		if err := a.familyPool(rec, l).Release(rec.Key(), l.Address, now); err != nil {
+			a.log.Error("address not returned to the pool", "address", l.Address, "record", rec.Key(), "err", err)
+		}
 	}
 	return nil
 }
@@ -513,12 +538,22 @@ func checkPrevResult(prev any, rec *alloc.Allocation) error {
 	if err != nil {
 		return fmt.Errorf("read prevResult: %w", err)
 	}
-	for _, ip := range r.IPs {
-		if addr, ok := netip.AddrFromSlice(ip.Address.IP.To4()); ok && addr == rec.Address {
-			return nil
+	var missing []netip.Addr
+	for _, want := range rec.Addresses() {
+		found := false
+		for _, ip := range r.IPs {
+			if addr, ok := netip.AddrFromSlice(ip.Address.IP); ok && addr.Unmap() == want {
+				found = true
+			}
+		}
+		if !found {
+			missing = append(missing, want)
 		}
 	}
-	return fmt.Errorf("prevResult does not hold %s", rec.Address)
+	if len(missing) > 0 {
+		return fmt.Errorf("prevResult does not hold %s", addrList(missing))
+	}
+	return nil
 }
 
 // GC releases every allocation of this network that is not among the
@@ -630,8 +665,7 @@ func gcValid(config []byte) (valid map[string]bool, listed bool, err error) {
 
 // Status says whether an ADD could be served now.
 func (a *Agent) Status(_ context.Context, _ *api.CNIRequest) *api.Error {
-	st := a.addrs.Status(time.Now())
-	ready, reason := st.Ready, st.Reason
+	ready, reason := a.poolsReady(time.Now())
 	if ready && a.cluster != nil {
 		if err := a.cluster.Ready(); err != nil {
 			ready, reason = false, err.Error()

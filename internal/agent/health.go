@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/netip"
 	"os"
@@ -13,9 +14,11 @@ import (
 
 	"golang.org/x/net/icmp"
 	"golang.org/x/net/ipv4"
+	"golang.org/x/net/ipv6"
 
 	"github.com/vpcni/vpcni/internal/alloc"
 	"github.com/vpcni/vpcni/internal/api"
+	"github.com/vpcni/vpcni/internal/family"
 )
 
 // health keeps the last probe of every pod's datapath.
@@ -93,16 +96,28 @@ func (a *Agent) probeAll(ctx context.Context) {
 		results[r.Key()] = h
 	}
 	if len(ping) > 0 {
-		rtts, err := pingAll(ping, a.cfg.Health.PingTimeout.Duration)
+		var addrs []netip.Addr
+		for _, r := range ping {
+			addrs = append(addrs, r.Addresses()...)
+		}
+		rtts, err := pingAll(addrs, a.cfg.Health.PingTimeout.Duration)
 		for _, r := range ping {
 			h := results[r.Key()]
-			switch rtt, ok := rtts[r.Address]; {
-			case err != nil:
-				h.Healthy, h.Problem = false, "ping: "+err.Error()
-			case !ok:
-				h.Healthy, h.Problem = false, fmt.Sprintf("no ICMP echo reply from %s within %s", r.Address, a.cfg.Health.PingTimeout.Duration)
-			default:
-				h.PingMicros = max(rtt.Microseconds(), 1)
+			// Every address of the pod answers, or it is not healthy: a
+			// dual-stack pod reachable by one family alone is broken.
+			for _, addr := range r.Addresses() {
+				switch rtt, ok := rtts[addr]; {
+				case err != nil:
+					h.Healthy, h.Problem = false, "ping: "+err.Error()
+				case !ok:
+					h.Healthy, h.Problem = false, fmt.Sprintf("no ICMP echo reply from %s within %s", addr, a.cfg.Health.PingTimeout.Duration)
+				case h.Healthy:
+					h.PingMicros = max(h.PingMicros, rtt.Microseconds(), 1)
+				}
+				if !h.Healthy {
+					h.PingMicros = 0
+					break
+				}
 			}
 			results[r.Key()] = h
 		}
@@ -181,47 +196,84 @@ func (a *Agent) unhealthy(key, problem string) {
 	}
 }
 
-// pingAll sends one ICMP echo from the node to every allocation's address
-// on one raw socket and waits up to timeout for the replies: round trips
+// pingAll sends one ICMP echo from the node to every address, on one raw
+// socket per family, and waits up to timeout for the replies: round trips
 // by address (missing: no reply). Echo IDs are this process's, sequence
 // numbers the index, so replies to another prober are ignored.
-func pingAll(allocs []*alloc.Allocation, timeout time.Duration) (map[netip.Addr]time.Duration, error) {
-	c, err := icmp.ListenPacket("ip4:icmp", "0.0.0.0")
+func pingAll(addrs []netip.Addr, timeout time.Duration) (map[netip.Addr]time.Duration, error) {
+	var v4, v6 []netip.Addr
+	for _, a := range addrs {
+		if family.Of(a) == family.V6 {
+			v6 = append(v6, a)
+		} else {
+			v4 = append(v4, a)
+		}
+	}
+	out := map[netip.Addr]time.Duration{}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	errs := make([]error, 2)
+	for i, set := range [][]netip.Addr{v4, v6} {
+		if len(set) == 0 {
+			continue
+		}
+		wg.Go(func() {
+			got, err := pingFamily(family.Of(set[0]), set, timeout)
+			mu.Lock()
+			defer mu.Unlock()
+			maps.Copy(out, got)
+			errs[i] = err
+		})
+	}
+	wg.Wait()
+	return out, errors.Join(errs...)
+}
+
+// pingFamily is pingAll for addresses of one family.
+func pingFamily(f family.Family, addrs []netip.Addr, timeout time.Duration) (map[netip.Addr]time.Duration, error) {
+	network, listen, proto := "ip4:icmp", "0.0.0.0", 1
+	var echoType, replyType icmp.Type = ipv4.ICMPTypeEcho, ipv4.ICMPTypeEchoReply
+	if f == family.V6 {
+		network, listen, proto = "ip6:ipv6-icmp", "::", 58
+		echoType, replyType = ipv6.ICMPTypeEchoRequest, ipv6.ICMPTypeEchoReply
+	}
+	c, err := icmp.ListenPacket(network, listen)
 	if err != nil {
-		return nil, fmt.Errorf("ICMP socket (needs CAP_NET_RAW): %w", err)
+		return nil, fmt.Errorf("%s ICMP socket (needs CAP_NET_RAW): %w", f, err)
 	}
 	defer c.Close()
 	id := os.Getpid() & 0xffff
-	sent := make([]time.Time, len(allocs))
-	for i, r := range allocs {
-		msg := icmp.Message{Type: ipv4.ICMPTypeEcho, Body: &icmp.Echo{ID: id, Seq: i, Data: []byte("vpcni-health")}}
+	sent := make([]time.Time, len(addrs))
+	for i, addr := range addrs {
+		// The kernel computes an ICMPv6 checksum on a raw socket itself.
+		msg := icmp.Message{Type: echoType, Body: &icmp.Echo{ID: id, Seq: i, Data: []byte("vpcni-health")}}
 		b, err := msg.Marshal(nil)
 		if err != nil {
 			return nil, err
 		}
 		sent[i] = time.Now()
-		if _, err := c.WriteTo(b, &net.IPAddr{IP: r.Address.AsSlice()}); err != nil {
+		if _, err := c.WriteTo(b, &net.IPAddr{IP: addr.AsSlice()}); err != nil {
 			continue // no route, say: no reply, reported as such
 		}
 	}
 	out := map[netip.Addr]time.Duration{}
 	_ = c.SetReadDeadline(time.Now().Add(timeout))
 	buf := make([]byte, 1500)
-	for len(out) < len(allocs) {
+	for len(out) < len(addrs) {
 		n, from, err := c.ReadFrom(buf)
 		if err != nil {
 			break // the deadline: whatever did not answer has no entry
 		}
-		msg, err := icmp.ParseMessage(1, buf[:n])
-		if err != nil || msg.Type != ipv4.ICMPTypeEchoReply {
+		msg, err := icmp.ParseMessage(proto, buf[:n])
+		if err != nil || msg.Type != replyType {
 			continue
 		}
 		echo, ok := msg.Body.(*icmp.Echo)
-		if !ok || echo.ID != id || echo.Seq < 0 || echo.Seq >= len(allocs) {
+		if !ok || echo.ID != id || echo.Seq < 0 || echo.Seq >= len(addrs) {
 			continue
 		}
-		src, _ := netip.AddrFromSlice(from.(*net.IPAddr).IP.To4())
-		if src != allocs[echo.Seq].Address {
+		src, _ := netip.AddrFromSlice(from.(*net.IPAddr).IP)
+		if src = src.Unmap(); src != addrs[echo.Seq] {
 			continue
 		}
 		out[src] = time.Since(sent[echo.Seq])

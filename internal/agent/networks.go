@@ -279,7 +279,10 @@ func (a *Agent) netPools() map[string]*addresses.Manager {
 
 // idle lists the addresses no pod uses, of every network's pool.
 func (a *Agent) idle() []netip.Addr {
-	out := a.addrs.Idle()
+	var out []netip.Addr
+	for _, m := range a.fams {
+		out = append(out, m.Idle()...)
+	}
 	for _, m := range a.netPools() {
 		out = append(out, m.Idle()...)
 	}

@@ -7,40 +7,52 @@ import (
 
 	"github.com/vpcni/vpcni/internal/alloc"
 	"github.com/vpcni/vpcni/internal/api"
+	"github.com/vpcni/vpcni/internal/family"
 )
 
-// requestedAddress is the address the runtime asks for by name, if any:
-// CNI_ARGS IP=<address> (the convention of the reference plugins), or
-// the "ips" capability (runtimeConfig.ips, which the conflist must enable:
-// "capabilities": {"ips": true}). An address, or an address with a prefix
-// length (the capability's form; the length is the subnet's business, not
-// the runtime's, and is ignored). One address at most: vpcni wires one.
-func requestedAddress(args string, conf *netConf) (netip.Addr, *api.Error) {
+// requestedAddresses are the addresses the runtime asks for by name, if
+// any: CNI_ARGS IP=<address>[,<address>] (the convention of the
+// reference plugins), or the "ips" capability (runtimeConfig.ips, which
+// the conflist must enable: "capabilities": {"ips": true}). An address,
+// or an address with a prefix length (the capability's form; the length
+// is the subnet's business, not the runtime's, and is ignored). One
+// address per family at most, of a family the node's pods get (fams):
+// vpcni wires one interface with one address of each.
+func requestedAddresses(args string, conf *netConf, fams []family.Family) (map[family.Family]netip.Addr, *api.Error) {
 	var from, val []string
 	for _, kv := range strings.Split(args, ";") {
 		if k, v, _ := strings.Cut(kv, "="); k == "IP" {
-			from, val = append(from, "CNI_ARGS IP"), append(val, v)
+			for _, one := range strings.Split(v, ",") {
+				from, val = append(from, "CNI_ARGS IP"), append(val, one)
+			}
 		}
 	}
 	for _, v := range conf.RuntimeConfig.IPs {
 		from, val = append(from, "runtimeConfig.ips"), append(val, v)
 	}
-	switch len(val) {
-	case 0:
-		return netip.Addr{}, nil
-	case 1:
-	default:
-		return netip.Addr{}, api.Errorf(api.CodeInvalidEnv, fmt.Sprintf("%d addresses requested (%s); vpcni wires one interface with one address", len(val), strings.Join(val, ", ")), "")
+	if len(val) > len(fams) {
+		return nil, api.Errorf(api.CodeInvalidEnv, fmt.Sprintf("%d addresses requested (%s); vpcni wires one interface with one address of each family (%s)", len(val), strings.Join(val, ", "), family.Join(fams)), "")
 	}
-	s := val[0]
-	if p, err := netip.ParsePrefix(s); err == nil {
-		s = p.Addr().String()
+	out := map[family.Family]netip.Addr{}
+	for i, v := range val {
+		s := v
+		if p, err := netip.ParsePrefix(s); err == nil {
+			s = p.Addr().String()
+		}
+		ip, err := netip.ParseAddr(s)
+		if err != nil || ip.Is4In6() || ip.Zone() != "" || !ip.IsGlobalUnicast() {
+			return nil, api.Errorf(api.CodeInvalidEnv, fmt.Sprintf("%s %q is not a unicast IPv4 or IPv6 address", from[i], v), "")
+		}
+		f := family.Of(ip)
+		if !family.Has(fams, f) {
+			return nil, api.Errorf(api.CodeInvalidEnv, fmt.Sprintf("%s %q is an %s address, and this node's pods get %s only (ipFamilies)", from[i], v, f, family.Join(fams)), "")
+		}
+		if was, ok := out[f]; ok {
+			return nil, api.Errorf(api.CodeInvalidEnv, fmt.Sprintf("two %s addresses requested (%s, %s); vpcni wires one of each family", f, was, ip), "")
+		}
+		out[f] = ip
 	}
-	ip, err := netip.ParseAddr(s)
-	if err != nil || !ip.Is4() || !ip.IsGlobalUnicast() {
-		return netip.Addr{}, api.Errorf(api.CodeInvalidEnv, fmt.Sprintf("%s %q is not a unicast IPv4 address", from[0], val[0]), "")
-	}
-	return ip, nil
+	return out, nil
 }
 
 // dropRecord removes the record of an ADD that failed before its pod ever
@@ -60,16 +72,18 @@ func (a *Agent) dropRecord(rec *alloc.Allocation) error {
 // goes back to the pool: behind every other free address when its wiring
 // failed (wiringErr: the address may be why), else first in line.
 func (a *Agent) untake(rec *alloc.Allocation, wiringErr error) {
-	if !rec.Requested {
-		if wiringErr != nil {
-			a.pool(rec).Unwired(rec.Address, wiringErr)
-		} else {
-			a.pool(rec).Untake(rec.Address)
+	for _, l := range rec.Leases() {
+		pool := a.familyPool(rec, l)
+		switch {
+		case rec.Requested:
+			if err := pool.GiveBackLater(rec.Key(), l.Address); err != nil {
+				a.log.Error("requested address of a failed ADD not given back to the provider", "address", l.Address, "err", err)
+			}
+		case wiringErr != nil:
+			pool.Unwired(l.Address, wiringErr)
+		default:
+			pool.Untake(l.Address)
 		}
-		return
-	}
-	if err := a.pool(rec).GiveBackLater(rec.Key(), rec.Address); err != nil {
-		a.log.Error("requested address of a failed ADD not given back to the provider", "address", rec.Address, "err", err)
 	}
 }
 
