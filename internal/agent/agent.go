@@ -203,6 +203,11 @@ func (a *Agent) snapshot() metrics.Snapshot {
 		fp := f.FastPath()
 		snap.FastPath = &fp
 	}
+	snap.Families = map[string]metrics.NetworkPool{}
+	for f, m := range a.fams {
+		fs := m.Status(time.Now())
+		snap.Families[f.String()] = metrics.NetworkPool{Free: fs.Free, Cooling: fs.Cooling, Allocated: fs.Allocated, Capacity: fs.Provider.Capacity}
+	}
 	for name, m := range a.netPools() {
 		ns := m.Status(time.Now())
 		if snap.PodNetworks == nil {

@@ -216,6 +216,17 @@ func (a *Agent) State() (*api.State, error) {
 	for _, r := range records {
 		st.Allocations = append(st.Allocations, *r)
 	}
+	if fams := a.cfg.Families(); len(fams) > 1 {
+		st.Ready, st.Reason = a.poolsReady(now)
+		for _, f := range fams {
+			fs := a.fams[f].Status(now)
+			ps := poolState(fs)
+			ps.Family = f.String()
+			st.Families = append(st.Families, ps)
+			st.Degraded = st.Degraded || fs.Degraded
+		}
+		st.Pool.Family = fams[0].String()
+	}
 	pools := a.netPools()
 	for _, name := range slices.Sorted(maps.Keys(pools)) {
 		ns := pools[name].Status(now)

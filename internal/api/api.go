@@ -99,6 +99,10 @@ type State struct {
 	Uplink   string    `json:"uplink"`
 	MTU      int       `json:"mtu"`
 	Pool     PoolState `json:"pool"`
+	// Families are the default network's pools by address family, in
+	// the configured order, on a node whose pods get more than one
+	// (Pool is the first of them); empty on a single-family node.
+	Families []PoolState `json:"families,omitempty"`
 	// PodNetworks are the pools of the PodNetworks the node serves, by
 	// name (the default network's is Pool).
 	PodNetworks []PodNetworkState  `json:"podNetworks,omitempty"`
@@ -135,6 +139,9 @@ type PodHealth struct {
 
 // PoolState counts the addresses the node holds, by state.
 type PoolState struct {
+	// Family is the pool's address family ("ipv4", "ipv6"), on a node
+	// whose pods get more than one.
+	Family    string `json:"family,omitempty"`
 	Free      int `json:"free"`
 	Cooling   int `json:"cooling"`
 	Allocated int `json:"allocated"`

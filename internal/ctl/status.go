@@ -219,16 +219,25 @@ func printState(out io.Writer, st *api.State) {
 	}
 	fmt.Fprintf(out, "node      %s\nagent     %s (since %s)\nprovider  %s\ndatapath  %s via %s, mtu %d%s\n",
 		st.Node, health, st.StartedAt, prov, st.Datapath, st.Uplink, st.MTU, fast)
-	p := st.Pool
-	fmt.Fprintf(out, "pool      free %d, cooling %d, allocated %d, capacity %d; warm target %d\n", p.Free, p.Cooling, p.Allocated, p.Capacity, p.WarmTarget)
-	if p.Waiting > 0 {
-		fmt.Fprintf(out, "          %d ADDs waiting for addresses from the cloud\n", p.Waiting)
+	pools := st.Families
+	if len(pools) == 0 {
+		pools = []api.PoolState{st.Pool}
 	}
-	if p.Aside > 0 {
-		fmt.Fprintf(out, "          %d set aside (their wiring kept failing; tried again later): %s\n", p.Aside, strings.Join(p.Addresses["aside"], " "))
-	}
-	if p.Leaving > 0 {
-		fmt.Fprintf(out, "          %d leaving (requested addresses going back to the cloud): %s\n", p.Leaving, strings.Join(p.Addresses["leaving"], " "))
+	for _, p := range pools {
+		label := "pool      "
+		if p.Family != "" {
+			label = fmt.Sprintf("pool %-5s", p.Family)
+		}
+		fmt.Fprintf(out, "%s free %d, cooling %d, allocated %d, capacity %d; warm target %d\n", label, p.Free, p.Cooling, p.Allocated, p.Capacity, p.WarmTarget)
+		if p.Waiting > 0 {
+			fmt.Fprintf(out, "          %d ADDs waiting for addresses from the cloud\n", p.Waiting)
+		}
+		if p.Aside > 0 {
+			fmt.Fprintf(out, "          %d set aside (their wiring kept failing; tried again later): %s\n", p.Aside, strings.Join(p.Addresses["aside"], " "))
+		}
+		if p.Leaving > 0 {
+			fmt.Fprintf(out, "          %d leaving (requested addresses going back to the cloud): %s\n", p.Leaving, strings.Join(p.Addresses["leaving"], " "))
+		}
 	}
 	for _, n := range st.PodNetworks {
 		np := n.Pool
@@ -267,7 +276,11 @@ func printState(out io.Writer, st *api.State) {
 			dp = "UNHEALTHY"
 			problems = append(problems, fmt.Sprintf("  %s (%s), checked %s: %s", a.Address, pod, h.CheckedAt, h.Problem))
 		}
-		row := fmt.Sprintf("%s\t%s\t%.12s\t%s\t%s\t%s\t%s\t%s", a.Address, pod, a.ContainerID, a.IfName, a.HostIf(), filepath.Base(a.Netns), a.Created.Format(time.RFC3339), dp)
+		var addrs []string
+		for _, ip := range a.Addresses() {
+			addrs = append(addrs, ip.String())
+		}
+		row := fmt.Sprintf("%s\t%s\t%.12s\t%s\t%s\t%s\t%s\t%s", strings.Join(addrs, ","), pod, a.ContainerID, a.IfName, a.HostIf(), filepath.Base(a.Netns), a.Created.Format(time.RFC3339), dp)
 		if nets {
 			network, nic := a.PodNetwork, "-"
 			if network == "" {

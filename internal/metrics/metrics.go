@@ -136,6 +136,9 @@ type Snapshot struct {
 	// PodNetworks are the pools of the PodNetworks the node serves, by
 	// name (the figures above are the default network's).
 	PodNetworks map[string]NetworkPool
+	// Families are the default network's pools by address family
+	// ("ipv4", "ipv6"); the figures above are the first family's.
+	Families map[string]NetworkPool
 }
 
 // NetworkPool is one PodNetwork's pool as the gauges show it.
@@ -151,6 +154,15 @@ var (
 		"Addresses the node holds for a PodNetwork's pods, by network and state (free, cooling, allocated).", []string{"network", "state"}, nil)
 	networkCapacity = prometheus.NewDesc("vpcni_pod_network_capacity",
 		"The most addresses the node may hold for a PodNetwork (its provider's bound, e.g. maxAddresses on each NIC the VM may still take; 0: unknown).", []string{"network"}, nil)
+)
+
+// The default network's pool of each address family the node's pods get
+// (one series on a single-family node, two on a dual-stack one).
+var (
+	familyAddresses = prometheus.NewDesc("vpcni_pool_family_addresses",
+		"Addresses the node holds on its default network, by address family (ipv4, ipv6) and state (free, cooling, allocated).", []string{"family", "state"}, nil)
+	familyCapacity = prometheus.NewDesc("vpcni_pool_family_capacity",
+		"The most addresses of one family the node may hold on its default network (0: unknown); a dual-stack pod takes one of each family, so the node's room is its tightest family's.", []string{"family"}, nil)
 )
 
 // The fast path's instruments, reported only by a mode that has one.
@@ -174,6 +186,8 @@ func (w *watcher) Describe(ch chan<- *prometheus.Desc) {
 	ch <- fastPathPackets
 	ch <- networkAddresses
 	ch <- networkCapacity
+	ch <- familyAddresses
+	ch <- familyCapacity
 	w.m.Pool.Describe(ch)
 	w.m.Capacity.Describe(ch)
 	w.m.Allocations.Describe(ch)
@@ -203,6 +217,12 @@ func (w *watcher) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(networkAddresses, prometheus.GaugeValue, float64(n), name, state)
 		}
 		ch <- prometheus.MustNewConstMetric(networkCapacity, prometheus.GaugeValue, float64(p.Capacity), name)
+	}
+	for fam, p := range s.Families {
+		for state, n := range map[string]int{"free": p.Free, "cooling": p.Cooling, "allocated": p.Allocated} {
+			ch <- prometheus.MustNewConstMetric(familyAddresses, prometheus.GaugeValue, float64(n), fam, state)
+		}
+		ch <- prometheus.MustNewConstMetric(familyCapacity, prometheus.GaugeValue, float64(p.Capacity), fam)
 	}
 	if fp := s.FastPath; fp != nil {
 		active := 0.0
