@@ -34,7 +34,24 @@ type Topology struct {
 	NodeIP   netip.Addr
 	NbrIP    netip.Addr
 	RunDir   string // pid files and state of what the testbed started
+	// Subnet6, if valid (WithIPv6), is the segment's IPv6 subnet too:
+	// the gateway ::1, the node ::10, the neighbour ::20 on it.
+	Subnet6  netip.Prefix
+	Gateway6 netip.Addr
+	NodeIP6  netip.Addr
+	NbrIP6   netip.Addr
 	children []*Process
+}
+
+// WithIPv6 puts the segment on an IPv6 subnet as well (call before Up):
+// the gateway, the node and the neighbour get ::1, ::10 and ::20 of it
+// beside their IPv4 addresses, and IPv6 default routes via the gateway.
+func (t *Topology) WithIPv6(subnet netip.Prefix) *Topology {
+	t.Subnet6 = subnet.Masked()
+	base := t.Subnet6.Addr().As16()
+	at := func(last byte) netip.Addr { b := base; b[15] = last; return netip.AddrFrom16(b) }
+	t.Gateway6, t.NodeIP6, t.NbrIP6 = at(1), at(0x10), at(0x20)
+	return t
 }
 
 // NodeNS, NbrNS and SegNS are the namespaces' names.
@@ -86,6 +103,12 @@ func (t *Topology) Up() (err error) {
 		{"ip", "link", "set", "br0", "up"},
 		{"ip", "addr", "add", t.Gateway.String() + "/" + bits, "dev", "br0"},
 	}
+	bits6 := strconv.Itoa(t.Subnet6.Bits())
+	if t.Subnet6.IsValid() {
+		// nodad: the segment's addresses are the testbed's own, and an
+		// address still in DAD cannot be used for a second.
+		steps = append(steps, []string{"ip", "-6", "addr", "add", t.Gateway6.String() + "/" + bits6, "dev", "br0", "nodad"})
+	}
 	for _, s := range steps {
 		if err := netnsutil.Exec(seg, s...); err != nil {
 			return err
@@ -93,8 +116,8 @@ func (t *Topology) Up() (err error) {
 	}
 	for _, h := range []struct {
 		ns, port string
-		ip       netip.Addr
-	}{{t.NodeNS(), "node0", t.NodeIP}, {t.NbrNS(), "nbr0", t.NbrIP}} {
+		ip, ip6  netip.Addr
+	}{{t.NodeNS(), "node0", t.NodeIP, t.NodeIP6}, {t.NbrNS(), "nbr0", t.NbrIP, t.NbrIP6}} {
 		if err := netnsutil.VethBetween(seg, h.port, h.ns, "eth0", nil); err != nil {
 			return err
 		}
@@ -106,11 +129,17 @@ func (t *Topology) Up() (err error) {
 				return err
 			}
 		}
-		for _, s := range [][]string{
+		steps := [][]string{
 			{"ip", "addr", "add", h.ip.String() + "/" + bits, "dev", "eth0"},
 			{"ip", "link", "set", "eth0", "up"},
 			{"ip", "route", "add", "default", "via", t.Gateway.String()},
-		} {
+		}
+		if t.Subnet6.IsValid() {
+			steps = append(steps,
+				[]string{"ip", "-6", "addr", "add", h.ip6.String() + "/" + bits6, "dev", "eth0", "nodad"},
+				[]string{"ip", "-6", "route", "add", "default", "via", t.Gateway6.String()})
+		}
+		for _, s := range steps {
 			if err := netnsutil.Exec(h.ns, s...); err != nil {
 				return err
 			}

@@ -50,9 +50,25 @@ type Env struct {
 // behind fails the test, and a failed test shows the agent's log.
 func New(t *testing.T, binDir, prefix, subnet, exclude string) *Env {
 	t.Helper()
+	return build(t, binDir, prefix, subnet, exclude, netip.Prefix{})
+}
+
+// NewDualStack is New with the segment on IPv6 subnet6 as well (the
+// gateway, node and neighbour at ::1, ::10 and ::20 of it); Cfg is still
+// IPv4's alone, for the caller to add its families and IPv6 range to.
+func NewDualStack(t *testing.T, binDir, prefix, subnet, exclude, subnet6 string) *Env {
+	t.Helper()
+	return build(t, binDir, prefix, subnet, exclude, netip.MustParsePrefix(subnet6))
+}
+
+func build(t *testing.T, binDir, prefix, subnet, exclude string, subnet6 netip.Prefix) *Env {
+	t.Helper()
 	var b [3]byte
 	_, _ = rand.Read(b[:])
 	tb := testbed.New(prefix+hex.EncodeToString(b[:]), netip.MustParsePrefix(subnet))
+	if subnet6.IsValid() {
+		tb.WithIPv6(subnet6)
+	}
 	if err := tb.Up(); err != nil {
 		t.Fatalf("testbed: %v", err)
 	}
