@@ -151,7 +151,9 @@ func (a *Agent) netPoolLocked(name string) *addresses.Manager {
 		if err != nil {
 			return nil, fmt.Errorf("provider %s, PodNetwork %s: %w", a.cfg.Provider.Type, name, err)
 		}
-		return a.metrics.Instrument(onNetwork{p, name}), nil
+		// A PodNetwork serves the node's first family alone (add
+		// refuses its pods on a node of two).
+		return a.metrics.Instrument(onNetwork{onFamily{p, a.cfg.Families()[0]}, name}), nil
 	}
 	m := addresses.New(a.policy(), a.cfg.NodeName, connect, netStore{a.store, name}, a.log.With("podNetwork", name))
 	m.Synced = func() {
