@@ -303,7 +303,7 @@ func (s *Server) createPort(b portBody) (*Port, *apiError) {
 	p := &Port{ID: newID(), NetworkID: *b.NetworkID, MACAddress: newMAC(), PortSecurity: true, AdminUp: true, Tags: []string{},
 		Status: "DOWN", ProjectID: project, TenantID: project, Revision: 1, FixedIPs: []FixedIP{}, Pairs: []Pair{}}
 	s.ports[p.ID] = p
-	want := []FixedIP{{}}
+	want := s.defaultFixedIPs(p.NetworkID)
 	if b.FixedIPs != nil {
 		want = *b.FixedIPs
 	}
@@ -434,6 +434,13 @@ func (s *Server) setFixedIPs(p *Port, want []FixedIP) *apiError {
 		if sn == nil {
 			return errorf(404, "SubnetNotFound", "Subnet %s could not be found.", f.SubnetID)
 		}
+		if sn.auto() {
+			// Added below, whatever the request says of it.
+			if mine, _ := eui64(sn.prefix, p.MACAddress); f.IPAddress != "" && f.IPAddress != mine.String() {
+				return errorf(400, "AllocationOnAutoAddressSubnet", "IPv6 address %s cannot be directly assigned to a port on subnet %s as the subnet is configured for automatic addresses", f.IPAddress, sn.ID)
+			}
+			continue
+		}
 		if f.IPAddress == "" {
 			auto = append(auto, pending{sn, len(next)})
 			next = append(next, FixedIP{SubnetID: sn.ID})
@@ -460,6 +467,21 @@ func (s *Server) setFixedIPs(p *Port, want []FixedIP) *apiError {
 		taken[a] = true
 		next[pd.at].IPAddress = a.String()
 	}
+	// Every port of a network with an automatic-address subnet holds its
+	// EUI-64 address there, asked for or not, and keeps it through any
+	// update.
+	if n := s.networks[p.NetworkID]; n != nil {
+		for _, id := range n.Subnets {
+			if sn := s.subnets[id]; sn.auto() {
+				a, _ := eui64(sn.prefix, p.MACAddress)
+				taken[a] = true
+				if _, had := keep[a]; had {
+					keep[a] = true
+				}
+				next = append(next, FixedIP{SubnetID: sn.ID, IPAddress: a.String()})
+			}
+		}
+	}
 	var gone []FixedIP
 	for _, f := range p.FixedIPs {
 		if !keep[netip.MustParseAddr(f.IPAddress)] {
@@ -476,6 +498,30 @@ func (s *Server) setFixedIPs(p *Port, want []FixedIP) *apiError {
 	slices.SortFunc(next, func(a, b FixedIP) int { return strings.Compare(a.IPAddress, b.IPAddress) })
 	p.FixedIPs = next
 	return nil
+}
+
+// defaultFixedIPs is what a port gets when its create names no fixed
+// IPs: an address of the network's first IPv4 subnet and of its first
+// IPv6 subnet whose addresses Neutron hands out (setFixedIPs adds those of
+// automatic-address subnets).
+func (s *Server) defaultFixedIPs(networkID string) []FixedIP {
+	n := s.networks[networkID]
+	if n == nil {
+		return []FixedIP{{}}
+	}
+	var out []FixedIP
+	for _, v := range []int{4, 6} {
+		for _, id := range n.Subnets {
+			if sn := s.subnets[id]; sn.IPVersion == v && !sn.auto() {
+				out = append(out, FixedIP{SubnetID: id})
+				break
+			}
+		}
+	}
+	if len(out) == 0 {
+		return []FixedIP{{}}
+	}
+	return out
 }
 
 func (s *Server) subnetFor(networkID string, f FixedIP) *Subnet {

@@ -9,6 +9,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"net"
 	"net/netip"
 	"slices"
 	"strings"
@@ -32,7 +33,7 @@ type Pool struct {
 	End   string `json:"end"`
 }
 
-// Subnet is a Neutron subnet (IPv4).
+// Subnet is a Neutron subnet, IPv4 or IPv6.
 type Subnet struct {
 	ID              string `json:"id"`
 	NetworkID       string `json:"network_id"`
@@ -41,6 +42,11 @@ type Subnet struct {
 	GatewayIP       string `json:"gateway_ip"`
 	IPVersion       int    `json:"ip_version"`
 	AllocationPools []Pool `json:"allocation_pools"`
+	// IPv6AddressMode and IPv6RAMode are an IPv6 subnet's modes (null
+	// for IPv4, and for an IPv6 subnet whose addresses only Neutron
+	// hands out): slaac, dhcpv6-stateful or dhcpv6-stateless.
+	IPv6AddressMode *string `json:"ipv6_address_mode"`
+	IPv6RAMode      *string `json:"ipv6_ra_mode"`
 	ProjectID       string `json:"project_id"`
 	TenantID        string `json:"tenant_id"`
 	Revision        int    `json:"revision_number"`
@@ -113,10 +119,29 @@ func newMAC() string {
 // newSubnet validates and indexes a subnet.
 func newSubnet(sn *Subnet) *apiError {
 	p, err := netip.ParsePrefix(sn.CIDR)
-	if err != nil || !p.Addr().Is4() {
-		return errorf(400, "InvalidInput", "Invalid input for cidr: %q is not an IPv4 CIDR", sn.CIDR)
+	if err != nil || p.Addr().Is4In6() || p.Addr().Zone() != "" {
+		return errorf(400, "InvalidInput", "Invalid input for cidr: %q is not a CIDR", sn.CIDR)
 	}
-	sn.prefix, sn.IPVersion, sn.CIDR = p.Masked(), 4, p.Masked().String()
+	version := 4
+	if p.Addr().Is6() {
+		version = 6
+	}
+	if sn.IPVersion != 0 && sn.IPVersion != version {
+		return errorf(400, "InvalidInput", "Invalid input for operation: cidr %s is not an IPv%d CIDR.", sn.CIDR, sn.IPVersion)
+	}
+	sn.prefix, sn.IPVersion, sn.CIDR = p.Masked(), version, p.Masked().String()
+	for _, m := range []*string{sn.IPv6AddressMode, sn.IPv6RAMode} {
+		switch {
+		case m == nil:
+		case version == 4:
+			return errorf(400, "InvalidInput", "Invalid input for operation: ipv6_ra_mode or ipv6_address_mode cannot be set when enable_dhcp is set to False or ip_version is 4.")
+		case *m != "slaac" && *m != "dhcpv6-stateful" && *m != "dhcpv6-stateless":
+			return errorf(400, "InvalidInput", "Invalid input for ipv6 mode: %q is not in [slaac, dhcpv6-stateful, dhcpv6-stateless]", *m)
+		}
+	}
+	if sn.auto() && p.Bits() != 64 {
+		return errorf(400, "InvalidInput", "Invalid input for operation: Invalid CIDR %s for IPv6 address mode. OpenStack uses the EUI-64 address format, which requires the prefix to be /64.", sn.CIDR)
+	}
 	if sn.GatewayIP == "" {
 		sn.GatewayIP = sn.prefix.Addr().Next().String()
 	}
@@ -130,7 +155,10 @@ func newSubnet(sn *Subnet) *apiError {
 		if start == gw {
 			start = start.Next()
 		}
-		sn.AllocationPools = []Pool{{Start: start.String(), End: last.Prev().String()}}
+		if version == 4 {
+			last = last.Prev() // the broadcast address
+		}
+		sn.AllocationPools = []Pool{{Start: start.String(), End: last.String()}}
 	}
 	for _, pl := range sn.AllocationPools {
 		lo, err1 := netip.ParseAddr(pl.Start)
@@ -144,12 +172,39 @@ func newSubnet(sn *Subnet) *apiError {
 	return nil
 }
 
+// lastAddr is the prefix's highest address: every host bit set.
 func lastAddr(p netip.Prefix) netip.Addr {
-	a := p.Masked().Addr()
-	for i := 0; i < 1<<(32-p.Bits())-1; i++ {
-		a = a.Next()
+	b := p.Masked().Addr().AsSlice()
+	for i := p.Bits(); i < len(b)*8; i++ {
+		b[i/8] |= 0x80 >> (i % 8)
 	}
+	a, _ := netip.AddrFromSlice(b)
 	return a
+}
+
+// auto: an IPv6 subnet whose addresses hosts make from their MACs
+// (SLAAC, or DHCPv6 for options only): Neutron gives every port of its
+// network the EUI-64 address and refuses any other.
+func (sn *Subnet) auto() bool {
+	for _, m := range []*string{sn.IPv6AddressMode, sn.IPv6RAMode} {
+		if m != nil && (*m == "slaac" || *m == "dhcpv6-stateless") {
+			return true
+		}
+	}
+	return false
+}
+
+// eui64 is the address a host with mac makes on a /64 subnet: the prefix,
+// then the MAC with its universal/local bit flipped and ff:fe in the
+// middle.
+func eui64(prefix netip.Prefix, mac string) (netip.Addr, bool) {
+	hw, err := net.ParseMAC(mac)
+	if err != nil || len(hw) != 6 {
+		return netip.Addr{}, false
+	}
+	b := prefix.Masked().Addr().As16()
+	copy(b[8:], []byte{hw[0] ^ 0x02, hw[1], hw[2], 0xff, 0xfe, hw[3], hw[4], hw[5]})
+	return netip.AddrFrom16(b), true
 }
 
 func (sn *Subnet) inPools(a netip.Addr) bool {
