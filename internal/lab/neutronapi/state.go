@@ -47,9 +47,9 @@ type Subnet struct {
 	// hands out): slaac, dhcpv6-stateful or dhcpv6-stateless.
 	IPv6AddressMode *string `json:"ipv6_address_mode"`
 	IPv6RAMode      *string `json:"ipv6_ra_mode"`
-	ProjectID       string `json:"project_id"`
-	TenantID        string `json:"tenant_id"`
-	Revision        int    `json:"revision_number"`
+	ProjectID       string  `json:"project_id"`
+	TenantID        string  `json:"tenant_id"`
+	Revision        int     `json:"revision_number"`
 
 	prefix netip.Prefix
 	pools  [][2]netip.Addr
