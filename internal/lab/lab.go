@@ -40,6 +40,10 @@ type Config struct {
 	Prefix string       // namespace prefix, e.g. "vpcni-lab"
 	Nodes  int          // cluster nodes
 	Subnet netip.Prefix // the tenant subnet, e.g. 10.90.0.0/24
+	// Subnet6, if valid, is the network's IPv6 subnet too (a /64 whose
+	// addresses Neutron hands out, no address mode): every VM gets an
+	// address of it beside its IPv4 one, the router ::1.
+	Subnet6 netip.Prefix
 	// Cloud is the API the lab serves and its fabric follows: "openstack"
 	// (Neutron and Nova's os-interface; the default) or "aws" (EC2 and
 	// each node's instance metadata).
@@ -51,9 +55,11 @@ type Config struct {
 
 // Host is a VM on the VPC segment: a namespace whose eth0 is a Neutron port.
 type Host struct {
-	Name   string     `json:"name"`
-	NS     string     `json:"namespace"`
-	IP     netip.Addr `json:"ip"`
+	Name string     `json:"name"`
+	NS   string     `json:"namespace"`
+	IP   netip.Addr `json:"ip"`
+	// IP6 is its IPv6 address (invalid: the lab has no IPv6 subnet).
+	IP6    netip.Addr `json:"ip6,omitzero"`
 	PortID string     `json:"portID"`
 	MAC    string     `json:"mac"`
 	// InstanceID is the VM's Nova server (its port's device_id), to which
@@ -73,9 +79,11 @@ type Lab struct {
 	Nova       *novaapi.Server
 	ComputeURL string
 	SubnetID   string
-	Router     Host
-	Nodes      []Host
-	Legacy     Host
+	// SubnetID6 is the IPv6 subnet's ID ("" without Subnet6).
+	SubnetID6 string
+	Router    Host
+	Nodes     []Host
+	Legacy    Host
 	// External is a host outside the VPC, behind the router: floating IPs
 	// are reached from it. ExtNetID is the external network in the
 	// endpoint, RouterID the lab's router.
@@ -145,12 +153,22 @@ func Up(ctx context.Context, cfg Config) (_ *Lab, err error) {
 		return nil, err
 	}
 	l.SubnetID = sn.ID
+	if cfg.Subnet6.IsValid() {
+		gw6 := l.at6(1).String()
+		sn6, err := subnets.Create(ctx, l.nc, subnets.CreateOpts{NetworkID: n.ID, IPVersion: gophercloud.IPv6, CIDR: cfg.Subnet6.Masked().String(), GatewayIP: &gw6}).Extract()
+		if err != nil {
+			return nil, err
+		}
+		l.SubnetID6 = sn6.ID
+	}
 	at := func(last byte) netip.Addr { b := cfg.Subnet.Addr().As4(); b[3] = last; return netip.AddrFrom4(b) }
 	if l.Router, err = l.plug(ctx, n.ID, "router", gw, "network:router_interface"); err != nil {
 		return nil, err
 	}
-	if err := netnsutil.Exec(l.Router.NS, "sysctl", "-qw", "net.ipv4.ip_forward=1"); err != nil {
-		return nil, err
+	for _, sysctl := range []string{"net.ipv4.ip_forward=1", "net.ipv6.conf.all.forwarding=1"} {
+		if err := netnsutil.Exec(l.Router.NS, "sysctl", "-qw", sysctl); err != nil {
+			return nil, err
+		}
 	}
 	for i := range cfg.Nodes {
 		h, err := l.plug(ctx, n.ID, fmt.Sprintf("n%d", i+1), at(byte(11+i)), "compute:lab")
@@ -172,6 +190,14 @@ func Up(ctx context.Context, cfg Config) (_ *Lab, err error) {
 		return nil, err
 	}
 	return l, nil
+}
+
+// at6 is the IPv6 subnet's address whose last byte is last (::1 the
+// router, ::b the first node — the same last byte as its IPv4 address).
+func (l *Lab) at6(last byte) netip.Addr {
+	b := l.Subnet6.Masked().Addr().As16()
+	b[15] = last
+	return netip.AddrFrom16(b)
 }
 
 // segment makes the VPC segment: bridge br0 in a namespace of its own.
@@ -316,12 +342,18 @@ func (l *Lab) serve(ln net.Listener) { l.serveHandler(ln, l.handler()) }
 // through it.
 func (l *Lab) plug(ctx context.Context, netID, name string, ip netip.Addr, owner string) (Host, error) {
 	instance := l.server(owner)
+	fixed := []ports.IP{{SubnetID: l.SubnetID, IPAddress: ip.String()}}
+	var ip6 netip.Addr
+	if l.Subnet6.IsValid() {
+		ip6 = l.at6(ip.As4()[3])
+		fixed = append(fixed, ports.IP{SubnetID: l.SubnetID6, IPAddress: ip6.String()})
+	}
 	p, err := ports.Create(ctx, l.nc, ports.CreateOpts{NetworkID: netID, Name: name, DeviceOwner: owner, DeviceID: instance,
-		FixedIPs: []ports.IP{{SubnetID: l.SubnetID, IPAddress: ip.String()}}}).Extract()
+		FixedIPs: fixed}).Extract()
 	if err != nil {
 		return Host{}, fmt.Errorf("port for %s: %w", name, err)
 	}
-	h := Host{Name: name, NS: l.Prefix + "-" + name, IP: ip, PortID: p.ID, MAC: p.MACAddress, InstanceID: instance, ifname: "lp" + strings.ReplaceAll(p.ID, "-", "")[:11]}
+	h := Host{Name: name, NS: l.Prefix + "-" + name, IP: ip, IP6: ip6, PortID: p.ID, MAC: p.MACAddress, InstanceID: instance, ifname: "lp" + strings.ReplaceAll(p.ID, "-", "")[:11]}
 	if err := l.wire(&h, name != "router"); err != nil {
 		return h, err
 	}
@@ -348,6 +380,17 @@ func (l *Lab) wire(h *Host, route bool) error {
 	if route {
 		steps = append(steps, []string{"ip", "route", "add", "default", "via", l.Subnet.Addr().Next().String()})
 	}
+	if h.IP6.IsValid() {
+		// nodad: the cloud gave the address to this port alone, and an
+		// address in DAD is unusable for a second. No router
+		// advertisements: the default route is the cloud's gateway, as
+		// a VM's DHCPv6 or cloud-init would set it.
+		steps = append(steps, []string{"sysctl", "-qw", "net.ipv6.conf.eth0.accept_ra=0"},
+			[]string{"ip", "-6", "addr", "add", h.IP6.String() + "/" + fmt.Sprint(l.Subnet6.Bits()), "dev", "eth0", "nodad"})
+		if route {
+			steps = append(steps, []string{"ip", "-6", "route", "add", "default", "via", l.at6(1).String()})
+		}
+	}
 	for _, c := range steps {
 		if err := netnsutil.Exec(h.NS, c...); err != nil {
 			return err
@@ -368,10 +411,11 @@ func (l *Lab) bridge(ifname string) error {
 
 // program writes the VPC bridge's port security: a frame entering from a
 // VM's port must carry a MAC the port allows (its own, or an allowed address
-// pair's) and, for IPv4 and ARP, a source address allowed with that MAC —
-// the port's MAC with its fixed IPs, each pair's MAC (the port's when the
-// pair names none) with the pair's address — what Neutron's port security
-// does. Called with the endpoint's lock held.
+// pair's) and, for IPv4, ARP and IPv6, a source address allowed with that
+// MAC — the port's MAC with its fixed IPs, each pair's MAC (the port's when
+// the pair names none) with the pair's address, each MAC with its own
+// link-local address — what Neutron's port security does. Called with the
+// endpoint's lock held.
 func (l *Lab) program() {
 	var b strings.Builder
 	b.WriteString("table bridge vpcni_lab\ndelete table bridge vpcni_lab\ntable bridge vpcni_lab {\n chain portsec {\n  type filter hook forward priority 0; policy accept;\n")
@@ -383,24 +427,46 @@ func (l *Lab) program() {
 			continue
 		}
 		macs := []string{p.MACAddress}
-		var allowed []string // "mac . ip"
+		var allowed, allowed6 []string // "mac . ip"
+		add := func(mac, ip string) {
+			if strings.Contains(ip, ":") {
+				allowed6 = append(allowed6, mac+" . "+ip)
+			} else {
+				allowed = append(allowed, mac+" . "+ip)
+			}
+		}
 		for _, f := range p.FixedIPs {
-			allowed = append(allowed, p.MACAddress+" . "+f.IPAddress)
+			add(p.MACAddress, f.IPAddress)
 		}
 		for _, ap := range p.Pairs {
 			mac := cmp.Or(ap.MACAddress, p.MACAddress)
 			if !slices.Contains(macs, mac) {
 				macs = append(macs, mac)
 			}
-			allowed = append(allowed, mac+" . "+ap.IPAddress)
+			add(mac, ap.IPAddress)
+		}
+		// Each allowed MAC may also send from its own link-local
+		// address (router and neighbour discovery), as Neutron allows.
+		for _, mac := range macs {
+			if ll, ok := linkLocal(mac); ok {
+				add(mac, ll.String())
+			}
 		}
 		slices.Sort(allowed)
-		set := "{ " + strings.Join(allowed, ", ") + " }"
+		slices.Sort(allowed6)
 		fmt.Fprintf(&b, "  iifname %q ether saddr != { %s } drop\n", h.ifname, strings.Join(macs, ", "))
+		// IPv6, as Neutron's firewall: no router advertisements from a
+		// VM; the unspecified source only for what a host sends before
+		// it has an address (duplicate address detection, multicast
+		// listener reports); any other source allowed with the MAC.
+		fmt.Fprintf(&b, "  iifname %q ether type ip6 icmpv6 type nd-router-advert drop\n", h.ifname)
+		fmt.Fprintf(&b, "  iifname %q ether type ip6 ip6 saddr :: icmpv6 type { nd-neighbor-solicit, mld-listener-report, mld2-listener-report } accept\n", h.ifname)
+		fmt.Fprintf(&b, "  iifname %q ether type ip6 ether saddr . ip6 saddr != { %s } drop\n", h.ifname, strings.Join(allowed6, ", "))
 		if len(allowed) == 0 { // no address at all: nothing IPv4 passes
 			fmt.Fprintf(&b, "  iifname %q ether type { ip, arp } drop\n", h.ifname)
 			continue
 		}
+		set := "{ " + strings.Join(allowed, ", ") + " }"
 		fmt.Fprintf(&b, "  iifname %q ether type ip ether saddr . ip saddr != %s drop\n", h.ifname, set)
 		fmt.Fprintf(&b, "  iifname %q ether type arp arp saddr ether . arp saddr ip != %s drop\n", h.ifname, set)
 	}
@@ -413,6 +479,17 @@ func (l *Lab) program() {
 		return
 	}
 	l.fabricErr = l.programRouter()
+}
+
+// linkLocal is the fe80::/64 address a host makes from mac (EUI-64).
+func linkLocal(mac string) (netip.Addr, bool) {
+	hw, err := net.ParseMAC(mac)
+	if err != nil || len(hw) != 6 {
+		return netip.Addr{}, false
+	}
+	b := netip.MustParseAddr("fe80::").As16()
+	copy(b[8:], []byte{hw[0] ^ 0x02, hw[1], hw[2], 0xff, 0xfe, hw[3], hw[4], hw[5]})
+	return netip.AddrFrom16(b), true
 }
 
 // FabricErr is the last failure to program the fabric (nil: it holds the

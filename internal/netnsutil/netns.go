@@ -120,10 +120,20 @@ type EchoServer struct{ l net.Listener }
 func Listen(path, addr string) (net.Listener, error) {
 	var l net.Listener
 	err := Do(path, func() (err error) {
-		l, err = net.Listen("tcp4", addr)
+		l, err = net.Listen(tcpOf(addr), addr)
 		return err
 	})
 	return l, err
+}
+
+// tcpOf is the TCP network of host:port: tcp6 for an IPv6 host, tcp4
+// otherwise (a host left empty listens on IPv4 only, as it always did).
+func tcpOf(addr string) string {
+	host, _, _ := net.SplitHostPort(addr)
+	if a, err := netip.ParseAddr(host); err == nil && a.Is6() && !a.Is4In6() {
+		return "tcp6"
+	}
+	return "tcp4"
 }
 
 // ServeEcho opens a TCP echo server on addr inside the namespace at path.
@@ -165,7 +175,7 @@ func ProbeFrom(ctx context.Context, path string, src netip.Addr, addr string) er
 		if src.IsValid() {
 			d.LocalAddr = &net.TCPAddr{IP: src.AsSlice()}
 		}
-		c, err = d.DialContext(ctx, "tcp4", addr)
+		c, err = d.DialContext(ctx, tcpOf(addr), addr)
 		return err
 	})
 	if err != nil {
