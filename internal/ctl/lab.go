@@ -27,12 +27,14 @@ import (
 
 // labState is what `lab serve` writes once the lab is up.
 type labState struct {
-	Prefix   string       `json:"prefix"`
-	URL      string       `json:"endpoint"`
-	SubnetID string       `json:"subnetID"`
-	Router   lab.Host     `json:"router"`
-	Legacy   lab.Host     `json:"legacy"`
-	Nodes    []labNodeRef `json:"nodes"`
+	Prefix   string `json:"prefix"`
+	URL      string `json:"endpoint"`
+	SubnetID string `json:"subnetID"`
+	// SubnetID6 is the IPv6 subnet's, on a lab with one.
+	SubnetID6 string       `json:"subnetID6,omitempty"`
+	Router    lab.Host     `json:"router"`
+	Legacy    lab.Host     `json:"legacy"`
+	Nodes     []labNodeRef `json:"nodes"`
 }
 
 type labNodeRef struct {
@@ -56,6 +58,7 @@ func labCmd(args []string, out io.Writer) error {
 	fs.StringVar(&nc.Provider, "provider", "openstack", "the cloud the lab serves and the agents' provider: openstack (Neutron) or aws (EC2 and instance metadata)")
 	fs.StringVar(&nc.ProviderMode, "provider-mode", "fixed-ips", "the agents' openstack provider mode (macvlan and bridge need address-pairs)")
 	fs.BoolVar(&nc.PrefixMode, "prefix-mode", false, "with --provider aws: the agents take /28 prefixes instead of single addresses")
+	fs.StringVar(&nc.Subnet6, "subnet6", "", "an IPv6 /64 on the tenant network as well (openstack): every VM gets an address of it (\"\": IPv4 only)")
 	if err := parseFlags(fs, args[1:]); err != nil {
 		return err
 	}
@@ -85,11 +88,12 @@ type labNodeConfig struct {
 	Provider     string
 	ProviderMode string
 	PrefixMode   bool
+	Subnet6      string
 }
 
 func (c labNodeConfig) args() []string {
 	return []string{"--datapath", cmp.Or(c.Datapath, "veth"), "--provider", cmp.Or(c.Provider, "openstack"),
-		"--provider-mode", cmp.Or(c.ProviderMode, "fixed-ips"), "--prefix-mode=" + strconv.FormatBool(c.PrefixMode)}
+		"--provider-mode", cmp.Or(c.ProviderMode, "fixed-ips"), "--prefix-mode=" + strconv.FormatBool(c.PrefixMode), "--subnet6", c.Subnet6}
 }
 
 // provider is the agents' provider section on lab l: the lab's endpoint on
@@ -190,13 +194,19 @@ func labServe(prefix string, nodes int, subnet string, agents bool, nc labNodeCo
 	if err != nil {
 		return err
 	}
-	l, err := lab.Up(ctx, lab.Config{Prefix: prefix, Nodes: nodes, Subnet: sn, Cloud: nc.Provider})
+	var sn6 netip.Prefix
+	if nc.Subnet6 != "" {
+		if sn6, err = netip.ParsePrefix(nc.Subnet6); err != nil || !sn6.Addr().Is6() {
+			return fmt.Errorf("--subnet6 %q is not an IPv6 prefix", nc.Subnet6)
+		}
+	}
+	l, err := lab.Up(ctx, lab.Config{Prefix: prefix, Nodes: nodes, Subnet: sn, Subnet6: sn6, Cloud: nc.Provider})
 	if err != nil {
 		return err
 	}
 	defer l.Close()
 	dir := labDir(prefix)
-	st := labState{Prefix: prefix, URL: l.URL, SubnetID: l.SubnetID, Router: l.Router, Legacy: l.Legacy}
+	st := labState{Prefix: prefix, URL: l.URL, SubnetID: l.SubnetID, SubnetID6: l.SubnetID6, Router: l.Router, Legacy: l.Legacy}
 	modes := strings.Split(cmp.Or(nc.Datapath, "veth"), ",")
 	for i, n := range l.Nodes {
 		if !agents {
