@@ -214,6 +214,13 @@ node_layout
 
 joined_nodes() { [ -d "$NODES_DIR" ] && find "$NODES_DIR" -mindepth 1 -maxdepth 1 -type d -printf '%f\n' | sort; return 0; }
 
+# DUAL_STACK=1: the cluster runs IPv4 and IPv6 (Services and node
+# addresses of both families; the node's netns needs a global IPv6
+# address, or NODE_IP6).
+if [ "${DUAL_STACK:-}" = 1 ]; then
+	SERVICE_CIDR=${SERVICE_CIDR:-10.96.0.0/16,fd00:96::/112}
+	CLUSTER_CIDR=${CLUSTER_CIDR:-10.244.0.0/16,fd00:244::/56}
+fi
 SERVICE_CIDR=${SERVICE_CIDR:-10.96.0.0/16}
 CLUSTER_CIDR=${CLUSTER_CIDR:-10.244.0.0/16}
 BRIDGE_SUBNET=${BRIDGE_SUBNET:-10.244.0.0/24}
@@ -324,6 +331,32 @@ node_ip() {
 	echo "$ip"
 }
 
+# node_ip6: the node's global IPv6 address (DUAL_STACK).
+node_ip6() {
+	ip -n "$NETNS" -6 -o addr show scope global | awk '{sub("/.*", "", $4); print $4; exit}'
+}
+
+# node_ips: what the kubelet's --node-ip says: the IPv4 address, and the
+# IPv6 one after it on a dual-stack node.
+node_ips() { echo "$NODE_IP${NODE_IP6:+,$NODE_IP6}"; }
+
+# dual_stack_ips reads the node's IPv6 address on a dual-stack cluster.
+dual_stack_ips() {
+	[ "${DUAL_STACK:-}" = 1 ] || return 0
+	NODE_IP6=${NODE_IP6:-$(node_ip6)}
+	[ -n "$NODE_IP6" ] || die "DUAL_STACK=1 but no global IPv6 address in $NETNS: give it one or set NODE_IP6"
+}
+
+# cidr_mask_flags: kube-controller-manager's node CIDR sizes (the one flag
+# is refused on a dual-stack cluster).
+cidr_mask_flags() {
+	if [ "${DUAL_STACK:-}" = 1 ]; then
+		echo "--node-cidr-mask-size-ipv4=24 --node-cidr-mask-size-ipv6=64"
+	else
+		echo "--node-cidr-mask-size=24"
+	fi
+}
+
 # ---- PKI: one CA; every component's client certificate; kubeconfigs.
 
 sign() { # name subject extension-lines
@@ -360,7 +393,7 @@ gen_pki() {
 	svc_ip=$(first_service_ip)
 	mkdir -p "$PKI"
 	openssl req -x509 -newkey rsa:2048 -nodes -keyout "$PKI/ca.key" -out "$PKI/ca.crt" -days 365 -subj "/CN=vpcni-k8s-ca" 2>/dev/null
-	sign apiserver "/CN=kube-apiserver" "extendedKeyUsage=serverAuth\nsubjectAltName=IP:127.0.0.1,IP:$NODE_IP,IP:$svc_ip,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
+	sign apiserver "/CN=kube-apiserver" "extendedKeyUsage=serverAuth\nsubjectAltName=IP:127.0.0.1,IP:$NODE_IP,${NODE_IP6:+IP:$NODE_IP6,}IP:$svc_ip,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
 	sign admin "/O=system:masters/CN=vpcni-k8s-admin" "$client"
 	sign kubelet "/O=system:nodes/CN=system:node:$NODE_NAME" "$client"
 	sign apiserver-kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client" "$client"
@@ -373,8 +406,9 @@ gen_pki() {
 	cp "$PKI/admin.kubeconfig" "$ADMIN_KUBECONFIG"
 }
 
-first_service_ip() { # 10.96.0.0/16 -> 10.96.0.1
-	local net=${SERVICE_CIDR%/*}
+first_service_ip() { # 10.96.0.0/16 -> 10.96.0.1 (of the first family)
+	local net=${SERVICE_CIDR%%,*}
+	net=${net%/*}
 	echo "${net%.*}.$((${net##*.} + 1))"
 }
 
@@ -580,12 +614,13 @@ cmd_up() {
 	ip -n "$NETNS" link set lo up
 	NODE_IP=${NODE_IP:-$(node_ip)}
 	[ -n "$NODE_IP" ] || die "no IPv4 address in $NETNS to advertise: give it one or set NODE_IP"
+	dual_stack_ips
 	mkdir -p "$RUN" "$LOGS"
 	for f in "$LOGS"/*.log; do [ -e "$f" ] && mv "$f" "$f.prev"; done
 	echo "$NETNS" >"$RUN/netns"
 	echo "$id" >"$RUN/netns-id"
 	echo "$mode" >"$RUN/mode"
-	printf 'NODE_NAME=%s\nNODE_IP=%s\n' "$NODE_NAME" "$NODE_IP" >"$RUN/node"
+	printf 'NODE_NAME=%s\nNODE_IP=%s\nNODE_IP6=%s\n' "$NODE_NAME" "$NODE_IP" "${NODE_IP6:-}" >"$RUN/node"
 	for s in "${KUBELET_SYSCTLS[@]}"; do echo "$s=$(sysctl -n "$s")"; done >"$RUN/sysctls"
 	for p in /var/log/containers /var/lib/cni; do [ ! -e "$p" ] || echo "$p"; done >"$RUN/preexisting"
 
@@ -634,7 +669,7 @@ cmd_up() {
 		--authentication-kubeconfig="$PKI/controller-manager.kubeconfig" --authorization-kubeconfig="$PKI/controller-manager.kubeconfig" \
 		--bind-address=127.0.0.1 --secure-port=10257 --leader-elect=false \
 		--service-account-private-key-file="$PKI/sa.key" --root-ca-file="$PKI/ca.crt" --use-service-account-credentials=true \
-		--cluster-cidr="$CLUSTER_CIDR" --allocate-node-cidrs=true --node-cidr-mask-size=24 \
+		--cluster-cidr="$CLUSTER_CIDR" --allocate-node-cidrs=true $(cidr_mask_flags) \
 		--service-cluster-ip-range="$SERVICE_CIDR" \
 		--cluster-signing-cert-file="$PKI/ca.crt" --cluster-signing-key-file="$PKI/ca.key"
 	start kube-scheduler "$CACHE/bin/kube-scheduler" --kubeconfig="$PKI/scheduler.kubeconfig" \
@@ -643,7 +678,7 @@ cmd_up() {
 	mkdir -p "$KUBELET_ROOT" "$KUBELET_DIR/pod-logs" "$KUBELET_DIR/certs"
 	start kubelet "$CACHE/bin/kubelet" --config="$KUBELET_DIR/config.yaml" --kubeconfig="$PKI/kubelet.kubeconfig" \
 		--root-dir="$KUBELET_ROOT" --cert-dir="$KUBELET_DIR/certs" \
-		--hostname-override="$NODE_NAME" --node-ip="$NODE_IP" -v=2
+		--hostname-override="$NODE_NAME" --node-ip="$(node_ips)" -v=2
 	start kube-proxy "$CACHE/bin/kube-proxy" --config="$KUBE_PROXY_DIR/config.yaml" -v=2
 	wait_for 60 "node $NODE_NAME registered" kubectl_ get node "$NODE_NAME"
 	log "node $NODE_NAME registered"
@@ -678,6 +713,7 @@ print_env() {
 VPCNI_K8S_NETNS=$NETNS
 VPCNI_K8S_NODE=$NODE_NAME
 VPCNI_K8S_NODE_IP=$NODE_IP
+VPCNI_K8S_NODE_IP6=${NODE_IP6:-}
 VPCNI_K8S_KUBECONFIG=$ADMIN_KUBECONFIG
 VPCNI_K8S_KUBECTL=$CACHE/bin/kubectl
 VPCNI_K8S_APISERVER=https://127.0.0.1:$APISERVER_PORT
@@ -923,11 +959,12 @@ cmd_join() {
 	ip -n "$NETNS" link set lo up
 	NODE_IP=${NODE_IP:-$(node_ip)}
 	[ -n "$NODE_IP" ] || die "no IPv4 address in $NETNS to advertise: give it one or set NODE_IP"
+	dual_stack_ips
 	mkdir -p "$RUN" "$LOGS"
 	for f in "$LOGS"/*.log; do [ -e "$f" ] && mv "$f" "$f.prev"; done
 	echo "$NETNS" >"$RUN/netns"
 	echo "$id" >"$RUN/netns-id"
-	printf 'NODE_NAME=%s\nNODE_IP=%s\nCP_IP=%s\n' "$NODE_NAME" "$NODE_IP" "$cp_ip" >"$RUN/node"
+	printf 'NODE_NAME=%s\nNODE_IP=%s\nNODE_IP6=%s\nCP_IP=%s\n' "$NODE_NAME" "$NODE_IP" "${NODE_IP6:-}" "$cp_ip" >"$RUN/node"
 
 	# Its own kubelet identity (the Node authorizer and NodeRestriction
 	# check the name); kube-proxy's certificate is the cluster's.
@@ -948,7 +985,7 @@ cmd_join() {
 	mkdir -p "$KUBELET_ROOT" "$KUBELET_DIR/pod-logs" "$KUBELET_DIR/certs"
 	start kubelet "$CACHE/bin/kubelet" --config="$KUBELET_DIR/config.yaml" --kubeconfig="$NODE_DIR/kubelet.kubeconfig" \
 		--root-dir="$KUBELET_ROOT" --cert-dir="$KUBELET_DIR/certs" \
-		--hostname-override="$NODE_NAME" --node-ip="$NODE_IP" -v=2
+		--hostname-override="$NODE_NAME" --node-ip="$(node_ips)" -v=2
 	start kube-proxy "$CACHE/bin/kube-proxy" --config="$KUBE_PROXY_DIR/config.yaml" -v=2
 	wait_for 60 "node $NODE_NAME registered" kubectl_ get node "$NODE_NAME"
 	log "node $NODE_NAME registered"
@@ -1035,6 +1072,8 @@ usage: scripts/k8s-node.sh build|up|down|status|env|cni bridge|import …|kubect
 
 env: K8S_VERSION (1.36.3) VPCNI_K8S_CACHE (/var/cache/vpcni-k8s) VPCNI_K8S_STATE (/var/tmp/vpcni-k8s)
      SERVICE_CIDR (10.96.0.0/16) CLUSTER_CIDR (10.244.0.0/16) BRIDGE_SUBNET (10.244.0.0/24) CRICTL=0
+     DUAL_STACK=1: IPv4 and IPv6 (SERVICE_CIDR 10.96.0.0/16,fd00:96::/112, CLUSTER_CIDR 10.244.0.0/16,fd00:244::/56,
+       the kubelet's --node-ip both; the node netns needs a global IPv6 address, or NODE_IP6)
 EOU
 }
 
