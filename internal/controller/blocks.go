@@ -317,8 +317,11 @@ func (b *BlockAssigner) reclaim(ctx context.Context, node string) (time.Duration
 		var users []string
 		for _, obj := range addrs {
 			pa := obj.(*v1alpha1.PodAddress)
-			if a, err := netip.ParseAddr(pa.Spec.Address); perr != nil || err != nil || p.Contains(a) {
-				// An address that does not parse may be anywhere: it keeps every block.
+			// Every family's address: a dual-stack pod's IPv6 address
+			// (in addresses only) keeps its IPv6 block. An address that
+			// does not parse may be anywhere: it keeps every block.
+			addrs, err := k8s.AddressesOf(pa)
+			if perr != nil || err != nil || slices.ContainsFunc(addrs, p.Contains) {
 				users = append(users, pa.Name)
 			}
 		}
