@@ -2,6 +2,8 @@ package sticky
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/netip"
@@ -75,6 +77,28 @@ func TestDualStackObjectsOnTheAPIServer(t *testing.T) {
 		got.Spec.Address != "10.70.0.4" || !slices.Equal(got.Spec.Gateways, []string{"169.254.1.1", "fe80::1"}) {
 		t.Errorf("dual-stack PodAddress read back: %+v (%v, %v)", got.Spec, addrs, err)
 	}
+	// kubectl get pa -o wide: the Addresses column lists both families.
+	raw, err := cs.Discovery().RESTClient().Get().AbsPath("/apis/vpcni.io/v1alpha1/podaddresses", created["dual-0"].Name).
+		SetHeader("Accept", "application/json;as=Table;v=v1;g=meta.k8s.io").DoRaw(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var table struct {
+		Columns []struct{ Name string } `json:"columnDefinitions"`
+		Rows    []struct{ Cells []any } `json:"rows"`
+	}
+	if err := json.Unmarshal(raw, &table); err != nil || len(table.Rows) != 1 || len(table.Rows[0].Cells) != len(table.Columns) {
+		t.Fatalf("PodAddress as a table: %v: %s", err, raw)
+	}
+	cells := map[string]string{}
+	for i, c := range table.Columns {
+		cells[c.Name] = fmt.Sprint(table.Rows[0].Cells[i])
+	}
+	if cells["Address"] != "10.70.0.4" || !strings.Contains(cells["Addresses"], "10.70.0.4") || !strings.Contains(cells["Addresses"], "fd00:70::4") {
+		t.Errorf("kubectl get pa -o wide shows %v", cells)
+	}
+	t.Logf("vpcni-test: kubectl get pa -o wide: Address %s, Addresses %s", cells["Address"], cells["Addresses"])
+
 	for _, bad := range []struct {
 		name       string
 		addrs, gws []string

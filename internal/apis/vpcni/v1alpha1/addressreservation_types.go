@@ -26,6 +26,7 @@ import (
 // +kubebuilder:printcolumn:name=Node,type=string,JSONPath=.spec.node
 // +kubebuilder:printcolumn:name=StatefulSet,type=string,JSONPath=.spec.statefulSet
 // +kubebuilder:printcolumn:name=Age,type=date,JSONPath=.metadata.creationTimestamp
+// +kubebuilder:printcolumn:name=Addresses,type=string,JSONPath=.spec.addresses,priority=1
 type AddressReservation struct {
 	metav1.TypeMeta   `json:",inline"`
 	metav1.ObjectMeta `json:"metadata,omitempty"`

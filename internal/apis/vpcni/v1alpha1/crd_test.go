@@ -76,7 +76,7 @@ func TestCRDKeepsTheWireContract(t *testing.T) {
 		cols = append(cols, col.Name+":"+col.Type+":"+col.JSONPath)
 	}
 	wantCols := []string{"Address:string:.spec.address", "Node:string:.spec.node", "Namespace:string:.spec.podNamespace",
-		"Pod:string:.spec.podName", "Age:date:.metadata.creationTimestamp"}
+		"Pod:string:.spec.podName", "Age:date:.metadata.creationTimestamp", "Addresses:string:.spec.addresses"}
 	if !slices.Equal(cols, wantCols) {
 		t.Errorf("printer columns %q, want %q", cols, wantCols)
 	}

@@ -18,6 +18,7 @@ import (
 // +kubebuilder:printcolumn:name=Namespace,type=string,JSONPath=.spec.podNamespace
 // +kubebuilder:printcolumn:name=Pod,type=string,JSONPath=.spec.podName
 // +kubebuilder:printcolumn:name=Age,type=date,JSONPath=.metadata.creationTimestamp
+// +kubebuilder:printcolumn:name=Addresses,type=string,JSONPath=.spec.addresses,priority=1
 type PodAddress struct {
 	metav1.TypeMeta   `json:",inline"`
 	metav1.ObjectMeta `json:"metadata,omitempty"`
