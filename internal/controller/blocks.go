@@ -316,9 +316,8 @@ func (b *BlockAssigner) reclaim(ctx context.Context, node string) (time.Duration
 		p, perr := netip.ParsePrefix(nb.Spec.CIDR)
 		var users []string
 		for _, obj := range addrs {
-			pa := obj.(*v1alpha1.PodAddress)
-			if a, err := netip.ParseAddr(pa.Spec.Address); perr != nil || err != nil || p.Contains(a) {
-				// An address that does not parse may be anywhere: it keeps every block.
+			// A block that does not parse may be anyone's.
+			if pa := obj.(*v1alpha1.PodAddress); perr != nil || usesBlock(pa, p) {
 				users = append(users, pa.Name)
 			}
 		}
@@ -465,4 +464,13 @@ func (b *BlockAssigner) Figures() Figures {
 		}
 	}
 	return f
+}
+
+// usesBlock says whether a PodAddress holds an address of block: any of
+// its families' (a dual-stack pod's IPv6 address, in addresses only,
+// keeps its IPv6 block). An address that does not parse may be anywhere:
+// it keeps every block.
+func usesBlock(pa *v1alpha1.PodAddress, block netip.Prefix) bool {
+	addrs, err := k8s.AddressesOf(pa)
+	return err != nil || slices.ContainsFunc(addrs, block.Contains)
 }

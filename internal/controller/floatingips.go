@@ -46,9 +46,9 @@ const (
 // FloatingIPs is vpcni-controller's floating IP reconciler. Per pod
 // (namespace/name): while the pod lives, asks for a floating IP and has a
 // PodAddress (its node, address and port), the floating IP points at that
-// address on that port; once the pod is terminating, gone, or no longer
-// asks, the floating IP is detached and then deleted or kept by its
-// policy.
+// address on that port (the pod's IPv4 address: floating IPs are IPv4);
+// once the pod is terminating, gone, or no longer asks, the floating IP is
+// detached and then deleted or kept by its policy.
 //
 // The address must not leave the port while a floating IP points at it
 // (Neutron does not detach it, and the L3 agent keeps forwarding the
@@ -221,10 +221,11 @@ func (f *FloatingIPs) reconcile(ctx context.Context, key string) (time.Duration,
 	if pa == nil {
 		return 0, nil // the PodAddress's creation brings it back
 	}
-	fixed, err := netip.ParseAddr(pa.Spec.Address)
-	if err != nil || pa.Spec.ProviderPort == "" {
+	fixed, ok := fixedIPv4(pa)
+	if !ok || pa.Spec.ProviderPort == "" {
 		f.recorder.Eventf(podRef(pod), corev1.EventTypeWarning, "VpcniFloatingIPFailed",
-			"the pod's PodAddress %s names no address and cloud port (address %q, port %q): is the node's provider openstack?", pa.Name, pa.Spec.Address, pa.Spec.ProviderPort)
+			"the pod's PodAddress %s names no IPv4 address and cloud port (address %q, addresses %q, port %q): a floating IP is an IPv4 address that points at the pod's IPv4 address, so an IPv6-only pod gets none; is the node's provider openstack?",
+			pa.Name, pa.Spec.Address, pa.Spec.Addresses, pa.Spec.ProviderPort)
 		return 0, nil
 	}
 	f.setOwner(key, true) // before the call: a timeout may still have created it
@@ -336,6 +337,21 @@ func (f *FloatingIPs) podAddress(key, uid string) *v1alpha1.PodAddress {
 		}
 	}
 	return best
+}
+
+// fixedIPv4 is the pod's address a floating IP points at: its IPv4 one,
+// whichever family is its first. Neutron's floating IPs are IPv4 and NAT
+// to an IPv4 fixed IP only; a pod's IPv6 address is reached directly
+// (routed, no NAT), so a dual-stack pod's floating IP maps to its IPv4
+// address and an IPv6-only pod has nothing to map one to.
+func fixedIPv4(pa *v1alpha1.PodAddress) (netip.Addr, bool) {
+	addrs, _ := k8s.AddressesOf(pa)
+	for _, a := range addrs {
+		if a.Is4() {
+			return a, true
+		}
+	}
+	return netip.Addr{}, false
 }
 
 // annotate writes (or, with nil, removes) the pod's floating address, only

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/vpcni/vpcni/internal/apis/vpcni/v1alpha1"
 	"github.com/vpcni/vpcni/internal/floatingip"
 )
 
@@ -46,5 +47,26 @@ func TestParseFloating(t *testing.T) {
 	none := &FloatingIPs{}
 	if _, _, err := none.parseFloating(map[string]string{AnnotationFloatingIP: "auto"}); err == nil || !strings.Contains(err.Error(), "-floating-network") {
 		t.Errorf("no network anywhere: %v", err)
+	}
+}
+
+// A floating IP points at the pod's IPv4 address whichever family is its
+// first; an IPv6-only pod has none to point at.
+func TestFixedIPv4(t *testing.T) {
+	for _, c := range []struct {
+		address string
+		all     []string
+		want    string
+	}{
+		{"10.0.0.5", nil, "10.0.0.5"}, // written before dual-stack
+		{"10.0.0.5", []string{"10.0.0.5", "fd00::5"}, "10.0.0.5"},
+		{"fd00::5", []string{"fd00::5", "10.0.0.5"}, "10.0.0.5"},
+		{"fd00::5", []string{"fd00::5"}, ""},
+		{"", nil, ""},
+	} {
+		a, ok := fixedIPv4(&v1alpha1.PodAddress{Spec: v1alpha1.PodAddressSpec{Address: c.address, Addresses: c.all}})
+		if ok != (c.want != "") || ok && a.String() != c.want {
+			t.Errorf("%s %q: %v %v, want %q", c.address, c.all, a, ok, c.want)
+		}
 	}
 }

@@ -131,19 +131,22 @@ func (r *ClusterReader) Read(ctx context.Context) (*leaks.Cluster, error) {
 	err = eachItem(ctx, func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) { return r.pas.List(ctx, o) },
 		func(obj runtime.Object) error {
 			pa := obj.(*v1alpha1.PodAddress)
-			a, err := netip.ParseAddr(pa.Spec.Address)
-			if err != nil {
-				return nil
-			}
 			pod := pa.Spec.PodNamespace + "/" + pa.Spec.PodName
 			uid, live := uids[pod]
 			live = live && (pa.Spec.PodUID == "" || pa.Spec.PodUID == uid)
-			// Two PodAddresses of one address (a pod re-created on another
-			// node while the old one's is not yet deleted): the live one wins.
-			if old, ok := c.Addresses[a]; ok && old.Live {
-				return nil
+			// Every family's address is the pod's: a dual-stack pod's
+			// IPv6 address is in addresses only. One that does not parse
+			// (the agent never writes such) names nothing.
+			addrs, _ := k8s.AddressesOf(pa)
+			for _, a := range addrs {
+				// Two PodAddresses of one address (a pod re-created on
+				// another node while the old one's is not yet deleted):
+				// the live one wins.
+				if old, ok := c.Addresses[a]; ok && old.Live {
+					continue
+				}
+				c.Addresses[a] = leaks.PodAddress{Name: pa.Name, Pod: pod, Node: pa.Spec.Node, Live: live}
 			}
-			c.Addresses[a] = leaks.PodAddress{Name: pa.Name, Pod: pod, Node: pa.Spec.Node, Live: live}
 			return nil
 		})
 	if err != nil {
@@ -152,7 +155,8 @@ func (r *ClusterReader) Read(ctx context.Context) (*leaks.Cluster, error) {
 	err = eachItem(ctx, func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) { return r.ars.List(ctx, o) },
 		func(obj runtime.Object) error {
 			ar := obj.(*v1alpha1.AddressReservation)
-			if a, err := netip.ParseAddr(ar.Spec.Address); err == nil {
+			addrs, _ := k8s.ReservedAddressesOf(ar)
+			for _, a := range addrs {
 				c.Reservations[a] = ar.Namespace + "/" + ar.Name
 			}
 			return nil

@@ -141,8 +141,9 @@ func (o *Orphans) reconcile(ctx context.Context, name string) (time.Duration, er
 	o.forget(name)
 	if err == nil {
 		o.released.Add(1)
+		addrs, _ := k8s.AddressesOf(pa)
 		o.log.Info("pod is gone: its address goes back to the node's pool", "pod", s.PodNamespace+"/"+s.PodName,
-			"address", s.Address, "node", s.Node, "podaddress", name, "gone_for", time.Since(since).Round(time.Second))
+			"addresses", addrs, "node", s.Node, "podaddress", name, "gone_for", time.Since(since).Round(time.Second))
 	}
 	return 0, nil
 }

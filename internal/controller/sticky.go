@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -24,6 +25,7 @@ import (
 	"k8s.io/client-go/util/workqueue"
 
 	"github.com/vpcni/vpcni/internal/apis/vpcni/v1alpha1"
+	"github.com/vpcni/vpcni/internal/family"
 	"github.com/vpcni/vpcni/internal/k8s"
 )
 
@@ -321,91 +323,150 @@ func (k *StickyKeeper) reconcile(ctx context.Context, key string) (time.Duration
 			return 0, fmt.Errorf("delete AddressReservation %s: %w", key, err)
 		}
 		k.deleted.Add(1)
-		k.log.Info("AddressReservation deleted", "pod", key, "address", ar.Spec.Address, "why", why)
+		reserved, _ := k8s.ReservedAddressesOf(ar)
+		k.log.Info("AddressReservation deleted", "pod", key, "addresses", reserved, "why", why)
 		return 0, nil
 	}
 	pa := k.podAddressOf(pod, key)
-	addr := ""
+	var held []netip.Addr // the pod's addresses now, first family first
 	if pa != nil {
-		addr = pa.Spec.Address
+		held, _ = k8s.AddressesOf(pa)
 	}
 	if ar == nil {
 		if pod == nil {
 			return 0, nil // a pod never seen gets its reservation when it appears
 		}
 		ar = &v1alpha1.AddressReservation{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
-			Spec: v1alpha1.AddressReservationSpec{StatefulSet: set, Ordinal: ordinal, Address: addr}}
+			Spec: v1alpha1.AddressReservationSpec{StatefulSet: set, Ordinal: ordinal}}
 		if pa != nil {
-			ar.Spec.Node, ar.Spec.Port = pa.Spec.Node, pa.Spec.ProviderPort
+			ar.Spec, _ = recordAddresses(ar.Spec, held, pa.Spec.Node, pa.Spec.ProviderPort)
 		}
 		if err := k.res.Create(ctx, ar); err != nil && !apierrors.IsAlreadyExists(err) {
 			return 0, fmt.Errorf("create AddressReservation %s: %w", key, err)
 		}
 		k.created.Add(1)
-		k.log.Info("AddressReservation created", "pod", key, "statefulSet", set, "address", addr)
+		k.log.Info("AddressReservation created", "pod", key, "statefulSet", set, "addresses", held)
 		return 0, nil
 	}
-	// Where the address is now: the pod's PodAddress, when it has the
-	// reserved address (or the reservation none yet).
-	if pa != nil && (ar.Spec.Address == "" || ar.Spec.Address == addr) &&
-		(ar.Spec.Address != addr || ar.Spec.Node != pa.Spec.Node || ar.Spec.Port != pa.Spec.ProviderPort) {
-		up := ar.DeepCopy()
-		up.Spec.Address, up.Spec.Node, up.Spec.Port = addr, pa.Spec.Node, pa.Spec.ProviderPort
-		if err := k.res.Update(ctx, up); err != nil {
-			return 0, fmt.Errorf("record %s on node %s in AddressReservation %s: %w", addr, pa.Spec.Node, key, err)
+	// Where the addresses are now: the pod's PodAddress, when it holds
+	// every reserved address (or the reservation none yet).
+	if pa != nil {
+		if spec, changed := recordAddresses(ar.Spec, held, pa.Spec.Node, pa.Spec.ProviderPort); changed {
+			up := ar.DeepCopy()
+			up.Spec = spec
+			if err := k.res.Update(ctx, up); err != nil {
+				return 0, fmt.Errorf("record %v on node %s in AddressReservation %s: %w", held, pa.Spec.Node, key, err)
+			}
+			if ar.Spec.Address == "" && spec.Address != "" {
+				k.recorded.Add(1)
+			}
+			k.log.Info("AddressReservation updated", "pod", key, "addresses", held, "node", pa.Spec.Node, "port", pa.Spec.ProviderPort)
+			return 0, nil
 		}
-		if ar.Spec.Address == "" {
-			k.recorded.Add(1)
-		}
-		k.log.Info("AddressReservation updated", "pod", key, "address", addr, "node", pa.Spec.Node, "port", pa.Spec.ProviderPort)
-		return 0, nil
 	}
-	if pa == nil && ar.Spec.Address != "" && ar.Spec.Node != "" {
+	if reserved, _ := k8s.ReservedAddressesOf(ar); pa == nil && len(reserved) > 0 && ar.Spec.Node != "" {
 		return k.takeOver(ctx, ar)
 	}
 	return 0, nil
+}
+
+// recordAddresses is the reservation once it records the pod's addresses
+// (held, its PodAddress's, first family first) and where they are now
+// (node, port), and whether that is a change to write. Nothing changes
+// unless the PodAddress holds every address already reserved: a pod
+// that got other addresses (its ADD did not see the reservation yet)
+// does not move the reservation, which keeps its own.
+//
+// Address is the first address recorded and never changes (the CRD's
+// rule); addresses is written once the pod has more than one — a
+// dual-stack pod's, including a family a reservation recorded before
+// dual-stack did not have yet — in the PodAddress's order. A
+// single-family reservation keeps address alone, as a controller before
+// dual-stack wrote it and still reads and updates it.
+func recordAddresses(s v1alpha1.AddressReservationSpec, held []netip.Addr, node, port string) (v1alpha1.AddressReservationSpec, bool) {
+	reserved, err := k8s.ReservedAddressesOf(&v1alpha1.AddressReservation{Spec: s})
+	if err != nil {
+		return s, false // the CRD refuses such: nothing to compare it with
+	}
+	for _, r := range reserved {
+		if !slices.Contains(held, r) {
+			return s, false
+		}
+	}
+	fams := map[family.Family]bool{}
+	for _, a := range held {
+		if fams[family.Of(a)] {
+			return s, false // one address per family: the CRD refuses two
+		}
+		fams[family.Of(a)] = true
+	}
+	out := s
+	out.Node, out.Port = node, port
+	if out.Address == "" && len(held) > 0 {
+		out.Address = held[0].String()
+	}
+	if len(held) > 1 || len(s.Addresses) > 0 {
+		out.Addresses = k8s.AddressStrings(held)
+	}
+	changed := out.Address != s.Address || !slices.Equal(out.Addresses, s.Addresses) || out.Node != s.Node || out.Port != s.Port
+	return out, changed
 }
 
 // EventStickyAddressStuck is the Warning on a sticky pod whose reserved
 // address a dead node holds while the controller cannot take it off.
 const EventStickyAddressStuck = "VpcniStickyAddressStuck"
 
-// takeOver frees a reserved address held by a node that is dead, so the
-// node the pod starts on next can take it: off the dead node's port (the
-// marked fixed IP, If-Match), then the reservation forgets the node. A
-// node not dead yet is looked at again when its grace ends.
+// takeOver frees the reserved addresses held by a node that is dead, so
+// the node the pod starts on next can take them: off the dead node's port
+// (the marked fixed IPs, If-Match; every family's in one write), then the
+// reservation forgets the node. A node not dead yet is looked at again
+// when its grace ends.
 func (k *StickyKeeper) takeOver(ctx context.Context, ar *v1alpha1.AddressReservation) (time.Duration, error) {
 	wait, why := k.dead(ar.Spec.Node)
 	if wait > 0 || why == "" {
 		return wait, nil
 	}
 	key := ar.Namespace + "/" + ar.Name
-	if k.opts.Cloud == nil {
-		k.log.Warn("reserved address held by a dead node: no -cloud-config to take it off its port; the pod's ADDs fail with CNI error 11 until the node gives it back",
-			"pod", key, "address", ar.Spec.Address, "node", ar.Spec.Node, "why", why)
-		k.recorder.Eventf(&corev1.ObjectReference{Kind: "Pod", APIVersion: "v1", Namespace: ar.Namespace, Name: ar.Name}, corev1.EventTypeWarning, EventStickyAddressStuck,
-			"the pod's reserved address %s is held by node %s, which is dead (%s), and vpcni-controller has no -cloud-config to take it off that node's port: the pod's ADDs fail (CNI error 11) until the node gives it back — give the controller -cloud-config (an openstack section with subnetID, or an aws section), bring the node back, or delete AddressReservation %s to let the pod take another address",
-			ar.Spec.Address, ar.Spec.Node, why, key)
-		return 0, nil
-	}
-	if ar.Spec.Port == "" {
-		return 0, fmt.Errorf("reserved address %s of %s: node %s is dead (%s) but the reservation names no port to take it from", ar.Spec.Address, key, ar.Spec.Node, why)
-	}
-	a, err := netip.ParseAddr(ar.Spec.Address)
+	reserved, err := k8s.ReservedAddressesOf(ar)
 	if err != nil {
 		return 0, fmt.Errorf("AddressReservation %s: %w", key, err)
 	}
-	if err := k.opts.Cloud.TakeOff(ctx, ar.Spec.Port, []netip.Addr{a}); err != nil {
-		return 0, fmt.Errorf("take %s off dead node %s's port %s: %w", a, ar.Spec.Node, ar.Spec.Port, err)
+	if len(reserved) == 0 {
+		return 0, nil // nothing recorded: nothing held
+	}
+	words := addressWords(reserved)
+	if k.opts.Cloud == nil {
+		k.log.Warn("reserved address held by a dead node: no -cloud-config to take it off its port; the pod's ADDs fail with CNI error 11 until the node gives it back",
+			"pod", key, "addresses", reserved, "node", ar.Spec.Node, "why", why)
+		k.recorder.Eventf(&corev1.ObjectReference{Kind: "Pod", APIVersion: "v1", Namespace: ar.Namespace, Name: ar.Name}, corev1.EventTypeWarning, EventStickyAddressStuck,
+			"the pod's reserved %s held by node %s, which is dead (%s), and vpcni-controller has no -cloud-config to take it off that node's port: the pod's ADDs fail (CNI error 11) until the node gives it back — give the controller -cloud-config (an openstack section with subnetID, or an aws section), bring the node back, or delete AddressReservation %s to let the pod take another address",
+			words, ar.Spec.Node, why, key)
+		return 0, nil
+	}
+	if ar.Spec.Port == "" {
+		return 0, fmt.Errorf("reserved %s of %s: node %s is dead (%s) but the reservation names no port to take it from", words, key, ar.Spec.Node, why)
+	}
+	if err := k.opts.Cloud.TakeOff(ctx, ar.Spec.Port, reserved); err != nil {
+		return 0, fmt.Errorf("take %v off dead node %s's port %s: %w", reserved, ar.Spec.Node, ar.Spec.Port, err)
 	}
 	up := ar.DeepCopy()
 	up.Spec.Node, up.Spec.Port = "", ""
 	if err := k.res.Update(ctx, up); err != nil {
-		return 0, fmt.Errorf("AddressReservation %s: %s was taken off node %s's port, but the reservation still names it: %w", key, a, ar.Spec.Node, err)
+		return 0, fmt.Errorf("AddressReservation %s: %v was taken off node %s's port, but the reservation still names it: %w", key, reserved, ar.Spec.Node, err)
 	}
 	k.takenOver.Add(1)
-	k.log.Info("reserved address taken off a dead node's port", "pod", key, "address", a, "node", ar.Spec.Node, "port", ar.Spec.Port, "why", why)
+	k.log.Info("reserved address taken off a dead node's port", "pod", key, "addresses", reserved, "node", ar.Spec.Node, "port", ar.Spec.Port, "why", why)
 	return 0, nil
+}
+
+// addressWords names reserved addresses in a message: "address 10.0.0.7
+// is", "addresses 10.0.0.7 and fd00::7 are".
+func addressWords(addrs []netip.Addr) string {
+	s := k8s.AddressStrings(addrs)
+	if len(s) == 1 {
+		return "address " + s[0] + " is"
+	}
+	return "addresses " + strings.Join(s, " and ") + " are"
 }
 
 func readyCondition(n *corev1.Node) *corev1.NodeCondition {

@@ -4,6 +4,8 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"net/netip"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -151,5 +153,66 @@ func TestStuckStickyAddressEvent(t *testing.T) {
 		}
 	default:
 		t.Fatal("no event for the stuck address")
+	}
+	// A dual-stack pod's reservation: the Warning names both addresses.
+	dual := ar.DeepCopy()
+	dual.Name, dual.Spec.Addresses = "pg-1", []string{"10.0.0.7", "fd00::7"}
+	if _, err := k.takeOver(context.Background(), dual); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case e := <-rec.Events:
+		if !strings.Contains(e, "addresses 10.0.0.7 and fd00::7 are held by node n9") {
+			t.Errorf("event %q does not name both addresses", e)
+		}
+	default:
+		t.Fatal("no event for the stuck dual-stack addresses")
+	}
+}
+
+// What the keeper writes into a reservation from the pod's PodAddress:
+// the first address once, every family's once the pod has more than one
+// (a reservation from before dual-stack gains the family it lacked), the
+// node and port following the pod — and nothing while the PodAddress does
+// not hold every reserved address.
+func TestRecordAddresses(t *testing.T) {
+	addrs := func(s ...string) []netip.Addr {
+		var out []netip.Addr
+		for _, a := range s {
+			out = append(out, netip.MustParseAddr(a))
+		}
+		return out
+	}
+	spec := func(addr string, all ...string) v1alpha1.AddressReservationSpec {
+		return v1alpha1.AddressReservationSpec{StatefulSet: "pg", Address: addr, Addresses: all, Node: "n1", Port: "p1"}
+	}
+	for _, c := range []struct {
+		name    string
+		s       v1alpha1.AddressReservationSpec
+		held    []netip.Addr
+		node    string
+		want    v1alpha1.AddressReservationSpec
+		changed bool
+	}{
+		{"IPv4 pod, nothing recorded yet", spec(""), addrs("10.0.0.7"), "n1", spec("10.0.0.7"), true},
+		{"IPv4 pod, recorded, same node", spec("10.0.0.7"), addrs("10.0.0.7"), "n1", spec("10.0.0.7"), false},
+		{"IPv4 pod moved node", spec("10.0.0.7"), addrs("10.0.0.7"), "n2",
+			v1alpha1.AddressReservationSpec{StatefulSet: "pg", Address: "10.0.0.7", Node: "n2", Port: "p1"}, true},
+		{"IPv4 pod got another address", spec("10.0.0.7"), addrs("10.0.0.9"), "n2", spec("10.0.0.7"), false},
+		{"IPv6-only pod", spec(""), addrs("fd00::7"), "n1", spec("fd00::7"), true},
+		{"dual-stack pod, nothing recorded yet", spec(""), addrs("10.0.0.7", "fd00::7"), "n1", spec("10.0.0.7", "10.0.0.7", "fd00::7"), true},
+		{"dual-stack pod, IPv6 first", spec(""), addrs("fd00::7", "10.0.0.7"), "n1", spec("fd00::7", "fd00::7", "10.0.0.7"), true},
+		{"dual-stack pod, recorded", spec("10.0.0.7", "10.0.0.7", "fd00::7"), addrs("10.0.0.7", "fd00::7"), "n1", spec("10.0.0.7", "10.0.0.7", "fd00::7"), false},
+		{"reservation from before dual-stack gains IPv6", spec("10.0.0.7"), addrs("10.0.0.7", "fd00::7"), "n1", spec("10.0.0.7", "10.0.0.7", "fd00::7"), true},
+		{"dual-stack pod back with a new IPv6 address", spec("10.0.0.7", "10.0.0.7", "fd00::7"), addrs("10.0.0.7", "fd00::9"), "n2",
+			spec("10.0.0.7", "10.0.0.7", "fd00::7"), false},
+		{"dual-stack reservation, pod back with IPv4 alone", spec("10.0.0.7", "10.0.0.7", "fd00::7"), addrs("10.0.0.7"), "n2",
+			spec("10.0.0.7", "10.0.0.7", "fd00::7"), false},
+		{"two addresses of one family (refused by the CRD)", spec(""), addrs("10.0.0.7", "10.0.0.8"), "n1", spec(""), false},
+	} {
+		got, changed := recordAddresses(c.s, c.held, c.node, "p1")
+		if !reflect.DeepEqual(got, c.want) || changed != c.changed {
+			t.Errorf("%s:\n got %+v (changed %v)\nwant %+v (changed %v)", c.name, got, changed, c.want, c.changed)
+		}
 	}
 }

@@ -212,7 +212,7 @@ func TestPodAddressClient(t *testing.T) {
 	if err != nil {
 		t.Fatalf("get: %v", err)
 	}
-	if want := (v1alpha1.PodAddressSpec{Node: "n1", PodNamespace: "default", PodName: "web-1", ContainerID: "c-web-1", IfName: "eth0", Address: "10.0.0.9"}); pa.Spec != want || pa.UID != "uid-pa-old" {
+	if want := (v1alpha1.PodAddressSpec{Node: "n1", PodNamespace: "default", PodName: "web-1", ContainerID: "c-web-1", IfName: "eth0", Address: "10.0.0.9"}); !reflect.DeepEqual(pa.Spec, want) || pa.UID != "uid-pa-old" {
 		t.Fatalf("get: %+v", pa)
 	}
 	if _, err := c.Get(ctx, "pa-none"); !apierrors.IsNotFound(err) {

@@ -53,7 +53,7 @@ func TestPodAddressWireShape(t *testing.T) {
 	}
 	want := spec
 	want.ProviderPort = "port-1"
-	if pa.Spec != want || pa.Name != PodAddressName("n1", "abc", "eth0") || pa.UID != "9c1d" || pa.Labels[LabelNode] != "n1" {
+	if !reflect.DeepEqual(pa.Spec, want) || pa.Name != PodAddressName("n1", "abc", "eth0") || pa.UID != "9c1d" || pa.Labels[LabelNode] != "n1" {
 		t.Fatalf("read back: %+v", pa)
 	}
 	if keys, _ := PodIndex(&pa); len(keys) != 1 || keys[0] != "default/web-0" {
@@ -61,6 +61,19 @@ func TestPodAddressWireShape(t *testing.T) {
 	}
 	if keys, err := PodIndex(&corev1.Pod{}); len(keys) != 0 || err != nil {
 		t.Fatalf("pod index of a pod: %v, %v", keys, err)
+	}
+
+	// A dual-stack pod's object: address and gateway are its first
+	// family's, as an older reader expects; addresses and gateways all.
+	dual := `{"apiVersion":"vpcni.io/v1alpha1","kind":"PodAddress","metadata":{"name":"pa-1"},
+		"spec":{"node":"n1","podNamespace":"default","podName":"web-0","containerID":"abc","ifName":"eth0",
+		"address":"10.0.0.5","addresses":["10.0.0.5","fd00::5"],"gateway":"169.254.1.1","gateways":["169.254.1.1","fe80::1"]}}`
+	var pd v1alpha1.PodAddress
+	if err := json.Unmarshal([]byte(dual), &pd); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := AddressesOf(&pd); err != nil || len(got) != 2 || got[1].String() != "fd00::5" || pd.Spec.Gateways[1] != "fe80::1" {
+		t.Fatalf("dual-stack read back: %v %v %+v", got, err, pd.Spec)
 	}
 }
 

@@ -12,7 +12,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/netip"
 	"regexp"
 	"strconv"
 	"strings"
@@ -37,11 +36,17 @@ import (
 	"github.com/vpcni/vpcni/internal/k8s"
 )
 
-// Annotations the agent writes on pods (like kube-ovn's) and nodes.
+// Annotations the agent writes on pods (like kube-ovn's) and nodes. A
+// dual-stack pod's ip-address and gateway are its first family's (the
+// agent's ipFamilies order), so a reader of one address still reads one;
+// ip-addresses and gateways list all of them, comma-separated, first
+// family first (a single-family pod's list has its one address).
 const (
 	AnnotationIP           = "vpcni.io/ip-address"
+	AnnotationIPs          = "vpcni.io/ip-addresses"
 	AnnotationMAC          = "vpcni.io/mac-address"
 	AnnotationGateway      = "vpcni.io/gateway"
+	AnnotationGateways     = "vpcni.io/gateways"
 	AnnotationInterface    = "vpcni.io/interface"
 	AnnotationProviderPort = "vpcni.io/provider-port"
 
@@ -443,57 +448,6 @@ func (n *Node) confirmGone(ctx context.Context, att *alloc.Allocation, name stri
 	return true, nil
 }
 
-// spec is the attachment's PodAddress. Its pod UID is the API's (for a
-// static pod, its mirror pod's), which vpcni-controller compares.
-func (n *Node) spec(att *alloc.Allocation, pod *corev1.Pod) v1alpha1.PodAddressSpec {
-	uid := att.PodUID
-	if pod != nil {
-		uid = string(pod.UID)
-	}
-	return v1alpha1.PodAddressSpec{
-		Node: n.name, PodNamespace: att.PodNamespace, PodName: att.PodName, PodUID: uid,
-		ContainerID: att.ContainerID, IfName: att.IfName, Address: att.Address.String(),
-		MAC: att.PodMAC(), Gateway: addrString(att.PodGateway()), ProviderPort: n.agent.ProviderPort(),
-	}
-}
-
-// annotate writes the pod's network facts, if they differ.
-func (n *Node) annotate(ctx context.Context, pod *corev1.Pod, att *alloc.Allocation) error {
-	want := map[string]string{
-		AnnotationIP:           att.Address.String(),
-		AnnotationMAC:          att.PodMAC(),
-		AnnotationGateway:      addrString(att.PodGateway()),
-		AnnotationInterface:    att.IfName,
-		AnnotationProviderPort: n.agent.ProviderPort(),
-	}
-	// What is not known yet (a record whose wiring is still being
-	// written, a provider not connected) is left as the pod has it: the
-	// agent queues the pod again once it knows.
-	for k, v := range want {
-		if v == "" {
-			delete(want, k)
-		}
-	}
-	same := true
-	for k, v := range want {
-		if pod.Annotations[k] != v {
-			same = false
-		}
-	}
-	if same {
-		return nil
-	}
-	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": want}})
-	_, err := n.cs.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.MergePatchType, patch, metav1.PatchOptions{})
-	if apierrors.IsNotFound(err) {
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("annotate pod %s/%s: %w", pod.Namespace, pod.Name, err)
-	}
-	return nil
-}
-
 // Changed implements agent.Cluster.
 func (n *Node) Changed(containerID, ifName string) { n.queue.Add(attKey{containerID, ifName}) }
 
@@ -715,12 +669,4 @@ func sameMap(a, b map[string]string) bool {
 		}
 	}
 	return true
-}
-
-// addrString is an address as annotations write it; "" when unknown.
-func addrString(a netip.Addr) string {
-	if !a.IsValid() {
-		return ""
-	}
-	return a.String()
 }

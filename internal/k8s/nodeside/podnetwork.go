@@ -1,6 +1,9 @@
 package nodeside
 
 import (
+	"net/netip"
+	"strings"
+
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 
@@ -38,8 +41,21 @@ func (n *Node) warnNetworkNotServed(pod *corev1.Pod, att *alloc.Allocation) {
 	if att.PodNetwork != "" {
 		has = "PodNetwork " + att.PodNetwork
 	}
-	n.log.Warn("pod's address is not of its PodNetwork", "pod", pod.Namespace+"/"+pod.Name, "network", network, "has", has)
+	n.log.Warn("pod's address is not of its PodNetwork", "pod", pod.Namespace+"/"+pod.Name, "addresses", att.Addresses(), "network", network, "has", has)
 	n.recorder.Eventf(pod, corev1.EventTypeWarning, EventPodNetworkNotServed,
-		"the pod names PodNetwork %s (%s) but its address %s on %s is of %s, with that network's subnet and security groups (it started before vpcnid served PodNetworks, or the annotation changed after it started): recreate the pod to move it",
-		network, v1alpha1.AnnotationNetwork, att.Address, n.name, has)
+		"the pod names PodNetwork %s (%s) but its %s on %s is of %s, with that network's subnet and security groups (it started before vpcnid served PodNetworks, or the annotation changed after it started): recreate the pod to move it",
+		network, v1alpha1.AnnotationNetwork, addressWords(att.Addresses()), n.name, has)
+}
+
+// addressWords names a pod's addresses in a message: "address 10.0.0.5",
+// "addresses 10.0.0.5 and fd00::5".
+func addressWords(addrs []netip.Addr) string {
+	s := make([]string, len(addrs))
+	for i, a := range addrs {
+		s[i] = a.String()
+	}
+	if len(s) == 1 {
+		return "address " + s[0]
+	}
+	return "addresses " + strings.Join(s, " and ")
 }

@@ -3,6 +3,7 @@ package nodeside
 import (
 	"io"
 	"log/slog"
+	"net/netip"
 	"strings"
 	"testing"
 
@@ -45,16 +46,20 @@ func TestPodNetworkNotServedWarnedOnce(t *testing.T) {
 		log: slog.New(slog.NewTextHandler(io.Discard, nil)), agent: podsAgent{atts: []*alloc.Allocation{att("web"), att("plain")}}}
 	onNet := att("served")
 	onNet.PodNetwork = "web-net"
+	dual := att("web") // a dual-stack pod: the Warning names both addresses
+	dual.Address = netip.MustParseAddr("10.0.0.5")
+	dual.Others = []alloc.Lease{{Address: netip.MustParseAddr("fd00::5")}}
 	for range 3 {
-		n.warnNetworkNotServed(web, att("web"))
+		n.warnNetworkNotServed(web, dual)
 		n.warnNetworkNotServed(plain, att("plain"))
 		n.warnNetworkNotServed(served, onNet)
 	}
 	if len(rec.Events) != 1 {
 		t.Fatalf("%d events, want 1", len(rec.Events))
 	}
-	if ev := <-rec.Events; !strings.Contains(ev, "Warning "+EventPodNetworkNotServed) || !strings.Contains(ev, "web-net") {
-		t.Errorf("event %q, want a %s Warning naming web-net", ev, EventPodNetworkNotServed)
+	if ev := <-rec.Events; !strings.Contains(ev, "Warning "+EventPodNetworkNotServed) || !strings.Contains(ev, "web-net") ||
+		!strings.Contains(ev, "addresses 10.0.0.5 and fd00::5") {
+		t.Errorf("event %q, want a %s Warning naming web-net and both addresses", ev, EventPodNetworkNotServed)
 	}
 	if _, err := n.unrequested(); err != nil || len(n.notServed) != 1 {
 		t.Fatalf("with its address held: %d pods remembered (%v), want 1", len(n.notServed), err)

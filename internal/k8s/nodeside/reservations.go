@@ -36,20 +36,35 @@ func NewReservations(cfg *rest.Config) (*Reservations, error) {
 // Run watches until ctx ends.
 func (r *Reservations) Run(ctx context.Context) { r.inf.Run(ctx.Done()) }
 
-// Reserved reports pod namespace/name's reservation and its address
-// (invalid while none is recorded, or when the recorded one does not
-// parse: the CRD's schema refuses that). Before the first list arrived it
-// knows of no reservation: a sticky pod added then gets a fresh address
-// this once, rather than every ADD of the node waiting on the API server.
+// Reserved reports pod namespace/name's reservation and its address of
+// the first family (invalid while none is recorded, or when the recorded
+// one does not parse: the CRD's schema refuses that). Before the first
+// list arrived it knows of no reservation: a sticky pod added then gets a
+// fresh address this once, rather than every ADD of the node waiting on
+// the API server. A dual-stack pod's other reserved addresses are in
+// ReservedAddresses.
 func (r *Reservations) Reserved(namespace, name string) (netip.Addr, bool) {
+	addrs, ok := r.ReservedAddresses(namespace, name)
+	if len(addrs) == 0 {
+		return netip.Addr{}, ok
+	}
+	return addrs[0], ok
+}
+
+// ReservedAddresses reports pod namespace/name's reservation and every
+// address it holds, first family first: one per family the pod had when
+// it was recorded (none while nothing is recorded; a reservation recorded
+// before dual-stack holds its one address). An entry that does not parse
+// is left out (the CRD's schema refuses one).
+func (r *Reservations) ReservedAddresses(namespace, name string) ([]netip.Addr, bool) {
 	obj, ok, _ := r.inf.GetStore().GetByKey(namespace + "/" + name)
 	if !ok {
-		return netip.Addr{}, false
+		return nil, false
 	}
 	ar, ok := obj.(*v1alpha1.AddressReservation)
 	if !ok {
-		return netip.Addr{}, false
+		return nil, false
 	}
-	a, _ := netip.ParseAddr(ar.Spec.Address)
-	return a, true
+	addrs, _ := k8s.ReservedAddressesOf(ar)
+	return addrs, true
 }

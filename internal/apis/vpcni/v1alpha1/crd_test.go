@@ -76,7 +76,7 @@ func TestCRDKeepsTheWireContract(t *testing.T) {
 		cols = append(cols, col.Name+":"+col.Type+":"+col.JSONPath)
 	}
 	wantCols := []string{"Address:string:.spec.address", "Node:string:.spec.node", "Namespace:string:.spec.podNamespace",
-		"Pod:string:.spec.podName", "Age:date:.metadata.creationTimestamp"}
+		"Pod:string:.spec.podName", "Age:date:.metadata.creationTimestamp", "Addresses:string:.spec.addresses"}
 	if !slices.Equal(cols, wantCols) {
 		t.Errorf("printer columns %q, want %q", cols, wantCols)
 	}
@@ -86,15 +86,25 @@ func TestCRDKeepsTheWireContract(t *testing.T) {
 		t.Errorf("the schema requires %v at the top: it required nothing", root.Required)
 	}
 	spec := root.Properties.Spec
+	// The lists a dual-stack pod's agent writes beside the first address
+	// and gateway; every other field is a string, as it always was.
+	lists := map[string]bool{"addresses": true, "gateways": true}
 	var props []string
 	for name, p := range spec.Properties {
 		props = append(props, name)
-		if p["type"] != "string" {
-			t.Errorf("spec.%s has type %v, want string", name, p["type"])
+		want := "string"
+		if lists[name] {
+			want = "array"
+			if items, _ := p["items"].(map[string]any); items["type"] != "string" || p["maxItems"] != float64(2) {
+				t.Errorf("spec.%s is not a list of at most 2 strings: %v", name, p)
+			}
+		}
+		if p["type"] != want {
+			t.Errorf("spec.%s has type %v, want %s", name, p["type"], want)
 		}
 	}
 	slices.Sort(props)
-	wantProps := []string{"address", "containerID", "gateway", "ifName", "mac", "node", "podName", "podNamespace", "podUID", "providerPort"}
+	wantProps := []string{"address", "addresses", "containerID", "gateway", "gateways", "ifName", "mac", "node", "podName", "podNamespace", "podUID", "providerPort"}
 	if spec.Type != "object" || !slices.Equal(props, wantProps) {
 		t.Errorf("spec (%s) has fields %q, want %q", spec.Type, props, wantProps)
 	}

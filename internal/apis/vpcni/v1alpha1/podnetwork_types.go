@@ -88,16 +88,18 @@ type OpenStackPodNetwork struct {
 
 // StaticPodNetwork is ranges of the operator's own.
 type StaticPodNetwork struct {
-	// Ranges are the IPv4 prefixes (CIDR) the pods' addresses come from.
+	// Ranges are the prefixes (CIDR) the pods' addresses come from, IPv4
+	// or IPv6; a dual-stack pod takes one address of each family from
+	// them.
 	// +kubebuilder:validation:MinItems=1
 	// +kubebuilder:validation:MaxItems=64
-	// +kubebuilder:validation:items:MaxLength=18
-	// +kubebuilder:validation:items:XValidation:rule="isCIDR(self) && cidr(self).ip().family() == 4",message="each range must be an IPv4 prefix such as 10.30.0.0/24"
+	// +kubebuilder:validation:items:MaxLength=43
+	// +kubebuilder:validation:items:XValidation:rule="isCIDR(self) && (cidr(self).ip().family() == 4 || cidr(self).ip().family() == 6)",message="each range must be an IPv4 or IPv6 prefix such as 10.30.0.0/24 or fd00:30::/64"
 	Ranges []string `json:"ranges"`
 	// Gateway is the pods' gateway on the network's segment, for the L2
 	// modes (bridge, macvlan); absent: the routed modes' own.
-	// +kubebuilder:validation:MaxLength=15
-	// +kubebuilder:validation:XValidation:rule="isIP(self) && ip(self).family() == 4",message="gateway must be an IPv4 address"
+	// +kubebuilder:validation:MaxLength=39
+	// +kubebuilder:validation:XValidation:rule="isIP(self) && (ip(self).family() == 4 || ip(self).family() == 6)",message="gateway must be an IPv4 or IPv6 address"
 	// +optional
 	Gateway string `json:"gateway,omitempty"`
 }
