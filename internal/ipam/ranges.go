@@ -63,9 +63,20 @@ func (r Range) reserved(a netip.Addr) bool {
 // All calls yield for every usable address in order until yield says
 // stop. An excluded prefix is stepped over at once, so a large exclusion
 // inside an IPv6 range costs one step, not one per address.
-func (r Range) All(yield func(netip.Addr) bool) {
-	last := lastAddr(r.Prefix)
-	for a := r.Prefix.Addr(); ; a = a.Next() {
+func (r Range) All(yield func(netip.Addr) bool) { r.AllIn(r.Prefix, yield) }
+
+// AllIn is All for the usable addresses inside p (a block of the range,
+// say; all of them if p holds the range).
+func (r Range) AllIn(p netip.Prefix, yield func(netip.Addr) bool) {
+	p = p.Masked()
+	if !p.Overlaps(r.Prefix) {
+		return
+	}
+	if p.Bits() < r.Prefix.Bits() {
+		p = r.Prefix
+	}
+	last := lastAddr(p)
+	for a := p.Addr(); ; a = a.Next() {
 		if e, ok := r.widestExclude(a); ok {
 			end := lastAddr(e)
 			if end.Compare(last) >= 0 {
@@ -97,21 +108,32 @@ func (r Range) widestExclude(a netip.Addr) (netip.Prefix, bool) {
 // Size counts the usable addresses, in closed form (an IPv6 /64 is never
 // walked), saturated at math.MaxInt: a /64 says MaxInt, and a caller that
 // shows a capacity caps it at a number of its own.
-func (r Range) Size() int { return r.count().int() }
+func (r Range) Size() int { return r.countIn(r.Prefix).int() }
 
-// count is Size before saturation: the subnet's addresses, less the union
-// of the exclusions inside it (prefixes either nest or are apart, so the
-// union is the outermost ones), less the reserved addresses and the
-// gateway where no exclusion took them already.
-func (r Range) count() num {
+// SizeIn counts the usable addresses inside p (a block of the range, say;
+// all of them if p holds the range), as Size does.
+func (r Range) SizeIn(p netip.Prefix) int { return r.countIn(p).int() }
+
+// countIn is SizeIn before saturation: p's addresses, less the union of
+// the exclusions inside it (prefixes either nest or are apart, so the
+// union is the outermost ones), less the range's reserved addresses and
+// gateway where they lie in p and no exclusion took them already.
+func (r Range) countIn(p netip.Prefix) num {
+	p = p.Masked()
+	if !p.Overlaps(r.Prefix) {
+		return num{}
+	}
+	if p.Bits() < r.Prefix.Bits() {
+		p = r.Prefix
+	}
 	var in []netip.Prefix
 	for _, e := range r.Exclude {
 		e = e.Masked()
-		if !e.Overlaps(r.Prefix) {
+		if !e.Overlaps(p) {
 			continue
 		}
-		if e.Bits() <= r.Prefix.Bits() {
-			return num{} // it covers the whole range
+		if e.Bits() <= p.Bits() {
+			return num{} // it covers all of p
 		}
 		in = append(in, e)
 	}
@@ -123,7 +145,7 @@ func (r Range) count() num {
 		}
 		return x.Bits() - y.Bits()
 	})
-	n := span(r.Prefix)
+	n := span(p)
 	var outer netip.Prefix
 	for _, e := range in {
 		if outer.IsValid() && outer.Contains(e.Addr()) {
@@ -134,7 +156,7 @@ func (r Range) count() num {
 	}
 	var special []netip.Addr
 	for _, a := range []netip.Addr{r.Prefix.Addr(), lastAddr(r.Prefix), r.Gateway} {
-		if (a == r.Gateway || r.reserved(a)) && !slices.Contains(special, a) {
+		if (a == r.Gateway || r.reserved(a)) && p.Contains(a) && !slices.Contains(special, a) {
 			special = append(special, a)
 		}
 	}

@@ -171,3 +171,57 @@ func TestRangeV6SizeMatchesUsable(t *testing.T) {
 		}
 	})
 }
+
+// SizeIn of a block agrees with counting the block's usable addresses,
+// for blocks of IPv4 and IPv6 ranges with exclusions and reserved
+// addresses at either end; a prefix holding the range counts all of it.
+func TestRangeSizeIn(t *testing.T) {
+	for _, tc := range []struct {
+		r        ipam.Range
+		blockLen int
+	}{
+		{mustRange(t, "10.9.0.0/24", "", "10.9.0.20/32", "10.9.0.64/27", "10.9.0.100/31"), 28},
+		{mustRange(t, "10.9.0.0/24", "10.9.0.77", "10.9.0.0/26"), 26},
+		{mustRange(t, "fd00:9::/112", "", "fd00:9::20/128", "fd00:9::8000/113", "fd00:9::1:0/113", "fd00:9::3000/116"), 116},
+		{mustRange(t, "fd00:9::/120", "fd00:9::ff", "fd00:9::40/122"), 124},
+	} {
+		total := 0
+		for a := tc.r.Prefix.Addr(); tc.r.Prefix.Contains(a); a = a.Next() {
+			block, _ := a.Prefix(tc.blockLen)
+			if a != block.Addr() {
+				continue
+			}
+			n := 0
+			var want []netip.Addr
+			for b := a; block.Contains(b); b = b.Next() {
+				if tc.r.Usable(b) {
+					n++
+					want = append(want, b)
+				}
+			}
+			var got []netip.Addr
+			tc.r.AllIn(block, func(a netip.Addr) bool { got = append(got, a); return true })
+			if !slices.Equal(got, want) {
+				t.Errorf("%s AllIn(%s) = %v, want %v", tc.r.Prefix, block, got, want)
+			}
+			if got := tc.r.SizeIn(block); got != n {
+				t.Errorf("%s SizeIn(%s) = %d, want %d", tc.r.Prefix, block, got, n)
+			}
+			total += n
+		}
+		if total != tc.r.Size() || tc.r.SizeIn(netip.PrefixFrom(tc.r.Prefix.Addr(), tc.r.Prefix.Bits()-1).Masked()) != total {
+			t.Errorf("%s: blocks hold %d, Size %d, SizeIn of a wider prefix %d", tc.r.Prefix, total, tc.r.Size(),
+				tc.r.SizeIn(netip.PrefixFrom(tc.r.Prefix.Addr(), tc.r.Prefix.Bits()-1).Masked()))
+		}
+	}
+	r := mustRange(t, "fd00:9::/64", "")
+	if n := r.SizeIn(netip.MustParsePrefix("fd00:9::/80")); n != 1<<48-2 {
+		t.Errorf("first /80 of a /64: SizeIn %d, want 2^48-2 (anycast, gateway)", n)
+	}
+	if n := r.SizeIn(netip.MustParsePrefix("fd00:9::1:0:0:0/80")); n != 1<<48 {
+		t.Errorf("second /80 of a /64: SizeIn %d, want 2^48", n)
+	}
+	if n := r.SizeIn(netip.MustParsePrefix("10.0.0.0/8")); n != 0 {
+		t.Errorf("another family: SizeIn %d, want 0", n)
+	}
+}

@@ -133,10 +133,15 @@ func (p *Provider) vet(ctx context.Context, picked []netip.Addr) (kept []netip.A
 	// ARP reaches the uplink's own subnets only: an address of a range on
 	// a second NIC (range.nic, another segment) or off the uplink's
 	// subnets (a routed pod subnet, which no host on the segment holds)
-	// is not asked for.
+	// is not asked for. Nor is an IPv6 address: IPv6 has no ARP, and the
+	// probe that would ask (a neighbour solicitation from ::, as duplicate
+	// address detection sends) is not built yet.
 	p.mu.Lock()
 	var onUplink []netip.Addr
 	for _, a := range picked {
+		if !a.Is4() {
+			continue
+		}
 		j := slices.IndexFunc(p.ranges, func(r ipam.Range) bool { return r.Usable(a) })
 		onLink := slices.ContainsFunc(p.ownAddrs, func(o netip.Prefix) bool { return o.Masked().Contains(a) })
 		if j >= 0 && p.nics[j] == nil && onLink {
