@@ -269,7 +269,7 @@ func nicAddress(r Range) string {
 func (p *Provider) Assign(ctx context.Context, req provider.AssignRequest) ([]alloc.Lease, error) {
 	fam := req.Fam()
 	if !p.serves(fam) {
-		return nil, fmt.Errorf("%s has no %s range: %w", p.rangesField(), fam, provider.ErrExhausted)
+		return nil, fmt.Errorf("%s has no %s range: %w", p.rangesField(), name(fam), provider.ErrExhausted)
 	}
 	if p.blocks != nil {
 		return p.assignInBlocks(ctx, req)
@@ -297,7 +297,7 @@ func (p *Provider) Assign(ctx context.Context, req provider.AssignRequest) ([]al
 			if full {
 				errs = append(errs, p.fullError(fam, held))
 			} else {
-				errs = append(errs, fmt.Errorf("static %s ranges are used up (%d of %d addresses held): %w", fam, held, p.capacityOf(fam).Max, provider.ErrExhausted))
+				errs = append(errs, fmt.Errorf("static %s ranges are used up (%d of %d addresses held): %w", name(fam), held, p.capacityOf(fam).Max, provider.ErrExhausted))
 			}
 			break
 		}
