@@ -51,7 +51,7 @@ func TestDualAssignByFamily(t *testing.T) {
 	}
 	// A named address: of the request's family only; an excluded one is
 	// outside the ranges.
-	if _, err := assign(t, p, provider.AssignRequest{Addresses: addrs("fd00:5::99")}); !errors.Is(err, provider.ErrOutside) || !strings.Contains(err.Error(), "not an ipv4 address") {
+	if _, err := assign(t, p, provider.AssignRequest{Addresses: addrs("fd00:5::99")}); !errors.Is(err, provider.ErrOutside) || !strings.Contains(err.Error(), "not an IPv4 address") {
 		t.Errorf("an IPv6 address in an IPv4 request: %v, want ErrOutside", err)
 	}
 	if _, err := assign(t, p, provider.AssignRequest{Addresses: addrs("10.0.0.5"), Family: family.V6}); !errors.Is(err, provider.ErrOutside) {

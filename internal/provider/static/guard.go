@@ -17,11 +17,13 @@ import (
 // Segment is the node's segment as the provider asks of it before an
 // address enters the node's pool (Uplink on a node).
 type Segment interface {
-	// Addresses are the node's own addresses on it now, with their
-	// prefix lengths (the subnets on the segment, which ARP reaches).
+	// Addresses are the node's own addresses on it now, IPv4 and IPv6,
+	// with their prefix lengths (the subnets on the segment: the IPv4
+	// ones are those ARP reaches).
 	Addresses() ([]netip.Prefix, error)
-	// Probe asks who holds addrs and returns those another host answered
-	// for, with the MAC that answered.
+	// Probe asks who holds addrs (IPv4 addresses: it is asked of no
+	// other) and returns those another host answered for, with the MAC
+	// that answered.
 	Probe(ctx context.Context, addrs []netip.Addr) (map[netip.Addr]net.HardwareAddr, error)
 }
 

@@ -323,7 +323,7 @@ func (p *Provider) takeRequested(ctx context.Context, fam family.Family, addrs [
 		why := p.avoided(a)
 		switch {
 		case family.Of(a) != fam:
-			errs = append(errs, fmt.Errorf("%s is not an %s address, which this request is for: %w", a, fam, provider.ErrOutside))
+			errs = append(errs, fmt.Errorf("%s is not an %s address, which this request is for: %w", a, name(fam), provider.ErrOutside))
 		case p.held[a]:
 			errs = append(errs, fmt.Errorf("%s: %w", a, provider.ErrTaken))
 		case !p.usable(a):
