@@ -7,8 +7,9 @@ import (
 )
 
 // Range is a subnet with the addresses that must never go to a pod. It is
-// IPv4 or IPv6; an IPv6 range may be as large as a /64, so nothing here
-// walks a range address by address except All, which its caller stops.
+// IPv4 or IPv6; an IPv6 range may hold 2^64 addresses (a /64) or more, so
+// nothing here walks a range address by address but All and AllIn, which
+// their caller stops.
 type Range struct {
 	Prefix  netip.Prefix
 	Gateway netip.Addr
