@@ -95,8 +95,8 @@ func (o *options) register(fs *flag.FlagSet) (showVersion *bool) {
 	fs.StringVar(&o.webhookSecret, "webhook-secret", "vpcni-webhook-cert", "the Secret, in -lease-namespace, holding the webhook's CA and certificate")
 	fs.StringVar(&o.webhookConfig, "webhook-config", "vpcni", "the MutatingWebhookConfiguration whose caBundle is kept current")
 	fs.DurationVar(&o.certValidity, "cert-validity", 90*24*time.Hour, "lifetime of the webhook's serving certificate (renewed when a third is left; the CA lives four times as long)")
-	fs.StringVar(&o.blockRanges, "block-ranges", "", "comma-separated CIDRs split into per-node blocks (NodeBlocks) for agents in blocks mode (empty: no blocks)")
-	fs.IntVar(&o.blockSize, "block-size", 26, "prefix length of one block, e.g. 26 for 64 addresses")
+	fs.StringVar(&o.blockRanges, "block-ranges", "", "comma-separated CIDRs, all IPv4 or all IPv6, split into per-node blocks (NodeBlocks) for agents in blocks mode (empty: no blocks)")
+	fs.IntVar(&o.blockSize, "block-size", 26, "prefix length of one block, e.g. 26 for 64 addresses (IPv6: e.g. 80 for a /64 of -block-ranges, 120 for a /112)")
 	fs.DurationVar(&o.stickyGrace, "sticky-dead-node-grace", time.Minute, "how long a Node must be gone or not Ready before the controller takes a sticky pod's address off its port (needs -cloud-config)")
 	fs.BoolVar(&o.stickyIPs, "sticky-ips", true, "keep AddressReservations for the pods of StatefulSets annotated vpcni.io/sticky-ip: \"true\" (needs the AddressReservation CRD)")
 	fs.DurationVar(&o.blockGrace, "block-reclaim-grace", 5*time.Minute, "how long a Node must be gone before its blocks are given back (once no PodAddress of it uses them)")
@@ -186,6 +186,10 @@ func run(o options, log *slog.Logger) error {
 		if fc.HasRoutes() {
 			if blocks == nil {
 				return errors.New("-cloud-config's routes section routes the nodes' blocks: it needs -block-ranges")
+			}
+			if blocks.Ranges[0].Addr().Is6() {
+				// A block's route goes to its node's IPv4 InternalIP.
+				return errors.New("-cloud-config's routes section routes IPv4 blocks only: -block-ranges is IPv6")
 			}
 			routesCfg = fc.Routes
 		}

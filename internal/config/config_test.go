@@ -71,7 +71,8 @@ func TestValidateNamesEveryBadField(t *testing.T) {
 			{CIDR: "10.0.1.7/24", Gateway: "10.9.9.9", Exclude: []string{"10.0.1.5", "bogus", "10.0.1.0/28"}},
 			{CIDR: "not-a-cidr"},
 			{CIDR: "10.0.0.0/8"},
-			{CIDR: "fd00::/64"},
+			{CIDR: "fd00::/32"},
+			{CIDR: "fd00:1::/64", Exclude: []string{"fd00:1::5", "10.0.0.9"}}, // an IPv6 range is fine; an IPv4 exclusion in it is not
 		}}},
 	}
 	err := cfg.Validate()
@@ -101,6 +102,7 @@ func TestValidateNamesEveryBadField(t *testing.T) {
 		"provider.static.ranges[2].cidr:",
 		"provider.static.ranges[3].cidr:",
 		"provider.static.ranges[4].cidr:",
+		"provider.static.ranges[5].exclude[1]:",
 	}
 	for _, field := range want {
 		found := false
@@ -122,7 +124,7 @@ func TestValidateNamesEveryBadField(t *testing.T) {
 		t.Errorf("%d errors, want %d:\n%s", len(lines), len(want), msg)
 	}
 	// The messages say what is wrong, not just where.
-	for _, hint := range []string{`"no-such-mode"`, "did you mean 10.0.1.0/24", "larger than a /16", "only IPv4", `"bogus"`, "576..65535", "ipv6 named twice"} {
+	for _, hint := range []string{`"no-such-mode"`, "did you mean 10.0.1.0/24", "larger than a /16", `"fd00::/32" is larger than a /64`, `"10.0.0.9" is not of the family of fd00:1::/64`, `"bogus"`, "576..65535", "ipv6 named twice"} {
 		if !strings.Contains(msg, hint) {
 			t.Errorf("error lacks %q:\n%s", hint, msg)
 		}

@@ -21,25 +21,41 @@ type Blocks struct {
 }
 
 // MaxBlocks bounds how many blocks the ranges may hold: the controller
-// scans them for a free one, and a /8 in /32s would be 16M objects.
+// scans them for a free one, and a /8 in /32s would be 16M objects (an
+// IPv6 /64 in /80s is exactly MaxBlocks).
 const MaxBlocks = 1 << 16
 
-// NewBlocks checks the ranges and the block size: IPv4, no host bits, no
-// two ranges overlapping, every range at least one block, and at most
-// MaxBlocks blocks in all. Every problem is named at once.
+// NewBlocks checks the ranges and the block size: one family (IPv4 or
+// IPv6) for all ranges, no host bits, no two ranges overlapping, every
+// range at least one block, and at most MaxBlocks blocks in all. Every
+// problem is named at once.
 func NewBlocks(ranges []netip.Prefix, bits int) (Blocks, error) {
 	var errs []error
 	if len(ranges) == 0 {
 		errs = append(errs, errors.New("no range to split into blocks"))
 	}
-	if bits < 1 || bits > 32 {
-		errs = append(errs, fmt.Errorf("block size /%d: must be /1 to /32", bits))
+	var first netip.Prefix // the ranges' family is the first valid range's
+	for _, r := range ranges {
+		if r.IsValid() && !r.Addr().Is4In6() {
+			first = r
+			break
+		}
+	}
+	maxBits := 32
+	if first.IsValid() && first.Addr().Is6() {
+		maxBits = 128
+	}
+	if bits < 1 || bits > maxBits {
+		errs = append(errs, fmt.Errorf("block size /%d: must be /1 to /%d", bits, maxBits))
 	}
 	total := 0
 	for i, r := range ranges {
 		switch {
-		case !r.IsValid() || !r.Addr().Is4():
-			errs = append(errs, fmt.Errorf("range %s: only IPv4 is supported so far", r))
+		case !r.IsValid() || r.Addr().Is4In6():
+			errs = append(errs, fmt.Errorf("range %s is not an IPv4 or IPv6 CIDR", r))
+			continue
+		case r.Addr().BitLen() != first.Addr().BitLen():
+			errs = append(errs, fmt.Errorf("range %s is not of the family of %s: the blocks of one set are all IPv4 or all IPv6", r, first))
 			continue
 		case r.Masked() != r:
 			errs = append(errs, fmt.Errorf("range %s has host bits set (did you mean %s?)", r, r.Masked()))
@@ -53,7 +69,7 @@ func NewBlocks(ranges []netip.Prefix, bits int) (Blocks, error) {
 				errs = append(errs, fmt.Errorf("ranges %s and %s overlap", o, r))
 			}
 		}
-		if bits >= 1 && bits <= 32 && bits-r.Bits() < 31 {
+		if bits >= 1 && bits <= maxBits && bits-r.Bits() < 31 {
 			total += 1 << (bits - r.Bits())
 		} else {
 			total = MaxBlocks + 1
@@ -68,17 +84,28 @@ func NewBlocks(ranges []netip.Prefix, bits int) (Blocks, error) {
 	return Blocks{Ranges: slices.Clone(ranges), Bits: bits}, nil
 }
 
-// Count is the number of blocks in all ranges.
+// Count is the number of blocks in all ranges (at most MaxBlocks for
+// Blocks that NewBlocks built).
 func (b Blocks) Count() int {
 	n := 0
 	for _, r := range b.Ranges {
-		n += 1 << (b.Bits - r.Bits())
+		n += pow2(b.Bits - r.Bits()).int()
 	}
 	return n
 }
 
-// Size is the number of addresses in one block.
-func (b Blocks) Size() int { return 1 << (32 - b.Bits) }
+// Size is the number of addresses in one block, saturated at
+// math.MaxInt (an IPv6 block of /64 or larger).
+func (b Blocks) Size() int { return b.step().int() }
+
+// step is the distance from one block to the next: its size, unsaturated.
+func (b Blocks) step() num {
+	addrBits := 32
+	if len(b.Ranges) > 0 {
+		addrBits = b.Ranges[0].Addr().BitLen()
+	}
+	return pow2(addrBits - b.Bits)
+}
 
 // Contains says whether p is one of the blocks: inside a range, aligned
 // and of the blocks' size.
@@ -92,12 +119,12 @@ func (b Blocks) Contains(p netip.Prefix) bool {
 // All yields every block, range by range, in address order.
 func (b Blocks) All(yield func(netip.Prefix) bool) {
 	for _, r := range b.Ranges {
-		a := r.Addr()
-		for range 1 << (b.Bits - r.Bits()) {
-			if !yield(netip.PrefixFrom(a, b.Bits)) {
+		a, step := numOf(r.Addr()), b.step()
+		for range pow2(b.Bits - r.Bits()).int() {
+			if !yield(netip.PrefixFrom(a.addr(r.Addr()), b.Bits)) {
 				return
 			}
-			a = addN(a, uint32(b.Size()))
+			a = a.add(step)
 		}
 	}
 }
@@ -119,11 +146,11 @@ func (b Blocks) Free(used []netip.Prefix) (netip.Prefix, bool) {
 	return found, found.IsValid()
 }
 
-// usedSet answers "does p overlap a used prefix?" in O(log n + 32), not
+// usedSet answers "does p overlap a used prefix?" in O(log n + bits), not
 // O(n): prefixes never partly overlap, so a used prefix overlapping p
 // either contains p's first address (it is p's first address masked to
-// its own length: at most 33 lookups) or starts inside p (a binary search
-// over the starts).
+// its own length: at most 33 lookups, 129 for IPv6) or starts inside p (a
+// binary search over the starts; netip orders IPv4 before IPv6).
 type usedSet struct {
 	set    map[netip.Prefix]bool
 	starts []netip.Addr
@@ -148,11 +175,4 @@ func (u usedSet) overlaps(p netip.Prefix) bool {
 	}
 	i, _ := slices.BinarySearchFunc(u.starts, p.Addr(), netip.Addr.Compare)
 	return i < len(u.starts) && p.Contains(u.starts[i])
-}
-
-func addN(a netip.Addr, n uint32) netip.Addr {
-	b := a.As4()
-	v := uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3])
-	v += n
-	return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)})
 }

@@ -19,7 +19,7 @@ func TestNewBlocksNamesEveryBadInput(t *testing.T) {
 	if err == nil {
 		t.Fatal("bad ranges accepted")
 	}
-	for _, want := range []string{"did you mean 10.0.0.0/24", "fd00::/64: only IPv4", "10.1.0.0/30 is smaller than one block /28",
+	for _, want := range []string{"did you mean 10.0.0.0/24", "fd00::/64 is not of the family of 10.0.0.1/24", "10.1.0.0/30 is smaller than one block /28",
 		"10.2.0.0/16 and 10.2.128.0/17 overlap"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q does not say %q", err, want)

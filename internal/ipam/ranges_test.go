@@ -49,7 +49,10 @@ func TestRangeDefaultGatewayIsFirstHost(t *testing.T) {
 func TestNewRangeRejects(t *testing.T) {
 	for _, tc := range []struct{ prefix, gateway string }{
 		{"10.0.0.0/24", "10.0.1.1"}, // gateway outside
-		{"fd00::/64", ""},           // IPv6
+		{"fd00::/64", "fd00:1::1"},  // IPv6 gateway outside
+		{"fd00::/64", "10.0.0.1"},   // a gateway of the other family
+		{"::ffff:10.0.0.0/120", ""}, // IPv4 mapped into IPv6: say which
+		{"fd00::5/128", ""},         // no room for the default gateway
 		{"10.0.0.5/32", ""},         // no room for the default gateway
 		{"255.255.255.255/32", ""},  // nor here, at the very end of the space
 	} {

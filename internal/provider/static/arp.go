@@ -71,25 +71,26 @@ func (u *Uplink) Close() error {
 	return unix.Close(u.fd)
 }
 
-// Addresses implements Segment: the uplink's IPv4 addresses now, with
-// their prefix lengths.
+// Addresses implements Segment: the uplink's IPv4 and global IPv6
+// addresses now, with their prefix lengths (a link-local fe80:: address is
+// in no range; the kernel's own, it is left out).
 func (u *Uplink) Addresses() ([]netip.Prefix, error) {
 	link, err := u.nl.LinkByIndex(u.index)
 	if err != nil {
 		return nil, fmt.Errorf("uplink %s: %w", u.name, err)
 	}
-	addrs, err := u.nl.AddrList(link, unix.AF_INET)
+	addrs, err := u.nl.AddrList(link, unix.AF_UNSPEC)
 	if err != nil && !errors.Is(err, netlink.ErrDumpInterrupted) {
 		return nil, fmt.Errorf("addresses of uplink %s: %w", u.name, err)
 	}
 	var out []netip.Prefix
 	for _, a := range addrs {
-		ip, ok := netip.AddrFromSlice(a.IP.To4())
-		if !ok {
+		ip, ok := netip.AddrFromSlice(a.IP)
+		if !ok || ip.Unmap().IsLinkLocalUnicast() {
 			continue
 		}
 		ones, _ := a.Mask.Size()
-		out = append(out, netip.PrefixFrom(ip, ones))
+		out = append(out, netip.PrefixFrom(ip.Unmap(), ones))
 	}
 	return out, nil
 }

@@ -14,25 +14,39 @@ import (
 // assignInBlocks is Assign in blocks mode: addresses from the node's
 // blocks only; when they are full, it asks for one more block and waits
 // for it (at most p.wait in all), as many times as the request needs.
+// The blocks are of one family, the ranges' (Config.Validate): IPv4, or
+// IPv6 blocks (e.g. /120s of a /112, or /80s of a /64) cut from
+// vpcni-controller's IPv6 -block-ranges.
 func (p *Provider) assignInBlocks(ctx context.Context, req provider.AssignRequest) ([]alloc.Lease, error) {
+	fam := req.Fam()
 	waitCtx, cancel := context.WithTimeout(ctx, p.wait)
 	defer cancel()
 	p.refreshNodes(ctx)
 	blocks := p.blocks.Blocks()
-	got, errs := p.takeRequested(ctx, req.Addresses, blocks)
+	got, errs := p.takeRequested(ctx, fam, req.Addresses, blocks)
 	want := req.Count
 	for want > 0 {
 		p.mu.Lock()
-		picked := p.pick(want, func(yield func(netip.Addr) bool) {
+		picked, full := p.pick(fam, want, func(yield func(netip.Addr) bool) {
+			// Range by range inside each block, so an exclusion is
+			// stepped over, not walked (an IPv6 block may be a /80).
 			for _, b := range blocks {
-				for a := b.Addr(); b.Contains(a); a = a.Next() {
-					if !yield(a) {
+				for _, r := range p.ranges {
+					stop := false
+					r.AllIn(b, func(a netip.Addr) bool { stop = !yield(a); return !stop })
+					if stop {
 						return
 					}
 				}
 			}
 		})
+		held := p.heldOf(fam)
 		p.mu.Unlock()
+		if full && len(picked) == 0 {
+			// More blocks would not help.
+			errs = append(errs, p.fullError(fam, held))
+			break
+		}
 		if len(picked) > 0 {
 			kept, _, err := p.vet(ctx, picked)
 			if err != nil {

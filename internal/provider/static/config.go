@@ -7,6 +7,8 @@ import (
 	"net/netip"
 	"strings"
 	"time"
+
+	"github.com/vpcni/vpcni/internal/family"
 )
 
 // Config is the static provider's section of vpcnid.yaml
@@ -23,7 +25,16 @@ type Config struct {
 	// Probe configures the check of the segment before an address is
 	// handed out (an ARP probe on the uplink).
 	Probe Probe `json:"probe,omitempty"`
+	// MaxAddresses is the most addresses of one family the node holds
+	// at once, and so its capacity for that family (default 65536). An
+	// IPv6 range of a /64 holds 2^64: the capacity a node advertises
+	// (vpcni.io/ip) stays a number that means something.
+	MaxAddresses int `json:"maxAddresses,omitempty"`
 }
+
+// DefaultMaxAddresses is maxAddresses' default: more than an IPv4 /16
+// holds, far more than a node runs pods.
+const DefaultMaxAddresses = 1 << 16
 
 // Probe is the ARP probe (RFC 5227: sender address 0.0.0.0, so no host
 // learns anything from it) each address gets on the uplink before it
@@ -31,8 +42,10 @@ type Config struct {
 // and set aside, said as a VpcniAddressInUse warning naming the MAC that
 // answered, and probed again once Recheck has passed. Only addresses in the
 // uplink's own subnets are probed (ARP reaches no further): not a range
-// on a NIC of its own, nor a routed pod subnet. IPv4 only, as the ranges: no
-// NDP. The node's own
+// on a NIC of its own, nor a routed pod subnet. IPv4 only: an IPv6
+// address is not probed (no neighbour solicitation is sent for it yet), so
+// an IPv6 range must be the node's alone or exclude every other host's
+// address. The node's own
 // addresses, the gateway and, with Kubernetes on, every Node's
 // InternalIP and ExternalIP are never handed out, probe or not.
 type Probe struct {
@@ -133,6 +146,9 @@ func (c *Config) Defaults() {
 	if c.Probe.Recheck == "" {
 		c.Probe.Recheck = DefaultProbeRecheck.String()
 	}
+	if c.MaxAddresses == 0 {
+		c.MaxAddresses = DefaultMaxAddresses
+	}
 }
 
 // Validate implements provider.Settings: every bad range field at once.
@@ -144,7 +160,14 @@ func (c *Config) Validate() error {
 	for i, r := range c.Ranges {
 		errs = append(errs, r.validate(fmt.Sprintf("ranges[%d]", i))...)
 	}
+	if c.MaxAddresses < 0 {
+		errs = append(errs, fmt.Errorf("maxAddresses: %d is negative (0: the default, %d)", c.MaxAddresses, DefaultMaxAddresses))
+	}
 	if c.Blocks != nil {
+		if fams := c.families(); len(fams) > 1 {
+			errs = append(errs, errors.New("blocks: per-node blocks are of one address family (vpcni-controller's -block-ranges), "+
+				"and ranges holds IPv4 and IPv6 ranges: give blocks mode the ranges of one family"))
+		}
 		if d, err := time.ParseDuration(c.Blocks.Wait); err != nil || d <= 0 || d > 10*time.Minute {
 			errs = append(errs, fmt.Errorf("blocks.wait: %q is not a duration between 0s and 10m (e.g. 10s)", c.Blocks.Wait))
 		}
@@ -164,14 +187,19 @@ func (r Range) validate(field string) []error {
 	if err != nil {
 		return []error{fmt.Errorf("%s.cidr: %q is not a CIDR", field, r.CIDR)}
 	}
-	if !p.Addr().Is4() {
-		errs = append(errs, fmt.Errorf("%s.cidr: %q: only IPv4 is supported so far", field, r.CIDR))
-	}
-	if p.Masked() != p {
+	switch {
+	case p.Addr().Is4In6():
+		errs = append(errs, fmt.Errorf("%s.cidr: %q is an IPv4 range written as IPv6: write it as IPv4", field, r.CIDR))
+	case p.Masked() != p:
 		errs = append(errs, fmt.Errorf("%s.cidr: %q has host bits set (did you mean %s?)", field, r.CIDR, p.Masked()))
 	}
-	if p.Bits() < 16 {
+	// A node's range is the node's: an IPv4 /16 or an IPv6 /64 (the
+	// usual subnet, 2^64 addresses, counted in closed form) is plenty.
+	if p.Addr().Is4() && p.Bits() < 16 {
 		errs = append(errs, fmt.Errorf("%s.cidr: %q is larger than a /16; split the subnet into per-node ranges", field, r.CIDR))
+	}
+	if p.Addr().Is6() && !p.Addr().Is4In6() && p.Bits() < 64 {
+		errs = append(errs, fmt.Errorf("%s.cidr: %q is larger than a /64; give each node a /64 or less", field, r.CIDR))
 	}
 	if r.Gateway != "" {
 		if gw, err := netip.ParseAddr(r.Gateway); err != nil || !p.Contains(gw) {
@@ -179,9 +207,15 @@ func (r Range) validate(field string) []error {
 		}
 	}
 	for j, e := range r.Exclude {
-		if _, err := ParseAddrOrPrefix(e); err != nil {
+		if ep, err := ParseAddrOrPrefix(e); err != nil {
 			errs = append(errs, fmt.Errorf("%s.exclude[%d]: %w", field, j, err))
+		} else if family.Of(ep.Addr()) != family.Of(p.Addr()) {
+			errs = append(errs, fmt.Errorf("%s.exclude[%d]: %q is not of the family of %s (%s)", field, j, e, r.CIDR, family.Of(p.Addr())))
 		}
+	}
+	if r.NIC != nil && !p.Addr().Is4() {
+		// The veth datapath's policy routing for a second NIC is IPv4's.
+		errs = append(errs, fmt.Errorf("%s.nic: a range on a NIC of its own is IPv4 only so far; %s is IPv6", field, r.CIDR))
 	}
 	if r.NIC != nil {
 		if _, err := net.ParseMAC(r.NIC.MAC); err != nil || len(r.NIC.MAC) != len("00:00:00:00:00:00") {
@@ -195,6 +229,20 @@ func (r Range) validate(field string) []error {
 		}
 	}
 	return errs
+}
+
+// families are the address families of the ranges, IPv4 first.
+func (c *Config) families() []family.Family {
+	var out []family.Family
+	for _, f := range family.All {
+		for _, r := range c.Ranges {
+			if p, err := netip.ParsePrefix(r.CIDR); err == nil && family.Of(p.Addr()) == f {
+				out = append(out, f)
+				break
+			}
+		}
+	}
+	return out
 }
 
 // ParseAddrOrPrefix reads "10.0.0.5" as 10.0.0.5/32 and "10.0.0.0/28" as is.

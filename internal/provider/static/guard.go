@@ -17,11 +17,13 @@ import (
 // Segment is the node's segment as the provider asks of it before an
 // address enters the node's pool (Uplink on a node).
 type Segment interface {
-	// Addresses are the node's own addresses on it now, with their
-	// prefix lengths (the subnets on the segment, which ARP reaches).
+	// Addresses are the node's own addresses on it now, IPv4 and IPv6,
+	// with their prefix lengths (the subnets on the segment: the IPv4
+	// ones are those ARP reaches).
 	Addresses() ([]netip.Prefix, error)
-	// Probe asks who holds addrs and returns those another host answered
-	// for, with the MAC that answered.
+	// Probe asks who holds addrs (IPv4 addresses: it is asked of no
+	// other) and returns those another host answered for, with the MAC
+	// that answered.
 	Probe(ctx context.Context, addrs []netip.Addr) (map[netip.Addr]net.HardwareAddr, error)
 }
 
@@ -133,10 +135,15 @@ func (p *Provider) vet(ctx context.Context, picked []netip.Addr) (kept []netip.A
 	// ARP reaches the uplink's own subnets only: an address of a range on
 	// a second NIC (range.nic, another segment) or off the uplink's
 	// subnets (a routed pod subnet, which no host on the segment holds)
-	// is not asked for.
+	// is not asked for. Nor is an IPv6 address: IPv6 has no ARP, and the
+	// probe that would ask (a neighbour solicitation from ::, as duplicate
+	// address detection sends) is not built yet.
 	p.mu.Lock()
 	var onUplink []netip.Addr
 	for _, a := range picked {
+		if !a.Is4() {
+			continue
+		}
 		j := slices.IndexFunc(p.ranges, func(r ipam.Range) bool { return r.Usable(a) })
 		onLink := slices.ContainsFunc(p.ownAddrs, func(o netip.Prefix) bool { return o.Masked().Contains(a) })
 		if j >= 0 && p.nics[j] == nil && onLink {

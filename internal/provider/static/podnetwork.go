@@ -28,7 +28,8 @@ import (
 
 // NetworkSpec is a PodNetwork's static section.
 type NetworkSpec struct {
-	// Ranges are IPv4 prefixes the pods' addresses come from.
+	// Ranges are the prefixes the pods' addresses come from, IPv4 or
+	// IPv6 (each family's addresses from its own ranges).
 	Ranges []string `json:"ranges"`
 	// Gateway is the pods' gateway on the network's segment, in the L2
 	// modes (bridge, macvlan): the leases of the range that contains it
@@ -66,8 +67,8 @@ func networkConfig(raw json.RawMessage, defaults []Range) (*Config, error) {
 	var gw netip.Addr
 	if spec.Gateway != "" {
 		var err error
-		if gw, err = netip.ParseAddr(spec.Gateway); err != nil || !gw.Is4() {
-			errs = append(errs, fmt.Errorf("static.gateway: %q is not an IPv4 address", spec.Gateway))
+		if gw, err = netip.ParseAddr(spec.Gateway); err != nil {
+			errs = append(errs, fmt.Errorf("static.gateway: %q is not an IP address", spec.Gateway))
 		}
 	}
 	cfg := &Config{}
@@ -162,6 +163,7 @@ func NewNetwork(node *Config, stateDir, name string, raw json.RawMessage) (*Prov
 	if err != nil {
 		return nil, err
 	}
+	cfg.MaxAddresses = node.MaxAddresses
 	dir := NetworkStateDir(stateDir, name)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("its state directory: %w", err)
@@ -194,11 +196,13 @@ func network(_ context.Context, node provider.Node, s provider.Settings, name st
 	return p, nil
 }
 
-// networkRoom is how many addresses a static PodNetwork has for the node
-// before it serves any of its pods (Registration.NetworkRoom): every
-// usable address of its ranges, as its provider's capacity will say.
+// networkRoom is how many pods a static PodNetwork has addresses for on
+// the node before it serves any of them (Registration.NetworkRoom): the
+// capacity its provider will say, of its tightest family (a dual-stack
+// pod takes one address of each).
 func networkRoom(s provider.Settings, spec json.RawMessage, _ provider.Info) (int, bool) {
-	cfg, err := networkConfig(spec, s.(*Config).Ranges)
+	node := s.(*Config)
+	cfg, err := networkConfig(spec, node.Ranges)
 	if err != nil {
 		return 0, false
 	}
@@ -206,9 +210,15 @@ func networkRoom(s provider.Settings, spec json.RawMessage, _ provider.Info) (in
 	if err != nil {
 		return 0, false
 	}
-	n := 0
-	for _, rg := range ranges {
-		n += rg.Size()
+	p := &Provider{ranges: ranges, sizes: sizes(ranges), maxAddrs: node.MaxAddresses}
+	if p.maxAddrs <= 0 {
+		p.maxAddrs = DefaultMaxAddresses
 	}
-	return n, true
+	room := -1
+	for _, f := range p.families() {
+		if n := p.capacityOf(f).Max; room < 0 || n < room {
+			room = n
+		}
+	}
+	return max(room, 0), true
 }

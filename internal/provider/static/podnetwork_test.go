@@ -137,11 +137,11 @@ func TestNetworkSpecRejected(t *testing.T) {
 	}{
 		{"web", `{"ranges":[]}`, []string{"static.ranges is empty"}},
 		{"web", `{"ranges":["10.30.0.0/24"],"blocks":{}}`, []string{"unknown field", "blocks"}},
-		{"web", `{"ranges":["10.30.0.0/33", "fd00::/64", "10.30.0.1/24"]}`, []string{
-			`static.ranges[0]: "10.30.0.0/33" is not a CIDR`, "static.ranges[1]", "only IPv4", `static.ranges[2]: "10.30.0.1/24" has host bits set (did you mean 10.30.0.0/24?)`}},
+		{"web", `{"ranges":["10.30.0.0/33", "fd00::/48", "10.30.0.1/24"]}`, []string{
+			`static.ranges[0]: "10.30.0.0/33" is not a CIDR`, `static.ranges[1]: "fd00::/48" is larger than a /64`, `static.ranges[2]: "10.30.0.1/24" has host bits set (did you mean 10.30.0.0/24?)`}},
 		{"web", `{"ranges":["10.0.0.0/8"]}`, []string{"larger than a /16"}},
 		{"web", `{"ranges":["10.30.0.0/24"],"gateway":"10.31.0.1"}`, []string{"static.gateway: 10.31.0.1 is in none of the ranges 10.30.0.0/24"}},
-		{"web", `{"ranges":["10.30.0.0/24"],"gateway":"gw"}`, []string{`static.gateway: "gw" is not an IPv4 address`}},
+		{"web", `{"ranges":["10.30.0.0/24"],"gateway":"gw"}`, []string{`static.gateway: "gw" is not an IP address`}},
 		{"web", `{"ranges":["10.30.0.0/24","10.30.0.128/25"]}`, []string{"static.ranges[1]: 10.30.0.128/25 overlaps static.ranges[0] 10.30.0.0/24"}},
 		{"web", `{"ranges":["10.9.0.64/26"]}`, []string{"overlaps this node's provider.static.ranges[0] 10.9.0.0/24"}},
 		{"../etc", `{"ranges":["10.30.0.0/24"]}`, []string{"not a Kubernetes object name"}},

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/vpcni/vpcni/internal/alloc"
+	"github.com/vpcni/vpcni/internal/family"
 	"github.com/vpcni/vpcni/internal/ipam"
 	"github.com/vpcni/vpcni/internal/k8s/nodeblocks"
 	"github.com/vpcni/vpcni/internal/provider"
@@ -32,7 +33,11 @@ type Provider struct {
 	// default network, provider.static), see podnetwork.go.
 	network string
 
-	size int // usable addresses in all ranges
+	// sizes are the usable addresses of each family's ranges (saturated
+	// at MaxInt: an IPv6 /64 is 2^64), maxAddrs the most the node holds
+	// of one family (maxAddresses).
+	sizes    map[family.Family]int
+	maxAddrs int
 
 	// blocks, when set, is where the node's blocks come from: addresses
 	// are taken only from them (config blocks:); wait bounds one wait
@@ -76,6 +81,9 @@ func init() {
 		NewSettings: func() provider.Settings { return &Config{} },
 		New: func(ctx context.Context, node provider.Node, s provider.Settings) (provider.Provider, error) {
 			cfg := s.(*Config)
+			if err := checkFamilies(cfg, node.Families); err != nil {
+				return nil, err
+			}
 			g, err := nodeGuard(node, cfg)
 			if err != nil {
 				return nil, err
@@ -98,6 +106,7 @@ func init() {
 		},
 		Network:     network,
 		NetworkRoom: networkRoom,
+		Families:    family.All,
 	})
 }
 
@@ -197,7 +206,7 @@ func buildRanges(cfg *Config) (ranges []ipam.Range, nics []*alloc.NIC, err error
 		var ex []netip.Prefix
 		for _, other := range cfg.Ranges { // a NIC's own address is never a pod's
 			if a, err := netip.ParseAddr(nicAddress(other)); err == nil {
-				ex = append(ex, netip.PrefixFrom(a, 32))
+				ex = append(ex, family.Host(a))
 			}
 		}
 		for _, e := range r.Exclude {
@@ -224,8 +233,9 @@ func New(cfg *Config, stateDir string) (*Provider, error) {
 	if p.ranges, p.nics, err = buildRanges(cfg); err != nil {
 		return nil, err
 	}
-	for _, rg := range p.ranges {
-		p.size += rg.Size()
+	p.sizes, p.maxAddrs = sizes(p.ranges), cfg.MaxAddresses
+	if p.maxAddrs <= 0 {
+		p.maxAddrs = DefaultMaxAddresses
 	}
 	data, err := os.ReadFile(p.path)
 	switch {
@@ -255,17 +265,25 @@ func nicAddress(r Range) string {
 
 // Assign implements provider.Provider. The pool calls it to grow, not on
 // a pod's ADD from a warm pool: the probe's wait (guard.go) is paid here.
+// It hands out addresses of the request's family only (req.Fam()).
 func (p *Provider) Assign(ctx context.Context, req provider.AssignRequest) ([]alloc.Lease, error) {
+	fam := req.Fam()
+	if !p.serves(fam) {
+		return nil, fmt.Errorf("%s has no %s range: %w", p.rangesField(), name(fam), provider.ErrExhausted)
+	}
 	if p.blocks != nil {
 		return p.assignInBlocks(ctx, req)
 	}
 	p.refreshNodes(ctx)
-	got, errs := p.takeRequested(ctx, req.Addresses, nil)
+	got, errs := p.takeRequested(ctx, fam, req.Addresses, nil)
 	want := req.Count
 	for want > 0 {
 		p.mu.Lock()
-		picked := p.pick(want, func(yield func(netip.Addr) bool) {
+		picked, full := p.pick(fam, want, func(yield func(netip.Addr) bool) {
 			for _, r := range p.ranges {
+				if family.Of(r.Prefix.Addr()) != fam {
+					continue // an IPv6 range would be walked for ever
+				}
 				stop := false
 				r.All(func(a netip.Addr) bool { stop = !yield(a); return !stop })
 				if stop {
@@ -273,10 +291,14 @@ func (p *Provider) Assign(ctx context.Context, req provider.AssignRequest) ([]al
 				}
 			}
 		})
-		held := len(p.held)
+		held := p.heldOf(fam)
 		p.mu.Unlock()
 		if len(picked) == 0 {
-			errs = append(errs, fmt.Errorf("static ranges are used up (%d of %d addresses held): %w", held, p.capacity(), provider.ErrExhausted))
+			if full {
+				errs = append(errs, p.fullError(fam, held))
+			} else {
+				errs = append(errs, fmt.Errorf("static %s ranges are used up (%d of %d addresses held): %w", name(fam), held, p.capacityOf(fam).Max, provider.ErrExhausted))
+			}
 			break
 		}
 		kept, _, err := p.vet(ctx, picked)
@@ -289,15 +311,19 @@ func (p *Provider) Assign(ctx context.Context, req provider.AssignRequest) ([]al
 	return p.finish(got, errs)
 }
 
-// takeRequested takes the addresses a request names, each if it is free,
-// usable, in one of blocks (when blocks is not nil), no node's, and no
-// other host answers for it.
-func (p *Provider) takeRequested(ctx context.Context, addrs []netip.Addr, blocks []netip.Prefix) (got []netip.Addr, errs []error) {
+// takeRequested takes the addresses a request for family fam names, each
+// if it is of fam, free, usable, in one of blocks (when blocks is not
+// nil), no node's, no other host answers for it, and the node holds fewer
+// than maxAddresses of fam.
+func (p *Provider) takeRequested(ctx context.Context, fam family.Family, addrs []netip.Addr, blocks []netip.Prefix) (got []netip.Addr, errs []error) {
 	p.mu.Lock()
 	var picked []netip.Addr
+	held := p.heldOf(fam)
 	for _, a := range addrs {
 		why := p.avoided(a)
 		switch {
+		case family.Of(a) != fam:
+			errs = append(errs, fmt.Errorf("%s is not an %s address, which this request is for: %w", a, name(fam), provider.ErrOutside))
 		case p.held[a]:
 			errs = append(errs, fmt.Errorf("%s: %w", a, provider.ErrTaken))
 		case !p.usable(a):
@@ -306,6 +332,8 @@ func (p *Provider) takeRequested(ctx context.Context, addrs []netip.Addr, blocks
 			errs = append(errs, fmt.Errorf("%s is not in one of this node's blocks %v (another node's, or none's yet): %w", a, blocks, provider.ErrTaken))
 		case why != "":
 			errs = append(errs, fmt.Errorf("%s: %s: %w", a, why, provider.ErrTaken))
+		case held+len(picked) >= p.maxAddrs:
+			errs = append(errs, fmt.Errorf("%s: %w", a, p.fullError(fam, held+len(picked))))
 		default:
 			p.held[a] = true
 			picked = append(picked, a)
@@ -322,18 +350,24 @@ func (p *Provider) takeRequested(ctx context.Context, addrs []netip.Addr, blocks
 	return kept, errs
 }
 
-// pick takes up to want addresses of each's that are free, usable and
-// avoided by nothing; called with p.mu held.
-func (p *Provider) pick(want int, each func(yield func(netip.Addr) bool)) []netip.Addr {
-	var out []netip.Addr
+// pick takes up to want addresses of family f of each's that are free,
+// usable and avoided by nothing, never past maxAddresses of f (full: that
+// bound cut want); called with p.mu held.
+func (p *Provider) pick(f family.Family, want int, each func(yield func(netip.Addr) bool)) (out []netip.Addr, full bool) {
+	if room := p.maxAddrs - p.heldOf(f); want > room {
+		want, full = room, true
+	}
+	if want <= 0 {
+		return nil, full
+	}
 	each(func(a netip.Addr) bool {
-		if !p.held[a] && p.usable(a) && p.avoided(a) == "" {
+		if family.Of(a) == f && !p.held[a] && p.usable(a) && p.avoided(a) == "" {
 			p.held[a] = true
 			out = append(out, a)
 		}
 		return len(out) < want
 	})
-	return out
+	return out, full
 }
 
 // finish saves what a request took; if the state cannot be written
@@ -413,40 +447,28 @@ func (p *Provider) leases(addrs []netip.Addr) []alloc.Lease {
 	return out
 }
 
-// Info implements provider.Provider.
+// Info implements provider.Provider: each family's capacity in
+// Capacities, and the first family's (IPv4 when there are IPv4 ranges) in
+// Capacity, as a single-family agent reads it. Counted in closed form:
+// nothing walks an IPv6 range.
 func (p *Provider) Info() provider.Info {
-	info := provider.Info{Name: "static", Capacity: p.size,
-		CapacityReason: fmt.Sprintf("%d usable addresses in the configured ranges", p.size)}
+	info := provider.Info{Name: "static", Capacities: map[family.Family]provider.Capacity{}}
+	for _, f := range p.families() {
+		info.Capacities[f] = p.capacityOf(f)
+	}
+	if fams := p.families(); len(fams) > 0 {
+		c := info.Capacities[fams[0]]
+		info.Capacity, info.CapacityReason = c.Max, c.Reason
+	}
 	if p.network != "" {
 		var rs []string
 		for _, r := range p.ranges {
 			rs = append(rs, fmt.Sprintf("%s (gateway %s)", r.Prefix, r.Gateway))
 		}
 		info.Subnet = fmt.Sprintf("pod network %s: ranges %s", p.network, strings.Join(rs, ", "))
-		info.CapacityReason = fmt.Sprintf("%d usable addresses in PodNetwork %s's ranges", p.size, p.network)
-		return info
-	}
-	if p.blocks != nil {
-		// The node may grow by blocks into whatever no other node holds
-		// (shared with every node still growing): as the ranges fill,
-		// the bound shrinks to its own blocks, and the scheduler stops
-		// sending pods no address can come for.
-		taken := 0
-		for _, b := range p.blocks.Taken() {
-			for a := b.Addr(); b.Contains(a); a = a.Next() {
-				if p.usable(a) {
-					taken++
-				}
-			}
-		}
-		info.Capacity = p.size - taken
-		info.CapacityReason = fmt.Sprintf("%d usable addresses in the configured ranges outside other nodes' blocks (%d); this node holds %d blocks",
-			info.Capacity, len(p.blocks.Taken()), len(p.blocks.Blocks()))
 	}
 	return info
 }
-
-func (p *Provider) capacity() int { return p.size }
 
 func (p *Provider) usable(a netip.Addr) bool {
 	for _, r := range p.ranges {
