@@ -150,14 +150,9 @@ func (a *Agent) add(ctx context.Context, req *api.CNIRequest) (*types100.Result,
 		return nil, aerr
 	}
 	podNS, podName, podUID := k8sPod(req.Args)
-	// A reservation keeps the pod's first address (the one its
-	// PodAddress and reservation name first).
-	want, sticky, aerr := a.reserved(podNS, podName, wants[fams[0]])
+	sticky, aerr := a.reserved(podNS, podName, wants)
 	if aerr != nil {
 		return nil, aerr
-	}
-	if want.IsValid() {
-		wants[fams[0]] = want
 	}
 	netName, pool, aerr := a.podNetwork(ctx, podNS, podName, podUID)
 	if aerr != nil {
@@ -197,7 +192,7 @@ func (a *Agent) add(ctx context.Context, req *api.CNIRequest) (*types100.Result,
 			a.cluster.NodeWarning(ReasonPodNetworkExhausted, fmt.Sprintf("node %s could not give pod %s/%s an address of PodNetwork %s: %s (%s)", a.cfg.NodeName, podNS, podName, netName, s.Msg, s.Details))
 		}
 		switch {
-		case errors.As(err, &s) && sticky && want.IsValid():
+		case errors.As(err, &s) && sticky && len(wants) > 0:
 			return nil, api.Errorf(api.CodeTryAgainLater, fmt.Sprintf("pod %s/%s keeps its address (AddressReservation): %s", podNS, podName, s.Msg), s.Details)
 		case errors.As(err, &s):
 			return nil, api.Errorf(api.CodeTryAgainLater, s.Msg, s.Details)

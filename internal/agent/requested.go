@@ -3,6 +3,7 @@ package agent
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 
 	"github.com/vpcni/vpcni/internal/alloc"
@@ -87,14 +88,15 @@ func (a *Agent) untake(rec *alloc.Allocation, wiringErr error) {
 	}
 }
 
-// Reservations tells the agent which pods keep their address wherever they
-// start (internal/k8s/nodeside.Reservations: vpcni-controller's
+// Reservations tells the agent which pods keep their addresses wherever
+// they start (internal/k8s/nodeside.Reservations: vpcni-controller's
 // AddressReservations of StatefulSet pods, read from an informer cache,
 // so an ADD waits on no API call).
 type Reservations interface {
-	// Reserved: ok when pod namespace/name has a reservation; addr is the
-	// reserved address, invalid until the pod first got one.
-	Reserved(namespace, name string) (addr netip.Addr, ok bool)
+	// ReservedAddresses: ok when pod namespace/name has a reservation;
+	// addrs are its reserved addresses, one per family, none until the
+	// pod first got one.
+	ReservedAddresses(namespace, name string) (addrs []netip.Addr, ok bool)
 }
 
 // SetReservations connects the agent to the pods' address reservations;
@@ -102,34 +104,41 @@ type Reservations interface {
 // runtime asks for by name).
 func (a *Agent) SetReservations(r Reservations) { a.reservations = r }
 
-// reserved is the address an ADD asks for once the pod's reservation is
-// taken into account, and whether the address is the pod's own (it leaves
-// with the pod at DEL, to the cloud, not the node's pool). A reserved
-// address is asked for; a reservation with none yet takes any address,
-// which becomes the pod's. A runtime's own request must agree with the
-// reservation: two answers to "which address is this pod's" is a
-// configuration error, not something to pick from.
-func (a *Agent) reserved(namespace, name string, want netip.Addr) (netip.Addr, bool, *api.Error) {
+// reserved puts the pod's reserved addresses among those an ADD asks for
+// (wants, by family), and says whether the pod has a reservation: its
+// addresses are then its own (they leave with the pod at DEL, to the
+// cloud, not the node's pool). A reserved address is asked for; a family
+// the reservation holds none of yet takes any address, which becomes the
+// pod's; a family this node's pods do not get is not asked for. A
+// runtime's own request must agree with the reservation: two answers to
+// "which address is this pod's" is a configuration error, not something
+// to pick from.
+func (a *Agent) reserved(namespace, name string, wants map[family.Family]netip.Addr) (bool, *api.Error) {
 	if a.reservations == nil || name == "" {
-		return want, false, nil
+		return false, nil
 	}
-	r, ok := a.reservations.Reserved(namespace, name)
-	switch {
-	case !ok:
-		return want, false, nil
-	case !r.IsValid():
-		return want, true, nil
-	case want.IsValid() && want != r:
-		return want, true, api.Errorf(api.CodeInvalidEnv, fmt.Sprintf("pod %s/%s asks for %s, but its AddressReservation keeps %s for it", namespace, name, want, r), "")
+	rs, ok := a.reservations.ReservedAddresses(namespace, name)
+	if !ok {
+		return false, nil
 	}
-	return r, true, nil
+	for _, r := range rs {
+		f := family.Of(r)
+		if !family.Has(a.cfg.Families(), f) {
+			continue
+		}
+		if w, asked := wants[f]; asked && w != r {
+			return true, api.Errorf(api.CodeInvalidEnv, fmt.Sprintf("pod %s/%s asks for %s, but its AddressReservation keeps %s for it", namespace, name, w, r), "")
+		}
+		wants[f] = r
+	}
+	return true, nil
 }
 
-// reservedFor: the allocation's address is reserved for its pod.
+// reservedFor: the allocation's first address is reserved for its pod.
 func (a *Agent) reservedFor(rec *alloc.Allocation) bool {
 	if a.reservations == nil || rec.PodName == "" {
 		return false
 	}
-	r, ok := a.reservations.Reserved(rec.PodNamespace, rec.PodName)
-	return ok && r == rec.Address
+	rs, ok := a.reservations.ReservedAddresses(rec.PodNamespace, rec.PodName)
+	return ok && slices.Contains(rs, rec.Address)
 }

@@ -26,11 +26,14 @@ func (r *reservationMap) set(key string, a netip.Addr) {
 	r.m[key] = a
 }
 
-func (r *reservationMap) Reserved(namespace, name string) (netip.Addr, bool) {
+func (r *reservationMap) ReservedAddresses(namespace, name string) ([]netip.Addr, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	a, ok := r.m[namespace+"/"+name]
-	return a, ok
+	if !a.IsValid() {
+		return nil, ok
+	}
+	return []netip.Addr{a}, ok
 }
 
 // A pod with a reservation: with no address recorded yet it takes any,
