@@ -142,9 +142,9 @@ type PoolState struct {
 	// Family is the pool's address family ("ipv4", "ipv6"), on a node
 	// whose pods get more than one.
 	Family    string `json:"family,omitempty"`
-	Free      int `json:"free"`
-	Cooling   int `json:"cooling"`
-	Allocated int `json:"allocated"`
+	Free      int    `json:"free"`
+	Cooling   int    `json:"cooling"`
+	Allocated int    `json:"allocated"`
 	// Aside: held but handed to nobody, their wiring kept failing (tried
 	// again later). Leaving: requested addresses on their way back to the
 	// cloud (another node gets them once they are back).

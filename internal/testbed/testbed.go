@@ -29,11 +29,11 @@ type Topology struct {
 	Prefix string
 	// Subnet of the segment; the node is .10, the neighbour .20, the
 	// gateway .1.
-	Subnet   netip.Prefix
-	Gateway  netip.Addr
-	NodeIP   netip.Addr
-	NbrIP    netip.Addr
-	RunDir   string // pid files and state of what the testbed started
+	Subnet  netip.Prefix
+	Gateway netip.Addr
+	NodeIP  netip.Addr
+	NbrIP   netip.Addr
+	RunDir  string // pid files and state of what the testbed started
 	// Subnet6, if valid (WithIPv6), is the segment's IPv6 subnet too:
 	// the gateway ::1, the node ::10, the neighbour ::20 on it.
 	Subnet6  netip.Prefix
