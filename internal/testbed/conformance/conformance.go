@@ -28,29 +28,41 @@ const (
 	// the fixture does not turn on) and disruptive ones (they restart the
 	// node's components).
 	Skip = `\[Feature:|\[Disruptive\]|\[Flaky\]`
+	// DualStack is make dualstack's: Kubernetes' dual-stack specs (pods
+	// with both families, Services of either and both, the secondary
+	// family's Granular Checks), run with DualStackSkip — SCTP and the
+	// like need what the fixture does not turn on.
+	DualStack     = `\[Feature:IPv6DualStack\]`
+	DualStackSkip = `\[Feature:SCTPConnectivity\]|\[Disruptive\]|\[Flaky\]`
 )
+
+// selection names a focus with its skip.
+type selection struct{ focus, skip string }
 
 // specCounts is how many specs Focus and Subset select, with Skip, by
 // Kubernetes version: read from e2e.test's dry run ("N upstream specs
 // selected") and from the names a full run listed. A version missing here
 // fails the run, so moving the fixture to another Kubernetes means
 // counting again, on purpose.
-var specCounts = map[string]map[string]int{
-	"1.36.3": {Focus: 47, Subset: 5},
+var specCounts = map[string]map[selection]int{
+	"1.36.3": {{Focus, Skip}: 47, {Subset, Skip}: 5, {DualStack, DualStackSkip}: 22},
 }
 
 // Want is how many specs focus and skip must select at Kubernetes
 // version. pinned is false for a selection of the caller's own
 // (VPCNI_CONFORMANCE_FOCUS or _SKIP), which only has to select some.
 func Want(version, focus, skip string) (n int, pinned bool, err error) {
-	if skip != Skip || (focus != Focus && focus != Subset) {
+	sel := selection{focus, skip}
+	switch sel {
+	case selection{Focus, Skip}, selection{Subset, Skip}, selection{DualStack, DualStackSkip}:
+	default:
 		return 0, false, nil
 	}
 	counts, ok := specCounts[version]
 	if !ok {
 		return 0, true, fmt.Errorf("no spec count is pinned for Kubernetes %s: count what the focus selects there (e2e.test's dry run) and add it to internal/testbed/conformance", version)
 	}
-	return counts[focus], true, nil
+	return counts[sel], true, nil
 }
 
 // CheckSelected is nil when got, the number of specs focus and skip

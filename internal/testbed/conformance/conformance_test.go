@@ -19,6 +19,11 @@ func TestCheckSelected(t *testing.T) {
 		{"1.36.3", Focus, Skip, 0, "selects no upstream spec"},
 		{"1.36.3", Subset, Skip, 5, ""},
 		{"1.36.3", Subset, Skip, 4, "1 fewer than the 5 pinned"},
+		{"1.36.3", DualStack, DualStackSkip, 22, ""},
+		{"1.36.3", DualStack, DualStackSkip, 21, "1 fewer than the 22 pinned"},
+		// The dual-stack focus with another skip is the operator's own.
+		{"1.36.3", DualStack, Skip, 0, "selects no upstream spec"},
+		{"1.36.3", DualStack, `\[Disruptive\]`, 23, ""},
 		// A selection of the operator's own: any, but not none.
 		{"1.36.3", own, Skip, 3, ""},
 		{"1.36.3", own, Skip, 0, "selects no upstream spec"},
@@ -44,9 +49,9 @@ func TestFixtureVersionIsPinned(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, focus := range []string{Focus, Subset} {
-		if n, pinned, err := Want(v, focus, Skip); err != nil || !pinned || n == 0 {
-			t.Errorf("Want(%s, %q) = %d, %v, %v; want a pinned count", v, focus, n, pinned, err)
+	for _, sel := range []selection{{Focus, Skip}, {Subset, Skip}, {DualStack, DualStackSkip}} {
+		if n, pinned, err := Want(v, sel.focus, sel.skip); err != nil || !pinned || n == 0 {
+			t.Errorf("Want(%s, %q, %q) = %d, %v, %v; want a pinned count", v, sel.focus, sel.skip, n, pinned, err)
 		}
 	}
 	t.Setenv("K8S_VERSION", "1.99.1")
