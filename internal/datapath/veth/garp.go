@@ -94,7 +94,7 @@ func unsolicitedNA(mac net.HardwareAddr, ip netip.Addr) []byte {
 	frame = append(frame, src[:]...)
 	frame = append(frame, dst[:]...)
 	icmp := len(frame)
-	frame = append(frame, 136, 0, 0, 0) // Neighbour Advertisement, code 0, checksum below
+	frame = append(frame, 136, 0, 0, 0)  // Neighbour Advertisement, code 0, checksum below
 	frame = append(frame, 0x20, 0, 0, 0) // R=0 S=0 O=1
 	frame = append(frame, src[:]...)     // target
 	frame = append(frame, 2, 1)          // target link-layer address, 8 bytes

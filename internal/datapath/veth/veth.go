@@ -113,8 +113,8 @@ type Veth struct {
 	// families the node was prepared for (nil: IPv4 only).
 	families []family.Family
 	garp     *announcer // nil: announcements disabled
-	reap      chan reapItem
-	reaped    chan struct{}
+	reap     chan reapItem
+	reaped   chan struct{}
 
 	mu      sync.Mutex
 	pending map[string][]reapItem // by pod netns: links released, not yet deleted
