@@ -45,15 +45,23 @@ import (
 //     or deleted (v6 as v4): kwatch polls them.
 
 // ipv6Sysctls are what IPv6 pods need on the node, in the order to write
-// them.
+// them, for the uplink's current accept_ra.
 func ipv6Sysctls(uplink string) []datapath.Sysctl {
+	ra, err := os.ReadFile("/proc/sys/net/ipv6/conf/" + uplink + "/accept_ra")
+	if err != nil {
+		ra = nil // no such uplink, or IPv6 off: the first write says so
+	}
+	return ipv6SysctlsFor(uplink, strings.TrimSpace(string(ra)))
+}
+
+func ipv6SysctlsFor(uplink, acceptRA string) []datapath.Sysctl {
 	conf := "net/ipv6/conf/" + uplink + "/"
 	out := []datapath.Sysctl{{Key: conf + "disable_ipv6", Value: "0", Why: "the uplink carries the pods' IPv6 traffic"}}
 	// An uplink that takes router advertisements (accept_ra 1) would stop
 	// with forwarding on, and lose the default route they gave it the
 	// moment forwarding goes on; 2 keeps them. One that takes none (0) is
 	// configured otherwise and left so.
-	if ra, err := os.ReadFile("/proc/sys/" + conf + "accept_ra"); err == nil && strings.TrimSpace(string(ra)) != "0" {
+	if acceptRA == "1" || acceptRA == "2" {
 		out = append(out, datapath.Sysctl{Key: conf + "accept_ra", Value: "2",
 			Why: "the uplink keeps taking router advertisements (its default route) with IPv6 forwarding on"})
 	}
