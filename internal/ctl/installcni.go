@@ -40,7 +40,7 @@ func installCNI(args []string, out io.Writer) error {
 			return err
 		}
 		if mode.Prepare != nil {
-			if err := mode.Prepare(datapath.Node{Uplink: cfg.Uplink, MTU: cfg.MTU}, cfg.Datapath.Settings); err != nil {
+			if err := mode.Prepare(datapath.Node{Uplink: cfg.Uplink, MTU: cfg.MTU, Families: cfg.Families()}, cfg.Datapath.Settings); err != nil {
 				return fmt.Errorf("prepare the node for datapath %s: %w", cfg.Datapath.Mode, err)
 			}
 			fmt.Fprintf(out, "node prepared for datapath %s (sysctls set)\n", cfg.Datapath.Mode)

@@ -49,7 +49,7 @@ func Run(ctx context.Context, o Options) Report {
 	if cfgErr == nil {
 		if uplinkErr == nil {
 			if r, _ := datapath.Lookup(mode); r.Needs != nil {
-				n := r.Needs(datapath.Node{Uplink: uplink.Name, MTU: cfg.MTU}, cfg.Datapath.Settings)
+				n := r.Needs(datapath.Node{Uplink: uplink.Name, MTU: cfg.MTU, Families: cfg.Families()}, cfg.Datapath.Settings)
 				rep.add(Sysctls(mode, n.Sysctls, ReadSysctl, o.AgentConfig)...)
 			}
 		}

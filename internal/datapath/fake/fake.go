@@ -1,7 +1,8 @@
 // Package fake is a stateful datapath for tests without root: it keeps
 // what a node's kernel would hold — a link per wired allocation with its
-// route, and a piece per address (as the routed modes' proxy ARP entry or
-// eBPF map entry, keyed by the address alone) — and lets a test damage it
+// routes, and a piece per address (as the routed modes' proxy ARP or NDP
+// entry or eBPF map entry, keyed by the address alone), for every address
+// of the allocation (a dual-stack pod's two) — and lets a test damage it
 // as a person or a crash would. It obeys the same rules as a real mode:
 // Setup refuses a pod namespace that does not exist, Teardown is
 // idempotent and takes the address's piece down with the link, Reconcile
@@ -21,6 +22,7 @@ import (
 
 	"github.com/vpcni/vpcni/internal/alloc"
 	"github.com/vpcni/vpcni/internal/datapath"
+	"github.com/vpcni/vpcni/internal/family"
 )
 
 // Datapath is the fake node. The zero value is not usable: call New.
@@ -42,8 +44,8 @@ type Datapath struct {
 }
 
 type link struct {
-	netns   string
-	address netip.Addr
+	netns     string
+	addresses []netip.Addr // first family first
 	// route: the node-side piece Reconcile can put back alone.
 	route bool
 }
@@ -62,6 +64,7 @@ func init() {
 	datapath.Register(datapath.Registration{
 		Name:        "fake",
 		NewSettings: func() datapath.Settings { return &Settings{} },
+		Families:    []family.Family{family.V4, family.V6},
 		New:         func(datapath.Node, datapath.Settings) (datapath.Datapath, error) { return New(), nil },
 	})
 }
@@ -75,11 +78,15 @@ func (*Settings) Defaults() {}
 // Validate implements datapath.Settings.
 func (*Settings) Validate() error { return nil }
 
+// wiring is one IPConfig per address, each alone (a /32, a /128).
 func wiring(a *alloc.Allocation) alloc.Wiring {
-	return alloc.Wiring{
+	w := alloc.Wiring{
 		Interfaces: []alloc.Interface{{Name: "fake-" + a.IfName}, {Name: a.IfName, MAC: "02:00:00:00:00:01", Sandbox: a.Netns}},
-		IPs:        []alloc.IPConfig{{Interface: 1, Address: netip.PrefixFrom(a.Address, 32), Gateway: a.Gateway}},
 	}
+	for _, l := range a.Leases() {
+		w.IPs = append(w.IPs, alloc.IPConfig{Interface: 1, Address: family.Host(l.Address), Gateway: l.Gateway})
+	}
+	return w
 }
 
 // Setup implements datapath.Datapath.
@@ -91,19 +98,26 @@ func (d *Datapath) Setup(_ context.Context, a *alloc.Allocation) (alloc.Wiring, 
 		delete(d.fail, a.Key())
 		return alloc.Wiring{}, &datapath.SetupError{Step: "fake setup", Err: err}
 	}
-	if err := d.failAddr[a.Address]; err != nil {
-		return alloc.Wiring{}, &datapath.SetupError{Step: "fake setup of " + a.Address.String(), Err: err}
+	ips := a.Addresses()
+	for _, ip := range ips {
+		if err := d.failAddr[ip]; err != nil {
+			return alloc.Wiring{}, &datapath.SetupError{Step: "fake setup of " + ip.String(), Err: err}
+		}
 	}
 	if _, err := os.Stat(a.Netns); err != nil {
 		return alloc.Wiring{}, &datapath.SetupError{Step: "open pod netns " + a.Netns, BadRequest: true, Err: err}
 	}
 	for k, l := range d.links {
-		if l.address == a.Address && k != a.Key() {
-			return alloc.Wiring{}, fmt.Errorf("address %s is wired for %s already", a.Address, k)
+		for _, ip := range ips {
+			if slices.Contains(l.addresses, ip) && k != a.Key() {
+				return alloc.Wiring{}, fmt.Errorf("address %s is wired for %s already", ip, k)
+			}
 		}
 	}
-	d.links[a.Key()] = link{netns: a.Netns, address: a.Address, route: true}
-	d.neigh[a.Address] = true
+	d.links[a.Key()] = link{netns: a.Netns, addresses: ips, route: true}
+	for _, ip := range ips {
+		d.neigh[ip] = true
+	}
 	return wiring(a), nil
 }
 
@@ -116,12 +130,15 @@ func (d *Datapath) Check(_ context.Context, a *alloc.Allocation) (alloc.Wiring, 
 	switch {
 	case !ok:
 		return wiring(a), fmt.Errorf("%s has no link", a.Key())
-	case l.netns != a.Netns || l.address != a.Address:
-		return wiring(a), fmt.Errorf("%s is wired to %s in %s", a.Key(), l.address, l.netns)
+	case l.netns != a.Netns || !slices.Equal(l.addresses, a.Addresses()):
+		return wiring(a), fmt.Errorf("%s is wired to %v in %s", a.Key(), l.addresses, l.netns)
 	case !l.route:
 		return wiring(a), fmt.Errorf("%s has no route", a.Key())
-	case !d.neigh[a.Address]:
-		return wiring(a), fmt.Errorf("%s has no proxy entry", a.Address)
+	}
+	for _, ip := range l.addresses {
+		if !d.neigh[ip] {
+			return wiring(a), fmt.Errorf("%s has no proxy entry", ip)
+		}
 	}
 	return wiring(a), nil
 }
@@ -134,15 +151,17 @@ func (d *Datapath) Trace(ctx context.Context, a *alloc.Allocation) []datapath.Ho
 }
 
 // Teardown implements datapath.Datapath. Like mode veth's, it removes
-// the address's proxy entry whether or not the link was there.
+// the addresses' proxy entries whether or not the link was there.
 func (d *Datapath) Teardown(_ context.Context, a *alloc.Allocation) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.calls["Teardown"]++
-	if l, ok := d.links[a.Key()]; ok && l.address == a.Address {
+	if l, ok := d.links[a.Key()]; ok && slices.Contains(l.addresses, a.Address) {
 		delete(d.links, a.Key())
 	}
-	delete(d.neigh, a.Address)
+	for _, ip := range a.Addresses() {
+		delete(d.neigh, ip)
+	}
 	return nil
 }
 
@@ -168,9 +187,11 @@ func (d *Datapath) Reconcile(_ context.Context, want datapath.Desired) (datapath
 			d.links[a.Key()] = l
 			rep.AddRepair(datapath.RepairRoute, "%s: route", a.Key())
 		}
-		if !d.neigh[a.Address] {
-			d.neigh[a.Address] = true
-			rep.AddRepair(datapath.RepairNeighbour, "%s: proxy entry %s", a.Key(), a.Address)
+		for _, ip := range a.Addresses() {
+			if !d.neigh[ip] {
+				d.neigh[ip] = true
+				rep.AddRepair(datapath.RepairNeighbour, "%s: proxy entry %s", a.Key(), ip)
+			}
 		}
 	}
 	for k := range d.links {
@@ -242,7 +263,7 @@ func (d *Datapath) DropLink(key string) {
 func (d *Datapath) Orphan(key, netns string, ip netip.Addr) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	d.links[key] = link{netns: netns, address: ip, route: true}
+	d.links[key] = link{netns: netns, addresses: []netip.Addr{ip}, route: true}
 	d.neigh[ip] = true
 }
 
@@ -266,13 +287,30 @@ func (d *Datapath) Links() []string {
 	return out
 }
 
-// Wired says whether key is wired with ip, its route and the address's
-// proxy entry included.
-func (d *Datapath) Wired(key string, ip netip.Addr) bool {
+// Wired says whether key is wired with each of ips (a dual-stack pod's
+// two, or one of them), its route and each address's proxy entry
+// included.
+func (d *Datapath) Wired(key string, ips ...netip.Addr) bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	l, ok := d.links[key]
-	return ok && l.address == ip && l.route && d.neigh[ip]
+	if !ok || !l.route || len(ips) == 0 {
+		return false
+	}
+	for _, ip := range ips {
+		if !slices.Contains(l.addresses, ip) || !d.neigh[ip] {
+			return false
+		}
+	}
+	return true
+}
+
+// DropPiece removes the node-side piece of one address (a person deleting
+// its proxy entry).
+func (d *Datapath) DropPiece(ip netip.Addr) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	delete(d.neigh, ip)
 }
 
 // HasStale says whether a piece of ip is left that no link of ip's
@@ -284,7 +322,7 @@ func (d *Datapath) HasStale(ip netip.Addr) bool {
 		return false
 	}
 	for _, l := range d.links {
-		if l.address == ip {
+		if slices.Contains(l.addresses, ip) {
 			return false
 		}
 	}

@@ -13,10 +13,11 @@
 //     link (the uplink in vpcni's bridge) taken off it or deleted;
 //   - a route deleted with vpcni's protocol (0xa7), or from a table other
 //     than main and local (a secondary NIC's table);
-//   - a proxy neighbour entry gone (vpcni answers ARP for its pods). The
-//     kernel sends no notification for proxy entries (none on 6.18,
-//     measured with `ip monitor neigh`), so the watch polls them: one
-//     dump of proxy entries every ProxyPoll, microseconds of work;
+//   - a proxy neighbour entry gone (vpcni answers ARP and NDP for its
+//     pods). The kernel sends no notification for proxy entries of either
+//     family (none on 6.18, measured with `ip monitor neigh`), so the
+//     watch polls them: one dump of proxy entries every ProxyPoll,
+//     microseconds of work;
 //   - any IPv4 policy rule deleted (rules are few and rarely change);
 //   - a tc filter or qdisc deleted on such a link (mode ebpf's programs
 //     hang off the uplink's and the host veths' ingress);

@@ -49,6 +49,8 @@ func TestWatch(t *testing.T) {
 		"ip route add 10.9.1.6/32 dev other",
 		"ip route add default dev up0 table 28009",
 		"ip neigh add proxy 10.9.0.77 dev up0",
+		"ip -6 route add fd00:9:1::5/128 dev vpcabc proto 167",
+		"ip -6 neigh add proxy fd00:9::77 dev up0",
 		"ip rule add from 10.9.0.77 lookup 28009 pref 1536",
 		"nft add table ip vpcni_kwt", "nft add chain ip vpcni_kwt c", "nft add table ip foreign_kwt",
 	)
@@ -138,6 +140,10 @@ func TestWatch(t *testing.T) {
 	sh("ip neigh add proxy 10.9.0.77 dev up0", "ip neigh del proxy 10.9.0.77 dev up0")
 	expect("true", "proxy neighbour 10.9.0.77")
 	settle("proxy neighbour 10.9.0.77")
+	// IPv6 pods' pieces: a /128 route and a proxy NDP entry.
+	expect("ip -6 route del fd00:9:1::5/128 dev vpcabc proto 167", "route fd00:9:1::5/128")
+	expect("ip -6 neigh del proxy fd00:9::77 dev up0", "proxy neighbour fd00:9::77")
+	settle("proxy neighbour fd00:9::77")
 	expect("ip rule del pref 1536", "policy rule deleted")
 	expect("nft delete chain ip vpcni_kwt c", "chain in table vpcni_kwt")
 	expect("nft delete table ip vpcni_kwt", "nftables table vpcni_kwt deleted")

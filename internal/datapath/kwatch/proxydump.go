@@ -4,21 +4,21 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"net/netip"
 	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
 )
 
-// proxyKey is one IPv4 proxy neighbour entry: its address and link.
+// proxyKey is one proxy neighbour entry (ARP or NDP): its address and
+// link. A netip.Addr without a zone allocates nothing.
 type proxyKey struct {
-	ip   [4]byte
+	ip   netip.Addr
 	link int32
 }
 
-func (k proxyKey) String() string {
-	return fmt.Sprintf("%d.%d.%d.%d dev %d", k.ip[0], k.ip[1], k.ip[2], k.ip[3], k.link)
-}
+func (k proxyKey) String() string { return fmt.Sprintf("%s dev %d", k.ip, k.link) }
 
 // proxyDumper dumps the proxy neighbour entries over one netlink socket
 // into one buffer, both reused, and decodes only the address and link of
@@ -57,14 +57,16 @@ func newProxyDumper() (*proxyDumper, error) {
 	ne.PutUint32(d.req[0:], uint32(len(d.req)))
 	ne.PutUint16(d.req[4:], unix.RTM_GETNEIGH)
 	ne.PutUint16(d.req[6:], unix.NLM_F_REQUEST|unix.NLM_F_DUMP)
-	d.req[unix.SizeofNlMsghdr] = unix.AF_INET      // ndm_family
+	// ndm_family AF_UNSPEC: the kernel dumps the proxy entries of every
+	// family, ARP's and NDP's, in one go.
+	d.req[unix.SizeofNlMsghdr] = unix.AF_UNSPEC
 	d.req[unix.SizeofNlMsghdr+10] = unix.NTF_PROXY // ndm_flags: the proxy table
 	return d, nil
 }
 
 func (d *proxyDumper) close() { unix.Close(d.fd) }
 
-// dump puts every IPv4 proxy entry into into (cleared first).
+// dump puts every proxy entry into into (cleared first).
 func (d *proxyDumper) dump(into map[proxyKey]bool) error {
 	clear(into)
 	d.seq++
@@ -115,10 +117,10 @@ func (d *proxyDumper) dump(into map[proxyKey]bool) error {
 	}
 }
 
-// proxyEntry decodes an ndmsg and its attributes: an IPv4 entry's
-// destination and link.
+// proxyEntry decodes an ndmsg and its attributes: an IPv4 or IPv6
+// entry's destination and link.
 func proxyEntry(m []byte) (proxyKey, bool) {
-	if len(m) < unix.SizeofNdMsg || m[0] != unix.AF_INET {
+	if len(m) < unix.SizeofNdMsg || m[0] != unix.AF_INET && m[0] != unix.AF_INET6 {
 		return proxyKey{}, false
 	}
 	ne := binary.NativeEndian
@@ -128,8 +130,8 @@ func proxyEntry(m []byte) (proxyKey, bool) {
 		if l < unix.SizeofRtAttr || l > len(a) {
 			return proxyKey{}, false
 		}
-		if ne.Uint16(a[2:]) == unix.NDA_DST && l == unix.SizeofRtAttr+4 {
-			copy(k.ip[:], a[unix.SizeofRtAttr:l])
+		if ne.Uint16(a[2:]) == unix.NDA_DST && (l == unix.SizeofRtAttr+4 || l == unix.SizeofRtAttr+16) {
+			k.ip, _ = netip.AddrFromSlice(a[unix.SizeofRtAttr:l])
 			return k, true
 		}
 		a = a[min(nlAlign(l), len(a)):]

@@ -40,24 +40,27 @@ func IsNotFound(err error) bool {
 }
 
 // DefaultRouteLink names the interface of the node's IPv4 default route
-// in the main table.
+// in the main table, or of its IPv6 one on a node without the first (an
+// IPv6-only node).
 func DefaultRouteLink() (string, error) {
-	routes, err := RetryDump(func() ([]netlink.Route, error) {
-		return netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Table: 254}, netlink.RT_FILTER_TABLE)
-	})
-	if err != nil {
-		return "", fmt.Errorf("list routes: %w", err)
-	}
-	for _, r := range routes {
-		if r.Dst == nil || prefixLen(r) == 0 {
-			l, err := netlink.LinkByIndex(r.LinkIndex)
-			if err != nil {
-				return "", fmt.Errorf("default route's interface %d: %w", r.LinkIndex, err)
+	for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
+		routes, err := RetryDump(func() ([]netlink.Route, error) {
+			return netlink.RouteListFiltered(fam, &netlink.Route{Table: 254}, netlink.RT_FILTER_TABLE)
+		})
+		if err != nil {
+			return "", fmt.Errorf("list routes: %w", err)
+		}
+		for _, r := range routes {
+			if (r.Dst == nil || prefixLen(r) == 0) && r.LinkIndex > 0 {
+				l, err := netlink.LinkByIndex(r.LinkIndex)
+				if err != nil {
+					return "", fmt.Errorf("default route's interface %d: %w", r.LinkIndex, err)
+				}
+				return l.Attrs().Name, nil
 			}
-			return l.Attrs().Name, nil
 		}
 	}
-	return "", errors.New("no IPv4 default route to take the uplink from; set uplink in the config")
+	return "", errors.New("no default route (IPv4 or IPv6) to take the uplink from; set uplink in the config")
 }
 
 func prefixLen(r netlink.Route) int {

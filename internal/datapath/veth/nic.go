@@ -217,8 +217,10 @@ func ours(r netlink.Rule) bool {
 	return r.Protocol == uint8(RouteProtocol) && (r.Priority == ruleLocalPods || r.Priority == ruleFromPod)
 }
 
+// proxyOn is the proxy neighbour entry by which the node answers ARP (NDP,
+// for an IPv6 address) for ip on a link.
 func proxyOn(linkIdx int, ip netip.Addr) *netlink.Neigh {
-	return &netlink.Neigh{LinkIndex: linkIdx, Family: netlink.FAMILY_V4, Flags: netlink.NTF_PROXY, IP: ip.AsSlice()}
+	return &netlink.Neigh{LinkIndex: linkIdx, Family: nlFamily(ip), Flags: netlink.NTF_PROXY, IP: ip.AsSlice()}
 }
 
 // traceNIC lists the pieces of a NIC pod's node-side wiring: the policy
@@ -288,7 +290,7 @@ func (v *Veth) hasProxyOn(linkIdx int, ip netip.Addr) bool {
 	// per pod made each pass O(pods²) — 62,500 entries decoded every 30 s
 	// at 250 pods (bench node-scale).
 	req := nl.NewNetlinkRequest(unix.RTM_GETNEIGH, 0)
-	req.AddData(&netlink.Ndmsg{Family: netlink.FAMILY_V4, Index: uint32(linkIdx), Flags: netlink.NTF_PROXY})
+	req.AddData(&netlink.Ndmsg{Family: uint8(nlFamily(ip)), Index: uint32(linkIdx), Flags: netlink.NTF_PROXY})
 	req.AddData(nl.NewRtAttr(unix.NDA_DST, ip.AsSlice()))
 	msgs, err := req.Execute(unix.NETLINK_ROUTE, unix.RTM_NEWNEIGH)
 	return err == nil && len(msgs) > 0

@@ -9,17 +9,21 @@ import (
 
 	"github.com/vishvananda/netlink"
 
+	"github.com/vpcni/vpcni/internal/alloc"
 	"github.com/vpcni/vpcni/internal/datapath"
 	"github.com/vpcni/vpcni/internal/datapath/nlutil"
+	"github.com/vpcni/vpcni/internal/family"
 )
 
 // Reconcile implements datapath.Datapath. It reads the node's links, its
-// vpcni routes and the uplink's proxy entries once each — not once per
-// pod: per-pod dumps made an agent with 166 pods take seconds to start —
-// and then:
-//   - a desired allocation whose host veth is there gets its route, its
-//     proxy ARP entry and its link state back; one whose host veth is gone
-//     is reported Broken (only a Setup inside the pod can bring it back);
+// vpcni routes, the uplink's proxy entries and the node's IPv6 neighbours
+// once each (both families) — not once per pod: per-pod dumps made an
+// agent with 166 pods take seconds to start — and then:
+//   - a desired allocation whose host veth is there gets, for each of its
+//     addresses, its route, its proxy ARP (NDP) entry and (IPv6) its
+//     permanent neighbour entry back, and its link state; one whose host
+//     veth is gone is reported Broken (only a Setup inside the pod can
+//     bring it back);
 //   - a host veth of vpcni's that no desired allocation names is deleted,
 //     with the proxy entries of the addresses routed to it;
 //   - a vpcni route to an address no desired allocation has is deleted,
@@ -32,15 +36,27 @@ func (v *Veth) Reconcile(_ context.Context, want datapath.Desired) (rep datapath
 	if err != nil {
 		return rep, fmt.Errorf("list links: %w", err)
 	}
-	routes, err := nlutil.RetryDump(func() ([]netlink.Route, error) {
-		return netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Protocol: RouteProtocol}, netlink.RT_FILTER_PROTOCOL)
-	})
-	if err != nil {
-		return rep, fmt.Errorf("list vpcni routes: %w", err)
+	var routes []netlink.Route
+	var proxies, neighs []netlink.Neigh
+	for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
+		rs, err := nlutil.RetryDump(func() ([]netlink.Route, error) {
+			return netlink.RouteListFiltered(fam, &netlink.Route{Protocol: RouteProtocol}, netlink.RT_FILTER_PROTOCOL)
+		})
+		if err != nil {
+			return rep, fmt.Errorf("list vpcni routes: %w", err)
+		}
+		ps, err := nlutil.RetryDump(func() ([]netlink.Neigh, error) { return netlink.NeighProxyList(v.uplinkIdx, fam) })
+		if err != nil {
+			return rep, fmt.Errorf("list proxy entries on %s: %w", v.Uplink, err)
+		}
+		routes, proxies = append(routes, rs...), append(proxies, ps...)
 	}
-	proxies, err := nlutil.RetryDump(func() ([]netlink.Neigh, error) { return netlink.NeighProxyList(v.uplinkIdx, netlink.FAMILY_V4) })
-	if err != nil {
-		return rep, fmt.Errorf("list proxy ARP entries on %s: %w", v.Uplink, err)
+	// The pods' IPv6 neighbour entries on their host veths: one dump of
+	// the node's IPv6 neighbours, read only on a node with IPv6 pods.
+	if v.has(family.V6) {
+		if neighs, err = nlutil.RetryDump(func() ([]netlink.Neigh, error) { return netlink.NeighList(0, netlink.FAMILY_V6) }); err != nil {
+			return rep, fmt.Errorf("list IPv6 neighbours: %w", err)
+		}
 	}
 
 	// Host veths this mode made, by name: a veth named vpc<hash> with an
@@ -59,7 +75,7 @@ func (v *Veth) Reconcile(_ context.Context, want datapath.Desired) (rep datapath
 			ours[l.Attrs().Name] = l
 		}
 	}
-	routed := map[netip.Addr]netlink.Route{} // vpcni /32 routes by destination
+	routed := map[netip.Addr]netlink.Route{} // vpcni /32 and /128 routes by destination
 	for _, r := range routes {
 		if ip, ok := hostRouteDst(r); ok {
 			routed[ip] = r
@@ -67,8 +83,18 @@ func (v *Veth) Reconcile(_ context.Context, want datapath.Desired) (rep datapath
 	}
 	proxied := map[netip.Addr]bool{}
 	for _, n := range proxies {
-		if ip, ok := netip.AddrFromSlice(n.IP.To4()); ok {
+		if ip, ok := addrOf(n.IP); ok {
 			proxied[ip] = true
+		}
+	}
+	type linkAddr struct {
+		link int
+		ip   netip.Addr
+	}
+	pinned := map[linkAddr]string{} // permanent IPv6 neighbours: their MAC
+	for _, n := range neighs {
+		if ip, ok := addrOf(n.IP); ok && n.State == netlink.NUD_PERMANENT {
+			pinned[linkAddr{n.LinkIndex, ip}] = n.HardwareAddr.String()
 		}
 	}
 
@@ -79,7 +105,9 @@ func (v *Veth) Reconcile(_ context.Context, want datapath.Desired) (rep datapath
 	for _, a := range want.Allocations {
 		name := HostIfName(a.ContainerID, a.IfName)
 		wanted[name] = true
-		wantedAddr[a.Address] = name
+		for _, ip := range a.Addresses() {
+			wantedAddr[ip] = name
+		}
 		link, ok := ours[name]
 		if !ok || link.Attrs().Alias != AliasPrefix+a.Key() {
 			rep.Broken = append(rep.Broken, a.Key())
@@ -92,28 +120,43 @@ func (v *Veth) Reconcile(_ context.Context, want datapath.Desired) (rep datapath
 				rep.AddRepair(datapath.RepairLink, "%s: host veth %s was down", a.Key(), name)
 			}
 		}
-		if r, ok := routed[a.Address]; !ok || r.LinkIndex != link.Attrs().Index {
-			if err := netlink.RouteReplace(v.hostRoute(link.Attrs().Index, a.Address)); err != nil {
-				fail(fmt.Errorf("route %s/32 dev %s: %w", a.Address, name, err))
-			} else {
-				rep.AddRepair(datapath.RepairRoute, "%s: route %s/32 dev %s", a.Key(), a.Address, name)
+		idx := link.Attrs().Index
+		podMAC := macFor(a.Key(), "pod")
+		for _, l := range a.Leases() {
+			host := family.Host(l.Address)
+			if r, ok := routed[l.Address]; !ok || r.LinkIndex != idx {
+				if err := netlink.RouteReplace(v.hostRoute(idx, l.Address)); err != nil {
+					fail(fmt.Errorf("route %s dev %s: %w", host, name, err))
+				} else {
+					rep.AddRepair(datapath.RepairRoute, "%s: route %s dev %s", a.Key(), host, name)
+				}
 			}
-		}
-		if a.NIC != nil {
-			continue // routed by its NIC: reconcileNICs
-		}
-		if !proxied[a.Address] {
-			if err := netlink.NeighSet(v.proxyEntry(a.Address)); err != nil {
-				fail(fmt.Errorf("proxy ARP entry %s on %s: %w", a.Address, v.Uplink, err))
-			} else {
-				rep.AddRepair(datapath.RepairNeighbour, "%s: proxy ARP entry %s on %s", a.Key(), a.Address, v.Uplink)
+			if family.Of(l.Address) == family.V6 && pinned[linkAddr{idx, l.Address}] != podMAC.String() {
+				if err := netlink.NeighSet(podNeighbour(idx, l.Address, podMAC)); err != nil {
+					fail(fmt.Errorf("neighbour %s dev %s: %w", l.Address, name, err))
+				} else {
+					rep.AddRepair(datapath.RepairNeighbour, "%s: neighbour %s -> %s dev %s", a.Key(), l.Address, podMAC, name)
+				}
+			}
+			if l.NIC != nil {
+				continue // routed by its NIC: reconcileNICs
+			}
+			if !proxied[l.Address] {
+				kind := proxyKind(l.Address)
+				if err := netlink.NeighSet(v.proxyEntry(l.Address)); err != nil {
+					fail(fmt.Errorf("%s %s on %s: %w", kind, l.Address, v.Uplink, err))
+				} else {
+					rep.AddRepair(datapath.RepairNeighbour, "%s: %s %s on %s", a.Key(), kind, l.Address, v.Uplink)
+				}
 			}
 		}
 	}
 
 	for _, a := range want.Leave {
 		wanted[HostIfName(a.ContainerID, a.IfName)] = true
-		wantedAddr[a.Address] = HostIfName(a.ContainerID, a.IfName)
+		for _, ip := range a.Addresses() {
+			wantedAddr[ip] = HostIfName(a.ContainerID, a.IfName)
+		}
 	}
 
 	// Orphan host veths: their routes' addresses lose their proxy entries
@@ -132,7 +175,7 @@ func (v *Veth) Reconcile(_ context.Context, want datapath.Desired) (rep datapath
 			}
 			if _, live := wantedAddr[ip]; !live && proxied[ip] {
 				if err := netlink.NeighDel(v.proxyEntry(ip)); err != nil && !nlutil.IsNotFound(err) {
-					fail(fmt.Errorf("delete proxy ARP entry %s: %w", ip, err))
+					fail(fmt.Errorf("delete %s %s: %w", proxyKind(ip), ip, err))
 				}
 				delete(proxied, ip)
 			}
@@ -155,19 +198,19 @@ func (v *Veth) Reconcile(_ context.Context, want datapath.Desired) (rep datapath
 			fail(fmt.Errorf("delete stale route %s: %w", ip, err))
 			continue
 		}
-		rep.Removed = append(rep.Removed, fmt.Sprintf("stale route %s/32", ip))
+		rep.Removed = append(rep.Removed, fmt.Sprintf("stale route %s", family.Host(ip)))
 	}
 	for _, ip := range want.Idle {
 		if _, live := wantedAddr[ip]; live || !proxied[ip] {
 			continue
 		}
 		if err := netlink.NeighDel(v.proxyEntry(ip)); err != nil && !nlutil.IsNotFound(err) {
-			fail(fmt.Errorf("delete proxy ARP entry %s: %w", ip, err))
+			fail(fmt.Errorf("delete %s %s: %w", proxyKind(ip), ip, err))
 			continue
 		}
-		rep.Removed = append(rep.Removed, fmt.Sprintf("proxy ARP entry of idle address %s", ip))
+		rep.Removed = append(rep.Removed, fmt.Sprintf("%s of idle address %s", proxyKind(ip), ip))
 	}
-	err = v.reconcileNICs(links, want.Allocations, want.Idle, wantedAddr, rb)
+	err = v.reconcileNICs(links, nicLeases(want.Allocations), want.Idle, wantedAddr, rb)
 	return rep, err
 }
 
@@ -203,12 +246,34 @@ func isHostIfName(name string) bool {
 	return ok && len(hex) == 11 && strings.Trim(hex, "0123456789abcdef") == ""
 }
 
-// hostRouteDst is the destination of a /32 route (ok=false otherwise).
+// hostRouteDst is the destination of a /32 or /128 route (ok=false
+// otherwise).
 func hostRouteDst(r netlink.Route) (netip.Addr, bool) {
 	if r.Dst == nil || !isHostMask(r.Dst.Mask) {
 		return netip.Addr{}, false
 	}
-	return netip.AddrFromSlice(r.Dst.IP.To4())
+	return addrOf(r.Dst.IP)
+}
+
+// addrOf is ip as netip spells it, an IPv4 address as IPv4 whichever
+// length the library gave it.
+func addrOf(ip net.IP) (netip.Addr, bool) {
+	a, ok := netip.AddrFromSlice(ip)
+	return a.Unmap(), ok
+}
+
+// nicLeases are the desired allocations' addresses that live on secondary
+// NICs, each as an allocation of its own (reconcileNICs).
+func nicLeases(want []*alloc.Allocation) []*alloc.Allocation {
+	var out []*alloc.Allocation
+	for _, a := range want {
+		for _, l := range a.Leases() {
+			if l.NIC != nil {
+				out = append(out, withLease(a, l))
+			}
+		}
+	}
+	return out
 }
 
 var _ datapath.Datapath = (*Veth)(nil)

@@ -6,6 +6,15 @@
 //	      for <ip> on the uplink so the node answers ARP for the pod,
 //	      a gratuitous ARP on the uplink when the pod appears
 //
+// and for each IPv6 address of the pod (ipv6.go):
+//
+//	pod:  eth0 <ip6>/128 nodad, default via fe80::1 dev eth0, permanent
+//	      neighbour fe80::1 -> host veth MAC
+//	node: <ip6>/128 dev vpc<hash> (protocol vpcni), permanent neighbour
+//	      <ip6> -> pod MAC on the host veth, a proxy NDP entry for <ip6>
+//	      on the uplink, an unsolicited neighbour advertisement on the
+//	      uplink when the pod appears
+//
 // The pod end is created inside the pod's namespace (moving a link between
 // namespaces costs ~25 ms). The host end carries the alias
 // "vpcni:<container>/<ifname>" so vpcni never touches a link it did not make.
@@ -29,10 +38,12 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 
 	"github.com/vpcni/vpcni/internal/alloc"
 	"github.com/vpcni/vpcni/internal/datapath"
 	"github.com/vpcni/vpcni/internal/datapath/nlutil"
+	"github.com/vpcni/vpcni/internal/family"
 )
 
 func init() {
@@ -40,18 +51,22 @@ func init() {
 		Name:        "veth",
 		NewSettings: func() datapath.Settings { return &Settings{} },
 		New: func(node datapath.Node, s datapath.Settings) (datapath.Datapath, error) {
-			return NewVeth(node.Uplink, node.MTU, *s.(*Settings).GARP)
+			return NewVeth(node.Uplink, node.MTU, *s.(*Settings).GARP, node.Families...)
 		},
-		Prepare: func(node datapath.Node, _ datapath.Settings) error { return PrepareNode(node.Uplink) },
-		Needs:   func(node datapath.Node, _ datapath.Settings) datapath.Needs { return NodeNeeds(node.Uplink) },
+		Families: []family.Family{family.V4, family.V6},
+		Prepare:  func(node datapath.Node, _ datapath.Settings) error { return PrepareNode(node.Uplink, node.Families...) },
+		Needs: func(node datapath.Node, _ datapath.Settings) datapath.Needs {
+			return NodeNeeds(node.Uplink, node.Families...)
+		},
 	})
 }
 
 // Settings is the mode's section of vpcnid.yaml (datapath.veth).
 type Settings struct {
-	// GARP: announce a pod's address on the uplink with a gratuitous ARP
-	// when it is wired, so neighbours that knew the address elsewhere
-	// learn its new home at once (default true).
+	// GARP: announce a pod's addresses on the uplink when it is wired —
+	// a gratuitous ARP for IPv4, an unsolicited neighbour advertisement
+	// for IPv6 — so neighbours that knew an address elsewhere learn its
+	// new home at once (default true).
 	GARP *bool `json:"garp,omitempty"`
 }
 
@@ -66,8 +81,19 @@ func (s *Settings) Defaults() {
 // Validate implements datapath.Settings: nothing can be wrong yet.
 func (s *Settings) Validate() error { return nil }
 
-// Gateway is the link-local next hop every pod routes through.
+// Gateway is the link-local next hop every pod routes IPv4 through.
 var Gateway = netip.MustParseAddr("169.254.1.1")
+
+// Gateway6 is the link-local next hop every pod routes IPv6 through.
+var Gateway6 = netip.MustParseAddr("fe80::1")
+
+// gatewayOf is the pods' next hop for family f.
+func gatewayOf(f family.Family) netip.Addr {
+	if f == family.V6 {
+		return Gateway6
+	}
+	return Gateway
+}
 
 // RouteProtocol marks the node routes vpcni installs (see /etc/iproute2/rt_protos).
 const RouteProtocol netlink.RouteProtocol = 0xa7
@@ -84,9 +110,11 @@ type Veth struct {
 	uplinkIdx int
 	uplinkMAC net.HardwareAddr
 	MTU       int
-	garp      *arpSender // nil: gratuitous ARP disabled
-	reap      chan reapItem
-	reaped    chan struct{}
+	// families the node was prepared for (nil: IPv4 only).
+	families []family.Family
+	garp     *announcer // nil: announcements disabled
+	reap     chan reapItem
+	reaped   chan struct{}
 
 	mu      sync.Mutex
 	pending map[string][]reapItem // by pod netns: links released, not yet deleted
@@ -100,8 +128,9 @@ type reapItem struct {
 }
 
 // NewVeth finds the uplink (the default route's interface when name is
-// empty), settles the MTU and prepares the node's sysctls.
-func NewVeth(uplink string, mtu int, garp bool) (*Veth, error) {
+// empty), settles the MTU and prepares the node's sysctls for the address
+// families its pods get (none named: IPv4).
+func NewVeth(uplink string, mtu int, garp bool, families ...family.Family) (*Veth, error) {
 	link, err := nlutil.Uplink(uplink)
 	if err != nil {
 		return nil, err
@@ -110,12 +139,12 @@ func NewVeth(uplink string, mtu int, garp bool) (*Veth, error) {
 	if mtu == 0 {
 		mtu = link.Attrs().MTU
 	}
-	v := &Veth{Uplink: uplink, uplinkIdx: link.Attrs().Index, uplinkMAC: link.Attrs().HardwareAddr, MTU: mtu}
-	if err := v.prepareNode(); err != nil {
+	v := &Veth{Uplink: uplink, uplinkIdx: link.Attrs().Index, uplinkMAC: link.Attrs().HardwareAddr, MTU: mtu, families: families}
+	if err := PrepareNode(v.Uplink, families...); err != nil {
 		return nil, err
 	}
 	if garp {
-		if v.garp, err = newARPSender(v.uplinkIdx, v.uplinkMAC); err != nil {
+		if v.garp, err = newAnnouncer(v.uplinkIdx, v.uplinkMAC); err != nil {
 			return nil, err
 		}
 	}
@@ -148,28 +177,55 @@ func (v *Veth) Info() datapath.Info {
 	return datapath.Info{Mode: "veth", Uplink: v.Uplink, MTU: v.MTU, NodeIP: v.UplinkIP(), PodVeth: true, NICRoutes: true}
 }
 
-// prepareNode sets what routed pods need on the node: forwarding, and proxy
-// ARP answers without the kernel's random delay (0.8 s by default).
-func (v *Veth) prepareNode() error { return PrepareNode(v.Uplink) }
+// has says whether the node was prepared for family f.
+func (v *Veth) has(f family.Family) bool {
+	if len(v.families) == 0 {
+		return f == family.V4
+	}
+	return family.Has(v.families, f)
+}
 
-// PrepareNode sets the node's sysctls for routed pods on uplink ("" = the
-// interface of the default route). It writes only what differs, so an
-// agent without a writable /proc/sys (a container that is not privileged)
-// starts once a privileged step ran this.
-func PrepareNode(uplink string) error {
+// PrepareNode sets the node's sysctls for routed pods of the given
+// families (none named: IPv4) on uplink ("" = the interface of the
+// default route). It writes only what differs, so an agent without a
+// writable /proc/sys (a container that is not privileged) starts once a
+// privileged step ran this.
+func PrepareNode(uplink string, families ...family.Family) error {
 	uplink, err := nlutil.UplinkName(uplink)
 	if err != nil {
 		return err
 	}
-	return errors.Join(nlutil.WriteSysctls(nodeSysctls(uplink)), defaultProxyDelay())
+	var errs []error
+	for _, s := range nodeSysctls(uplink, families) {
+		// In order: an uplink keeps taking router advertisements
+		// (accept_ra=2) before forwarding goes on (ipv6Sysctls).
+		errs = append(errs, nlutil.WriteSysctls([]datapath.Sysctl{s}))
+	}
+	if wantsV4(families) {
+		errs = append(errs, defaultProxyDelay())
+	}
+	return errors.Join(errs...)
 }
 
-// nodeSysctls are what routed pods need on the node: forwarding, and proxy
-// ARP answers on the uplink without the kernel's random delay (up to 0.8 s
-// by default, on every neighbour's first ARP for a pod).
-func nodeSysctls(uplink string) []datapath.Sysctl {
-	return []datapath.Sysctl{datapath.Forwarding,
-		{Key: "net/ipv4/neigh/" + uplink + "/proxy_delay", Value: "0", Why: "the node answers ARP for its pods on the uplink at once, not after up to 0.8 s"}}
+// wantsV4 says whether a node of families has IPv4 pods.
+func wantsV4(families []family.Family) bool {
+	return len(families) == 0 || family.Has(families, family.V4)
+}
+
+// nodeSysctls are what routed pods of the families need on the node, in
+// the order to write them: forwarding, and proxy ARP (NDP) answers on the
+// uplink without the kernel's random delay (up to 0.8 s by default, on
+// every neighbour's first ARP or neighbour solicitation for a pod).
+func nodeSysctls(uplink string, families []family.Family) []datapath.Sysctl {
+	var out []datapath.Sysctl
+	if wantsV4(families) {
+		out = append(out, datapath.Forwarding,
+			datapath.Sysctl{Key: "net/ipv4/neigh/" + uplink + "/proxy_delay", Value: "0", Why: "the node answers ARP for its pods on the uplink at once, not after up to 0.8 s"})
+	}
+	if family.Has(families, family.V6) {
+		out = append(out, ipv6Sysctls(uplink)...)
+	}
+	return out
 }
 
 // defaultProxyDelay sets neigh.default.proxy_delay to 0, which a NIC a
@@ -202,16 +258,85 @@ func macFor(key, side string) net.HardwareAddr {
 }
 
 // wiring is what Setup makes for a: the host veth, the pod's interface
-// with its /32, the default route via the link-local gateway.
+// with each of its addresses alone (/32, /128), a default route per family
+// via that family's link-local gateway.
 func wiring(a *alloc.Allocation) alloc.Wiring {
-	return alloc.Wiring{
+	w := alloc.Wiring{
 		Interfaces: []alloc.Interface{
 			{Name: HostIfName(a.ContainerID, a.IfName), MAC: macFor(a.Key(), "host").String()},
 			{Name: a.IfName, MAC: macFor(a.Key(), "pod").String(), Sandbox: a.Netns},
 		},
-		IPs:    []alloc.IPConfig{{Interface: 1, Address: netip.PrefixFrom(a.Address, 32), Gateway: Gateway}},
-		Routes: []alloc.Route{{Dst: netip.PrefixFrom(netip.IPv4Unspecified(), 0), GW: Gateway}},
 	}
+	for _, f := range leaseFamilies(a) {
+		w.Routes = append(w.Routes, alloc.Route{Dst: f.Default(), GW: gatewayOf(f)})
+	}
+	for _, l := range a.Leases() {
+		w.IPs = append(w.IPs, alloc.IPConfig{Interface: 1, Address: family.Host(l.Address), Gateway: gatewayOf(family.Of(l.Address))})
+	}
+	return w
+}
+
+// leaseFamilies are the families of a's addresses, in lease order.
+func leaseFamilies(a *alloc.Allocation) []family.Family {
+	var out []family.Family
+	for _, l := range a.Leases() {
+		if f := family.Of(l.Address); f != 0 && !slices.Contains(out, f) {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// withLease is a with l as its lease: the secondary-NIC code routes one
+// address at a time.
+func withLease(a *alloc.Allocation, l alloc.Lease) *alloc.Allocation {
+	b := *a
+	b.Lease, b.Others = l, nil
+	return &b
+}
+
+// ipNet is p as the netlink library spells a prefix.
+func ipNet(p netip.Prefix) *net.IPNet {
+	return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
+}
+
+// nlFamily is the netlink family of an address.
+func nlFamily(ip netip.Addr) int {
+	if family.Of(ip) == family.V6 {
+		return netlink.FAMILY_V6
+	}
+	return netlink.FAMILY_V4
+}
+
+// proxyKind names the node's proxy neighbour entry for ip's family.
+func proxyKind(ip netip.Addr) string {
+	if family.Of(ip) == family.V6 {
+		return "proxy NDP entry"
+	}
+	return "proxy ARP entry"
+}
+
+// leaseError refuses, before anything is made, an address this mode cannot
+// wire.
+func (v *Veth) leaseError(a *alloc.Allocation) error {
+	for _, l := range a.Leases() {
+		// A passthrough lease (the NIC's own address is the pod's) is a
+		// NIC for the pod itself, not one to route by: the provider wants
+		// mode passthrough.
+		if l.NIC != nil && l.NIC.Address == l.Address {
+			return &SetupError{Step: "lease", Err: datapath.OnUplink(l, "veth")}
+		}
+		if family.Of(l.Address) != family.V6 {
+			continue
+		}
+		if l.NIC != nil {
+			return &SetupError{Step: "lease", Err: fmt.Errorf("IPv6 address %s lives on a secondary NIC (MAC %s): mode veth routes IPv6 addresses by the uplink only", l.Address, l.NIC.MAC)}
+		}
+		if !v.has(family.V6) {
+			return &SetupError{Step: "lease", Err: fmt.Errorf("IPv6 address %s for a node not prepared for IPv6: the agent's ipFamilies has no ipv6", l.Address)}
+		}
+	}
+	return nil
 }
 
 // hostEnd names the attachment's host veth and its MACs.
@@ -223,11 +348,8 @@ type hostEnd struct {
 // Setup implements datapath.Datapath. On failure it removes whatever it
 // created.
 func (v *Veth) Setup(_ context.Context, a *alloc.Allocation) (_ alloc.Wiring, err error) {
-	// A passthrough lease (the NIC's own address is the pod's) is a NIC
-	// for the pod itself, not one to route by: the provider wants mode
-	// passthrough.
-	if a.NIC != nil && a.NIC.Address == a.Address {
-		return alloc.Wiring{}, &SetupError{Step: "lease", Err: datapath.OnUplink(a.Lease, "veth")}
+	if err := v.leaseError(a); err != nil {
+		return alloc.Wiring{}, err
 	}
 	w := hostEnd{HostIf: HostIfName(a.ContainerID, a.IfName), HostMAC: macFor(a.Key(), "host"), PodMAC: macFor(a.Key(), "pod")}
 	podNs, err := netns.GetFromPath(a.Netns)
@@ -269,57 +391,101 @@ func (v *Veth) Setup(_ context.Context, a *alloc.Allocation) (_ alloc.Wiring, er
 	if err = netlink.LinkSetAlias(veth, AliasPrefix+a.Key()); err != nil {
 		return alloc.Wiring{}, &SetupError{Step: "mark host end " + w.HostIf, Err: err}
 	}
-
-	podIP := &net.IPNet{IP: a.Address.AsSlice(), Mask: net.CIDRMask(32, 32)}
-	gw := Gateway.AsSlice()
-	podLink, err := pod.LinkByName(a.IfName)
-	if err != nil {
-		return alloc.Wiring{}, &SetupError{Step: "find pod end " + a.IfName, Err: err}
+	if err = wirePod(pod, a, w); err != nil {
+		return alloc.Wiring{}, err
 	}
-	idx := podLink.Attrs().Index
-	if err = pod.AddrAdd(podLink, &netlink.Addr{IPNet: podIP}); err != nil {
-		return alloc.Wiring{}, &SetupError{Step: "pod address", Err: err}
-	}
-	if err = pod.LinkSetUp(podLink); err != nil {
-		return alloc.Wiring{}, &SetupError{Step: "pod link up", Err: err}
-	}
-	if err = pod.RouteAdd(&netlink.Route{LinkIndex: idx, Scope: netlink.SCOPE_LINK, Dst: &net.IPNet{IP: gw, Mask: net.CIDRMask(32, 32)}}); err != nil {
-		return alloc.Wiring{}, routeError("pod route to gateway", err)
-	}
-	if err = pod.RouteAdd(&netlink.Route{LinkIndex: idx, Gw: gw, Dst: &net.IPNet{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)}}); err != nil {
-		return alloc.Wiring{}, routeError("pod default route", err)
-	}
-	if err = pod.NeighSet(&netlink.Neigh{LinkIndex: idx, Family: netlink.FAMILY_V4, State: netlink.NUD_PERMANENT, IP: gw, HardwareAddr: w.HostMAC}); err != nil {
-		return alloc.Wiring{}, &SetupError{Step: "pod gateway neighbour", Err: err}
-	}
-
 	// LinkAdd created the host end up and looked up its index.
-	if err = netlink.RouteReplace(v.hostRoute(veth.Attrs().Index, a.Address)); err != nil {
-		return alloc.Wiring{}, &SetupError{Step: "host route to pod", Err: err}
-	}
-	if a.NIC != nil {
-		// The address lives on a secondary NIC: it is routed by it, and
-		// the node answers ARP for it there (nic.go).
-		nicIdx, err := v.wireNIC(a)
-		if err != nil {
-			return alloc.Wiring{}, &SetupError{Step: "route by NIC " + a.NIC.MAC, Err: err}
+	for _, l := range a.Leases() {
+		if err = v.wireNode(veth.Attrs().Index, a, l, w.PodMAC); err != nil {
+			return alloc.Wiring{}, err
 		}
-		if err = netlink.NeighSet(proxyOn(nicIdx, a.Address)); err != nil {
-			return alloc.Wiring{}, &SetupError{Step: "proxy ARP entry on NIC " + a.NIC.MAC, Err: err}
-		}
-		v.announceOn(nicIdx, a)
-		return wiring(a), nil
-	}
-	if err = netlink.NeighSet(v.proxyEntry(a.Address)); err != nil {
-		return alloc.Wiring{}, &SetupError{Step: "proxy ARP entry on " + v.Uplink, Err: err}
-	}
-	// Neighbours that knew this address elsewhere learn its new home now.
-	// Best effort: a lost announcement only delays them until their ARP
-	// entry ages, it does not break the pod.
-	if v.garp != nil {
-		_ = v.garp.Announce(a.Address)
 	}
 	return wiring(a), nil
+}
+
+// wirePod gives the pod's end its addresses, and for each family a
+// default route via the link-local gateway, which a permanent neighbour
+// entry resolves to the host veth's MAC.
+func wirePod(pod *netlink.Handle, a *alloc.Allocation, w hostEnd) error {
+	podLink, err := pod.LinkByName(a.IfName)
+	if err != nil {
+		return &SetupError{Step: "find pod end " + a.IfName, Err: err}
+	}
+	idx := podLink.Attrs().Index
+	fams := leaseFamilies(a)
+	if slices.Contains(fams, family.V6) {
+		if err := podIPv6Sysctls(a.Netns, a.IfName); err != nil {
+			return &SetupError{Step: "pod IPv6 settings", Err: err}
+		}
+	}
+	for _, l := range a.Leases() {
+		addr := &netlink.Addr{IPNet: ipNet(family.Host(l.Address))}
+		if family.Of(l.Address) == family.V6 {
+			// Usable at once: duplicate address detection would hold the
+			// address tentative for ~2 s (measured), and the node alone
+			// decides who has it.
+			addr.Flags = unix.IFA_F_NODAD
+		}
+		if err := pod.AddrAdd(podLink, addr); err != nil {
+			return &SetupError{Step: "pod address " + l.Address.String(), Err: err}
+		}
+	}
+	if err := pod.LinkSetUp(podLink); err != nil {
+		return &SetupError{Step: "pod link up", Err: err}
+	}
+	for _, f := range fams {
+		gw := gatewayOf(f)
+		if f == family.V4 {
+			// An IPv6 link-local next hop needs no route to it: the
+			// interface named is the link.
+			if err := pod.RouteAdd(&netlink.Route{LinkIndex: idx, Scope: netlink.SCOPE_LINK, Dst: ipNet(family.Host(gw))}); err != nil {
+				return routeError("pod route to gateway", err)
+			}
+		}
+		if err := pod.RouteAdd(&netlink.Route{LinkIndex: idx, Gw: gw.AsSlice(), Dst: ipNet(f.Default())}); err != nil {
+			return routeError("pod default route", err)
+		}
+		if err := pod.NeighSet(&netlink.Neigh{LinkIndex: idx, Family: nlFamily(gw), State: netlink.NUD_PERMANENT, IP: gw.AsSlice(), HardwareAddr: w.HostMAC}); err != nil {
+			return &SetupError{Step: "pod gateway neighbour " + gw.String(), Err: err}
+		}
+	}
+	return nil
+}
+
+// wireNode routes one of the pod's addresses to its host veth and has the
+// node answer ARP (NDP) for it on the uplink, or on its secondary NIC.
+func (v *Veth) wireNode(hostIdx int, a *alloc.Allocation, l alloc.Lease, podMAC net.HardwareAddr) error {
+	if err := netlink.RouteReplace(v.hostRoute(hostIdx, l.Address)); err != nil {
+		return &SetupError{Step: "host route to pod " + l.Address.String(), Err: err}
+	}
+	if family.Of(l.Address) == family.V6 {
+		if err := netlink.NeighSet(podNeighbour(hostIdx, l.Address, podMAC)); err != nil {
+			return &SetupError{Step: "node neighbour " + l.Address.String(), Err: err}
+		}
+	}
+	if l.NIC != nil {
+		// The address lives on a secondary NIC: it is routed by it, and
+		// the node answers ARP for it there (nic.go).
+		nicIdx, err := v.wireNIC(withLease(a, l))
+		if err != nil {
+			return &SetupError{Step: "route by NIC " + l.NIC.MAC, Err: err}
+		}
+		if err = netlink.NeighSet(proxyOn(nicIdx, l.Address)); err != nil {
+			return &SetupError{Step: "proxy ARP entry on NIC " + l.NIC.MAC, Err: err}
+		}
+		v.announceOn(nicIdx, l)
+		return nil
+	}
+	if err := netlink.NeighSet(v.proxyEntry(l.Address)); err != nil {
+		return &SetupError{Step: proxyKind(l.Address) + " on " + v.Uplink, Err: err}
+	}
+	// Neighbours that knew this address elsewhere learn its new home now.
+	// Best effort: a lost announcement only delays them until their
+	// neighbour entry ages, it does not break the pod.
+	if v.garp != nil {
+		_ = v.garp.Announce(l.Address)
+	}
+	return nil
 }
 
 // clearWay handles a name clash when creating the veth pair: a leftover
@@ -357,7 +523,7 @@ func (v *Veth) hostRoute(linkIdx int, ip netip.Addr) *netlink.Route {
 	return &netlink.Route{
 		LinkIndex: linkIdx,
 		Scope:     netlink.SCOPE_LINK,
-		Dst:       &net.IPNet{IP: ip.AsSlice(), Mask: net.CIDRMask(32, 32)},
+		Dst:       ipNet(family.Host(ip)),
 		Protocol:  RouteProtocol,
 	}
 }
@@ -365,7 +531,7 @@ func (v *Veth) hostRoute(linkIdx int, ip netip.Addr) *netlink.Route {
 func (v *Veth) proxyEntry(ip netip.Addr) *netlink.Neigh { return proxyOn(v.uplinkIdx, ip) }
 
 // Teardown implements datapath.Datapath: it takes a deleted pod off the
-// network at once — its route and its proxy ARP entry go now — and deletes
+// network at once — its routes and its proxy ARP (NDP) entries go now — and deletes
 // its veth pair in the background.
 // Deleting a link waits for an RCU grace period in the kernel (12-35 ms
 // here); the pod's DEL need not. The address cools down before reuse, and a
@@ -381,8 +547,10 @@ func (v *Veth) Teardown(_ context.Context, a *alloc.Allocation) error {
 	case link.Attrs().Alias != alias:
 		errs = append(errs, fmt.Errorf("%s belongs to %q, not to %s: left alone", name, link.Attrs().Alias, a.Key()))
 	default:
-		if err := netlink.RouteDel(v.hostRoute(link.Attrs().Index, a.Address)); err != nil && !nlutil.IsNotFound(err) {
-			errs = append(errs, fmt.Errorf("delete route to %s: %w", a.Address, err))
+		for _, l := range a.Leases() {
+			if err := netlink.RouteDel(v.hostRoute(link.Attrs().Index, l.Address)); err != nil && !nlutil.IsNotFound(err) {
+				errs = append(errs, fmt.Errorf("delete route to %s: %w", l.Address, err))
+			}
 		}
 		item := reapItem{index: link.Attrs().Index, alias: alias, netns: a.Netns}
 		v.mu.Lock()
@@ -400,12 +568,22 @@ func (v *Veth) Teardown(_ context.Context, a *alloc.Allocation) error {
 			v.reapOne(item) // delete in line
 		}
 	}
-	if a.NIC != nil {
-		errs = append(errs, v.unwireNIC(a))
-	} else if err := netlink.NeighDel(v.proxyEntry(a.Address)); err != nil && !nlutil.IsNotFound(err) {
-		errs = append(errs, fmt.Errorf("delete proxy ARP entry %s on %s: %w", a.Address, v.Uplink, err))
+	for _, l := range a.Leases() {
+		errs = append(errs, v.unwireAddress(a, l))
 	}
 	return errors.Join(errs...)
+}
+
+// unwireAddress removes the node's proxy entry of one of the pod's
+// addresses (and its rule, on a secondary NIC). Gone already is fine.
+func (v *Veth) unwireAddress(a *alloc.Allocation, l alloc.Lease) error {
+	if l.NIC != nil {
+		return v.unwireNIC(withLease(a, l))
+	}
+	if err := netlink.NeighDel(v.proxyEntry(l.Address)); err != nil && !nlutil.IsNotFound(err) {
+		return fmt.Errorf("delete %s %s on %s: %w", proxyKind(l.Address), l.Address, v.Uplink, err)
+	}
+	return nil
 }
 
 // reaper deletes released links in the background.
@@ -451,11 +629,9 @@ func (v *Veth) undo(a *alloc.Allocation) error {
 	if err := v.deleteHostLink(HostIfName(a.ContainerID, a.IfName), a.Key()); err != nil {
 		errs = append(errs, err)
 	}
-	if a.Address.IsValid() && a.NIC != nil {
-		errs = append(errs, v.unwireNIC(a))
-	} else if a.Address.IsValid() {
-		if err := netlink.NeighDel(v.proxyEntry(a.Address)); err != nil && !nlutil.IsNotFound(err) {
-			errs = append(errs, fmt.Errorf("delete proxy ARP entry %s on %s: %w", a.Address, v.Uplink, err))
+	for _, l := range a.Leases() {
+		if l.Address.IsValid() {
+			errs = append(errs, v.unwireAddress(a, l))
 		}
 	}
 	return errors.Join(errs...)
@@ -467,148 +643,18 @@ func (v *Veth) deleteHostLink(name, key string) error {
 	return nlutil.DeleteOwnedVeth(name, AliasPrefix+key)
 }
 
-// Check implements datapath.Datapath.
-func (v *Veth) Check(_ context.Context, a *alloc.Allocation) (alloc.Wiring, error) {
-	return wiring(a), datapath.Problems(v.trace(a))
-}
-
-// Trace implements datapath.Datapath: the host veth, its /32 route, the
-// proxy ARP entry (or a secondary NIC's rules, table and entry), then the
-// pod's interface, address, default route and gateway neighbour.
-func (v *Veth) Trace(_ context.Context, a *alloc.Allocation) []datapath.Hop {
-	return v.trace(a)
-}
-
-// hops collects a trace.
-type hops []datapath.Hop
-
-// add records a piece: ok, or not with what is wrong.
-func (h *hops) add(where, what string, ok bool, state, detail string) {
-	hop := datapath.Hop{Where: where, What: what, State: datapath.HopOK}
-	if !ok {
-		hop.State, hop.Detail, hop.Fix = state, detail, datapath.FixNode
-		if where == datapath.HopPod {
-			hop.Fix = datapath.FixPod
-		}
-	}
-	*h = append(*h, hop)
-}
-
-func (v *Veth) trace(a *alloc.Allocation) []datapath.Hop {
-	var h hops
-	hostIf := HostIfName(a.ContainerID, a.IfName)
-	hostMAC := macFor(a.Key(), "host")
-	link, err := netlink.LinkByName(hostIf)
-	if err != nil {
-		// Without the host veth the pod is cut off: the reconcile reports
-		// it broken and the agent re-wires the pod.
-		h.add(datapath.HopNode, "host veth "+hostIf, false, datapath.HopMissing, fmt.Sprintf("host veth %s: %v", hostIf, err))
-		return append(h, v.tracePod(a, hostMAC)...)
-	}
-	alias := link.Attrs().Alias == AliasPrefix+a.Key()
-	h.add(datapath.HopNode, "host veth "+hostIf, alias, datapath.HopWrong, fmt.Sprintf("host veth %s has alias %q", hostIf, link.Attrs().Alias))
-	h.add(datapath.HopNode, "host veth "+hostIf+" up", link.Attrs().Flags&net.FlagUp != 0, datapath.HopWrong, fmt.Sprintf("host veth %s is down", hostIf))
-	h.add(datapath.HopNode, fmt.Sprintf("route %s/32 dev %s", a.Address, hostIf), v.hasRoute(&netlink.Handle{}, link.Attrs().Index, a.Address, nil),
-		datapath.HopMissing, fmt.Sprintf("node has no route %s/32 dev %s", a.Address, hostIf))
-	if a.NIC != nil {
-		h = append(h, v.traceNIC(a)...)
-	} else {
-		h.add(datapath.HopNode, fmt.Sprintf("proxy ARP entry %s on %s", a.Address, v.Uplink), v.hasProxyEntry(a.Address),
-			datapath.HopMissing, fmt.Sprintf("no proxy ARP entry for %s on %s", a.Address, v.Uplink))
-	}
-	return append(h, v.tracePod(a, hostMAC)...)
-}
-
-func (v *Veth) tracePod(a *alloc.Allocation, hostMAC net.HardwareAddr) []datapath.Hop {
-	var h hops
-	podNs, err := netns.GetFromPath(a.Netns)
-	if err != nil {
-		h.add(datapath.HopPod, "pod netns "+a.Netns, false, datapath.HopMissing, fmt.Sprintf("pod netns %s: %v", a.Netns, err))
-		return h
-	}
-	defer podNs.Close()
-	pod, err := netlink.NewHandleAt(podNs)
-	if err != nil {
-		h.add(datapath.HopPod, "pod netns "+a.Netns, false, datapath.HopWrong, fmt.Sprintf("netlink in pod netns: %v", err))
-		return h
-	}
-	defer pod.Close()
-	link, err := pod.LinkByName(a.IfName)
-	if err != nil {
-		h.add(datapath.HopPod, "pod interface "+a.IfName, false, datapath.HopMissing, fmt.Sprintf("pod interface %s: %v", a.IfName, err))
-		return h
-	}
-	h.add(datapath.HopPod, "pod interface "+a.IfName+" up", link.Attrs().Flags&net.FlagUp != 0, datapath.HopWrong, fmt.Sprintf("pod interface %s is down", a.IfName))
-	addrs, err := nlutil.RetryDump(func() ([]netlink.Addr, error) { return pod.AddrList(link, netlink.FAMILY_V4) })
-	if err != nil {
-		h.add(datapath.HopPod, "pod addresses", false, datapath.HopWrong, fmt.Sprintf("pod addresses: %v", err))
-		return h
-	}
-	found := slices.ContainsFunc(addrs, func(ad netlink.Addr) bool {
-		ip, ok := netip.AddrFromSlice(ad.IP.To4())
-		return ok && ip == a.Address
-	})
-	h.add(datapath.HopPod, fmt.Sprintf("address %s/32 on %s", a.Address, a.IfName), found, datapath.HopMissing, fmt.Sprintf("pod interface %s lacks %s/32", a.IfName, a.Address))
-	h.add(datapath.HopPod, fmt.Sprintf("default route via %s dev %s", Gateway, a.IfName), v.hasRoute(pod, link.Attrs().Index, netip.Addr{}, Gateway.AsSlice()),
-		datapath.HopMissing, fmt.Sprintf("pod has no default route via %s dev %s", Gateway, a.IfName))
-	neighs, err := nlutil.RetryDump(func() ([]netlink.Neigh, error) { return pod.NeighList(link.Attrs().Index, netlink.FAMILY_V4) })
-	if err != nil {
-		h.add(datapath.HopPod, "pod neighbours", false, datapath.HopWrong, fmt.Sprintf("pod neighbours: %v", err))
-		return h
-	}
-	found = slices.ContainsFunc(neighs, func(n netlink.Neigh) bool {
-		return n.IP.Equal(Gateway.AsSlice()) && n.State == netlink.NUD_PERMANENT && n.HardwareAddr.String() == hostMAC.String()
-	})
-	h.add(datapath.HopPod, fmt.Sprintf("neighbour %s -> %s (permanent)", Gateway, hostMAC), found, datapath.HopMissing,
-		fmt.Sprintf("pod has no permanent neighbour %s -> %s", Gateway, hostMAC))
-	return h
-}
-
-// hasRoute looks for the /32 to dst on linkIdx that the FIB matches for dst (dst valid), or a default route
-// via gw on linkIdx, in the handle's namespace (zero Handle: the node's).
-func (v *Veth) hasRoute(h *netlink.Handle, linkIdx int, dst netip.Addr, gw net.IP) bool {
-	if dst.IsValid() {
-		// The route the FIB matches for dst, asked for alone: the health
-		// probe asks for every pod of the node, and a dump of the node's
-		// routes per pod made each pass O(pods²) (bench node-scale).
-		routes, err := h.RouteGetWithOptions(dst.AsSlice(), &netlink.RouteGetOptions{FIBMatch: true})
-		return err == nil && slices.ContainsFunc(routes, func(r netlink.Route) bool {
-			return r.LinkIndex == linkIdx && r.Dst != nil && r.Dst.IP.Equal(dst.AsSlice()) && isHostMask(r.Dst.Mask)
-		})
-	}
-	filter := &netlink.Route{LinkIndex: linkIdx}
-	routes, err := nlutil.RetryDump(func() ([]netlink.Route, error) {
-		return h.RouteListFiltered(netlink.FAMILY_V4, filter, netlink.RT_FILTER_OIF)
-	})
-	if err != nil {
-		return false
-	}
-	for _, r := range routes {
-		if gw != nil && r.Gw.Equal(gw) && (r.Dst == nil || nlutil.IsZeroMask(r.Dst.Mask)) {
-			return true
-		}
-	}
-	return false
-}
-
-func isHostMask(m net.IPMask) bool {
-	ones, bits := m.Size()
-	return ones == bits
-}
-
-func (v *Veth) hasProxyEntry(ip netip.Addr) bool { return v.hasProxyOn(v.uplinkIdx, ip) }
-
 // UplinkIP is the uplink's first IPv4 address (invalid if it has none): the
 // node's address on the pods' network, by which a cloud finds its port.
 func (v *Veth) UplinkIP() netip.Addr { return nlutil.LinkIPv4(v.Uplink) }
 
 // Wiring is what Setup makes for a (its host veth and pod interface with
-// their MACs, the pod's address and route), computed without looking at
+// their MACs, the pod's addresses and routes), computed without looking at
 // the kernel: for a mode built on this one.
 func Wiring(a *alloc.Allocation) alloc.Wiring { return wiring(a) }
 
-// NodeNeeds is what routed pods need of the node's kernel (the uplink's
-// name resolved): veth links, forwarding, prompt proxy ARP.
-func NodeNeeds(uplink string) datapath.Needs {
-	return datapath.Needs{Links: []string{"veth"}, Sysctls: nodeSysctls(uplink)}
+// NodeNeeds is what routed pods of the families (none named: IPv4) need
+// of the node's kernel (the uplink's name resolved): veth links,
+// forwarding, prompt proxy ARP (NDP).
+func NodeNeeds(uplink string, families ...family.Family) datapath.Needs {
+	return datapath.Needs{Links: []string{"veth"}, Sysctls: nodeSysctls(uplink, families)}
 }
