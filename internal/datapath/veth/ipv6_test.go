@@ -301,7 +301,7 @@ func TestInNodeIPv6(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer v4only.Close()
-	if _, err := v4only.Setup(ctx, &alloc.Allocation{ContainerID: "x", IfName: "eth0", Netns: pod(1), Lease: alloc.Lease{Address: ip("fd00:77::106")}}); err == nil || !strings.Contains(err.Error(), "not prepared for IPv6") {
+	if _, err := v4only.Setup(ctx, &alloc.Allocation{ContainerID: "x", IfName: "eth0", Netns: pod(1), Lease: alloc.Lease{Address: ip("fd00:77::106")}}); err == nil || !strings.Contains(err.Error(), "not prepared for ipv6") {
 		t.Errorf("IPv6 on an IPv4 node: %v", err)
 	}
 	if _, err := netlink.LinkByName(HostIfName("nic", "eth0")); err == nil {
