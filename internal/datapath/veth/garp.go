@@ -24,7 +24,7 @@ type announcer struct {
 
 func newAnnouncer(linkIdx int, mac net.HardwareAddr) (*announcer, error) {
 	if len(mac) != 6 {
-		return nil, fmt.Errorf("gratuitous ARP needs an Ethernet uplink, not MAC %q", mac)
+		return nil, fmt.Errorf("announcing pod addresses (datapath.veth.garp) needs an Ethernet uplink, not MAC %q", mac)
 	}
 	// Protocol 0: the socket only sends and receives nothing.
 	fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, 0)

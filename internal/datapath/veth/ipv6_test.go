@@ -133,10 +133,12 @@ func TestInNodeIPv6(t *testing.T) {
 
 	wired := map[string]alloc.Wiring{}
 	for _, x := range []*alloc.Allocation{a, b, c, d} {
+		start := time.Now()
 		w, err := v.Setup(ctx, x)
 		if err != nil {
 			t.Fatalf("Setup %s: %v", x.Key(), err)
 		}
+		t.Logf("Setup %s (%v): %v", x.Key(), x.Addresses(), time.Since(start))
 		wired[x.ContainerID] = w
 		if x == c {
 			// The node's first packet to a new pod: its host veth's own
@@ -147,10 +149,12 @@ func TestInNodeIPv6(t *testing.T) {
 			// Setup: before, the host veth's queue drops what it is
 			// given, and the pod's address has no local route yet — a
 			// SYN then was counted in the pod's Ip6InAddrErrors.)
+			setupDone := time.Now()
 			waitFor(t, 3*time.Second, "pod c's carrier", func() bool {
 				return operUp(t, "", HostIfName("c", "eth0")) && operUp(t, p+"-p3", "eth0") &&
 					strings.Contains(run(t, "ip", "-n", p+"-p3", "-6", "route", "show", "table", "local", "fd00:77::103"), "fd00:77::103")
 			})
+			t.Logf("pod c's carrier and local route %v after Setup returned", time.Since(setupDone))
 			start := time.Now()
 			if err := probe("", "[fd00:77::103]:7777", 0); err != nil && !isRefused(err) {
 				t.Errorf("node -> new pod c: %v", err)
@@ -301,7 +305,7 @@ func TestInNodeIPv6(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer v4only.Close()
-	if _, err := v4only.Setup(ctx, &alloc.Allocation{ContainerID: "x", IfName: "eth0", Netns: pod(1), Lease: alloc.Lease{Address: ip("fd00:77::106")}}); err == nil || !strings.Contains(err.Error(), "not prepared for IPv6") {
+	if _, err := v4only.Setup(ctx, &alloc.Allocation{ContainerID: "x", IfName: "eth0", Netns: pod(1), Lease: alloc.Lease{Address: ip("fd00:77::106")}}); err == nil || !strings.Contains(err.Error(), "not prepared for ipv6") {
 		t.Errorf("IPv6 on an IPv4 node: %v", err)
 	}
 	if _, err := netlink.LinkByName(HostIfName("nic", "eth0")); err == nil {

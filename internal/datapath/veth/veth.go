@@ -195,12 +195,9 @@ func PrepareNode(uplink string, families ...family.Family) error {
 	if err != nil {
 		return err
 	}
-	var errs []error
-	for _, s := range nodeSysctls(uplink, families) {
-		// In order: an uplink keeps taking router advertisements
-		// (accept_ra=2) before forwarding goes on (ipv6Sysctls).
-		errs = append(errs, nlutil.WriteSysctls([]datapath.Sysctl{s}))
-	}
+	// In order: an uplink keeps taking router advertisements
+	// (accept_ra=2) before forwarding goes on (ipv6Sysctls).
+	errs := []error{nlutil.WriteSysctls(nodeSysctls(uplink, families))}
 	if wantsV4(families) {
 		errs = append(errs, defaultProxyDelay())
 	}
@@ -326,14 +323,12 @@ func (v *Veth) leaseError(a *alloc.Allocation) error {
 		if l.NIC != nil && l.NIC.Address == l.Address {
 			return &SetupError{Step: "lease", Err: datapath.OnUplink(l, "veth")}
 		}
-		if family.Of(l.Address) != family.V6 {
-			continue
+		f := family.Of(l.Address)
+		if !v.has(f) {
+			return &SetupError{Step: "lease", Err: fmt.Errorf("%s address %s for a node not prepared for %s: the agent's ipFamilies has no %s", f, l.Address, f, f)}
 		}
-		if l.NIC != nil {
+		if f == family.V6 && l.NIC != nil {
 			return &SetupError{Step: "lease", Err: fmt.Errorf("IPv6 address %s lives on a secondary NIC (MAC %s): mode veth routes IPv6 addresses by the uplink only", l.Address, l.NIC.MAC)}
-		}
-		if !v.has(family.V6) {
-			return &SetupError{Step: "lease", Err: fmt.Errorf("IPv6 address %s for a node not prepared for IPv6: the agent's ipFamilies has no ipv6", l.Address)}
 		}
 	}
 	return nil
