@@ -53,7 +53,7 @@ func TestBadInput(t *testing.T) {
 		{"config over the agent's 1 MiB limit", env(nil), `{"cniVersion":"1.0.0","name":"n","type":"vpcni","socket":"` + e.Cfg.SocketPath + `","pad":"` + strings.Repeat("x", api.MaxRequestBytes) + `"}`, 7, "too large"},
 		{"agent socket missing", env(nil), `{"cniVersion":"1.0.0","name":"n","type":"vpcni","socket":"/run/vpcni-no-such/vpcnid.sock"}`, 11, "try again later"},
 		{"CHECK of an unknown container", env(map[string]string{"CNI_COMMAND": "CHECK"}), good, 3, "no allocation"},
-		{"requested address not an address", env(map[string]string{"CNI_ARGS": "IgnoreUnknown=1;IP=10.0.0.300"}), good, 4, "not a unicast IPv4 address"},
+		{"requested address not an address", env(map[string]string{"CNI_ARGS": "IgnoreUnknown=1;IP=10.0.0.300"}), good, 4, "not a unicast IPv4 or IPv6 address"},
 		{"requested address outside the ranges", env(map[string]string{"CNI_ARGS": "IgnoreUnknown=1;IP=192.0.2.9"}), good, 4, "outside the provider's subnet or ranges"},
 		{"two requested addresses", env(map[string]string{"CNI_ARGS": "IP=192.0.2.9;IP=192.0.2.10"}), good, 4, "vpcni wires one"},
 	}
