@@ -209,8 +209,11 @@ func (a *Agent) State() (*api.State, error) {
 	}
 	if f, ok := a.dp.(fastPather); ok {
 		st.FastPath = "on"
-		if fp := f.FastPath(); !fp.Active {
+		switch fp := f.FastPath(); {
+		case !fp.Active:
 			st.FastPath = "off: " + fp.Reason
+		case fp.Note != "":
+			st.FastPath = "on " + fp.Note
 		}
 	}
 	for _, r := range records {

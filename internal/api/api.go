@@ -94,7 +94,8 @@ type State struct {
 	ProviderSubnet string `json:"providerSubnet,omitempty"`
 	Datapath       string `json:"datapath"`
 	// FastPath is the datapath's kernel fast path, for a mode that has
-	// one (ebpf): "on", or "off: <why>".
+	// one (ebpf): "on" (with what it leaves to the plain path, if any),
+	// or "off: <why>".
 	FastPath string    `json:"fastPath,omitempty"`
 	Uplink   string    `json:"uplink"`
 	MTU      int       `json:"mtu"`

@@ -213,6 +213,9 @@ type FastPath struct {
 	Reason string
 	// Packets is what the fast path did, by action, since it was loaded.
 	Packets map[string]uint64
+	// Note says what the fast path leaves to the plain path while it
+	// runs (a family it does not handle), for vpcnictl status.
+	Note string
 }
 
 // SetupError says which step of the wiring failed and whether the cause is

@@ -2,13 +2,18 @@ package integration
 
 import (
 	"net/netip"
+	"os"
+	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	types100 "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/vishvananda/netlink"
 
+	"github.com/vpcni/vpcni/internal/config"
+	"github.com/vpcni/vpcni/internal/datapath/ebpf"
 	"github.com/vpcni/vpcni/internal/datapath/veth"
 	"github.com/vpcni/vpcni/internal/family"
 	"github.com/vpcni/vpcni/internal/netnsutil"
@@ -66,12 +71,22 @@ func TestDualStack(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		fams []family.Family
+		ebpf bool
 	}{
-		{"dual-stack", []family.Family{family.V4, family.V6}},
-		{"ipv6-only", []family.Family{family.V6}},
+		{"dual-stack", []family.Family{family.V4, family.V6}, false},
+		{"ipv6-only", []family.Family{family.V6}, false},
+		// Mode ebpf: its programs take IPv4, IPv6 takes the routed path
+		// of mode veth, and the agent says so.
+		{"dual-stack-ebpf", []family.Family{family.V4, family.V6}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := &env{bedtest.NewDualStack(t, binDir, "vpcn6", "10.79.0.0/24", "10.79.0.0/26", "fd00:79::/64")}
+			if tc.ebpf {
+				bedtest.MountBPFFS(t)
+				pins := filepath.Join(bedtest.BPFFSDir, e.TB.Prefix)
+				t.Cleanup(func() { _ = os.RemoveAll(pins) })
+				e.Cfg.Datapath = config.Datapath{Mode: ebpf.Mode, Settings: &ebpf.Settings{PinPath: pins, Require: true}}
+			}
 			r6 := static.Range{CIDR: "fd00:79::1:0/112"}
 			st := e.Cfg.Provider.Settings.(*static.Config)
 			if slices.Contains(tc.fams, family.V4) {
@@ -129,6 +144,12 @@ func TestDualStack(t *testing.T) {
 			state := e.state()
 			if len(tc.fams) > 1 && (len(state.Families) != 2 || state.Families[1].Family != "ipv6" || state.Families[1].Allocated != 2) {
 				t.Fatalf("agent state's pools by family: %+v", state.Families)
+			}
+			if tc.ebpf {
+				if !strings.HasPrefix(state.FastPath, "on for IPv4; IPv6 takes the routed path") {
+					t.Fatalf("mode ebpf on a dual-stack node: fast path %q, want it on for IPv4 and saying IPv6 takes the routed path", state.FastPath)
+				}
+				t.Logf("vpcni-test: ebpf fast path: %s", state.FastPath)
 			}
 			if err := c.Del(bedtest.Ctx(t), testbed.Runtime("c1", p1, "eth0", nil)); err != nil {
 				t.Fatal(err)

@@ -18,7 +18,6 @@ import (
 	"time"
 
 	bpf "github.com/cilium/ebpf"
-	"golang.org/x/sys/unix"
 
 	"github.com/vpcni/vpcni/internal/config"
 	"github.com/vpcni/vpcni/internal/datapath/ebpf"
@@ -27,27 +26,13 @@ import (
 	"github.com/vpcni/vpcni/internal/netnsutil"
 	"github.com/vpcni/vpcni/internal/provider/openstack"
 	"github.com/vpcni/vpcni/internal/testbed"
+	"github.com/vpcni/vpcni/internal/testbed/bedtest"
 )
 
-// bpffsDir is a BPF filesystem of the tests' own on the host: each lab
-// agent runs under `ip netns exec`, whose /sys is its own, so pins under
-// /sys/fs/bpf would go with the agent; here they outlive it, as the
-// host's /sys/fs/bpf does on a real node.
-const bpffsDir = "/run/vpcni-test-bpffs"
+// bpffsDir is the tests' own BPF filesystem (bedtest.BPFFSDir).
+const bpffsDir = bedtest.BPFFSDir
 
-func mountBPFFS(t *testing.T) {
-	t.Helper()
-	var st unix.Statfs_t
-	if err := os.MkdirAll(bpffsDir, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	if err := unix.Statfs(bpffsDir, &st); err == nil && uint32(st.Type) == 0xcafe4a11 {
-		return // mounted by an earlier run: reused
-	}
-	if err := unix.Mount("bpf", bpffsDir, "bpf", 0, "mode=0700"); err != nil {
-		t.Fatalf("mount a BPF filesystem on %s: %v", bpffsDir, err)
-	}
-}
+func mountBPFFS(t *testing.T) { bedtest.MountBPFFS(t) }
 
 // TestEBPFLab: two nodes in datapath mode ebpf. Pods reach each other on
 // one node and across nodes, the nodes and the legacy VM reach them and

@@ -47,6 +47,7 @@ import (
 	"github.com/vpcni/vpcni/internal/datapath"
 	"github.com/vpcni/vpcni/internal/datapath/svcpath"
 	"github.com/vpcni/vpcni/internal/datapath/veth"
+	"github.com/vpcni/vpcni/internal/family"
 )
 
 // Mode is the mode's name in vpcnid.yaml.
@@ -59,8 +60,11 @@ func init() {
 		New: func(node datapath.Node, s datapath.Settings) (datapath.Datapath, error) {
 			return New(node, s.(*Settings))
 		},
+		// IPv6 pods are wired as mode veth wires them; their packets take
+		// the routed path through the node's stack (FastPath says so).
+		Families: []family.Family{family.V4, family.V6},
 		Prepare: func(node datapath.Node, s datapath.Settings) error {
-			if err := veth.PrepareNode(node.Uplink); err != nil {
+			if err := veth.PrepareNode(node.Uplink, node.Families...); err != nil {
 				return err
 			}
 			// The host's BPF filesystem, from the privileged step, so
@@ -68,7 +72,7 @@ func init() {
 			return ensureBPFFS(s.(*Settings).PinPath)
 		},
 		Needs: func(node datapath.Node, _ datapath.Settings) datapath.Needs {
-			n := veth.NodeNeeds(node.Uplink)
+			n := veth.NodeNeeds(node.Uplink, node.Families...)
 			n.Sysctls = append(n.Sysctls, datapath.Sysctl{Key: "net/core/bpf_jit_enable", Value: "1", Why: "the fast path's programs run JIT-compiled (interpreted, they are slower than the stack they skip)"})
 			return n
 		},
@@ -143,12 +147,22 @@ type Datapath struct {
 	why string
 	// tried is when the fast path was last started.
 	tried time.Time
+	// ipv6: the node's pods get IPv6 addresses, which the programs leave
+	// to the node's stack (they parse IPv4 alone).
+	ipv6 bool
+}
+
+// fastAddr is the address of a's the programs know: its IPv4 one (invalid
+// for an IPv6-only pod, whose packets all take the routed path).
+func fastAddr(a *alloc.Allocation) netip.Addr {
+	l, _ := a.LeaseOf(family.V4)
+	return l.Address
 }
 
 // New opens the routed veth mode and puts the fast path on it, or falls
 // back (see the package comment).
 func New(node datapath.Node, s *Settings) (*Datapath, error) {
-	v, err := veth.NewVeth(node.Uplink, node.MTU, *s.GARP)
+	v, err := veth.NewVeth(node.Uplink, node.MTU, *s.GARP, node.Families...)
 	if err != nil {
 		return nil, err
 	}
@@ -156,7 +170,7 @@ func New(node datapath.Node, s *Settings) (*Datapath, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	d := &Datapath{Veth: v, log: log, s: s}
+	d := &Datapath{Veth: v, log: log, s: s, ipv6: family.Has(node.Families, family.V6)}
 	if err := d.tryStart(); err != nil && s.Require {
 		_ = v.Close()
 		return nil, fmt.Errorf("ebpf fast path (datapath.ebpf.require is set): %w", err)
@@ -270,11 +284,15 @@ func (d *Datapath) FastPath() datapath.FastPath {
 	if d.fp == nil {
 		return datapath.FastPath{Reason: d.why}
 	}
+	var note string
+	if d.ipv6 {
+		note = "for IPv4; IPv6 takes the routed path through the node's stack (the programs parse IPv4 only)"
+	}
 	counts, err := d.fp.counters()
 	if err != nil {
-		return datapath.FastPath{Active: true, Reason: "counters: " + err.Error()}
+		return datapath.FastPath{Active: true, Reason: "counters: " + err.Error(), Note: note}
 	}
-	return datapath.FastPath{Active: true, Packets: counts}
+	return datapath.FastPath{Active: true, Packets: counts, Note: note}
 }
 
 // Close implements datapath.Datapath: the programs stay attached and
@@ -298,7 +316,7 @@ func (d *Datapath) Close() error {
 // qdisc cannot share the link with clsact).
 func (d *Datapath) Setup(ctx context.Context, a *alloc.Allocation) (alloc.Wiring, error) {
 	w, err := d.Veth.Setup(ctx, a)
-	if err != nil || a.NIC != nil || a.Shaped {
+	if err != nil || a.NIC != nil || a.Shaped || !fastAddr(a).IsValid() {
 		return w, err
 	}
 	d.mu.Lock()
@@ -307,9 +325,9 @@ func (d *Datapath) Setup(ctx context.Context, a *alloc.Allocation) (alloc.Wiring
 		return w, nil
 	}
 	if err := d.accelerate(a, w); errors.Is(err, errShaped) {
-		_ = d.fp.deletePod(a.Address)
+		_ = d.fp.deletePod(fastAddr(a))
 	} else if err != nil {
-		_ = d.fp.deletePod(a.Address)
+		_ = d.fp.deletePod(fastAddr(a))
 		_ = d.Veth.Teardown(ctx, a)
 		return alloc.Wiring{}, &datapath.SetupError{Step: "ebpf fast path", Err: err}
 	}
@@ -330,7 +348,7 @@ func (d *Datapath) accelerate(a *alloc.Allocation, w alloc.Wiring) error {
 	if err != nil {
 		return err
 	}
-	if err := d.fp.putPod(a.Address, v); err != nil {
+	if err := d.fp.putPod(fastAddr(a), v); err != nil {
 		return fmt.Errorf("pods map: %w", err)
 	}
 	return attach(link.Attrs().Index, d.fp.pod, progPod)
@@ -354,9 +372,9 @@ func podEntry(ifindex int, podMAC, hostMAC string) (pod, error) {
 func (d *Datapath) Teardown(ctx context.Context, a *alloc.Allocation) error {
 	var errs []error
 	d.mu.Lock()
-	if d.fp != nil && a.Address.IsValid() {
-		if err := d.fp.deletePod(a.Address); err != nil {
-			errs = append(errs, fmt.Errorf("pods map: delete %s: %w", a.Address, err))
+	if ip := fastAddr(a); d.fp != nil && ip.IsValid() {
+		if err := d.fp.deletePod(ip); err != nil {
+			errs = append(errs, fmt.Errorf("pods map: delete %s: %w", ip, err))
 		}
 	}
 	d.mu.Unlock()

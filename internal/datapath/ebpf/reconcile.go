@@ -16,6 +16,7 @@ import (
 	"github.com/vpcni/vpcni/internal/datapath"
 	"github.com/vpcni/vpcni/internal/datapath/nlutil"
 	"github.com/vpcni/vpcni/internal/datapath/veth"
+	"github.com/vpcni/vpcni/internal/family"
 )
 
 // Reconcile implements datapath.Datapath: mode veth's reconcile, then the
@@ -83,10 +84,11 @@ func (d *Datapath) sync(want datapath.Desired, rep *datapath.Report) error {
 
 	keep := map[netip.Addr]bool{}
 	for _, a := range want.Leave {
-		keep[a.Address] = true
+		keep[fastAddr(a)] = true
 	}
 	for _, a := range want.Allocations {
-		if a.NIC != nil || !a.Address.IsValid() {
+		ip := fastAddr(a)
+		if a.NIC != nil || !ip.IsValid() {
 			continue
 		}
 		w := veth.Wiring(a)
@@ -102,17 +104,17 @@ func (d *Datapath) sync(want datapath.Desired, rep *datapath.Report) error {
 			}
 			continue
 		}
-		keep[a.Address] = true
+		keep[ip] = true
 		v, err := podEntry(link.Attrs().Index, w.Interfaces[1].MAC, w.Interfaces[0].MAC)
 		if err != nil {
-			rep.Failed = append(rep.Failed, fmt.Sprintf("pods map entry %s: %v", a.Address, err))
+			rep.Failed = append(rep.Failed, fmt.Sprintf("pods map entry %s: %v", ip, err))
 			continue
 		}
-		if have, ok := entries[a.Address]; !ok || have != v {
-			if err := fp.putPod(a.Address, v); err != nil {
-				rep.Failed = append(rep.Failed, fmt.Sprintf("pods map entry %s: %v", a.Address, err))
+		if have, ok := entries[ip]; !ok || have != v {
+			if err := fp.putPod(ip, v); err != nil {
+				rep.Failed = append(rep.Failed, fmt.Sprintf("pods map entry %s: %v", ip, err))
 			} else {
-				rep.AddRepair(datapath.RepairProgram, "pods map entry %s -> %s", a.Address, link.Attrs().Name)
+				rep.AddRepair(datapath.RepairProgram, "pods map entry %s -> %s", ip, link.Attrs().Name)
 			}
 		}
 		id, err := attached(link.Attrs().Index, progPod)
@@ -187,13 +189,22 @@ func (d *Datapath) Trace(ctx context.Context, a *alloc.Allocation) []datapath.Ho
 	if errors.Is(unshaped(link), errShaped) {
 		return append(hops, datapath.Hop{Where: datapath.HopNode, What: "ebpf fast path: not for " + hostIf + ", which carries bandwidth limits (routed by the stack)", State: datapath.HopOK})
 	}
+	for _, l := range a.Leases() {
+		if family.Of(l.Address) == family.V6 {
+			hops = append(hops, datapath.Hop{Where: datapath.HopNode, What: "ebpf fast path: not for " + l.Address.String() + " (IPv6 takes the routed path through the node's stack)", State: datapath.HopOK})
+		}
+	}
+	ip := fastAddr(a)
+	if !ip.IsValid() {
+		return hops
+	}
 	want, err := podEntry(link.Attrs().Index, w.Interfaces[1].MAC, w.Interfaces[0].MAC)
 	var have pod
 	if err == nil {
-		err = fp.pods.Lookup(podKey(a.Address), &have)
+		err = fp.pods.Lookup(podKey(ip), &have)
 	}
-	add(fmt.Sprintf("pods map %s -> %s (ifindex %d)", a.Address, hostIf, link.Attrs().Index), err == nil && have == want, datapath.HopWrong,
-		fmt.Sprintf("pods map entry for %s: have %+v, want %+v (%v)", a.Address, have, want, err))
+	add(fmt.Sprintf("pods map %s -> %s (ifindex %d)", ip, hostIf, link.Attrs().Index), err == nil && have == want, datapath.HopWrong,
+		fmt.Sprintf("pods map entry for %s: have %+v, want %+v (%v)", ip, have, want, err))
 	id, err = attached(link.Attrs().Index, progPod)
 	add(fmt.Sprintf("tc program %s on %s ingress", progPod, hostIf), err == nil && id == fp.podID, datapath.HopMissing,
 		fmt.Sprintf("%s ingress does not run %s (id %d): attached %d, err %v", hostIf, progPod, fp.podID, id, err))

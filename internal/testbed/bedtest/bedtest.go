@@ -23,6 +23,7 @@ import (
 	types100 "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 
 	"github.com/vpcni/vpcni/internal/config"
 	"github.com/vpcni/vpcni/internal/netnsutil"
@@ -259,6 +260,27 @@ func ProbeWithin(from, addr string, d time.Duration) error {
 func IsCode(err error, code uint) bool {
 	var e *types.Error
 	return errors.As(err, &e) && e.Code == code
+}
+
+// BPFFSDir is a BPF filesystem of the tests' own on the host: an agent
+// run under `ip netns exec` gets a /sys of its own, so pins under
+// /sys/fs/bpf would go with the agent; here they outlive it, as the host's
+// /sys/fs/bpf does on a real node.
+const BPFFSDir = "/run/vpcni-test-bpffs"
+
+// MountBPFFS mounts BPFFSDir, or reuses an earlier run's mount.
+func MountBPFFS(t *testing.T) {
+	t.Helper()
+	var st unix.Statfs_t
+	if err := os.MkdirAll(BPFFSDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Statfs(BPFFSDir, &st); err == nil && uint32(st.Type) == unix.BPF_FS_MAGIC {
+		return
+	}
+	if err := unix.Mount("bpf", BPFFSDir, "bpf", 0, "mode=0700"); err != nil {
+		t.Fatalf("mount a BPF filesystem on %s: %v", BPFFSDir, err)
+	}
 }
 
 // Retry runs a netlink dump until the kernel lets it finish: a dump that
