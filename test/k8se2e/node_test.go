@@ -88,6 +88,8 @@ type node struct {
 	// registry, set, is the registry the node pulls vpcni's images from
 	// (useRegistry); else they are imported.
 	registry string
+	// dualStack: the cluster and vpcni run IPv4 and IPv6 (upDualStack).
+	dualStack bool
 }
 
 // joinedNode is a node that scripts/k8s-node.sh join added: its kubelet
@@ -105,10 +107,12 @@ type labState struct {
 	SubnetID string `json:"subnetID"`
 	Nodes    []struct {
 		IP     netip.Addr `json:"ip"`
+		IP6    netip.Addr `json:"ip6"`
 		PortID string     `json:"portID"`
 	} `json:"nodes"`
 	Legacy struct {
-		IP netip.Addr `json:"ip"`
+		IP  netip.Addr `json:"ip"`
+		IP6 netip.Addr `json:"ip6"`
 	} `json:"legacy"`
 }
 
@@ -138,7 +142,7 @@ func mustRun(t testing.TB, env []string, name string, args ...string) string {
 func fetch(ns string, addr netip.AddrPort, timeout time.Duration) (string, error) {
 	var c net.Conn
 	err := netnsutil.Do(netnsutil.Path(ns), func() (err error) {
-		c, err = net.DialTimeout("tcp4", addr.String(), timeout)
+		c, err = net.DialTimeout("tcp", addr.String(), timeout)
 		return err
 	})
 	if err != nil {
@@ -185,16 +189,34 @@ func upNodesOn(t *testing.T, count int, cloud string) *node {
 // upNodesWith is upNodesOn; with pull the first node installs vpcni by
 // pulling from a registry (useRegistry) instead of importing the image.
 func upNodesWith(t *testing.T, count int, cloud string, pull bool) *node {
+	return upCluster(t, count, cloud, pull, false)
+}
+
+// labSubnet6 is the lab network's IPv6 subnet on a dual-stack cluster.
+const labSubnet6 = "fd00:90::/64"
+
+// upDualStack is upNodes on a dual-stack cluster: the lab's network with
+// an IPv6 subnet too (every node and the legacy VM an address of it), the
+// cluster's Services, node addresses and kube-proxy of both families
+// (k8s-node.sh DUAL_STACK=1), and vpcni's pods of both (writeOverlay).
+func upDualStack(t *testing.T, count int) *node { return upCluster(t, count, "openstack", false, true) }
+
+// upCluster is upNodesWith, dual-stack or not.
+func upCluster(t *testing.T, count int, cloud string, pull, dual bool) *node {
 	script := filepath.Join(repo, "scripts/k8s-node.sh")
+	var dualEnv, labArgs []string
+	if dual {
+		dualEnv, labArgs = []string{"DUAL_STACK=1"}, []string{"--subnet6", labSubnet6}
+	}
 	start := time.Now()
 	mustRun(t, nil, "bash", script, "build")
 	t.Logf("kubernetes build (cached): %s", time.Since(start).Round(time.Millisecond))
 	if _, err := os.Stat(filepath.Join(binDir, "vpcni-image.tar")); err != nil {
 		t.Fatalf("no vpcni image (make image): %v", err)
 	}
-	n := &node{t: t, cloud: cloud}
+	n := &node{t: t, cloud: cloud, dualStack: dual}
 	vpcnictl := filepath.Join(binDir, "vpcnictl")
-	mustRun(t, nil, vpcnictl, "lab", "up", "--prefix", labPrefix, "--nodes", strconv.Itoa(count), "--agents=false", "--provider", cloud)
+	mustRun(t, nil, vpcnictl, append([]string{"lab", "up", "--prefix", labPrefix, "--nodes", strconv.Itoa(count), "--agents=false", "--provider", cloud}, labArgs...)...)
 	t.Cleanup(func() { _, _ = run(t, nil, vpcnictl, "lab", "down", "--prefix", labPrefix) })
 	data, err := os.ReadFile(filepath.Join("/run/vpcni-lab", labPrefix, "state.json"))
 	if err != nil {
@@ -236,7 +258,7 @@ func upNodesWith(t *testing.T, count int, cloud string, pull bool) *node {
 		_ = os.RemoveAll(hostStateDir)
 	})
 	start = time.Now()
-	mustRun(t, []string{"NETNS=" + nodeNS}, "bash", script, "up")
+	mustRun(t, append([]string{"NETNS=" + nodeNS}, dualEnv...), "bash", script, "up")
 	t.Logf("kubernetes node up in %s", time.Since(start).Round(time.Millisecond))
 	n.env = map[string]string{}
 	envOut := mustRun(t, nil, "bash", script, "env")
@@ -252,8 +274,8 @@ func upNodesWith(t *testing.T, count int, cloud string, pull bool) *node {
 	}
 	for i := range n.joined {
 		start = time.Now()
-		out := mustRun(t, []string{"NETNS=" + nodeNSName(i+1), "PRIVATE=" + strings.Join(privateHostDirs, " "),
-			"IMAGES=" + filepath.Join(binDir, "vpcni-image.tar")}, "bash", script, "join")
+		out := mustRun(t, append([]string{"NETNS=" + nodeNSName(i+1), "PRIVATE=" + strings.Join(privateHostDirs, " "),
+			"IMAGES=" + filepath.Join(binDir, "vpcni-image.tar")}, dualEnv...), "bash", script, "join")
 		t.Logf("kubernetes node %s joined in %s", nodeNSName(i+1), time.Since(start).Round(time.Millisecond))
 		n.joined[i].env = parseEnv(out)
 	}
@@ -463,9 +485,9 @@ patches:
 		"vpcnid.yaml": fmt.Sprintf(`socketPath: /run/vpcni/vpcnid.sock
 stateDir: /var/lib/vpcni
 metricsAddr: 127.0.0.1:19695
-%skubernetes:
+%s%skubernetes:
   mode: "on"
-%s`, pool, n.providerSection(maxAddresses)),
+%s`, n.familiesLine(), pool, n.providerSection(maxAddresses)),
 		"10-vpcni.conflist": n.shippedConflist(),
 	}
 	for f, body := range files {
@@ -474,6 +496,15 @@ metricsAddr: 127.0.0.1:19695
 		}
 	}
 	return ov
+}
+
+// familiesLine is vpcnid.yaml's ipFamilies on a dual-stack cluster
+// (IPv4 first, as the cluster's own families), "" otherwise.
+func (n *node) familiesLine() string {
+	if !n.dualStack {
+		return ""
+	}
+	return "ipFamilies: [ipv4, ipv6]\n"
 }
 
 // providerSection is vpcnid.yaml's provider for the node's cloud, reached
@@ -541,7 +572,10 @@ type pod struct {
 		DeletionTimestamp *string           `json:"deletionTimestamp"`
 	} `json:"metadata"`
 	Status struct {
-		PodIP      string `json:"podIP"`
+		PodIP  string `json:"podIP"`
+		PodIPs []struct {
+			IP string `json:"ip"`
+		} `json:"podIPs"`
 		Phase      string `json:"phase"`
 		Conditions []struct {
 			Type   string `json:"type"`
@@ -678,6 +712,9 @@ func (n *node) exec(pod string, cmd ...string) (string, error) {
 // static wget crashes in this image), and returns the body.
 func (n *node) get(pod, hostport string) (string, error) {
 	host, port, _ := strings.Cut(hostport, ":")
+	if ap, err := netip.ParseAddrPort(hostport); err == nil {
+		host, port = ap.Addr().String(), strconv.Itoa(int(ap.Port()))
+	}
 	out, err := n.exec(pod, "sh", "-c", fmt.Sprintf(`printf 'GET / HTTP/1.0\r\n\r\n' | nc -w 3 %s %s`, host, port))
 	if err != nil {
 		return out, err

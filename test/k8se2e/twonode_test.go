@@ -95,7 +95,7 @@ spec:
 func TestTwoNodes(t *testing.T) {
 	start := time.Now()
 	conformanceBuild(t, "build")
-	n := upNodes(t, 2)
+	n := upDualStack(t, 2)
 	names := n.nodeNames()
 	ips := []netip.Addr{n.lab.Nodes[0].IP, n.lab.Nodes[1].IP}
 	if names[1] == "" || names[0] == names[1] {
@@ -160,6 +160,8 @@ func TestTwoNodes(t *testing.T) {
 		}
 		t.Logf("vpcni-test: %d pods on two nodes: distinct VPC addresses, each on its own node's VM port", len(seen))
 	})
+
+	t.Run("dual-stack", func(t *testing.T) { checkDualStack(t, n, web, names) })
 
 	t.Run("cross-node-pod-to-pod", func(t *testing.T) {
 		pairs := 0
@@ -307,4 +309,89 @@ func (n *node) portIPsOf(i int) map[string]bool {
 		m[f.IP] = true
 	}
 	return m
+}
+
+// twoNodeDualService is a Service of both families (PreferDualStack) in
+// front of one node's web pods.
+const twoNodeDualService = `apiVersion: v1
+kind: Service
+metadata:
+  name: web-%[1]s-dual
+spec:
+  ipFamilyPolicy: PreferDualStack
+  ipFamilies: [IPv4, IPv6]
+  selector: {app: web-%[1]s}
+  ports:
+    - {port: 80, targetPort: 8080}
+`
+
+// checkDualStack: on the dual-stack cluster every web pod has an address
+// of each family, both on its node's VM port; pods reach each other
+// across the nodes by IPv6, the legacy VM reaches each by IPv6, and a pod
+// on one node reaches a dual-stack Service backed by the other node's pods
+// on both of its cluster IPs.
+func checkDualStack(t *testing.T, n *node, web [][]pod, names []string) {
+	subnet6 := netip.MustParsePrefix(labSubnet6)
+	v6 := make([][]netip.Addr, len(web))
+	for i, ps := range web {
+		onPort := n.portIPsOf(i)
+		for _, p := range ps {
+			if len(p.Status.PodIPs) != 2 {
+				t.Fatalf("%s has pod IPs %v, want one of each family", p.Metadata.Name, p.Status.PodIPs)
+			}
+			first, err1 := netip.ParseAddr(p.Status.PodIPs[0].IP)
+			second, err2 := netip.ParseAddr(p.Status.PodIPs[1].IP)
+			if err1 != nil || err2 != nil || !first.Is4() || !subnet6.Contains(second) {
+				t.Fatalf("%s: pod IPs %v, want an IPv4 address, then one of %s", p.Metadata.Name, p.Status.PodIPs, subnet6)
+			}
+			if !onPort[second.String()] {
+				t.Errorf("%s: %s is not on %s's VM port in the cloud", p.Metadata.Name, second, names[i])
+			}
+			v6[i] = append(v6[i], second)
+		}
+	}
+	pairs := 0
+	for i := range web {
+		for _, p := range web[i] {
+			q, addr := web[1-i][0], netip.AddrPortFrom(v6[1-i][0], 8080)
+			if out, err := n.get(p.Metadata.Name, addr.String()); err != nil || out != q.Metadata.Name {
+				t.Errorf("%s (%s) -> %s at %s: %q %v", p.Metadata.Name, names[i], q.Metadata.Name, addr, out, err)
+			}
+			pairs++
+		}
+	}
+	for i := range web {
+		for k, p := range web[i] {
+			addr := netip.AddrPortFrom(v6[i][k], 8080)
+			var got string
+			eventually(t, 15*time.Second, "legacy VM -> "+addr.String(), func() (bool, string) {
+				var err error
+				got, err = fetch(legacyNS, addr, 2*time.Second)
+				return err == nil && got == p.Metadata.Name, fmt.Sprintf("%q %v", got, err)
+			})
+		}
+	}
+	t.Logf("vpcni-test: dual-stack: %d pods with an IPv4 and an IPv6 address on their node's VM port; %d pod -> pod across the nodes by IPv6; legacy VM (%s) -> every pod by IPv6",
+		len(web[0])+len(web[1]), pairs, n.lab.Legacy.IP6)
+
+	n.apply(fmt.Sprintf(twoNodeDualService, "b"))
+	ips := strings.Fields(n.mustKubectl("get", "svc", "web-b-dual", "-o", "jsonpath={.spec.clusterIPs[*]}"))
+	if len(ips) != 2 {
+		t.Fatalf("Service web-b-dual (PreferDualStack) got cluster IPs %v, want one of each family", ips)
+	}
+	want := map[string]bool{}
+	for _, q := range web[1] {
+		want[q.Metadata.Name] = true
+	}
+	for _, ip := range ips {
+		a := netip.MustParseAddr(ip)
+		addr := netip.AddrPortFrom(a, 80)
+		var got string
+		eventually(t, 15*time.Second, "pod on "+names[0]+" -> "+addr.String(), func() (bool, string) {
+			var err error
+			got, err = n.get(web[0][0].Metadata.Name, addr.String())
+			return err == nil && want[got], fmt.Sprintf("%q %v", got, err)
+		})
+		t.Logf("vpcni-test: dual-stack Service: pod on %s -> cluster IP %s (backends on %s) answered by %s", names[0], addr, names[1], got)
+	}
 }
