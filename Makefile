@@ -15,7 +15,7 @@ LDFLAGS   := -s -w -X main.version=$(VERSION)
 GOBUILD   := CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)"
 PKG_TEST_TIMEOUT ?= 15m
 
-.PHONY: release registry release-e2e conformance conformance-subset conformance-build conformance-build-bg release-build-bg e2e-lab-ebpf all build image prev-image upgrade-e2e k8s-build k8s-fixture deps generate verify-generate helm test unit fuzz fuzz-long k8s-api integration e2e-neutron-agents e2e-nova e2e-k8s e2e-k8s-twonode bench-startup e2e-k8s-helm critest chaos lint demo bench bench-scale clean
+.PHONY: release registry release-e2e conformance conformance-subset dualstack conformance-build conformance-build-bg release-build-bg e2e-lab-ebpf all build image prev-image upgrade-e2e k8s-build k8s-fixture deps generate verify-generate helm test unit fuzz fuzz-long k8s-api integration e2e-neutron-agents e2e-nova e2e-k8s e2e-k8s-twonode bench-startup e2e-k8s-helm critest chaos lint demo bench bench-scale clean
 
 all: build
 
@@ -346,6 +346,21 @@ conformance: build image conformance-build
 
 conformance-subset:
 	$(MAKE) conformance CONFORMANCE_FOCUS='$(CONFORMANCE_SUBSET)'
+
+# Kubernetes' own dual-stack tests (test/k8se2e TestDualStackConformance):
+# the [Feature:IPv6DualStack] specs of e2e.test (22 at v1.36.3, SCTP left
+# out), then the [sig-network] conformance set again, both unpatched, on
+# the two-node dual-stack cluster (the lab's network with an IPv6 subnet,
+# Services and node addresses of both families, vpcni with ipFamilies
+# [ipv4, ipv6]); results under $(CONFORMANCE_RESULTS)/dualstack*. Last
+# line: `dualstack: k8s_passed=N/M conformance_passed=A/B`. Not in make
+# test, which runs the dual-stack checks of TestTwoNodes.
+dualstack: build image conformance-build
+	@mkdir -p $(CONFORMANCE_RESULTS) && touch $(CONFORMANCE_RESULTS)/.started
+	VPCNI_DUALSTACK=1 VPCNI_CONFORMANCE_RESULTS=$(CONFORMANCE_RESULTS) VPCNI_REQUIRE_ROOT=1 VPCNI_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 150m -v -run 'TestDualStackConformance' ./test/k8se2e 2>&1 | tee /tmp/vpcni-dualstack.log | scripts/testfilter 'k8s-e2e' ; rc=$${PIPESTATUS[0]}; \
+	VPCNI_CONFORMANCE_RESULTS=$(CONFORMANCE_RESULTS) bash scripts/conformance.sh dualstack-summary; \
+	[ $$rc = 0 ] || echo "dualstack: FAILED: the Kubernetes e2e exited $$rc (/tmp/vpcni-dualstack.log)"; \
+	[ $$rc = 0 ]
 
 # The chaos tests at length (make test runs each with 3 rounds): against
 # the real neutron-server (test/neutron), then against the lab's EC2

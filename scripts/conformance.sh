@@ -8,6 +8,7 @@
 #                                        waits for a build under way)
 #   scripts/conformance.sh build-coredns CoreDNS and its image, for the DNS tests (cached)
 #   scripts/conformance.sh summary       print the closing `conformance:` line
+#   scripts/conformance.sh dualstack-summary  print make dualstack's closing `dualstack:` line
 #
 # The run itself is test/k8se2e TestConformance (a Go test: lab node, fixture, vpcni
 # through deploy/, then e2e.test inside the node's network namespace);
@@ -260,13 +261,31 @@ cmd_summary() {
 	echo "conformance: k8s_passed=${k8s:-0/0} critest_passed=${cri:-0/0}"
 }
 
+# make dualstack's closing line: TestDualStackConformance's two runs on the
+# dual-stack cluster, the dual-stack specs and then the conformance set.
+cmd_dualstack_summary() {
+	local ds=0/0 conf=0/0
+	if fresh "$RESULTS/dualstack/k8s.result"; then
+		ds=$(sed -n 's/^k8s_passed=//p' "$RESULTS/dualstack/k8s.result")
+	else
+		echo "dualstack: the dual-stack specs did not run to their end (no fresh $RESULTS/dualstack/k8s.result)"
+	fi
+	if fresh "$RESULTS/dualstack-conformance/k8s.result"; then
+		conf=$(sed -n 's/^k8s_passed=//p' "$RESULTS/dualstack-conformance/k8s.result")
+	else
+		echo "dualstack: the conformance set did not run to its end (no fresh $RESULTS/dualstack-conformance/k8s.result)"
+	fi
+	echo "dualstack: k8s_passed=${ds:-0/0} conformance_passed=${conf:-0/0}"
+}
+
 main() {
 	case ${1:-} in
 	build) cmd_build ;;
 	build-coredns) cmd_build_coredns ;;
 	summary) cmd_summary ;;
+	dualstack-summary) cmd_dualstack_summary ;;
 	image-ref) image_ref "$2" ;;
-	*) echo "usage: $0 build|build-coredns|summary|image-ref NAME" >&2; exit 2 ;;
+	*) echo "usage: $0 build|build-coredns|summary|dualstack-summary|image-ref NAME" >&2; exit 2 ;;
 	esac
 }
 

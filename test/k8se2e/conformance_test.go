@@ -366,3 +366,29 @@ func readGinkgoReport(path string) ([]specResult, int, error) {
 	sort.Slice(out, func(i, j int) bool { return out[i].name < out[j].name })
 	return out, willRun, nil
 }
+
+// TestDualStackConformance runs e2e.test's dual-stack specs
+// (conformance.DualStack, SCTP left out) and then the [sig-network]
+// conformance set, unpatched, on the two-node dual-stack cluster with vpcni
+// giving every pod an address of each family (make dualstack). The results
+// go to dualstack/ and dualstack-conformance/ under
+// VPCNI_CONFORMANCE_RESULTS, whose k8s.result lines `make dualstack`
+// joins into its closing line.
+func TestDualStackConformance(t *testing.T) {
+	if os.Getenv("VPCNI_DUALSTACK") == "" {
+		t.Skip("vpcni-test: Kubernetes' dual-stack tests run from make dualstack (VPCNI_DUALSTACK=1); NOT RUN here")
+	}
+	results := envOr("VPCNI_CONFORMANCE_RESULTS", "/var/tmp/vpcni-conformance")
+	conformanceBuild(t, "build")
+	conformanceBuild(t, "build-coredns")
+	for _, sel := range [][2]string{{conformance.DualStack, conformance.DualStackSkip}, {conformanceFocus, conformanceSkip}} {
+		selectedSpecs(t, sel[0], sel[1])
+	}
+	t.Setenv("CLUSTER_DNS", clusterDNS)
+	n := upDualStack(t, 2)
+	n.overlay = n.writeOverlay("30s", 128, false)
+	n.dropNodeChainedPlugins()
+	n.installAll()
+	n.runUpstreamE2E(conformance.DualStack, conformance.DualStackSkip, filepath.Join(results, "dualstack"), true)
+	n.runUpstreamE2E(conformanceFocus, conformanceSkip, filepath.Join(results, "dualstack-conformance"), true)
+}
