@@ -135,7 +135,8 @@ func (e *EC2) cidrs(ctx context.Context, subnets map[string]netip.Prefix, vpcs, 
 	for _, s := range sn.Subnets {
 		subnets[aws.ToString(s.SubnetId)], _ = netip.ParsePrefix(aws.ToString(s.CidrBlock))
 		for _, a := range s.Ipv6CidrBlockAssociationSet {
-			if a.Ipv6CidrBlockState != nil && a.Ipv6CidrBlockState.State != types.SubnetCidrBlockStateCodeAssociated {
+			// moto 5.2.1 writes the state as "{'State': 'associated'}".
+			if st := a.Ipv6CidrBlockState; st != nil && (strings.Contains(string(st.State), "disassociat") || !strings.Contains(string(st.State), "associated")) {
 				continue
 			}
 			if p, err := netip.ParsePrefix(aws.ToString(a.Ipv6CidrBlock)); err == nil {

@@ -50,6 +50,9 @@ type records struct {
 	// Idle: addresses of vpcni's prefixes the agent gave back; each stays
 	// on its ENI with its /28 until all 16 are idle.
 	Idle []netip.Addr `json:"idle,omitempty"`
+	// Prefixes6: per IPv6 /80 of vpcni's (its string), how far its
+	// addresses were handed out (ipv6.go).
+	Prefixes6 map[string]*prefix6Use `json:"prefixes6,omitempty"`
 }
 
 // intent is an assign call in flight on an ENI without vpcni's tag.
