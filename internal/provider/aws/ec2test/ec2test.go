@@ -22,8 +22,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/ec2"
 	"github.com/aws/aws-sdk-go-v2/service/ec2/types"
 
-	"github.com/vpcni/vpcni/internal/lab/imds"
 	"github.com/vpcni/vpcni/internal/family"
+	"github.com/vpcni/vpcni/internal/lab/imds"
 	"github.com/vpcni/vpcni/internal/provider"
 	vpcaws "github.com/vpcni/vpcni/internal/provider/aws"
 	"github.com/vpcni/vpcni/internal/provider/providertest"
