@@ -393,20 +393,31 @@ func (p *Provider) assignOn6(ctx context.Context, e *eni, named []netip.Addr, co
 	if err != nil {
 		return nil, nil, explain6(fmt.Errorf("assign IPv6 addresses on ENI %s: %w", e.id, err))
 	}
+	// EC2 answers with what the call assigned, moto with every IPv6
+	// address of the ENI. An answer naming an address the ENI held before,
+	// or more than were asked for, is a listing; one that names none of a
+	// non-empty before-set is EC2's. Until then the ENI is read before
+	// each call, and the new addresses are those it did not hold.
 	var got []netip.Addr
-	p.answers6 = answersExact
+	listing := !prefix && len(out.AssignedIpv6Addresses) > count+len(named)
 	for _, s := range out.AssignedIpv6Addresses {
 		a, err := netip.ParseAddr(s)
 		if err != nil {
 			continue
 		}
 		if slices.Contains(e.ipv6s, a) {
-			p.answers6 = answersListing
+			listing = true
 			continue
 		}
 		if !slices.Contains(got, a) {
 			got = append(got, a)
 		}
+	}
+	switch {
+	case listing:
+		p.answers6 = answersListing
+	case len(e.ipv6s) > 0 && p.answers6 == answersUnknown:
+		p.answers6 = answersExact
 	}
 	var pfx []netip.Prefix
 	for _, s := range out.AssignedIpv6Prefixes {

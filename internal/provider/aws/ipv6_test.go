@@ -2,7 +2,9 @@ package aws_test
 
 import (
 	"errors"
+	"fmt"
 	"log/slog"
+	"maps"
 	"net/netip"
 	"os"
 	"slices"
@@ -12,6 +14,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/ec2"
 
+	"github.com/vpcni/vpcni/internal/alloc"
 	"github.com/vpcni/vpcni/internal/family"
 	"github.com/vpcni/vpcni/internal/lab/ec2api"
 	"github.com/vpcni/vpcni/internal/provider"
@@ -261,5 +264,63 @@ func TestIPv6PrefixModeOnMoto(t *testing.T) {
 	got, err := p.Assign(ec2test.Ctx(t), provider.AssignRequest{Count: 2, Family: family.V6})
 	if len(got) != 0 || !errors.Is(err, provider.ErrUnavailable) || !strings.Contains(err.Error(), "no /80 prefix") {
 		t.Fatalf("Assign on moto in prefix mode = %v, %v; want ErrUnavailable naming the missing /80", got, err)
+	}
+}
+
+// TestCrossCheckIPv6 drives the provider's IPv6 by count the same way on
+// moto_server and on the lab's endpoint and compares what it tells and
+// what EC2 then holds, step by step: the capacity, the leases (their
+// shapes: in the /64, on the primary ENI, no gateway), the ENI's IPv6
+// addresses, ownership beside an address a person assigned, Release, and
+// Held after a restart. moto's answer lists every IPv6 address of the
+// ENI (V61); the steps come out the same because the provider tells the
+// new ones from what the ENI held.
+func TestCrossCheckIPv6(t *testing.T) {
+	labEP, _ := lab(t, ec2api.Options{})
+	steps := map[string]map[string]string{}
+	record := func(src, step string, v string) {
+		if steps[step] == nil {
+			steps[step] = map[string]string{}
+		}
+		steps[step][src] = v
+	}
+	for src, ep := range map[string]*ec2test.Endpoint{"moto": motoEndpoint(), "lab": labEP} {
+		ctx := ec2test.Ctx(t)
+		p, inst, block := dualNode(t, ep, nil)
+		c := p.Info().Capacities[family.V6]
+		record(src, "1 capacity", fmt.Sprintf("%d %s", c.Max, c.Reason))
+		got, err := p.Assign(ctx, provider.AssignRequest{Count: 3, Family: family.V6})
+		shape := func(ls []alloc.Lease) string {
+			var rows []string
+			for _, l := range ls {
+				rows = append(rows, fmt.Sprintf("in-block=%v prefix=%v primary=%v nic=%v gw=%v", block.Contains(l.Address), l.Prefix == block,
+					l.Interface == inst.ENI, l.NIC != nil, l.Gateway.IsValid()))
+			}
+			return strings.Join(rows, "; ")
+		}
+		record(src, "2 assign 3", fmt.Sprintf("%s err=%v", shape(got), err))
+		on, _ := v6On(t, ep, inst.ENI)
+		record(src, "3 the ENI", fmt.Sprintf("%d addresses, the leases' %v", len(on), !slices.ContainsFunc(got, func(l alloc.Lease) bool { return !slices.Contains(on, l.Address) })))
+		if _, err := ep.Client.AssignIpv6Addresses(ctx, &ec2.AssignIpv6AddressesInput{NetworkInterfaceId: &inst.ENI, Ipv6AddressCount: aws.Int32(1)}); err != nil {
+			t.Fatalf("%s: a person's assign: %v", src, err)
+		}
+		more, err := p.Assign(ctx, provider.AssignRequest{Count: 1, Family: family.V6})
+		record(src, "4 assign 1 after a person's", fmt.Sprintf("%s err=%v held=%d", shape(more), err, len(held(t, p, family.V6))))
+		err = p.Release(ctx, []netip.Addr{got[0].Address})
+		on, _ = v6On(t, ep, inst.ENI)
+		record(src, "5 release 1", fmt.Sprintf("err=%v on-eni=%d gone=%v", err, len(on), !slices.Contains(on, got[0].Address)))
+		p2 := ep.Open(t, inst, nil)
+		h := held(t, p2, family.V6)
+		want := provider.Addresses(append(got[1:], more...))
+		slices.SortFunc(want, netip.Addr.Compare)
+		record(src, "6 held after a restart", fmt.Sprintf("%d vpcni's=%v", len(h), slices.Equal(h, want)))
+	}
+	for _, step := range slices.Sorted(maps.Keys(steps)) {
+		if m, l := steps[step]["moto"], steps[step]["lab"]; m != l {
+			t.Errorf("%s: moto and the lab differ:\nmoto: %s\nlab:  %s", step, m, l)
+		}
+	}
+	if got := steps["6 held after a restart"]["lab"]; got != "3 vpcni's=true" {
+		t.Errorf("lab: held after a restart %s, want vpcni's 3", got)
 	}
 }
