@@ -54,6 +54,10 @@ type prefix6Use struct {
 	Next  uint64   `json:"next"`
 	Free  []uint64 `json:"free,omitempty"`
 	Taken []uint64 `json:"taken,omitempty"`
+	// Since is when the /80 was first recorded: a record is kept a
+	// minute past its /80's absence from a read (EC2's describes may lag
+	// its own writes), lest its handed-out addresses be forgotten.
+	Since time.Time `json:"since"`
 }
 
 // held lists the handed-out addresses of the /80 pf.
@@ -233,7 +237,7 @@ func (p *Provider) use6(pf netip.Prefix) *prefix6Use {
 	}
 	u := p.rec.Prefixes6[pf.String()]
 	if u == nil {
-		u = &prefix6Use{Next: 1}
+		u = &prefix6Use{Next: 1, Since: time.Now().UTC()}
 		p.rec.Prefixes6[pf.String()] = u
 	}
 	return u
@@ -286,14 +290,17 @@ func (p *Provider) assignNamed6(ctx context.Context, e *eni, a netip.Addr) (bool
 			return false, fmt.Errorf("%s is handed out already: %w", a, provider.ErrTaken)
 		}
 		return true, nil
-	case holder != nil && !pf.IsValid() && p.owned6(holder, a.String()):
-		return holder == e, nil
+	case holder == e && !pf.IsValid() && p.owned6(holder, a.String()):
+		return true, nil // vpcni's already: handed out as it is
 	case holder != nil:
 		return false, fmt.Errorf("%s is on ENI %s but was not put there by vpcni: %w", a, holder.id, provider.ErrTaken)
 	}
-	sn := p.subnets[e.subnetID]
-	if sn == nil || !sn.cidr6.Contains(a) {
-		return false, fmt.Errorf("%s is not in the primary ENI's IPv6 block %s: %w", a, sn.cidr6, provider.ErrOutside)
+	var block netip.Prefix
+	if sn := p.subnets[e.subnetID]; sn != nil {
+		block = sn.cidr6
+	}
+	if !block.Contains(a) {
+		return false, fmt.Errorf("%s is not in the primary ENI's IPv6 block %s: %w", a, block, provider.ErrOutside)
 	}
 	if p.room6(e) < 1 {
 		return false, fmt.Errorf("%s: the primary ENI holds the %d IPv6 addresses and prefixes instance type %s allows: %w", a, p.limits.IPv6PerENI, p.id.instanceType, provider.ErrExhausted)
@@ -506,13 +513,13 @@ func (p *Provider) unassignOn6(ctx context.Context, e *eni, addrs []netip.Addr, 
 	return nil
 }
 
-// forgetPrefixes6 drops the records of /80s no ENI holds any more; it
-// says whether any went.
+// forgetPrefixes6 drops the records of /80s no ENI holds any more (and
+// none made in the last minute); it says whether any went.
 func (p *Provider) forgetPrefixes6() bool {
 	changed := false
-	for k := range p.rec.Prefixes6 {
+	for k, u := range p.rec.Prefixes6 {
 		pf, err := netip.ParsePrefix(k)
-		if err == nil && slices.ContainsFunc(p.enis, func(e *eni) bool { return slices.Contains(e.prefixes6, pf) }) {
+		if err == nil && (time.Since(u.Since) < time.Minute || slices.ContainsFunc(p.enis, func(e *eni) bool { return slices.Contains(e.prefixes6, pf) })) {
 			continue
 		}
 		delete(p.rec.Prefixes6, k)
