@@ -197,7 +197,7 @@ func (p *Provider) owned6(e *eni, what string) bool { return e.ours || p.rec.own
 
 // mine6 lists vpcni's IPv6 pod addresses on e, as last read.
 func (p *Provider) mine6(e *eni) []netip.Addr {
-	if !e.attached {
+	if !e.attached || !p.v6 {
 		return nil
 	}
 	var out []netip.Addr
@@ -366,7 +366,7 @@ func (p *Provider) assignOn6(ctx context.Context, e *eni, named []netip.Addr, co
 	}
 	var in intent
 	if !e.ours {
-		in = intent{ENI: e.id, Before: e.holds(), Count: count + len(named), At: time.Now().UTC()}
+		in = intent{ENI: e.id, Before: e.holds(), Count: count + len(named), At: time.Now().UTC(), V6: true}
 		if err := p.rec.begin(in); err != nil {
 			return nil, nil, err
 		}
@@ -481,7 +481,9 @@ func (p *Provider) release6(ctx context.Context, addrs []netip.Addr) (foreign []
 	for _, e := range slices.Clone(p.enis) {
 		var idle []netip.Prefix
 		for _, pf := range e.prefixes6 {
-			if u := p.rec.Prefixes6[pf.String()]; u != nil && p.owned6(e, pf.String()) && u.idle() {
+			// A /80 of vpcni's without a record (claimed from a call whose
+			// reply was lost) has handed nothing out.
+			if p.owned6(e, pf.String()) && p.use6(pf).idle() {
 				idle = append(idle, pf)
 			}
 		}

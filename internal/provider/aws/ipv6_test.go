@@ -10,11 +10,13 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/ec2"
 
 	"github.com/vpcni/vpcni/internal/alloc"
+	"github.com/vpcni/vpcni/internal/config"
 	"github.com/vpcni/vpcni/internal/family"
 	"github.com/vpcni/vpcni/internal/lab/ec2api"
 	"github.com/vpcni/vpcni/internal/provider"
@@ -322,5 +324,54 @@ func TestCrossCheckIPv6(t *testing.T) {
 	}
 	if got := steps["6 held after a restart"]["lab"]; got != "3 vpcni's=true" {
 		t.Errorf("lab: held after a restart %s, want vpcni's 3", got)
+	}
+}
+
+// A crash after EC2 assigned IPv6 addresses but before the provider
+// recorded them (the reply lost, no retry) leaves an intent; the next
+// start claims what the call added, and an IPv4 address a person added
+// meanwhile neither counts as its gain nor stops the claim.
+func TestIPv6InterruptedAssignSettledAtStart(t *testing.T) {
+	ep, s := lab(t, ec2api.Options{})
+	p, inst, _ := dualNode(t, ep, func(c *vpcaws.Config) { c.Retries = 1 })
+	s.LoseReplies(1, "AssignIpv6Addresses")
+	if _, err := p.Assign(ec2test.Ctx(t), provider.AssignRequest{Count: 3, Family: family.V6}); !errors.Is(err, provider.ErrUnavailable) {
+		t.Fatalf("Assign with its reply lost and no retry: %v; want ErrUnavailable", err)
+	}
+	if _, err := ep.Client.AssignPrivateIpAddresses(ec2test.Ctx(t), &ec2.AssignPrivateIpAddressesInput{NetworkInterfaceId: &inst.ENI,
+		SecondaryPrivateIpAddressCount: aws.Int32(1)}); err != nil {
+		t.Fatal(err)
+	}
+	p2 := ep.Open(t, inst, nil)
+	on, _ := v6On(t, ep, inst.ENI)
+	slices.SortFunc(on, netip.Addr.Compare)
+	if h := held(t, p2, family.V6); len(h) != 3 || !slices.Equal(h, on) {
+		t.Fatalf("Held IPv6 at the next start = %v; want the 3 the lost call assigned (%v)", h, on)
+	}
+	if h := held(t, p2, family.V4); len(h) != 0 {
+		t.Fatalf("Held IPv4 = %v: the person's address is not vpcni's", h)
+	}
+}
+
+// A reply lost and the SDK's retry that assigned again: both attempts'
+// /80s are vpcni's, and both leave when their addresses come back.
+func TestIPv6LostReplyPrefixesAreClaimed(t *testing.T) {
+	ep, s := lab(t, ec2api.Options{})
+	p, inst, _ := dualNode(t, ep, func(c *vpcaws.Config) {
+		c.PrefixMode, c.RetryMaxBackoff = true, config.Duration{Duration: 20 * time.Millisecond}
+	})
+	s.LoseReplies(1, "AssignIpv6Addresses")
+	got, err := p.Assign(ec2test.Ctx(t), provider.AssignRequest{Count: 2, Family: family.V6})
+	if err != nil || len(got) != 2 {
+		t.Fatalf("Assign(2) with its first reply lost = %v, %v", got, err)
+	}
+	if _, pfx := v6On(t, ep, inst.ENI); len(pfx) != 2 {
+		t.Fatalf("the ENI holds /80s %v; want one from each attempt", pfx)
+	}
+	if err := p.Release(ec2test.Ctx(t), provider.Addresses(got)); err != nil {
+		t.Fatal(err)
+	}
+	if _, pfx := v6On(t, ep, inst.ENI); len(pfx) != 0 {
+		t.Fatalf("after releasing everything the ENI holds /80s %v", pfx)
 	}
 }

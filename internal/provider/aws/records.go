@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -64,6 +65,11 @@ type intent struct {
 	// named ones included.
 	Count int       `json:"count"`
 	At    time.Time `json:"at"`
+	// V6: the call assigns IPv6 addresses or /80s; it settles against
+	// the ENI's IPv6 side only, an IPv4 one against its IPv4 side, so a
+	// write of the other family at the same moment neither counts as its
+	// gain nor makes it claim nothing.
+	V6 bool `json:"v6,omitempty"`
 }
 
 const recordsFile = "aws-eni-owned.json"
@@ -195,6 +201,9 @@ func (r *records) settle(eni string, now []string) (claimed, unclaimed []string)
 		}
 		var gained []string
 		for _, w := range now {
+			if isV6(w) != in.V6 {
+				continue
+			}
 			if !slices.Contains(in.Before, w) && !r.owns(eni, w) {
 				gained = append(gained, w)
 			}
@@ -209,6 +218,9 @@ func (r *records) settle(eni string, now []string) (claimed, unclaimed []string)
 	r.Pending = keep
 	return claimed, unclaimed
 }
+
+// isV6 says whether a recorded address or prefix is IPv6.
+func isV6(w string) bool { return strings.Contains(w, ":") }
 
 // prune forgets what eni no longer holds, once it was recorded longer ago
 // than grace (EC2's describes may lag its own writes for a moment), and
