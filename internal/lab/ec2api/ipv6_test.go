@@ -2,12 +2,14 @@ package ec2api
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"net/http/httptest"
 	"net/netip"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	sdkimds "github.com/aws/aws-sdk-go-v2/feature/ec2/imds"
@@ -327,4 +329,29 @@ func TestIMDSIPv6(t *testing.T) {
 		}
 		hs.Close()
 	}
+}
+
+// TestIPv6ThrottleBuckets: AssignIpv6Addresses has its own bucket of 100
+// (EC2's table); UnassignIpv6Addresses, not listed there, takes the
+// generic mutating one of 50.
+func TestIPv6ThrottleBuckets(t *testing.T) {
+	t.Parallel()
+	l := newLab6(t)
+	l.s.faults.mu.Lock()
+	l.s.faults.now = func() time.Time { return time.Unix(1e9, 0) } // no refill during the test
+	l.s.faults.mu.Unlock()
+	l.s.Throttle(true)
+	missing := aws.String("eni-0123456789abcdef0")
+	for i := range 100 {
+		_, err := l.c.AssignIpv6Addresses(ctx, &ec2.AssignIpv6AddressesInput{NetworkInterfaceId: missing, Ipv6AddressCount: aws.Int32(1)})
+		wantCode(t, fmt.Sprintf("assign %d", i+1), err, "InvalidNetworkInterfaceID.NotFound", 400)
+	}
+	_, err := l.c.AssignIpv6Addresses(ctx, &ec2.AssignIpv6AddressesInput{NetworkInterfaceId: missing, Ipv6AddressCount: aws.Int32(1)})
+	wantCode(t, "assign 101", err, "RequestLimitExceeded", 503)
+	for i := range 50 {
+		_, err := l.c.UnassignIpv6Addresses(ctx, &ec2.UnassignIpv6AddressesInput{NetworkInterfaceId: missing, Ipv6Addresses: []string{"2600:1f18:aa:bb01::9"}})
+		wantCode(t, fmt.Sprintf("unassign %d", i+1), err, "InvalidNetworkInterfaceID.NotFound", 400)
+	}
+	_, err = l.c.UnassignIpv6Addresses(ctx, &ec2.UnassignIpv6AddressesInput{NetworkInterfaceId: missing, Ipv6Addresses: []string{"2600:1f18:aa:bb01::9"}})
+	wantCode(t, "unassign 51", err, "RequestLimitExceeded", 503)
 }
