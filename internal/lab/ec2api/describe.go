@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"encoding/base64"
 	"maps"
+	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
@@ -124,7 +125,8 @@ func (s *Server) describeSubnets(f form) (result, *apiError) {
 	if aerr != nil {
 		return nil, aerr
 	}
-	filters, aerr := checkFilters(f, []string{"subnet-id", "vpc-id", "availability-zone", "cidr-block", "cidr", "state", "owner-id"})
+	filters, aerr := checkFilters(f, []string{"subnet-id", "vpc-id", "availability-zone", "cidr-block", "cidr", "state", "owner-id",
+		"ipv6-cidr-block-association.ipv6-cidr-block"})
 	if aerr != nil {
 		return nil, aerr
 	}
@@ -142,7 +144,7 @@ func (s *Server) describeSubnets(f form) (result, *apiError) {
 	subnets = keep(subnets, filters, func(sn *subnet, fl filter) bool {
 		return tagged(sn.tags, fl, map[string][]string{"subnet-id": {sn.id}, "vpc-id": {sn.vpcID},
 			"availability-zone": {sn.az}, "cidr-block": {sn.cidr.String()}, "cidr": {sn.cidr.String()},
-			"state": {"available"}, "owner-id": {s.account}})
+			"state": {"available"}, "owner-id": {s.account}, "ipv6-cidr-block-association.ipv6-cidr-block": cidr6s(sn.cidr6)})
 	})
 	subnets, _, aerr = page(f, subnets, func(sn *subnet) string { return sn.id }, limit)
 	if aerr != nil {
@@ -151,7 +153,8 @@ func (s *Server) describeSubnets(f form) (result, *apiError) {
 	out := &describeSubnetsResult{}
 	for _, sn := range subnets {
 		out.Subnets = append(out.Subnets, xmlSubnet{ID: sn.id, VPCID: sn.vpcID, CIDR: sn.cidr.String(), AZ: sn.az,
-			Available: max(sn.available(), 0), State: "available", OwnerID: s.account, Tags: xmlTags(sn.tags)})
+			Available: max(sn.available(), 0), State: "available", OwnerID: s.account, Tags: xmlTags(sn.tags),
+			IPv6: xmlCIDR6(sn.cidr6, sn.assoc6, "")})
 	}
 	return out, nil
 }
@@ -181,9 +184,25 @@ func (s *Server) describeVPCs(f form) (result, *apiError) {
 	for _, v := range vpcs {
 		out.VPCs = append(out.VPCs, xmlVPC{ID: v.id, CIDR: v.cidr.String(), State: "available", Owner: s.account,
 			Assocs: []xmlCIDRAssoc{{ID: "vpc-cidr-assoc-" + strings.TrimPrefix(v.id, "vpc-"), CIDR: v.cidr.String(), State: "associated"}},
+			IPv6:   xmlCIDR6(v.cidr6, v.assoc6, "Amazon"),
 			Tags:   xmlTags(v.tags)})
 	}
 	return out, nil
+}
+
+func cidr6s(p netip.Prefix) []string {
+	if !p.IsValid() {
+		return nil
+	}
+	return []string{p.String()}
+}
+
+// xmlCIDR6 is an IPv6 block's association, none for an invalid block.
+func xmlCIDR6(p netip.Prefix, id, pool string) []xmlCIDR6Assoc {
+	if !p.IsValid() {
+		return nil
+	}
+	return []xmlCIDR6Assoc{{ID: id, CIDR: p.String(), State: "associated", Pool: pool}}
 }
 
 func (s *Server) describeSecurityGroups(f form) (result, *apiError) {

@@ -155,11 +155,22 @@ func (s *Server) createENI(f form) (_ result, aerr *apiError) {
 		}
 		s.take(e, nil, prefixes)
 	}
+	if aerr = s.createENI6(f, e); aerr != nil {
+		return nil, aerr
+	}
 	if token != "" {
 		s.tokens[token] = e.ID
 	}
 	s.changed()
 	return &createENIResult{ENI: s.xmlENI(e), ClientToken: token}, nil
+}
+
+func strs[T fmt.Stringer](items []T) []string {
+	out := make([]string, len(items))
+	for i, x := range items {
+		out[i] = x.String()
+	}
+	return out
 }
 
 func parseAddr(raw string) (netip.Addr, *apiError) {
@@ -173,6 +184,7 @@ func parseAddr(raw string) (netip.Addr, *apiError) {
 // forget deletes an ENI and frees what it held.
 func (s *Server) forget(e *ENI) {
 	s.release(e, slices.Clone(e.PrivateIPs), slices.Clone(e.Prefixes))
+	s.release6(e, slices.Clone(e.IPv6s), slices.Clone(e.IPv6Prefixes))
 	delete(s.enis, e.ID)
 	delete(s.macs, e.MAC)
 }
@@ -262,6 +274,9 @@ func (s *Server) beginAttach(f form) (eniID, attID string, card int, delay time.
 	// the code EC2 gives here was not verified.
 	if slots(e) > t.IPv4PerENI {
 		return "", "", 0, 0, errIPLimit()
+	}
+	if slots6(e) > t.IPv6PerENI {
+		return "", "", 0, 0, errIPv6Limit()
 	}
 	e.Status, e.InstanceID, e.AttachmentID, e.DeviceIndex, e.NetworkCard = "attaching", in.id, newID("eni-attach-"), dev, card
 	e.DeleteOnTermination, e.AttachTime = false, time.Now().UTC()
@@ -435,7 +450,7 @@ func (s *Server) modifyENI(f form) (result, *apiError) {
 
 var eniFilters = []string{"network-interface-id", "subnet-id", "vpc-id", "availability-zone", "status", "mac-address",
 	"description", "interface-type", "requester-managed", "owner-id", "source-dest-check", "group-id",
-	"private-ip-address", "addresses.private-ip-address", "ipv4-prefix", "attachment.instance-id",
+	"private-ip-address", "addresses.private-ip-address", "ipv4-prefix", "ipv6-addresses.ipv6-address", "ipv6-prefix", "attachment.instance-id",
 	"attachment.attachment-id", "attachment.device-index", "attachment.status", "attachment.delete-on-termination",
 	"attachment.instance-owner-id", "attachment.network-card-index"}
 
@@ -483,6 +498,10 @@ func (s *Server) eniMatches(e *ENI, fl filter) bool {
 		return fl.match(ips...)
 	case "ipv4-prefix":
 		return fl.match(prefixes...)
+	case "ipv6-addresses.ipv6-address":
+		return fl.match(strs(e.IPv6s)...)
+	case "ipv6-prefix":
+		return fl.match(strs(e.IPv6Prefixes)...)
 	case "attachment.instance-id":
 		return att(e.InstanceID)
 	case "attachment.attachment-id":

@@ -36,6 +36,8 @@ var actions = map[string]action{
 	"ModifyNetworkInterfaceAttribute": {run: (*Server).modifyENI, locked: true, dryRun: true},
 	"AssignPrivateIpAddresses":        {run: (*Server).assignPrivateIPs, locked: true},
 	"UnassignPrivateIpAddresses":      {run: (*Server).unassignPrivateIPs, locked: true},
+	"AssignIpv6Addresses":             {run: (*Server).assignIPv6, locked: true},
+	"UnassignIpv6Addresses":           {run: (*Server).unassignIPv6, locked: true},
 	"CreateTags":                      {run: (*Server).createTags, locked: true, dryRun: true},
 	"DeleteTags":                      {run: (*Server).deleteTags, locked: true, dryRun: true},
 	"TerminateInstances":              {run: (*Server).terminateInstances, locked: true, dryRun: true},

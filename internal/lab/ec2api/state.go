@@ -58,13 +58,20 @@ type ENI struct {
 	PrimaryIP           netip.Addr
 	PrivateIPs          []netip.Addr // every private address, the primary first
 	Prefixes            []netip.Prefix
-	Tags                map[string]string
-	CreatedAt           time.Time
+	// IPv6s and IPv6Prefixes are the ENI's IPv6 addresses and /80
+	// prefixes, from its subnet's IPv6 CIDR (SubnetCIDR6; invalid when
+	// the subnet has none).
+	SubnetCIDR6  netip.Prefix
+	IPv6s        []netip.Addr
+	IPv6Prefixes []netip.Prefix
+	Tags         map[string]string
+	CreatedAt    time.Time
 }
 
 func (e *ENI) clone() ENI {
 	c := *e
 	c.Groups, c.PrivateIPs, c.Prefixes, c.Tags = slices.Clone(e.Groups), slices.Clone(e.PrivateIPs), slices.Clone(e.Prefixes), maps.Clone(e.Tags)
+	c.IPv6s, c.IPv6Prefixes = slices.Clone(e.IPv6s), slices.Clone(e.IPv6Prefixes)
 	return c
 }
 
@@ -82,7 +89,7 @@ type InstanceType struct {
 	// MaxENIs is MaximumNetworkInterfaces, over all network cards.
 	MaxENIs    int
 	IPv4PerENI int // Ipv4AddressesPerInterface: the primary, secondaries and /28 prefixes
-	IPv6PerENI int
+	IPv6PerENI int // Ipv6AddressesPerInterface: IPv6 addresses and /80 prefixes
 	// Cards are each network card's MaximumNetworkInterfaces; empty is
 	// one card holding MaxENIs.
 	Cards       []int
@@ -119,9 +126,12 @@ type InstanceInfo struct {
 }
 
 type vpc struct {
-	id   string
-	cidr netip.Prefix
-	tags map[string]string
+	id    string
+	cidr  netip.Prefix
+	cidr6 netip.Prefix // the VPC's IPv6 block (a /56 on EC2); invalid: none
+	// assoc6 is the IPv6 block's association ID.
+	assoc6 string
+	tags   map[string]string
 }
 
 type subnet struct {
@@ -130,6 +140,12 @@ type subnet struct {
 	tags          map[string]string
 	used          map[netip.Addr]string   // address → the ENI holding it
 	prefixes      map[netip.Prefix]string // /28 → the ENI holding it
+	// cidr6 is the subnet's IPv6 block (invalid: the subnet has none);
+	// used6 and prefixes6 its addresses and /80s held by ENIs.
+	cidr6     netip.Prefix
+	assoc6    string
+	used6     map[netip.Addr]string
+	prefixes6 map[netip.Prefix]string
 }
 
 type securityGroup struct {
@@ -258,7 +274,8 @@ func (s *Server) AddSubnet(vpcID string, cidr netip.Prefix, az string) (string, 
 		az = s.region + "a"
 	}
 	sn := &subnet{id: newID("subnet-"), vpcID: vpcID, az: az, cidr: cidr, tags: map[string]string{},
-		used: map[netip.Addr]string{}, prefixes: map[netip.Prefix]string{}}
+		used: map[netip.Addr]string{}, prefixes: map[netip.Prefix]string{},
+		used6: map[netip.Addr]string{}, prefixes6: map[netip.Prefix]string{}}
 	s.subnets[sn.id] = sn
 	return sn.id, nil
 }
@@ -361,7 +378,15 @@ func (s *Server) Instance(_ context.Context, id string) (imds.Instance, error) {
 		out.Interfaces = append(out.Interfaces, imds.Interface{MAC: e.MAC, ID: e.ID, DeviceNumber: e.DeviceIndex,
 			NetworkCard: e.NetworkCard, SubnetID: e.SubnetID, SubnetCIDR: sn.cidr, VPCID: e.VPCID,
 			VPCCIDRs: []netip.Prefix{v.cidr}, SecurityGroups: slices.Clone(e.Groups),
-			LocalIPv4s: slices.Clone(e.PrivateIPs), IPv4Prefixes: slices.Clone(e.Prefixes)})
+			LocalIPv4s: slices.Clone(e.PrivateIPs), IPv4Prefixes: slices.Clone(e.Prefixes),
+			IPv6s: slices.Clone(e.IPv6s), IPv6Prefixes: slices.Clone(e.IPv6Prefixes)})
+		n := &out.Interfaces[len(out.Interfaces)-1]
+		if sn.cidr6.IsValid() {
+			n.SubnetIPv6CIDRs = []netip.Prefix{sn.cidr6}
+		}
+		if v.cidr6.IsValid() {
+			n.VPCIPv6CIDRs = []netip.Prefix{v.cidr6}
+		}
 		if e.DeviceIndex == 0 && e.NetworkCard == s.types[in.typ].DefaultCard {
 			out.LocalIPv4 = e.PrimaryIP
 		}
@@ -389,7 +414,7 @@ func (s *Server) attachedTo(instanceID string) []*ENI {
 
 // newENI makes an available ENI with no address yet.
 func (s *Server) newENI(sn *subnet, groups []string, description string) *ENI {
-	e := &ENI{ID: newID("eni-"), MAC: s.newMAC(), Description: description, SubnetID: sn.id, SubnetCIDR: sn.cidr,
+	e := &ENI{ID: newID("eni-"), MAC: s.newMAC(), Description: description, SubnetID: sn.id, SubnetCIDR: sn.cidr, SubnetCIDR6: sn.cidr6,
 		VPCID: sn.vpcID, AZ: sn.az, Groups: groups, Status: "available", SourceDestCheck: true,
 		Tags: map[string]string{}, CreatedAt: time.Now().UTC()}
 	s.enis[e.ID] = e

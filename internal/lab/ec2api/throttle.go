@@ -46,6 +46,7 @@ var ec2Buckets = map[string][2]float64{
 	"DescribeTags":                           {100, 20},
 	"AssignPrivateIpAddresses":               {100, 5},
 	"UnassignPrivateIpAddresses":             {100, 5},
+	"AssignIpv6Addresses":                    {100, 5}, // UnassignIpv6Addresses is not listed: generic
 	"CreateNetworkInterface":                 {100, 5},
 	"DeleteNetworkInterface":                 {100, 5},
 	"ModifyNetworkInterfaceAttribute":        {100, 5},

@@ -85,7 +85,18 @@ type xmlENI struct {
 	Attachment       *xmlAttachment `xml:"attachment"`
 	PrivateIPs       []xmlPrivateIP `xml:"privateIpAddressesSet>item"`
 	Prefixes         []xmlPrefix    `xml:"ipv4PrefixSet>item"`
+	IPv6s            []xmlIPv6      `xml:"ipv6AddressesSet>item"`
+	IPv6Prefixes     []xmlPrefix6   `xml:"ipv6PrefixSet>item"`
 	Tags             []xmlTag       `xml:"tagSet>item"`
+}
+
+type xmlIPv6 struct {
+	IP      string `xml:"ipv6Address"`
+	Primary bool   `xml:"isPrimaryIpv6"`
+}
+
+type xmlPrefix6 struct {
+	Prefix string `xml:"ipv6Prefix"`
 }
 
 func timestamp(t time.Time) string { return t.UTC().Format("2006-01-02T15:04:05.000Z") }
@@ -112,6 +123,12 @@ func (s *Server) xmlENI(e *ENI) xmlENI {
 	}
 	for _, p := range e.Prefixes {
 		x.Prefixes = append(x.Prefixes, xmlPrefix{Prefix: p.String()})
+	}
+	for _, a := range e.IPv6s {
+		x.IPv6s = append(x.IPv6s, xmlIPv6{IP: a.String()})
+	}
+	for _, p := range e.IPv6Prefixes {
+		x.IPv6Prefixes = append(x.IPv6Prefixes, xmlPrefix6{Prefix: p.String()})
 	}
 	if e.attached() {
 		x.Attachment = &xmlAttachment{ID: e.AttachmentID, InstanceID: e.InstanceID, InstanceOwnerID: s.account,
@@ -144,6 +161,21 @@ type assignResult struct {
 	ENI      string        `xml:"networkInterfaceId"`
 	IPs      []xmlAssigned `xml:"assignedPrivateIpAddressesSet>item"`
 	Prefixes []xmlPrefix   `xml:"assignedIpv4PrefixSet>item"`
+}
+
+// assign6Result: the addresses and /80s this call assigned, as strings.
+type assign6Result struct {
+	meta
+	ENI      string   `xml:"networkInterfaceId"`
+	IPs      []string `xml:"assignedIpv6Addresses>item"`
+	Prefixes []string `xml:"assignedIpv6PrefixSet>item"`
+}
+
+type unassign6Result struct {
+	meta
+	ENI      string   `xml:"networkInterfaceId"`
+	IPs      []string `xml:"unassignedIpv6Addresses>item"`
+	Prefixes []string `xml:"unassignedIpv6PrefixSet>item"`
 }
 
 type xmlAssigned struct {
@@ -192,14 +224,25 @@ type describeTypesResult struct {
 }
 
 type xmlSubnet struct {
-	ID        string   `xml:"subnetId"`
-	VPCID     string   `xml:"vpcId"`
-	CIDR      string   `xml:"cidrBlock"`
-	AZ        string   `xml:"availabilityZone"`
-	Available int      `xml:"availableIpAddressCount"`
-	State     string   `xml:"state"`
-	OwnerID   string   `xml:"ownerId"`
-	Tags      []xmlTag `xml:"tagSet>item"`
+	ID        string `xml:"subnetId"`
+	VPCID     string `xml:"vpcId"`
+	CIDR      string `xml:"cidrBlock"`
+	AZ        string `xml:"availabilityZone"`
+	Available int    `xml:"availableIpAddressCount"`
+	State     string `xml:"state"`
+	OwnerID   string `xml:"ownerId"`
+	// IPv6 is the subnet's IPv6 block, if any (EC2 lists one association).
+	IPv6       []xmlCIDR6Assoc `xml:"ipv6CidrBlockAssociationSet>item"`
+	AssignIPv6 bool            `xml:"assignIpv6AddressOnCreation"`
+	IPv6Native bool            `xml:"ipv6Native"`
+	Tags       []xmlTag        `xml:"tagSet>item"`
+}
+
+type xmlCIDR6Assoc struct {
+	ID    string `xml:"associationId"`
+	CIDR  string `xml:"ipv6CidrBlock"`
+	State string `xml:"ipv6CidrBlockState>state"`
+	Pool  string `xml:"ipv6Pool,omitempty"`
 }
 
 type describeSubnetsResult struct {
@@ -214,12 +257,13 @@ type xmlCIDRAssoc struct {
 }
 
 type xmlVPC struct {
-	ID     string         `xml:"vpcId"`
-	CIDR   string         `xml:"cidrBlock"`
-	State  string         `xml:"state"`
-	Owner  string         `xml:"ownerId"`
-	Assocs []xmlCIDRAssoc `xml:"cidrBlockAssociationSet>item"`
-	Tags   []xmlTag       `xml:"tagSet>item"`
+	ID     string          `xml:"vpcId"`
+	CIDR   string          `xml:"cidrBlock"`
+	State  string          `xml:"state"`
+	Owner  string          `xml:"ownerId"`
+	Assocs []xmlCIDRAssoc  `xml:"cidrBlockAssociationSet>item"`
+	IPv6   []xmlCIDR6Assoc `xml:"ipv6CidrBlockAssociationSet>item"`
+	Tags   []xmlTag        `xml:"tagSet>item"`
 }
 
 type describeVPCsResult struct {

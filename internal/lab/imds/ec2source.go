@@ -68,7 +68,8 @@ func (e *EC2) Instance(ctx context.Context, id string) (Instance, error) {
 		subnets[aws.ToString(n.SubnetId)] = netip.Prefix{}
 		vpcs[aws.ToString(n.VpcId)] = nil
 	}
-	if err := e.cidrs(ctx, subnets, vpcs); err != nil {
+	sub6, vpc6 := map[string][]netip.Prefix{}, map[string][]netip.Prefix{}
+	if err := e.cidrs(ctx, subnets, vpcs, sub6, vpc6); err != nil {
 		return Instance{}, err
 	}
 	for _, n := range enis.NetworkInterfaces {
@@ -77,6 +78,17 @@ func (e *EC2) Instance(ctx context.Context, id string) (Instance, error) {
 			SubnetID: aws.ToString(n.SubnetId), VPCID: aws.ToString(n.VpcId),
 		}
 		nic.SubnetCIDR, nic.VPCCIDRs = subnets[nic.SubnetID], vpcs[nic.VPCID]
+		nic.SubnetIPv6CIDRs, nic.VPCIPv6CIDRs = sub6[nic.SubnetID], vpc6[nic.VPCID]
+		for _, a := range n.Ipv6Addresses {
+			if ip, err := netip.ParseAddr(aws.ToString(a.Ipv6Address)); err == nil {
+				nic.IPv6s = append(nic.IPv6s, ip)
+			}
+		}
+		for _, p := range n.Ipv6Prefixes {
+			if pfx, err := netip.ParsePrefix(aws.ToString(p.Ipv6Prefix)); err == nil {
+				nic.IPv6Prefixes = append(nic.IPv6Prefixes, pfx)
+			}
+		}
 		if a := n.Attachment; a != nil {
 			nic.DeviceNumber = int(aws.ToInt32(a.DeviceIndex))
 			nic.NetworkCard = int(aws.ToInt32(a.NetworkCardIndex))
@@ -113,14 +125,24 @@ func (e *EC2) Instance(ctx context.Context, id string) (Instance, error) {
 	return inst, nil
 }
 
-// cidrs fills in the subnets' and VPCs' IPv4 CIDRs.
-func (e *EC2) cidrs(ctx context.Context, subnets map[string]netip.Prefix, vpcs map[string][]netip.Prefix) error {
+// cidrs fills in the subnets' and VPCs' IPv4 CIDRs, and their IPv6 blocks
+// in sub6 and vpc6.
+func (e *EC2) cidrs(ctx context.Context, subnets map[string]netip.Prefix, vpcs, sub6, vpc6 map[string][]netip.Prefix) error {
 	sn, err := e.client.DescribeSubnets(ctx, &ec2.DescribeSubnetsInput{SubnetIds: keys(subnets)})
 	if err != nil {
 		return fmt.Errorf("describe subnets: %w", err)
 	}
 	for _, s := range sn.Subnets {
 		subnets[aws.ToString(s.SubnetId)], _ = netip.ParsePrefix(aws.ToString(s.CidrBlock))
+		for _, a := range s.Ipv6CidrBlockAssociationSet {
+			// moto 5.2.1 writes the state as "{'State': 'associated'}".
+			if st := a.Ipv6CidrBlockState; st != nil && (strings.Contains(string(st.State), "disassociat") || !strings.Contains(string(st.State), "associated")) {
+				continue
+			}
+			if p, err := netip.ParsePrefix(aws.ToString(a.Ipv6CidrBlock)); err == nil {
+				sub6[aws.ToString(s.SubnetId)] = append(sub6[aws.ToString(s.SubnetId)], p)
+			}
+		}
 	}
 	vs, err := e.client.DescribeVpcs(ctx, &ec2.DescribeVpcsInput{VpcIds: keys(vpcs)})
 	if err != nil {
@@ -141,6 +163,15 @@ func (e *EC2) cidrs(ctx context.Context, subnets map[string]netip.Prefix, vpcs m
 			}
 		}
 		vpcs[aws.ToString(v.VpcId)] = list
+		for _, a := range v.Ipv6CidrBlockAssociationSet {
+			// moto leaves a VPC's Amazon-provided block "associating".
+			if st := a.Ipv6CidrBlockState; st != nil && st.State != types.VpcCidrBlockStateCodeAssociated && st.State != types.VpcCidrBlockStateCodeAssociating {
+				continue
+			}
+			if p, err := netip.ParsePrefix(aws.ToString(a.Ipv6CidrBlock)); err == nil {
+				vpc6[aws.ToString(v.VpcId)] = append(vpc6[aws.ToString(v.VpcId)], p)
+			}
+		}
 	}
 	for id, p := range subnets {
 		if !p.IsValid() {

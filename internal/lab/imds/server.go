@@ -207,6 +207,8 @@ func (i Instance) clone() Instance {
 		n.VPCCIDRs = slices.Clone(n.VPCCIDRs)
 		n.LocalIPv4s = slices.Clone(n.LocalIPv4s)
 		n.IPv4Prefixes = slices.Clone(n.IPv4Prefixes)
+		n.IPv6s, n.IPv6Prefixes = slices.Clone(n.IPv6s), slices.Clone(n.IPv6Prefixes)
+		n.SubnetIPv6CIDRs, n.VPCIPv6CIDRs = slices.Clone(n.SubnetIPv6CIDRs), slices.Clone(n.VPCIPv6CIDRs)
 	}
 	return i
 }
@@ -288,6 +290,21 @@ func metadata(inst Instance, now time.Time) map[string]string {
 		}
 		if len(nic.IPv4Prefixes) > 0 {
 			m[d+"ipv4-prefix"] = lines(nic.IPv4Prefixes)
+		}
+		if len(nic.IPv6s) > 0 {
+			m[d+"ipv6s"] = lines(nic.IPv6s)
+			if i == 0 {
+				m["ipv6"] = nic.IPv6s[0].String()
+			}
+		}
+		if len(nic.IPv6Prefixes) > 0 {
+			m[d+"ipv6-prefix"] = lines(nic.IPv6Prefixes)
+		}
+		if len(nic.SubnetIPv6CIDRs) > 0 {
+			m[d+"subnet-ipv6-cidr-blocks"] = lines(nic.SubnetIPv6CIDRs)
+		}
+		if len(nic.VPCIPv6CIDRs) > 0 {
+			m[d+"vpc-ipv6-cidr-blocks"] = lines(nic.VPCIPv6CIDRs)
 		}
 		if nic.SubnetCIDR.IsValid() {
 			m[d+"subnet-ipv4-cidr-block"] = nic.SubnetCIDR.String()

@@ -52,6 +52,13 @@ type Interface struct {
 	// LocalIPv4s are the ENI's private addresses, its primary first.
 	LocalIPv4s   []netip.Addr
 	IPv4Prefixes []netip.Prefix
+	// IPv6s and IPv6Prefixes are the ENI's IPv6 addresses and /80s;
+	// SubnetIPv6CIDRs and VPCIPv6CIDRs the IPv6 blocks of its subnet and
+	// VPC (empty: none).
+	IPv6s           []netip.Addr
+	IPv6Prefixes    []netip.Prefix
+	SubnetIPv6CIDRs []netip.Prefix
+	VPCIPv6CIDRs    []netip.Prefix
 }
 
 // Credentials are an instance role's temporary keys.

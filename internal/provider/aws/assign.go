@@ -13,6 +13,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/ec2"
 
 	"github.com/vpcni/vpcni/internal/alloc"
+	"github.com/vpcni/vpcni/internal/family"
 	"github.com/vpcni/vpcni/internal/provider"
 )
 
@@ -21,6 +22,9 @@ import (
 // one call per ENI: the primary ENI until its slots are used, then ENIs of
 // vpcni's, then a new ENI (which is created holding its addresses).
 func (p *Provider) Assign(ctx context.Context, req provider.AssignRequest) ([]alloc.Lease, error) {
+	if req.Fam() == family.V6 {
+		return p.assign6(ctx, req)
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if err := p.readIfStale(ctx); err != nil {
@@ -496,7 +500,7 @@ func (p *Provider) rereadENI(ctx context.Context, e *eni) error {
 		return fmt.Errorf("read ENI %s: EC2 listed %d ENIs", e.id, len(out.NetworkInterfaces))
 	}
 	n := p.parseENI(out.NetworkInterfaces[0])
-	e.secondaries, e.prefixes = n.secondaries, n.prefixes
+	e.secondaries, e.prefixes, e.ipv6s, e.prefixes6 = n.secondaries, n.prefixes, n.ipv6s, n.prefixes6
 	return nil
 }
 
@@ -533,15 +537,30 @@ func (p *Provider) keepUsable(ctx context.Context, e *eni, got []netip.Addr) []n
 // Release implements provider.Provider: vpcni's secondary addresses leave
 // their ENIs in one call per ENI; an address of a prefix turns idle, and a
 // prefix whose addresses are all idle leaves its ENI. An address vpcni did
-// not put there is left alone and named in the error.
+// not put there is left alone and named in the error. IPv6 addresses go
+// the same way (release6).
 func (p *Provider) Release(ctx context.Context, addrs []netip.Addr) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if err := p.readIfStale(ctx); err != nil {
 		return err
 	}
+	var v6 []netip.Addr
+	addrs = slices.DeleteFunc(slices.Clone(addrs), func(a netip.Addr) bool {
+		if family.Of(a) == family.V6 {
+			v6 = append(v6, a)
+			return true
+		}
+		return false
+	})
 	drop := map[string][]netip.Addr{}
 	var foreign []string
+	var errs []error
+	if len(v6) > 0 {
+		var err error
+		foreign, err = p.release6(ctx, v6)
+		errs = append(errs, err)
+	}
 	for _, a := range addrs {
 		e, pf := p.locate(a)
 		switch {
@@ -554,7 +573,6 @@ func (p *Provider) Release(ctx context.Context, addrs []netip.Addr) error {
 			drop[e.id] = append(drop[e.id], a)
 		}
 	}
-	var errs []error
 	emptied := false
 	for _, e := range slices.Clone(p.enis) {
 		free := p.freePrefixes(e)

@@ -35,6 +35,7 @@ import (
 	"github.com/aws/smithy-go/middleware"
 
 	"github.com/vpcni/vpcni/internal/alloc"
+	"github.com/vpcni/vpcni/internal/family"
 	"github.com/vpcni/vpcni/internal/provider"
 )
 
@@ -71,7 +72,12 @@ type Provider struct {
 	// and what EC2 said.
 	cidrBackoff map[string]backoff
 	answers     answerStyle
-	kick        chan struct{}
+	// v6: the provider gives out IPv6 addresses too (ipFamilies has ipv6;
+	// the node's own pods only); answers6 is answers for
+	// AssignIpv6Addresses.
+	v6       bool
+	answers6 answerStyle
+	kick     chan struct{}
 	// freeENIs is how many more ENIs the instance's default card takes,
 	// plus one (0: not read yet), and ownENIs the ENIs of the provider's
 	// own network, both at the last read of the ENIs: Info reads them
@@ -103,6 +109,7 @@ func init() {
 			return NewNetwork(ctx, *s.(*Config), node, name, spec)
 		},
 		NetworkRoom: networkRoom,
+		Families:    []family.Family{family.V4, family.V6},
 		Doctor:      &provider.Doctor{API: "ec2", Diagnose: diagnose},
 	})
 }
@@ -160,8 +167,12 @@ func open(ctx context.Context, cfg Config, node provider.Node, net *podNetwork) 
 	if p.rec, err = loadRecords(path, p.id.instanceID); err != nil {
 		return nil, err
 	}
+	p.v6 = net == nil && wantsV6(node.Families)
 	p.mu.Lock()
 	err = p.start(start)
+	if err == nil && p.v6 {
+		err = p.checkIPv6()
+	}
 	p.mu.Unlock()
 	if err != nil {
 		return nil, err
@@ -246,6 +257,12 @@ func (p *Provider) Info() provider.Info {
 	if free, ok := p.freeSlots(); ok {
 		i.FreeNICs = free
 	}
+	if p.v6 {
+		i.Capacities = map[family.Family]provider.Capacity{
+			family.V4: {Max: i.Capacity, Reason: i.CapacityReason},
+			family.V6: p.capacity6(),
+		}
+	}
 	return i
 }
 
@@ -290,6 +307,9 @@ func (p *Provider) Held(ctx context.Context) ([]alloc.Lease, error) {
 	for _, e := range p.enis {
 		for _, a := range p.mine(e) {
 			out = append(out, p.lease(e, a))
+		}
+		for _, a := range p.mine6(e) {
+			out = append(out, p.lease6(e, a))
 		}
 	}
 	slices.SortFunc(out, func(a, b alloc.Lease) int { return a.Address.Compare(b.Address) })
@@ -371,6 +391,7 @@ func (p *Provider) reconcileRecords() error {
 	if len(idle) != len(p.rec.Idle) {
 		p.rec.Idle, changed = idle, true
 	}
+	changed = p.forgetPrefixes6() || changed
 	if !changed {
 		return nil
 	}

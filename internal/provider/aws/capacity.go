@@ -24,6 +24,9 @@ type TypeLimits struct {
 	// IPv4PerENI counts the ENI's own primary address, and a /28 prefix
 	// as one.
 	IPv4PerENI int
+	// IPv6PerENI is Ipv6AddressesPerInterface: IPv6 addresses and /80
+	// prefixes (one slot each) an ENI takes; 0: the type has no IPv6.
+	IPv6PerENI int
 	VCPUs      int
 	// Hypervisor is "nitro" or "xen" ("" for bare metal); prefixes need
 	// Nitro.
@@ -43,7 +46,10 @@ func ReadTypeLimits(ctx context.Context, c *ec2.Client, t string) (TypeLimits, e
 		}
 		n := it.NetworkInfo
 		l := TypeLimits{Type: t, ENIs: int(aws.ToInt32(n.MaximumNetworkInterfaces)), IPv4PerENI: int(aws.ToInt32(n.Ipv4AddressesPerInterface)),
-			Hypervisor: string(it.Hypervisor), BareMetal: aws.ToBool(it.BareMetal)}
+			IPv6PerENI: int(aws.ToInt32(n.Ipv6AddressesPerInterface)), Hypervisor: string(it.Hypervisor), BareMetal: aws.ToBool(it.BareMetal)}
+		if n.Ipv6Supported != nil && !*n.Ipv6Supported {
+			l.IPv6PerENI = 0
+		}
 		if it.VCpuInfo != nil {
 			l.VCPUs = int(aws.ToInt32(it.VCpuInfo.DefaultVCpus))
 		}

@@ -332,7 +332,8 @@ func (p *Provider) permissions(ctx context.Context, enis []types.NetworkInterfac
 const nodePolicy = "ec2:DescribeInstances, ec2:DescribeInstanceTypes, ec2:DescribeNetworkInterfaces, ec2:DescribeSubnets, " +
 	"ec2:DescribeSecurityGroups (PodNetworks with securityGroups), " +
 	"ec2:CreateNetworkInterface, ec2:AttachNetworkInterface, ec2:DetachNetworkInterface, ec2:DeleteNetworkInterface, " +
-	"ec2:ModifyNetworkInterfaceAttribute, ec2:AssignPrivateIpAddresses, ec2:UnassignPrivateIpAddresses, ec2:CreateTags (on network-interface/*)"
+	"ec2:ModifyNetworkInterfaceAttribute, ec2:AssignPrivateIpAddresses, ec2:UnassignPrivateIpAddresses, " +
+	"ec2:AssignIpv6Addresses and ec2:UnassignIpv6Addresses (ipFamilies with ipv6), ec2:CreateTags (on network-interface/*)"
 
 // fix says what to do about a step that failed or warns ("" for one that
 // passed); configFile is the agent's config.

@@ -47,6 +47,10 @@ type eni struct {
 	primaryIP   netip.Addr
 	secondaries []netip.Addr
 	prefixes    []netip.Prefix
+	// ipv6s and prefixes6 are the ENI's IPv6 addresses and /80 prefixes
+	// (ipv6.go); they take the type's IPv6 slots, not its IPv4 ones.
+	ipv6s     []netip.Addr
+	prefixes6 []netip.Prefix
 	// vpcni: vpcni created the ENI for this instance (its tags); network
 	// is the PodNetwork it serves ("" the node's own pods). ours: vpcni's
 	// and of the provider's own network, the only ENIs it writes.
@@ -59,13 +63,20 @@ type eni struct {
 // or a prefix (its own primary address takes one more).
 func (e *eni) used() int { return len(e.secondaries) + len(e.prefixes) }
 
-// holds lists the ENI's secondary addresses and prefixes as strings.
+// holds lists the ENI's secondary addresses and prefixes, of both
+// families, as strings: what the records settle and prune against.
 func (e *eni) holds() []string {
-	out := make([]string, 0, e.used())
+	out := make([]string, 0, e.used()+e.used6())
 	for _, a := range e.secondaries {
 		out = append(out, a.String())
 	}
 	for _, p := range e.prefixes {
+		out = append(out, p.String())
+	}
+	for _, a := range e.ipv6s {
+		out = append(out, a.String())
+	}
+	for _, p := range e.prefixes6 {
 		out = append(out, p.String())
 	}
 	return out
@@ -78,6 +89,8 @@ type subnet struct {
 	az   string
 	vpc  string
 	free int // AvailableIpAddressCount as last read
+	// cidr6 is the subnet's IPv6 block (invalid: it has none).
+	cidr6 netip.Prefix
 }
 
 // gateway is the subnet's router: EC2 keeps its first host address.
@@ -123,6 +136,16 @@ func (p *Provider) parseENI(n types.NetworkInterface) *eni {
 	for _, pf := range n.Ipv4Prefixes {
 		if pfx, err := netip.ParsePrefix(aws.ToString(pf.Ipv4Prefix)); err == nil && !slices.Contains(e.prefixes, pfx) {
 			e.prefixes = append(e.prefixes, pfx)
+		}
+	}
+	for _, a := range n.Ipv6Addresses {
+		if ip, err := netip.ParseAddr(aws.ToString(a.Ipv6Address)); err == nil && ip.Is6() && !slices.Contains(e.ipv6s, ip) {
+			e.ipv6s = append(e.ipv6s, ip)
+		}
+	}
+	for _, pf := range n.Ipv6Prefixes {
+		if pfx, err := netip.ParsePrefix(aws.ToString(pf.Ipv6Prefix)); err == nil && pfx.Addr().Is6() && !slices.Contains(e.prefixes6, pfx) {
+			e.prefixes6 = append(e.prefixes6, pfx)
 		}
 	}
 	tags := map[string]string{}
@@ -215,7 +238,29 @@ func (p *Provider) readSubnets(ctx context.Context, ids []string) error {
 
 func (p *Provider) parseSubnet(s types.Subnet) *subnet {
 	cidr, _ := netip.ParsePrefix(aws.ToString(s.CidrBlock))
-	return &subnet{id: aws.ToString(s.SubnetId), cidr: cidr, az: aws.ToString(s.AvailabilityZone), vpc: aws.ToString(s.VpcId), free: int(aws.ToInt32(s.AvailableIpAddressCount))}
+	sn := &subnet{id: aws.ToString(s.SubnetId), cidr: cidr, az: aws.ToString(s.AvailabilityZone), vpc: aws.ToString(s.VpcId), free: int(aws.ToInt32(s.AvailableIpAddressCount))}
+	for _, a := range s.Ipv6CidrBlockAssociationSet {
+		if st := a.Ipv6CidrBlockState; st != nil && leaving(string(st.State)) {
+			continue
+		}
+		if p, err := netip.ParsePrefix(aws.ToString(a.Ipv6CidrBlock)); err == nil && p.Addr().Is6() && !sn.cidr6.IsValid() {
+			sn.cidr6 = p.Masked()
+		}
+	}
+	return sn
+}
+
+// leaving says whether a CIDR block association's state is one of a
+// block going or gone. Anything else is taken as associated: moto 5.2.1
+// writes a subnet's state as "{'State': 'associated'}".
+func leaving(state string) bool {
+	for _, s := range []types.SubnetCidrBlockStateCode{types.SubnetCidrBlockStateCodeDisassociating, types.SubnetCidrBlockStateCodeDisassociated,
+		types.SubnetCidrBlockStateCodeFailing, types.SubnetCidrBlockStateCodeFailed} {
+		if strings.Contains(state, string(s)) {
+			return true
+		}
+	}
+	return false
 }
 
 // fixDeleteOnTermination sets DeleteOnTermination on vpcni's ENIs that

@@ -37,6 +37,12 @@ func (l labSeed) Instance(t *testing.T, subnetID, typ string, ip netip.Addr) (st
 	return in.ID, in.ENIID
 }
 
+func (l labSeed) SubnetIPv6(t *testing.T, subnetID string, block netip.Prefix) {
+	if err := l.s.AddSubnetIPv6(subnetID, block); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // lab is the lab's EC2 endpoint served on loopback for one test.
 func lab(t *testing.T, o ec2api.Options) (*ec2test.Endpoint, *ec2api.Server) {
 	s := ec2api.New(o)

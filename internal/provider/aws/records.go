@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -50,6 +51,9 @@ type records struct {
 	// Idle: addresses of vpcni's prefixes the agent gave back; each stays
 	// on its ENI with its /28 until all 16 are idle.
 	Idle []netip.Addr `json:"idle,omitempty"`
+	// Prefixes6: per IPv6 /80 of vpcni's (its string), how far its
+	// addresses were handed out (ipv6.go).
+	Prefixes6 map[string]*prefix6Use `json:"prefixes6,omitempty"`
 }
 
 // intent is an assign call in flight on an ENI without vpcni's tag.
@@ -61,6 +65,11 @@ type intent struct {
 	// named ones included.
 	Count int       `json:"count"`
 	At    time.Time `json:"at"`
+	// V6: the call assigns IPv6 addresses or /80s; it settles against
+	// the ENI's IPv6 side only, an IPv4 one against its IPv4 side, so a
+	// write of the other family at the same moment neither counts as its
+	// gain nor makes it claim nothing.
+	V6 bool `json:"v6,omitempty"`
 }
 
 const recordsFile = "aws-eni-owned.json"
@@ -192,6 +201,9 @@ func (r *records) settle(eni string, now []string) (claimed, unclaimed []string)
 		}
 		var gained []string
 		for _, w := range now {
+			if isV6(w) != in.V6 {
+				continue
+			}
 			if !slices.Contains(in.Before, w) && !r.owns(eni, w) {
 				gained = append(gained, w)
 			}
@@ -206,6 +218,9 @@ func (r *records) settle(eni string, now []string) (claimed, unclaimed []string)
 	r.Pending = keep
 	return claimed, unclaimed
 }
+
+// isV6 says whether a recorded address or prefix is IPv6.
+func isV6(w string) bool { return strings.Contains(w, ":") }
 
 // prune forgets what eni no longer holds, once it was recorded longer ago
 // than grace (EC2's describes may lag its own writes for a moment), and

@@ -17,7 +17,8 @@ import (
 )
 
 // held is where one ENI holds an address: as a secondary address, as its
-// own (primary) one, or in a delegated /28 prefix.
+// own (primary) one, or in a delegated /28 prefix; an IPv6 address as one
+// of the ENI's IPv6 addresses or in a /80 prefix.
 type held struct {
 	eni     types.NetworkInterface
 	primary bool
@@ -38,7 +39,26 @@ func find(n types.NetworkInterface, a netip.Addr) (held, bool) {
 			return held{eni: n, prefix: pf.Masked()}, true
 		}
 	}
+	for _, p := range n.Ipv6Addresses {
+		if ip, err := netip.ParseAddr(aws.ToString(p.Ipv6Address)); err == nil && ip == a {
+			return held{eni: n}, true
+		}
+	}
+	for _, p := range n.Ipv6Prefixes {
+		if pf, err := netip.ParsePrefix(aws.ToString(p.Ipv6Prefix)); err == nil && pf.Contains(a) {
+			return held{eni: n, prefix: pf.Masked()}, true
+		}
+	}
 	return held{}, false
+}
+
+// addressFilter is the DescribeNetworkInterfaces filter that finds the
+// ENIs holding a as an address of their own (not in a prefix).
+func addressFilter(a netip.Addr) string {
+	if a.Is6() && !a.Is4In6() {
+		return "ipv6-addresses.ipv6-address"
+	}
+	return "addresses.private-ip-address"
 }
 
 // how says it in a person's words.
@@ -61,7 +81,8 @@ func (h held) how() string {
 // TakeOff takes pod addresses off a dead node's ENIs, as that node's own
 // release would: port is its primary ENI (the node's provider port, as
 // the AddressReservation recorded it), and each address leaves the ENI of
-// the instance that holds it — one UnassignPrivateIpAddresses per ENI (and per ENI's prefixes) —
+// the instance that holds it — one UnassignPrivateIpAddresses per ENI (and per ENI's prefixes),
+// UnassignIpv6Addresses for IPv6 addresses and /80s —
 // so that another node can assign it (EC2 gives an address to one ENI at
 // a time). An ENI's own address is never taken. An address in a /28 prefix
 // leaves with its whole prefix, which EC2 assigns and unassigns only
@@ -82,7 +103,7 @@ func TakeOff(ctx context.Context, c *ec2.Client, clusterName, port string, addrs
 	switch {
 	case code(err) == codeENINotFound:
 		for _, a := range addrs {
-			filters := []types.Filter{{Name: aws.String("addresses.private-ip-address"), Values: []string{a.String()}},
+			filters := []types.Filter{{Name: aws.String(addressFilter(a)), Values: []string{a.String()}},
 				{Name: aws.String("tag:" + tagOwner), Values: []string{ownerValue}}, {Name: aws.String("status"), Values: []string{"available"}}}
 			if clusterName != "" {
 				filters = append(filters, types.Filter{Name: aws.String("tag:" + tagCluster), Values: []string{clusterName}})
@@ -103,8 +124,8 @@ func TakeOff(ctx context.Context, c *ec2.Client, clusterName, port string, addrs
 	default:
 		enis = out.NetworkInterfaces
 	}
-	addrsOn := map[string][]string{}
-	prefixesOn := map[string][]string{}
+	addrsOn, prefixesOn := map[string][]string{}, map[string][]string{}
+	addrs6On, prefixes6On := map[string][]string{}, map[string][]string{}
 	var errs []error
 	for _, a := range addrs {
 		i := slices.IndexFunc(enis, func(n types.NetworkInterface) bool { _, ok := find(n, a); return ok })
@@ -112,6 +133,10 @@ func TakeOff(ctx context.Context, c *ec2.Client, clusterName, port string, addrs
 			continue // not held there any more
 		}
 		h, _ := find(enis[i], a)
+		addrsOn, prefixesOn := addrsOn, prefixesOn
+		if h.prefix.IsValid() && h.prefix.Addr().Is6() || !h.prefix.IsValid() && a.Is6() {
+			addrsOn, prefixesOn = addrs6On, prefixes6On
+		}
 		switch {
 		case h.primary:
 			errs = append(errs, fmt.Errorf("%s is ENI %s's own address: never taken off", a, h.id()))
@@ -123,18 +148,20 @@ func TakeOff(ctx context.Context, c *ec2.Client, clusterName, port string, addrs
 			addrsOn[h.id()] = append(addrsOn[h.id()], a.String())
 		}
 	}
-	if len(prefixesOn) > 0 && instance != "" {
+	if len(prefixesOn)+len(prefixes6On) > 0 && instance != "" {
 		state, err := instanceState(ctx, c, instance)
 		if err != nil {
 			return err
 		}
 		if state == types.InstanceStateNameRunning || state == types.InstanceStateNamePending {
 			var ps []string
-			for _, p := range prefixesOn {
+			for _, p := range slices.Concat(slices.Collect(maps.Values(prefixesOn)), slices.Collect(maps.Values(prefixes6On))) {
 				ps = append(ps, p...)
 			}
+			slices.Sort(ps)
 			errs = append(errs, fmt.Errorf("%s of instance %s, which still runs: EC2 takes a prefix off only whole, with its other addresses, which may be pods' still running there; the address is free once the instance is stopped or terminated (or the node gives it back)", strings.Join(ps, ", "), instance))
 			clear(prefixesOn)
+			clear(prefixes6On)
 		}
 	}
 	// Addresses and prefixes go in calls of their own, as the agent's
@@ -149,6 +176,17 @@ func TakeOff(ctx context.Context, c *ec2.Client, clusterName, port string, addrs
 	}
 	for _, id := range slices.Sorted(maps.Keys(prefixesOn)) {
 		unassign(&ec2.UnassignPrivateIpAddressesInput{NetworkInterfaceId: aws.String(id), Ipv4Prefixes: prefixesOn[id]}, prefixesOn[id])
+	}
+	unassign6 := func(in *ec2.UnassignIpv6AddressesInput, what []string) {
+		if _, err := c.UnassignIpv6Addresses(ctx, in); err != nil && code(err) != codeENINotFound {
+			errs = append(errs, explain(fmt.Errorf("unassign %v from ENI %s: %w", what, aws.ToString(in.NetworkInterfaceId), err)))
+		}
+	}
+	for _, id := range slices.Sorted(maps.Keys(addrs6On)) {
+		unassign6(&ec2.UnassignIpv6AddressesInput{NetworkInterfaceId: aws.String(id), Ipv6Addresses: addrs6On[id]}, addrs6On[id])
+	}
+	for _, id := range slices.Sorted(maps.Keys(prefixes6On)) {
+		unassign6(&ec2.UnassignIpv6AddressesInput{NetworkInterfaceId: aws.String(id), Ipv6Prefixes: prefixes6On[id]}, prefixes6On[id])
 	}
 	return errors.Join(errs...)
 }
@@ -178,7 +216,7 @@ func instanceState(ctx context.Context, c *ec2.Client, id string) (types.Instanc
 // those with a /28 prefix holding it, found among the ENIs of the subnets
 // whose CIDR holds it (EC2 documents no filter for a prefix's addresses).
 func Holders(ctx context.Context, c *ec2.Client, addr netip.Addr) ([]cloudconfig.Holder, error) {
-	enis, err := describe(ctx, c, []types.Filter{{Name: aws.String("addresses.private-ip-address"), Values: []string{addr.String()}}})
+	enis, err := describe(ctx, c, []types.Filter{{Name: aws.String(addressFilter(addr)), Values: []string{addr.String()}}})
 	if err != nil {
 		return nil, fmt.Errorf("find the ENIs holding %s: %w", addr, err)
 	}
@@ -212,7 +250,11 @@ func subnetENIs(ctx context.Context, c *ec2.Client, addr netip.Addr) ([]types.Ne
 			return nil, explain(fmt.Errorf("find the subnet of %s: %w", addr, err))
 		}
 		for _, s := range page.Subnets {
-			if p, err := netip.ParsePrefix(aws.ToString(s.CidrBlock)); err == nil && p.Contains(addr) {
+			blocks := []string{aws.ToString(s.CidrBlock)}
+			for _, a := range s.Ipv6CidrBlockAssociationSet {
+				blocks = append(blocks, aws.ToString(a.Ipv6CidrBlock))
+			}
+			if slices.ContainsFunc(blocks, func(b string) bool { p, err := netip.ParsePrefix(b); return err == nil && p.Contains(addr) }) {
 				ids = append(ids, aws.ToString(s.SubnetId))
 			}
 		}

@@ -264,7 +264,7 @@ func (noFloatingIPs) Detach(context.Context, string, func(floatingip.FIP) bool) 
 
 // controllerPolicy is the least IAM policy of the cluster side's role.
 const controllerPolicy = "ec2:DescribeNetworkInterfaces, ec2:DescribeInstances, ec2:DescribeSubnets, ec2:DetachNetworkInterface, " +
-	"ec2:DeleteNetworkInterface, ec2:UnassignPrivateIpAddresses, ec2:CreateTags (on network-interface/*)"
+	"ec2:DeleteNetworkInterface, ec2:UnassignPrivateIpAddresses, ec2:UnassignIpv6Addresses (IPv6 pods), ec2:CreateTags (on network-interface/*)"
 
 // code is the EC2 error code of err ("" if EC2 gave none).
 func code(err error) string {

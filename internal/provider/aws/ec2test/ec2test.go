@@ -14,6 +14,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -21,6 +22,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/ec2"
 	"github.com/aws/aws-sdk-go-v2/service/ec2/types"
 
+	"github.com/vpcni/vpcni/internal/family"
 	"github.com/vpcni/vpcni/internal/lab/imds"
 	"github.com/vpcni/vpcni/internal/provider"
 	vpcaws "github.com/vpcni/vpcni/internal/provider/aws"
@@ -51,6 +53,46 @@ type Endpoint struct {
 	Lacks providertest.Lacks
 	// Configure, if set, adjusts each provider's config.
 	Configure func(*vpcaws.Config)
+	// Families are the providers' address families (the agent's
+	// ipFamilies; nil: IPv4 only).
+	Families []family.Family
+}
+
+// IPv6Seeder is a Seeder that can give a subnet an IPv6 block.
+type IPv6Seeder interface {
+	SubnetIPv6(t *testing.T, subnetID string, block netip.Prefix)
+}
+
+var block6N atomic.Int32
+
+// AddIPv6 gives a subnet an IPv6 /64 and returns it: through the seeder,
+// or through the EC2 API as a person does (the VPC gets an
+// Amazon-provided /56, the subnet its first /64).
+func (e *Endpoint) AddIPv6(t *testing.T, subnetID string) netip.Prefix {
+	t.Helper()
+	if s, ok := e.Seed.(IPv6Seeder); ok {
+		n := block6N.Add(1)
+		block := netip.MustParsePrefix(fmt.Sprintf("2600:1f18:%x:%x::/64", 0x100+n/0x100, n%0x100))
+		s.SubnetIPv6(t, subnetID, block)
+		return block
+	}
+	sn, err := e.Client.DescribeSubnets(Ctx(t), &ec2.DescribeSubnetsInput{SubnetIds: []string{subnetID}})
+	if err != nil || len(sn.Subnets) != 1 {
+		t.Fatalf("read subnet %s: %v", subnetID, err)
+	}
+	vpc, err := e.Client.AssociateVpcCidrBlock(Ctx(t), &ec2.AssociateVpcCidrBlockInput{VpcId: sn.Subnets[0].VpcId, AmazonProvidedIpv6CidrBlock: aws.Bool(true)})
+	if err != nil || vpc.Ipv6CidrBlockAssociation == nil {
+		t.Fatalf("give the VPC of %s an IPv6 block: %v", subnetID, err)
+	}
+	v6, err := netip.ParsePrefix(aws.ToString(vpc.Ipv6CidrBlockAssociation.Ipv6CidrBlock))
+	if err != nil {
+		t.Fatalf("the VPC's IPv6 block: %v", err)
+	}
+	block := netip.PrefixFrom(v6.Masked().Addr(), 64)
+	if _, err := e.Client.AssociateSubnetCidrBlock(Ctx(t), &ec2.AssociateSubnetCidrBlockInput{SubnetId: &subnetID, Ipv6CidrBlock: aws.String(block.String())}); err != nil {
+		t.Fatalf("give subnet %s the IPv6 block %s: %v", subnetID, block, err)
+	}
+	return block
 }
 
 // Seeder makes what a test needs on an endpoint that is seeded in Go.
@@ -226,7 +268,7 @@ func (e *Endpoint) Open(t *testing.T, inst Instance, adjust func(*vpcaws.Config)
 		t.Fatalf("provider config: %v", err)
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	p, err := vpcaws.New(Ctx(t), cfg, provider.Node{Name: "node-" + inst.ID, StateDir: inst.StateDir, Log: log})
+	p, err := vpcaws.New(Ctx(t), cfg, provider.Node{Name: "node-" + inst.ID, StateDir: inst.StateDir, Log: log, Families: e.Families})
 	if err != nil {
 		t.Fatalf("aws provider: %v", err)
 	}

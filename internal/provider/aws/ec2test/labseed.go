@@ -36,3 +36,11 @@ func (l LabSeed) Instance(t *testing.T, subnetID, typ string, ip netip.Addr) (st
 	}
 	return in.ID, in.ENIID
 }
+
+// SubnetIPv6 implements IPv6Seeder.
+func (l LabSeed) SubnetIPv6(t *testing.T, subnetID string, block netip.Prefix) {
+	t.Helper()
+	if err := l.Server.AddSubnetIPv6(subnetID, block); err != nil {
+		t.Fatal(err)
+	}
+}
