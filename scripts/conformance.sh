@@ -246,35 +246,31 @@ cmd_build_coredns() {
 # and does not count.
 fresh() { [ -f "$1" ] && { [ ! -f "$RESULTS/.started" ] || [ "$1" -nt "$RESULTS/.started" ]; }; }
 
+# passed FILE KEY PREFIX WHAT prints the A/B of a fresh result file's line
+# KEY=A/B, or 0/0 when the file is missing or an earlier run's, saying so
+# (PREFIX: WHAT) on stderr.
+passed() {
+	if fresh "$1"; then
+		sed -n "s/^$2=//p" "$1"
+	else
+		echo "$3: $4 (no fresh $1)" >&2
+		echo 0/0
+	fi
+}
+
 cmd_summary() {
-	local k8s=0/0 cri=0/0
-	if fresh "$RESULTS/k8s.result"; then
-		k8s=$(sed -n 's/^k8s_passed=//p' "$RESULTS/k8s.result")
-	else
-		echo "conformance: the Kubernetes e2e did not run to its end (no fresh $RESULTS/k8s.result)"
-	fi
-	if fresh "$RESULTS/critest.result"; then
-		cri=$(sed -n 's/^critest_passed=//p' "$RESULTS/critest.result")
-	else
-		echo "conformance: critest not run (no fresh $RESULTS/critest.result)"
-	fi
+	local k8s cri
+	k8s=$(passed "$RESULTS/k8s.result" k8s_passed conformance "the Kubernetes e2e did not run to its end")
+	cri=$(passed "$RESULTS/critest.result" critest_passed conformance "critest not run")
 	echo "conformance: k8s_passed=${k8s:-0/0} critest_passed=${cri:-0/0}"
 }
 
 # make dualstack's closing line: TestDualStackConformance's two runs on the
 # dual-stack cluster, the dual-stack specs and then the conformance set.
 cmd_dualstack_summary() {
-	local ds=0/0 conf=0/0
-	if fresh "$RESULTS/dualstack/k8s.result"; then
-		ds=$(sed -n 's/^k8s_passed=//p' "$RESULTS/dualstack/k8s.result")
-	else
-		echo "dualstack: the dual-stack specs did not run to their end (no fresh $RESULTS/dualstack/k8s.result)"
-	fi
-	if fresh "$RESULTS/dualstack-conformance/k8s.result"; then
-		conf=$(sed -n 's/^k8s_passed=//p' "$RESULTS/dualstack-conformance/k8s.result")
-	else
-		echo "dualstack: the conformance set did not run to its end (no fresh $RESULTS/dualstack-conformance/k8s.result)"
-	fi
+	local ds conf
+	ds=$(passed "$RESULTS/dualstack/k8s.result" k8s_passed dualstack "the dual-stack specs did not run to their end")
+	conf=$(passed "$RESULTS/dualstack-conformance/k8s.result" k8s_passed dualstack "the conformance set did not run to its end")
 	echo "dualstack: k8s_passed=${ds:-0/0} conformance_passed=${conf:-0/0}"
 }
 
