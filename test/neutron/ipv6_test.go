@@ -20,6 +20,9 @@ import (
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/ports"
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/subnets"
 
+	"github.com/vpcni/vpcni/internal/family"
+	"github.com/vpcni/vpcni/internal/provider"
+	"github.com/vpcni/vpcni/internal/provider/openstack"
 	"github.com/vpcni/vpcni/internal/provider/openstack/neutrontest"
 )
 
@@ -400,4 +403,92 @@ func neutronError(err error) (typ string, status int) {
 	}
 	_ = json.Unmarshal(code.Body, &body)
 	return body.NeutronError.Type, code.Actual
+}
+
+// TestIPv6SubnetChoice: with ipFamilies ipv4 and ipv6 and no subnetIDv6,
+// the provider takes the subnet of the VM port's IPv6 fixed IP that takes
+// named addresses, past the SLAAC one Neutron added to the port, and
+// leaves that SLAAC address alone; an auto-address subnet, configured or
+// the only one found, is refused at start with what to do.
+func TestIPv6SubnetChoice(t *testing.T) {
+	ep := realNeutron{}.ep()
+	netID := newNetwork(t, ep)
+	v4 := ep.AddSubnet(t, netID, "10.206.9.0/24", 100)
+	slaac := v6subnet(t, netID, "fd00:69:1::/64", "slaac", "slaac")
+	stateful := v6subnet(t, netID, "fd00:69:2::/64", "dhcpv6-stateful", "")
+	fams := []family.Family{family.V4, family.V6}
+	vm := func(t *testing.T, fixed ...ports.IP) {
+		t.Helper()
+		p, err := ports.Create(ctx(t), nc, ports.CreateOpts{NetworkID: netID, DeviceOwner: "compute:vpcni-test", FixedIPs: fixed}).Extract()
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = ports.Delete(ctx(t), nc, p.ID).ExtractErr() })
+	}
+	cfgOf := func() openstack.Config {
+		cfg := openstack.Config{Endpoint: endpoint, SubnetID: v4.ID}
+		cfg.Defaults()
+		return cfg
+	}
+
+	t.Run("DiscoveredPastSLAAC", func(t *testing.T) {
+		vm(t, ports.IP{SubnetID: v4.ID, IPAddress: "10.206.9.10"}, ports.IP{SubnetID: stateful, IPAddress: "fd00:69:2::a"})
+		p, err := openstack.NewFamilies(ctx(t), cfgOf(), netip.MustParseAddr("10.206.9.10"), fams)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := p.Assign(ctx(t), provider.AssignRequest{Count: 2, Family: family.V6})
+		if err != nil || len(got) != 2 || !netip.MustParsePrefix("fd00:69:2::/64").Contains(got[0].Address) {
+			t.Fatalf("Assign(2, ipv6) = %v, %v; want 2 of the stateful subnet", got, err)
+		}
+		port, err := ports.Get(ctx(t), nc, p.PortID()).Extract()
+		if err != nil {
+			t.Fatal(err)
+		}
+		auto := slices.IndexFunc(port.FixedIPs, func(f ports.IP) bool { return f.SubnetID == slaac })
+		if auto < 0 {
+			t.Fatalf("the VM port lacks its SLAAC address after vpcni's write: %v", port.FixedIPs)
+		}
+		held, err := p.Held(ctx(t))
+		if err != nil || len(held) != 2 {
+			t.Fatalf("Held = %v, %v; want the 2 assigned (not the SLAAC %s)", held, err, port.FixedIPs[auto].IPAddress)
+		}
+		if err := p.Release(ctx(t), []netip.Addr{got[0].Address, got[1].Address}); err != nil {
+			t.Fatal(err)
+		}
+		port, _ = ports.Get(ctx(t), nc, p.PortID()).Extract()
+		if len(port.FixedIPs) != 3 {
+			t.Fatalf("after Release the VM port has %v, want the node's v4, v6 and SLAAC addresses", port.FixedIPs)
+		}
+		t.Logf("vpcni-test: %s", p.Info().Subnet)
+	})
+
+	t.Run("SLAACConfiguredRefused", func(t *testing.T) {
+		vm(t, ports.IP{SubnetID: v4.ID, IPAddress: "10.206.9.11"})
+		cfg := cfgOf()
+		cfg.SubnetIDv6 = slaac
+		_, err := openstack.NewFamilies(ctx(t), cfg, netip.MustParseAddr("10.206.9.11"), fams)
+		if err == nil || !strings.Contains(err.Error(), "AllocationOnAutoAddressSubnet") || !strings.Contains(err.Error(), "dhcpv6-stateful") || !strings.Contains(err.Error(), "subnetIDv6") {
+			t.Fatalf("subnetIDv6 on a SLAAC subnet: %v; want refused with the reason and what to set", err)
+		}
+		t.Logf("vpcni-test: a SLAAC subnetIDv6 is refused: %v", err)
+	})
+
+	t.Run("OnlySLAACFound", func(t *testing.T) {
+		vm(t, ports.IP{SubnetID: v4.ID, IPAddress: "10.206.9.12"}) // Neutron adds the SLAAC one
+		_, err := openstack.NewFamilies(ctx(t), cfgOf(), netip.MustParseAddr("10.206.9.12"), fams)
+		if err == nil || !strings.Contains(err.Error(), "auto-address") || !strings.Contains(err.Error(), slaac) {
+			t.Fatalf("a VM port whose only v6 address is SLAAC: %v; want refused naming the subnet", err)
+		}
+	})
+
+	t.Run("ModeServesIPv4Only", func(t *testing.T) {
+		vm(t, ports.IP{SubnetID: v4.ID, IPAddress: "10.206.9.13"}, ports.IP{SubnetID: stateful, IPAddress: "fd00:69:2::d"})
+		cfg := cfgOf()
+		cfg.Mode = "address-pairs"
+		_, err := openstack.NewFamilies(ctx(t), cfg, netip.MustParseAddr("10.206.9.13"), fams)
+		if err == nil || !strings.Contains(err.Error(), "mode fixed-ips") {
+			t.Fatalf("mode address-pairs with ipv6: %v; want refused naming mode fixed-ips", err)
+		}
+	})
 }
