@@ -68,6 +68,23 @@ func TestProviderContract(t *testing.T) {
 	}
 }
 
+// NewSubnet6 implements providertest.DualStack.
+func (r realNeutron) NewSubnet6(t *testing.T, sn providertest.Subnet, cidr string, pool int) providertest.Subnet {
+	return r.ep().NewSubnet6(t, sn, cidr, pool)
+}
+
+// NewDualNode implements providertest.DualStack.
+func (r realNeutron) NewDualNode(t *testing.T, sn, sn6 providertest.Subnet, nodeIP, nodeIP6 netip.Addr) providertest.Node {
+	return r.ep().NewDualNode(t, sn, sn6, nodeIP, nodeIP6)
+}
+
+// TestProviderContractIPv6: the contract's IPv6 part on the real server,
+// with an IPv6 subnet whose address modes are unset (it takes named
+// addresses) beside the IPv4 one, in mode fixed-ips.
+func TestProviderContractIPv6(t *testing.T) {
+	providertest.RunIPv6(t, realNeutron{mode: "fixed-ips"})
+}
+
 // TestFloatingIPs: the floating IP contract (internal/lab/neutronapi runs
 // the same against the lab's endpoint) on the real server: Neutron leaves
 // a floating IP on a fixed IP taken off its port, so the provider keeps

@@ -25,6 +25,13 @@ type Config struct {
 	// the subnet of the node's own VM port's fixed IP (the one the port is
 	// found by), so one config serves nodes in different subnets.
 	SubnetID string `json:"subnetID,omitempty"`
+	// SubnetIDv6 is the Neutron IPv6 subnet pods take their IPv6
+	// addresses from (ipFamilies with ipv6; mode fixed-ips), on the VM
+	// port's network. Empty: the subnet of the VM port's first IPv6 fixed
+	// IP. Its ipv6_address_mode must be dhcpv6-stateful or unset, and its
+	// ipv6_ra_mode not slaac or dhcpv6-stateless: Neutron refuses any
+	// address but a port's EUI-64 one on such an auto-address subnet.
+	SubnetIDv6 string `json:"subnetIDv6,omitempty"`
 	// Subnets (IDs) or SubnetTags (Neutron's tags filter: subnets with
 	// every tag) select several IPv4 subnets, instead of SubnetID: the VM
 	// port's own (or the first on its network) serves the VM port, and a
@@ -205,6 +212,9 @@ func (o *Config) Validate() error {
 	}
 	if o.AttachTimeout.Duration < time.Second || o.AttachTimeout.Duration > 10*time.Minute {
 		bad("attachTimeout", "%s is outside 1s..10m", o.AttachTimeout)
+	}
+	if o.SubnetIDv6 != "" && (o.Mode != "fixed-ips" || o.SecondaryNICs > 0) {
+		bad("subnetIDv6", "IPv6 pod addresses are fixed IPs on the VM port: mode fixed-ips without secondaryNICs, not mode %s with secondaryNICs %d", o.Mode, o.SecondaryNICs)
 	}
 	if o.MaxAddressPairs < 1 || o.MaxAddressPairs > 1000 {
 		bad("maxAddressPairs", "%d is outside 1..1000", o.MaxAddressPairs)

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/netip"
 	"regexp"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -32,6 +33,17 @@ func backoff(ctx context.Context, attempt int) {
 
 var ipRe = regexp.MustCompile(`\b(\d{1,3}\.\d{1,3}\.\d{1,3}\.\d{1,3})\b`)
 
+// v6In is the first IPv6 address a message names (invalid: none).
+func v6In(msg string) netip.Addr {
+	for _, w := range strings.Fields(msg) {
+		w = strings.TrimRight(strings.Trim(w, ",;()'\""), ".")
+		if a, err := netip.ParseAddr(w); err == nil && a.Is6() {
+			return a
+		}
+	}
+	return netip.Addr{}
+}
+
 // isNeutronError says whether err is an HTTP status with a NeutronError of
 // the given type, and picks the address its message names.
 func isNeutronError(err error, status int, typ string, addr *netip.Addr) bool {
@@ -51,6 +63,8 @@ func isNeutronError(err error, status int, typ string, addr *netip.Addr) bool {
 	if addr != nil {
 		if m := ipRe.FindString(body.NeutronError.Message); m != "" {
 			*addr, _ = netip.ParseAddr(m)
+		} else {
+			*addr = v6In(body.NeutronError.Message)
 		}
 	}
 	return true

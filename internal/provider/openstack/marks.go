@@ -2,7 +2,9 @@ package openstack
 
 import (
 	"encoding/base64"
+	"encoding/binary"
 	"fmt"
+	"math"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -21,9 +23,17 @@ import (
 // first) in unpadded base64url. A /24 then takes 43 characters whatever
 // the addresses, so a node may mark every address of a subnet up to /22
 // (171 characters); larger subnets fall back to the list.
+//
+// The marks of an IPv6 subnet's addresses are a block of their own,
+// "[vpcni6:...]", beside the IPv4 one in the same description (each
+// family's code keeps the other's block as text): always the list form,
+// offsets of up to 64 bits (vpcni serves IPv6 subnets of /64 and longer).
+// Addresses are picked lowest first in the allocation pools, so their
+// offsets stay short: a node's addresses at ::2-::41 take 4 characters.
 
 const (
 	markOpen  = "[vpcni:"
+	markOpen6 = "[vpcni6:"
 	markClose = "]"
 	// maxDescription is Neutron's limit on a description.
 	maxDescription = 255
@@ -46,7 +56,8 @@ func Marked(desc string, subnet netip.Prefix) (map[netip.Addr]bool, error) {
 // marked addresses within subnet.
 func splitMarks(desc string, subnet netip.Prefix) (rest string, marked map[netip.Addr]bool, err error) {
 	marked = map[netip.Addr]bool{}
-	i := strings.Index(desc, markOpen)
+	open := opener(subnet)
+	i := strings.Index(desc, open)
 	if i < 0 {
 		return desc, marked, nil
 	}
@@ -54,16 +65,16 @@ func splitMarks(desc string, subnet netip.Prefix) (rest string, marked map[netip
 	if j < 0 {
 		return desc, marked, fmt.Errorf("unterminated vpcni marks in port description %q", desc)
 	}
-	body := desc[i+len(markOpen) : i+j]
+	body := desc[i+len(open) : i+j]
 	rest = strings.TrimSpace(desc[:i] + desc[i+j+len(markClose):])
-	if strings.Contains(rest, markOpen) {
+	if strings.Contains(rest, open) {
 		// Which block would be vpcni's? Writing back the first would make
 		// the next read take the other.
 		return desc, marked, fmt.Errorf("more than one block of vpcni marks in port description %q", desc)
 	}
 	base := subnet.Masked().Addr()
-	size := uint64(1) << (32 - subnet.Bits())
-	if bm, ok := strings.CutPrefix(body, bitmapMark); ok {
+	size := sizeOf(subnet)
+	if bm, ok := strings.CutPrefix(body, bitmapMark); ok && base.Is4() {
 		bits, err := base64.RawURLEncoding.DecodeString(bm)
 		if err != nil || uint64(len(bits)) != (size+7)/8 {
 			return rest, marked, fmt.Errorf("bad vpcni bitmap marks %q for subnet %s in port description", bm, subnet)
@@ -83,24 +94,27 @@ func splitMarks(desc string, subnet netip.Prefix) (rest string, marked map[netip
 			continue
 		}
 		lo, hi, isRange := strings.Cut(item, "-")
-		a, err := strconv.ParseUint(lo, 36, 32)
+		a, err := strconv.ParseUint(lo, 36, 64)
 		if err != nil {
 			return rest, marked, fmt.Errorf("bad vpcni mark %q in port description", item)
 		}
 		b := a
 		if isRange {
-			if b, err = strconv.ParseUint(hi, 36, 32); err != nil || b < a {
+			if b, err = strconv.ParseUint(hi, 36, 64); err != nil || b < a {
 				return rest, marked, fmt.Errorf("bad vpcni mark %q in port description", item)
 			}
 		}
-		if b >= size {
+		if b > lastOffset(subnet) {
 			return rest, marked, fmt.Errorf("vpcni mark %q lies outside subnet %s", item, subnet)
 		}
 		if b-a >= uint64(maxMarked-len(marked)) {
 			return rest, map[netip.Addr]bool{}, fmt.Errorf("vpcni marks in port description name more than %d addresses, more than a node holds", maxMarked)
 		}
-		for o := a; o <= b; o++ {
+		for o := a; ; o++ {
 			marked[addrAt(base, o)] = true
+			if o == b { // b may be the largest offset there is
+				break
+			}
 		}
 	}
 	return rest, marked, nil
@@ -137,7 +151,7 @@ func joinMarks(rest string, addrs map[netip.Addr]bool, subnet netip.Prefix) (str
 	if bm := bitmapOf(offs, subnet); len(bm) < len(list) {
 		list = bm
 	}
-	marks := markOpen + list + markClose
+	marks := opener(subnet) + list + markClose
 	desc := marks
 	if rest != "" {
 		desc = rest + " " + marks
@@ -148,16 +162,54 @@ func joinMarks(rest string, addrs map[netip.Addr]bool, subnet netip.Prefix) (str
 	return desc, nil
 }
 
+// opener starts the block of marks of subnet's family.
+func opener(subnet netip.Prefix) string {
+	if subnet.Addr().Is6() {
+		return markOpen6
+	}
+	return markOpen
+}
+
+// sizeOf is how many addresses subnet has, at most 2^64-1 (an IPv6 /64
+// has one more: see lastOffset).
+func sizeOf(subnet netip.Prefix) uint64 {
+	host := subnet.Addr().BitLen() - subnet.Bits()
+	if host >= 64 {
+		return math.MaxUint64
+	}
+	return uint64(1) << host
+}
+
+// lastOffset is the offset of subnet's last address; offsets are 64 bits
+// (vpcni refuses IPv6 prefixes shorter than /64).
+func lastOffset(subnet netip.Prefix) uint64 {
+	if subnet.Addr().BitLen()-subnet.Bits() >= 64 {
+		return math.MaxUint64
+	}
+	return sizeOf(subnet) - 1
+}
+
 func offset(base, a netip.Addr) uint64 {
+	if base.Is6() {
+		b, x := base.As16(), a.As16()
+		return be64(x[8:]) - be64(b[8:])
+	}
 	b, x := base.As4(), a.As4()
 	return uint64(be32(x) - be32(b))
 }
 
 func addrAt(base netip.Addr, off uint64) netip.Addr {
+	if base.Is6() {
+		b := base.As16()
+		binary.BigEndian.PutUint64(b[8:], be64(b[8:])+off)
+		return netip.AddrFrom16(b)
+	}
 	b := base.As4()
 	v := be32(b) + uint32(off)
 	return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)})
 }
+
+func be64(b []byte) uint64 { return binary.BigEndian.Uint64(b) }
 
 func be32(b [4]byte) uint32 {
 	return uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3])
@@ -168,8 +220,8 @@ const bitmapMark = "="
 
 // bitmapOf is the bitmap form of the marks for these offsets.
 func bitmapOf(offs []uint64, subnet netip.Prefix) string {
-	size := uint64(1) << (32 - subnet.Bits())
-	if size > 1<<16 {
+	size := sizeOf(subnet)
+	if size > 1<<16 || subnet.Addr().Is6() {
 		return strings.Repeat("x", maxDescription+1) // never shorter
 	}
 	bits := make([]byte, (size+7)/8)
@@ -190,4 +242,28 @@ func marksFit(subnet netip.Prefix) int {
 	}
 	digits := len(strconv.FormatUint(size-1, 36))
 	return min(room/(digits+1), int(size))
+}
+
+// marksFit6 is how many addresses of an IPv6 subnet the marks can hold
+// beside the IPv4 block of subnet4's marks at its fullest: the IPv4 block
+// at its bitmap's length where that form serves subnet4, else at half the
+// description. IPv6 addresses are picked lowest first from the allocation
+// pools (pool0 the first pool's first address), so their offsets are
+// counted as those of the first 8192 addresses above it: a subnet where
+// others hold more than that below a node's picks marks fewer, and a
+// write that no longer fits fails with the reason.
+func marksFit6(subnet6 netip.Prefix, pool0 netip.Addr, subnet4 netip.Prefix) int {
+	room := maxDescription - len(markOpen6) - len(markClose) - 1
+	size4 := uint64(1) << (32 - subnet4.Bits())
+	if bm := len(bitmapMark) + base64.RawURLEncoding.EncodedLen(int((size4+7)/8)); size4 <= 1<<16 && bm <= maxDescription-len(markOpen)-len(markClose) {
+		room -= len(markOpen) + bm + len(markClose)
+	} else {
+		room /= 2
+	}
+	hi := uint64(2 * maxMarked)
+	if subnet6.Contains(pool0) {
+		hi += offset(subnet6.Masked().Addr(), pool0)
+	}
+	digits := len(strconv.FormatUint(hi, 36))
+	return max(room/(digits+1), 0)
 }

@@ -108,3 +108,60 @@ func TestMarksBitmap(t *testing.T) {
 		}
 	}
 }
+
+// IPv6 marks: a block of their own beside the IPv4 one, 64-bit offsets,
+// each family's split keeping the other's block as text.
+func TestMarksIPv6BesideIPv4(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		v4 := netip.MustParsePrefix("10.9.0.0/24")
+		v6 := netip.MustParsePrefix("fd00:9::/64")
+		want4, want6 := map[netip.Addr]bool{}, map[netip.Addr]bool{}
+		for _, o := range rapid.SliceOfN(rapid.IntRange(1, 254), 0, 20).Draw(t, "offsets4") {
+			want4[addrAt(v4.Addr(), uint64(o))] = true
+		}
+		for _, o := range rapid.SliceOfN(rapid.Uint64(), 0, 8).Draw(t, "offsets6") {
+			want6[addrAt(v6.Addr(), o)] = true
+		}
+		rest := rapid.SampledFrom([]string{"", "web VM"}).Draw(t, "rest")
+		d4, err := joinMarks(rest, want4, v4)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r6, _, err := splitMarks(d4, v6)
+		if err != nil || r6 != d4 {
+			t.Fatalf("the IPv6 split of %q: rest %q, %v; want all of it as text", d4, r6, err)
+		}
+		desc, err := joinMarks(r6, want6, v6)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rest4, got4, err := splitMarks(desc, v4)
+		if err != nil || len(got4) != len(want4) {
+			t.Fatalf("%q: IPv4 marks %v, %v; want %v", desc, got4, err, want4)
+		}
+		rest6, got6, err := splitMarks(desc, v6)
+		if err != nil || len(got6) != len(want6) || rest6 != d4 {
+			t.Fatalf("%q: IPv6 marks %v rest %q, %v; want %v and rest %q", desc, got6, rest6, err, want6, d4)
+		}
+		for a := range want6 {
+			if !got6[a] || !v6.Contains(a) {
+				t.Fatalf("%q lost %s", desc, a)
+			}
+		}
+		if len(want4) > 0 && !strings.Contains(rest4, markOpen6) && len(want6) > 0 {
+			t.Fatalf("the IPv4 split of %q dropped the IPv6 block: rest %q", desc, rest4)
+		}
+	})
+	// Lowest-first picks are short: ::2-::41 of a /64 in 12 characters.
+	v6 := netip.MustParsePrefix("fd00:9::/64")
+	want := map[netip.Addr]bool{}
+	for o := uint64(2); o <= 0x41; o++ {
+		want[addrAt(v6.Addr(), o)] = true
+	}
+	if d, err := joinMarks("", want, v6); err != nil || d != "[vpcni6:2-1t]" {
+		t.Fatalf("64 consecutive IPv6 addresses marked as %q, %v", d, err)
+	}
+	if fit := marksFit6(v6, netip.MustParseAddr("fd00:9::2"), netip.MustParsePrefix("10.9.0.0/24")); fit < 30 || fit > 64 {
+		t.Fatalf("marksFit6 beside a /24's bitmap = %d, want 30..64 (scattered 3-digit offsets)", fit)
+	}
+}

@@ -32,6 +32,7 @@ import (
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/ports"
 
 	"github.com/vpcni/vpcni/internal/alloc"
+	"github.com/vpcni/vpcni/internal/family"
 	"github.com/vpcni/vpcni/internal/provider"
 )
 
@@ -71,6 +72,9 @@ type Provider struct {
 	// notify is told of races with other writers (provider.Node.Notify);
 	// nil: nobody listens.
 	notify func(provider.Notice)
+	// v6 is the IPv6 side of a dual-stack node (nil: IPv4 only), and
+	// parent, on that side, the IPv4 side whose mu guards both (v6.go).
+	v6, parent *Provider
 
 	mu     sync.Mutex // one writer per VM port
 	port   *ports.Port
@@ -87,6 +91,7 @@ func init() {
 	provider.Register(provider.Registration{
 		Name:        "openstack",
 		NewSettings: func() provider.Settings { return &Config{} },
+		Families:    []family.Family{family.V4, family.V6},
 		Doctor: &provider.Doctor{API: "neutron", Diagnose: func(ctx context.Context, s provider.Settings, node provider.DoctorNode) []provider.Step {
 			return Diagnose(ctx, *s.(*Config), node)
 		}},
@@ -103,11 +108,14 @@ func init() {
 			return p, nil
 		},
 		New: func(ctx context.Context, node provider.Node, s provider.Settings) (provider.Provider, error) {
-			p, err := New(ctx, *s.(*Config), node.IP)
+			p, err := NewFamilies(ctx, *s.(*Config), node.IP, node.Families)
 			if err != nil {
 				return nil, err
 			}
 			p.notify = node.Notify
+			if p.v6 != nil {
+				p.v6.notify = node.Notify
+			}
 			if err := p.matchMACs(ctx, node.PodMACs); err != nil {
 				return nil, err
 			}
@@ -117,14 +125,24 @@ func init() {
 }
 
 // New logs in, finds the subnet and this node's VM port. cfg has had its
-// Defaults.
+// Defaults. It serves IPv4, and IPv6 too when cfg names subnetIDv6.
 func New(ctx context.Context, cfg Config, nodeIP netip.Addr) (*Provider, error) {
 	return open(ctx, cfg, nodeIP, nil)
+}
+
+// NewFamilies is New for a node whose pods get fams (ipFamilies): with
+// IPv6 among them, it settles the pods' IPv6 subnet too (v6.go).
+func NewFamilies(ctx context.Context, cfg Config, nodeIP netip.Addr, fams []family.Family) (*Provider, error) {
+	return openFamilies(ctx, cfg, nodeIP, nil, fams)
 }
 
 // open is New with its requests going through rt (nil: the transport
 // cfg's caBundle, insecure and proxy make).
 func open(ctx context.Context, cfg Config, nodeIP netip.Addr, rt http.RoundTripper) (*Provider, error) {
+	return openFamilies(ctx, cfg, nodeIP, rt, nil)
+}
+
+func openFamilies(ctx context.Context, cfg Config, nodeIP netip.Addr, rt http.RoundTripper, fams []family.Family) (*Provider, error) {
 	p, err := connect(ctx, cfg, rt)
 	if err != nil {
 		return nil, err
@@ -152,6 +170,11 @@ func open(ctx context.Context, cfg Config, nodeIP netip.Addr, rt http.RoundTripp
 	}
 	if _, err := p.checkPolicy(ctx); err != nil {
 		return nil, err
+	}
+	if wantsV6(p.cfg, fams) {
+		if err := p.setupV6(ctx); err != nil {
+			return nil, err
+		}
 	}
 	// Learn the subnet's used addresses now, not on the first ADD that
 	// finds the pool empty (it is read again only on a conflict).
@@ -294,6 +317,9 @@ func (p *Provider) Info() provider.Info {
 		}
 	}
 	i.Capacity, i.CapacityReason = limit, why
+	if p.v6 != nil {
+		i.Capacities = map[family.Family]provider.Capacity{family.V4: {Max: limit, Reason: why}, family.V6: p.capacityV6()}
+	}
 	i.FreeNICs = -1
 	if free, ok := p.freeSlots(); ok {
 		i.FreeNICs = free
@@ -302,6 +328,9 @@ func (p *Provider) Info() provider.Info {
 	}
 	if p.subnet.IsValid() {
 		i.Subnet = p.SubnetSource()
+	}
+	if p.v6 != nil {
+		i.Subnet += fmt.Sprintf("; IPv6 subnet %s (%s), %s", p.v6.cfg.SubnetID, p.v6.subnet, p.v6.subnetHow)
 	}
 	return i
 }
@@ -331,6 +360,11 @@ func (p *Provider) Held(ctx context.Context) ([]alloc.Lease, error) {
 	defer p.mu.Unlock()
 	addrs, err := p.heldLocked(ctx)
 	out := p.leases(addrs)
+	if err == nil && p.v6 != nil {
+		var more []alloc.Lease
+		more, err = p.heldV6()
+		out = append(out, more...)
+	}
 	if err == nil && p.cfg.SecondaryNICs > 0 {
 		var more []alloc.Lease
 		more, err = p.heldSecondary(ctx)
@@ -430,6 +464,8 @@ func (p *Provider) refresh(ctx context.Context) error {
 // took meanwhile (409) is skipped for another.
 func (p *Provider) Assign(ctx context.Context, req provider.AssignRequest) ([]alloc.Lease, error) {
 	switch {
+	case req.Fam() == family.V6:
+		return p.assignV6(ctx, req)
 	case p.cfg.Mode == "passthrough":
 		return p.assignPassthrough(ctx, req)
 	case p.cfg.SecondaryNICs > 0:
@@ -641,6 +677,14 @@ func (p *Provider) Release(ctx context.Context, addrs []netip.Addr) error {
 	defer p.mu.Unlock()
 	if p.cfg.Mode == "address-pairs" {
 		return p.releasePairs(ctx, addrs)
+	}
+	if p.v6 != nil {
+		v4, v6 := byFamily(addrs)
+		var err error
+		if len(v4) > 0 {
+			err = p.releaseFixed(ctx, v4)
+		}
+		return errors.Join(err, p.releaseV6(ctx, v6))
 	}
 	err := p.releaseFixed(ctx, addrs)
 	if p.cfg.SecondaryNICs > 0 {

@@ -352,8 +352,12 @@ func (p *Provider) refreshUsedLater() {
 		ctx, cancel := context.WithTimeout(context.Background(), p.cfg.Timeout.Duration)
 		defer cancel()
 		used, err := p.listUsed(ctx)
-		p.mu.Lock()
-		defer p.mu.Unlock()
+		mu := &p.mu
+		if p.parent != nil {
+			mu = &p.parent.mu // the IPv6 side runs under the IPv4 side's lock
+		}
+		mu.Lock()
+		defer mu.Unlock()
 		p.usedListing = false
 		// A conflict meanwhile may have dropped the copy for a fresh one:
 		// that one is newer than this.

@@ -61,6 +61,7 @@ func (e Endpoint) NewSubnet(t *testing.T, cidr string, pool int) providertest.Su
 
 // AddSubnet makes a subnet on a network: the gateway its first address, an
 // allocation pool of pool addresses after it. It goes with the network.
+// An IPv6 one has both its modes unset: it takes named addresses.
 func (e Endpoint) AddSubnet(t *testing.T, network, cidr string, pool int) providertest.Subnet {
 	t.Helper()
 	prefix := netip.MustParsePrefix(cidr)
@@ -70,8 +71,12 @@ func (e Endpoint) AddSubnet(t *testing.T, network, cidr string, pool int) provid
 		last = last.Next()
 	}
 	gws := gw.String()
+	version := gophercloud.IPv4
+	if prefix.Addr().Is6() {
+		version = gophercloud.IPv6
+	}
 	sn, err := subnets.Create(ctx(t), e.NC, subnets.CreateOpts{
-		NetworkID: network, Name: fmt.Sprintf("vpcni-test-%d-%d", os.Getpid(), seq.Add(1)), IPVersion: gophercloud.IPv4, CIDR: cidr, GatewayIP: &gws,
+		NetworkID: network, Name: fmt.Sprintf("vpcni-test-%d-%d", os.Getpid(), seq.Add(1)), IPVersion: version, CIDR: cidr, GatewayIP: &gws,
 		AllocationPools: []subnets.AllocationPool{{Start: gw.Next().String(), End: last.String()}},
 	}).Extract()
 	if err != nil {
@@ -119,6 +124,47 @@ func (e Endpoint) NewNode(t *testing.T, sn providertest.Subnet, nodeIP netip.Add
 		return p
 	}
 	n := e.node(port.ID)
+	n.Provider, n.Reopen = open(t), open
+	return n
+}
+
+// NewSubnet6 implements providertest.DualStack.
+func (e Endpoint) NewSubnet6(t *testing.T, sn providertest.Subnet, cidr string, pool int) providertest.Subnet {
+	t.Helper()
+	return e.AddSubnet(t, e.networkOf(t, sn.ID), cidr, pool)
+}
+
+// NewDualNode implements providertest.DualStack: the provider is
+// configured with both subnets (subnetID, subnetIDv6).
+func (e Endpoint) NewDualNode(t *testing.T, sn, sn6 providertest.Subnet, nodeIP, nodeIP6 netip.Addr) providertest.Node {
+	t.Helper()
+	port, err := ports.Create(ctx(t), e.NC, ports.CreateOpts{
+		NetworkID: e.networkOf(t, sn.ID), Name: "vm-" + nodeIP.String(), DeviceOwner: "compute:vpcni-test",
+		FixedIPs: []ports.IP{{SubnetID: sn.ID, IPAddress: nodeIP.String()}, {SubnetID: sn6.ID, IPAddress: nodeIP6.String()}},
+	}).Extract()
+	if err != nil {
+		t.Fatalf("create dual-stack VM port: %v", err)
+	}
+	open := func(t *testing.T) provider.Provider {
+		cfg := openstack.Config{Endpoint: e.URL, SubnetID: sn.ID, SubnetIDv6: sn6.ID, Mode: e.Mode}
+		if e.Configure != nil {
+			e.Configure(&cfg)
+		}
+		cfg.Defaults()
+		p, err := openstack.New(ctx(t), cfg, nodeIP)
+		if err != nil {
+			t.Fatalf("openstack provider: %v", err)
+		}
+		return p
+	}
+	n := e.node(port.ID)
+	n.AddByHand = func(t *testing.T, ip netip.Addr) {
+		id := sn.ID
+		if ip.Is6() {
+			id = sn6.ID
+		}
+		e.AddByHand(t, port.ID, id, ip)
+	}
 	n.Provider, n.Reopen = open(t), open
 	return n
 }
