@@ -30,6 +30,19 @@ func TestProviderContract(t *testing.T) {
 	}
 }
 
+// TestProviderContractIPv6: the contract's IPv6 part against the lab's
+// endpoint, as test/neutron runs it against the real neutron-server.
+func TestProviderContractIPv6(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go New().Serve(l)
+	t.Cleanup(func() { l.Close() })
+	url := "http://" + l.Addr().String() + "/"
+	providertest.RunIPv6(t, neutrontest.Endpoint{NC: openstack.NoAuthClient(url, http.Client{Timeout: 30 * time.Second}), URL: url, Mode: "fixed-ips"})
+}
+
 // TestPodMACs: the lab's endpoint keeps each allowed address pair's MAC as
 // the real neutron-server does (test/neutron runs the same test).
 func TestPodMACs(t *testing.T) {
