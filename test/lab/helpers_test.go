@@ -121,6 +121,7 @@ type labPod struct {
 	id, ns string // container ID, netns path
 	name   string // netns name, for netnsutil.Exec and Output
 	ip     netip.Addr
+	ip6    netip.Addr // its IPv6 address, on a node whose pods get one
 }
 
 // addPod creates a pod namespace, runs ADD on node n and serves an echo
@@ -140,9 +141,21 @@ func addPod(t *testing.T, c context.Context, l *lab.Lab, n *labNode, name string
 	if err != nil {
 		t.Fatal(err)
 	}
-	ip, _ := netip.AddrFromSlice(r.IPs[0].Address.IP.To4())
-	serveEcho(t, netnsutil.Path(ns), ip)
-	return labPod{id: id, ns: netnsutil.Path(ns), name: ns, ip: ip}
+	p := labPod{id: id, ns: netnsutil.Path(ns), name: ns}
+	for _, c := range r.IPs {
+		a, _ := netip.AddrFromSlice(c.Address.IP)
+		if a = a.Unmap(); a.Is4() && !p.ip.IsValid() {
+			p.ip = a
+		} else if a.Is6() && !p.ip6.IsValid() {
+			p.ip6 = a
+		}
+	}
+	for _, a := range []netip.Addr{p.ip, p.ip6} {
+		if a.IsValid() {
+			serveEcho(t, p.ns, a)
+		}
+	}
+	return p
 }
 
 // serveEcho serves an echo on ip:7777 in a namespace until the test ends.

@@ -136,7 +136,11 @@ func setOnPort(t *testing.T, l *lab.Lab, portID string, ip netip.Addr, on bool) 
 	updatePort(t, l, portID, func(p *ports.Port) ports.UpdateOpts {
 		fixed := slices.DeleteFunc(slices.Clone(p.FixedIPs), func(f ports.IP) bool { return f.IPAddress == ip.String() })
 		if on {
-			fixed = append(fixed, ports.IP{SubnetID: l.SubnetID, IPAddress: ip.String()})
+			subnet := l.SubnetID
+			if ip.Is6() {
+				subnet = l.SubnetID6
+			}
+			fixed = append(fixed, ports.IP{SubnetID: subnet, IPAddress: ip.String()})
 		}
 		return ports.UpdateOpts{FixedIPs: fixed}
 	})
