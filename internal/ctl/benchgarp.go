@@ -16,6 +16,7 @@ import (
 
 	"github.com/vpcni/vpcni/internal/config"
 	"github.com/vpcni/vpcni/internal/datapath/veth"
+	"github.com/vpcni/vpcni/internal/family"
 	"github.com/vpcni/vpcni/internal/lab"
 	"github.com/vpcni/vpcni/internal/netnsutil"
 	"github.com/vpcni/vpcni/internal/provider/openstack"
@@ -33,6 +34,12 @@ import (
 // alternating (on, off; off, on; …) so that neither always meets the lab
 // fresh; each move uses an address the legacy VM has never seen before.
 // The summary line gives the medians and their interquartile ranges.
+//
+// With --family 6 the same move is measured for IPv6 on a dual-stack lab
+// (the agents' ipFamilies [ipv4, ipv6], the pod asking for an address of
+// each family): the legacy VM pings the pod's IPv6 address, and the switch
+// turns the agents' unsolicited neighbour advertisement on and off (the
+// same datapath.veth.garp). Its summary line is ndp-move's.
 func benchGARP(args []string, out io.Writer) (err error) {
 	fs := flag.NewFlagSet("bench garp", flag.ContinueOnError)
 	prefix := fs.String("prefix", "vpcni-garpbench", "the lab's namespace prefix")
@@ -40,6 +47,8 @@ func benchGARP(args []string, out io.Writer) (err error) {
 	every := fs.Duration("every", 10*time.Millisecond, "the legacy VM's probe interval")
 	limit := fs.Duration("limit", 3*time.Minute, "longest wait for the legacy VM to reach the moved pod")
 	samples := fs.Int("samples", 5, "moves with gratuitous ARP on and as many with it off (at most 40)")
+	fam := fs.Int("family", 4, "4: the IPv4 move (garp-move); 6: the IPv6 move with unsolicited neighbour advertisements on a dual-stack lab (ndp-move)")
+	subnet6 := fs.String("subnet6", "fd00:94::/64", "with --family 6: the lab's IPv6 subnet")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -54,9 +63,23 @@ func benchGARP(args []string, out io.Writer) (err error) {
 	if err != nil {
 		return usageError{fmt.Sprintf("--subnet %q: %v", *subnet, err)}
 	}
+	var sn6 netip.Prefix
+	switch *fam {
+	case 4:
+	case 6:
+		if sn6, err = netip.ParsePrefix(*subnet6); err != nil || !sn6.Addr().Is6() {
+			return usageError{fmt.Sprintf("--subnet6 %q: not an IPv6 prefix", *subnet6)}
+		}
+	default:
+		return usageError{fmt.Sprintf("--family %d: want 4 or 6", *fam)}
+	}
+	name := "garp-move"
+	if *fam == 6 {
+		name = "ndp-move"
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(2**samples)*(*limit+time.Minute))
 	defer cancel()
-	l, err := lab.Up(ctx, lab.Config{Prefix: *prefix, Nodes: 2, Subnet: sn})
+	l, err := lab.Up(ctx, lab.Config{Prefix: *prefix, Nodes: 2, Subnet: sn, Subnet6: sn6})
 	if err != nil {
 		return err
 	}
@@ -69,7 +92,7 @@ func benchGARP(args []string, out io.Writer) (err error) {
 		return err
 	}
 	defer func() { err = errors.Join(err, testbed.StopRecorded(runDir), os.RemoveAll(runDir)) }()
-	fmt.Fprintf(out, "garp-move detail: legacy VM eth0 %s\n", neighParams(l.Legacy.NS))
+	fmt.Fprintf(out, "%s detail: legacy VM eth0 %s\n", name, neighParams(l.Legacy.NS, *fam))
 	b4 := sn.Addr().As4()
 	outages := map[bool][]float64{}
 	move := 0
@@ -80,20 +103,26 @@ func benchGARP(args []string, out io.Writer) (err error) {
 		}
 		for _, garp := range order {
 			b4[3] = byte(150 + move)
+			ips := []netip.Addr{netip.AddrFrom4(b4)}
+			if *fam == 6 {
+				b16 := sn6.Masked().Addr().As16()
+				b16[15] = byte(150 + move)
+				ips = append(ips, netip.AddrFrom16(b16))
+			}
 			move++
-			m, err := garpMove(ctx, l, bin, runDir, garp, netip.AddrFrom4(b4), *every, *limit)
+			m, err := garpMove(ctx, l, bin, runDir, garp, ips, *every, *limit)
 			if err != nil {
 				return fmt.Errorf("move %d with garp=%v: %w", move, garp, err)
 			}
-			fmt.Fprintf(out, "garp-move detail: sample=%d garp=%v %s\n", i+1, garp, m)
+			fmt.Fprintf(out, "%s detail: sample=%d garp=%v %s\n", name, i+1, garp, m)
 			outages[garp] = append(outages[garp], float64(m.outage.Milliseconds()))
 		}
 	}
 	with, without := spreadOf(outages[true]), spreadOf(outages[false])
-	fmt.Fprintf(out, "garp-move detail: %d samples each, the first side alternating; outage median [interquartile range]: with %s ms, without %s ms\n",
-		*samples, with.format("%.0f"), without.format("%.0f"))
-	fmt.Fprintf(out, "garp-move: with_ms=%.0f without_ms=%.0f samples=%d with_q1_ms=%.0f with_q3_ms=%.0f without_q1_ms=%.0f without_q3_ms=%.0f\n",
-		with.med, without.med, *samples, with.q1, with.q3, without.q1, without.q3)
+	fmt.Fprintf(out, "%s detail: %d samples each, the first side alternating; outage median [interquartile range]: with %s ms, without %s ms\n",
+		name, *samples, with.format("%.0f"), without.format("%.0f"))
+	fmt.Fprintf(out, "%s: with_ms=%.0f without_ms=%.0f samples=%d with_q1_ms=%.0f with_q3_ms=%.0f without_q1_ms=%.0f without_q3_ms=%.0f\n",
+		name, with.med, without.med, *samples, with.q1, with.q3, without.q1, without.q3)
 	return nil
 }
 
@@ -109,9 +138,15 @@ func (m moveResult) String() string {
 }
 
 // garpMove starts vpcnid on both nodes with gratuitous ARP on or off,
-// moves a pod with address ip from n1 to n2 under the legacy VM's pings,
+// moves a pod with addresses ips (an IPv4 one, and an IPv6 one on a
+// dual-stack lab) from n1 to n2 under the legacy VM's pings of the last,
 // and stops the agents again.
-func garpMove(ctx context.Context, l *lab.Lab, bin, runDir string, garp bool, ip netip.Addr, every, limit time.Duration) (m moveResult, err error) {
+func garpMove(ctx context.Context, l *lab.Lab, bin, runDir string, garp bool, ips []netip.Addr, every, limit time.Duration) (m moveResult, err error) {
+	ip := ips[len(ips)-1]
+	var want []string
+	for _, a := range ips {
+		want = append(want, a.String())
+	}
 	var clis []*testbed.CNI
 	for _, n := range l.Nodes {
 		cfg := config.Defaults()
@@ -120,6 +155,9 @@ func garpMove(ctx context.Context, l *lab.Lab, bin, runDir string, garp bool, ip
 		cfg.StateDir = filepath.Join(runDir, n.Name, "state")
 		cfg.MetricsAddr = ""
 		cfg.Datapath = config.Datapath{Mode: "veth", Settings: &veth.Settings{GARP: &garp}}
+		if len(ips) > 1 {
+			cfg.IPFamilies = []family.Family{family.V4, family.V6}
+		}
 		cfg.Provider = config.Provider{Type: "openstack", Settings: &openstack.Config{
 			Endpoint: fmt.Sprintf("http://127.0.0.1:%d/", lab.EndpointPort), SubnetID: l.SubnetID}}
 		a, err := testbed.StartAgentIn(runDir, n.NS, bin, cfg)
@@ -137,15 +175,15 @@ func garpMove(ctx context.Context, l *lab.Lab, bin, runDir string, garp bool, ip
 	// namespace each, as a runtime gives a pod that starts elsewhere.
 	var pods [2]string
 	for i := range pods {
-		pods[i] = fmt.Sprintf("%s-garp%d%d", l.Prefix, ip.As4()[3], i)
+		pods[i] = fmt.Sprintf("%s-garp%d%d", l.Prefix, ips[0].As4()[3], i)
 		if err := netnsutil.Add(pods[i]); err != nil {
 			return m, err
 		}
 		defer netnsutil.Delete(pods[i])
 	}
 	rt := func(i int) *libcni.RuntimeConf {
-		r := testbed.Runtime(fmt.Sprintf("garp-%d-%d", ip.As4()[3], i), netnsutil.Path(pods[i]), "eth0", nil)
-		r.Args = append(r.Args, [2]string{"IP", ip.String()})
+		r := testbed.Runtime(fmt.Sprintf("garp-%d-%d", ips[0].As4()[3], i), netnsutil.Path(pods[i]), "eth0", nil)
+		r.Args = append(r.Args, [2]string{"IP", strings.Join(want, ",")})
 		return r
 	}
 	if _, err := clis[0].Add(ctx, rt(0)); err != nil {
@@ -201,7 +239,7 @@ func garpMove(ctx context.Context, l *lab.Lab, bin, runDir string, garp bool, ip
 
 // neighOf is the legacy VM's neighbour entry for ip ("lladdr MAC STATE").
 func neighOf(ns string, ip netip.Addr) string {
-	out, err := netnsutil.Output(ns, "ip", "neigh", "show", ip.String())
+	out, err := netnsutil.Output(ns, "ip", "neigh", "show", "to", ip.String())
 	if err != nil {
 		return "? " + err.Error()
 	}
@@ -224,13 +262,18 @@ func neighState(ns string, ip netip.Addr) string {
 	return f[len(f)-1]
 }
 
-// neighParams are the legacy VM's neighbour timers the figure without
-// gratuitous ARP comes from (the kernel's defaults: nothing sets them).
-func neighParams(ns string) string {
+// neighParams are the legacy VM's neighbour timers of family fam (4 or 6)
+// the figure without gratuitous ARP (or NA) comes from (the kernel's
+// defaults: nothing sets them).
+func neighParams(ns string, fam int) string {
 	var b strings.Builder
+	dir, accept := "/proc/sys/net/ipv4/", "conf/eth0/arp_accept"
+	if fam == 6 {
+		dir, accept = "/proc/sys/net/ipv6/", "conf/eth0/drop_unsolicited_na"
+	}
 	for _, f := range []string{"neigh/eth0/base_reachable_time_ms", "neigh/eth0/delay_first_probe_time", "neigh/eth0/ucast_solicit",
-		"neigh/eth0/retrans_time_ms", "neigh/eth0/mcast_resolicit", "neigh/eth0/locktime", "conf/eth0/arp_accept"} {
-		out, err := netnsutil.Output(ns, "cat", "/proc/sys/net/ipv4/"+f)
+		"neigh/eth0/retrans_time_ms", "neigh/eth0/mcast_resolicit", "neigh/eth0/locktime", accept} {
+		out, err := netnsutil.Output(ns, "cat", dir+f)
 		if err != nil {
 			out = "?"
 		}

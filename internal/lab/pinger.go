@@ -20,7 +20,7 @@ import (
 type Pinger struct {
 	fd    int
 	id    uint16
-	dst   [4]byte
+	dst   netip.Addr
 	every time.Duration
 
 	mu     sync.Mutex
@@ -44,16 +44,22 @@ func (s PingStats) String() string {
 	return fmt.Sprintf("gap_ms=%d lost=%d sent=%d", s.Gap.Milliseconds(), s.Lost, s.Sent)
 }
 
-// StartPinger probes dst from the namespace at nsPath every interval. Its
-// raw socket is opened inside that namespace and stays there.
+// StartPinger probes dst (IPv4: ICMP echo; IPv6: ICMPv6 echo) from the
+// namespace at nsPath every interval. Its raw socket is opened inside that
+// namespace and stays there.
 func StartPinger(nsPath string, dst netip.Addr, every time.Duration) (*Pinger, error) {
-	if !dst.Is4() {
-		return nil, fmt.Errorf("pinger: %s is not IPv4", dst)
+	dst = dst.Unmap()
+	if !dst.IsValid() {
+		return nil, errors.New("pinger: no address")
 	}
-	p := &Pinger{id: uint16(os.Getpid()) ^ uint16(time.Now().UnixNano()), dst: dst.As4(), every: every,
+	p := &Pinger{id: uint16(os.Getpid()) ^ uint16(time.Now().UnixNano()), dst: dst, every: every,
 		answer: map[uint16]bool{}, stop: make(chan struct{}), quit: make(chan struct{})}
+	domain, proto := unix.AF_INET, unix.IPPROTO_ICMP
+	if dst.Is6() {
+		domain, proto = unix.AF_INET6, unix.IPPROTO_ICMPV6
+	}
 	err := netnsutil.Do(nsPath, func() error {
-		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.IPPROTO_ICMP)
+		fd, err := unix.Socket(domain, unix.SOCK_RAW|unix.SOCK_CLOEXEC, proto)
 		p.fd = fd
 		return err
 	})
@@ -81,12 +87,21 @@ func (p *Pinger) send() {
 		p.sent = append(p.sent, time.Now())
 		p.mu.Unlock()
 		msg := make([]byte, 16)
-		msg[0] = 8 // echo request
 		binary.BigEndian.PutUint16(msg[4:], p.id)
 		binary.BigEndian.PutUint16(msg[6:], seq)
-		binary.BigEndian.PutUint16(msg[2:], checksum(msg))
+		var to unix.Sockaddr
+		if p.dst.Is6() {
+			// Echo request; the kernel computes an ICMPv6 checksum (it
+			// covers the IPv6 pseudo-header) on a raw socket itself.
+			msg[0] = 128
+			to = &unix.SockaddrInet6{Addr: p.dst.As16()}
+		} else {
+			msg[0] = 8
+			binary.BigEndian.PutUint16(msg[2:], checksum(msg))
+			to = &unix.SockaddrInet4{Addr: p.dst.As4()}
+		}
 		// A send error (no route yet) is a lost probe like any other.
-		_ = unix.Sendto(p.fd, msg, 0, &unix.SockaddrInet4{Addr: p.dst})
+		_ = unix.Sendto(p.fd, msg, 0, to)
 		select {
 		case <-p.stop:
 			return
@@ -105,16 +120,32 @@ func (p *Pinger) receive() {
 		default:
 		}
 		n, from, err := unix.Recvfrom(p.fd, buf, 0)
-		if err != nil || n < 20 {
+		if err != nil {
 			continue
 		}
-		ihl := int(buf[0]&0x0f) * 4
-		src, ok := from.(*unix.SockaddrInet4)
-		if !ok || src.Addr != p.dst || n < ihl+8 || buf[ihl] != 0 || binary.BigEndian.Uint16(buf[ihl+4:]) != p.id {
+		// An IPv4 raw socket hands over the IP header, an IPv6 one only
+		// the ICMPv6 message.
+		var off int
+		var reply byte
+		switch src := from.(type) {
+		case *unix.SockaddrInet4:
+			if n < 20 || !p.dst.Is4() || src.Addr != p.dst.As4() {
+				continue
+			}
+			off, reply = int(buf[0]&0x0f)*4, 0
+		case *unix.SockaddrInet6:
+			if !p.dst.Is6() || src.Addr != p.dst.As16() {
+				continue
+			}
+			reply = 129
+		default:
+			continue
+		}
+		if n < off+8 || buf[off] != reply || binary.BigEndian.Uint16(buf[off+4:]) != p.id {
 			continue
 		}
 		p.mu.Lock()
-		p.answer[binary.BigEndian.Uint16(buf[ihl+6:])] = true
+		p.answer[binary.BigEndian.Uint16(buf[off+6:])] = true
 		p.mu.Unlock()
 	}
 }
