@@ -404,6 +404,7 @@ bench: build
 	$(BIN)/vpcnictl bench datapath
 	$(BIN)/vpcnictl bench modes
 	$(BIN)/vpcnictl bench garp
+	$(BIN)/vpcnictl bench garp --family 6 --prefix vpcni-ndpbench --subnet 10.94.6.0/24
 	VPCNI_REQUIRE_ROOT=1 VPCNI_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 5m -v -run TestStickyMove ./test/sticky 2>&1 | tee /tmp/vpcni-sticky-bench.log | grep -E '^(--- FAIL|FAIL)|^sticky-move|vpcni-test:' ; exit $${PIPESTATUS[0]}
 	$(BIN)/vpcnictl bench selfheal
 	$(BIN)/vpcnictl bench route-budget
