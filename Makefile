@@ -402,6 +402,7 @@ demo: build
 bench: build
 	$(BIN)/vpcnictl bench cni
 	$(BIN)/vpcnictl bench datapath
+	$(BIN)/vpcnictl bench datapath --family 6
 	$(BIN)/vpcnictl bench modes
 	$(BIN)/vpcnictl bench garp
 	$(BIN)/vpcnictl bench garp --family 6 --prefix vpcni-ndpbench --subnet 10.94.6.0/24

@@ -46,15 +46,25 @@ import (
 // median over the rounds with its interquartile range: on a shared
 // 2-core machine the rounds scatter more than the modes differ, and the
 // range shows whether a difference stands out of the scatter.
+//
+// With --family 6 the lab's network has an IPv6 subnet too, the agents are
+// dual-stack, and every path is measured between IPv6 addresses (the
+// request/response latency by rrLatency: sockperf speaks no IPv6 here).
+// Mode ebpf's IPv6 packets take its routed path, so its figures are mode
+// veth's path with the fast path's programs attached.
 func benchDatapath(args []string, out io.Writer) (err error) {
 	fs := flag.NewFlagSet("bench datapath", flag.ContinueOnError)
 	rounds := fs.Int("rounds", 10, "rounds; each brings the lab up in mode veth and in mode ebpf, the first alternating")
 	secs := fs.Int("seconds", 2, "seconds per measurement")
+	fam := fs.Int("family", 4, "4: IPv4 paths; 6: IPv6 paths on a dual-stack lab")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if *rounds < 1 {
 		return usageError{"bench datapath: --rounds must be at least 1"}
+	}
+	if *fam != 4 && *fam != 6 {
+		return usageError{fmt.Sprintf("bench datapath: --family %d: want 4 or 6", *fam)}
 	}
 	for _, tool := range []string{"iperf3", "sockperf", "taskset"} {
 		if _, err := exec.LookPath(tool); err != nil {
@@ -76,15 +86,19 @@ func benchDatapath(args []string, out io.Writer) (err error) {
 			slices.Reverse(order)
 		}
 		for i, mode := range order {
-			m, err := datapathLab(ctx, bin, mode, r+i, *secs)
+			m, err := datapathLab(ctx, bin, mode, r+i, *secs, *fam)
 			if err != nil {
 				return fmt.Errorf("round %d, mode %s: %w", r+1, mode, err)
 			}
 			byMode[mode] = byMode[mode].plus(m)
 		}
 	}
-	fmt.Fprintf(out, "datapath-bench: a two-node lab VPC segment (bridge with port security) brought up in mode veth and in mode ebpf by turns, %d rounds (the first mode alternating); in each: node n1 -> node n2, node n1 -> itself (the same-node control), pod on n1 -> pod on n2, pod -> pod on n1; iperf3 TCP, sockperf TCP ping-pong and TCP connect/request/response %d s each, client on CPU 0, server on CPU 1; median [interquartile range] over the rounds; %s\n",
-		*rounds, *secs, time.Since(start).Round(time.Second))
+	rr := "sockperf TCP ping-pong"
+	if *fam == 6 {
+		rr = "a one-byte TCP ping-pong (sockperf 3.7 speaks no IPv6)"
+	}
+	fmt.Fprintf(out, "datapath-bench: a two-node lab VPC segment (bridge with port security) brought up in mode veth and in mode ebpf by turns, %d rounds (the first mode alternating); IPv%d paths in each: node n1 -> node n2, node n1 -> itself (the same-node control), pod on n1 -> pod on n2, pod -> pod on n1; iperf3 TCP, %s and TCP connect/request/response %d s each, client on CPU 0, server on CPU 1; median [interquartile range] over the rounds; %s\n",
+		*rounds, *fam, rr, *secs, time.Since(start).Round(time.Second))
 	// Every path is CPU-bound on CPU 0 (sender and every softirq hop of
 	// the data), so anything else running there moves the numbers; the
 	// load average says how busy the machine was.
@@ -122,24 +136,37 @@ func benchDatapath(args []string, out io.Writer) (err error) {
 	fmt.Fprintf(out, "is the fast path faster? across nodes: throughput %s, latency %s, connection rate %s; on one node: throughput %s, latency %s, connection rate %s (than mode veth, by the ratios' interquartile range)\n",
 		verdict(fast.tput, true), verdict(fast.rr, false), verdict(fast.crr, true),
 		verdict(fastLocal.tput, true), verdict(fastLocal.rr, false), verdict(fastLocal.crr, true))
-	fmt.Fprintf(out, "targets (mode ebpf, across nodes): throughput %.2fx node (>= 0.97: %s), TCP_RR latency %.2fx node (<= 1.05: %s); on one node: throughput %.2fx and latency %.2fx the node on one node (beats it: %s)\n",
-		ebpf.tput.med, met(ebpf.tput.med >= 0.97), ebpf.rr.med, met(ebpf.rr.med <= 1.05), ebpfLocal.tput.med, ebpfLocal.rr.med,
-		met(ebpfLocal.tput.med > 1 && ebpfLocal.rr.med < 1))
-	// The line scripts read since the first bench (mode veth), unchanged.
-	overhead := spreadOf(diffs(v.rtt["pod"], v.rtt["node"]))
-	fmt.Fprintf(out, "datapath-bench: tput_ratio=%.2f rtt_overhead_us=%.1f\n", veth.tput.med, overhead.med)
-	fmt.Fprintf(out, "datapath-bench: mode=veth tput_ratio=%.2f rr_ratio=%.2f crr_ratio=%.2f %s\n", veth.tput.med, veth.rr.med, veth.crr.med,
+	if *fam == 4 {
+		// The fast path's targets; its programs leave IPv6 to the stack.
+		fmt.Fprintf(out, "targets (mode ebpf, across nodes): throughput %.2fx node (>= 0.97: %s), TCP_RR latency %.2fx node (<= 1.05: %s); on one node: throughput %.2fx and latency %.2fx the node on one node (beats it: %s)\n",
+			ebpf.tput.med, met(ebpf.tput.med >= 0.97), ebpf.rr.med, met(ebpf.rr.med <= 1.05), ebpfLocal.tput.med, ebpfLocal.rr.med,
+			met(ebpfLocal.tput.med > 1 && ebpfLocal.rr.med < 1))
+	}
+	// The lines scripts read since the first bench (mode veth), unchanged
+	// for IPv4; IPv6's name their family after the mode.
+	famKey := ""
+	if *fam == 6 {
+		famKey = " family=6"
+	} else {
+		overhead := spreadOf(diffs(v.rtt["pod"], v.rtt["node"]))
+		fmt.Fprintf(out, "datapath-bench: tput_ratio=%.2f rtt_overhead_us=%.1f\n", veth.tput.med, overhead.med)
+	}
+	fmt.Fprintf(out, "datapath-bench: mode=veth%s tput_ratio=%.2f rr_ratio=%.2f crr_ratio=%.2f %s\n", famKey, veth.tput.med, veth.rr.med, veth.crr.med,
 		moreKeys(*rounds, veth, vethLocal, pathRatios{}))
-	fmt.Fprintf(out, "datapath-bench: mode=ebpf tput_ratio=%.2f rr_ratio=%.2f crr_ratio=%.2f %s\n", ebpf.tput.med, ebpf.rr.med, ebpf.crr.med,
+	fmt.Fprintf(out, "datapath-bench: mode=ebpf%s tput_ratio=%.2f rr_ratio=%.2f crr_ratio=%.2f %s\n", famKey, ebpf.tput.med, ebpf.rr.med, ebpf.crr.med,
 		moreKeys(*rounds, ebpf, ebpfLocal, fast))
 	return nil
 }
 
-// datapathLab brings the lab up in one mode, measures its four paths once
-// (their order reversed on odd turns) and takes it down.
-func datapathLab(ctx context.Context, bin, mode string, turn, secs int) (_ measures, err error) {
+// datapathLab brings the lab up in one mode, measures its four paths of
+// family fam once (their order reversed on odd turns) and takes it down.
+func datapathLab(ctx context.Context, bin, mode string, turn, secs, fam int) (_ measures, err error) {
 	const prefix = "vpcni-dpbench"
-	if err := labUp(prefix, 2, "10.91.0.0/24", true, labNodeConfig{Datapath: mode}, io.Discard); err != nil {
+	nc := labNodeConfig{Datapath: mode}
+	if fam == 6 {
+		nc.Subnet6 = "fd00:91::/64"
+	}
+	if err := labUp(prefix, 2, "10.91.0.0/24", true, nc, io.Discard); err != nil {
 		return measures{}, err
 	}
 	defer func() { err = errors.Join(err, labDown(prefix, io.Discard)) }()
@@ -154,7 +181,7 @@ func datapathLab(ctx context.Context, bin, mode string, turn, secs int) (_ measu
 		}
 		// A node whose programs did not load would print mode veth's
 		// figures as mode ebpf's.
-		if mode == "ebpf" && s.FastPath != "on" {
+		if mode == "ebpf" && !strings.HasPrefix(s.FastPath, "on") {
 			return measures{}, fmt.Errorf("%s runs mode %s with its fast path %q: nothing to measure", n.Name, s.Datapath, s.FastPath)
 		}
 	}
@@ -182,10 +209,22 @@ func datapathLab(ctx context.Context, bin, mode string, turn, secs int) (_ measu
 		if err != nil {
 			return measures{}, err
 		}
-		ip, _ := netip.AddrFromSlice(r.IPs[0].Address.IP.To4())
+		var ip netip.Addr
+		for _, c := range r.IPs {
+			if a, _ := netip.AddrFromSlice(c.Address.IP); (fam == 6) == (a.Unmap().Is6()) {
+				ip = a.Unmap()
+				break
+			}
+		}
+		if !ip.IsValid() {
+			return measures{}, fmt.Errorf("pod %d got no IPv%d address: %v", i, fam, r.IPs)
+		}
 		pods = append(pods, end{ns: name, ip: ip})
 	}
 	n1, n2 := end{ns: st.Nodes[0].NS, ip: st.Nodes[0].IP}, end{ns: st.Nodes[1].NS, ip: st.Nodes[1].IP}
+	if fam == 6 {
+		n1.ip, n2.ip = st.Nodes[0].IP6, st.Nodes[1].IP6
+	}
 	return comparePathsFrom(ctx, map[string][2]end{
 		"node": {n1, n2}, "node-local": {n1, n1}, "pod": {pods[0], pods[1]}, "pod-local": {pods[0], pods[2]},
 	}, turn, 1, secs)
@@ -302,10 +341,18 @@ func comparePathsFrom(ctx context.Context, paths map[string][2]end, first, round
 	names := slices.Sorted(maps.Keys(paths))
 	for _, k := range names {
 		e := paths[k][1]
-		for _, argv := range [][]string{
-			{"iperf3", "-s", "-B", e.ip.String()},
-			{"sockperf", "sr", "--tcp", "-i", e.ip.String(), "-p", "11111"},
-		} {
+		servers6 := e.ip.Is6()
+		argvs := [][]string{{"iperf3", "-s", "-B", e.ip.String()}}
+		if servers6 {
+			stop, err := rrServer(e.ns, netip.AddrPortFrom(e.ip, rrPort), 1)
+			if err != nil {
+				return measures{}, fmt.Errorf("%s RR server: %w", k, err)
+			}
+			closers = append(closers, stop)
+		} else {
+			argvs = append(argvs, []string{"sockperf", "sr", "--tcp", "-i", e.ip.String(), "-p", strconv.Itoa(rrPort)})
+		}
+		for _, argv := range argvs {
 			cmd := exec.Command("ip", append([]string{"netns", "exec", e.ns, "taskset", "-c", "1"}, argv...)...)
 			if err := cmd.Start(); err != nil {
 				return measures{}, err
@@ -331,7 +378,12 @@ func comparePathsFrom(ctx context.Context, paths map[string][2]end, first, round
 			if err != nil {
 				return measures{}, fmt.Errorf("%s iperf3: %w", k, err)
 			}
-			us, err := retried(func() (float64, error) { return sockperfRTT(ctx, from.ns, to.ip, secs) })
+			us, err := retried(func() (float64, error) {
+				if to.ip.Is6() {
+					return rrLatency(ctx, from.ns, netip.AddrPortFrom(to.ip, rrPort), secs, 0)
+				}
+				return sockperfRTT(ctx, from.ns, to.ip, secs)
+			})
 			if err != nil {
 				return measures{}, fmt.Errorf("%s sockperf: %w", k, err)
 			}
@@ -406,7 +458,7 @@ var p50Re = regexp.MustCompile(`percentile 50\.000 =\s+([0-9.]+)`)
 // round trip in µs (sockperf reports half of it).
 func sockperfRTT(ctx context.Context, ns string, to netip.Addr, secs int) (float64, error) {
 	out, err := exec.CommandContext(ctx, "ip", "netns", "exec", ns, "taskset", "-c", "0",
-		"sockperf", "pp", "--tcp", "-i", to.String(), "-p", "11111", "-t", strconv.Itoa(secs)).CombinedOutput()
+		"sockperf", "pp", "--tcp", "-i", to.String(), "-p", strconv.Itoa(rrPort), "-t", strconv.Itoa(secs)).CombinedOutput()
 	if err != nil {
 		return 0, fmt.Errorf("%v: %s", err, out)
 	}

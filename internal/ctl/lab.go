@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/vpcni/vpcni/internal/config"
+	"github.com/vpcni/vpcni/internal/family"
 	"github.com/vpcni/vpcni/internal/lab"
 	"github.com/vpcni/vpcni/internal/provider/aws"
 	"github.com/vpcni/vpcni/internal/provider/openstack"
@@ -58,7 +59,7 @@ func labCmd(args []string, out io.Writer) error {
 	fs.StringVar(&nc.Provider, "provider", "openstack", "the cloud the lab serves and the agents' provider: openstack (Neutron) or aws (EC2 and instance metadata)")
 	fs.StringVar(&nc.ProviderMode, "provider-mode", "fixed-ips", "the agents' openstack provider mode (macvlan and bridge need address-pairs)")
 	fs.BoolVar(&nc.PrefixMode, "prefix-mode", false, "with --provider aws: the agents take /28 prefixes instead of single addresses")
-	fs.StringVar(&nc.Subnet6, "subnet6", "", "an IPv6 /64 on the tenant network as well (openstack): every VM gets an address of it (\"\": IPv4 only)")
+	fs.StringVar(&nc.Subnet6, "subnet6", "", "an IPv6 /64 on the tenant network as well (openstack): every VM gets an address of it, and the agents' pods one too (\"\": IPv4 only)")
 	if err := parseFlags(fs, args[1:]); err != nil {
 		return err
 	}
@@ -219,6 +220,11 @@ func labServe(prefix string, nodes int, subnet string, agents bool, nc labNodeCo
 		cfg.StateDir = filepath.Join(dir, n.Name, "state")
 		cfg.Datapath = config.Datapath{Mode: modes[min(i, len(modes)-1)]}
 		cfg.Provider = nc.provider(l)
+		if l.SubnetID6 != "" {
+			// The lab's network is dual-stack: so are its pods, their
+			// IPv6 addresses from the subnet of the node's port.
+			cfg.IPFamilies = []family.Family{family.V4, family.V6}
+		}
 		a, err := testbed.StartAgentIn(dir, n.NS, bin, cfg)
 		if err != nil {
 			return fmt.Errorf("vpcnid on %s: %w", n.Name, err)
