@@ -226,14 +226,15 @@ CLUSTER_CIDR=${CLUSTER_CIDR:-10.244.0.0/16}
 BRIDGE_SUBNET=${BRIDGE_SUBNET:-10.244.0.0/24}
 BRIDGE_NAME=vpcni-br0
 APISERVER_PORT=6443
-COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler containerd kubelet kube-proxy)
+# utsns holds the node's UTS namespace (new_uts_ns).
+COMPONENTS=(utsns etcd kube-apiserver kube-controller-manager kube-scheduler containerd kubelet kube-proxy)
 # CRI_ONLY=1 up runs containerd alone (same config, CNI dirs and images):
 # for CRI clients such as critest, whose sandboxes a kubelet would kill as
 # orphans it never admitted (HandlePodCleanups, "Clean up containers for
 # orphaned pod we had not seen before").
-CRI_ONLY_COMPONENTS=(containerd)
+CRI_ONLY_COMPONENTS=(utsns containerd)
 # A joined node: mntns is the process that holds its mount namespace.
-JOIN_COMPONENTS=(mntns containerd kubelet kube-proxy)
+JOIN_COMPONENTS=(utsns mntns containerd kubelet kube-proxy)
 # The kubelet sets these host-wide sysctls (protectKernelDefaults: false);
 # `up` records them and `down` puts them back.
 KUBELET_SYSCTLS=(vm.overcommit_memory vm.panic_on_oom kernel.panic kernel.panic_on_oops kernel.keys.root_maxkeys kernel.keys.root_maxbytes)
@@ -244,11 +245,14 @@ KUBELET_SYSCTLS=(vm.overcommit_memory vm.panic_on_oom kernel.panic kernel.panic_
 # mounts out of containerd's sight.
 in_ns() { nsenter $(ns_args) -- "$@"; }
 
-# ns_args: nsenter's arguments for the current node: its network namespace
-# and, for a joined node whose mount namespace still exists, that too.
+# ns_args: nsenter's arguments for the current node: its network namespace,
+# its UTS namespace (while its holder runs) and, for a joined node whose
+# mount namespace still exists, that too.
 ns_args() {
 	local h
 	echo "--net=/run/netns/$NETNS"
+	h=$(pid_of utsns)
+	[ -z "$h" ] || echo "--uts=/proc/$h/ns/uts"
 	if [ -n "$JOINED_NAME" ]; then
 		h=$(pid_of mntns)
 		[ -z "$h" ] || echo "--mount=/proc/$h/ns/mnt"
@@ -626,6 +630,7 @@ cmd_up() {
 
 	gen_pki
 	write_configs
+	new_uts_ns
 	log "pki and configs written ($NETNS, node $NODE_NAME at $NODE_IP)"
 
 	if [ "$mode" = cri-only ]; then
@@ -840,7 +845,7 @@ node_teardown() {
 	# A joined node's mount namespace ends with its last process: its
 	# mounts (the CNI dirs, the pods' network namespaces, the kubelet's
 	# volumes) go with it.
-	stop_components mntns
+	stop_components mntns utsns
 	# Mounts: the pods' network namespaces, then every mount under $STATE
 	# (of the first node: a joined node's were in its own mount namespace).
 	for p in $nspaths; do
@@ -881,6 +886,25 @@ node_teardown() {
 # its CNI dirs at the first node's path, libcni's cache, and PRIVATE (the
 # caller's per-node hostPaths, e.g. a CNI agent's socket and state dirs).
 join_private_dirs() { echo "$STATE/cni" /var/lib/cni ${PRIVATE:-}; }
+
+# new_uts_ns starts the process that holds the node's UTS namespace and
+# names it after the node: every component starts in it (ns_args), so a
+# hostNetwork pod, which shares containerd's, has the node's name as its
+# hostname, as on a host of its own (the nodes here are namespaces of one
+# machine, whose own host name they would all share otherwise).
+new_uts_ns() {
+	local pid exe i
+	exe=$(readlink -f "$(command -v sleep)")
+	setsid unshare --uts -- sleep infinity >/dev/null 2>&1 </dev/null &
+	pid=$!
+	echo "$pid $exe" >"$RUN/utsns.pid"
+	for ((i = 0; i < 50; i++)); do
+		[ "$(readlink "/proc/$pid/exe" 2>/dev/null)" = "$exe" ] && break
+		sleep 0.1
+	done
+	[ -n "$(pid_of utsns)" ] || die "the UTS namespace holder did not start"
+	nsenter --uts="/proc/$pid/ns/uts" -- hostname "$NODE_NAME" || die "cannot name the UTS namespace of $NODE_NAME"
+}
 
 # new_mount_ns starts the process that holds the joined node's mount
 # namespace (a slave of the host's, so new network namespaces and mounts
@@ -973,6 +997,7 @@ cmd_join() {
 	KUBECONFIG_OUT=$NODE_DIR/kube-proxy.kubeconfig kubeconfig kube-proxy kube-proxy "https://$cp_ip:$APISERVER_PORT"
 	write_configs
 	prepare_cgroup_root
+	new_uts_ns
 	new_mount_ns
 	log "join: configs and mount namespace ready ($NETNS, node $NODE_NAME at $NODE_IP, API at $cp_ip:$APISERVER_PORT)"
 
