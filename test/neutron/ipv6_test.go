@@ -573,6 +573,28 @@ func TestIPv6PrefixPair(t *testing.T) {
 	if err != nil || len(v4got) != 2 {
 		t.Fatalf("IPv4 beside the block: %v, %v", v4got, err)
 	}
+	// Someone writes the description meanwhile: the provider's copy is
+	// stale, its write is turned back (412) and planned again, and the
+	// text is kept beside both families' marks.
+	port, err := ports.Get(ctx(t), nc, portA).Extract()
+	if err != nil {
+		t.Fatal(err)
+	}
+	desc, rev := "owned by team x "+port.Description, port.RevisionNumber
+	if _, err := ports.Update(ctx(t), nc, portA, ports.UpdateOpts{Description: &desc, RevisionNumber: &rev}).Extract(); err != nil {
+		t.Fatal(err)
+	}
+	late, err := a.Assign(ctx(t), provider.AssignRequest{Count: 1, Family: family.V6})
+	if err != nil || len(late) != 1 {
+		t.Fatalf("Assign on a stale copy of the port: %v, %v", late, err)
+	}
+	if port, _ = ports.Get(ctx(t), nc, portA).Extract(); !strings.Contains(port.Description, "owned by team x") || !strings.Contains(port.Description, "[vpcni:") || !strings.Contains(port.Description, "[vpcni6b:") {
+		t.Fatalf("description %q: want the hand-written text and both families' marks", port.Description)
+	}
+	t.Logf("vpcni-test: description %q", port.Description)
+	if err := a.Release(ctx(t), []netip.Addr{late[0].Address}); err != nil {
+		t.Fatal(err)
+	}
 	// A restart finds both families.
 	a2 := open(t, "10.206.11.10")
 	held, err := a2.Held(ctx(t))
@@ -586,8 +608,9 @@ func TestIPv6PrefixPair(t *testing.T) {
 		t.Fatalf("after releasing 3 Held = %v, %v", held, err)
 	}
 	// A pair knocked off by hand comes back with the next Held.
-	port, _ := ports.Get(ctx(t), nc, portA).Extract()
-	none, rev := []ports.AddressPair{}, port.RevisionNumber
+	port, _ = ports.Get(ctx(t), nc, portA).Extract()
+	none := []ports.AddressPair{}
+	rev = port.RevisionNumber
 	if _, err := ports.Update(ctx(t), nc, portA, ports.UpdateOpts{AllowedAddressPairs: &none, RevisionNumber: &rev}).Extract(); err != nil {
 		t.Fatal(err)
 	}

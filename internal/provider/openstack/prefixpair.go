@@ -140,8 +140,13 @@ func (q *Provider) pairOn() bool {
 }
 
 // ensurePair puts the node's block on the VM port as an allowed address
-// pair, unless it is there; the caller holds the lock (onV6).
+// pair, unless it is there; the caller holds the lock (onV6). A write on
+// a stale copy is planned again on the port as read then.
 func (q *Provider) ensurePair(ctx context.Context) error {
+	return q.replanned(ctx, func() error { return q.ensurePairOnce(ctx) })
+}
+
+func (q *Provider) ensurePairOnce(ctx context.Context) error {
 	if err := q.refreshIfMissing(ctx); err != nil {
 		return err
 	}
@@ -177,6 +182,10 @@ func (q *Provider) blockMarks() (string, map[netip.Addr]bool, error) {
 // first read, with add and without remove; a racing write that takes
 // some off is undone.
 func (q *Provider) markBlock(ctx context.Context, add, remove map[netip.Addr]bool) error {
+	return q.replanned(ctx, func() error { return q.markBlockOnce(ctx, add, remove) })
+}
+
+func (q *Provider) markBlockOnce(ctx context.Context, add, remove map[netip.Addr]bool) error {
 	if err := q.refreshIfMissing(ctx); err != nil {
 		return err
 	}
