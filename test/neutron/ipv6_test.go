@@ -20,6 +20,7 @@ import (
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/ports"
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/subnets"
 
+	"github.com/vpcni/vpcni/internal/alloc"
 	"github.com/vpcni/vpcni/internal/family"
 	"github.com/vpcni/vpcni/internal/provider"
 	"github.com/vpcni/vpcni/internal/provider/openstack"
@@ -489,6 +490,159 @@ func TestIPv6SubnetChoice(t *testing.T) {
 		_, err := openstack.NewFamilies(ctx(t), cfg, netip.MustParseAddr("10.206.9.13"), fams)
 		if err == nil || !strings.Contains(err.Error(), "mode fixed-ips") {
 			t.Fatalf("mode address-pairs with ipv6: %v; want refused naming mode fixed-ips", err)
+		}
+	})
+}
+
+// TestIPv6PrefixPair: modeV6 prefix-pair on a SLAAC subnet, where Neutron
+// refuses named fixed IPs: each node's /96 block of prefixRangeV6 (by its
+// place in the IPv4 subnet) is one allowed address pair on its VM port,
+// written once; IPv6 addresses handed out of it cost one description
+// write per batch, survive a restart, and go back; a range overlapping an
+// allocation pool, and a block another port allows, are refused at start.
+func TestIPv6PrefixPair(t *testing.T) {
+	ep := realNeutron{}.ep()
+	netID := newNetwork(t, ep)
+	v4 := ep.AddSubnet(t, netID, "10.206.11.0/24", 100)
+	v6 := v6subnet(t, netID, "fd00:6b:11::/64", "slaac", "slaac") // pool ::2-::ff
+	fams := []family.Family{family.V4, family.V6}
+	node := func(t *testing.T, ip string) string {
+		t.Helper()
+		p, err := ports.Create(ctx(t), nc, ports.CreateOpts{NetworkID: netID, DeviceOwner: "compute:vpcni-test",
+			FixedIPs: []ports.IP{{SubnetID: v4.ID, IPAddress: ip}}}).Extract()
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = ports.Delete(ctx(t), nc, p.ID).ExtractErr() })
+		return p.ID
+	}
+	cfgOf := func(rg string) openstack.Config {
+		cfg := openstack.Config{Endpoint: endpoint, SubnetID: v4.ID, SubnetIDv6: v6, ModeV6: "prefix-pair", PrefixRangeV6: rg}
+		cfg.Defaults()
+		if err := cfg.Validate(); err != nil {
+			t.Fatal(err)
+		}
+		return cfg
+	}
+	const rg = "fd00:6b:11:0:1::/80"
+	portA := node(t, "10.206.11.10")
+	node(t, "10.206.11.11")
+	open := func(t *testing.T, ip string) *openstack.Provider {
+		t.Helper()
+		p, err := openstack.NewFamilies(ctx(t), cfgOf(rg), netip.MustParseAddr(ip), fams)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	a := open(t, "10.206.11.10")
+	block := netip.MustParsePrefix("fd00:6b:11:0:1:a::/96") // the 10th block
+	pairs := func() []string {
+		port, err := ports.Get(ctx(t), nc, portA).Extract()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, ap := range port.AllowedAddressPairs {
+			out = append(out, ap.IPAddress)
+		}
+		return out
+	}
+	puts := a.Info().Calls["PUT"]
+	got, err := a.Assign(ctx(t), provider.AssignRequest{Count: 5, Family: family.V6})
+	if err != nil || len(got) != 5 {
+		t.Fatalf("Assign(5, ipv6) = %v, %v", got, err)
+	}
+	for _, l := range got {
+		if !block.Contains(l.Address) || l.Prefix != netip.MustParsePrefix("fd00:6b:11::/64") {
+			t.Fatalf("lease %+v: want an address of block %s on the subnet's prefix", l, block)
+		}
+	}
+	if p := pairs(); !slices.Equal(p, []string{block.String()}) {
+		t.Fatalf("VM port pairs %v, want the node's block %s alone", p, block)
+	}
+	if d := a.Info().Calls["PUT"] - puts; d != 2 {
+		t.Errorf("the pair and 5 addresses took %d PUTs, want 2 (the pair once, one batch of marks)", d)
+	}
+	puts = a.Info().Calls["PUT"]
+	more, err := a.Assign(ctx(t), provider.AssignRequest{Count: 3, Family: family.V6})
+	if err != nil || len(more) != 3 || a.Info().Calls["PUT"]-puts != 1 {
+		t.Fatalf("Assign(3, ipv6) again = %v, %v, %d PUTs; want 3 in one write and the pair not written again", more, err, a.Info().Calls["PUT"]-puts)
+	}
+	v4got, err := a.Assign(ctx(t), provider.AssignRequest{Count: 2})
+	if err != nil || len(v4got) != 2 {
+		t.Fatalf("IPv4 beside the block: %v, %v", v4got, err)
+	}
+	// Someone writes the description meanwhile: the provider's copy is
+	// stale, its write is turned back (412) and planned again, and the
+	// text is kept beside both families' marks.
+	port, err := ports.Get(ctx(t), nc, portA).Extract()
+	if err != nil {
+		t.Fatal(err)
+	}
+	desc, rev := "owned by team x "+port.Description, port.RevisionNumber
+	if _, err := ports.Update(ctx(t), nc, portA, ports.UpdateOpts{Description: &desc, RevisionNumber: &rev}).Extract(); err != nil {
+		t.Fatal(err)
+	}
+	late, err := a.Assign(ctx(t), provider.AssignRequest{Count: 1, Family: family.V6})
+	if err != nil || len(late) != 1 {
+		t.Fatalf("Assign on a stale copy of the port: %v, %v", late, err)
+	}
+	if port, _ = ports.Get(ctx(t), nc, portA).Extract(); !strings.Contains(port.Description, "owned by team x") || !strings.Contains(port.Description, "[vpcni:") || !strings.Contains(port.Description, "[vpcni6b:") {
+		t.Fatalf("description %q: want the hand-written text and both families' marks", port.Description)
+	}
+	t.Logf("vpcni-test: description %q", port.Description)
+	if err := a.Release(ctx(t), []netip.Addr{late[0].Address}); err != nil {
+		t.Fatal(err)
+	}
+	// A restart finds both families.
+	a2 := open(t, "10.206.11.10")
+	held, err := a2.Held(ctx(t))
+	if err != nil || len(held) != 10 {
+		t.Fatalf("after restart Held = %v, %v; want 2 IPv4 and 8 IPv6", held, err)
+	}
+	if err := a2.Release(ctx(t), []netip.Addr{got[0].Address, got[1].Address, v4got[0].Address}); err != nil {
+		t.Fatal(err)
+	}
+	if held, err := a2.Held(ctx(t)); err != nil || len(held) != 7 || slices.ContainsFunc(held, func(l alloc.Lease) bool { return l.Address == got[0].Address }) {
+		t.Fatalf("after releasing 3 Held = %v, %v", held, err)
+	}
+	// A pair knocked off by hand comes back with the next Held.
+	port, _ = ports.Get(ctx(t), nc, portA).Extract()
+	none := []ports.AddressPair{}
+	rev = port.RevisionNumber
+	if _, err := ports.Update(ctx(t), nc, portA, ports.UpdateOpts{AllowedAddressPairs: &none, RevisionNumber: &rev}).Extract(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a2.Held(ctx(t)); err != nil || !slices.Equal(pairs(), []string{block.String()}) {
+		t.Fatalf("after the pair was removed by hand, Held: %v; pairs %v", err, pairs())
+	}
+	// Node .11 takes the 11th block, beside.
+	b := open(t, "10.206.11.11")
+	bl, err := b.Assign(ctx(t), provider.AssignRequest{Count: 1, Family: family.V6})
+	if err != nil || len(bl) != 1 || !netip.MustParsePrefix("fd00:6b:11:0:1:b::/96").Contains(bl[0].Address) {
+		t.Fatalf("node .11: %v, %v; want an address of the 11th block", bl, err)
+	}
+	t.Logf("vpcni-test: %s; capacities %v", a2.Info().Subnet, a2.Info().Capacities)
+
+	t.Run("RangeOverPoolRefused", func(t *testing.T) {
+		_, err := openstack.NewFamilies(ctx(t), cfgOf("fd00:6b:11::/80"), netip.MustParseAddr("10.206.11.10"), fams)
+		if err == nil || !strings.Contains(err.Error(), "allocation pool") {
+			t.Fatalf("a range over the allocation pool: %v; want refused naming the pool", err)
+		}
+		t.Logf("vpcni-test: %v", err)
+	})
+	t.Run("BlockTakenRefused", func(t *testing.T) {
+		node(t, "10.206.11.12")
+		taken := []ports.AddressPair{{IPAddress: "fd00:6b:11:0:1:c:0:0/112"}}
+		other, err := ports.Create(ctx(t), nc, ports.CreateOpts{NetworkID: netID, AllowedAddressPairs: taken, FixedIPs: []ports.IP{{SubnetID: v4.ID}}}).Extract()
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = ports.Delete(ctx(t), nc, other.ID).ExtractErr() })
+		_, err = openstack.NewFamilies(ctx(t), cfgOf(rg), netip.MustParseAddr("10.206.11.12"), fams)
+		if err == nil || !strings.Contains(err.Error(), other.ID) {
+			t.Fatalf("a block another port allows: %v; want refused naming port %s", err, other.ID)
 		}
 	})
 }

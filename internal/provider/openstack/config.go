@@ -32,6 +32,17 @@ type Config struct {
 	// ipv6_ra_mode not slaac or dhcpv6-stateless: Neutron refuses any
 	// address but a port's EUI-64 one on such an auto-address subnet.
 	SubnetIDv6 string `json:"subnetIDv6,omitempty"`
+	// ModeV6 is how pods get IPv6 addresses: "fixed-ips" (default; more
+	// fixed IPs on the VM port, as mode fixed-ips) or "prefix-pair" (the
+	// node's /96 block of PrefixRangeV6 is one allowed address pair on the
+	// VM port and its addresses are handed out with no Neutron IPAM: it
+	// works on SLAAC subnets too).
+	ModeV6 string `json:"modeV6,omitempty"`
+	// PrefixRangeV6 (prefix-pair) is the range the nodes' /96 blocks come
+	// from, inside the IPv6 subnet and outside its allocation pools: the
+	// node whose IPv4 address is the n-th of its subnet takes the n-th
+	// block.
+	PrefixRangeV6 string `json:"prefixRangeV6,omitempty"`
 	// Subnets (IDs) or SubnetTags (Neutron's tags filter: subnets with
 	// every tag) select several IPv4 subnets, instead of SubnetID: the VM
 	// port's own (or the first on its network) serves the VM port, and a
@@ -212,6 +223,18 @@ func (o *Config) Validate() error {
 	}
 	if o.AttachTimeout.Duration < time.Second || o.AttachTimeout.Duration > 10*time.Minute {
 		bad("attachTimeout", "%s is outside 1s..10m", o.AttachTimeout)
+	}
+	switch o.ModeV6 {
+	case "", "fixed-ips":
+		if o.PrefixRangeV6 != "" {
+			bad("prefixRangeV6", "is for modeV6 prefix-pair")
+		}
+	case "prefix-pair":
+		if r, err := netip.ParsePrefix(o.PrefixRangeV6); err != nil || !r.Addr().Is6() || r.Bits() < 64 || r.Bits() > blockBits || r != r.Masked() {
+			bad("prefixRangeV6", "%q is not an IPv6 range of /64 to /%d (its first address, e.g. fd00:10::1:0:0:0/80), which modeV6 prefix-pair needs", o.PrefixRangeV6, blockBits)
+		}
+	default:
+		bad("modeV6", "%q is not one of fixed-ips, prefix-pair", o.ModeV6)
 	}
 	if o.SubnetIDv6 != "" && (o.Mode != "fixed-ips" || o.SecondaryNICs > 0) {
 		bad("subnetIDv6", "IPv6 pod addresses are fixed IPs on the VM port: mode fixed-ips without secondaryNICs, not mode %s with secondaryNICs %d", o.Mode, o.SecondaryNICs)

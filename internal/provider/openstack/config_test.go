@@ -44,3 +44,32 @@ func TestNICSettingsValidate(t *testing.T) {
 		}
 	}
 }
+
+// The IPv6 settings: subnetIDv6 in mode fixed-ips alone, modeV6 and its
+// prefixRangeV6.
+func TestIPv6SettingsValidate(t *testing.T) {
+	for _, c := range []struct {
+		cfg  Config
+		want string // "" = valid
+	}{
+		{Config{Endpoint: "http://n/", SubnetIDv6: "s6"}, ""},
+		{Config{Endpoint: "http://n/", SubnetIDv6: "s6", ModeV6: "prefix-pair", PrefixRangeV6: "fd00:10:0:0:1::/80"}, ""},
+		{Config{Endpoint: "http://n/", ModeV6: "prefix-pair", PrefixRangeV6: "fd00:10::1:0:0:0/96"}, ""},
+		{Config{Endpoint: "http://n/", SubnetIDv6: "s6", Mode: "address-pairs"}, "subnetIDv6: IPv6 pod addresses are fixed IPs"},
+		{Config{Endpoint: "http://n/", ModeV6: "prefix-pair"}, "prefixRangeV6: \"\" is not an IPv6 range"},
+		{Config{Endpoint: "http://n/", ModeV6: "prefix-pair", PrefixRangeV6: "fd00:10::/112"}, "prefixRangeV6: \"fd00:10::/112\""},
+		{Config{Endpoint: "http://n/", ModeV6: "prefix-pair", PrefixRangeV6: "fd00:10::5/80"}, "its first address"},
+		{Config{Endpoint: "http://n/", ModeV6: "prefix-pair", PrefixRangeV6: "10.0.0.0/8"}, "prefixRangeV6"},
+		{Config{Endpoint: "http://n/", PrefixRangeV6: "fd00:10::/80"}, "prefixRangeV6: is for modeV6 prefix-pair"},
+		{Config{Endpoint: "http://n/", ModeV6: "slaac"}, `modeV6: "slaac" is not one of`},
+	} {
+		c.cfg.Defaults()
+		err := c.cfg.Validate()
+		switch {
+		case c.want == "" && err != nil:
+			t.Errorf("%+v: %v", c.cfg, err)
+		case c.want != "" && (err == nil || !strings.Contains(err.Error(), c.want)):
+			t.Errorf("%+v: %v; want it to say %q", c.cfg, err, c.want)
+		}
+	}
+}

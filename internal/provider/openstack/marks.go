@@ -34,7 +34,10 @@ import (
 const (
 	markOpen  = "[vpcni:"
 	markOpen6 = "[vpcni6:"
-	markClose = "]"
+	// markOpenBlock starts the marks of a prefix-pair node's IPv6
+	// addresses: offsets in its block, not in the subnet.
+	markOpenBlock = "[vpcni6b:"
+	markClose     = "]"
 	// maxDescription is Neutron's limit on a description.
 	maxDescription = 255
 	// maxMarked is the most addresses marks may name: no node holds more
@@ -55,8 +58,12 @@ func Marked(desc string, subnet netip.Prefix) (map[netip.Addr]bool, error) {
 // splitMarks parses a description into the text around the marks and the
 // marked addresses within subnet.
 func splitMarks(desc string, subnet netip.Prefix) (rest string, marked map[netip.Addr]bool, err error) {
+	return splitMarksAs(desc, subnet, opener(subnet))
+}
+
+// splitMarksAs is splitMarks for the block that open starts.
+func splitMarksAs(desc string, subnet netip.Prefix, open string) (rest string, marked map[netip.Addr]bool, err error) {
 	marked = map[netip.Addr]bool{}
-	open := opener(subnet)
 	i := strings.Index(desc, open)
 	if i < 0 {
 		return desc, marked, nil
@@ -122,6 +129,11 @@ func splitMarks(desc string, subnet netip.Prefix) (rest string, marked map[netip
 
 // joinMarks writes a description holding rest and the marks for addrs.
 func joinMarks(rest string, addrs map[netip.Addr]bool, subnet netip.Prefix) (string, error) {
+	return joinMarksAs(rest, addrs, subnet, opener(subnet))
+}
+
+// joinMarksAs is joinMarks for the block that open starts.
+func joinMarksAs(rest string, addrs map[netip.Addr]bool, subnet netip.Prefix, open string) (string, error) {
 	if len(addrs) == 0 {
 		return rest, nil
 	}
@@ -151,7 +163,7 @@ func joinMarks(rest string, addrs map[netip.Addr]bool, subnet netip.Prefix) (str
 	if bm := bitmapOf(offs, subnet); len(bm) < len(list) {
 		list = bm
 	}
-	marks := opener(subnet) + list + markClose
+	marks := open + list + markClose
 	desc := marks
 	if rest != "" {
 		desc = rest + " " + marks

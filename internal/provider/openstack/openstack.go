@@ -75,6 +75,9 @@ type Provider struct {
 	// v6 is the IPv6 side of a dual-stack node (nil: IPv4 only), and
 	// parent, on that side, the IPv4 side whose mu guards both (v6.go).
 	v6, parent *Provider
+	// block is, on the IPv6 side in modeV6 prefix-pair, the node's /96
+	// (prefixpair.go).
+	block netip.Prefix
 
 	mu     sync.Mutex // one writer per VM port
 	port   *ports.Port
@@ -362,7 +365,7 @@ func (p *Provider) Held(ctx context.Context) ([]alloc.Lease, error) {
 	out := p.leases(addrs)
 	if err == nil && p.v6 != nil {
 		var more []alloc.Lease
-		more, err = p.heldV6()
+		more, err = p.heldV6(ctx)
 		out = append(out, more...)
 	}
 	if err == nil && p.cfg.SecondaryNICs > 0 {

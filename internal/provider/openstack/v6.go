@@ -62,8 +62,9 @@ func wantsV6(cfg Config, fams []family.Family) bool {
 // and readies the IPv6 side.
 func (p *Provider) setupV6(ctx context.Context) error {
 	if p.cfg.Mode != "fixed-ips" || p.cfg.SecondaryNICs > 0 {
-		return fmt.Errorf("IPv6 pod addresses are fixed IPs on the VM port (mode fixed-ips, no secondaryNICs); mode %s with secondaryNICs %d serves IPv4 only: drop ipv6 from ipFamilies or use mode fixed-ips", p.cfg.Mode, p.cfg.SecondaryNICs)
+		return fmt.Errorf("IPv6 pod addresses are fixed IPs or a block on the VM port (mode fixed-ips, no secondaryNICs); mode %s with secondaryNICs %d serves IPv4 only: drop ipv6 from ipFamilies or use mode fixed-ips", p.cfg.Mode, p.cfg.SecondaryNICs)
 	}
+	pairs := p.cfg.ModeV6 == "prefix-pair" // any IPv6 subnet: no Neutron IPAM
 	var sn *subnets.Subnet
 	how := "configured (subnetIDv6)"
 	if p.cfg.SubnetIDv6 != "" {
@@ -73,12 +74,12 @@ func (p *Provider) setupV6(ctx context.Context) error {
 		if err != nil {
 			return explain(fmt.Errorf("subnetIDv6 %s: %w", p.cfg.SubnetIDv6, err))
 		}
-		if why := autoAddress(s); why != "" {
-			return errors.New(why)
+		if why := autoAddress(s); why != "" && !pairs {
+			return errors.New(why + ", or use modeV6 prefix-pair")
 		}
 		sn = s
 	} else {
-		s, err := p.discoverV6(ctx)
+		s, err := p.discoverV6(ctx, pairs)
 		if err != nil {
 			return err
 		}
@@ -103,15 +104,24 @@ func (p *Provider) setupV6(ctx context.Context) error {
 			q.pools = append(q.pools, [2]netip.Addr{lo, hi})
 		}
 	}
+	if pairs {
+		if err := p.setupBlock(ctx, q); err != nil {
+			return err
+		}
+		q.subnetHow += fmt.Sprintf("; modeV6 prefix-pair, this node's block %s", q.block)
+	}
 	p.v6 = q
+	if pairs {
+		return nil // no Neutron IPAM: nothing to learn of others
+	}
 	// As for IPv4: learn the used addresses now, not on the first ADD.
 	_ = q.refreshUsed(ctx)
 	return nil
 }
 
 // discoverV6 reads the subnets of the VM port's IPv6 fixed IPs and takes
-// the first that takes named addresses.
-func (p *Provider) discoverV6(ctx context.Context) (*subnets.Subnet, error) {
+// the first that takes named addresses (any: anyMode).
+func (p *Provider) discoverV6(ctx context.Context, anyMode bool) (*subnets.Subnet, error) {
 	var auto []string
 	for _, f := range p.port.FixedIPs {
 		a, err := netip.ParseAddr(f.IPAddress)
@@ -124,14 +134,14 @@ func (p *Provider) discoverV6(ctx context.Context) (*subnets.Subnet, error) {
 		if err != nil {
 			return nil, explain(fmt.Errorf("subnet %s of the VM port's IPv6 fixed IP %s: %w", f.SubnetID, a, err))
 		}
-		if why := autoAddress(sn); why != "" {
+		if why := autoAddress(sn); why != "" && !anyMode {
 			auto = append(auto, why)
 			continue
 		}
 		return sn, nil
 	}
 	if len(auto) > 0 {
-		return nil, fmt.Errorf("VM port %s has IPv6 addresses on auto-address subnets only: %s", p.portID, strings.Join(auto, "; "))
+		return nil, fmt.Errorf("VM port %s has IPv6 addresses on auto-address subnets only (or use modeV6 prefix-pair): %s", p.portID, strings.Join(auto, "; "))
 	}
 	return nil, fmt.Errorf("VM port %s has no IPv6 fixed IP to take the pods' IPv6 subnet from: set subnetIDv6 (an IPv6 subnet on network %s)", p.portID, p.port.NetworkID)
 }
@@ -156,7 +166,11 @@ func (p *Provider) assignV6(ctx context.Context, req provider.AssignRequest) ([]
 	var got []netip.Addr
 	err := p.onV6(func(q *Provider) error {
 		var err error
-		got, err = q.assignLocked(ctx, req)
+		if q.block.IsValid() {
+			got, err = q.assignBlock(ctx, req)
+		} else {
+			got, err = q.assignLocked(ctx, req)
+		}
 		return err
 	})
 	return p.v6.leases(got), err
@@ -164,9 +178,14 @@ func (p *Provider) assignV6(ctx context.Context, req provider.AssignRequest) ([]
 
 // heldV6 is the IPv6 addresses of the port as last read that carry
 // vpcni's marks; the caller holds p.mu and has just read the port.
-func (p *Provider) heldV6() ([]alloc.Lease, error) {
+func (p *Provider) heldV6(ctx context.Context) ([]alloc.Lease, error) {
 	var out []netip.Addr
 	err := p.onV6(func(q *Provider) error {
+		if q.block.IsValid() {
+			var err error
+			out, err = q.heldBlock(ctx)
+			return err
+		}
 		_, marked, on, err := q.state()
 		for a := range marked {
 			if on[a] {
@@ -187,17 +206,25 @@ func (p *Provider) releaseV6(ctx context.Context, addrs []netip.Addr) error {
 	if p.v6 == nil {
 		return fmt.Errorf("left %v: this node's provider serves no IPv6 subnet", addrs)
 	}
-	return p.onV6(func(q *Provider) error { return q.releaseFixed(ctx, addrs) })
+	return p.onV6(func(q *Provider) error {
+		if q.block.IsValid() {
+			return q.releaseBlock(ctx, addrs)
+		}
+		return q.releaseFixed(ctx, addrs)
+	})
 }
 
 // capacityV6 is how many IPv6 addresses the node may hold, and why.
 func (p *Provider) capacityV6() provider.Capacity {
 	q := p.v6
-	pool0 := q.subnet.Addr()
+	subnet, pool0 := q.subnet, q.subnet.Addr()
 	if len(q.pools) > 0 {
 		pool0 = q.pools[0][0]
 	}
-	if fit := marksFit6(q.subnet, pool0, p.subnet); fit < p.cfg.MaxAddresses {
+	if q.block.IsValid() {
+		subnet, pool0 = q.block, q.block.Addr() // picked lowest first in the block
+	}
+	if fit := marksFit6(subnet, pool0, p.subnet); fit < p.cfg.MaxAddresses {
 		return provider.Capacity{Max: fit, Reason: fmt.Sprintf("the ownership marks of %d IPv6 addresses of subnet %s that fit the port's description beside the IPv4 ones", fit, q.subnet)}
 	}
 	return provider.Capacity{Max: p.cfg.MaxAddresses, Reason: fmt.Sprintf("maxAddresses %d", p.cfg.MaxAddresses)}
