@@ -112,7 +112,7 @@ func takeUplink(uplink, name string) (netlink.Link, error) {
 	if err != nil {
 		return nil, fmt.Errorf("uplink %q: %w", uplink, err)
 	}
-	br, err := ensureBridge(name, up)
+	br, err := ensureBridge(name, up, uplink)
 	if err != nil {
 		return nil, err
 	}
@@ -120,9 +120,6 @@ func takeUplink(uplink, name string) (netlink.Link, error) {
 		if err := netlink.LinkSetMasterByIndex(up, br.Attrs().Index); err != nil {
 			return nil, fmt.Errorf("make %s a port of %s: %w", uplink, name, err)
 		}
-	}
-	if err := bridgeIPv6Sysctls(uplink, name); err != nil {
-		return nil, err
 	}
 	if err := moveIP(up, br, netlink.FAMILY_V4, true); err != nil {
 		return nil, fmt.Errorf("move the node's IPv4 from %s to %s: %w", uplink, name, err)
@@ -153,6 +150,11 @@ func bridgeIPv6Sysctls(uplink, bridge string) error {
 	}
 	conf := "net/ipv6/conf/" + bridge + "/"
 	want := []datapath.Sysctl{{Key: conf + "disable_ipv6", Value: "0", Why: "the node's IPv6 moves onto the bridge"}}
+	// No duplicate address detection: the bridge's link-local address is
+	// the uplink's (same MAC) by design, and while it is tentative (~2 s)
+	// the node did not answer a pod's neighbour solicitation (measured:
+	// pod -> node over IPv6 timed out right after the move).
+	want = append(want, datapath.Sysctl{Key: conf + "accept_dad", Value: "0", Why: "the bridge's link-local address is the uplink's, and a tentative one leaves pods unanswered"})
 	if ra := read("accept_ra"); ra == "1" || ra == "2" {
 		want = append(want, datapath.Sysctl{Key: conf + "accept_ra", Value: "2", Why: "the bridge takes the router advertisements the uplink took (its default route), forwarding on or off"})
 	}
@@ -164,7 +166,7 @@ func bridgeIPv6Sysctls(uplink, bridge string) error {
 
 // ensureBridge finds or makes vpcni's bridge, with the uplink's MAC so the
 // cloud port's MAC stays the node's source MAC, and nf_call_iptables on.
-func ensureBridge(name string, up netlink.Link) (netlink.Link, error) {
+func ensureBridge(name string, up netlink.Link, uplink string) (netlink.Link, error) {
 	br, err := netlink.LinkByName(name)
 	switch {
 	case nlutil.IsNotFound(err):
@@ -196,6 +198,9 @@ func ensureBridge(name string, up netlink.Link) (netlink.Link, error) {
 		if err := setNFCallIptables(br.Attrs().Index); err != nil {
 			return nil, err
 		}
+	}
+	if err := bridgeIPv6Sysctls(uplink, name); err != nil {
+		return nil, err
 	}
 	if br.Attrs().Flags&net.FlagUp == 0 {
 		if err := netlink.LinkSetUp(br); err != nil {
