@@ -32,7 +32,9 @@ func TestBridgeDualStack(t *testing.T) {
 	e.Cfg.MetricsAddr = ""
 	e.Cfg.Datapath.Mode = "bridge"
 	st := e.Cfg.Provider.Settings.(*static.Config)
-	st.Ranges = append(st.Ranges, static.Range{CIDR: "fd00:79::1:0/112"})
+	// Pods sit on the segment's /64 with its router, as bridge mode
+	// needs; the gateway, node and neighbour are in the excluded /112.
+	st.Ranges = append(st.Ranges, static.Range{CIDR: "fd00:79::/64", Gateway: tb.Gateway6.String(), Exclude: []string{"fd00:79::/112"}})
 	e.Cfg.IPFamilies = []family.Family{family.V4, family.V6}
 	e.StartAgent()
 
@@ -74,7 +76,7 @@ func TestBridgeDualStack(t *testing.T) {
 		t.Logf("vpcni-test: bridge %s: pod %s <-> pod %s, node %s, neighbour %s", f, a1[i], a2[i], nodeIP, nbrIP)
 	}
 	// The pod's own sysctl: it hears the subnet's RAs but takes none.
-	if ra := e.sh(p1, "cat", "/proc/sys/net/ipv6/conf/eth0/accept_ra"); strings.TrimSpace(ra) != "0" {
+	if ra := e.sh(filepath.Base(p1), "cat", "/proc/sys/net/ipv6/conf/eth0/accept_ra"); strings.TrimSpace(ra) != "0" {
 		t.Errorf("pod accept_ra = %q, want 0", ra)
 	}
 	if err := c.Check(bedtest.Ctx(t), testbed.Runtime("c1", p1, "eth0", nil)); err != nil {
@@ -97,6 +99,6 @@ func TestBridgeDualStack(t *testing.T) {
 	if after := v6State("eth0"); after != before {
 		t.Fatalf("uninstall did not give eth0 its IPv6 back:\n--- before\n%s--- after\n%s", before, after)
 	}
-	bedtest.Echo(t, node, tb.NodeIP6)
+	// The node's echo server still listens: the address came back.
 	bedtest.Reach(t, nbr, testbed.HostPort(tb.NodeIP6, 7777))
 }
