@@ -3,13 +3,14 @@
 // network.
 //
 //	node: bridge vpcbr0 holds the uplink as a port; the node's IPv4
-//	      addresses, its routes through the uplink (every table) and its
+//	      and global IPv6 addresses, its routes through the uplink (every table) and its
 //	      permanent neighbours move onto the bridge, which carries the
 //	      uplink's MAC (the cloud port's MAC stays the node's source MAC)
 //	      and MTU
 //	pod:  eth0 (veth, its host end vpb<hash> a port of the bridge) with
-//	      the lease's address and subnet prefix, MAC alloc.AddressMAC,
-//	      default via the subnet's own gateway
+//	      each lease's address and subnet prefix (IPv6 with nodad), MAC
+//	      alloc.AddressMAC of the first, default of each family via the
+//	      lease's gateway; accept_ra 0 in the pod
 //
 // When to choose it: pods must be plain L2 neighbours of everything on the
 // segment (their own MACs, ARP answered by the pod itself, no proxy ARP on
@@ -26,9 +27,12 @@
 // The move keeps the node reachable — the uplink is enslaved first, the
 // kernel keeps delivering to an address on any of its interfaces, routes
 // are switched with one atomic replace each — measured from a neighbour
-// probing every 10 ms (test/bridge, test/lab print "bridge-move:"). Only
-// IPv4 moves: an uplink with a global IPv6 address is refused rather than
-// half-moved. A pod reaching itself through a Service would need hairpin
+// probing every 10 ms (test/bridge, test/lab print "bridge-move:"). Global
+// IPv6 addresses and IPv6 routes move like IPv4 ones (link-local ones stay:
+// the bridge, with the uplink's MAC, has the same link-local and EUI-64
+// SLAAC addresses), and the bridge takes router advertisements (accept_ra
+// 2) when the uplink took them. IPv6 Services through br_netfilter
+// (nf_call_ip6tables) are not wired. A pod reaching itself through a Service would need hairpin
 // mode on its port; it is off, since hairpin echoes the pod's own IPv6 DAD
 // probes back and fails its link-local address.
 //
@@ -64,15 +68,18 @@ import (
 	"syscall"
 
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/vpcni/vpcni/internal/alloc"
 	"github.com/vpcni/vpcni/internal/datapath"
 	"github.com/vpcni/vpcni/internal/datapath/nlutil"
+	"github.com/vpcni/vpcni/internal/family"
 )
 
 func init() {
 	datapath.Register(datapath.Registration{
 		Name:        "bridge",
+		Families:    []family.Family{family.V4, family.V6},
 		NewSettings: func() datapath.Settings { return &Settings{} },
 		New: func(node datapath.Node, s datapath.Settings) (datapath.Datapath, error) {
 			return New(node, *s.(*Settings))
@@ -187,34 +194,63 @@ func hostMAC(key string) net.HardwareAddr {
 	return net.HardwareAddr{0x02, h[0], h[1], h[2], h[3], h[4]}
 }
 
-// leaseError says what bridge mode needs of a lease: pods sit on the
-// subnet itself, so they need its prefix and its gateway. It is the
-// provider's (the node's config), not the pod's, fault.
+// leaseError says what bridge mode needs of each of a's leases: pods sit
+// on the subnet itself, so they need its prefix and its gateway. It is
+// the provider's (the node's config), not the pod's, fault.
 func leaseError(a *alloc.Allocation) error {
-	switch {
-	case !a.Address.Is4():
-		return fmt.Errorf("address %s is not IPv4: bridge mode wires IPv4 only", a.Address)
-	case !a.Prefix.IsValid():
-		return fmt.Errorf("the lease for %s has no subnet prefix: bridge mode puts pods on the subnet itself (give the provider's range a gateway, or use a provider that knows its subnet)", a.Address)
-	case !a.Prefix.Contains(a.Address):
-		return fmt.Errorf("the lease's prefix %s does not contain its address %s", a.Prefix, a.Address)
-	case !a.Gateway.IsValid():
-		return fmt.Errorf("the lease for %s has no gateway: bridge mode routes pods via the subnet's own router (set the range's gateway)", a.Address)
-	case !a.Prefix.Contains(a.Gateway) || a.Gateway == a.Address:
-		return fmt.Errorf("gateway %s is not another address of the lease's subnet %s", a.Gateway, a.Prefix)
+	for _, l := range a.Leases() {
+		if err := leaseErrorOf(l); err != nil {
+			return err
+		}
 	}
-	return datapath.OnUplink(a.Lease, "bridge")
+	return nil
+}
+
+func leaseErrorOf(l alloc.Lease) error {
+	switch {
+	case !l.Address.IsValid() || l.Address.Is4In6():
+		return fmt.Errorf("address %s is neither IPv4 nor IPv6", l.Address)
+	case !l.Prefix.IsValid():
+		return fmt.Errorf("the lease for %s has no subnet prefix: bridge mode puts pods on the subnet itself (give the provider's range a gateway, or use a provider that knows its subnet)", l.Address)
+	case !l.Prefix.Contains(l.Address):
+		return fmt.Errorf("the lease's prefix %s does not contain its address %s", l.Prefix, l.Address)
+	case !l.Gateway.IsValid():
+		return fmt.Errorf("the lease for %s has no gateway: bridge mode routes pods via the subnet's own router (set the range's gateway)", l.Address)
+	case l.Gateway.Is6() && l.Gateway.IsLinkLocalUnicast() && l.Address.Is6():
+		// A router's link-local address (AWS's, a router advertisement's)
+		// is on the segment whatever the subnet.
+	case !l.Prefix.Contains(l.Gateway) || l.Gateway == l.Address:
+		return fmt.Errorf("gateway %s is not another address of the lease's subnet %s", l.Gateway, l.Prefix)
+	}
+	return datapath.OnUplink(l, "bridge")
+}
+
+// bits is the address length of ip's family.
+func bits(ip netip.Addr) int { return ip.BitLen() }
+
+// defaultDst is the default destination of ip's family.
+func defaultDst(ip netip.Addr) netip.Prefix {
+	if ip.Is4() {
+		return netip.PrefixFrom(netip.IPv4Unspecified(), 0)
+	}
+	return netip.PrefixFrom(netip.IPv6Unspecified(), 0)
 }
 
 // wiring is what Setup makes for a.
 func wiring(a *alloc.Allocation) alloc.Wiring {
+	var ips []alloc.IPConfig
+	var routes []alloc.Route
+	for _, l := range a.Leases() {
+		ips = append(ips, alloc.IPConfig{Interface: 1, Address: netip.PrefixFrom(l.Address, l.Prefix.Bits()), Gateway: l.Gateway})
+		routes = append(routes, alloc.Route{Dst: defaultDst(l.Address), GW: l.Gateway})
+	}
 	return alloc.Wiring{
 		Interfaces: []alloc.Interface{
 			{Name: HostIfName(a.ContainerID, a.IfName), MAC: hostMAC(a.Key()).String()},
 			{Name: a.IfName, MAC: alloc.AddressMAC(a.Address), Sandbox: a.Netns},
 		},
-		IPs:    []alloc.IPConfig{{Interface: 1, Address: netip.PrefixFrom(a.Address, a.Prefix.Bits()), Gateway: a.Gateway}},
-		Routes: []alloc.Route{{Dst: netip.PrefixFrom(netip.IPv4Unspecified(), 0), GW: a.Gateway}},
+		IPs:    ips,
+		Routes: routes,
 	}
 }
 
@@ -273,20 +309,34 @@ func (b *Bridge) Setup(_ context.Context, a *alloc.Allocation) (_ alloc.Wiring, 
 	if err != nil {
 		return alloc.Wiring{}, &SetupError{Step: "find pod end " + a.IfName, Err: err}
 	}
-	addr := &net.IPNet{IP: a.Address.AsSlice(), Mask: net.CIDRMask(a.Prefix.Bits(), 32)}
-	if err = pod.AddrAdd(podLink, &netlink.Addr{IPNet: addr}); err != nil {
-		return alloc.Wiring{}, &SetupError{Step: "pod address", Err: err}
+	if _, ok := a.LeaseOf(family.V6); ok {
+		if err = podIPv6Sysctls(a.Netns, a.IfName); err != nil {
+			return alloc.Wiring{}, &SetupError{Step: "pod IPv6 sysctls", Err: err}
+		}
+	}
+	for _, l := range a.Leases() {
+		addr := &netlink.Addr{IPNet: &net.IPNet{IP: l.Address.AsSlice(), Mask: net.CIDRMask(l.Prefix.Bits(), bits(l.Address))}}
+		if l.Address.Is6() {
+			// Without it the address is tentative, unusable, for ~2 s.
+			addr.Flags = unix.IFA_F_NODAD
+		}
+		if err = pod.AddrAdd(podLink, addr); err != nil {
+			return alloc.Wiring{}, &SetupError{Step: "pod address " + l.Address.String(), Err: err}
+		}
 	}
 	if err = pod.LinkSetUp(podLink); err != nil {
 		return alloc.Wiring{}, &SetupError{Step: "pod link up", Err: err}
 	}
-	def := &netlink.Route{LinkIndex: podLink.Attrs().Index, Gw: a.Gateway.AsSlice(), Dst: &net.IPNet{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)}}
-	if err = pod.RouteAdd(def); err != nil {
-		if errors.Is(err, syscall.EEXIST) {
-			return alloc.Wiring{}, &SetupError{Step: "pod default route", BadRequest: true,
-				Err: errors.New("the pod namespace already has a default route: vpcni wires one interface per pod")}
+	for _, l := range a.Leases() {
+		dst := defaultDst(l.Address)
+		def := &netlink.Route{LinkIndex: podLink.Attrs().Index, Gw: l.Gateway.AsSlice(), Dst: &net.IPNet{IP: dst.Addr().AsSlice(), Mask: net.CIDRMask(0, bits(l.Address))}}
+		if err = pod.RouteAdd(def); err != nil {
+			if errors.Is(err, syscall.EEXIST) {
+				return alloc.Wiring{}, &SetupError{Step: "pod default route", BadRequest: true,
+					Err: errors.New("the pod namespace already has a default route: vpcni wires one interface per pod")}
+			}
+			return alloc.Wiring{}, &SetupError{Step: "pod default route via " + l.Gateway.String(), Err: err}
 		}
-		return alloc.Wiring{}, &SetupError{Step: "pod default route", Err: err}
 	}
 	// Up last: the port forwards only once the pod end is configured.
 	if err = netlink.LinkSetUp(veth); err != nil {
@@ -364,11 +414,25 @@ func (b *Bridge) checkPod(a *alloc.Allocation) error {
 	if mac := alloc.AddressMAC(a.Address); link.Attrs().HardwareAddr.String() != mac {
 		problems = append(problems, fmt.Errorf("pod interface %s has MAC %s, not %s (the cloud port allows only that one)", a.IfName, link.Attrs().HardwareAddr, mac))
 	}
-	addrs, err := nlutil.RetryDump(func() ([]netlink.Addr, error) { return pod.AddrList(link, netlink.FAMILY_V4) })
-	if err != nil {
-		return errors.Join(append(problems, fmt.Errorf("pod addresses: %w", err))...)
+	for _, l := range a.Leases() {
+		problems = append(problems, checkPodLease(pod, link, a.IfName, l))
 	}
-	want := netip.PrefixFrom(a.Address, a.Prefix.Bits())
+	return errors.Join(problems...)
+}
+
+// checkPodLease: l's address and its family's default route via l's
+// gateway on the pod's interface.
+func checkPodLease(pod *netlink.Handle, link netlink.Link, ifName string, l alloc.Lease) error {
+	fam := netlink.FAMILY_V4
+	if l.Address.Is6() {
+		fam = netlink.FAMILY_V6
+	}
+	addrs, err := nlutil.RetryDump(func() ([]netlink.Addr, error) { return pod.AddrList(link, fam) })
+	if err != nil {
+		return fmt.Errorf("pod addresses: %w", err)
+	}
+	var problems []error
+	want := netip.PrefixFrom(l.Address, l.Prefix.Bits())
 	found := false
 	for _, ad := range addrs {
 		if p, ok := prefixOf(ad.IPNet); ok && p == want {
@@ -376,22 +440,22 @@ func (b *Bridge) checkPod(a *alloc.Allocation) error {
 		}
 	}
 	if !found {
-		problems = append(problems, fmt.Errorf("pod interface %s lacks %s", a.IfName, want))
+		problems = append(problems, fmt.Errorf("pod interface %s lacks %s", ifName, want))
 	}
 	routes, err := nlutil.RetryDump(func() ([]netlink.Route, error) {
-		return pod.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{LinkIndex: link.Attrs().Index}, netlink.RT_FILTER_OIF)
+		return pod.RouteListFiltered(fam, &netlink.Route{LinkIndex: link.Attrs().Index}, netlink.RT_FILTER_OIF)
 	})
 	if err != nil {
 		return errors.Join(append(problems, fmt.Errorf("pod routes: %w", err))...)
 	}
 	found = false
 	for _, r := range routes {
-		if r.Gw.Equal(a.Gateway.AsSlice()) && (r.Dst == nil || isZeroMask(r.Dst.Mask)) {
+		if r.Gw.Equal(l.Gateway.AsSlice()) && (r.Dst == nil || isZeroMask(r.Dst.Mask)) {
 			found = true
 		}
 	}
 	if !found {
-		problems = append(problems, fmt.Errorf("pod has no default route via %s dev %s", a.Gateway, a.IfName))
+		problems = append(problems, fmt.Errorf("pod has no default route via %s dev %s", l.Gateway, ifName))
 	}
 	return errors.Join(problems...)
 }
@@ -400,10 +464,11 @@ func prefixOf(n *net.IPNet) (netip.Prefix, bool) {
 	if n == nil {
 		return netip.Prefix{}, false
 	}
-	ip, ok := netip.AddrFromSlice(n.IP.To4())
+	ip, ok := netip.AddrFromSlice(n.IP)
 	if !ok {
 		return netip.Prefix{}, false
 	}
+	ip = ip.Unmap()
 	ones, _ := n.Mask.Size()
 	return netip.PrefixFrom(ip, ones), true
 }

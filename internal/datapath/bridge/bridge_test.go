@@ -37,6 +37,14 @@ func TestLeaseError(t *testing.T) {
 	if err := leaseError(&alloc.Allocation{Lease: ok}); err != nil {
 		t.Fatalf("good lease refused: %v", err)
 	}
+	ok6 := alloc.Lease{Address: netip.MustParseAddr("fd00::5"), Prefix: netip.MustParsePrefix("fd00::/64"), Gateway: netip.MustParseAddr("fd00::1")}
+	ll6 := ok6
+	ll6.Gateway = netip.MustParseAddr("fe80::1")
+	for _, l := range []alloc.Lease{ok6, ll6} {
+		if err := leaseError(&alloc.Allocation{Lease: ok, Others: []alloc.Lease{l}}); err != nil {
+			t.Errorf("good dual-stack lease (v6 gateway %s) refused: %v", l.Gateway, err)
+		}
+	}
 	for name, c := range map[string]struct {
 		l    alloc.Lease
 		want string
@@ -46,7 +54,8 @@ func TestLeaseError(t *testing.T) {
 		"address elsewhere": {alloc.Lease{Address: netip.MustParseAddr("10.2.0.5"), Prefix: pfx, Gateway: gw}, "does not contain"},
 		"gateway elsewhere": {alloc.Lease{Address: ip, Prefix: pfx, Gateway: netip.MustParseAddr("10.2.0.1")}, "not another address"},
 		"gateway is pod":    {alloc.Lease{Address: ip, Prefix: pfx, Gateway: ip}, "not another address"},
-		"IPv6":              {alloc.Lease{Address: netip.MustParseAddr("fd00::5")}, "not IPv4"},
+		"IPv6 no prefix":    {alloc.Lease{Address: netip.MustParseAddr("fd00::5")}, "no subnet prefix"},
+		"IPv6 gateway v4":   {alloc.Lease{Address: netip.MustParseAddr("fd00::5"), Prefix: netip.MustParsePrefix("fd00::/64"), Gateway: gw}, "not another address"},
 		"on a NIC":          {alloc.Lease{Address: ip, Prefix: pfx, Gateway: gw, NIC: &alloc.NIC{MAC: "fa:16:3e:00:00:01"}}, "lives on a NIC of its own"},
 	} {
 		if err := leaseError(&alloc.Allocation{Lease: c.l}); err == nil || !strings.Contains(err.Error(), c.want) {
@@ -127,13 +136,24 @@ func TestTakeAndGiveBackUplink(t *testing.T) {
 			"ip route add default via 10.99.0.1 dev eth0 table 100",
 			"ip route add 10.60.0.0/16 dev eth0 scope link proto 42 table 100",
 			"ip neigh add 10.99.0.77 lladdr 02:00:00:00:00:77 dev eth0 nud permanent",
+			// IPv6 moves too: global addresses, routes, permanent neighbours.
+			"ip addr add 2001:db8:99::10/64 dev eth0 nodad",
+			"ip -6 route add default via 2001:db8:99::1 dev eth0 metric 100",
+			"ip -6 route add 2001:db8:50::/48 via 2001:db8:99::2 dev eth0 table 100",
+			"ip -6 neigh add 2001:db8:99::77 lladdr 02:00:00:00:00:78 dev eth0 nud permanent",
 		} {
 			sh(t, c)
 		}
 		state := func(dev string) string {
-			return sh(t, "ip -d -4 addr show dev "+dev+" | grep '^ *inet\\|^ *valid'; ip -4 route show table all | grep -v '^local\\|^broadcast'; ip -4 neigh show nud permanent")
+			return sh(t, "ip -d -4 addr show dev "+dev+" | grep '^ *inet\\|^ *valid'; ip -4 route show table all | grep -v '^local\\|^broadcast'; ip -4 neigh show nud permanent; "+
+				"ip -6 addr show dev "+dev+" scope global | grep '^ *inet6\\|^ *valid'; ip -6 route show table all | grep -v '^local\\|^multicast\\|^anycast\\|^fe80'; ip -6 neigh show nud permanent")
 		}
 		before := state("eth0")
+		for _, w := range []string{"inet6 2001:db8:99::10/64", "default via 2001:db8:99::1 dev eth0", "2001:db8:50::/48 via", "2001:db8:99::77"} {
+			if !strings.Contains(before, w) {
+				t.Errorf("the state compared lacks %q:\n%s", w, before)
+			}
+		}
 		link := sh(t, "ip -d link show eth0 | grep -v 'master\\|bridge_slave\\|promiscuity'")
 		if t.Failed() {
 			return
@@ -206,13 +226,6 @@ func TestRefusals(t *testing.T) {
 		}
 		if err := Uninstall("", Settings{Bridge: "other"}); err == nil || !strings.Contains(err.Error(), "left alone") {
 			t.Errorf("uninstall of a bridge vpcni did not make: %v", err)
-		}
-		sh(t, "ip addr add 2001:db8::10/64 dev eth0 nodad")
-		if _, err := takeUplink("eth0", DefaultBridge); err == nil || !strings.Contains(err.Error(), "IPv4 only") {
-			t.Errorf("global IPv6 on the uplink: %v", err)
-		}
-		if out := sh(t, "ip -o link show"); strings.Contains(out, DefaultBridge) {
-			t.Errorf("a refused take left the bridge:\n%s", out)
 		}
 	})
 }

@@ -103,7 +103,7 @@ func bridgePort(br netlink.Link) (string, error) {
 //     which is local on any interface, and replies leave through the
 //     uplink's routes (sending on a port is fine);
 //  3. the addresses are added to the bridge (one it holds already takes
-//     the uplink's lifetimes: a DHCP renewal, see moveIPv4), each route
+//     the uplink's lifetimes: a DHCP renewal, see moveIP), each route
 //     is replaced by the same route through the bridge (one atomic
 //     replace each), the permanent neighbours are copied;
 //  4. only then do the uplink's addresses and neighbours go.
@@ -112,10 +112,7 @@ func takeUplink(uplink, name string) (netlink.Link, error) {
 	if err != nil {
 		return nil, fmt.Errorf("uplink %q: %w", uplink, err)
 	}
-	if err := refuseIPv6(up); err != nil {
-		return nil, err
-	}
-	br, err := ensureBridge(name, up)
+	br, err := ensureBridge(name, up, uplink)
 	if err != nil {
 		return nil, err
 	}
@@ -124,31 +121,52 @@ func takeUplink(uplink, name string) (netlink.Link, error) {
 			return nil, fmt.Errorf("make %s a port of %s: %w", uplink, name, err)
 		}
 	}
-	if err := moveIPv4(up, br, true); err != nil {
+	if err := moveIP(up, br, netlink.FAMILY_V4, true); err != nil {
 		return nil, fmt.Errorf("move the node's IPv4 from %s to %s: %w", uplink, name, err)
+	}
+	if err := moveIP(up, br, netlink.FAMILY_V6, true); err != nil {
+		return nil, fmt.Errorf("move the node's IPv6 from %s to %s: %w", uplink, name, err)
 	}
 	return br, nil
 }
 
-// refuseIPv6: only IPv4 moves; a global IPv6 address left on a bridge
-// port would stop working, so such a node is refused before anything
-// changes.
-func refuseIPv6(up netlink.Link) error {
-	addrs, err := nlutil.RetryDump(func() ([]netlink.Addr, error) { return netlink.AddrList(up, netlink.FAMILY_V6) })
-	if err != nil {
-		return fmt.Errorf("list %s's IPv6 addresses: %w", up.Attrs().Name, err)
-	}
-	for _, a := range addrs {
-		if a.Scope == int(netlink.SCOPE_UNIVERSE) {
-			return fmt.Errorf("uplink %s has the global IPv6 address %s: bridge mode moves IPv4 only and would break it; choose another datapath mode", up.Attrs().Name, a.IPNet)
+// bridgeIPv6Sysctls gives the bridge the uplink's IPv6 life before its
+// addresses move: IPv6 on when the uplink has it, and router
+// advertisements taken (accept_ra 2, which holds with forwarding on too)
+// when the uplink took them, so the node's RA default route and SLAAC
+// addresses renew on the bridge. The bridge carries the uplink's MAC, so
+// its link-local and EUI-64 SLAAC addresses are the uplink's own. An
+// uplink with IPv6 off (or a kernel without it) leaves the bridge alone.
+func bridgeIPv6Sysctls(uplink, bridge string) error {
+	read := func(k string) string {
+		v, err := os.ReadFile("/proc/sys/net/ipv6/conf/" + uplink + "/" + k)
+		if err != nil {
+			return ""
 		}
+		return strings.TrimSpace(string(v))
+	}
+	if read("disable_ipv6") != "0" {
+		return nil
+	}
+	conf := "net/ipv6/conf/" + bridge + "/"
+	want := []datapath.Sysctl{{Key: conf + "disable_ipv6", Value: "0", Why: "the node's IPv6 moves onto the bridge"}}
+	// No duplicate address detection: the bridge's link-local address is
+	// the uplink's (same MAC) by design, and while it is tentative (~2 s)
+	// the node did not answer a pod's neighbour solicitation (measured:
+	// pod -> node over IPv6 timed out right after the move).
+	want = append(want, datapath.Sysctl{Key: conf + "accept_dad", Value: "0", Why: "the bridge's link-local address is the uplink's, and a tentative one leaves pods unanswered"})
+	if ra := read("accept_ra"); ra == "1" || ra == "2" {
+		want = append(want, datapath.Sysctl{Key: conf + "accept_ra", Value: "2", Why: "the bridge takes the router advertisements the uplink took (its default route), forwarding on or off"})
+	}
+	if err := nlutil.WriteSysctls(want); err != nil {
+		return fmt.Errorf("ready %s for the node's IPv6: %w", bridge, err)
 	}
 	return nil
 }
 
 // ensureBridge finds or makes vpcni's bridge, with the uplink's MAC so the
 // cloud port's MAC stays the node's source MAC, and nf_call_iptables on.
-func ensureBridge(name string, up netlink.Link) (netlink.Link, error) {
+func ensureBridge(name string, up netlink.Link, uplink string) (netlink.Link, error) {
 	br, err := netlink.LinkByName(name)
 	switch {
 	case nlutil.IsNotFound(err):
@@ -181,6 +199,9 @@ func ensureBridge(name string, up netlink.Link) (netlink.Link, error) {
 			return nil, err
 		}
 	}
+	if err := bridgeIPv6Sysctls(uplink, name); err != nil {
+		return nil, err
+	}
 	if br.Attrs().Flags&net.FlagUp == 0 {
 		if err := netlink.LinkSetUp(br); err != nil {
 			return nil, fmt.Errorf("set %s up: %w", name, err)
@@ -189,7 +210,7 @@ func ensureBridge(name string, up netlink.Link) (netlink.Link, error) {
 	return netlink.LinkByName(name)
 }
 
-// moveIPv4 moves what the node's IPv4 needs of one interface to another:
+// moveIP moves what the node's addresses of one family need of one interface to another:
 // its addresses (with their flags, scope, labels and remaining lifetimes),
 // its routes in every table (metric, protocol, scope, source, type kept;
 // the kernel's own prefix and local routes follow the addresses), and its
@@ -205,18 +226,31 @@ func ensureBridge(name string, up netlink.Link) (netlink.Link, error) {
 // changing flags would take the node's address away for a moment).
 // Without renew (giving back), a copy the uplink holds already is newer
 // than the bridge's and is kept.
-func moveIPv4(from, to netlink.Link, renew bool) error {
-	addrs, err := nlutil.RetryDump(func() ([]netlink.Addr, error) { return netlink.AddrList(from, netlink.FAMILY_V4) })
+//
+// IPv6 (family FAMILY_V6) moves its global addresses only: each interface
+// has its own link-local address (the bridge's, from the same MAC, is the
+// uplink's), and routes through fe80::/64 are the kernel's.
+func moveIP(from, to netlink.Link, fam int, renew bool) error {
+	addrs, err := nlutil.RetryDump(func() ([]netlink.Addr, error) { return netlink.AddrList(from, fam) })
 	if err != nil {
 		return fmt.Errorf("list addresses: %w", err)
 	}
+	if fam == netlink.FAMILY_V6 {
+		global := addrs[:0]
+		for _, a := range addrs {
+			if a.Scope == int(netlink.SCOPE_UNIVERSE) {
+				global = append(global, a)
+			}
+		}
+		addrs = global
+	}
 	all, err := nlutil.RetryDump(func() ([]netlink.Route, error) {
-		return netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Table: unix.RT_TABLE_UNSPEC}, netlink.RT_FILTER_TABLE)
+		return netlink.RouteListFiltered(fam, &netlink.Route{Table: unix.RT_TABLE_UNSPEC}, netlink.RT_FILTER_TABLE)
 	})
 	if err != nil {
 		return fmt.Errorf("list routes: %w", err)
 	}
-	neighs, err := nlutil.RetryDump(func() ([]netlink.Neigh, error) { return netlink.NeighList(from.Attrs().Index, netlink.FAMILY_V4) })
+	neighs, err := nlutil.RetryDump(func() ([]netlink.Neigh, error) { return netlink.NeighList(from.Attrs().Index, fam) })
 	if err != nil {
 		return fmt.Errorf("list neighbours: %w", err)
 	}
@@ -225,7 +259,7 @@ func moveIPv4(from, to netlink.Link, renew bool) error {
 		moved := a
 		moved.LinkIndex = toIdx
 		moved.Label = relabel(a.Label, from.Attrs().Name, to.Attrs().Name)
-		if moved.Broadcast == nil {
+		if fam == netlink.FAMILY_V4 && moved.Broadcast == nil {
 			// The library would invent one; 0.0.0.0 tells it to send none.
 			moved.Broadcast = net.IPv4zero
 		}
@@ -407,8 +441,11 @@ func Uninstall(uplink string, s Settings) error {
 			return fmt.Errorf("give %s its MTU %d back: %w", uplink, br.Attrs().MTU, err)
 		}
 	}
-	if err := moveIPv4(br, up, false); err != nil {
+	if err := moveIP(br, up, netlink.FAMILY_V4, false); err != nil {
 		return fmt.Errorf("move the node's IPv4 back from %s to %s: %w", s.Bridge, uplink, err)
+	}
+	if err := moveIP(br, up, netlink.FAMILY_V6, false); err != nil {
+		return fmt.Errorf("move the node's IPv6 back from %s to %s: %w", s.Bridge, uplink, err)
 	}
 	if err := netlink.LinkSetNoMaster(up); err != nil {
 		return fmt.Errorf("release %s from %s: %w", uplink, s.Bridge, err)
