@@ -310,7 +310,7 @@ func (b *Bridge) Setup(_ context.Context, a *alloc.Allocation) (_ alloc.Wiring, 
 		return alloc.Wiring{}, &SetupError{Step: "find pod end " + a.IfName, Err: err}
 	}
 	if _, ok := a.LeaseOf(family.V6); ok {
-		if err = podIPv6Sysctls(a.Netns, a.IfName); err != nil {
+		if err = nlutil.PodIPv6Sysctls(a.Netns, a.IfName); err != nil {
 			return alloc.Wiring{}, &SetupError{Step: "pod IPv6 sysctls", Err: err}
 		}
 	}

@@ -1,21 +1,16 @@
 package veth
 
 import (
-	"errors"
-	"fmt"
 	"net"
 	"net/netip"
 	"os"
 	"strings"
-	"syscall"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
 
 	"github.com/vpcni/vpcni/internal/datapath"
-	"github.com/vpcni/vpcni/internal/datapath/nlutil"
-	"github.com/vpcni/vpcni/internal/netnsutil"
 )
 
 // IPv6 pods are wired as IPv4 ones are — the node routes each address
@@ -70,35 +65,6 @@ func ipv6SysctlsFor(uplink, acceptRA string) []datapath.Sysctl {
 		datapath.Sysctl{Key: conf + "proxy_ndp", Value: "1", Why: "the node answers neighbour solicitations for its pods' IPv6 addresses on the uplink"},
 		datapath.Sysctl{Key: "net/ipv6/neigh/" + uplink + "/proxy_delay", Value: "0", Why: "the node answers neighbour solicitations for its pods at once, not after up to 0.8 s"},
 	)
-}
-
-// podIPv6Sysctls readies the pod's interface for its IPv6 addresses: IPv6
-// on (a runtime may have turned it off for the namespace: a fresh one has
-// it on), no router advertisements taken (its routes are vpcni's), no
-// duplicate address detection (for its link-local address: the pod's own
-// have IFA_F_NODAD). The last two are defence only — the node sends no
-// router advertisement on pod veths, and nothing uses the pod's link-local
-// address — so a /proc/sys the agent cannot write (a container that is not
-// privileged mounts it read-only) leaves them. IPv6 turned off cannot be
-// left: that is an error naming the fix.
-func podIPv6Sysctls(netnsPath, ifName string) error {
-	conf := "net/ipv6/conf/" + ifName + "/"
-	return netnsutil.Do(netnsPath, func() error {
-		if v, err := os.ReadFile("/proc/sys/" + conf + "disable_ipv6"); err != nil {
-			return fmt.Errorf("read %s: %w: the node's kernel has IPv6 off (ipv6.disable=1)?", conf+"disable_ipv6", err)
-		} else if strings.TrimSpace(string(v)) == "1" {
-			if err := nlutil.WriteSysctl(conf+"disable_ipv6", "0"); err != nil {
-				return fmt.Errorf("IPv6 is off in the pod's namespace (the runtime set net.ipv6.conf.default.disable_ipv6=1) and cannot be turned on for %s: %w", ifName, err)
-			}
-		}
-		var errs []error
-		for _, key := range []string{"accept_ra", "accept_dad"} {
-			if err := nlutil.WriteSysctl(conf+key, "0"); err != nil && !errors.Is(err, syscall.EROFS) {
-				errs = append(errs, err)
-			}
-		}
-		return errors.Join(errs...)
-	})
 }
 
 // podNeighbour is the node's permanent neighbour entry for one of a pod's

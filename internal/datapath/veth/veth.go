@@ -409,7 +409,7 @@ func wirePod(pod *netlink.Handle, a *alloc.Allocation, w hostEnd) error {
 	idx := podLink.Attrs().Index
 	fams := leaseFamilies(a)
 	if slices.Contains(fams, family.V6) {
-		if err := podIPv6Sysctls(a.Netns, a.IfName); err != nil {
+		if err := nlutil.PodIPv6Sysctls(a.Netns, a.IfName); err != nil {
 			return &SetupError{Step: "pod IPv6 settings", Err: err}
 		}
 	}
