@@ -228,7 +228,7 @@ func printState(out io.Writer, st *api.State) {
 		if p.Family != "" {
 			label = fmt.Sprintf("pool %-5s", p.Family)
 		}
-		fmt.Fprintf(out, "%s free %d, cooling %d, allocated %d, capacity %d; warm target %d\n", label, p.Free, p.Cooling, p.Allocated, p.Capacity, p.WarmTarget)
+		fmt.Fprintf(out, "%sfree %d, cooling %d, allocated %d, capacity %d; warm target %d\n", label, p.Free, p.Cooling, p.Allocated, p.Capacity, p.WarmTarget)
 		if p.Waiting > 0 {
 			fmt.Fprintf(out, "          %d ADDs waiting for addresses from the cloud\n", p.Waiting)
 		}

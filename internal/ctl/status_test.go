@@ -211,3 +211,33 @@ func TestStatusShowsPodNetworks(t *testing.T) {
 		t.Errorf("a node without PodNetworks shows the network column:\n%s", stdout.String())
 	}
 }
+
+// A single-family node's pool line stays as scripts read it; a dual-stack
+// node shows one line per family and every address of a pod.
+func TestStatusShowsFamilies(t *testing.T) {
+	single := api.State{Node: "n", Ready: true, Pool: api.PoolState{Free: 3, Capacity: 9, WarmTarget: 2}}
+	dual := single
+	dual.Pool.Family = "ipv4"
+	dual.Families = []api.PoolState{dual.Pool, {Family: "ipv6", Free: 4, Allocated: 1, Capacity: 65536, WarmTarget: 2}}
+	dual.Allocations = []alloc.Allocation{{ContainerID: "c1", IfName: "eth0", Lease: alloc.Lease{Address: netip.MustParseAddr("10.0.0.5")},
+		Others: []alloc.Lease{{Address: netip.MustParseAddr("fd00::5")}}}}
+	for _, tc := range []struct {
+		st   api.State
+		want []string
+	}{
+		{single, []string{"pool      free 3, cooling 0, allocated 0, capacity 9; warm target 2\n"}},
+		{dual, []string{"pool ipv4 free 3, cooling 0, allocated 0, capacity 9; warm target 2\n",
+			"pool ipv6 free 4, cooling 0, allocated 1, capacity 65536; warm target 2\n", "10.0.0.5,fd00::5 "}},
+	} {
+		socket, _ := fakeAgent(t, tc.st)
+		var stdout, stderr bytes.Buffer
+		if code := Main([]string{"status", "--socket", socket}, &stdout, &stderr); code != 0 {
+			t.Fatalf("exit %d: %s", code, stderr.String())
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(stdout.String(), w) {
+				t.Errorf("status lacks %q:\n%s", w, stdout.String())
+			}
+		}
+	}
+}
