@@ -40,6 +40,21 @@ func onCPU(cpu int, f func() error) error {
 // read one byte, write it back, wait for the client to close. It returns
 // the function that stops it.
 func crrServer(ns string, addr netip.AddrPort, cpu int) (func(), error) {
+	return pinnedServer(ns, addr, cpu, func(c net.Conn, buf []byte) {
+		if _, err := io.ReadFull(c, buf); err == nil {
+			if _, err := c.Write(buf); err == nil {
+				_, _ = c.Read(buf) // until the client's reset
+			}
+		}
+	})
+}
+
+// pinnedServer listens on addr in the named namespace and hands each
+// connection, one at a time, to serve on a thread pinned to cpu (with a
+// one-byte buffer, so serving allocates nothing), closing it after. The
+// bench servers share it so their figures differ only by the exchange.
+// It returns the function that stops it.
+func pinnedServer(ns string, addr netip.AddrPort, cpu int, serve func(c net.Conn, buf []byte)) (func(), error) {
 	l, err := netnsutil.Listen(netnsutil.Path(ns), addr.String())
 	if err != nil {
 		return nil, err
@@ -54,11 +69,7 @@ func crrServer(ns string, addr netip.AddrPort, cpu int) (func(), error) {
 				if err != nil {
 					return err
 				}
-				if _, err := io.ReadFull(c, buf); err == nil {
-					if _, err := c.Write(buf); err == nil {
-						_, _ = c.Read(buf) // until the client's reset
-					}
-				}
+				serve(c, buf)
 				c.Close()
 			}
 		})

@@ -26,33 +26,16 @@ const rrPort = 11111
 // namespace, one connection at a time on a thread pinned to cpu, until
 // the client closes it. It returns the function that stops it.
 func rrServer(ns string, addr netip.AddrPort, cpu int) (func(), error) {
-	l, err := netnsutil.Listen(netnsutil.Path(ns), addr.String())
-	if err != nil {
-		return nil, err
-	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = onCPU(cpu, func() error {
-			buf := make([]byte, 1)
-			for {
-				c, err := l.Accept()
-				if err != nil {
-					return err
-				}
-				for {
-					if _, err := io.ReadFull(c, buf); err != nil {
-						break
-					}
-					if _, err := c.Write(buf); err != nil {
-						break
-					}
-				}
-				c.Close()
+	return pinnedServer(ns, addr, cpu, func(c net.Conn, buf []byte) {
+		for {
+			if _, err := io.ReadFull(c, buf); err != nil {
+				return
 			}
-		})
-	}()
-	return func() { l.Close(); <-done }, nil
+			if _, err := c.Write(buf); err != nil {
+				return
+			}
+		}
+	})
 }
 
 // rrLatency connects to addr from the named namespace and sends one byte
