@@ -2,11 +2,15 @@ package nlutil
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
 
+	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/vpcni/vpcni/internal/netnsutil"
 )
 
 // Announcer tells a link's neighbours that a pod's address is now at the
@@ -131,3 +135,28 @@ func (s *Announcer) Close() error { return unix.Close(s.fd) }
 
 func htons(v uint16) uint16 { return v<<8 | v>>8 }
 
+// AnnounceIn sends, from inside the namespace at netnsPath, the
+// announcement of each address (gratuitous ARP, unsolicited neighbour
+// advertisement) on the link ifName with its MAC: a pod whose interface
+// sits on the segment itself (macvlan, ipvlan, passthrough) tells its
+// neighbours that an address another MAC held — a pod on another node, a
+// pod before it — is its now. The socket's close waits an RCU grace
+// period (~9 ms) and is left to a goroutine, off the ADD's path.
+func AnnounceIn(netnsPath, ifName string, addrs []netip.Addr) error {
+	return netnsutil.Do(netnsPath, func() error {
+		link, err := netlink.LinkByName(ifName)
+		if err != nil {
+			return fmt.Errorf("find %s: %w", ifName, err)
+		}
+		s, err := NewAnnouncer(link.Attrs().Index, link.Attrs().HardwareAddr)
+		if err != nil {
+			return err
+		}
+		defer func() { go s.Close() }()
+		var errs []error
+		for _, a := range addrs {
+			errs = append(errs, s.Announce(a))
+		}
+		return errors.Join(errs...)
+	})
+}
