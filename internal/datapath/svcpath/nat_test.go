@@ -73,6 +73,13 @@ func TestNATTable(t *testing.T) {
 			t.Fatalf("after %v the table is not back as made:\n%s", damage, got)
 		}
 	}
+	// IPv6's table is ip6's own, the same rule; removeNAT takes both.
+	if changed, err := ensureNAT(nftables.TableFamilyIPv6, opt); err != nil || !changed {
+		t.Fatalf("ensure ip6: changed %v, %v", changed, err)
+	}
+	if got := nftList(t, ns); !strings.Contains(got, "table ip6 vpcni_svcpath") || strings.Count(got, `iifname "vsv*" ct status dnat masquerade`) != 2 {
+		t.Fatalf("ip6 table not as made:\n%s", got)
+	}
 	for range 2 {
 		if err := removeNAT(opt); err != nil {
 			t.Fatal(err)
