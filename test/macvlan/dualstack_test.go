@@ -161,3 +161,53 @@ func TestMacvlanDualStack(t *testing.T) {
 		t.Fatalf("DEL left on the node: %+v", got)
 	}
 }
+
+// TestMacvlanIPv6Only: an IPv6-only pod has nothing of IPv4 (no address,
+// no 169.254.1.1) and reaches the router, its node (service veth), a host
+// on the segment and an IPv6 Service; CHECK passes; DEL leaves nothing.
+func TestMacvlanIPv6Only(t *testing.T) {
+	t.Parallel()
+	e := &env{bedtest.NewDualStack(t, binDir, "vpcm7", "10.79.0.0/24", "10.79.0.0/26", "fd00:79::/64")}
+	tb := e.TB
+	e.Cfg.Datapath = config.Datapath{Mode: string(macvlan.MACVLAN),
+		Settings: &macvlan.Settings{Settings: svcpath.Settings{ServiceCIDRs: []string{serviceCIDR, serviceCIDR6}}}}
+	st := e.Cfg.Provider.Settings.(*static.Config)
+	st.Ranges = []static.Range{{CIDR: "fd00:79::/64", Gateway: tb.Gateway6.String(), Exclude: []string{"fd00:79::/112"}}}
+	e.Cfg.IPFamilies = []family.Family{family.V6}
+	e.StartAgent()
+
+	c := e.cni("1.1.0")
+	p := e.Pod(1)
+	r := e.Add(c, "v6", p)
+	ip, _ := netip.AddrFromSlice(r.IPs[0].Address.IP)
+	if len(r.IPs) != 1 || !ip.Is6() || ip.Is4In6() {
+		t.Fatalf("IPv6-only ADD gave %v", r.IPs)
+	}
+	ns := filepath.Base(p)
+	if out := bedtest.Sh(t, ns, "ip", "-4", "addr", "show"); strings.Contains(out, "inet ") && !strings.Contains(out, "inet 127.") {
+		t.Errorf("IPv6-only pod has IPv4 addresses:\n%s", out)
+	}
+	if out := bedtest.Sh(t, ns, "ip", "-4", "route", "show"); strings.TrimSpace(out) != "" {
+		t.Errorf("IPv6-only pod has IPv4 routes:\n%s", out)
+	}
+	bedtest.Echo(t, netnsutil.Path(tb.SegNS()), tb.Gateway6)
+	bedtest.Echo(t, netnsutil.Path(tb.NodeNS()), tb.NodeIP6)
+	bedtest.Echo(t, netnsutil.Path(tb.NbrNS()), tb.NbrIP6)
+	bedtest.Echo(t, p, ip)
+	bedtest.Sh(t, tb.NodeNS(), "ip6tables", "-t", "nat", "-A", "PREROUTING", "-d", "fd00:96::11/128", "-p", "tcp", "--dport", "80", "-j", "DNAT", "--to-destination", "["+tb.NbrIP6.String()+"]:7777")
+	for _, to := range []string{testbed.HostPort(tb.Gateway6, 7777), testbed.HostPort(tb.NodeIP6, 7777), testbed.HostPort(tb.NbrIP6, 7777), "[fd00:96::11]:80"} {
+		bedtest.Reach(t, p, to)
+	}
+	bedtest.Reach(t, netnsutil.Path(tb.NodeNS()), testbed.HostPort(ip, 7777))
+	bedtest.Reach(t, netnsutil.Path(tb.NbrNS()), testbed.HostPort(ip, 7777))
+	rt := testbed.Runtime("v6", p, "eth0", nil)
+	if err := c.Check(bedtest.Ctx(t), rt); err != nil {
+		t.Fatalf("CHECK: %v", err)
+	}
+	if err := c.Del(bedtest.Ctx(t), rt); err != nil {
+		t.Fatalf("DEL: %v", err)
+	}
+	if got := e.node(); !got.empty() || len(podLinks(t, p)) != 0 {
+		t.Fatalf("DEL left: node %+v, pod %v", got, podLinks(t, p))
+	}
+}
