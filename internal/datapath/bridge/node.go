@@ -97,7 +97,8 @@ func bridgePort(br netlink.Link) (string, error) {
 // order keeps the node reachable:
 //
 //  1. the bridge is made, with the uplink's MAC and MTU, passing bridged
-//     IPv4 to iptables, up;
+//     IPv4 to iptables (and IPv6 to ip6tables with v6: pods of that
+//     family), up;
 //  2. the uplink becomes its port: frames now arrive on the bridge, but
 //     the kernel still answers ARP and delivers to the node's address,
 //     which is local on any interface, and replies leave through the
