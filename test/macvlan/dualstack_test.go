@@ -30,7 +30,8 @@ const serviceCIDR6 = "fd00:96::/112"
 // address takes the pod's from its unsolicited advertisement; a pod
 // reaches an IPv6 ClusterIP (an ip6tables DNAT, as kube-proxy writes)
 // whose backend is a pod on the node or a host on the segment, through
-// the service veth and its ip6 masquerade; CHECK passes; DEL leaves
+// the service veth and its ip6 masquerade; the self-healing reconcile
+// puts back the node's IPv6 route and neighbour; CHECK passes; DEL leaves
 // nothing.
 func TestMacvlanDualStack(t *testing.T) {
 	t.Parallel()
@@ -145,6 +146,18 @@ func TestMacvlanDualStack(t *testing.T) {
 	bedtest.Reach(t, p1, "[fd00:96::10]:80") // backend: a pod on the node
 	bedtest.Reach(t, p1, "[fd00:96::11]:80") // backend: a host on the segment
 	t.Logf("vpcni-test: macvlan IPv6 Services: pod %s -> [fd00:96::10]:80 (pod) and [fd00:96::11]:80 (host)", a1[1])
+
+	// Self-healing: pod 1's IPv6 route and neighbour on the node deleted
+	// (the route's deletion wakes the reconcile, which repairs both).
+	bedtest.Sh(t, tb.NodeNS(), "ip", "-6", "neigh", "del", a1[1].String(), "dev", host1)
+	bedtest.Sh(t, tb.NodeNS(), "ip", "-6", "route", "del", a1[1].String()+"/128", "dev", host1)
+	bedtest.WaitFor(t, 10e9, "pod 1's IPv6 route and neighbour back on the node", func() bool {
+		r, _ := netnsutil.Output(tb.NodeNS(), "ip", "-6", "route", "show", a1[1].String()+"/128")
+		n, _ := netnsutil.Output(tb.NodeNS(), "ip", "-6", "neigh", "show", a1[1].String(), "dev", host1)
+		return strings.Contains(r, host1) && strings.Contains(n, "PERMANENT")
+	})
+	bedtest.Echo(t, p1, a1[1])
+	bedtest.Reach(t, nodeNS, testbed.HostPort(a1[1], 7777))
 
 	for _, p := range []struct{ id, ns string }{{"ds-1", p1}, {"ds-2", p2}} {
 		if err := c.Check(bedtest.Ctx(t), testbed.Runtime(p.id, p.ns, "eth0", nil)); err != nil {
