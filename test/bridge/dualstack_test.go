@@ -102,3 +102,69 @@ func TestBridgeDualStack(t *testing.T) {
 	// The node's echo server still listens: the address came back.
 	bedtest.Reach(t, nbr, testbed.HostPort(tb.NodeIP6, 7777))
 }
+
+// TestBridgeIPv6Only: mode bridge with IPv6 pods alone. Two pods reach
+// each other over the bridge; a pod reaches IPv6 Services (ip6tables
+// DNAT, as kube-proxy writes it) whose backends are a pod on the node and
+// a host on the segment, with the node-wide bridge-nf-call-ip6tables off:
+// the bridge's own nf_call_ip6tables, which the agent turns on, is what
+// makes it work, and turning it off breaks it.
+func TestBridgeIPv6Only(t *testing.T) {
+	e := &env{Env: bedtest.NewDualStack(t, binDir, "vpcb7", "10.79.0.0/24", "10.79.0.0/26", "fd00:79::/64")}
+	tb := e.TB
+	nodeNS := tb.NodeNS()
+	e.sh(nodeNS, "sysctl", "-qw", "net.bridge.bridge-nf-call-ip6tables=0")
+	e.Cfg.MetricsAddr = ""
+	e.Cfg.Datapath.Mode = "bridge"
+	st := e.Cfg.Provider.Settings.(*static.Config)
+	st.Ranges = []static.Range{{CIDR: "fd00:79::/64", Gateway: tb.Gateway6.String(), Exclude: []string{"fd00:79::/112"}}}
+	e.Cfg.IPFamilies = []family.Family{family.V6}
+	e.StartAgent()
+	if br := e.sh(nodeNS, "ip", "-d", "link", "show", "vpcbr0"); !strings.Contains(br, "nf_call_ip6tables 1") {
+		t.Fatalf("vpcbr0 should have nf_call_ip6tables 1: %s", br)
+	}
+
+	c := e.cni("1.1.0")
+	p1, p2 := e.Pod(1), e.Pod(2)
+	addIP := func(id, ns string) netip.Addr {
+		r := e.Add(c, id, ns)
+		ip, _ := netip.AddrFromSlice(r.IPs[0].Address.IP)
+		if len(r.IPs) != 1 || !ip.Is6() || ip.Is4In6() {
+			t.Fatalf("IPv6-only pod %s got %v", id, r.IPs)
+		}
+		return ip
+	}
+	ip1, ip2 := addIP("v6-1", p1), addIP("v6-2", p2)
+	nbr := netnsutil.Path(tb.NbrNS())
+	bedtest.Echo(t, p2, ip2)
+	bedtest.Echo(t, nbr, tb.NbrIP6)
+	reach(t, p1, testbed.HostPort(ip2, 7777))
+	for _, rule := range [][]string{
+		{"-d", "fd00:96::10/128", "-p", "tcp", "--dport", "80", "-j", "DNAT", "--to-destination", "[" + ip2.String() + "]:7777"},       // a pod on this node
+		{"-d", "fd00:96::11/128", "-p", "tcp", "--dport", "80", "-j", "DNAT", "--to-destination", "[" + tb.NbrIP6.String() + "]:7777"}, // a host on the segment
+	} {
+		e.sh(nodeNS, append([]string{"ip6tables", "-t", "nat", "-A", "PREROUTING"}, rule...)...)
+	}
+	reach(t, p1, "[fd00:96::10]:80")
+	reach(t, p1, "[fd00:96::11]:80")
+	if out := e.sh(nodeNS, "ip6tables", "-t", "nat", "-L", "PREROUTING", "-v", "-n", "-x"); strings.Count(out, "DNAT") != 2 || strings.Contains(out, "    0     0 DNAT") {
+		t.Errorf("the DNAT rules did not see the pod's traffic:\n%s", out)
+	}
+	t.Logf("vpcni-test: bridge IPv6-only: pod %s -> Services [fd00:96::10]:80 (pod %s), [fd00:96::11]:80 (host %s)", ip1, ip2, tb.NbrIP6)
+	e.sh(nodeNS, "ip", "link", "set", "vpcbr0", "type", "bridge", "nf_call_ip6tables", "0")
+	e.sh(nodeNS, "conntrack", "-F")
+	if err := bedtest.Probe(p1, "[fd00:96::11]:80"); err == nil {
+		t.Errorf("an IPv6 Service answered with nf_call_ip6tables off on the bridge: the test proves nothing")
+	}
+	if err := c.Check(bedtest.Ctx(t), testbed.Runtime("v6-1", p1, "eth0", nil)); err == nil || !strings.Contains(err.Error(), "nf_call_ip6tables off") {
+		t.Errorf("CHECK with nf_call_ip6tables off: %v; want it named", err)
+	}
+	e.sh(nodeNS, "ip", "link", "set", "vpcbr0", "type", "bridge", "nf_call_ip6tables", "1")
+	reach(t, p1, "[fd00:96::11]:80")
+	for _, id := range []struct{ id, ns string }{{"v6-1", p1}, {"v6-2", p2}} {
+		if err := c.Del(bedtest.Ctx(t), testbed.Runtime(id.id, id.ns, "eth0", nil)); err != nil {
+			t.Fatalf("DEL %s: %v", id.id, err)
+		}
+	}
+	e.waitNoPodLinks()
+}

@@ -63,7 +63,7 @@ func (e *env) cni(version string) *testbed.CNI {
 }
 
 // nodeState is what vpcni owns in the node namespace, per pod: service
-// veths (by name or alias) and vpcni's routes. The NAT table is the
+// veths (by name or alias) and vpcni's routes of both families. The NAT table is the
 // node's, not a pod's: it stays.
 type nodeState struct {
 	Links  []string
@@ -86,7 +86,7 @@ func (e *env) node() nodeState {
 				s.Links = append(s.Links, l.Attrs().Name)
 			}
 		}
-		routes, err := h.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Protocol: svcpath.RouteProtocol}, netlink.RT_FILTER_PROTOCOL)
+		routes, err := h.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Protocol: svcpath.RouteProtocol}, netlink.RT_FILTER_PROTOCOL)
 		if err != nil {
 			return s, err
 		}

@@ -358,6 +358,6 @@ func TestIpvlan(t *testing.T) {
 		t.Fatalf("failed ADD left on the node: %+v", got)
 	}
 	t.Skipf("SKIPPED LOUDLY: this kernel has no ipvlan (CONFIG_IPVLAN): creating one in a scratch namespace failed (%s). "+
-		"The ipvlan mode's pod traffic is NOT proven here; its code path is macvlan's (proven above) and its link, settings and registration are unit-tested in internal/datapath/macvlan and internal/datapath/ipvlan. "+
+		"The ipvlan mode's pod traffic, IPv4 and IPv6, is NOT proven here; its code path is macvlan's (proven by TestMacvlanLifecycle and TestMacvlanDualStack) and its link, settings and registration are unit-tested in internal/datapath/macvlan and internal/datapath/ipvlan. "+
 		"What ran: an ADD in ipvlan mode fails with a clear error and leaves nothing.", missing)
 }

@@ -31,10 +31,9 @@
 // IPv6 addresses and IPv6 routes move like IPv4 ones (link-local ones stay:
 // the bridge, with the uplink's MAC, has the same link-local and EUI-64
 // SLAAC addresses), and the bridge takes router advertisements (accept_ra
-// 2) when the uplink took them. IPv6 Services through br_netfilter
-// (nf_call_ip6tables) are not wired. A pod reaching itself through a Service would need hairpin
-// mode on its port; it is off, since hairpin echoes the pod's own IPv6 DAD
-// probes back and fails its link-local address.
+// 2) when the uplink took them. A pod reaching itself through a Service
+// would need hairpin mode on its port; it is off, since hairpin echoes the
+// pod's own IPv6 DAD probes back and fails its link-local address.
 //
 // Services. Bridged frames never reach the node's IP layer, so kube-proxy's
 // DNAT would not see pod -> ClusterIP traffic (seed 001). The kernel's
@@ -43,9 +42,12 @@
 // option (IFLA_BR_NF_CALL_IPTABLES) is on. vpcni turns on its own bridge's
 // option only: the global sysctl changes every bridge on the node (docker0,
 // a VM's bridge), which is what made seed 001's colleagues advise against
-// it. The DNAT'ed frame is re-routed by br_netfilter, bridged to a backend
-// on the segment or on the node, and conntrack un-DNATs the reply on the
-// bridge's post-routing hook. That re-routing needs IPv4 forwarding on
+// it. With IPv6 pods the bridge's own nf_call_ip6tables option goes on
+// too (not net.bridge.bridge-nf-call-ip6tables, for the same reason), so
+// kube-proxy's ip6tables rules see bridged IPv6 the same way. The DNAT'ed
+// frame is re-routed by br_netfilter, bridged to a backend on the segment
+// or on the node, and conntrack un-DNATs the reply on the bridge's
+// post-routing hook. That re-routing needs IPv4 forwarding on
 // (measured on this 6.18 kernel: with net.ipv4.ip_forward=0 the DNAT'ed SYN
 // is dropped, the rule counts it and conntrack never confirms it), so the
 // mode turns it on as Kubernetes nodes have it. Without br_netfilter in the kernel the option
@@ -138,6 +140,7 @@ type Bridge struct {
 	name   string // the bridge
 	uplink string // its port towards the network
 	mtu    int    // the pods' MTU
+	v6     bool   // pods have IPv6 addresses: bridged IPv6 goes to ip6tables
 }
 
 // New takes the uplink into the bridge (see takeUplink) and returns the
@@ -151,7 +154,8 @@ func New(node datapath.Node, s Settings) (*Bridge, error) {
 	if err != nil {
 		return nil, err
 	}
-	br, err := takeUplink(uplink, s.Bridge)
+	v6 := family.Has(node.Families, family.V6)
+	br, err := takeUplink(uplink, s.Bridge, v6)
 	if err != nil {
 		return nil, err
 	}
@@ -162,7 +166,7 @@ func New(node datapath.Node, s Settings) (*Bridge, error) {
 	if node.Log != nil {
 		node.Log.Info("bridge holds the uplink", "bridge", s.Bridge, "uplink", uplink, "mtu", mtu)
 	}
-	return &Bridge{name: s.Bridge, uplink: uplink, mtu: mtu}, nil
+	return &Bridge{name: s.Bridge, uplink: uplink, mtu: mtu, v6: v6}, nil
 }
 
 // Info implements datapath.Datapath: the node's address is on the bridge
@@ -378,6 +382,9 @@ func (b *Bridge) checkNode(a *alloc.Allocation) error {
 	var problems []error
 	if on, err := nfCallIptables(br.Attrs().Index); err != nil || !on {
 		problems = append(problems, fmt.Errorf("bridge %s does not pass bridged IPv4 to iptables (nf_call_iptables off): pods cannot reach Services", b.name))
+	}
+	if on, err := nfCallIp6tables(br.Attrs().Index); b.v6 && (err != nil || !on) {
+		problems = append(problems, fmt.Errorf("bridge %s does not pass bridged IPv6 to ip6tables (nf_call_ip6tables off): pods cannot reach IPv6 Services", b.name))
 	}
 	name := HostIfName(a.ContainerID, a.IfName)
 	link, err := netlink.LinkByName(name)

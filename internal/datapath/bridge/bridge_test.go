@@ -163,7 +163,7 @@ func TestTakeAndGiveBackUplink(t *testing.T) {
 			t.Errorf("findUplink = %q, %v; want eth0 (the default route's)", uplink, err)
 			return
 		}
-		br, err := takeUplink(uplink, DefaultBridge)
+		br, err := takeUplink(uplink, DefaultBridge, false)
 		if err != nil {
 			t.Errorf("take uplink: %v", err)
 			return
@@ -187,7 +187,7 @@ func TestTakeAndGiveBackUplink(t *testing.T) {
 		if uplink, err = findUplink("", DefaultBridge); err != nil || uplink != "eth0" {
 			t.Errorf("findUplink after the move = %q, %v; want eth0 (the bridge's port)", uplink, err)
 		}
-		if br2, err := takeUplink("eth0", DefaultBridge); err != nil || br2.Attrs().Index != br.Attrs().Index {
+		if br2, err := takeUplink("eth0", DefaultBridge, false); err != nil || br2.Attrs().Index != br.Attrs().Index {
 			t.Errorf("second take: %v (bridge index %d, was %d)", err, br2.Attrs().Index, br.Attrs().Index)
 		}
 		if again := state(DefaultBridge); again != moved {
@@ -221,7 +221,7 @@ func TestRefusals(t *testing.T) {
 		if _, err := findUplink("eth1", DefaultBridge); err == nil || !strings.Contains(err.Error(), "already a port of other") {
 			t.Errorf("uplink on another bridge: %v", err)
 		}
-		if _, err := takeUplink("eth0", "other"); err == nil || !strings.Contains(err.Error(), "not a bridge vpcni made") {
+		if _, err := takeUplink("eth0", "other", false); err == nil || !strings.Contains(err.Error(), "not a bridge vpcni made") {
 			t.Errorf("a bridge vpcni did not make: %v", err)
 		}
 		if err := Uninstall("", Settings{Bridge: "other"}); err == nil || !strings.Contains(err.Error(), "left alone") {

@@ -90,7 +90,7 @@ func TestRenewedLeaseMovesWithItsLifetime(t *testing.T) {
 		if t.Failed() {
 			return
 		}
-		if _, err := takeUplink("eth0", DefaultBridge); err != nil {
+		if _, err := takeUplink("eth0", DefaultBridge, false); err != nil {
 			t.Errorf("take uplink: %v", err)
 			return
 		}
@@ -141,7 +141,7 @@ func TestExpiredLeaseKeepsNodeAddress(t *testing.T) {
 		if t.Failed() {
 			return
 		}
-		if _, err := takeUplink("eth0", DefaultBridge); err != nil {
+		if _, err := takeUplink("eth0", DefaultBridge, false); err != nil {
 			t.Errorf("take uplink: %v", err)
 			return
 		}

@@ -97,7 +97,8 @@ func bridgePort(br netlink.Link) (string, error) {
 // order keeps the node reachable:
 //
 //  1. the bridge is made, with the uplink's MAC and MTU, passing bridged
-//     IPv4 to iptables, up;
+//     IPv4 to iptables (and IPv6 to ip6tables with v6: pods of that
+//     family), up;
 //  2. the uplink becomes its port: frames now arrive on the bridge, but
 //     the kernel still answers ARP and delivers to the node's address,
 //     which is local on any interface, and replies leave through the
@@ -107,12 +108,12 @@ func bridgePort(br netlink.Link) (string, error) {
 //     is replaced by the same route through the bridge (one atomic
 //     replace each), the permanent neighbours are copied;
 //  4. only then do the uplink's addresses and neighbours go.
-func takeUplink(uplink, name string) (netlink.Link, error) {
+func takeUplink(uplink, name string, v6 bool) (netlink.Link, error) {
 	up, err := netlink.LinkByName(uplink)
 	if err != nil {
 		return nil, fmt.Errorf("uplink %q: %w", uplink, err)
 	}
-	br, err := ensureBridge(name, up, uplink)
+	br, err := ensureBridge(name, up, uplink, v6)
 	if err != nil {
 		return nil, err
 	}
@@ -165,8 +166,9 @@ func bridgeIPv6Sysctls(uplink, bridge string) error {
 }
 
 // ensureBridge finds or makes vpcni's bridge, with the uplink's MAC so the
-// cloud port's MAC stays the node's source MAC, and nf_call_iptables on.
-func ensureBridge(name string, up netlink.Link, uplink string) (netlink.Link, error) {
+// cloud port's MAC stays the node's source MAC, and nf_call_iptables on
+// (nf_call_ip6tables too when v6: the node's pods have IPv6 addresses).
+func ensureBridge(name string, up netlink.Link, uplink string, v6 bool) (netlink.Link, error) {
 	br, err := netlink.LinkByName(name)
 	switch {
 	case nlutil.IsNotFound(err):
@@ -192,11 +194,17 @@ func ensureBridge(name string, up netlink.Link, uplink string) (netlink.Link, er
 			return nil, fmt.Errorf("give %s the uplink's MAC: %w", name, err)
 		}
 	}
-	if on, err := nfCallIptables(br.Attrs().Index); err != nil {
-		return nil, err
-	} else if !on {
-		if err := setNFCallIptables(br.Attrs().Index); err != nil {
+	opts := []int{unix.IFLA_BR_NF_CALL_IPTABLES}
+	if v6 {
+		opts = append(opts, unix.IFLA_BR_NF_CALL_IP6TABLES)
+	}
+	for _, opt := range opts {
+		if on, err := nfCall(br.Attrs().Index, opt); err != nil {
 			return nil, err
+		} else if !on {
+			if err := setBridgeOpt(br.Attrs().Index, opt, 1); err != nil {
+				return nil, err
+			}
 		}
 	}
 	if err := bridgeIPv6Sysctls(uplink, name); err != nil {
@@ -348,7 +356,14 @@ func relabel(label, from, to string) string {
 }
 
 // nfCallIptables reads the bridge's own nf_call_iptables option.
-func nfCallIptables(index int) (bool, error) {
+func nfCallIptables(index int) (bool, error) { return nfCall(index, unix.IFLA_BR_NF_CALL_IPTABLES) }
+
+// nfCallIp6tables reads the bridge's own nf_call_ip6tables option.
+func nfCallIp6tables(index int) (bool, error) { return nfCall(index, unix.IFLA_BR_NF_CALL_IP6TABLES) }
+
+// nfCall reads one of the bridge's own nf_call_* options (opt: an
+// IFLA_BR_NF_CALL_* attribute).
+func nfCall(index, opt int) (bool, error) {
 	req := nl.NewNetlinkRequest(unix.RTM_GETLINK, unix.NLM_F_ACK)
 	msg := nl.NewIfInfomsg(unix.AF_UNSPEC)
 	msg.Index = int32(index)
@@ -379,20 +394,14 @@ func nfCallIptables(index int) (bool, error) {
 					return false, err
 				}
 				for _, d := range data {
-					if d.Attr.Type == unix.IFLA_BR_NF_CALL_IPTABLES && len(d.Value) > 0 {
+					if int(d.Attr.Type) == opt && len(d.Value) > 0 {
 						return d.Value[0] == 1, nil
 					}
 				}
 			}
 		}
 	}
-	return false, fmt.Errorf("bridge %d reports no nf_call_iptables option", index)
-}
-
-// setNFCallIptables turns on the bridge's own nf_call_iptables option
-// (IFLA_BR_NF_CALL_IPTABLES), not the node-wide sysctl.
-func setNFCallIptables(index int) error {
-	return setBridgeOpt(index, unix.IFLA_BR_NF_CALL_IPTABLES, 1)
+	return false, fmt.Errorf("bridge %d reports no nf_call option %d", index, opt)
 }
 
 func setBridgeOpt(index, opt int, v byte) error {

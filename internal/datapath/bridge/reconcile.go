@@ -101,6 +101,9 @@ func (b *Bridge) repairNode(byName map[string]netlink.Link, rep *datapath.Report
 		if on, err := nfCallIptables(br.Attrs().Index); err != nil || !on {
 			off = append(off, b.name+" nf_call_iptables off")
 		}
+		if on, err := nfCallIp6tables(br.Attrs().Index); b.v6 && (err != nil || !on) {
+			off = append(off, b.name+" nf_call_ip6tables off")
+		}
 		if up != nil && up.Attrs().MasterIndex != br.Attrs().Index {
 			off = append(off, b.uplink+" not a port of "+b.name)
 		}
@@ -111,7 +114,7 @@ func (b *Bridge) repairNode(byName map[string]netlink.Link, rep *datapath.Report
 	if len(off) == 0 {
 		return br
 	}
-	nbr, err := takeUplink(b.uplink, b.name)
+	nbr, err := takeUplink(b.uplink, b.name, b.v6)
 	if err != nil {
 		rep.Failed = append(rep.Failed, fmt.Sprintf("node (%s): %v", strings.Join(off, ", "), err))
 		return nil

@@ -226,7 +226,16 @@ func start(v *veth.Veth, s *Settings) (*fastPath, error) {
 		fp.close()
 		return nil, fmt.Errorf("pods map: %w", err)
 	}
-	if err := setPrefixes(fp.services, s.CIDRs()); err != nil {
+	// The fast path handles IPv4 alone: an IPv6 Service CIDR (a
+	// dual-stack cluster's) needs no entry, its traffic takes the routed
+	// path through the node's stack anyway.
+	var v4 []netip.Prefix
+	for _, p := range s.CIDRs() {
+		if p.Addr().Is4() {
+			v4 = append(v4, p)
+		}
+	}
+	if err := setPrefixes(fp.services, v4); err != nil {
 		fp.close()
 		return nil, fmt.Errorf("services map: %w", err)
 	}

@@ -21,7 +21,7 @@ func TestRegistered(t *testing.T) {
 	if err := s.Validate(); err != nil || s.(*macvlan.Settings).ServiceCIDRs[0] != macvlan.DefaultServiceCIDR {
 		t.Fatalf("defaults: %+v, %v", s, err)
 	}
-	if r, _ := datapath.Lookup("ipvlan"); r.Prepare == nil || r.New == nil {
-		t.Fatal("incomplete registration")
+	if r, _ := datapath.Lookup("ipvlan"); r.Prepare == nil || r.New == nil || len(r.Families) != 2 {
+		t.Fatal("incomplete registration (it serves both families, as macvlan)")
 	}
 }

@@ -4,12 +4,27 @@
 // on the subnet itself:
 //
 //	pod:  eth0 (macvlan, mode bridge, MAC 0a:58:<ip>; or ipvlan L2 with
-//	      the parent's MAC), <ip>/<subnet prefix>, default via the
-//	      subnet's real gateway (the lease's)
+//	      the parent's MAC), each lease's <ip>/<subnet prefix> (IPv6 with
+//	      nodad), a default route per family via the subnet's real
+//	      gateway (the lease's; IPv6's may be the router's link-local
+//	      address); accept_ra and accept_dad 0 with IPv6
 //	      + the service path (package svcpath): vpcni-svc (veth) for the
-//	      Service CIDRs and the node's own address via 169.254.1.1
-//	node: nothing on the parent; vsv<hash> with <ip>/32 for the service
-//	      path, and one masquerade rule for DNATed traffic from it
+//	      Service CIDRs and the node's own addresses via 169.254.1.1 and
+//	      fe80::1
+//	node: nothing on the parent; vsv<hash> with <ip>/32 (and <ipv6>/128
+//	      with its neighbour) for the service path, and one masquerade
+//	      rule per family for DNATed traffic from it
+//
+// The pod takes no router advertisements: its addresses and routes are
+// the lease's, and a router's advertisement heard on the segment would
+// add a SLAAC address and a second default route the provider never
+// assigned (which port security drops). Its IPv6 addresses skip duplicate
+// address detection (the provider assigned them to it alone), which
+// would leave them unusable for ~2 s. On ADD the pod announces its
+// addresses (gratuitous ARP, unsolicited neighbour advertisement with
+// Override) from its own interface, so neighbours that cached another MAC
+// for an address — the pod's predecessor's, on this node or another —
+// take the pod's at once.
 //
 // The sub-interface is created directly inside the pod's namespace (no
 // move). Pod <-> pod traffic, same node or not, and pod <-> any host of the
@@ -46,11 +61,13 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 
 	"github.com/vpcni/vpcni/internal/alloc"
 	"github.com/vpcni/vpcni/internal/datapath"
 	"github.com/vpcni/vpcni/internal/datapath/nlutil"
 	"github.com/vpcni/vpcni/internal/datapath/svcpath"
+	"github.com/vpcni/vpcni/internal/family"
 )
 
 // Kind is the sub-interface type: the mode's name.
@@ -69,14 +86,19 @@ func init() { datapath.Register(Registration(MACVLAN)) }
 func Registration(k Kind) datapath.Registration {
 	return datapath.Registration{
 		Name:        string(k),
+		Families:    []family.Family{family.V4, family.V6},
 		NewSettings: func() datapath.Settings { return &Settings{} },
 		New: func(node datapath.Node, s datapath.Settings) (datapath.Datapath, error) {
 			return New(k, node, s.(*Settings))
 		},
-		Prepare:   func(datapath.Node, datapath.Settings) error { return svcpath.Prepare() },
+		Prepare: func(node datapath.Node, _ datapath.Settings) error {
+			uplink, _ := nlutil.UplinkName(node.Uplink)
+			return svcpath.Prepare(node.Families, uplink)
+		},
 		Uninstall: func(datapath.Node, datapath.Settings) error { return svcpath.RemoveNAT() },
-		Needs: func(datapath.Node, datapath.Settings) datapath.Needs {
-			return datapath.Needs{Links: append([]string{string(k)}, svcpath.Needs.Links...), Sysctls: svcpath.Needs.Sysctls}
+		Needs: func(node datapath.Node, _ datapath.Settings) datapath.Needs {
+			n := svcpath.NeedsFor(node.Families, node.Uplink)
+			return datapath.Needs{Links: append([]string{string(k)}, n.Links...), Sysctls: n.Sysctls}
 		},
 	}
 }
@@ -116,7 +138,7 @@ func New(kind Kind, node datapath.Node, s *Settings) (*Mode, error) {
 		return nil, fmt.Errorf("mtu %d is larger than parent %s's %d: a %s sub-interface cannot exceed its parent", mtu, parent, pl.Attrs().MTU, kind)
 	}
 	m := &Mode{kind: kind, uplink: uplink, parent: parent, parentIdx: pl.Attrs().Index, mtu: mtu, nodeIP: nlutil.LinkIPv4(uplink)}
-	if m.svc, err = svcpath.Open(s.cidrs(), m.nodeIP, mtu); err != nil {
+	if m.svc, err = svcpath.Open(node, uplink, s.cidrs(), []netip.Addr{m.nodeIP, nlutil.LinkIPv6(uplink)}, mtu); err != nil {
 		return nil, err
 	}
 	return m, nil
@@ -130,9 +152,21 @@ func (m *Mode) Info() datapath.Info {
 // Close implements datapath.Datapath: the mode holds nothing open.
 func (m *Mode) Close() error { return nil }
 
+// checkLeases says what a's leases lack for an L2 mode (checkLease).
+func checkLeases(kind Kind, a *alloc.Allocation) error {
+	for _, l := range a.Leases() {
+		if err := checkLease(kind, l); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // checkLease says what the lease lacks for an L2 mode: the pod sits on the
 // subnet, so it needs the subnet's prefix and its gateway, and its address
-// must live on the parent's port, not on a NIC of its own.
+// must live on the parent's port, not on a NIC of its own. An IPv6
+// gateway may be the router's link-local address (AWS's, a router
+// advertisement's): that is on the segment whatever the subnet.
 func checkLease(kind Kind, l alloc.Lease) error {
 	var errs []error
 	if !l.Prefix.IsValid() {
@@ -142,6 +176,8 @@ func checkLease(kind Kind, l alloc.Lease) error {
 	}
 	if !l.Gateway.IsValid() {
 		errs = append(errs, fmt.Errorf("the lease of %s has no gateway", l.Address))
+	} else if l.Gateway.Is6() && l.Gateway.IsLinkLocalUnicast() && l.Address.Is6() {
+		// on the link by definition
 	} else if l.Prefix.IsValid() && !l.Prefix.Contains(l.Gateway) {
 		errs = append(errs, fmt.Errorf("the lease's gateway %s is outside its subnet %s", l.Gateway, l.Prefix))
 	}
@@ -184,18 +220,23 @@ func (m *Mode) wiring(a *alloc.Allocation) alloc.Wiring {
 	if mac := m.podMAC(a.Address); mac != nil {
 		pod.MAC = mac.String()
 	}
-	routes := append([]alloc.Route{{Dst: netip.PrefixFrom(netip.IPv4Unspecified(), 0), GW: a.Gateway}}, m.svc.Routes()...)
+	var ips []alloc.IPConfig
+	var routes []alloc.Route
+	for _, l := range a.Leases() {
+		ips = append(ips, alloc.IPConfig{Interface: 1, Address: netip.PrefixFrom(l.Address, l.Prefix.Bits()), Gateway: l.Gateway})
+		routes = append(routes, alloc.Route{Dst: family.Of(l.Address).Default(), GW: l.Gateway})
+	}
 	return alloc.Wiring{
 		Interfaces: []alloc.Interface{host, pod, svc},
-		IPs:        []alloc.IPConfig{{Interface: 1, Address: netip.PrefixFrom(a.Address, a.Prefix.Bits()), Gateway: a.Gateway}},
-		Routes:     routes,
+		IPs:        ips,
+		Routes:     append(routes, m.svc.Routes(a)...),
 	}
 }
 
 // Setup implements datapath.Datapath. On failure it removes whatever it
 // created.
 func (m *Mode) Setup(_ context.Context, a *alloc.Allocation) (_ alloc.Wiring, err error) {
-	if err := checkLease(m.kind, a.Lease); err != nil {
+	if err := checkLeases(m.kind, a); err != nil {
 		return alloc.Wiring{}, &datapath.SetupError{Step: "lease", Err: err}
 	}
 	if a.IfName == svcpath.PodIfName {
@@ -236,25 +277,41 @@ func (m *Mode) Setup(_ context.Context, a *alloc.Allocation) (_ alloc.Wiring, er
 	if err != nil {
 		return alloc.Wiring{}, &datapath.SetupError{Step: "find pod interface " + a.IfName, Err: err}
 	}
-	addr := &netlink.Addr{IPNet: &net.IPNet{IP: a.Address.AsSlice(), Mask: net.CIDRMask(a.Prefix.Bits(), 32)}}
-	if err = pod.AddrAdd(podLink, addr); err != nil {
-		return alloc.Wiring{}, &datapath.SetupError{Step: "pod address", Err: err}
+	if _, ok := a.LeaseOf(family.V6); ok {
+		if err = nlutil.PodIPv6Sysctls(a.Netns, a.IfName); err != nil {
+			return alloc.Wiring{}, &datapath.SetupError{Step: "pod IPv6 sysctls", Err: err}
+		}
+	}
+	for _, l := range a.Leases() {
+		addr := &netlink.Addr{IPNet: &net.IPNet{IP: l.Address.AsSlice(), Mask: net.CIDRMask(l.Prefix.Bits(), l.Address.BitLen())}}
+		if l.Address.Is6() {
+			addr.Flags = unix.IFA_F_NODAD
+		}
+		if err = pod.AddrAdd(podLink, addr); err != nil {
+			return alloc.Wiring{}, &datapath.SetupError{Step: "pod address " + l.Address.String(), Err: err}
+		}
 	}
 	if err = pod.LinkSetUp(podLink); err != nil {
 		return alloc.Wiring{}, &datapath.SetupError{Step: "pod link up", Err: err}
 	}
-	def := &netlink.Route{LinkIndex: podLink.Attrs().Index, Gw: a.Gateway.AsSlice(),
-		Dst: &net.IPNet{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)}}
-	if err = pod.RouteAdd(def); err != nil {
-		if errors.Is(err, syscall.EEXIST) {
-			return alloc.Wiring{}, &datapath.SetupError{Step: "pod default route", BadRequest: true,
-				Err: errors.New("the pod namespace has a default route already: vpcni wires one interface per pod")}
+	for _, l := range a.Leases() {
+		dst := family.Of(l.Address).Default()
+		def := &netlink.Route{LinkIndex: podLink.Attrs().Index, Gw: l.Gateway.AsSlice(),
+			Dst: &net.IPNet{IP: dst.Addr().AsSlice(), Mask: net.CIDRMask(0, l.Address.BitLen())}}
+		if err = pod.RouteAdd(def); err != nil {
+			if errors.Is(err, syscall.EEXIST) {
+				return alloc.Wiring{}, &datapath.SetupError{Step: "pod default route", BadRequest: true,
+					Err: errors.New("the pod namespace has a default route already: vpcni wires one interface per pod")}
+			}
+			return alloc.Wiring{}, &datapath.SetupError{Step: "pod default route via " + l.Gateway.String(), Err: err}
 		}
-		return alloc.Wiring{}, &datapath.SetupError{Step: "pod default route via " + a.Gateway.String(), Err: err}
 	}
 	if err = m.svc.Attach(podNs, pod, a); err != nil {
 		return alloc.Wiring{}, err
 	}
+	// Best effort, as mode veth's: a neighbour that misses it asks again
+	// once its entry goes stale.
+	_ = nlutil.AnnounceIn(a.Netns, a.IfName, a.Addresses())
 	return m.wiring(a), nil
 }
 
@@ -277,12 +334,16 @@ func (m *Mode) ownPodLink(pod *netlink.Handle, a *alloc.Allocation) bool {
 	if m.kind == MACVLAN {
 		return l.Attrs().HardwareAddr.String() == m.podMAC(a.Address).String()
 	}
-	addrs, err := nlutil.RetryDump(func() ([]netlink.Addr, error) { return pod.AddrList(l, netlink.FAMILY_V4) })
+	addrs, err := nlutil.RetryDump(func() ([]netlink.Addr, error) { return pod.AddrList(l, netlink.FAMILY_ALL) })
 	if err != nil {
 		return false
 	}
+	mine := map[netip.Addr]bool{}
+	for _, ip := range a.Addresses() {
+		mine[ip] = true
+	}
 	for _, ad := range addrs {
-		if ip, _ := netip.AddrFromSlice(ad.IP.To4()); ip != a.Address {
+		if ip, _ := netip.AddrFromSlice(ad.IP); !mine[ip.Unmap()] && !ip.IsLinkLocalUnicast() {
 			return false
 		}
 	}
@@ -324,7 +385,7 @@ func (m *Mode) Teardown(_ context.Context, a *alloc.Allocation) error {
 
 // Check implements datapath.Datapath.
 func (m *Mode) Check(_ context.Context, a *alloc.Allocation) (alloc.Wiring, error) {
-	if err := checkLease(m.kind, a.Lease); err != nil {
+	if err := checkLeases(m.kind, a); err != nil {
 		return alloc.Wiring{}, err
 	}
 	return m.wiring(a), m.check(a)
@@ -369,35 +430,37 @@ func (m *Mode) checkPodLink(pod *netlink.Handle, link netlink.Link, a *alloc.All
 	if link.Attrs().ParentIndex != m.parentIdx {
 		problems = append(problems, fmt.Errorf("pod interface %s hangs off link %d, not %s", a.IfName, link.Attrs().ParentIndex, m.parent))
 	}
-	addrs, err := nlutil.RetryDump(func() ([]netlink.Addr, error) { return pod.AddrList(link, netlink.FAMILY_V4) })
+	addrs, err := nlutil.RetryDump(func() ([]netlink.Addr, error) { return pod.AddrList(link, netlink.FAMILY_ALL) })
 	if err != nil {
 		return append(problems, fmt.Errorf("pod addresses: %w", err))
 	}
-	want, found := netip.PrefixFrom(a.Address, a.Prefix.Bits()), false
+	have := map[netip.Prefix]bool{}
 	for _, ad := range addrs {
-		ip, _ := netip.AddrFromSlice(ad.IP.To4())
+		ip, _ := netip.AddrFromSlice(ad.IP)
 		ones, _ := ad.Mask.Size()
-		found = found || netip.PrefixFrom(ip, ones) == want
-	}
-	if !found {
-		problems = append(problems, fmt.Errorf("pod interface %s lacks %s", a.IfName, want))
+		have[netip.PrefixFrom(ip.Unmap(), ones)] = true
 	}
 	routes, err := nlutil.RetryDump(func() ([]netlink.Route, error) {
-		return pod.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{LinkIndex: link.Attrs().Index}, netlink.RT_FILTER_OIF)
+		return pod.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{LinkIndex: link.Attrs().Index}, netlink.RT_FILTER_OIF)
 	})
 	if err != nil {
 		return append(problems, fmt.Errorf("pod routes: %w", err))
 	}
-	found = false
-	for _, r := range routes {
-		ones := 0
-		if r.Dst != nil {
-			ones, _ = r.Dst.Mask.Size()
+	for _, l := range a.Leases() {
+		if want := netip.PrefixFrom(l.Address, l.Prefix.Bits()); !have[want] {
+			problems = append(problems, fmt.Errorf("pod interface %s lacks %s", a.IfName, want))
 		}
-		found = found || ones == 0 && r.Gw.Equal(a.Gateway.AsSlice())
-	}
-	if !found {
-		problems = append(problems, fmt.Errorf("pod has no default route via %s dev %s", a.Gateway, a.IfName))
+		found := false
+		for _, r := range routes {
+			ones := 0
+			if r.Dst != nil {
+				ones, _ = r.Dst.Mask.Size()
+			}
+			found = found || ones == 0 && r.Gw.Equal(l.Gateway.AsSlice())
+		}
+		if !found {
+			problems = append(problems, fmt.Errorf("pod has no default route via %s dev %s", l.Gateway, a.IfName))
+		}
 	}
 	return problems
 }

@@ -23,18 +23,18 @@ func TestSettings(t *testing.T) {
 	if err := s.Validate(); err != nil {
 		t.Fatalf("defaults invalid: %v", err)
 	}
-	bad := Settings{Settings: svcpath.Settings{ServiceCIDRs: []string{"10.96.0.0/12", "nope", "10.96.0.1/12", "fd00::/108", "0.0.0.0/0"}}, Parent: "eth0/1"}
+	bad := Settings{Settings: svcpath.Settings{ServiceCIDRs: []string{"10.96.0.0/12", "nope", "10.96.0.1/12", "::ffff:10.96.0.0/108", "0.0.0.0/0", "fd00:96::/112", "::/0"}}, Parent: "eth0/1"}
 	err := bad.Validate()
 	if err == nil {
 		t.Fatal("bad settings accepted")
 	}
 	for _, want := range []string{"serviceCIDRs[1]", "serviceCIDRs[2]: \"10.96.0.1/12\" has host bits set (did you mean 10.96.0.0/12?)",
-		"serviceCIDRs[3]", "serviceCIDRs[4]", "parent: \"eth0/1\""} {
+		"serviceCIDRs[3]: \"::ffff:10.96.0.0/108\" is neither", "serviceCIDRs[4]", "serviceCIDRs[6]", "parent: \"eth0/1\""} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error does not name %q:\n%v", want, err)
 		}
 	}
-	if strings.Contains(err.Error(), "serviceCIDRs[0]") {
+	if strings.Contains(err.Error(), "serviceCIDRs[0]") || strings.Contains(err.Error(), "serviceCIDRs[5]") {
 		t.Errorf("a good CIDR was named: %v", err)
 	}
 }
@@ -72,7 +72,7 @@ func TestCheckLease(t *testing.T) {
 // root needed: Setup stops at the lease), naming what the provider lacks.
 func TestSetupRefusesLeaseWithoutGateway(t *testing.T) {
 	for _, k := range []Kind{MACVLAN, IPVLAN} {
-		m := &Mode{kind: k, svc: svcpath.New(nil, netip.Addr{}, 1500)}
+		m := &Mode{kind: k, svc: svcpath.New(nil, nil, 1500, false)}
 		a := &alloc.Allocation{ContainerID: "c", IfName: "eth0", Netns: "/nonexistent",
 			Lease: alloc.Lease{Address: netip.MustParseAddr("10.0.0.70"), Prefix: netip.MustParsePrefix("10.0.0.0/24")}}
 		_, err := m.Setup(context.Background(), a)
@@ -84,7 +84,7 @@ func TestSetupRefusesLeaseWithoutGateway(t *testing.T) {
 }
 
 func TestSetupRefusesServiceVethName(t *testing.T) {
-	m := &Mode{kind: MACVLAN, svc: svcpath.New(nil, netip.Addr{}, 1500)}
+	m := &Mode{kind: MACVLAN, svc: svcpath.New(nil, nil, 1500, false)}
 	a := &alloc.Allocation{ContainerID: "c", IfName: svcpath.PodIfName, Netns: "/nonexistent",
 		Lease: alloc.Lease{Address: netip.MustParseAddr("10.0.0.70"), Prefix: netip.MustParsePrefix("10.0.0.0/24"), Gateway: netip.MustParseAddr("10.0.0.1")}}
 	_, err := m.Setup(context.Background(), a)
@@ -116,8 +116,10 @@ func TestNewLink(t *testing.T) {
 }
 
 func TestWiringAndInfo(t *testing.T) {
-	node := netip.MustParseAddr("10.0.0.10")
-	svc := svcpath.New([]netip.Prefix{netip.MustParsePrefix("10.96.0.0/12")}, node, 1500)
+	// The IPv6 Service CIDR and node address are routed only for a pod
+	// with an IPv6 address (below).
+	svc := svcpath.New([]netip.Prefix{netip.MustParsePrefix("10.96.0.0/12"), netip.MustParsePrefix("fd00:96::/112")},
+		[]netip.Addr{netip.MustParseAddr("10.0.0.10"), netip.MustParseAddr("fd00:10::10")}, 1500, true)
 	a := &alloc.Allocation{ContainerID: "c", IfName: "eth0", Netns: "/run/netns/p",
 		Lease: alloc.Lease{Address: netip.MustParseAddr("10.0.0.70"), Prefix: netip.MustParsePrefix("10.0.0.0/24"), Gateway: netip.MustParseAddr("10.0.0.1")}}
 	for _, k := range []Kind{MACVLAN, IPVLAN} {
@@ -145,6 +147,42 @@ func TestWiringAndInfo(t *testing.T) {
 		if info := (&Mode{kind: k, uplink: "lo-nonexistent"}).Info(); info.OwnMACs != (k == MACVLAN) || info.Mode != string(k) {
 			t.Errorf("%s info: %+v", k, info)
 		}
+	}
+}
+
+// A dual-stack pod: an IPConfig and a default route per lease, in lease
+// order, then each family's service routes; an IPv6 lease's gateway may
+// be the router's link-local address.
+func TestWiringDualStack(t *testing.T) {
+	svc := svcpath.New([]netip.Prefix{netip.MustParsePrefix("10.96.0.0/12"), netip.MustParsePrefix("fd00:96::/112")},
+		[]netip.Addr{netip.MustParseAddr("10.0.0.10"), netip.MustParseAddr("fd00:10::10")}, 1500, true)
+	v6 := alloc.Lease{Address: netip.MustParseAddr("fd00:10::70"), Prefix: netip.MustParsePrefix("fd00:10::/64"), Gateway: netip.MustParseAddr("fe80::1:1")}
+	a := &alloc.Allocation{ContainerID: "c", IfName: "eth0", Netns: "/run/netns/p",
+		Lease:  alloc.Lease{Address: netip.MustParseAddr("10.0.0.70"), Prefix: netip.MustParsePrefix("10.0.0.0/24"), Gateway: netip.MustParseAddr("10.0.0.1")},
+		Others: []alloc.Lease{v6}}
+	if err := checkLeases(MACVLAN, a); err != nil {
+		t.Fatalf("link-local IPv6 gateway refused: %v", err)
+	}
+	bad := *a
+	bad.Others = []alloc.Lease{{Address: v6.Address, Prefix: v6.Prefix, Gateway: netip.MustParseAddr("fd00:11::1")}}
+	if err := checkLeases(MACVLAN, &bad); err == nil || !strings.Contains(err.Error(), "outside its subnet") {
+		t.Errorf("gateway off the subnet: %v", err)
+	}
+	w := (&Mode{kind: MACVLAN, svc: svc}).wiring(a)
+	a.Wiring = &w
+	if len(w.IPs) != 2 || w.IPs[1].Address.String() != "fd00:10::70/64" || a.GatewayOf(v6.Address) != v6.Gateway {
+		t.Fatalf("IPs %+v", w.IPs)
+	}
+	var routes []string
+	for _, r := range w.Routes {
+		routes = append(routes, r.Dst.String()+" via "+r.GW.String())
+	}
+	want := "0.0.0.0/0 via 10.0.0.1,::/0 via fe80::1:1,10.96.0.0/12 via 169.254.1.1,10.0.0.10/32 via 169.254.1.1,fd00:96::/112 via fe80::1,fd00:10::10/128 via fe80::1"
+	if got := strings.Join(routes, ","); got != want {
+		t.Errorf("routes\n got %s\nwant %s", got, want)
+	}
+	if r, _ := datapath.Lookup("macvlan"); len(r.Families) != 2 {
+		t.Errorf("macvlan declares families %v", r.Families)
 	}
 }
 

@@ -14,6 +14,7 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 
 	"github.com/vpcni/vpcni/internal/datapath"
 )
@@ -88,6 +89,27 @@ func LinkIPv4(name string) netip.Addr {
 	for _, ad := range addrs {
 		if ip, ok := netip.AddrFromSlice(ad.IP.To4()); ok && ad.Scope == int(netlink.SCOPE_UNIVERSE) {
 			return ip
+		}
+	}
+	return netip.Addr{}
+}
+
+// LinkIPv6 is a link's first global IPv6 address (invalid: none, or no
+// such link). Link-local, tentative and deprecated addresses are not the
+// node's address on the network.
+func LinkIPv6(name string) netip.Addr {
+	link, err := netlink.LinkByName(name)
+	if err != nil {
+		return netip.Addr{}
+	}
+	addrs, err := RetryDump(func() ([]netlink.Addr, error) { return netlink.AddrList(link, netlink.FAMILY_V6) })
+	if err != nil {
+		return netip.Addr{}
+	}
+	for _, ad := range addrs {
+		ip, ok := netip.AddrFromSlice(ad.IP)
+		if ok && ad.Scope == int(netlink.SCOPE_UNIVERSE) && ad.Flags&(unix.IFA_F_TENTATIVE|unix.IFA_F_DEPRECATED|unix.IFA_F_DADFAILED) == 0 {
+			return ip.Unmap()
 		}
 	}
 	return netip.Addr{}

@@ -3,13 +3,20 @@
 // port the provider attached to the VM for it — moved into the pod's
 // namespace as its interface:
 //
-//	pod:  eth0 = the NIC (the port's MAC), <ip>/<subnet prefix>, default
-//	      via the subnet's gateway
+//	pod:  eth0 = the NIC (the port's MAC), each lease's <ip>/<subnet
+//	      prefix> (IPv6 with nodad; accept_ra and accept_dad 0), a
+//	      default route per family via the subnet's gateway
 //	      + the service path (package svcpath): vpcni-svc (veth) for the
-//	      Service CIDRs and the node's own address via 169.254.1.1
+//	      Service CIDRs and the node's own addresses via 169.254.1.1 and
+//	      fe80::1
 //	node: the NIC is gone from it while the pod runs; vsv<hash> with
-//	      <ip>/32 for the service path, one masquerade rule for DNATed
-//	      traffic from it
+//	      <ip>/32 (and <ipv6>/128) for the service path, one masquerade
+//	      rule per family for DNATed traffic from it
+//
+// A dual-stack pod's addresses are all on its one NIC: the first lease
+// names it (Lease.NIC, whose address is the pod's), the others name the
+// same NIC or none. The addresses are announced from the NIC on ADD
+// (gratuitous ARP, unsolicited neighbour advertisement), as in macvlan.
 //
 // The provider (openstack, mode passthrough) creates a Neutron port per
 // pod address and attaches it through Nova's os-interface; the lease names
@@ -42,24 +49,32 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 
 	"github.com/vpcni/vpcni/internal/alloc"
 	"github.com/vpcni/vpcni/internal/datapath"
 	"github.com/vpcni/vpcni/internal/datapath/nlutil"
 	"github.com/vpcni/vpcni/internal/datapath/svcpath"
+	"github.com/vpcni/vpcni/internal/family"
 )
 
 func init() {
 	datapath.Register(datapath.Registration{
 		Name:        "passthrough",
+		Families:    []family.Family{family.V4, family.V6},
 		NewSettings: func() datapath.Settings { return &Settings{} },
 		New: func(node datapath.Node, s datapath.Settings) (datapath.Datapath, error) {
 			return New(node, s.(*Settings))
 		},
-		Prepare:   func(datapath.Node, datapath.Settings) error { return svcpath.Prepare() },
+		Prepare: func(node datapath.Node, _ datapath.Settings) error {
+			uplink, _ := nlutil.UplinkName(node.Uplink)
+			return svcpath.Prepare(node.Families, uplink)
+		},
 		Uninstall: func(datapath.Node, datapath.Settings) error { return svcpath.RemoveNAT() },
 		// The pod's NIC is the cloud's: only the service path is made here.
-		Needs: func(datapath.Node, datapath.Settings) datapath.Needs { return svcpath.Needs },
+		Needs: func(node datapath.Node, _ datapath.Settings) datapath.Needs {
+			return svcpath.NeedsFor(node.Families, node.Uplink)
+		},
 	})
 }
 
@@ -87,7 +102,7 @@ func New(node datapath.Node, s *Settings) (*Mode, error) {
 		mtu = ul.Attrs().MTU
 	}
 	m := &Mode{uplink: uplink, mtu: mtu}
-	if m.svc, err = svcpath.Open(s.CIDRs(), nlutil.LinkIPv4(uplink), mtu); err != nil {
+	if m.svc, err = svcpath.Open(node, uplink, s.CIDRs(), []netip.Addr{nlutil.LinkIPv4(uplink), nlutil.LinkIPv6(uplink)}, mtu); err != nil {
 		return nil, err
 	}
 	return m, nil
@@ -102,16 +117,22 @@ func (m *Mode) Info() datapath.Info {
 // Close implements datapath.Datapath: the mode holds nothing open.
 func (m *Mode) Close() error { return nil }
 
-// checkLease says what the lease lacks: a NIC of its own that carries the
-// address, its subnet and gateway.
-func checkLease(l alloc.Lease) error {
-	switch {
-	case l.NIC == nil || l.NIC.Address != l.Address:
+// checkLeases says what a's leases lack: the first a NIC of its own that
+// carries its address, the others that NIC or none, each its subnet and
+// gateway.
+func checkLeases(a *alloc.Allocation) error {
+	if l := a.Lease; l.NIC == nil || l.NIC.Address != l.Address {
 		return fmt.Errorf("the lease of %s names no NIC of its own: datapath passthrough needs a provider that attaches a port per pod (openstack mode: passthrough)", l.Address)
-	case !l.Prefix.IsValid() || !l.Prefix.Contains(l.Address):
-		return fmt.Errorf("the lease of %s has no subnet prefix that holds it", l.Address)
-	case !l.Gateway.IsValid():
-		return fmt.Errorf("the lease of %s has no gateway", l.Address)
+	}
+	for _, l := range a.Leases() {
+		switch {
+		case l.NIC != nil && !strings.EqualFold(l.NIC.MAC, a.NIC.MAC):
+			return fmt.Errorf("the lease of %s names NIC %s, not the pod's %s: a pod has one NIC", l.Address, l.NIC.MAC, a.NIC.MAC)
+		case !l.Prefix.IsValid() || !l.Prefix.Contains(l.Address):
+			return fmt.Errorf("the lease of %s has no subnet prefix that holds it", l.Address)
+		case !l.Gateway.IsValid():
+			return fmt.Errorf("the lease of %s has no gateway", l.Address)
+		}
 	}
 	return nil
 }
@@ -143,10 +164,16 @@ func findByMAC(h *netlink.Handle, mac string) (netlink.Link, error) {
 // name on the node (a node-side entry: DEL gives the NIC back under it).
 func (m *Mode) wiring(a *alloc.Allocation, nodeIf string) alloc.Wiring {
 	host, svc := svcpath.Interfaces(a)
+	var ips []alloc.IPConfig
+	var routes []alloc.Route
+	for _, l := range a.Leases() {
+		ips = append(ips, alloc.IPConfig{Interface: 1, Address: netip.PrefixFrom(l.Address, l.Prefix.Bits()), Gateway: l.Gateway})
+		routes = append(routes, alloc.Route{Dst: family.Of(l.Address).Default(), GW: l.Gateway})
+	}
 	return alloc.Wiring{
 		Interfaces: []alloc.Interface{host, {Name: a.IfName, MAC: strings.ToLower(a.NIC.MAC), Sandbox: a.Netns}, svc, {Name: nodeIf, MAC: strings.ToLower(a.NIC.MAC)}},
-		IPs:        []alloc.IPConfig{{Interface: 1, Address: netip.PrefixFrom(a.Address, a.Prefix.Bits()), Gateway: a.Gateway}},
-		Routes:     append([]alloc.Route{{Dst: netip.PrefixFrom(netip.IPv4Unspecified(), 0), GW: a.Gateway}}, m.svc.Routes()...),
+		IPs:        ips,
+		Routes:     append(routes, m.svc.Routes(a)...),
 	}
 }
 
@@ -161,7 +188,7 @@ func nodeIfName(a *alloc.Allocation) string {
 // Setup implements datapath.Datapath: the NIC moves into the pod as its
 // interface. On failure the NIC goes back to the node as it was.
 func (m *Mode) Setup(_ context.Context, a *alloc.Allocation) (_ alloc.Wiring, err error) {
-	if err := checkLease(a.Lease); err != nil {
+	if err := checkLeases(a); err != nil {
 		return alloc.Wiring{}, &datapath.SetupError{Step: "lease", Err: err}
 	}
 	if a.IfName == svcpath.PodIfName {
@@ -213,20 +240,38 @@ func (m *Mode) Setup(_ context.Context, a *alloc.Allocation) (_ alloc.Wiring, er
 	if err != nil {
 		return alloc.Wiring{}, &datapath.SetupError{Step: "find pod interface " + a.IfName, Err: err}
 	}
-	addr := &netlink.Addr{IPNet: &net.IPNet{IP: a.Address.AsSlice(), Mask: net.CIDRMask(a.Prefix.Bits(), 32)}}
-	if err = pod.AddrReplace(link, addr); err != nil {
-		return alloc.Wiring{}, &datapath.SetupError{Step: "pod address", Err: err}
+	if _, ok := a.LeaseOf(family.V6); ok {
+		if err = nlutil.PodIPv6Sysctls(a.Netns, a.IfName); err != nil {
+			return alloc.Wiring{}, &datapath.SetupError{Step: "pod IPv6 sysctls", Err: err}
+		}
+	}
+	for _, l := range a.Leases() {
+		addr := &netlink.Addr{IPNet: &net.IPNet{IP: l.Address.AsSlice(), Mask: net.CIDRMask(l.Prefix.Bits(), l.Address.BitLen())}}
+		if l.Address.Is6() {
+			// The port's address is the pod's alone; DAD would only
+			// leave it unusable for ~2 s.
+			addr.Flags = unix.IFA_F_NODAD
+		}
+		if err = pod.AddrReplace(link, addr); err != nil {
+			return alloc.Wiring{}, &datapath.SetupError{Step: "pod address " + l.Address.String(), Err: err}
+		}
 	}
 	if err = pod.LinkSetUp(link); err != nil {
 		return alloc.Wiring{}, &datapath.SetupError{Step: "pod link up", Err: err}
 	}
-	def := &netlink.Route{LinkIndex: link.Attrs().Index, Gw: a.Gateway.AsSlice(), Dst: &net.IPNet{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)}}
-	if err = pod.RouteReplace(def); err != nil {
-		return alloc.Wiring{}, &datapath.SetupError{Step: "pod default route via " + a.Gateway.String(), Err: err}
+	for _, l := range a.Leases() {
+		dst := family.Of(l.Address).Default()
+		def := &netlink.Route{LinkIndex: link.Attrs().Index, Gw: l.Gateway.AsSlice(), Dst: &net.IPNet{IP: dst.Addr().AsSlice(), Mask: net.CIDRMask(0, l.Address.BitLen())}}
+		if err = pod.RouteReplace(def); err != nil {
+			return alloc.Wiring{}, &datapath.SetupError{Step: "pod default route via " + l.Gateway.String(), Err: err}
+		}
 	}
 	if err = m.svc.Attach(opened.NS, pod, a); err != nil {
 		return alloc.Wiring{}, err
 	}
+	// Best effort: a neighbour that misses it asks again once its entry
+	// goes stale.
+	_ = nlutil.AnnounceIn(a.Netns, a.IfName, a.Addresses())
 	return m.wiring(a, nodeIf), nil
 }
 
@@ -338,7 +383,7 @@ func unmarkOnNode(a *alloc.Allocation) error {
 
 // Check implements datapath.Datapath.
 func (m *Mode) Check(_ context.Context, a *alloc.Allocation) (alloc.Wiring, error) {
-	if err := checkLease(a.Lease); err != nil {
+	if err := checkLeases(a); err != nil {
 		return alloc.Wiring{}, err
 	}
 	return m.wiring(a, nodeIfName(a)), m.check(a)
@@ -369,8 +414,10 @@ func (m *Mode) check(a *alloc.Allocation) error {
 		if link.Attrs().Flags&net.FlagUp == 0 {
 			problems = append(problems, fmt.Errorf("pod interface %s is down", a.IfName))
 		}
-		if !hasAddr(pod, link, netip.PrefixFrom(a.Address, a.Prefix.Bits())) {
-			problems = append(problems, fmt.Errorf("pod interface %s lacks %s/%d", a.IfName, a.Address, a.Prefix.Bits()))
+		for _, l := range a.Leases() {
+			if !hasAddr(pod, link, netip.PrefixFrom(l.Address, l.Prefix.Bits())) {
+				problems = append(problems, fmt.Errorf("pod interface %s lacks %s/%d", a.IfName, l.Address, l.Prefix.Bits()))
+			}
 		}
 	}
 	problems = append(problems, m.svc.Check(pod, a)...)
@@ -378,14 +425,14 @@ func (m *Mode) check(a *alloc.Allocation) error {
 }
 
 func hasAddr(h *netlink.Handle, link netlink.Link, want netip.Prefix) bool {
-	addrs, err := nlutil.RetryDump(func() ([]netlink.Addr, error) { return h.AddrList(link, netlink.FAMILY_V4) })
+	addrs, err := nlutil.RetryDump(func() ([]netlink.Addr, error) { return h.AddrList(link, netlink.FAMILY_ALL) })
 	if err != nil {
 		return false
 	}
 	for _, ad := range addrs {
-		ip, _ := netip.AddrFromSlice(ad.IP.To4())
+		ip, _ := netip.AddrFromSlice(ad.IP)
 		ones, _ := ad.Mask.Size()
-		if netip.PrefixFrom(ip, ones) == want {
+		if netip.PrefixFrom(ip.Unmap(), ones) == want {
 			return true
 		}
 	}

@@ -11,8 +11,8 @@ import (
 	"github.com/vpcni/vpcni/internal/datapath/nlutil"
 )
 
-// NATTable is the nftables table (family ip) of the service path: one
-// chain, one rule,
+// NATTable is the nftables table (family ip, and ip6 of the same name
+// for IPv6 pods) of the service path: one chain, one rule,
 //
 //	chain postrouting { type nat hook postrouting priority srcnat
 //	  iifname "vsv*" ct status dnat masquerade }
@@ -46,23 +46,41 @@ func natRule(t *nftables.Table, c *nftables.Chain) *nftables.Rule {
 }
 
 // EnsureNAT puts the service path's NAT table in place in the caller's
-// network namespace unless it is there as made, and says whether it had
-// to. Idempotent: the table is replaced whole in one transaction, so the
-// rule is never there twice nor missing meanwhile.
-func EnsureNAT() (changed bool, err error) { return ensureNAT() }
+// network namespace unless it is there as made — ip's, and ip6's too with
+// v6 — and says whether it had to. Idempotent: a table is replaced whole
+// in one transaction, so the rule is never there twice nor missing
+// meanwhile.
+func EnsureNAT(v6 bool) (changed bool, err error) {
+	changed, err = ensureNAT(nftables.TableFamilyIPv4)
+	if v6 && err == nil {
+		var c6 bool
+		c6, err = ensureNAT(nftables.TableFamilyIPv6)
+		changed = changed || c6
+	}
+	return changed, err
+}
 
-// ensureNAT is EnsureNAT with the connection's options (a test's netns).
-func ensureNAT(opts ...nftables.ConnOption) (changed bool, err error) {
+// tableName is how nft names the table of family tf: "ip vpcni_svcpath".
+func tableName(tf nftables.TableFamily) string {
+	if tf == nftables.TableFamilyIPv6 {
+		return "ip6 " + NATTable
+	}
+	return "ip " + NATTable
+}
+
+// ensureNAT is EnsureNAT for one family, with the connection's options (a
+// test's netns).
+func ensureNAT(tf nftables.TableFamily, opts ...nftables.ConnOption) (changed bool, err error) {
 	conn, err := nftables.New(opts...)
 	if err != nil {
 		return false, fmt.Errorf("nftables: %w", err)
 	}
-	if ok, err := natInPlace(conn); err != nil {
+	if ok, err := natInPlace(conn, tf); err != nil {
 		return false, err
 	} else if ok {
 		return false, nil
 	}
-	t := &nftables.Table{Name: NATTable, Family: nftables.TableFamilyIPv4}
+	t := &nftables.Table{Name: NATTable, Family: tf}
 	conn.AddTable(t)
 	conn.DelTable(t)
 	conn.AddTable(t)
@@ -70,20 +88,20 @@ func ensureNAT(opts ...nftables.ConnOption) (changed bool, err error) {
 		Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource})
 	conn.AddRule(natRule(t, c))
 	if err := conn.Flush(); err != nil {
-		return false, fmt.Errorf("program nftables table ip %s: %w", NATTable, err)
+		return false, fmt.Errorf("program nftables table %s: %w", tableName(tf), err)
 	}
 	return true, nil
 }
 
 // natInPlace says whether the table holds the chain with vpcni's rule
 // exactly once.
-func natInPlace(conn *nftables.Conn) (bool, error) {
-	t, err := conn.ListTableOfFamily(NATTable, nftables.TableFamilyIPv4)
+func natInPlace(conn *nftables.Conn, tf nftables.TableFamily) (bool, error) {
+	t, err := conn.ListTableOfFamily(NATTable, tf)
 	if err != nil {
 		if nlutil.IsNotFound(err) {
 			return false, nil
 		}
-		return false, fmt.Errorf("list nftables table ip %s: %w", NATTable, err)
+		return false, fmt.Errorf("list nftables table %s: %w", tableName(tf), err)
 	}
 	c, err := conn.ListChain(t, natChain)
 	if err != nil {
@@ -94,7 +112,7 @@ func natInPlace(conn *nftables.Conn) (bool, error) {
 	}
 	rules, err := conn.GetRules(t, c)
 	if err != nil {
-		return false, fmt.Errorf("list rules of ip %s %s: %w", NATTable, natChain, err)
+		return false, fmt.Errorf("list rules of %s %s: %w", tableName(tf), natChain, err)
 	}
 	n := 0
 	for _, r := range rules {
@@ -105,9 +123,9 @@ func natInPlace(conn *nftables.Conn) (bool, error) {
 	return n == 1 && len(rules) == 1, nil
 }
 
-// RemoveNAT deletes the service path's NAT table: the Uninstall of every
-// mode with a service path (vpcnictl uninstall-cni --agent-config), when
-// the node leaves the mode. Idempotent.
+// RemoveNAT deletes the service path's NAT tables (ip and ip6): the
+// Uninstall of every mode with a service path (vpcnictl uninstall-cni
+// --agent-config), when the node leaves the mode. Idempotent.
 func RemoveNAT() error { return removeNAT() }
 
 func removeNAT(opts ...nftables.ConnOption) error {
@@ -115,15 +133,17 @@ func removeNAT(opts ...nftables.ConnOption) error {
 	if err != nil {
 		return fmt.Errorf("nftables: %w", err)
 	}
-	if _, err := conn.ListTableOfFamily(NATTable, nftables.TableFamilyIPv4); err != nil {
-		if nlutil.IsNotFound(err) {
-			return nil
+	for _, tf := range []nftables.TableFamily{nftables.TableFamilyIPv4, nftables.TableFamilyIPv6} {
+		if _, err := conn.ListTableOfFamily(NATTable, tf); err != nil {
+			if nlutil.IsNotFound(err) {
+				continue
+			}
+			return fmt.Errorf("list nftables table %s: %w", tableName(tf), err)
 		}
-		return fmt.Errorf("list nftables table ip %s: %w", NATTable, err)
-	}
-	conn.DelTable(&nftables.Table{Name: NATTable, Family: nftables.TableFamilyIPv4})
-	if err := conn.Flush(); err != nil && !nlutil.IsNotFound(err) {
-		return fmt.Errorf("delete nftables table ip %s: %w", NATTable, err)
+		conn.DelTable(&nftables.Table{Name: NATTable, Family: tf})
+		if err := conn.Flush(); err != nil && !nlutil.IsNotFound(err) {
+			return fmt.Errorf("delete nftables table %s: %w", tableName(tf), err)
+		}
 	}
 	return nil
 }

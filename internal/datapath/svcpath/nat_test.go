@@ -44,7 +44,7 @@ func TestNATTable(t *testing.T) {
 	ns, fd := scratchNS(t)
 	opt := nftables.WithNetNSFd(fd)
 	for i, want := range []bool{true, false} {
-		changed, err := ensureNAT(opt)
+		changed, err := ensureNAT(nftables.TableFamilyIPv4, opt)
 		if err != nil || changed != want {
 			t.Fatalf("ensure #%d: changed %v (want %v), %v", i, changed, want, err)
 		}
@@ -66,12 +66,19 @@ func TestNATTable(t *testing.T) {
 		if out, err := exec.Command("ip", append([]string{"netns", "exec", ns}, damage...)...).CombinedOutput(); err != nil {
 			t.Fatalf("%v: %v %s", damage, err, out)
 		}
-		if changed, err := ensureNAT(opt); err != nil || !changed {
+		if changed, err := ensureNAT(nftables.TableFamilyIPv4, opt); err != nil || !changed {
 			t.Fatalf("after %v: changed %v, %v", damage, changed, err)
 		}
 		if got := nftList(t, ns); strings.Count(got, `iifname "vsv*" ct status dnat masquerade`) != 1 || strings.Contains(got, "counter") {
 			t.Fatalf("after %v the table is not back as made:\n%s", damage, got)
 		}
+	}
+	// IPv6's table is ip6's own, the same rule; removeNAT takes both.
+	if changed, err := ensureNAT(nftables.TableFamilyIPv6, opt); err != nil || !changed {
+		t.Fatalf("ensure ip6: changed %v, %v", changed, err)
+	}
+	if got := nftList(t, ns); !strings.Contains(got, "table ip6 vpcni_svcpath") || strings.Count(got, `iifname "vsv*" ct status dnat masquerade`) != 2 {
+		t.Fatalf("ip6 table not as made:\n%s", got)
 	}
 	for range 2 {
 		if err := removeNAT(opt); err != nil {

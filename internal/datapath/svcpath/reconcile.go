@@ -11,13 +11,14 @@ import (
 	"github.com/vpcni/vpcni/internal/alloc"
 	"github.com/vpcni/vpcni/internal/datapath"
 	"github.com/vpcni/vpcni/internal/datapath/nlutil"
+	"github.com/vpcni/vpcni/internal/family"
 )
 
 // Reconcile brings the node side of the service path in line with want,
-// reading the node's links and vpcni routes once each:
-//   - the NAT table is put back if it is missing or not as made;
-//   - a desired allocation's service veth gets its link state and its
-//     route back; one whose service veth is gone is reported Broken (its
+// reading the node's links, vpcni routes (and IPv6 neighbours) once each:
+//   - the NAT tables are put back if missing or not as made;
+//   - a desired allocation's service veth gets its link state, its
+//     routes and its IPv6 neighbours back; one whose service veth is gone is reported Broken (its
 //     pod end went with it: only a Setup inside the pod brings it back);
 //   - a service veth of vpcni's that neither want nor leave names is
 //     deleted (its pod end and route go with it).
@@ -30,16 +31,22 @@ func (p *Path) Reconcile(want, leave []*alloc.Allocation) (rep datapath.Report, 
 		return rep, fmt.Errorf("list links: %w", err)
 	}
 	routes, err := nlutil.RetryDump(func() ([]netlink.Route, error) {
-		return netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Protocol: RouteProtocol}, netlink.RT_FILTER_PROTOCOL)
+		return netlink.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Protocol: RouteProtocol}, netlink.RT_FILTER_PROTOCOL)
 	})
 	if err != nil {
 		return rep, fmt.Errorf("list vpcni routes: %w", err)
 	}
+	var neighs []netlink.Neigh
+	if p.v6 {
+		if neighs, err = nlutil.RetryDump(func() ([]netlink.Neigh, error) { return netlink.NeighList(0, netlink.FAMILY_V6) }); err != nil {
+			return rep, fmt.Errorf("list IPv6 neighbours: %w", err)
+		}
+	}
 	fail := func(err error) { rep.Failed = append(rep.Failed, err.Error()) }
-	if changed, err := EnsureNAT(); err != nil {
+	if changed, err := EnsureNAT(p.v6); err != nil {
 		fail(err)
 	} else if changed {
-		rep.AddRepair(datapath.RepairNAT, "nftables table ip %s", NATTable)
+		rep.AddRepair(datapath.RepairNAT, "nftables table %s", NATTable)
 	}
 
 	ours := map[string]netlink.Link{}
@@ -48,20 +55,31 @@ func (p *Path) Reconcile(want, leave []*alloc.Allocation) (rep datapath.Report, 
 			ours[l.Attrs().Name] = l
 		}
 	}
-	routed := map[int]map[netip.Addr]bool{} // link index -> /32 destinations
+	routed := map[int]map[netip.Addr]bool{} // link index -> /32 and /128 destinations
 	for _, r := range routes {
 		if r.Dst == nil {
 			continue
 		}
 		ones, bits := r.Dst.Mask.Size()
-		ip, ok := netip.AddrFromSlice(r.Dst.IP.To4())
+		ip, ok := netip.AddrFromSlice(r.Dst.IP)
 		if !ok || ones != bits {
 			continue
 		}
 		if routed[r.LinkIndex] == nil {
 			routed[r.LinkIndex] = map[netip.Addr]bool{}
 		}
-		routed[r.LinkIndex][ip] = true
+		routed[r.LinkIndex][ip.Unmap()] = true
+	}
+	neighbours := map[int]map[netip.Addr]string{} // link index -> permanent IPv6 neighbour -> MAC
+	for _, n := range neighs {
+		ip, ok := netip.AddrFromSlice(n.IP)
+		if !ok || n.State != netlink.NUD_PERMANENT {
+			continue
+		}
+		if neighbours[n.LinkIndex] == nil {
+			neighbours[n.LinkIndex] = map[netip.Addr]string{}
+		}
+		neighbours[n.LinkIndex][ip] = n.HardwareAddr.String()
 	}
 
 	wanted := map[string]bool{}
@@ -83,11 +101,20 @@ func (p *Path) Reconcile(want, leave []*alloc.Allocation) (rep datapath.Report, 
 				rep.AddRepair(datapath.RepairLink, "%s: service veth %s was down", a.Key(), name)
 			}
 		}
-		if !routed[link.Attrs().Index][a.Address] {
-			if err := netlink.RouteReplace(hostRoute(link.Attrs().Index, a.Address)); err != nil {
-				fail(fmt.Errorf("route %s/32 dev %s: %w", a.Address, name, err))
-			} else {
-				rep.AddRepair(datapath.RepairRoute, "%s: route %s/32 dev %s", a.Key(), a.Address, name)
+		for _, ip := range a.Addresses() {
+			if !routed[link.Attrs().Index][ip] {
+				if err := netlink.RouteReplace(hostRoute(link.Attrs().Index, ip)); err != nil {
+					fail(fmt.Errorf("route %s dev %s: %w", family.Host(ip), name, err))
+				} else {
+					rep.AddRepair(datapath.RepairRoute, "%s: route %s dev %s", a.Key(), family.Host(ip), name)
+				}
+			}
+			if mac := macFor(a.Key(), "pod"); family.Of(ip) == family.V6 && neighbours[link.Attrs().Index][ip] != mac.String() {
+				if err := netlink.NeighSet(neighbour(link.Attrs().Index, ip, mac)); err != nil {
+					fail(fmt.Errorf("neighbour %s on %s: %w", ip, name, err))
+				} else {
+					rep.AddRepair(datapath.RepairNeighbour, "%s: neighbour %s on %s", a.Key(), ip, name)
+				}
 			}
 		}
 	}

@@ -1,137 +1,18 @@
 package veth
 
 import (
-	"encoding/binary"
-	"fmt"
 	"net"
-	"net/netip"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/vpcni/vpcni/internal/alloc"
+	"github.com/vpcni/vpcni/internal/datapath/nlutil"
 )
 
-// announcer tells a link's neighbours that a pod's address is now at the
-// link's MAC: a gratuitous ARP for an IPv4 address, an unsolicited
-// Neighbour Advertisement for an IPv6 one. It sends from one long-lived
-// packet socket: closing a packet socket waits for an RCU grace period
-// (~9 ms here), far too long to pay on every pod ADD.
-type announcer struct {
-	fd      int
-	linkIdx int
-	mac     net.HardwareAddr
-}
+// announcer is the uplink's sender (nlutil.Announcer).
+type announcer = nlutil.Announcer
 
 func newAnnouncer(linkIdx int, mac net.HardwareAddr) (*announcer, error) {
-	if len(mac) != 6 {
-		return nil, fmt.Errorf("announcing pod addresses (datapath.veth.garp) needs an Ethernet uplink, not MAC %q", mac)
-	}
-	// Protocol 0: the socket only sends and receives nothing.
-	fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		return nil, fmt.Errorf("packet socket: %w", err)
-	}
-	return &announcer{fd: fd, linkIdx: linkIdx, mac: mac}, nil
+	return nlutil.NewAnnouncer(linkIdx, mac)
 }
-
-// Announce sends the announcement of ip's family.
-func (s *announcer) Announce(ip netip.Addr) error {
-	ip = ip.Unmap()
-	if ip.Is4() {
-		return s.send(garpFrame(s.mac, ip), unix.ETH_P_ARP, [8]byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, "gratuitous ARP", ip)
-	}
-	return s.send(unsolicitedNA(s.mac, ip), unix.ETH_P_IPV6, [8]byte{0x33, 0x33, 0, 0, 0, 1}, "unsolicited neighbour advertisement", ip)
-}
-
-func (s *announcer) send(frame []byte, proto uint16, to [8]byte, what string, ip netip.Addr) error {
-	sa := &unix.SockaddrLinklayer{Protocol: htons(proto), Ifindex: s.linkIdx, Halen: 6, Addr: to}
-	if err := unix.Sendto(s.fd, frame, 0, sa); err != nil {
-		return fmt.Errorf("send %s for %s: %w", what, ip, err)
-	}
-	return nil
-}
-
-// garpFrame is an ARP request for ip from ip at mac, broadcast, so
-// neighbours update stale entries at once.
-func garpFrame(mac net.HardwareAddr, ip netip.Addr) []byte {
-	frame := make([]byte, 0, 42)
-	frame = append(frame, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff)
-	frame = append(frame, mac...)
-	frame = binary.BigEndian.AppendUint16(frame, unix.ETH_P_ARP)
-	frame = binary.BigEndian.AppendUint16(frame, 1)      // hardware: Ethernet
-	frame = binary.BigEndian.AppendUint16(frame, 0x0800) // protocol: IPv4
-	frame = append(frame, 6, 4)                          // address lengths
-	frame = binary.BigEndian.AppendUint16(frame, 1)      // request
-	ip4 := ip.As4()
-	frame = append(frame, mac...)
-	frame = append(frame, ip4[:]...)
-	frame = append(frame, 0, 0, 0, 0, 0, 0)
-	frame = append(frame, ip4[:]...)
-	return frame
-}
-
-// allNodes is ff02::1, where an unsolicited advertisement goes.
-var allNodes = netip.MustParseAddr("ff02::1")
-
-// unsolicitedNA is an ICMPv6 Neighbour Advertisement (RFC 4861 4.4) that
-// ip is at mac, to all nodes. Hop limit 255, which receivers require of
-// neighbour discovery. Flags: Override set, Solicited and Router clear.
-// Override is what makes a Linux neighbour replace the MAC it cached for
-// ip (a pod that moved here from another node); without it the entry is
-// only marked stale and keeps the old MAC. The source is ip itself, as the
-// kernel's own unsolicited advertisements are sent from the address they
-// announce.
-func unsolicitedNA(mac net.HardwareAddr, ip netip.Addr) []byte {
-	const icmpLen = 32 // type, code, checksum, flags, target, one option
-	frame := make([]byte, 0, 14+40+icmpLen)
-	frame = append(frame, 0x33, 0x33, 0, 0, 0, 1) // ff02::1's multicast MAC
-	frame = append(frame, mac...)
-	frame = binary.BigEndian.AppendUint16(frame, unix.ETH_P_IPV6)
-	src, dst := ip.As16(), allNodes.As16()
-	frame = append(frame, 0x60, 0, 0, 0) // version 6, no class, no flow
-	frame = binary.BigEndian.AppendUint16(frame, icmpLen)
-	frame = append(frame, unix.IPPROTO_ICMPV6, 255)
-	frame = append(frame, src[:]...)
-	frame = append(frame, dst[:]...)
-	icmp := len(frame)
-	frame = append(frame, 136, 0, 0, 0)  // Neighbour Advertisement, code 0, checksum below
-	frame = append(frame, 0x20, 0, 0, 0) // R=0 S=0 O=1
-	frame = append(frame, src[:]...)     // target
-	frame = append(frame, 2, 1)          // target link-layer address, 8 bytes
-	frame = append(frame, mac...)
-	binary.BigEndian.PutUint16(frame[icmp+2:], icmpv6Checksum(src, dst, frame[icmp:]))
-	return frame
-}
-
-// icmpv6Checksum is the ICMPv6 checksum of msg (its checksum field zero)
-// between src and dst: the ones' complement sum over the IPv6
-// pseudo-header and the message (RFC 8200 8.1).
-func icmpv6Checksum(src, dst [16]byte, msg []byte) uint16 {
-	var sum uint32
-	add := func(b []byte) {
-		for i := 0; i+1 < len(b); i += 2 {
-			sum += uint32(b[i])<<8 | uint32(b[i+1])
-		}
-		if len(b)%2 == 1 {
-			sum += uint32(b[len(b)-1]) << 8
-		}
-	}
-	add(src[:])
-	add(dst[:])
-	var pseudo [8]byte
-	binary.BigEndian.PutUint32(pseudo[:4], uint32(len(msg)))
-	pseudo[7] = unix.IPPROTO_ICMPV6
-	add(pseudo[:])
-	add(msg)
-	for sum>>16 != 0 {
-		sum = sum&0xffff + sum>>16
-	}
-	return ^uint16(sum)
-}
-
-func (s *announcer) Close() error { return unix.Close(s.fd) }
-
-func htons(v uint16) uint16 { return v<<8 | v>>8 }
 
 // announceOn sends one gratuitous ARP for a pod's address on a NIC other
 // than the uplink, from a socket of its own (pods on secondary NICs are

@@ -11,6 +11,7 @@ import (
 
 	"github.com/vpcni/vpcni/internal/alloc"
 	"github.com/vpcni/vpcni/internal/datapath"
+	"github.com/vpcni/vpcni/internal/datapath/nlutil"
 	"github.com/vpcni/vpcni/internal/family"
 )
 
@@ -87,7 +88,7 @@ func TestNodeSysctls(t *testing.T) {
 func TestUnsolicitedNA(t *testing.T) {
 	mac := net.HardwareAddr{0x02, 0x11, 0x22, 0x33, 0x44, 0x55}
 	ip := netip.MustParseAddr("fd00:77::104")
-	f := unsolicitedNA(mac, ip)
+	f := nlutil.UnsolicitedNA(mac, ip)
 	if len(f) != 14+40+32 {
 		t.Fatalf("frame of %d bytes, want 86", len(f))
 	}
