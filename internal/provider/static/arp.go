@@ -63,7 +63,12 @@ func OpenUplink(name string, timeout time.Duration) (u *Uplink, err error) {
 	}
 	fd6, err := unix.Socket(unix.AF_PACKET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, int(htons(unix.ETH_P_IPV6)))
 	if err == nil {
-		if err = unix.Bind(fd6, &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_IPV6), Ifindex: attrs.Index}); err != nil {
+		// Only neighbour advertisements reach it: the socket stays open,
+		// and the node's other IPv6 traffic would be copied to it.
+		if err = unix.SetsockoptSockFprog(fd6, unix.SOL_SOCKET, unix.SO_ATTACH_FILTER, naFilter()); err == nil {
+			err = unix.Bind(fd6, &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_IPV6), Ifindex: attrs.Index})
+		}
+		if err != nil {
 			unix.Close(fd6)
 		}
 	}
@@ -124,6 +129,7 @@ func (u *Uplink) Probe(ctx context.Context, addrs []netip.Addr) (map[netip.Addr]
 	for _, a := range addrs {
 		want[a] = true
 	}
+	buf := make([]byte, 1500)
 	send := func() error {
 		for _, a := range addrs {
 			if found[a] != nil {
@@ -145,6 +151,14 @@ func (u *Uplink) Probe(ctx context.Context, addrs []netip.Addr) (map[netip.Addr]
 		}
 		return nil
 	}
+	// What queued since the last probe answers an earlier question.
+	for _, fd := range []int{u.fd, u.fd6} {
+		for {
+			if _, _, err := unix.Recvfrom(fd, buf, unix.MSG_DONTWAIT); err != nil {
+				break
+			}
+		}
+	}
 	if err := send(); err != nil {
 		return nil, err
 	}
@@ -153,7 +167,6 @@ func (u *Uplink) Probe(ctx context.Context, addrs []netip.Addr) (map[netip.Addr]
 	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
 		deadline = d
 	}
-	buf := make([]byte, 1500)
 	fds := []unix.PollFd{{Fd: int32(u.fd), Events: unix.POLLIN}, {Fd: int32(u.fd6), Events: unix.POLLIN}}
 	for len(found) < len(want) {
 		now := time.Now()

@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"net"
 	"net/netip"
+
+	"golang.org/x/sys/unix"
 )
 
 // IPv6 has no ARP: an IPv6 address is probed as duplicate address
@@ -82,4 +84,20 @@ func parseNA(pkt []byte, from net.HardwareAddr) (target netip.Addr, mac net.Hard
 		opts = opts[n:]
 	}
 	return target, mac, true
+}
+
+// naFilter is a classic BPF program that passes ICMPv6 neighbour
+// advertisements only (next header 58, type 136 right after the fixed
+// header; a packet socket of SOCK_DGRAM filters from the IPv6 header).
+// One with extension headers is dropped: no host sends NDP so.
+func naFilter() *unix.SockFprog {
+	prog := []unix.SockFilter{
+		{Code: unix.BPF_LD | unix.BPF_B | unix.BPF_ABS, K: 6},
+		{Code: unix.BPF_JMP | unix.BPF_JEQ | unix.BPF_K, Jt: 0, Jf: 3, K: 58},
+		{Code: unix.BPF_LD | unix.BPF_B | unix.BPF_ABS, K: 40},
+		{Code: unix.BPF_JMP | unix.BPF_JEQ | unix.BPF_K, Jt: 0, Jf: 1, K: 136},
+		{Code: unix.BPF_RET | unix.BPF_K, K: 0xffff},
+		{Code: unix.BPF_RET | unix.BPF_K, K: 0},
+	}
+	return &unix.SockFprog{Len: uint16(len(prog)), Filter: &prog[0]}
 }
