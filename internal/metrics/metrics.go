@@ -103,7 +103,7 @@ func New() *Metrics {
 		Name: "vpcni_cloud_write_races_total", Help: "Writes of the provider that raced another writer's on the cloud port, by kind (overlapped: landed over another write; dropped: the answer lacked someone else's address; knocked_out: vpcni's addresses taken off, put back).",
 	}, []string{"kind"})
 	m.AddressesInUse = prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "vpcni_addresses_in_use_elsewhere_total", Help: "Addresses the provider was about to hand out that another host on the segment answered a probe for (the static provider's ARP probe): set aside, never given to a pod.",
+		Name: "vpcni_addresses_in_use_elsewhere_total", Help: "Addresses the provider was about to hand out that another host on the segment answered a probe for (the static provider's ARP or neighbour solicitation probe): set aside, never given to a pod.",
 	})
 	m.register(m.CloudWriteRaces, m.AddressesInUse, m.Repairs, m.Reconciles, m.PodHealth, m.CNIDuration, m.AddPhase, m.CloudCalls, m.CloudLatency,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

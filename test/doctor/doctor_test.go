@@ -23,6 +23,7 @@ import (
 
 	"github.com/vpcni/vpcni/internal/config"
 	"github.com/vpcni/vpcni/internal/doctor"
+	"github.com/vpcni/vpcni/internal/family"
 	"github.com/vpcni/vpcni/internal/lab"
 	"github.com/vpcni/vpcni/internal/netnsutil"
 	"github.com/vpcni/vpcni/internal/provider/openstack"
@@ -104,8 +105,15 @@ func failing(rep doctor.Report) []string {
 // detail that names it (every substring of want), and exit code 1.
 func expectFault(t *testing.T, fault string, rep doctor.Report, code int, check string, want ...string) {
 	t.Helper()
-	if got := failing(rep); !slices.Equal(got, []string{check}) {
-		t.Errorf("%s: failing checks %v, want only %q\n%s", fault, got, check, dump(rep))
+	expectFaultAlso(t, fault, rep, code, check, nil, want...)
+}
+
+// expectFaultAlso is expectFault for a fault that fails the checks also
+// too (they follow from it: all.disable_ipv6=1 turns every link's off).
+func expectFaultAlso(t *testing.T, fault string, rep doctor.Report, code int, check string, also []string, want ...string) {
+	t.Helper()
+	if got, all := failing(rep), append([]string{check}, also...); !slices.Equal(got, all) {
+		t.Errorf("%s: failing checks %v, want only %q\n%s", fault, got, all, dump(rep))
 	}
 	r, ok := rep.Find(check)
 	if !ok {
@@ -225,6 +233,43 @@ func TestPlantedFaults(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// A node whose pods get IPv6 too (doctor reads ipFamilies from the
+	// config it is given; the agent keeps its own): each IPv6 sysctl
+	// routed pods need, off in turn, fails the check that names it.
+	dual := n.configDual(t)
+	v6 := []string{"net.ipv6.conf.all.disable_ipv6=0", "net.ipv6.conf.eth0.disable_ipv6=0", "net.ipv6.conf.eth0.accept_ra=2",
+		"net.ipv6.conf.all.forwarding=1", "net.ipv6.conf.eth0.proxy_ndp=1", "net.ipv6.neigh.eth0.proxy_delay=0"}
+	sysctl := func(kv ...string) {
+		t.Helper()
+		if err := netnsutil.Exec(n.ns, append([]string{"sysctl", "-qw"}, kv...)...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sysctl(v6...)
+	rep, code = n.run(t, dual)
+	if f := failing(rep); len(f) > 0 || code != 0 {
+		t.Errorf("healthy dual-stack node: failing checks %v, exit %d\n%s", f, code, dump(rep))
+	}
+	for _, fault := range []struct {
+		set, check, is string
+		also           []string
+	}{
+		// The kernel writes all/disable_ipv6 to every link too.
+		{"net.ipv6.conf.all.disable_ipv6=1", "sysctl net.ipv6.conf.all.disable_ipv6", "is 1", []string{"sysctl net.ipv6.conf.eth0.disable_ipv6"}},
+		{"net.ipv6.conf.eth0.disable_ipv6=1", "sysctl net.ipv6.conf.eth0.disable_ipv6", "is 1", nil},
+		{"net.ipv6.conf.all.forwarding=0", "sysctl net.ipv6.conf.all.forwarding", "is 0", nil},
+		{"net.ipv6.conf.eth0.proxy_ndp=0", "sysctl net.ipv6.conf.eth0.proxy_ndp", "is 0", nil},
+		// Taking RAs (1) with forwarding on: the kernel ignores them,
+		// and the default route they gave expires.
+		{"net.ipv6.conf.eth0.accept_ra=1", "sysctl net.ipv6.conf.eth0.accept_ra", "is 1", nil},
+	} {
+		sysctl(fault.set)
+		rep, code = n.run(t, dual)
+		expectFaultAlso(t, fault.set, rep, code, fault.check, fault.also, fault.is, "datapath veth")
+		sysctl(v6...)
+	}
+	sysctl("net.ipv6.conf.all.forwarding=0", "net.ipv6.conf.eth0.proxy_ndp=0")
+
 	// The node's IP has no port: the VM port is not found.
 	noPort := netip.MustParsePrefix("10.93.0.0/24").Addr().As4()
 	noPort[3] = 99
@@ -290,6 +335,18 @@ func newNode(t *testing.T, l *lab.Lab) *node {
 	return n
 }
 
+// configDual writes a copy of the agent's config whose pods get IPv4 and
+// IPv6, for doctor only.
+func (n *node) configDual(t *testing.T) string {
+	t.Helper()
+	cfg, err := config.Load(n.configPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.IPFamilies = []family.Family{family.V4, family.V6}
+	return writeConfig(t, cfg)
+}
+
 // configWith writes a copy of the agent's config with its openstack
 // section changed, for doctor only (the agent keeps its own).
 func (n *node) configWith(t *testing.T, change func(*openstack.Config)) string {
@@ -299,6 +356,11 @@ func (n *node) configWith(t *testing.T, change func(*openstack.Config)) string {
 		t.Fatal(err)
 	}
 	change(cfg.Provider.Settings.(*openstack.Config))
+	return writeConfig(t, cfg)
+}
+
+func writeConfig(t *testing.T, cfg config.Config) string {
+	t.Helper()
 	data, err := yaml.Marshal(cfg)
 	if err != nil {
 		t.Fatal(err)

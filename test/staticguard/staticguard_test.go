@@ -25,6 +25,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/vpcni/vpcni/internal/family"
 	"github.com/vpcni/vpcni/internal/provider"
 	"github.com/vpcni/vpcni/internal/provider/static"
 	"github.com/vpcni/vpcni/internal/testbed"
@@ -68,6 +69,10 @@ func segment(t *testing.T) {
 	ip(t, "-n", nodeNS, "addr", "add", "10.26.0.2/24", "dev", nodeIf)
 	ip(t, "-n", foreignNS, "addr", "add", "10.26.0.3/24", "dev", foreignIf)
 	ip(t, "-n", foreignNS, "addr", "add", "10.26.0.6/24", "dev", foreignIf)
+	// IPv6 beside: nodad, so each address answers at once.
+	ip(t, "-n", nodeNS, "addr", "add", "fd00:26::2/64", "dev", nodeIf, "nodad")
+	ip(t, "-n", foreignNS, "addr", "add", "fd00:26::3/64", "dev", foreignIf, "nodad")
+	ip(t, "-n", foreignNS, "addr", "add", "fd00:26::6/64", "dev", foreignIf, "nodad")
 	ip(t, "-n", nodeNS, "link", "set", nodeIf, "up")
 	ip(t, "-n", foreignNS, "link", "set", foreignIf, "up")
 }
@@ -140,7 +145,7 @@ func TestNeverHandsOutAHeldAddress(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := &static.Config{Ranges: []static.Range{{CIDR: "10.26.0.0/28"}}}
+	cfg := &static.Config{Ranges: []static.Range{{CIDR: "10.26.0.0/28"}, {CIDR: "fd00:26::/124"}}}
 	cfg.Defaults()
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
@@ -216,5 +221,42 @@ func TestNeverHandsOutAHeldAddress(t *testing.T) {
 	}
 	if _, err := p.Assign(ctx, provider.AssignRequest{Addresses: []netip.Addr{netip.MustParseAddr("10.26.0.3")}}); !errors.Is(err, provider.ErrTaken) {
 		t.Fatalf("Assign(10.26.0.3) after the recheck = %v, want ErrTaken (the host still answers)", err)
+	}
+
+	// IPv6, probed by a DAD neighbour solicitation: the range's ::0 and
+	// gateway ::1 are out of it, the node's ::2 is skipped, and the
+	// foreign host's ::3 and ::6 (it answers with a neighbour
+	// advertisement) are said and never handed out.
+	mu.Lock()
+	notices = nil
+	mu.Unlock()
+	start = time.Now()
+	got, err = p.Assign(ctx, provider.AssignRequest{Count: 11, Family: family.V6})
+	took = time.Since(start)
+	addrs = nil
+	for _, l := range got {
+		addrs = append(addrs, l.Address.String())
+	}
+	want = []string{"fd00:26::4", "fd00:26::5", "fd00:26::7", "fd00:26::8", "fd00:26::9", "fd00:26::a", "fd00:26::b", "fd00:26::c", "fd00:26::d", "fd00:26::e", "fd00:26::f"}
+	if err != nil || !slices.Equal(addrs, want) {
+		t.Fatalf("IPv6 Assign(11) = %v, %v; want %v (never the node's ::2, the foreign host's ::3/::6)", addrs, err, want)
+	}
+	t.Logf("IPv6 Assign(11) = %v in %s (probe timeout %s)", addrs, took.Round(time.Millisecond), cfg.Probe.TimeoutDuration())
+	mu.Lock()
+	said = map[string]bool{}
+	for _, n := range notices {
+		if n.Reason != provider.ReasonAddressInUse || n.Kind != "neighbour_advertisement" || !strings.Contains(n.Message, foreignMAC) {
+			t.Errorf("notice %+v: want %s (neighbour_advertisement) naming MAC %s", n, provider.ReasonAddressInUse, foreignMAC)
+		}
+		said[strings.Fields(n.Message)[0]] = true
+		t.Logf("notice: %s", n.Message)
+	}
+	mu.Unlock()
+	if !said["fd00:26::3"] || !said["fd00:26::6"] || len(said) != 2 {
+		t.Fatalf("IPv6 notices said %v, want exactly fd00:26::3 and fd00:26::6", said)
+	}
+	_, err = p.Assign(ctx, provider.AssignRequest{Family: family.V6, Addresses: []netip.Addr{netip.MustParseAddr("fd00:26::3")}})
+	if !errors.Is(err, provider.ErrTaken) || !strings.Contains(err.Error(), foreignMAC) {
+		t.Fatalf("Assign(fd00:26::3) = %v, want ErrTaken naming %s", err, foreignMAC)
 	}
 }

@@ -51,7 +51,12 @@ func ipv6Sysctls(uplink string) []datapath.Sysctl {
 
 func ipv6SysctlsFor(uplink, acceptRA string) []datapath.Sysctl {
 	conf := "net/ipv6/conf/" + uplink + "/"
-	out := []datapath.Sysctl{{Key: conf + "disable_ipv6", Value: "0", Why: "the uplink carries the pods' IPv6 traffic"}}
+	// all/disable_ipv6 1 turns IPv6 off on every link, the pods' host
+	// veths among them, whatever the uplink's own says.
+	out := []datapath.Sysctl{
+		{Key: "net/ipv6/conf/all/disable_ipv6", Value: "0", Why: "IPv6 is on on the node's links, the pods' host veths among them"},
+		{Key: conf + "disable_ipv6", Value: "0", Why: "the uplink carries the pods' IPv6 traffic"},
+	}
 	// An uplink that takes router advertisements (accept_ra 1) would stop
 	// with forwarding on, and lose the default route they gave it the
 	// moment forwarding goes on; 2 keeps them. One that takes none (0) is

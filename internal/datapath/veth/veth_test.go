@@ -66,7 +66,7 @@ func TestNodeSysctls(t *testing.T) {
 	if got := keys(nodeSysctls("up0", nil)); got != "net/ipv4/ip_forward=1 net/ipv4/neigh/up0/proxy_delay=0" {
 		t.Errorf("IPv4 node: %s", got)
 	}
-	const v6 = "net/ipv6/conf/up0/disable_ipv6=0 net/ipv6/conf/up0/accept_ra=2 net/ipv6/conf/all/forwarding=1 net/ipv6/conf/up0/proxy_ndp=1 net/ipv6/neigh/up0/proxy_delay=0"
+	const v6 = "net/ipv6/conf/all/disable_ipv6=0 net/ipv6/conf/up0/disable_ipv6=0 net/ipv6/conf/up0/accept_ra=2 net/ipv6/conf/all/forwarding=1 net/ipv6/conf/up0/proxy_ndp=1 net/ipv6/neigh/up0/proxy_delay=0"
 	if got := keys(ipv6SysctlsFor("up0", "1")); got != v6 {
 		t.Errorf("IPv6 uplink taking RAs:\n got %s\nwant %s", got, v6)
 	}

@@ -17,10 +17,12 @@ import (
 // ARP socket bound to it and a netlink handle, both in the network
 // namespace Open ran in (the agent's: the host's).
 type Uplink struct {
-	name    string
-	index   int
-	mac     net.HardwareAddr
-	fd      int
+	name  string
+	index int
+	mac   net.HardwareAddr
+	fd    int
+	// fd6 is the packet socket IPv6 addresses are probed on (ndp.go).
+	fd6     int
 	nl      *netlink.Handle
 	timeout time.Duration
 }
@@ -46,7 +48,7 @@ func OpenUplink(name string, timeout time.Duration) (u *Uplink, err error) {
 	}
 	attrs := link.Attrs()
 	if timeout == 0 {
-		return &Uplink{name: name, index: attrs.Index, fd: -1, nl: nl}, nil
+		return &Uplink{name: name, index: attrs.Index, fd: -1, fd6: -1, nl: nl}, nil
 	}
 	if len(attrs.HardwareAddr) != 6 {
 		return nil, fmt.Errorf("uplink %s has no Ethernet address: ARP cannot probe on it", name)
@@ -59,7 +61,22 @@ func OpenUplink(name string, timeout time.Duration) (u *Uplink, err error) {
 		unix.Close(fd)
 		return nil, fmt.Errorf("ARP socket on %s: %w", name, err)
 	}
-	return &Uplink{name: name, index: attrs.Index, mac: attrs.HardwareAddr, fd: fd, nl: nl, timeout: timeout}, nil
+	fd6, err := unix.Socket(unix.AF_PACKET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, int(htons(unix.ETH_P_IPV6)))
+	if err == nil {
+		// Only neighbour advertisements reach it: the socket stays open,
+		// and the node's other IPv6 traffic would be copied to it.
+		if err = unix.SetsockoptSockFprog(fd6, unix.SOL_SOCKET, unix.SO_ATTACH_FILTER, naFilter()); err == nil {
+			err = unix.Bind(fd6, &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_IPV6), Ifindex: attrs.Index})
+		}
+		if err != nil {
+			unix.Close(fd6)
+		}
+	}
+	if err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("IPv6 probe socket on %s: %w", name, err)
+	}
+	return &Uplink{name: name, index: attrs.Index, mac: attrs.HardwareAddr, fd: fd, fd6: fd6, nl: nl, timeout: timeout}, nil
 }
 
 // Close releases the socket and the handle.
@@ -68,6 +85,7 @@ func (u *Uplink) Close() error {
 	if u.fd < 0 {
 		return nil
 	}
+	unix.Close(u.fd6)
 	return unix.Close(u.fd)
 }
 
@@ -95,11 +113,13 @@ func (u *Uplink) Addresses() ([]netip.Prefix, error) {
 	return out, nil
 }
 
-// Probe implements Segment: an RFC 5227 probe for each address (an ARP
-// request from sender 0.0.0.0, so no host's cache learns from it), sent
-// twice half the timeout apart against a lost frame, then every answer
-// until the timeout: a reply for the address, or another host's own
-// request or announcement from it. The node's own frames are skipped.
+// Probe implements Segment: an RFC 5227 probe for each IPv4 address (an
+// ARP request from sender 0.0.0.0, so no host's cache learns from it) and
+// a DAD neighbour solicitation for each IPv6 one (ndp.go), sent twice half
+// the timeout apart against a lost frame, then every answer until the
+// timeout: for IPv4 a reply for the address, or another host's own
+// request or announcement from it; for IPv6 a neighbour advertisement for
+// it. The node's own frames are skipped.
 func (u *Uplink) Probe(ctx context.Context, addrs []netip.Addr) (map[netip.Addr]net.HardwareAddr, error) {
 	found := map[netip.Addr]net.HardwareAddr{}
 	if len(addrs) == 0 || u.fd < 0 {
@@ -109,18 +129,35 @@ func (u *Uplink) Probe(ctx context.Context, addrs []netip.Addr) (map[netip.Addr]
 	for _, a := range addrs {
 		want[a] = true
 	}
+	buf := make([]byte, 1500)
 	send := func() error {
 		for _, a := range addrs {
 			if found[a] != nil {
 				continue
 			}
-			dst := &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_ARP), Ifindex: u.index, Halen: 6,
+			fd, pkt, dst := u.fd, []byte(nil), &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_ARP), Ifindex: u.index, Halen: 6,
 				Addr: [8]byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}}
-			if err := unix.Sendto(u.fd, u.request(a), 0, dst); err != nil {
-				return fmt.Errorf("ARP probe for %s on %s: %w", a, u.name, err)
+			what := "ARP probe"
+			if a.Is4() {
+				pkt = u.request(a)
+			} else {
+				fd, what = u.fd6, "neighbour solicitation"
+				dst.Protocol = htons(unix.ETH_P_IPV6)
+				pkt, dst.Addr = solicitation(a)
+			}
+			if err := unix.Sendto(fd, pkt, 0, dst); err != nil {
+				return fmt.Errorf("%s for %s on %s: %w", what, a, u.name, err)
 			}
 		}
 		return nil
+	}
+	// What queued since the last probe answers an earlier question.
+	for _, fd := range []int{u.fd, u.fd6} {
+		for {
+			if _, _, err := unix.Recvfrom(fd, buf, unix.MSG_DONTWAIT); err != nil {
+				break
+			}
+		}
 	}
 	if err := send(); err != nil {
 		return nil, err
@@ -130,7 +167,7 @@ func (u *Uplink) Probe(ctx context.Context, addrs []netip.Addr) (map[netip.Addr]
 	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
 		deadline = d
 	}
-	buf := make([]byte, 128)
+	fds := []unix.PollFd{{Fd: int32(u.fd), Events: unix.POLLIN}, {Fd: int32(u.fd6), Events: unix.POLLIN}}
 	for len(found) < len(want) {
 		now := time.Now()
 		if !resent && !now.Before(resendAt) {
@@ -146,23 +183,37 @@ func (u *Uplink) Probe(ctx context.Context, addrs []netip.Addr) (map[netip.Addr]
 		if !resent && resendAt.Before(next) {
 			next = resendAt
 		}
-		n, err := unix.Poll([]unix.PollFd{{Fd: int32(u.fd), Events: unix.POLLIN}}, int(max(time.Until(next).Milliseconds(), 1)))
+		fds[0].Revents, fds[1].Revents = 0, 0
+		n, err := unix.Poll(fds, int(max(time.Until(next).Milliseconds(), 1)))
 		if err != nil && !errors.Is(err, unix.EINTR) {
-			return nil, fmt.Errorf("ARP probe on %s: %w", u.name, err)
+			return nil, fmt.Errorf("probe on %s: %w", u.name, err)
 		}
 		if n <= 0 {
 			continue
 		}
-		m, from, err := unix.Recvfrom(u.fd, buf, unix.MSG_DONTWAIT)
-		if err != nil {
-			continue
-		}
-		if ll, ok := from.(*unix.SockaddrLinklayer); ok && ll.Pkttype == unix.PACKET_OUTGOING {
-			continue
-		}
-		sha, spa, ok := parseARP(buf[:m])
-		if ok && want[spa] && found[spa] == nil && sha.String() != u.mac.String() {
-			found[spa] = sha
+		for i, pfd := range fds {
+			if pfd.Revents&unix.POLLIN == 0 {
+				continue
+			}
+			m, from, err := unix.Recvfrom(int(pfd.Fd), buf, unix.MSG_DONTWAIT)
+			if err != nil {
+				continue
+			}
+			ll, _ := from.(*unix.SockaddrLinklayer)
+			if ll == nil || ll.Pkttype == unix.PACKET_OUTGOING {
+				continue
+			}
+			var sha net.HardwareAddr
+			var spa netip.Addr
+			ok := false
+			if i == 0 {
+				sha, spa, ok = parseARP(buf[:m])
+			} else {
+				spa, sha, ok = parseNA(buf[:m], net.HardwareAddr(append([]byte(nil), ll.Addr[:6]...)))
+			}
+			if ok && want[spa] && found[spa] == nil && sha.String() != u.mac.String() {
+				found[spa] = sha
+			}
 		}
 	}
 	return found, nil

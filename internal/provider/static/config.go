@@ -41,11 +41,10 @@ const DefaultMaxAddresses = 1 << 16
 // enters the node's pool: an address another host answers for is skipped
 // and set aside, said as a VpcniAddressInUse warning naming the MAC that
 // answered, and probed again once Recheck has passed. Only addresses in the
-// uplink's own subnets are probed (ARP reaches no further): not a range
-// on a NIC of its own, nor a routed pod subnet. IPv4 only: an IPv6
-// address is not probed (no neighbour solicitation is sent for it yet), so
-// an IPv6 range must be the node's alone or exclude every other host's
-// address. The node's own
+// uplink's own subnets are probed (ARP and neighbour solicitations reach
+// no further): not a range on a NIC of its own, nor a routed pod subnet.
+// An IPv6 address is probed with a neighbour solicitation from :: (as
+// duplicate address detection sends it). The node's own
 // addresses, the gateway and, with Kubernetes on, every Node's
 // InternalIP and ExternalIP are never handed out, probe or not.
 type Probe struct {

@@ -256,27 +256,32 @@ func TestBlocksModeIPv6(t *testing.T) {
 	}
 }
 
-// The probe is ARP's: IPv6 addresses are never probed (a host answering
-// for one is not found), while the node's own IPv6 address on the uplink
-// and a Node's IPv6 address are still never handed out.
-func TestGuardIPv6NotProbedOwnAvoided(t *testing.T) {
+// IPv6 addresses are probed too (a neighbour solicitation): one a host
+// answers for is set aside and said, and the node's own IPv6 address on
+// the uplink and a Node's IPv6 address are never handed out.
+func TestGuardIPv6ProbedOwnAvoided(t *testing.T) {
 	seg := &segment{own: []netip.Prefix{netip.MustParsePrefix("10.0.0.2/24"), netip.MustParsePrefix("fd00:5::2/64")},
 		holders: map[netip.Addr]string{netip.MustParseAddr("fd00:5::3"): "02:00:00:00:00:03", netip.MustParseAddr("10.0.0.3"): "02:00:00:00:00:04"}}
 	p, err := static.New(dualRanges(), t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
+	var notices []provider.Notice
 	p.SetGuard(static.Guard{Segment: seg, Probe: true, Recheck: time.Minute,
-		Nodes: func(context.Context) ([]netip.Addr, error) { return ips("fd00:5::4"), nil }})
+		Nodes:  func(context.Context) ([]netip.Addr, error) { return ips("fd00:5::4"), nil },
+		Notify: func(n provider.Notice) { notices = append(notices, n) }})
 	got, err := assign(t, p, provider.AssignRequest{Count: 2, Family: family.V6})
-	if err != nil || !slices.Equal(got, addrs("fd00:5::3", "fd00:5::5")) {
-		t.Fatalf("IPv6 Assign = %v, %v; want ::3 (not probed) and ::5 (::2 the node's, ::4 a Node's)", got, err)
+	if err != nil || !slices.Equal(got, addrs("fd00:5::5", "fd00:5::6")) {
+		t.Fatalf("IPv6 Assign = %v, %v; want ::5 and ::6 (::2 the node's, ::3 a host's, ::4 a Node's)", got, err)
 	}
-	if len(seg.probed) != 0 {
-		t.Errorf("IPv6 addresses probed: %v", seg.probed)
+	if len(seg.probed) == 0 || !slices.Contains(seg.probed[0], netip.MustParseAddr("fd00:5::3")) {
+		t.Errorf("IPv6 addresses probed: %v, want fd00:5::3 among them", seg.probed)
+	}
+	if len(notices) != 1 || notices[0].Kind != "neighbour_advertisement" || !strings.Contains(notices[0].Message, "02:00:00:00:00:03") {
+		t.Errorf("notices %+v, want one neighbour_advertisement naming 02:00:00:00:00:03", notices)
 	}
 	got, err = assign(t, p, provider.AssignRequest{Count: 1})
-	if err != nil || !slices.Equal(got, addrs("10.0.0.4")) || len(seg.probed) == 0 {
+	if err != nil || !slices.Equal(got, addrs("10.0.0.4")) {
 		t.Errorf("IPv4 Assign = %v, %v (probed %v); want 10.0.0.4, probed past .3", got, err, seg.probed)
 	}
 }

@@ -18,12 +18,12 @@ import (
 // address enters the node's pool (Uplink on a node).
 type Segment interface {
 	// Addresses are the node's own addresses on it now, IPv4 and IPv6,
-	// with their prefix lengths (the subnets on the segment: the IPv4
-	// ones are those ARP reaches).
+	// with their prefix lengths (the subnets on the segment: those ARP
+	// and neighbour solicitations reach).
 	Addresses() ([]netip.Prefix, error)
-	// Probe asks who holds addrs (IPv4 addresses: it is asked of no
-	// other) and returns those another host answered for, with the MAC
-	// that answered.
+	// Probe asks who holds addrs (IPv4 by ARP, IPv6 by a DAD neighbour
+	// solicitation) and returns those another host answered for, with
+	// the MAC that answered.
 	Probe(ctx context.Context, addrs []netip.Addr) (map[netip.Addr]net.HardwareAddr, error)
 }
 
@@ -118,7 +118,7 @@ func (p *Provider) avoided(a netip.Addr) string {
 	}
 	if u, ok := p.foreign[a]; ok {
 		if time.Now().Before(u.until) {
-			return fmt.Sprintf("host %s answered ARP for it (probed again after %s)", u.mac, u.until.Format(time.RFC3339))
+			return fmt.Sprintf("host %s answered %s for it (probed again after %s)", u.mac, probeName(a), u.until.Format(time.RFC3339))
 		}
 		delete(p.foreign, a)
 	}
@@ -132,18 +132,13 @@ func (p *Provider) vet(ctx context.Context, picked []netip.Addr) (kept []netip.A
 	if !p.guard.Probe || p.guard.Segment == nil || len(picked) == 0 {
 		return picked, nil, nil
 	}
-	// ARP reaches the uplink's own subnets only: an address of a range on
-	// a second NIC (range.nic, another segment) or off the uplink's
-	// subnets (a routed pod subnet, which no host on the segment holds)
-	// is not asked for. Nor is an IPv6 address: IPv6 has no ARP, and the
-	// probe that would ask (a neighbour solicitation from ::, as duplicate
-	// address detection sends) is not built yet.
+	// ARP and neighbour solicitations reach the uplink's own subnets
+	// only: an address of a range on a second NIC (range.nic, another
+	// segment) or off the uplink's subnets (a routed pod subnet, which no
+	// host on the segment holds) is not asked for.
 	p.mu.Lock()
 	var onUplink []netip.Addr
 	for _, a := range picked {
-		if !a.Is4() {
-			continue
-		}
 		j := slices.IndexFunc(p.ranges, func(r ipam.Range) bool { return r.Usable(a) })
 		onLink := slices.ContainsFunc(p.ownAddrs, func(o netip.Prefix) bool { return o.Masked().Contains(a) })
 		if j >= 0 && p.nics[j] == nil && onLink {
@@ -177,14 +172,18 @@ func (p *Provider) vet(ctx context.Context, picked []netip.Addr) (kept []netip.A
 		}
 		delete(p.held, a)
 		p.foreign[a] = inUse{mac: mac.String(), until: until}
-		refused[a] = fmt.Sprintf("host %s answered ARP for it", mac)
+		refused[a] = fmt.Sprintf("host %s answered %s for it", mac, probeName(a))
 	}
 	p.mu.Unlock()
 	for a, why := range refused {
 		msg := fmt.Sprintf("%s is in the static ranges but %s on the node's segment: it is not handed to a pod, and is probed again in %s "+
 			"(exclude it in provider.static.ranges[].exclude if that host keeps it)", a, why, p.guard.Recheck)
 		if p.guard.Notify != nil {
-			p.guard.Notify(provider.Notice{Reason: provider.ReasonAddressInUse, Kind: "arp_reply", Message: msg,
+			kind := "arp_reply"
+			if a.Is6() {
+				kind = "neighbour_advertisement"
+			}
+			p.guard.Notify(provider.Notice{Reason: provider.ReasonAddressInUse, Kind: kind, Message: msg,
 				Attrs: []any{"address", a.String(), "mac", found[a].String()}})
 		} else {
 			p.guard.Log.Warn(msg, "reason", provider.ReasonAddressInUse, "address", a.String(), "mac", found[a].String())
@@ -201,4 +200,12 @@ func describe(refused map[netip.Addr]string) string {
 	}
 	slices.Sort(out)
 	return strings.Join(out, "; ")
+}
+
+// probeName names the probe another host answered for a.
+func probeName(a netip.Addr) string {
+	if a.Is6() {
+		return "a neighbour solicitation (NDP)"
+	}
+	return "ARP"
 }
