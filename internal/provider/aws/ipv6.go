@@ -247,39 +247,21 @@ func (p *Provider) use6(pf netip.Prefix) *prefix6Use {
 	return u
 }
 
-// assign6 is Assign for IPv6: named addresses, then Count on the primary
-// ENI and, when its slots are used, on vpcni's other ENIs (enis6).
-func (p *Provider) assign6(ctx context.Context, req provider.AssignRequest) ([]alloc.Lease, error) {
-	if !p.serves6() {
-		return nil, fmt.Errorf("IPv6 addresses asked for, but ipFamilies has no ipv6 (or this is a PodNetwork's provider): %w", provider.ErrExhausted)
-	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if err := p.readIfStale(ctx); err != nil {
-		return nil, err
-	}
+// assignNamed6s gives out IPv6 addresses asked for by name, each as
+// assignNamed6 does (Assign for IPv6 then asks for Count on the primary
+// ENI and, when its slots are used, on vpcni's other ENIs: enis6). The
+// caller holds p.mu.
+func (p *Provider) assignNamed6s(ctx context.Context, addrs []netip.Addr) ([]leaseOn, error) {
 	var got []leaseOn
 	var errs []error
-	for _, a := range slices.Compact(sortedAddrs(req.Addresses)) {
+	for _, a := range slices.Compact(sortedAddrs(addrs)) {
 		e, err := p.assignNamed6(ctx, a)
 		if e != nil {
 			got = append(got, leaseOn{e, a})
 		}
 		errs = append(errs, err)
 	}
-	if req.Count > 0 {
-		more, err := p.assignCount6(ctx, req.Count)
-		got = append(got, more...)
-		errs = append(errs, err)
-	}
-	if err := p.rec.save(); err != nil {
-		errs = append(errs, fmt.Errorf("save vpcni's address records: %w", err))
-	}
-	out := make([]alloc.Lease, len(got))
-	for i, l := range got {
-		out[i] = p.lease6(l.e, l.addr)
-	}
-	return out, errors.Join(errs...)
+	return got, errors.Join(errs...)
 }
 
 // enis6 are the ENIs IPv6 pod addresses go on, in the order they are
@@ -409,45 +391,17 @@ func (p *Provider) assignCount6(ctx context.Context, n int) ([]leaseOn, error) {
 }
 
 // assignOn6 assigns on e the named IPv6 addresses, count addresses, or
-// (prefix) count /80s of EC2's choosing, and returns what is new. On an
-// ENI vpcni did not create an intent is recorded first, as assignOn does
-// for IPv4. The caller holds p.mu.
+// (prefix) count /80s of EC2's choosing, and returns what is new; the
+// intent on an ENI vpcni did not create is beginAssign's, as for IPv4.
+// The caller holds p.mu.
 func (p *Provider) assignOn6(ctx context.Context, e *eni, named []netip.Addr, count int, prefix bool) (_ []netip.Addr, _ []netip.Prefix, err error) {
-	switch {
-	case !e.ours && p.rec.pendingOn(e.id):
-		if err := p.settleNow(ctx, e); err != nil {
-			return nil, nil, err
-		}
-	case p.answers6 != answersExact:
-		// What the call adds is told from what the ENI held just before
-		// (moto's answer lists every address of the ENI, AWS-FACTS V61).
-		if err := p.rereadENI(ctx, e); err != nil {
-			return nil, nil, err
-		}
+	// moto's answer lists every address of the ENI (AWS-FACTS V61): until
+	// the answers are known to be EC2's, the ENI is read before the call.
+	ctx, done, err := p.beginAssign(ctx, e, p.answers6 != answersExact, count+len(named), true)
+	if err != nil {
+		return nil, nil, err
 	}
-	var in intent
-	if !e.ours {
-		in = intent{ENI: e.id, Before: e.holds(), Count: count + len(named), At: time.Now().UTC(), V6: true}
-		if err := p.rec.begin(in); err != nil {
-			return nil, nil, err
-		}
-	}
-	ctx, attempts := countAttempts(ctx)
-	if !e.ours {
-		defer func() {
-			// As for IPv4 (assignOn): only a refusal at the only attempt
-			// surely assigned nothing.
-			switch {
-			case attempts.Load() > 1:
-				p.rec.Pending[slices.IndexFunc(p.rec.Pending, func(x intent) bool { return x.ENI == in.ENI && x.At.Equal(in.At) })].Count *= int(attempts.Load())
-				if err == nil {
-					err = p.settleNow(ctx, e)
-				}
-			case err == nil || refused(err):
-				p.rec.end(in)
-			}
-		}()
-	}
+	defer done(&err)
 	input := &ec2.AssignIpv6AddressesInput{NetworkInterfaceId: &e.id}
 	switch {
 	case len(named) > 0:
