@@ -77,11 +77,18 @@ func (p *Provider) room(e *eni) int { return max(p.limits.slots()-e.used(), 0) }
 // locate finds the attached ENI that holds a, as a secondary address or in
 // a prefix (pf valid), as last read.
 func (p *Provider) locate(a netip.Addr) (e *eni, pf netip.Prefix) {
+	return p.locateIn(a, func(e *eni) ([]netip.Addr, []netip.Prefix) { return e.secondaries, e.prefixes })
+}
+
+// locateIn finds the ENI one of whose addresses (of those) is a, or one
+// of whose prefixes holds it (pf valid): locate and locate6.
+func (p *Provider) locateIn(a netip.Addr, of func(*eni) ([]netip.Addr, []netip.Prefix)) (*eni, netip.Prefix) {
 	for _, e := range p.enis {
-		if slices.Contains(e.secondaries, a) {
+		addrs, prefixes := of(e)
+		if slices.Contains(addrs, a) {
 			return e, netip.Prefix{}
 		}
-		for _, pf := range e.prefixes {
+		for _, pf := range prefixes {
 			if pf.Contains(a) {
 				return e, pf
 			}

@@ -221,17 +221,7 @@ func (p *Provider) mine6(e *eni) []netip.Addr {
 // locate6 finds the attached ENI holding a, as an address or in a /80
 // (pf valid).
 func (p *Provider) locate6(a netip.Addr) (*eni, netip.Prefix) {
-	for _, e := range p.enis {
-		if slices.Contains(e.ipv6s, a) {
-			return e, netip.Prefix{}
-		}
-		for _, pf := range e.prefixes6 {
-			if pf.Contains(a) {
-				return e, pf
-			}
-		}
-	}
-	return nil, netip.Prefix{}
+	return p.locateIn(a, func(e *eni) ([]netip.Addr, []netip.Prefix) { return e.ipv6s, e.prefixes6 })
 }
 
 // use6 is the record of a /80 of vpcni's, made if missing.
