@@ -31,6 +31,16 @@ import (
 // is dropped, as on EC2. Each node reaches the endpoint on its own loopback
 // and its instance metadata (IMDSv2) at 127.0.0.1:IMDSPort, which serves
 // that node's instance only, with its role's credentials.
+//
+// With Config.Subnet6 the VPC holds an IPv6 block (the /56 around it) and
+// the subnet that /64: every instance's primary ENI gets the address of
+// its IPv4 address's last byte, the router ::1. The check covers IPv6 as
+// EC2's does: from an ENI only one of its IPv6 addresses or /80s (or its
+// link-local address, for neighbour discovery; the unspecified address
+// for duplicate address detection and listener reports), never a router
+// advertisement; to an ENI only its addresses, /80s, link-local and
+// multicast — so, as for IPv4, an address is delivered only to the ENI
+// that holds it, the node answering neighbour solicitations for its pods.
 
 // IMDSPort is where a node of an AWS lab reaches its instance metadata.
 const IMDSPort = 9698
@@ -72,16 +82,30 @@ func upAWS(ctx context.Context, cfg Config) (_ *Lab, err error) {
 	if l.SubnetID, err = l.EC2.AddSubnet(vpc, cfg.Subnet, "us-east-1a"); err != nil {
 		return nil, err
 	}
+	if cfg.Subnet6.IsValid() {
+		block, _ := cfg.Subnet6.Addr().Prefix(56)
+		if err := l.EC2.AddVPCIPv6(vpc, block); err != nil {
+			return nil, err
+		}
+		if err := l.EC2.AddSubnetIPv6(l.SubnetID, cfg.Subnet6); err != nil {
+			return nil, err
+		}
+	}
 	sg := l.EC2.AddSecurityGroup(vpc, cfg.Prefix)
 	at := func(last byte) netip.Addr { b := cfg.Subnet.Addr().As4(); b[3] = last; return netip.AddrFrom4(b) }
 	// The router is the VPC's own at the subnet's first address: no ENI,
 	// no source/destination check on its bridge port.
 	l.Router = Host{Name: "router", NS: cfg.Prefix + "-router", IP: cfg.Subnet.Addr().Next(), MAC: "02:00:00:00:00:01", ifname: "lprouter"}
+	if cfg.Subnet6.IsValid() {
+		l.Router.IP6 = l.at6(1)
+	}
 	if err := l.wire(&l.Router, false); err != nil {
 		return nil, err
 	}
-	if err := netnsutil.Exec(l.Router.NS, "sysctl", "-qw", "net.ipv4.ip_forward=1"); err != nil {
-		return nil, err
+	for _, sysctl := range []string{"net.ipv4.ip_forward=1", "net.ipv6.conf.all.forwarding=1"} {
+		if err := netnsutil.Exec(l.Router.NS, "sysctl", "-qw", sysctl); err != nil {
+			return nil, err
+		}
 	}
 	for i := range cfg.Nodes {
 		h, err := l.runInstance(fmt.Sprintf("n%d", i+1), at(byte(11+i)), sg)
@@ -109,10 +133,15 @@ func upAWS(ctx context.Context, cfg Config) (_ *Lab, err error) {
 	return l, nil
 }
 
-// runInstance launches an instance with its primary ENI at ip and wires a
+// runInstance launches an instance with its primary ENI at ip (and, with
+// an IPv6 subnet, the IPv6 address of the same last byte) and wires a
 // host namespace for it.
 func (l *Lab) runInstance(name string, ip netip.Addr, sg string) (Host, error) {
-	inst, err := l.EC2.RunInstance(ec2api.RunOptions{Type: InstanceType, SubnetID: l.SubnetID, IP: ip, Groups: []string{sg}, Role: NodeRole})
+	var ip6 netip.Addr
+	if l.Subnet6.IsValid() {
+		ip6 = l.at6(ip.As4()[3])
+	}
+	inst, err := l.EC2.RunInstance(ec2api.RunOptions{Type: InstanceType, SubnetID: l.SubnetID, IP: ip, IP6: ip6, Groups: []string{sg}, Role: NodeRole})
 	if err != nil {
 		return Host{}, fmt.Errorf("instance for %s: %w", name, err)
 	}
@@ -125,7 +154,7 @@ func (l *Lab) runInstance(name string, ip netip.Addr, sg string) (Host, error) {
 	if eni.ID == "" {
 		return Host{}, fmt.Errorf("instance %s for %s has no primary ENI", inst.ID, name)
 	}
-	h := Host{Name: name, NS: l.Prefix + "-" + name, IP: ip, PortID: eni.ID, MAC: eni.MAC, InstanceID: inst.ID, ifname: eniIfname(eni.ID)}
+	h := Host{Name: name, NS: l.Prefix + "-" + name, IP: ip, IP6: ip6, PortID: eni.ID, MAC: eni.MAC, InstanceID: inst.ID, ifname: eniIfname(eni.ID)}
 	if err := l.wire(&h, true); err != nil {
 		return h, err
 	}
@@ -186,6 +215,28 @@ func (l *Lab) unplugENI(_ string, eni ec2api.ENI) {
 	}
 }
 
+// writeCheck6 is an ENI's source/destination check for IPv6 (see the
+// note at the top). Its link-local address is always allowed, so the set
+// is never empty.
+func writeCheck6(b *strings.Builder, ifname string, e ec2api.ENI) {
+	var allowed []string
+	if ll, ok := linkLocal(e.MAC); ok {
+		allowed = append(allowed, ll.String())
+	}
+	for _, a := range e.IPv6s {
+		allowed = append(allowed, a.String())
+	}
+	for _, p := range e.IPv6Prefixes {
+		allowed = append(allowed, p.String())
+	}
+	slices.Sort(allowed)
+	set := strings.Join(allowed, ", ")
+	fmt.Fprintf(b, "  iifname %q ether type ip6 icmpv6 type nd-router-advert drop\n", ifname)
+	fmt.Fprintf(b, "  iifname %q ether type ip6 ip6 saddr :: icmpv6 type { nd-neighbor-solicit, mld-listener-report, mld2-listener-report } accept\n", ifname)
+	fmt.Fprintf(b, "  iifname %q ether type ip6 ip6 saddr != { %s } drop\n", ifname, set)
+	fmt.Fprintf(b, "  oifname %q ether type ip6 ip6 daddr != { %s, ff00::/8 } drop\n", ifname, set)
+}
+
 // programENIs writes the VPC bridge's source/destination checks from the
 // endpoint's ENIs.
 func (l *Lab) programENIs(enis []ec2api.ENI) {
@@ -203,6 +254,7 @@ func (l *Lab) programENIs(enis []ec2api.ENI) {
 		if !e.SourceDestCheck {
 			continue
 		}
+		writeCheck6(&b, h.ifname, e)
 		var allowed []string
 		for _, a := range e.PrivateIPs {
 			allowed = append(allowed, a.String())

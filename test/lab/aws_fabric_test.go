@@ -17,6 +17,7 @@ import (
 
 	"github.com/vpcni/vpcni/internal/config"
 	"github.com/vpcni/vpcni/internal/datapath/ebpf"
+	"github.com/vpcni/vpcni/internal/family"
 	"github.com/vpcni/vpcni/internal/lab"
 	"github.com/vpcni/vpcni/internal/netnsutil"
 	awsprovider "github.com/vpcni/vpcni/internal/provider/aws"
@@ -25,12 +26,17 @@ import (
 
 // awsLabUp builds an AWS-style lab (the lab's EC2 endpoint, instance
 // metadata per node) for one test and tears it down after it.
-func awsLabUp(t *testing.T, tag string, nodes int, subnet string) *lab.Lab {
+// With subnet6 ("" for none) its VPC and subnet have that IPv6 block too.
+func awsLabUp(t *testing.T, tag string, nodes int, subnet string, subnet6 ...string) *lab.Lab {
 	t.Helper()
 	c, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	l, err := lab.Up(c, lab.Config{Prefix: fmt.Sprintf("vpcni%s%d", tag, os.Getpid()%100000), Nodes: nodes,
-		Subnet: netip.MustParsePrefix(subnet), Cloud: "aws"})
+	cfg := lab.Config{Prefix: fmt.Sprintf("vpcni%s%d", tag, os.Getpid()%100000), Nodes: nodes,
+		Subnet: netip.MustParsePrefix(subnet), Cloud: "aws"}
+	if len(subnet6) > 0 {
+		cfg.Subnet6 = netip.MustParsePrefix(subnet6[0])
+	}
+	l, err := lab.Up(c, cfg)
 	if err != nil {
 		t.Fatalf("lab up: %v", err)
 	}
@@ -173,8 +179,10 @@ func awsProvider(prefixMode bool) config.Provider {
 // provider. Then the from-pod rule is taken away while the agent is
 // stopped: the legacy VM's connection to the pod on the secondary ENI
 // fails (its replies leave by eth0, whose check drops them), and the
-// agent's next start puts the rule back.
+// agent's next start puts the rule back. Subtest dualstack: see
+// awsDualStack.
 func TestAWSLab(t *testing.T) {
+	t.Run("dualstack", awsDualStack)
 	for _, mode := range []string{"veth", "ebpf"} {
 		t.Run(mode, func(t *testing.T) {
 			c, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
@@ -249,5 +257,78 @@ func TestAWSLab(t *testing.T) {
 				t.Fatalf("fabric: %v", err)
 			}
 		})
+	}
+}
+
+// awsDualStack: dual-stack pods (mode veth) on two nodes of an AWS-style
+// lab whose VPC and subnet have an IPv6 block, the aws provider putting
+// each pod's IPv6 address on its node's primary ENI (AssignIpv6Addresses
+// by count). Pods reach each other by both families on one node and
+// across the nodes, their node and the legacy VM by IPv6, and the legacy
+// VM reaches them by IPv6 — the fabric delivering each address only to
+// the ENI that holds it. The source/destination check is real for IPv6:
+// an address taken off the ENI stops passing.
+func awsDualStack(t *testing.T) {
+	c, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	subnet6 := netip.MustParsePrefix("fd00:97:6::/64")
+	l := awsLabUp(t, "aw6", 2, "10.97.6.0/24", subnet6.String())
+	nodes := startAgents(t, l, "1.0.0", func(cfg *config.Config) {
+		cfg.IPFamilies = []family.Family{family.V4, family.V6}
+		cfg.Provider = awsProvider(false)
+	})
+	pods := []labPod{addPod(t, c, l, nodes[0], "a"), addPod(t, c, l, nodes[0], "b"), addPod(t, c, l, nodes[1], "c")}
+	for i, p := range pods {
+		if !p.ip.IsValid() || !subnet6.Contains(p.ip6) {
+			t.Fatalf("pod %d got %s and %s, want an IPv4 address and one of %s", i, p.ip, p.ip6, subnet6)
+		}
+	}
+	legacy, n1 := netnsutil.Path(l.Legacy.NS), netnsutil.Path(l.Nodes[0].NS)
+	serveEcho(t, legacy, l.Legacy.IP6)
+	serveEcho(t, n1, l.Nodes[0].IP6)
+	expectReach(t, c, []reachable{
+		{"pod on n1 -> pod on n1 by IPv6", pods[0].ns, pods[1].ip6},
+		{"pod on n1 -> pod on n1 by IPv4", pods[0].ns, pods[1].ip},
+		{"pod on n1 -> pod on n2 by IPv6", pods[0].ns, pods[2].ip6},
+		{"pod on n2 -> pod on n1 by IPv6", pods[2].ns, pods[0].ip6},
+		{"pod on n1 -> pod on n2 by IPv4", pods[0].ns, pods[2].ip},
+		{"pod on n2 -> node n1 by IPv6", pods[2].ns, l.Nodes[0].IP6},
+		{"node n1 -> its pod by IPv6", n1, pods[0].ip6},
+		{"pod on n1 -> its node by IPv6", pods[0].ns, l.Nodes[0].IP6},
+		{"legacy VM -> pod on n1 by IPv6", legacy, pods[0].ip6},
+		{"legacy VM -> pod on n2 by IPv6", legacy, pods[2].ip6},
+		{"pod on n2 -> legacy VM by IPv6", pods[2].ns, l.Legacy.IP6},
+	})
+	if t.Failed() {
+		t.FailNow()
+	}
+	// The check for IPv6: the pod's address off n2's primary ENI (as
+	// someone's UnassignIpv6Addresses would), the legacy VM no longer
+	// reaches it; back on, it does.
+	cl := ec2Client(l)
+	move := func(on bool) {
+		t.Helper()
+		var err error
+		if on {
+			_, err = cl.AssignIpv6Addresses(c, &ec2.AssignIpv6AddressesInput{NetworkInterfaceId: aws.String(l.Nodes[1].PortID), Ipv6Addresses: []string{pods[2].ip6.String()}})
+		} else {
+			_, err = cl.UnassignIpv6Addresses(c, &ec2.UnassignIpv6AddressesInput{NetworkInterfaceId: aws.String(l.Nodes[1].PortID), Ipv6Addresses: []string{pods[2].ip6.String()}})
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	move(false)
+	if err := probe(c, legacy, testbed.HostPort(pods[2].ip6, 7777)); err == nil {
+		t.Fatalf("legacy VM still reaches %s with the address off n2's ENI: the IPv6 source/destination check is not enforced", pods[2].ip6)
+	}
+	move(true)
+	if err := probe(c, legacy, testbed.HostPort(pods[2].ip6, 7777)); err != nil {
+		t.Fatalf("legacy VM -> %s once the address is back on n2's ENI: %v", pods[2].ip6, err)
+	}
+	t.Logf("vpcni-test: aws dual-stack lab: pods %s/%s, %s/%s (n1) and %s/%s (n2) on their primary ENIs; pod <-> pod both families on a node and across, pod <-> node, legacy VM <-> pod by IPv6",
+		pods[0].ip, pods[0].ip6, pods[1].ip, pods[1].ip6, pods[2].ip, pods[2].ip6)
+	if err := l.FabricErr(); err != nil {
+		t.Fatalf("fabric: %v", err)
 	}
 }

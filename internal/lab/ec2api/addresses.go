@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"net/netip"
 	"slices"
+	"strings"
 )
 
 // prefixBits: EC2 delegates IPv4 prefixes as /28s (16 addresses), each
@@ -140,34 +141,109 @@ func checkPrefix(sn *subnet, raw string) (netip.Prefix, *apiError) {
 	return p, nil
 }
 
-// take gives addresses and prefixes to e; the first address of an ENI
-// without one becomes its primary.
-func (s *Server) take(e *ENI, ips []netip.Addr, prefixes []netip.Prefix) {
+// holding is one family's addresses and prefixes as a subnet and an ENI
+// keep them: the subnet's maps (who holds each) and the ENI's lists.
+type holding struct {
+	used     map[netip.Addr]string
+	prefixes map[netip.Prefix]string
+	ips      *[]netip.Addr
+	pfx      *[]netip.Prefix
+}
+
+// holdingOf is e's holding of IPv4 or (v6) IPv6, with its subnet's.
+func (s *Server) holdingOf(e *ENI, v6 bool) holding {
 	sn := s.subnets[e.SubnetID]
+	if v6 {
+		return holding{sn.used6, sn.prefixes6, &e.IPv6s, &e.IPv6Prefixes}
+	}
+	return holding{sn.used, sn.prefixes, &e.PrivateIPs, &e.Prefixes}
+}
+
+// give records addresses and prefixes as eniID's.
+func (h holding) give(eniID string, ips []netip.Addr, prefixes []netip.Prefix) {
 	for _, a := range ips {
-		sn.used[a] = e.ID
-		if !e.PrimaryIP.IsValid() {
-			e.PrimaryIP = a
-		}
-		e.PrivateIPs = append(e.PrivateIPs, a)
+		h.used[a] = eniID
+		*h.ips = append(*h.ips, a)
 	}
 	for _, p := range prefixes {
-		sn.prefixes[p] = e.ID
-		e.Prefixes = append(e.Prefixes, p)
+		h.prefixes[p] = eniID
+		*h.pfx = append(*h.pfx, p)
 	}
 }
 
-// release takes addresses and prefixes back from e.
-func (s *Server) release(e *ENI, ips []netip.Addr, prefixes []netip.Prefix) {
-	sn := s.subnets[e.SubnetID]
+// drop forgets addresses and prefixes.
+func (h holding) drop(ips []netip.Addr, prefixes []netip.Prefix) {
 	for _, a := range ips {
-		delete(sn.used, a)
-		e.PrivateIPs = slices.DeleteFunc(e.PrivateIPs, func(x netip.Addr) bool { return x == a })
+		delete(h.used, a)
+		*h.ips = slices.DeleteFunc(*h.ips, func(x netip.Addr) bool { return x == a })
 	}
 	for _, p := range prefixes {
-		delete(sn.prefixes, p)
-		e.Prefixes = slices.DeleteFunc(e.Prefixes, func(x netip.Prefix) bool { return x == p })
+		delete(h.prefixes, p)
+		*h.pfx = slices.DeleteFunc(*h.pfx, func(x netip.Prefix) bool { return x == p })
 	}
+}
+
+// take gives IPv4 addresses and prefixes to e; the first address of an
+// ENI without one becomes its primary.
+func (s *Server) take(e *ENI, ips []netip.Addr, prefixes []netip.Prefix) {
+	s.holdingOf(e, false).give(e.ID, ips, prefixes)
+	if !e.PrimaryIP.IsValid() && len(ips) > 0 {
+		e.PrimaryIP = ips[0]
+	}
+}
+
+// release takes IPv4 addresses and prefixes back from e.
+func (s *Server) release(e *ENI, ips []netip.Addr, prefixes []netip.Prefix) {
+	s.holdingOf(e, false).drop(ips, prefixes)
+}
+
+// askWays name a call's four ways to ask for addresses (by count, by
+// address, prefixes by count, by prefix), for its errors.
+type askWays struct{ count, addrs, pcount, prefixes string }
+
+var (
+	ways4 = askWays{"secondary private IP address count", "private IP addresses", "IPv4 prefix count", "IPv4 prefixes"}
+	ways6 = askWays{"IPv6 address count", "IPv6 addresses", "IPv6 prefix count", "IPv6 prefixes"}
+)
+
+// checkOneWay: a request asks exactly one way (an address or prefix list
+// is given when non-empty), and a count it gives is at least 1.
+func checkOneWay(w askWays, hasCount bool, count, addrs int, hasPCount bool, pcount, prefixes int) *apiError {
+	given := 0
+	for _, b := range []bool{hasCount, addrs > 0, hasPCount, prefixes > 0} {
+		if b {
+			given++
+		}
+	}
+	an := func(s string) string {
+		if strings.IndexAny(s[:1], "AEIOU") == 0 {
+			return "an " + s
+		}
+		return "a " + s
+	}
+	switch {
+	case given == 0:
+		return errorf(400, "MissingParameter", "Either %s, %s, %s or %s must be specified.", an(w.count), w.addrs, an(w.pcount), w.prefixes)
+	case given > 1:
+		return errorf(400, "InvalidParameterCombination", "Only one of the %s, %s, the %s and %s may be specified.", w.count, w.addrs, w.pcount, w.prefixes)
+	case hasCount && count < 1, hasPCount && pcount < 1:
+		return invalidValue("The count must be at least 1.")
+	}
+	return nil
+}
+
+// assignedPrefixes parses the prefixes an unassign names, each one e
+// holds (on).
+func assignedPrefixes(raw []string, on []netip.Prefix, eniID string) ([]netip.Prefix, *apiError) {
+	var out []netip.Prefix
+	for _, r := range raw {
+		p, err := netip.ParsePrefix(r)
+		if err != nil || !slices.Contains(on, p) {
+			return nil, invalidValue("Some of the specified prefixes are not assigned to interface %s", eniID)
+		}
+		out = append(out, p)
+	}
+	return out, nil
 }
 
 // slotLimit is Ipv4AddressesPerInterface of the instance e is attached to.
@@ -208,19 +284,8 @@ func (s *Server) assignPrivateIPs(f form) (result, *apiError) {
 	if aerr != nil {
 		return nil, aerr
 	}
-	given := 0
-	for _, b := range []bool{hasCount, len(addrs) > 0, hasPCount, len(rawPrefixes) > 0} {
-		if b {
-			given++
-		}
-	}
-	switch {
-	case given == 0:
-		return nil, errorf(400, "MissingParameter", "Either a secondary private IP address count, private IP addresses, an IPv4 prefix count or IPv4 prefixes must be specified.")
-	case given > 1:
-		return nil, errorf(400, "InvalidParameterCombination", "Only one of the secondary private IP address count, private IP addresses, the IPv4 prefix count and IPv4 prefixes may be specified.")
-	case hasCount && count < 1, hasPCount && pcount < 1:
-		return nil, invalidValue("The count must be at least 1.")
+	if aerr := checkOneWay(ways4, hasCount, count, len(addrs), hasPCount, pcount, len(rawPrefixes)); aerr != nil {
+		return nil, aerr
 	}
 	sn := s.subnets[e.SubnetID]
 	out := &assignResult{ENI: e.ID}
@@ -314,13 +379,9 @@ func (s *Server) unassignPrivateIPs(f form) (result, *apiError) {
 			return nil, invalidValue("Some of the specified addresses are not assigned to interface %s", e.ID)
 		}
 	}
-	var prefixes []netip.Prefix
-	for _, r := range raw {
-		p, err := netip.ParsePrefix(r)
-		if err != nil || !slices.Contains(e.Prefixes, p) {
-			return nil, invalidValue("Some of the specified prefixes are not assigned to interface %s", e.ID)
-		}
-		prefixes = append(prefixes, p)
+	prefixes, aerr := assignedPrefixes(raw, e.Prefixes, e.ID)
+	if aerr != nil {
+		return nil, aerr
 	}
 	s.release(e, addrs, prefixes)
 	s.changed()

@@ -173,28 +173,12 @@ func checkPrefix6(sn *subnet, raw string) (netip.Prefix, *apiError) {
 
 // take6 gives IPv6 addresses and prefixes to e.
 func (s *Server) take6(e *ENI, ips []netip.Addr, prefixes []netip.Prefix) {
-	sn := s.subnets[e.SubnetID]
-	for _, a := range ips {
-		sn.used6[a] = e.ID
-		e.IPv6s = append(e.IPv6s, a)
-	}
-	for _, p := range prefixes {
-		sn.prefixes6[p] = e.ID
-		e.IPv6Prefixes = append(e.IPv6Prefixes, p)
-	}
+	s.holdingOf(e, true).give(e.ID, ips, prefixes)
 }
 
 // release6 takes IPv6 addresses and prefixes back from e.
 func (s *Server) release6(e *ENI, ips []netip.Addr, prefixes []netip.Prefix) {
-	sn := s.subnets[e.SubnetID]
-	for _, a := range ips {
-		delete(sn.used6, a)
-		e.IPv6s = slices.DeleteFunc(e.IPv6s, func(x netip.Addr) bool { return x == a })
-	}
-	for _, p := range prefixes {
-		delete(sn.prefixes6, p)
-		e.IPv6Prefixes = slices.DeleteFunc(e.IPv6Prefixes, func(x netip.Prefix) bool { return x == p })
-	}
+	s.holdingOf(e, true).drop(ips, prefixes)
 }
 
 // slots6: each IPv6 address and each /80 take one.
@@ -276,19 +260,8 @@ func (s *Server) assignIPv6(f form) (result, *apiError) {
 		return nil, aerr
 	}
 	rawAddrs, rawPrefixes := f.list("Ipv6Addresses"), f.list("Ipv6Prefix")
-	given := 0
-	for _, b := range []bool{r.hasCount, len(rawAddrs) > 0, r.hasPCount, len(rawPrefixes) > 0} {
-		if b {
-			given++
-		}
-	}
-	switch {
-	case given == 0:
-		return nil, errorf(400, "MissingParameter", "Either an IPv6 address count, IPv6 addresses, an IPv6 prefix count or IPv6 prefixes must be specified.")
-	case given > 1:
-		return nil, errorf(400, "InvalidParameterCombination", "Only one of the IPv6 address count, IPv6 addresses, the IPv6 prefix count and IPv6 prefixes may be specified.")
-	case r.hasCount && r.count < 1, r.hasPCount && r.pcount < 1:
-		return nil, invalidValue("The count must be at least 1.")
+	if aerr := checkOneWay(ways6, r.hasCount, r.count, len(rawAddrs), r.hasPCount, r.pcount, len(rawPrefixes)); aerr != nil {
+		return nil, aerr
 	}
 	sn := s.subnets[e.SubnetID]
 	if aerr := read6(sn, rawAddrs, rawPrefixes, &r); aerr != nil {
@@ -329,13 +302,9 @@ func (s *Server) unassignIPv6(f form) (result, *apiError) {
 		}
 		addrs = append(addrs, a)
 	}
-	var prefixes []netip.Prefix
-	for _, raw := range rawPrefixes {
-		p, err := netip.ParsePrefix(raw)
-		if err != nil || !slices.Contains(e.IPv6Prefixes, p) {
-			return nil, invalidValue("Some of the specified prefixes are not assigned to interface %s", e.ID)
-		}
-		prefixes = append(prefixes, p)
+	prefixes, aerr := assignedPrefixes(rawPrefixes, e.IPv6Prefixes, e.ID)
+	if aerr != nil {
+		return nil, aerr
 	}
 	s.release6(e, addrs, prefixes)
 	s.changed()

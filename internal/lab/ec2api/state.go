@@ -108,8 +108,11 @@ type RunOptions struct {
 	Type     string
 	SubnetID string
 	IP       netip.Addr // the primary address; zero: the server picks one
-	Groups   []string   // security group IDs; empty: the VPC's default group
-	Role     string     // the instance profile's role (IMDS serves its credentials)
+	// IP6 is an IPv6 address of the subnet's IPv6 block for the primary
+	// ENI (zero: none), as RunInstances' Ipv6Addresses.
+	IP6    netip.Addr
+	Groups []string // security group IDs; empty: the VPC's default group
+	Role   string   // the instance profile's role (IMDS serves its credentials)
 }
 
 // InstanceInfo is a running instance as RunInstance made it.
@@ -325,6 +328,9 @@ func (s *Server) RunInstance(o RunOptions) (InstanceInfo, error) {
 	} else if ips, aerr = sn.pick(1); aerr != nil {
 		return InstanceInfo{}, aerr
 	}
+	if o.IP6.IsValid() && (!sn.cidr6.Contains(o.IP6) || sn.used6[o.IP6] != "") {
+		return InstanceInfo{}, fmt.Errorf("IPv6 address %s: not free in subnet %s's IPv6 block %s", o.IP6, sn.id, sn.cidr6)
+	}
 	now := time.Now().UTC()
 	in := &instance{id: newID("i-"), typ: t.Name, subnetID: sn.id, vpcID: sn.vpcID, az: sn.az, groups: groups,
 		role: o.Role, state: "running", launched: now, tags: map[string]string{}}
@@ -334,6 +340,9 @@ func (s *Server) RunInstance(o RunOptions) (InstanceInfo, error) {
 	s.instances[in.id] = in
 	e := s.newENI(sn, groups, "Primary network interface")
 	s.take(e, ips, nil)
+	if o.IP6.IsValid() {
+		s.take6(e, []netip.Addr{o.IP6}, nil)
+	}
 	e.Status, e.InstanceID, e.AttachmentID, e.DeviceIndex, e.NetworkCard = "in-use", in.id, newID("eni-attach-"), 0, t.DefaultCard
 	e.DeleteOnTermination, e.AttachTime = true, now
 	s.changed()

@@ -23,8 +23,19 @@ import (
 // vpcni's, then a new ENI (which is created holding its addresses).
 func (p *Provider) Assign(ctx context.Context, req provider.AssignRequest) ([]alloc.Lease, error) {
 	if req.Fam() == family.V6 {
-		return p.assign6(ctx, req)
+		if !p.serves6() {
+			return nil, fmt.Errorf("IPv6 addresses asked for, but ipFamilies has no ipv6 (or this is a PodNetwork's provider): %w", provider.ErrExhausted)
+		}
+		return p.assignBy(ctx, req, p.assignNamed6s, p.assignCount6, p.lease6)
 	}
+	return p.assignBy(ctx, req, p.assignNamed, p.assignCount, p.lease)
+}
+
+// assignBy is Assign for one family, whose named, count and lease it is
+// given: named addresses, then Count, then the records saved.
+func (p *Provider) assignBy(ctx context.Context, req provider.AssignRequest,
+	named func(context.Context, []netip.Addr) ([]leaseOn, error), count func(context.Context, int) ([]leaseOn, error),
+	lease func(*eni, netip.Addr) alloc.Lease) ([]alloc.Lease, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if err := p.readIfStale(ctx); err != nil {
@@ -33,13 +44,13 @@ func (p *Provider) Assign(ctx context.Context, req provider.AssignRequest) ([]al
 	var got []leaseOn
 	var errs []error
 	if len(req.Addresses) > 0 {
-		named, err := p.assignNamed(ctx, req.Addresses)
-		got = append(got, named...)
+		more, err := named(ctx, req.Addresses)
+		got = append(got, more...)
 		errs = append(errs, err)
 	}
 	if req.Count > 0 {
-		counted, err := p.assignCount(ctx, req.Count)
-		got = append(got, counted...)
+		more, err := count(ctx, req.Count)
+		got = append(got, more...)
 		errs = append(errs, err)
 	}
 	if err := p.rec.save(); err != nil {
@@ -47,7 +58,7 @@ func (p *Provider) Assign(ctx context.Context, req provider.AssignRequest) ([]al
 	}
 	out := make([]alloc.Lease, len(got))
 	for i, l := range got {
-		out[i] = p.lease(l.e, l.addr)
+		out[i] = lease(l.e, l.addr)
 	}
 	return out, errors.Join(errs...)
 }
@@ -66,11 +77,18 @@ func (p *Provider) room(e *eni) int { return max(p.limits.slots()-e.used(), 0) }
 // locate finds the attached ENI that holds a, as a secondary address or in
 // a prefix (pf valid), as last read.
 func (p *Provider) locate(a netip.Addr) (e *eni, pf netip.Prefix) {
+	return p.locateIn(a, func(e *eni) ([]netip.Addr, []netip.Prefix) { return e.secondaries, e.prefixes })
+}
+
+// locateIn finds the ENI one of whose addresses (of those) is a, or one
+// of whose prefixes holds it (pf valid): locate and locate6.
+func (p *Provider) locateIn(a netip.Addr, of func(*eni) ([]netip.Addr, []netip.Prefix)) (*eni, netip.Prefix) {
 	for _, e := range p.enis {
-		if slices.Contains(e.secondaries, a) {
+		addrs, prefixes := of(e)
+		if slices.Contains(addrs, a) {
 			return e, netip.Prefix{}
 		}
-		for _, pf := range e.prefixes {
+		for _, pf := range prefixes {
 			if pf.Contains(a) {
 				return e, pf
 			}
@@ -358,49 +376,11 @@ func (p *Provider) spill(ctx context.Context, n int, full map[string]bool) (out 
 // an intent is recorded first (records.go). The caller holds p.mu.
 func (p *Provider) assignOn(ctx context.Context, e *eni, named []netip.Addr, count int) (_ []netip.Addr, err error) {
 	prefixes := p.cfg.PrefixMode && len(named) == 0
-	switch {
-	case !e.ours && p.rec.pendingOn(e.id):
-		// An intent still pending on this ENI (a call that got no answer)
-		// is settled by a fresh read first: settled later, together, one
-		// intent would count the other's addresses as its own gain, claim
-		// none of them, and leave vpcni's addresses looking like a
-		// person's.
-		if err := p.settleNow(ctx, e); err != nil {
-			return nil, err
-		}
-	case !prefixes && p.answers != answersExact:
-		// What the call adds is told from what the ENI held just before.
-		if err := p.rereadENI(ctx, e); err != nil {
-			return nil, err
-		}
+	ctx, done, err := p.beginAssign(ctx, e, !prefixes && p.answers != answersExact, count+len(named), false)
+	if err != nil {
+		return nil, err
 	}
-	var in intent
-	if !e.ours {
-		in = intent{ENI: e.id, Before: e.holds(), Count: count + len(named), At: time.Now().UTC()}
-		if err := p.rec.begin(in); err != nil {
-			return nil, err
-		}
-	}
-	ctx, attempts := countAttempts(ctx)
-	if !e.ours {
-		defer func() {
-			// A call EC2 refused (a 4xx answer) at its only attempt did
-			// not assign. One without an answer may have, and so may one
-			// answered with a server error (EC2 may have acted before it
-			// failed) or an attempt before a retry (its reply lost): the
-			// intent stays, for all the attempts, until a read of the ENI
-			// settles it.
-			switch {
-			case attempts.Load() > 1:
-				p.rec.Pending[slices.IndexFunc(p.rec.Pending, func(x intent) bool { return x.ENI == in.ENI && x.At.Equal(in.At) })].Count *= int(attempts.Load())
-				if err == nil {
-					err = p.settleNow(ctx, e)
-				}
-			case err == nil || refused(err):
-				p.rec.end(in)
-			}
-		}()
-	}
+	defer done(&err)
 	input := &ec2.AssignPrivateIpAddressesInput{NetworkInterfaceId: &e.id}
 	switch {
 	case len(named) > 0:
@@ -456,6 +436,55 @@ func (p *Provider) assignOn(ctx context.Context, e *eni, named []netip.Addr, cou
 		return got, nil
 	}
 	return p.keepUsable(ctx, e, got), nil
+}
+
+// beginAssign readies an assignment on e, of either family: an intent
+// still pending on e is settled by a fresh read first (settled later,
+// together, one intent would count the other's addresses as its own
+// gain, claim none of them, and leave vpcni's addresses looking like a
+// person's); otherwise, with reread, e is read so that what the call adds
+// can be told from what e held just before. On an ENI vpcni did not
+// create it records an intent for count addresses (records.go). The
+// caller makes its EC2 call with the returned context and defers done
+// with its error. The caller holds p.mu.
+func (p *Provider) beginAssign(ctx context.Context, e *eni, reread bool, count int, v6 bool) (_ context.Context, done func(*error), _ error) {
+	switch {
+	case !e.ours && p.rec.pendingOn(e.id):
+		if err := p.settleNow(ctx, e); err != nil {
+			return ctx, nil, err
+		}
+	case reread:
+		if err := p.rereadENI(ctx, e); err != nil {
+			return ctx, nil, err
+		}
+	}
+	var in intent
+	if !e.ours {
+		in = intent{ENI: e.id, Before: e.holds(), Count: count, At: time.Now().UTC(), V6: v6}
+		if err := p.rec.begin(in); err != nil {
+			return ctx, nil, err
+		}
+	}
+	ctx, attempts := countAttempts(ctx)
+	return ctx, func(err *error) {
+		if e.ours {
+			return
+		}
+		// A call EC2 refused (a 4xx answer) at its only attempt did not
+		// assign. One without an answer may have, and so may one answered
+		// with a server error (EC2 may have acted before it failed) or an
+		// attempt before a retry (its reply lost): the intent stays, for
+		// all the attempts, until a read of the ENI settles it.
+		switch {
+		case attempts.Load() > 1:
+			p.rec.Pending[slices.IndexFunc(p.rec.Pending, func(x intent) bool { return x.ENI == in.ENI && x.At.Equal(in.At) })].Count *= int(attempts.Load())
+			if *err == nil {
+				*err = p.settleNow(ctx, e)
+			}
+		case *err == nil || refused(*err):
+			p.rec.end(in)
+		}
+	}, nil
 }
 
 // How the endpoint answers AssignPrivateIpAddresses: EC2 lists the

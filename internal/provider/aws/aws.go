@@ -74,8 +74,9 @@ type Provider struct {
 	answers     answerStyle
 	// v6: the provider gives out IPv6 addresses too (ipFamilies has ipv6;
 	// the node's own pods only); answers6 is answers for
-	// AssignIpv6Addresses.
-	v6       bool
+	// AssignIpv6Addresses; dual: the node's pods take IPv4 too, so vpcni
+	// attaches ENIs (for IPv4) that then carry IPv6 as well.
+	v6, dual bool
 	answers6 answerStyle
 	kick     chan struct{}
 	// freeENIs is how many more ENIs the instance's default card takes,
@@ -168,6 +169,7 @@ func open(ctx context.Context, cfg Config, node provider.Node, net *podNetwork) 
 		return nil, err
 	}
 	p.v6 = net == nil && wantsV6(node.Families)
+	p.dual = p.v6 && family.Has(node.Families, family.V4)
 	p.mu.Lock()
 	err = p.start(start)
 	if err == nil && p.v6 {

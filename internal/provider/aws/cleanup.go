@@ -34,7 +34,7 @@ func (p *Provider) cleanupLoop(ctx context.Context) {
 }
 
 // removeEmpty detaches and deletes vpcni's ENIs that hold no secondary
-// address and no prefix and have lived eniMinLifetime. They are marked
+// address and no prefix of either family and have lived eniMinLifetime. They are marked
 // draining first, so no Assign puts an address on them meanwhile; the
 // slow part (a detach takes seconds on EC2) runs without the lock.
 func (p *Provider) removeEmpty(ctx context.Context) error {
@@ -45,7 +45,7 @@ func (p *Provider) removeEmpty(ctx context.Context) error {
 	}
 	var gone []*eni
 	for _, e := range p.enis {
-		if e.ours && e.used() == 0 && !p.draining[e.id] && time.Since(e.created) >= p.cfg.ENIMinLifetime.Duration {
+		if e.ours && e.used()+e.used6() == 0 && !p.draining[e.id] && time.Since(e.created) >= p.cfg.ENIMinLifetime.Duration {
 			p.draining[e.id] = true
 			gone = append(gone, e)
 		}

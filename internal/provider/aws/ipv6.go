@@ -18,10 +18,14 @@ import (
 
 // IPv6 (ipFamilies with ipv6). The node's pods take IPv6 addresses on the
 // primary ENI, from its subnet's IPv6 block — the ENI whose link is the
-// node's own, as aws-vpc-cni does in its IPv6 mode. Secondary ENIs carry
-// no IPv6: a pod address on one needs that ENI's route table, built today
-// for IPv4 only, and in prefix mode one /80 holds more addresses than any
-// node has pods.
+// node's own, as aws-vpc-cni does in its IPv6 mode — and, once its slots
+// are used, on the ENIs vpcni attached (for IPv4 pods, on a dual-stack
+// node) whose subnet has an IPv6 block, by AssignIpv6Addresses on that
+// ENI. No ENI is attached for IPv6 alone: in prefix mode one /80 holds
+// more addresses than any node has pods, and an IPv6-only node's
+// capacity by count is the primary ENI's. A lease on a secondary ENI
+// names it (Lease.NIC), as an IPv4 one does: the pod's IPv6 traffic must
+// leave by that ENI.
 //
 //   - prefixMode: true: one /80 prefix (AssignIpv6Addresses
 //     {Ipv6PrefixCount: 1}) and its 2^48 addresses. A /80 is never
@@ -217,17 +221,7 @@ func (p *Provider) mine6(e *eni) []netip.Addr {
 // locate6 finds the attached ENI holding a, as an address or in a /80
 // (pf valid).
 func (p *Provider) locate6(a netip.Addr) (*eni, netip.Prefix) {
-	for _, e := range p.enis {
-		if slices.Contains(e.ipv6s, a) {
-			return e, netip.Prefix{}
-		}
-		for _, pf := range e.prefixes6 {
-			if pf.Contains(a) {
-				return e, pf
-			}
-		}
-	}
-	return nil, netip.Prefix{}
+	return p.locateIn(a, func(e *eni) ([]netip.Addr, []netip.Prefix) { return e.ipv6s, e.prefixes6 })
 }
 
 // use6 is the record of a /80 of vpcni's, made if missing.
@@ -243,70 +237,82 @@ func (p *Provider) use6(pf netip.Prefix) *prefix6Use {
 	return u
 }
 
-// assign6 is Assign for IPv6: named addresses, then Count on the primary
-// ENI.
-func (p *Provider) assign6(ctx context.Context, req provider.AssignRequest) ([]alloc.Lease, error) {
-	if !p.serves6() {
-		return nil, fmt.Errorf("IPv6 addresses asked for, but ipFamilies has no ipv6 (or this is a PodNetwork's provider): %w", provider.ErrExhausted)
-	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if err := p.readIfStale(ctx); err != nil {
-		return nil, err
-	}
-	e := p.primaryENI()
-	var got []netip.Addr
+// assignNamed6s gives out IPv6 addresses asked for by name, each as
+// assignNamed6 does (Assign for IPv6 then asks for Count on the primary
+// ENI and, when its slots are used, on vpcni's other ENIs: enis6). The
+// caller holds p.mu.
+func (p *Provider) assignNamed6s(ctx context.Context, addrs []netip.Addr) ([]leaseOn, error) {
+	var got []leaseOn
 	var errs []error
-	for _, a := range slices.Compact(sortedAddrs(req.Addresses)) {
-		ok, err := p.assignNamed6(ctx, e, a)
-		if ok {
-			got = append(got, a)
+	for _, a := range slices.Compact(sortedAddrs(addrs)) {
+		e, err := p.assignNamed6(ctx, a)
+		if e != nil {
+			got = append(got, leaseOn{e, a})
 		}
 		errs = append(errs, err)
 	}
-	if req.Count > 0 {
-		more, err := p.assignCount6(ctx, e, req.Count)
-		got = append(got, more...)
-		errs = append(errs, err)
-	}
-	if err := p.rec.save(); err != nil {
-		errs = append(errs, fmt.Errorf("save vpcni's address records: %w", err))
-	}
-	out := make([]alloc.Lease, len(got))
-	for i, a := range got {
-		out[i] = p.lease6(e, a)
-	}
-	return out, errors.Join(errs...)
+	return got, errors.Join(errs...)
 }
 
-// assignNamed6 gives out one IPv6 address asked for by name: one of
-// vpcni's /80s' or already vpcni's as it is, another of the primary
-// subnet's block by AssignIpv6Addresses. The caller holds p.mu.
-func (p *Provider) assignNamed6(ctx context.Context, e *eni, a netip.Addr) (bool, error) {
+// enis6 are the ENIs IPv6 pod addresses go on, in the order they are
+// filled: the primary ENI, then vpcni's attached ENIs (not draining)
+// whose subnet has an IPv6 block, oldest first as last read.
+func (p *Provider) enis6() []*eni {
+	var out []*eni
+	if e := p.primaryENI(); e != nil && p.usableENI(e) {
+		out = append(out, e)
+	}
+	for _, e := range p.enis {
+		if sn := p.subnets[e.subnetID]; e.id != p.id.eniID && p.usableENI(e) && sn != nil && sn.cidr6.IsValid() {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// assignNamed6 gives out one IPv6 address asked for by name and says on
+// which ENI: one of vpcni's /80s' or already vpcni's as it is, another
+// of an ENI's subnet block by AssignIpv6Addresses on the first ENI of
+// enis6 in that block with a free slot. The caller holds p.mu.
+func (p *Provider) assignNamed6(ctx context.Context, a netip.Addr) (*eni, error) {
+	enis := p.enis6()
 	holder, pf := p.locate6(a)
+	usable := slices.Contains(enis, holder)
 	switch {
 	case holder != nil && pf.IsValid() && p.owned6(holder, pf.String()):
-		if holder != e || !p.use6(pf).takeNamed(offset6(pf, a)) {
-			return false, fmt.Errorf("%s is handed out already: %w", a, provider.ErrTaken)
+		if !usable || !p.use6(pf).takeNamed(offset6(pf, a)) {
+			return nil, fmt.Errorf("%s is handed out already: %w", a, provider.ErrTaken)
 		}
-		return true, nil
-	case holder == e && !pf.IsValid() && p.owned6(holder, a.String()):
-		return true, nil // vpcni's already: handed out as it is
+		return holder, nil
+	case holder != nil && usable && !pf.IsValid() && p.owned6(holder, a.String()):
+		return holder, nil // vpcni's already: handed out as it is
 	case holder != nil:
-		return false, fmt.Errorf("%s is on ENI %s but was not put there by vpcni: %w", a, holder.id, provider.ErrTaken)
+		return nil, fmt.Errorf("%s is on ENI %s but was not put there by vpcni: %w", a, holder.id, provider.ErrTaken)
 	}
-	var block netip.Prefix
-	if sn := p.subnets[e.subnetID]; sn != nil {
-		block = sn.cidr6
+	var blocks []string
+	full := false
+	for _, e := range enis {
+		sn := p.subnets[e.subnetID]
+		if sn == nil || !sn.cidr6.Contains(a) {
+			if sn != nil && sn.cidr6.IsValid() && !slices.Contains(blocks, sn.cidr6.String()) {
+				blocks = append(blocks, sn.cidr6.String())
+			}
+			continue
+		}
+		if p.room6(e) < 1 {
+			full = true
+			continue
+		}
+		addrs, _, err := p.assignOn6(ctx, e, []netip.Addr{a}, 0, false)
+		if !slices.Contains(addrs, a) {
+			return nil, err
+		}
+		return e, err
 	}
-	if !block.Contains(a) {
-		return false, fmt.Errorf("%s is not in the primary ENI's IPv6 block %s: %w", a, block, provider.ErrOutside)
+	if full {
+		return nil, fmt.Errorf("%s: the ENIs in its IPv6 block hold the %d IPv6 addresses and prefixes instance type %s allows each: %w", a, p.limits.IPv6PerENI, p.id.instanceType, provider.ErrExhausted)
 	}
-	if p.room6(e) < 1 {
-		return false, fmt.Errorf("%s: the primary ENI holds the %d IPv6 addresses and prefixes instance type %s allows: %w", a, p.limits.IPv6PerENI, p.id.instanceType, provider.ErrExhausted)
-	}
-	addrs, _, err := p.assignOn6(ctx, e, []netip.Addr{a}, 0, false)
-	return slices.Contains(addrs, a), err
+	return nil, fmt.Errorf("%s is in none of the IPv6 blocks %v of the ENIs vpcni uses: %w", a, blocks, provider.ErrOutside)
 }
 
 // room6 is how many more IPv6 addresses or /80s e takes.
@@ -315,78 +321,77 @@ func (p *Provider) room6(e *eni) int { return max(p.limits.IPv6PerENI-e.used6(),
 // used6 is how many IPv6 slots e uses.
 func (e *eni) used6() int { return len(e.ipv6s) + len(e.prefixes6) }
 
-// assignCount6 gives out n IPv6 addresses on e. The caller holds p.mu.
-func (p *Provider) assignCount6(ctx context.Context, e *eni, n int) ([]netip.Addr, error) {
+// assignCount6 gives out n IPv6 addresses on the ENIs of enis6, in their
+// order: with prefixMode from vpcni's /80s first, then from a new /80 on
+// the first ENI with a free slot; otherwise by count on each ENI until
+// its slots are used. The caller holds p.mu.
+func (p *Provider) assignCount6(ctx context.Context, n int) ([]leaseOn, error) {
+	var out []leaseOn
+	add := func(e *eni, addrs []netip.Addr) {
+		for _, a := range addrs {
+			out = append(out, leaseOn{e, a})
+		}
+	}
+	enis := p.enis6()
 	if p.cfg.PrefixMode {
-		var out []netip.Addr
-		for _, pf := range e.prefixes6 {
-			if len(out) < n && p.owned6(e, pf.String()) {
-				out = append(out, p.use6(pf).take(pf, n-len(out))...)
+		for _, e := range enis {
+			for _, pf := range e.prefixes6 {
+				if len(out) < n && p.owned6(e, pf.String()) {
+					add(e, p.use6(pf).take(pf, n-len(out)))
+				}
 			}
 		}
-		if len(out) == n {
-			return out, nil
+		for _, e := range enis {
+			if len(out) == n {
+				return out, nil
+			}
+			if p.room6(e) < 1 {
+				continue
+			}
+			_, prefixes, err := p.assignOn6(ctx, e, nil, 1, true)
+			for _, pf := range prefixes {
+				add(e, p.use6(pf).take(pf, n-len(out)))
+			}
+			if err != nil {
+				return out, err
+			}
 		}
-		if p.room6(e) < 1 {
-			return out, fmt.Errorf("%d IPv6 addresses short: the primary ENI holds the %d IPv6 addresses and prefixes instance type %s allows, and vpcni's /80s on it are handed out: %w", n-len(out), p.limits.IPv6PerENI, p.id.instanceType, provider.ErrExhausted)
+	} else {
+		for _, e := range enis {
+			ask := min(n-len(out), p.room6(e))
+			if ask < 1 {
+				continue
+			}
+			got, _, err := p.assignOn6(ctx, e, nil, ask, false)
+			add(e, got)
+			if err != nil {
+				return out, err
+			}
 		}
-		_, prefixes, err := p.assignOn6(ctx, e, nil, 1, true)
-		for _, pf := range prefixes {
-			out = append(out, p.use6(pf).take(pf, n-len(out))...)
-		}
-		return out, err
 	}
-	ask := min(n, p.room6(e))
-	if ask < 1 {
-		return nil, fmt.Errorf("%d IPv6 addresses: the primary ENI holds the %d IPv6 addresses instance type %s allows (prefixMode gives a /80 of 2^48 in one slot): %w", n, p.limits.IPv6PerENI, p.id.instanceType, provider.ErrExhausted)
+	if len(out) == n {
+		return out, nil
 	}
-	got, _, err := p.assignOn6(ctx, e, nil, ask, false)
-	if err == nil && len(got) < n {
-		err = fmt.Errorf("%d of the IPv6 addresses asked for: the primary ENI holds the %d instance type %s allows: %w", n-len(got), p.limits.IPv6PerENI, p.id.instanceType, provider.ErrExhausted)
+	how := "prefixMode gives a /80 of 2^48 in one slot"
+	if p.cfg.PrefixMode {
+		how = "and vpcni's /80s on them are handed out"
 	}
-	return got, err
+	return out, fmt.Errorf("%d IPv6 addresses short: the primary ENI and vpcni's %d other ENIs with an IPv6 block hold the %d IPv6 addresses and prefixes instance type %s allows each (%s; ENIs are attached for IPv4 pods only): %w",
+		n-len(out), max(len(enis)-1, 0), p.limits.IPv6PerENI, p.id.instanceType, how, provider.ErrExhausted)
 }
 
 // assignOn6 assigns on e the named IPv6 addresses, count addresses, or
-// (prefix) count /80s of EC2's choosing, and returns what is new. On an
-// ENI vpcni did not create an intent is recorded first, as assignOn does
-// for IPv4. The caller holds p.mu.
+// (prefix) count /80s of EC2's choosing, and returns what is new; the
+// intent on an ENI vpcni did not create is beginAssign's, as for IPv4.
+// The caller holds p.mu.
 func (p *Provider) assignOn6(ctx context.Context, e *eni, named []netip.Addr, count int, prefix bool) (_ []netip.Addr, _ []netip.Prefix, err error) {
-	switch {
-	case !e.ours && p.rec.pendingOn(e.id):
-		if err := p.settleNow(ctx, e); err != nil {
-			return nil, nil, err
-		}
-	case p.answers6 != answersExact:
-		// What the call adds is told from what the ENI held just before
-		// (moto's answer lists every address of the ENI, AWS-FACTS V61).
-		if err := p.rereadENI(ctx, e); err != nil {
-			return nil, nil, err
-		}
+	// moto's answer lists every address of the ENI (AWS-FACTS V61): until
+	// the answers are known to be EC2's, the ENI is read before the call.
+	ctx, done, err := p.beginAssign(ctx, e, p.answers6 != answersExact, count+len(named), true)
+	if err != nil {
+		return nil, nil, err
 	}
-	var in intent
-	if !e.ours {
-		in = intent{ENI: e.id, Before: e.holds(), Count: count + len(named), At: time.Now().UTC(), V6: true}
-		if err := p.rec.begin(in); err != nil {
-			return nil, nil, err
-		}
-	}
-	ctx, attempts := countAttempts(ctx)
-	if !e.ours {
-		defer func() {
-			// As for IPv4 (assignOn): only a refusal at the only attempt
-			// surely assigned nothing.
-			switch {
-			case attempts.Load() > 1:
-				p.rec.Pending[slices.IndexFunc(p.rec.Pending, func(x intent) bool { return x.ENI == in.ENI && x.At.Equal(in.At) })].Count *= int(attempts.Load())
-				if err == nil {
-					err = p.settleNow(ctx, e)
-				}
-			case err == nil || refused(err):
-				p.rec.end(in)
-			}
-		}()
-	}
+	defer done(&err)
 	input := &ec2.AssignIpv6AddressesInput{NetworkInterfaceId: &e.id}
 	switch {
 	case len(named) > 0:
@@ -530,12 +535,16 @@ func (p *Provider) forgetPrefixes6() bool {
 	return changed
 }
 
-// capacity6 is the node's IPv6 capacity: the primary ENI's IPv6 slots by
-// count; with /80s no bound the node reaches (0: the kubelet's max pods
-// bounds it).
+// capacity6 is the node's IPv6 capacity: by count, the primary ENI's
+// IPv6 slots — and, on a dual-stack node, those of every ENI vpcni may
+// attach (each IPv4 pod's ENI then carries IPv6 too); with /80s no bound
+// the node reaches (0: the kubelet's max pods bounds it).
 func (p *Provider) capacity6() provider.Capacity {
 	if p.cfg.PrefixMode {
 		return provider.Capacity{Reason: fmt.Sprintf("/80 prefixes of 2^48 addresses on the primary ENI (up to %d, instance type %s): no bound short of the node's pod limit", p.limits.IPv6PerENI, p.id.instanceType)}
+	}
+	if p.dual && p.maxENIs > 1 {
+		return provider.Capacity{Max: p.maxENIs * p.limits.IPv6PerENI, Reason: fmt.Sprintf("%d ENIs × %d IPv6 addresses (instance type %s; prefixMode gives a /80 per slot)", p.maxENIs, p.limits.IPv6PerENI, p.id.instanceType)}
 	}
 	return provider.Capacity{Max: p.limits.IPv6PerENI, Reason: fmt.Sprintf("%d IPv6 addresses on the primary ENI (instance type %s; prefixMode gives a /80 per slot)", p.limits.IPv6PerENI, p.id.instanceType)}
 }

@@ -73,8 +73,8 @@ func TestIPv6ByCount(t *testing.T) {
 	both(t, func(t *testing.T, ep *ec2test.Endpoint, _ *ec2api.Server) {
 		p, inst, block := dualNode(t, ep, nil)
 		caps := p.Info().Capacities
-		if c := caps[family.V6]; c.Max != 10 || !strings.Contains(c.Reason, "10 IPv6 addresses on the primary ENI") {
-			t.Errorf("IPv6 capacity %+v, want 10 on an m5.large's primary ENI", c)
+		if c := caps[family.V6]; c.Max != 30 || !strings.Contains(c.Reason, "3 ENIs × 10 IPv6 addresses") {
+			t.Errorf("IPv6 capacity %+v, want 10 on each of an m5.large's 3 ENIs (a dual-stack node's ENIs carry IPv6 too)", c)
 		}
 		if c := caps[family.V4]; c.Max != p.Info().Capacity || c.Max == 0 {
 			t.Errorf("IPv4 capacity %+v, want Info's %d", c, p.Info().Capacity)
@@ -162,6 +162,71 @@ func TestIPv6Limit(t *testing.T) {
 	if len(more) != 0 || !errors.Is(err, provider.ErrExhausted) || p.Info().Calls["AssignIpv6Addresses"] != 1 {
 		t.Fatalf("Assign(1) on a full ENI = %v, %v after %d calls; want ErrExhausted without a call", more, err, p.Info().Calls["AssignIpv6Addresses"])
 	}
+}
+
+// A dual-stack node's IPv6 spills, by count, onto the ENI vpcni attached
+// for IPv4 once the primary ENI's IPv6 slots are used, by
+// AssignIpv6Addresses on that ENI (against moto and the lab): the
+// leases there name the ENI as their NIC, the ENI holds them, Held lists
+// them after a restart, Release takes them off; an ENI holding IPv6 pod
+// addresses alone is not removed as empty.
+func TestIPv6OnSecondaryENI(t *testing.T) {
+	both(t, func(t *testing.T, ep *ec2test.Endpoint, _ *ec2api.Server) {
+		p, inst, block := dualNode(t, ep, func(c *vpcaws.Config) {
+			c.ENIMinLifetime, c.CleanupInterval = config.Duration{Duration: time.Millisecond}, config.Duration{Duration: 50 * time.Millisecond}
+		})
+		v4, err := p.Assign(ec2test.Ctx(t), provider.AssignRequest{Count: 10})
+		if err != nil || len(v4) != 10 {
+			t.Fatalf("Assign(10 IPv4) = %v, %v", v4, err)
+		}
+		second := v4[len(v4)-1].Interface
+		if second == inst.ENI || v4[len(v4)-1].NIC == nil {
+			t.Fatalf("the tenth IPv4 address %+v: want it on a new ENI (an m5.large's primary takes 9)", v4[len(v4)-1])
+		}
+		v6, err := p.Assign(ec2test.Ctx(t), provider.AssignRequest{Count: 12, Family: family.V6})
+		if err != nil || len(v6) != 12 {
+			t.Fatalf("Assign(12 IPv6) = %v, %v", v6, err)
+		}
+		var onPrimary, onSecond []netip.Addr
+		for _, l := range v6 {
+			switch {
+			case !block.Contains(l.Address) || l.Prefix != block:
+				t.Errorf("lease %+v: want an address of %s", l, block)
+			case l.Interface == inst.ENI && l.NIC == nil:
+				onPrimary = append(onPrimary, l.Address)
+			case l.Interface == second && l.NIC != nil && l.NIC.MAC != "":
+				onSecond = append(onSecond, l.Address)
+			default:
+				t.Errorf("lease %+v: want the primary ENI (no NIC) or %s (as its NIC)", l, second)
+			}
+		}
+		if len(onPrimary) != 10 || len(onSecond) != 2 {
+			t.Fatalf("IPv6 on the primary %v, on %s %v: want 10 and 2", onPrimary, second, onSecond)
+		}
+		on, _ := v6On(t, ep, second)
+		slices.SortFunc(on, netip.Addr.Compare)
+		slices.SortFunc(onSecond, netip.Addr.Compare)
+		if !slices.Equal(on, onSecond) {
+			t.Fatalf("ENI %s holds IPv6 %v, handed out %v", second, on, onSecond)
+		}
+		if err := p.Release(ec2test.Ctx(t), provider.Addresses(v4[9:])); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(300 * time.Millisecond) // six cleanups
+		if on, _ := v6On(t, ep, second); len(on) != 2 {
+			t.Fatalf("ENI %s without IPv4 pod addresses holds IPv6 %v: want the 2 pods' (it must not be removed as empty)", second, on)
+		}
+		p2 := ep.Open(t, inst, nil)
+		if h := held(t, p2, family.V6); len(h) != 12 || !slices.Contains(h, onSecond[0]) {
+			t.Fatalf("after a restart Held IPv6 = %v, want the 12 incl. %v", h, onSecond)
+		}
+		if err := p2.Release(ec2test.Ctx(t), onSecond); err != nil {
+			t.Fatal(err)
+		}
+		if on, _ := v6On(t, ep, second); len(on) != 0 {
+			t.Fatalf("after Release ENI %s holds IPv6 %v", second, on)
+		}
+	})
 }
 
 // Prefix mode: one /80 on the primary ENI in one call, its addresses
