@@ -474,6 +474,38 @@ func TestIPv6SubnetChoice(t *testing.T) {
 		t.Logf("vpcni-test: %s", p.Info().Subnet)
 	})
 
+	// vpcnictl doctor names the VM port's IPv6 subnets with their modes
+	// and which take named fixed IPs; a configured SLAAC subnetIDv6 warns.
+	t.Run("Doctor", func(t *testing.T) {
+		t.Parallel()
+		vm(t, ports.IP{SubnetID: v4.ID, IPAddress: "10.206.9.14"}, ports.IP{SubnetID: stateful, IPAddress: "fd00:69:2::e"})
+		node := provider.DoctorNode{IP: netip.MustParseAddr("10.206.9.14"), ConfigFile: "vpcnid.yaml"}
+		step := func(cfg openstack.Config) provider.Step {
+			t.Helper()
+			for _, s := range openstack.Diagnose(ctx(t), cfg, node) {
+				if s.Err != nil {
+					t.Fatalf("doctor step %s failed: %v", s.Name, s.Err)
+				}
+				if s.Name == "ipv6" {
+					return s
+				}
+			}
+			t.Fatal("doctor has no ipv6 step for a VM port with IPv6 addresses")
+			return provider.Step{}
+		}
+		s := step(cfgOf())
+		if s.Warn || !strings.Contains(s.Detail, stateful) || !strings.Contains(s.Detail, slaac) ||
+			!strings.Contains(s.Detail, `ipv6_address_mode "dhcpv6-stateful"`) || !strings.Contains(s.Detail, "takes named fixed IPs") || !strings.Contains(s.Detail, "auto-address") {
+			t.Fatalf("doctor's ipv6 step: %+v; want both subnets with their modes, the stateful one taking named fixed IPs, no warning", s)
+		}
+		cfg := cfgOf()
+		cfg.SubnetIDv6 = slaac
+		if s := step(cfg); !s.Warn || !strings.Contains(s.Fix, "subnetIDv6") {
+			t.Fatalf("doctor with a SLAAC subnetIDv6: %+v; want a warning naming subnetIDv6", s)
+		}
+		t.Logf("vpcni-test: doctor: %s", s.Detail)
+	})
+
 	t.Run("SLAACConfiguredRefused", func(t *testing.T) {
 		t.Parallel() // one VM port each, on the shared subnets
 		vm(t, ports.IP{SubnetID: v4.ID, IPAddress: "10.206.9.11"})
