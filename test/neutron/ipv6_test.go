@@ -32,6 +32,7 @@ import (
 // behaviour, so a Neutron that changes it fails here first, and logs the
 // figure it measured.
 func TestNeutronIPv6Facts(t *testing.T) {
+	t.Parallel() // own networks and addresses, as the other IPv6 tests
 	ep := realNeutron{}.ep()
 	// v6net makes a network with one IPv6 subnet of the given modes: the
 	// gateway ::1, an allocation pool ::2-::ff.
@@ -62,32 +63,39 @@ func TestNeutronIPv6Facts(t *testing.T) {
 		}
 		netID := newNetwork(t, ep)
 		for i, c := range cases {
-			cidr := fmt.Sprintf("fd00:6a:%x::/64", i)
-			snID := v6subnet(t, netID, cidr, c.addrMode, c.raMode)
-			base := netip.MustParsePrefix(cidr).Addr()
-			var fixed []ports.IP
-			for _, o := range []int{5, 6, 7} {
-				fixed = append(fixed, ports.IP{SubnetID: snID, IPAddress: addrPlus(base, o).String()})
-			}
-			p, err := ports.Create(ctx(t), nc, ports.CreateOpts{NetworkID: netID, FixedIPs: fixed}).Extract()
-			what := fmt.Sprintf("ipv6_address_mode=%q ipv6_ra_mode=%q", c.addrMode, c.raMode)
-			switch {
-			case c.auto && err == nil:
-				t.Errorf("%s: a port with 3 explicit v6 fixed IPs was accepted (%v); vpcni refuses such subnets for fixed-ips on the contrary fact", what, p.FixedIPs)
-			case c.auto:
-				typ, status := neutronError(err)
-				if status != http.StatusBadRequest || typ != "AllocationOnAutoAddressSubnet" {
-					t.Errorf("%s: explicit v6 fixed IPs refused with %d %s (%v), want 400 AllocationOnAutoAddressSubnet", what, status, typ, err)
+			t.Run(fmt.Sprintf("%d", i), func(t *testing.T) {
+				t.Parallel()
+				cidr := fmt.Sprintf("fd00:6a:%x::/64", i)
+				snID := v6subnet(t, netID, cidr, c.addrMode, c.raMode)
+				base := netip.MustParsePrefix(cidr).Addr()
+				var fixed []ports.IP
+				for _, o := range []int{5, 6, 7} {
+					fixed = append(fixed, ports.IP{SubnetID: snID, IPAddress: addrPlus(base, o).String()})
 				}
-				t.Logf("vpcni-fact: %s: 3 explicit v6 fixed IPs refused: %d %s", what, status, typ)
-			case err != nil:
-				t.Errorf("%s: 3 explicit v6 fixed IPs refused: %v", what, err)
-			default:
-				if len(p.FixedIPs) != 3 {
-					t.Errorf("%s: port has fixed IPs %v, want the 3 asked for", what, p.FixedIPs)
+				p, err := ports.Create(ctx(t), nc, ports.CreateOpts{NetworkID: netID, FixedIPs: fixed}).Extract()
+				what := fmt.Sprintf("ipv6_address_mode=%q ipv6_ra_mode=%q", c.addrMode, c.raMode)
+				switch {
+				case c.auto && err == nil:
+					t.Errorf("%s: a port with 3 explicit v6 fixed IPs was accepted (%v); vpcni refuses such subnets for fixed-ips on the contrary fact", what, p.FixedIPs)
+				case c.auto:
+					typ, status := neutronError(err)
+					if status != http.StatusBadRequest || typ != "AllocationOnAutoAddressSubnet" {
+						t.Errorf("%s: explicit v6 fixed IPs refused with %d %s (%v), want 400 AllocationOnAutoAddressSubnet", what, status, typ, err)
+					}
+					t.Logf("vpcni-fact: %s: 3 explicit v6 fixed IPs refused: %d %s", what, status, typ)
+				case err != nil:
+					t.Errorf("%s: 3 explicit v6 fixed IPs refused: %v", what, err)
+				default:
+					// Only its own subnet's: the SLAAC subnets the other
+					// cases add to the shared network meanwhile give the
+					// port an EUI-64 address each (SLAACAddressKept).
+					own := slices.DeleteFunc(slices.Clone(p.FixedIPs), func(f ports.IP) bool { return f.SubnetID != snID })
+					if len(own) != 3 {
+						t.Errorf("%s: port has fixed IPs %v on the subnet, want the 3 asked for", what, own)
+					}
+					t.Logf("vpcni-fact: %s: a port holds 3 explicit v6 fixed IPs %v", what, ipsOf(own))
 				}
-				t.Logf("vpcni-fact: %s: a port holds 3 explicit v6 fixed IPs %v", what, ipsOf(p.FixedIPs))
-			}
+			})
 		}
 	})
 
@@ -412,6 +420,7 @@ func neutronError(err error) (typ string, status int) {
 // leaves that SLAAC address alone; an auto-address subnet, configured or
 // the only one found, is refused at start with what to do.
 func TestIPv6SubnetChoice(t *testing.T) {
+	t.Parallel()
 	ep := realNeutron{}.ep()
 	netID := newNetwork(t, ep)
 	v4 := ep.AddSubnet(t, netID, "10.206.9.0/24", 100)
@@ -433,6 +442,7 @@ func TestIPv6SubnetChoice(t *testing.T) {
 	}
 
 	t.Run("DiscoveredPastSLAAC", func(t *testing.T) {
+		t.Parallel() // one VM port each, on the shared subnets
 		vm(t, ports.IP{SubnetID: v4.ID, IPAddress: "10.206.9.10"}, ports.IP{SubnetID: stateful, IPAddress: "fd00:69:2::a"})
 		p, err := openstack.NewFamilies(ctx(t), cfgOf(), netip.MustParseAddr("10.206.9.10"), fams)
 		if err != nil {
@@ -464,7 +474,40 @@ func TestIPv6SubnetChoice(t *testing.T) {
 		t.Logf("vpcni-test: %s", p.Info().Subnet)
 	})
 
+	// vpcnictl doctor names the VM port's IPv6 subnets with their modes
+	// and which take named fixed IPs; a configured SLAAC subnetIDv6 warns.
+	t.Run("Doctor", func(t *testing.T) {
+		t.Parallel()
+		vm(t, ports.IP{SubnetID: v4.ID, IPAddress: "10.206.9.14"}, ports.IP{SubnetID: stateful, IPAddress: "fd00:69:2::e"})
+		node := provider.DoctorNode{IP: netip.MustParseAddr("10.206.9.14"), ConfigFile: "vpcnid.yaml"}
+		step := func(cfg openstack.Config) provider.Step {
+			t.Helper()
+			for _, s := range openstack.Diagnose(ctx(t), cfg, node) {
+				if s.Err != nil {
+					t.Fatalf("doctor step %s failed: %v", s.Name, s.Err)
+				}
+				if s.Name == "ipv6" {
+					return s
+				}
+			}
+			t.Fatal("doctor has no ipv6 step for a VM port with IPv6 addresses")
+			return provider.Step{}
+		}
+		s := step(cfgOf())
+		if s.Warn || !strings.Contains(s.Detail, stateful) || !strings.Contains(s.Detail, slaac) ||
+			!strings.Contains(s.Detail, `ipv6_address_mode "dhcpv6-stateful"`) || !strings.Contains(s.Detail, "takes named fixed IPs") || !strings.Contains(s.Detail, "auto-address") {
+			t.Fatalf("doctor's ipv6 step: %+v; want both subnets with their modes, the stateful one taking named fixed IPs, no warning", s)
+		}
+		cfg := cfgOf()
+		cfg.SubnetIDv6 = slaac
+		if s := step(cfg); !s.Warn || !strings.Contains(s.Fix, "subnetIDv6") {
+			t.Fatalf("doctor with a SLAAC subnetIDv6: %+v; want a warning naming subnetIDv6", s)
+		}
+		t.Logf("vpcni-test: doctor: %s", s.Detail)
+	})
+
 	t.Run("SLAACConfiguredRefused", func(t *testing.T) {
+		t.Parallel() // one VM port each, on the shared subnets
 		vm(t, ports.IP{SubnetID: v4.ID, IPAddress: "10.206.9.11"})
 		cfg := cfgOf()
 		cfg.SubnetIDv6 = slaac
@@ -476,6 +519,7 @@ func TestIPv6SubnetChoice(t *testing.T) {
 	})
 
 	t.Run("OnlySLAACFound", func(t *testing.T) {
+		t.Parallel()                                               // one VM port each, on the shared subnets
 		vm(t, ports.IP{SubnetID: v4.ID, IPAddress: "10.206.9.12"}) // Neutron adds the SLAAC one
 		_, err := openstack.NewFamilies(ctx(t), cfgOf(), netip.MustParseAddr("10.206.9.12"), fams)
 		if err == nil || !strings.Contains(err.Error(), "auto-address") || !strings.Contains(err.Error(), slaac) {
@@ -484,6 +528,7 @@ func TestIPv6SubnetChoice(t *testing.T) {
 	})
 
 	t.Run("ModeServesIPv4Only", func(t *testing.T) {
+		t.Parallel() // one VM port each, on the shared subnets
 		vm(t, ports.IP{SubnetID: v4.ID, IPAddress: "10.206.9.13"}, ports.IP{SubnetID: stateful, IPAddress: "fd00:69:2::d"})
 		cfg := cfgOf()
 		cfg.Mode = "address-pairs"
@@ -501,6 +546,7 @@ func TestIPv6SubnetChoice(t *testing.T) {
 // write per batch, survive a restart, and go back; a range overlapping an
 // allocation pool, and a block another port allows, are refused at start.
 func TestIPv6PrefixPair(t *testing.T) {
+	t.Parallel()
 	ep := realNeutron{}.ep()
 	netID := newNetwork(t, ep)
 	v4 := ep.AddSubnet(t, netID, "10.206.11.0/24", 100)
@@ -626,6 +672,7 @@ func TestIPv6PrefixPair(t *testing.T) {
 	t.Logf("vpcni-test: %s; capacities %v", a2.Info().Subnet, a2.Info().Capacities)
 
 	t.Run("RangeOverPoolRefused", func(t *testing.T) {
+		t.Parallel()
 		_, err := openstack.NewFamilies(ctx(t), cfgOf("fd00:6b:11::/80"), netip.MustParseAddr("10.206.11.10"), fams)
 		if err == nil || !strings.Contains(err.Error(), "allocation pool") {
 			t.Fatalf("a range over the allocation pool: %v; want refused naming the pool", err)
@@ -633,6 +680,7 @@ func TestIPv6PrefixPair(t *testing.T) {
 		t.Logf("vpcni-test: %v", err)
 	})
 	t.Run("BlockTakenRefused", func(t *testing.T) {
+		t.Parallel()
 		node(t, "10.206.11.12")
 		taken := []ports.AddressPair{{IPAddress: "fd00:6b:11:0:1:c:0:0/112"}}
 		other, err := ports.Create(ctx(t), nc, ports.CreateOpts{NetworkID: netID, AllowedAddressPairs: taken, FixedIPs: []ports.IP{{SubnetID: v4.ID}}}).Extract()

@@ -82,6 +82,7 @@ func (r realNeutron) NewDualNode(t *testing.T, sn, sn6 providertest.Subnet, node
 // with an IPv6 subnet whose address modes are unset (it takes named
 // addresses) beside the IPv4 one, in mode fixed-ips.
 func TestProviderContractIPv6(t *testing.T) {
+	t.Parallel() // beside the other IPv6 tests: subnets of their own
 	providertest.RunIPv6(t, realNeutron{mode: "fixed-ips"})
 }
 

@@ -4,8 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
 
 	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/extensions/quotas"
+	"github.com/gophercloud/gophercloud/v2/openstack/networking/v2/subnets"
 
 	"github.com/vpcni/vpcni/internal/provider"
 )
@@ -75,11 +79,59 @@ func Diagnose(ctx context.Context, cfg Config, node provider.DoctorNode) (steps 
 	if !step("policy", why, err) {
 		return steps
 	}
+	if st, ok := p.ipv6Step(ctx); ok {
+		steps = append(steps, st)
+	}
 	steps = append(steps, p.room())
 	if p.cfg.Mode != "fixed-ips" || p.cfg.SecondaryNICs > 0 {
 		steps = append(steps, p.portQuota(ctx))
 	}
 	return steps
+}
+
+// ipv6Step reports the IPv6 subnet pods would take addresses on —
+// subnetIDv6, else those of the VM port's IPv6 fixed IPs — with its
+// address modes and whether Neutron takes named fixed IPs there (no step
+// for a node with neither). It warns when a configured subnetIDv6 is an
+// auto-address one and modeV6 is not prefix-pair: vpcnid refuses it.
+func (p *Provider) ipv6Step(ctx context.Context) (provider.Step, bool) {
+	s := provider.Step{Name: "ipv6"}
+	ids := []string{}
+	if p.cfg.SubnetIDv6 != "" {
+		ids = append(ids, p.cfg.SubnetIDv6)
+	} else {
+		for _, f := range p.port.FixedIPs {
+			if a, err := netip.ParseAddr(f.IPAddress); err == nil && a.Is6() && f.SubnetID != "" && !slices.Contains(ids, f.SubnetID) {
+				ids = append(ids, f.SubnetID)
+			}
+		}
+	}
+	if len(ids) == 0 {
+		return s, false
+	}
+	var parts []string
+	for _, id := range ids {
+		sn, err := answered(subnets.Get(ctx, p.nc, id).Extract())
+		if err != nil {
+			s.Warn = true
+			parts = append(parts, fmt.Sprintf("subnet %s: cannot read it (%v)", id, err))
+			continue
+		}
+		named := "takes named fixed IPs (modeV6 fixed-ips)"
+		if autoAddress(sn) != "" {
+			named = "auto-address: Neutron refuses named fixed IPs there (modeV6 prefix-pair only)"
+			if p.cfg.SubnetIDv6 != "" && p.cfg.ModeV6 != "prefix-pair" {
+				s.Warn = true
+			}
+		}
+		parts = append(parts, fmt.Sprintf("subnet %s (%s): ipv6_address_mode %q, ipv6_ra_mode %q: %s", sn.ID, sn.CIDR, sn.IPv6AddressMode, sn.IPv6RAMode, named))
+	}
+	how := "the VM port's IPv6 subnets"
+	if p.cfg.SubnetIDv6 != "" {
+		how = "subnetIDv6"
+	}
+	s.Detail = how + ": " + strings.Join(parts, "; ")
+	return s, true
 }
 
 // portQuota reads how many ports the VM port's project may still create:
@@ -153,6 +205,8 @@ func fix(s provider.Step, mode, configFile string) string {
 	switch {
 	case s.Err == nil && !s.Warn:
 		return ""
+	case s.Err == nil && s.Name == "ipv6":
+		return "set provider.openstack.subnetIDv6 in " + configFile + " to an IPv6 subnet whose ipv6_address_mode is dhcpv6-stateful or unset (and ipv6_ra_mode not slaac or dhcpv6-stateless), or modeV6: prefix-pair"
 	case s.Err == nil && s.Name == "quota":
 		return "ask the cloud's admin for a larger port quota (openstack quota set --ports), or let these credentials read it"
 	case s.Err == nil:

@@ -109,7 +109,10 @@ func (p *Provider) nicPortOf(port ports.Port) nicPort {
 		}
 	}
 	// The port's subnet is its own address's; without a mark, that of its
-	// first fixed IP on the pods' subnet, else its first fixed IP.
+	// first fixed IP on the pods' subnet, else its first IPv4 fixed IP:
+	// on a network with an IPv6 subnet Neutron gives the port an IPv6
+	// address too (SLAAC: unasked), and fixed_ips come sorted as text, so
+	// the first one may be IPv6 while the NIC serves IPv4.
 	for _, f := range port.FixedIPs {
 		a, err := netip.ParseAddr(f.IPAddress)
 		switch {
@@ -118,6 +121,14 @@ func (p *Provider) nicPortOf(port ports.Port) nicPort {
 			n.subnet = f.SubnetID
 		case n.subnet == "" && f.SubnetID == p.cfg.SubnetID && !n.own.IsValid():
 			n.subnet = f.SubnetID
+		}
+	}
+	if n.subnet == "" {
+		for _, f := range port.FixedIPs {
+			if a, err := netip.ParseAddr(f.IPAddress); err == nil && a.Is4() {
+				n.subnet = f.SubnetID
+				break
+			}
 		}
 	}
 	if n.subnet == "" && len(port.FixedIPs) > 0 {

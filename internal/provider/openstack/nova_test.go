@@ -42,6 +42,8 @@ func TestNICPortSubnet(t *testing.T) {
 		// No mark: the pods' subnet's first address, else the first.
 		{"", []ports.IP{{SubnetID: "b", IPAddress: "10.1.0.7"}, {SubnetID: "sn", IPAddress: "10.0.0.8"}}, "sn", "10.0.0.8", "[10.0.0.8]"},
 		{"", []ports.IP{{SubnetID: "c", IPAddress: "10.2.0.9"}}, "c", "10.2.0.9", "[10.2.0.9]"},
+		// No mark and an IPv6 (SLAAC) address sorted first: the IPv4 one's.
+		{"", []ports.IP{{SubnetID: "s6", IPAddress: "fd00::f816:3eff:fe00:1"}, {SubnetID: "c", IPAddress: "10.2.0.9"}}, "c", "10.2.0.9", "[10.2.0.9]"},
 		{"", nil, "", "invalid IP", "[]"},
 	} {
 		n := p.nicPortOf(ports.Port{Description: c.desc, FixedIPs: c.fixed})
