@@ -449,6 +449,28 @@ func dualStackOnNIC(t *testing.T, v *Veth, p string, others []*alloc.Allocation)
 	if out := run(t, "ip", "-6", "route", "show", "table", table); !strings.Contains(out, "default via fd00:78::1") {
 		t.Errorf("the NIC's IPv6 table went with its last pod: %q", out)
 	}
+
+	// A pod's leases are routed one at a time: its IPv4 address on the
+	// NIC and its IPv6 one on the uplink's port each leave by their own.
+	f := &alloc.Allocation{ContainerID: "f", IfName: "eth0", Netns: e.Netns, Lease: e.Lease, Others: []alloc.Lease{{Address: ip("fd00:77::106")}}}
+	if _, err := v.Setup(ctx, f); err != nil {
+		t.Fatalf("Setup of a pod with its IPv4 address on a NIC, its IPv6 one on the uplink: %v", err)
+	}
+	for _, to := range []string{"10.79.0.1:7779", "[fd00:77::20]:7780"} {
+		if to == "[fd00:77::20]:7780" {
+			l := listen(t, nbr, to)
+			defer l.Close()
+		}
+		if err := probe(f.Netns, to, 3*time.Second); err != nil {
+			t.Errorf("pod f -> %s: %v", to, err)
+		}
+	}
+	if rules := run(t, "ip", "-6", "rule"); strings.Contains(rules, "fd00:77::106") {
+		t.Errorf("an IPv6 address on the uplink got a NIC rule:\n%s", rules)
+	}
+	if err := v.Teardown(ctx, f); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func nameOf(path string) string {
