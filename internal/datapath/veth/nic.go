@@ -298,7 +298,7 @@ func (v *Veth) traceNIC(a *alloc.Allocation) []datapath.Hop {
 	h.add(datapath.HopNode, fmt.Sprintf("rule %d: from %s lookup %d", ruleFromPod, a.Address, table), hasRule(rules, a.Address, table),
 		datapath.HopMissing, fmt.Sprintf("no rule %d: from %s lookup %d (NIC %s)", ruleFromPod, a.Address, table, nic))
 	h.add(datapath.HopNode, fmt.Sprintf("table %d %s default route (NIC %s)", table, f, nic), hasTableDefault(table, f),
-		datapath.HopMissing, fmt.Sprintf("table %d of NIC %s has no %s default route", table, nic, f))
+		datapath.HopMissing, fmt.Sprintf("table %d of NIC %s has no default route (%s)", table, nic, f))
 	h.add(datapath.HopNode, fmt.Sprintf("%s %s on NIC %s", proxyKind(a.Address), a.Address, nic), v.hasProxyOn(link.Attrs().Index, a.Address),
 		datapath.HopMissing, fmt.Sprintf("no %s for %s on NIC %s", proxyKind(a.Address), a.Address, nic))
 	return h
