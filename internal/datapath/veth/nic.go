@@ -363,6 +363,9 @@ func (v *Veth) hasProxyOn(linkIdx int, ip netip.Addr) bool {
 func (v *Veth) reconcileNICs(links []netlink.Link, want []*alloc.Allocation, idle []netip.Addr, live map[netip.Addr]string, rep *reportBuilder) error {
 	var rules []netlink.Rule
 	for _, f := range family.All {
+		if f == family.V6 && !v.has(f) {
+			continue // a node without IPv6 pods (whose kernel may have no IPv6 to list)
+		}
 		rs, err := nlutil.RetryDump(func() ([]netlink.Rule, error) { return netlink.RuleList(nlFamilyOf(f)) })
 		if err != nil {
 			return fmt.Errorf("list %s rules: %w", f, err)
