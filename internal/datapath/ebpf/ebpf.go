@@ -37,6 +37,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -157,6 +158,13 @@ type Datapath struct {
 func fastAddr(a *alloc.Allocation) netip.Addr {
 	l, _ := a.LeaseOf(family.V4)
 	return l.Address
+}
+
+// onNIC says whether any of a pod's addresses lives on a secondary NIC:
+// such a pod stays on the routed path, whichever family's lease (the
+// first, or another) the NIC holds.
+func onNIC(a *alloc.Allocation) bool {
+	return slices.ContainsFunc(a.Leases(), func(l alloc.Lease) bool { return l.NIC != nil })
 }
 
 // New opens the routed veth mode and puts the fast path on it, or falls
@@ -325,7 +333,7 @@ func (d *Datapath) Close() error {
 // qdisc cannot share the link with clsact).
 func (d *Datapath) Setup(ctx context.Context, a *alloc.Allocation) (alloc.Wiring, error) {
 	w, err := d.Veth.Setup(ctx, a)
-	if err != nil || a.NIC != nil || a.Shaped || !fastAddr(a).IsValid() {
+	if err != nil || onNIC(a) || a.Shaped || !fastAddr(a).IsValid() {
 		return w, err
 	}
 	d.mu.Lock()

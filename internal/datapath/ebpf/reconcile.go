@@ -88,7 +88,7 @@ func (d *Datapath) sync(want datapath.Desired, rep *datapath.Report) error {
 	}
 	for _, a := range want.Allocations {
 		ip := fastAddr(a)
-		if a.NIC != nil || !ip.IsValid() {
+		if onNIC(a) || !ip.IsValid() {
 			continue
 		}
 		w := veth.Wiring(a)
@@ -158,7 +158,7 @@ func (d *Datapath) Check(ctx context.Context, a *alloc.Allocation) (alloc.Wiring
 // saying the node runs without the fast path, and why.
 func (d *Datapath) Trace(ctx context.Context, a *alloc.Allocation) []datapath.Hop {
 	hops := d.Veth.Trace(ctx, a)
-	if a.NIC != nil {
+	if onNIC(a) {
 		return append(hops, datapath.Hop{Where: datapath.HopNode, What: "ebpf fast path: not for a pod on a secondary NIC (routed by the stack)", State: datapath.HopOK})
 	}
 	if a.Shaped {

@@ -33,7 +33,13 @@ const nodeEnv = "VPCNI_VETH_TEST_PREFIX"
 //
 //	<p>-node  the node: uplink up0 10.77.0.10/24 fd00:77::10/64
 //	<p>-nbr   a neighbour on the uplink's segment: 10.77.0.20 fd00:77::20
-//	<p>-p1..4 pods
+//	<p>-p1..5 pods
+//
+// and a secondary NIC: the node's nic1 (the port's MAC fa:16:3e:00:00:01)
+// on a second segment to the neighbour's eth1, which is that subnet's
+// gateway 10.78.0.1 fd00:78::1 and has a peer behind it, 10.79.0.1
+// fd00:79::1, that the node's main table does not route: pod 5, dual-stack
+// on the NIC, reaches it only by the NIC's table.
 //
 // The datapath runs in a child process started inside the node namespace
 // (ip netns exec): the mode works in its caller's namespace from several
@@ -46,7 +52,7 @@ func TestIPv6Pods(t *testing.T) {
 		t.Skip("NOT RUN: needs root to create network namespaces (make test runs it as root)")
 	}
 	p := fmt.Sprintf("vpcv6%d", os.Getpid()%100000)
-	names := []string{p + "-node", p + "-nbr", p + "-p1", p + "-p2", p + "-p3", p + "-p4"}
+	names := []string{p + "-node", p + "-nbr", p + "-p1", p + "-p2", p + "-p3", p + "-p4", p + "-p5"}
 	del := func() {
 		for _, n := range names {
 			if netnsutil.Exists(n) {
@@ -71,6 +77,13 @@ func TestIPv6Pods(t *testing.T) {
 		{"-n", nbr, "addr", "add", "10.77.0.20/24", "dev", "eth0"},
 		{"-n", nbr, "addr", "add", "fd00:77::20/64", "dev", "eth0", "nodad"},
 		{"-n", nbr, "link", "set", "eth0", "up"},
+		{"-n", node, "link", "add", "nic1", "address", "fa:16:3e:00:00:01", "type", "veth", "peer", "name", "eth1", "netns", nbr},
+		{"-n", node, "link", "set", "nic1", "up"},
+		{"-n", nbr, "addr", "add", "10.78.0.1/24", "dev", "eth1"},
+		{"-n", nbr, "addr", "add", "fd00:78::1/64", "dev", "eth1", "nodad"},
+		{"-n", nbr, "addr", "add", "10.79.0.1/32", "dev", "lo"},
+		{"-n", nbr, "addr", "add", "fd00:79::1/128", "dev", "lo"},
+		{"-n", nbr, "link", "set", "eth1", "up"},
 	} {
 		run(t, append([]string{"ip"}, c...)...)
 	}
@@ -79,8 +92,10 @@ func TestIPv6Pods(t *testing.T) {
 	// announcement sent then is lost. A node's uplink is up long before
 	// its pods; so is this one.
 	waitFor(t, 3*time.Second, "the uplink's carrier", func() bool {
-		return operUp(t, node, "up0") && operUp(t, nbr, "eth0")
+		return operUp(t, node, "up0") && operUp(t, nbr, "eth0") && operUp(t, node, "nic1") && operUp(t, nbr, "eth1")
 	})
+	// The NIC took router advertisements: wiring IPv6 by it stops that.
+	run(t, "ip", "netns", "exec", node, "sysctl", "-qw", "net.ipv6.conf.nic1.accept_ra=2")
 	// Pod 3's runtime turned IPv6 off in its namespace.
 	run(t, "ip", "netns", "exec", p+"-p3", "sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1", "net.ipv6.conf.default.disable_ipv6=1")
 
@@ -295,11 +310,6 @@ func TestInNodeIPv6(t *testing.T) {
 	}
 
 	// What the mode refuses, before making anything.
-	onNIC := &alloc.Allocation{ContainerID: "nic", IfName: "eth0", Netns: pod(1),
-		Lease: alloc.Lease{Address: ip("fd00:77::105"), NIC: &alloc.NIC{MAC: "fa:16:3e:00:00:01", Address: ip("fd00:77::5")}}}
-	if _, err := v.Setup(ctx, onNIC); err == nil || !strings.Contains(err.Error(), "secondary NIC") {
-		t.Errorf("IPv6 on a secondary NIC: %v", err)
-	}
 	v4only, err := NewVeth("up0", 0, false)
 	if err != nil {
 		t.Fatal(err)
@@ -308,8 +318,158 @@ func TestInNodeIPv6(t *testing.T) {
 	if _, err := v4only.Setup(ctx, &alloc.Allocation{ContainerID: "x", IfName: "eth0", Netns: pod(1), Lease: alloc.Lease{Address: ip("fd00:77::106")}}); err == nil || !strings.Contains(err.Error(), "not prepared for ipv6") {
 		t.Errorf("IPv6 on an IPv4 node: %v", err)
 	}
-	if _, err := netlink.LinkByName(HostIfName("nic", "eth0")); err == nil {
+	if _, err := netlink.LinkByName(HostIfName("x", "eth0")); err == nil {
 		t.Error("a refused Setup made a host veth")
+	}
+
+	dualStackOnNIC(t, v, p, []*alloc.Allocation{b, c, d})
+}
+
+// dualStackOnNIC: a dual-stack pod whose two addresses live on the
+// secondary NIC nic1 (TestIPv6Pods' fixture) reaches the peer behind the
+// NIC's gateway by both families — the node's main table has no route
+// there, so only the NIC's table (one number, both families) gets it
+// there — and is reached from the NIC's segment by proxy ARP and proxy
+// NDP on the NIC. The rules and tables are as nic.go says; Trace shows
+// the IPv6 pieces, Reconcile puts them back, Teardown takes the pod's.
+// The node's other pods are others.
+func dualStackOnNIC(t *testing.T, v *Veth, p string, others []*alloc.Allocation) {
+	ip, pfx := netip.MustParseAddr, netip.MustParsePrefix
+	ctx, nbr := t.Context(), netnsutil.Path(p+"-nbr")
+	const mac = "fa:16:3e:00:00:01"
+	e := &alloc.Allocation{ContainerID: "e", IfName: "eth0", Netns: netnsutil.Path(p + "-p5"),
+		Lease:  alloc.Lease{Address: ip("10.78.0.105"), Prefix: pfx("10.78.0.0/24"), Gateway: ip("10.78.0.1"), NIC: &alloc.NIC{MAC: mac, Address: ip("10.78.0.5")}},
+		Others: []alloc.Lease{{Address: ip("fd00:78::105"), Prefix: pfx("fd00:78::/64"), Gateway: ip("fd00:78::1"), NIC: &alloc.NIC{MAC: mac, Address: ip("fd00:78::5")}}}}
+	start := time.Now()
+	if _, err := v.Setup(ctx, e); err != nil {
+		t.Fatalf("Setup of a dual-stack pod on a NIC: %v", err)
+	}
+	t.Logf("Setup e on nic1: %v", time.Since(start))
+	table := fmt.Sprint(nicTableBase + linkIndex(t, "nic1"))
+	for _, c := range []struct {
+		argv []string
+		want []string
+	}{
+		{[]string{"ip", "-4", "rule"}, []string{"512:\tfrom all lookup main suppress_prefixlength 31 proto 167", "1536:\tfrom 10.78.0.105 lookup " + table, "1536:\tfrom 10.78.0.5 lookup " + table}},
+		{[]string{"ip", "-6", "rule"}, []string{"512:\tfrom all lookup main suppress_prefixlength 127 proto 167", "1536:\tfrom fd00:78::105 lookup " + table, "1536:\tfrom fd00:78::5 lookup " + table}},
+		{[]string{"ip", "-4", "route", "show", "table", table}, []string{"default via 10.78.0.1 dev nic1", "10.78.0.0/24 dev nic1 proto 167 scope link src 10.78.0.5"}},
+		{[]string{"ip", "-6", "route", "show", "table", table}, []string{"default via fd00:78::1 dev nic1", "fd00:78::/64 dev nic1 proto 167 src fd00:78::5"}},
+		{[]string{"ip", "-6", "neigh", "show", "proxy"}, []string{"fd00:78::105 dev nic1 proxy"}},
+		{[]string{"ip", "-4", "neigh", "show", "proxy"}, []string{"10.78.0.105 dev nic1 proxy"}},
+		{[]string{"ip", "addr", "show", "dev", "nic1"}, []string{"inet 10.78.0.5/24", "inet6 fd00:78::5/64 scope global nodad noprefixroute"}},
+	} {
+		out := run(t, c.argv...)
+		for _, w := range c.want {
+			if !strings.Contains(out, w) {
+				t.Errorf("%s lacks %q:\n%s", strings.Join(c.argv, " "), w, out)
+			}
+		}
+	}
+	if out := run(t, "ip", "-6", "route", "show", "default"); strings.Contains(out, "nic1") {
+		t.Errorf("main table has an IPv6 default route by the NIC: %s", out)
+	}
+	for key, want := range map[string]string{"net/ipv6/conf/nic1/proxy_ndp": "1", "net/ipv6/conf/nic1/accept_ra": "0", "net/ipv6/neigh/nic1/proxy_delay": "0"} {
+		if got := sysctl(t, "", key); got != want {
+			t.Errorf("node %s = %s, want %s", key, got, want)
+		}
+	}
+	peer := listen(t, nbr, "[::]:7779")
+	defer peer.Close()
+	pe := listen(t, e.Netns, "[::]:7777")
+	defer pe.Close()
+	reach := func(when string) {
+		for _, c := range []struct{ from, to string }{
+			{e.Netns, "10.79.0.1:7779"}, {e.Netns, "[fd00:79::1]:7779"}, // by the NIC's table
+			{nbr, "10.78.0.105:7777"}, {nbr, "[fd00:78::105]:7777"}, // by proxy ARP/NDP on the NIC
+			{e.Netns, "[fd00:77::102]:7777"}, {e.Netns, "10.77.0.102:7777"}, // a local pod, by rule 512
+		} {
+			if err := probe(c.from, c.to, 3*time.Second); err != nil {
+				t.Errorf("%s: %s -> %s: %v", when, nameOf(c.from), c.to, err)
+			}
+		}
+	}
+	reach("after Setup")
+	if _, err := v.Check(ctx, e); err != nil {
+		t.Errorf("Check e: %v", err)
+	}
+	hops := v.Trace(ctx, e)
+	for _, want := range []string{"rule 512: lookup main suppress_prefixlength 127", "rule 1536: from fd00:78::105 lookup " + table,
+		"table " + table + " ipv6 default route (NIC nic1)", "proxy NDP entry fd00:78::105 on NIC nic1",
+		"rule 1536: from 10.78.0.105 lookup " + table, "proxy ARP entry 10.78.0.105 on NIC nic1"} {
+		if !slices.ContainsFunc(hops, func(h datapath.Hop) bool { return strings.Contains(h.What, want) && h.State == datapath.HopOK }) {
+			t.Errorf("trace of e has no ok hop %q: %+v", want, hops)
+		}
+	}
+
+	// The IPv6 side damaged (a NIC that went down and up loses its
+	// table's routes; rules and proxy entries deleted): Reconcile puts it
+	// back and the pod is reached again.
+	run(t, "ip", "-6", "route", "flush", "table", table)
+	run(t, "ip", "-6", "rule", "del", "pref", "1536", "from", "fd00:78::105")
+	run(t, "ip", "-6", "rule", "del", "pref", "512")
+	run(t, "ip", "-6", "neigh", "del", "proxy", "fd00:78::105", "dev", "nic1")
+	for _, h := range v.Trace(ctx, e) {
+		if (strings.Contains(h.What, "1536: from fd00:78::105") || strings.Contains(h.What, "proxy NDP entry fd00:78::105") ||
+			strings.Contains(h.What, "ipv6 default route") || strings.Contains(h.What, "suppress_prefixlength 127")) && h.State == datapath.HopOK {
+			t.Errorf("trace after the damage: %+v", h)
+		}
+	}
+	all := append(others, e)
+	rep, err := v.Reconcile(ctx, datapath.Desired{Allocations: all})
+	if err != nil || len(rep.Failed) > 0 {
+		t.Fatalf("Reconcile: %+v %v", rep, err)
+	}
+	got := fmt.Sprint(rep.Repaired)
+	for _, want := range []string{"table " + table + " (ipv6)", "ipv6 rule 512 to local pods", "rule 1536 from fd00:78::105", "proxy NDP entry fd00:78::105 on NIC nic1"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("Reconcile report %s lacks %q", got, want)
+		}
+	}
+	if strings.Contains(got, "10.78.0.105") {
+		t.Errorf("Reconcile repaired the intact IPv4 side: %s", got)
+	}
+	run(t, "ip", "-n", p+"-nbr", "-6", "neigh", "flush", "dev", "eth1")
+	reach("after Reconcile")
+	if rep, err := v.Reconcile(ctx, datapath.Desired{Allocations: all}); err != nil || len(rep.Repaired)+len(rep.Failed) > 0 {
+		t.Errorf("a second Reconcile found work: %+v %v", rep, err)
+	}
+
+	// Teardown takes the pod's rules and proxy entries of both families;
+	// the NIC's table and own rules stay for its next pod.
+	if err := v.Teardown(ctx, e); err != nil {
+		t.Fatal(err)
+	}
+	rules := run(t, "ip", "-4", "rule") + run(t, "ip", "-6", "rule")
+	proxies := run(t, "ip", "-4", "neigh", "show", "proxy") + run(t, "ip", "-6", "neigh", "show", "proxy")
+	for _, x := range []string{"10.78.0.105", "fd00:78::105"} {
+		if strings.Contains(rules, x+" ") || strings.Contains(proxies, x+" ") {
+			t.Errorf("%s left after Teardown:\n%s%s", x, rules, proxies)
+		}
+	}
+	if out := run(t, "ip", "-6", "route", "show", "table", table); !strings.Contains(out, "default via fd00:78::1") {
+		t.Errorf("the NIC's IPv6 table went with its last pod: %q", out)
+	}
+
+	// A pod's leases are routed one at a time: its IPv4 address on the
+	// NIC and its IPv6 one on the uplink's port each leave by their own.
+	f := &alloc.Allocation{ContainerID: "f", IfName: "eth0", Netns: e.Netns, Lease: e.Lease, Others: []alloc.Lease{{Address: ip("fd00:77::106")}}}
+	if _, err := v.Setup(ctx, f); err != nil {
+		t.Fatalf("Setup of a pod with its IPv4 address on a NIC, its IPv6 one on the uplink: %v", err)
+	}
+	for _, to := range []string{"10.79.0.1:7779", "[fd00:77::20]:7780"} {
+		if to == "[fd00:77::20]:7780" {
+			l := listen(t, nbr, to)
+			defer l.Close()
+		}
+		if err := probe(f.Netns, to, 3*time.Second); err != nil {
+			t.Errorf("pod f -> %s: %v", to, err)
+		}
+	}
+	if rules := run(t, "ip", "-6", "rule"); strings.Contains(rules, "fd00:77::106") {
+		t.Errorf("an IPv6 address on the uplink got a NIC rule:\n%s", rules)
+	}
+	if err := v.Teardown(ctx, f); err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -16,6 +16,7 @@ import (
 	"github.com/vpcni/vpcni/internal/alloc"
 	"github.com/vpcni/vpcni/internal/datapath"
 	"github.com/vpcni/vpcni/internal/datapath/nlutil"
+	"github.com/vpcni/vpcni/internal/family"
 )
 
 // Addresses on a secondary NIC (seed 002). When the node's primary port is
@@ -37,6 +38,15 @@ import (
 // local pod, without a rule per pod for each packet to walk. The node
 // answers ARP for a NIC's pod on that NIC, not on the uplink. The NIC is
 // found by its MAC: a hot-plugged NIC comes up under any name.
+//
+// IPv6 addresses on a NIC are wired the same way, with the same code and
+// the same table number (a route table is per family): the NIC's own IPv6
+// address (a /64 of its port's IPv6 subnet, no DAD, no prefix route), its
+// IPv6 subnet and a default route via the subnet's IPv6 gateway in the
+// table, "512: lookup main suppress_prefixlength 127" (the pods' /128s),
+// "1536: from <pod>/128 lookup <table>", and proxy NDP for the pod on the
+// NIC. A pod's leases are routed one at a time, each by its own NIC (or
+// the uplink): a dual-stack pod's two addresses need not share a NIC.
 const (
 	ruleLocalPods = 512
 	ruleFromPod   = 1536
@@ -67,14 +77,17 @@ func (v *Veth) nicOf(a *alloc.Allocation) (netlink.Link, error) {
 	return findNIC(links, a.NIC)
 }
 
-// prepareNIC makes a NIC ready to carry pods: up, its own address without
-// a prefix route (the subnet stays routed by the uplink in the main
-// table), loose reverse-path filtering (replies to the pod arrive on the
-// NIC while the main table would route their source by the uplink), proxy
-// ARP without delay, and its route table. Idempotent.
+// prepareNIC makes a NIC ready to carry pods of a.Address's family: up,
+// its own address of that family without a prefix route (the subnet
+// stays routed by the uplink in the main table), the family's sysctls
+// (nicSysctls), and its route table for the family. Idempotent.
 func (v *Veth) prepareNIC(link netlink.Link, a *alloc.Allocation) error {
 	if !a.Prefix.IsValid() || !a.Gateway.IsValid() || !a.NIC.Address.IsValid() {
 		return fmt.Errorf("address %s on NIC %s: the provider gave no subnet, gateway or NIC address to route it by", a.Address, a.NIC.MAC)
+	}
+	f := family.Of(a.Address)
+	if family.Of(a.Prefix.Addr()) != f || family.Of(a.Gateway) != f || family.Of(a.NIC.Address) != f {
+		return fmt.Errorf("address %s on NIC %s: its subnet %s, gateway %s and the NIC's address %s must all be %s: the provider mixed families", a.Address, a.NIC.MAC, a.Prefix, a.Gateway, a.NIC.Address, f)
 	}
 	name := link.Attrs().Name
 	if link.Attrs().Flags&net.FlagUp == 0 {
@@ -82,24 +95,33 @@ func (v *Veth) prepareNIC(link netlink.Link, a *alloc.Allocation) error {
 			return fmt.Errorf("set NIC %s up: %w", name, err)
 		}
 	}
-	own := &netlink.Addr{IPNet: &net.IPNet{IP: a.NIC.Address.AsSlice(), Mask: net.CIDRMask(a.Prefix.Bits(), 32)}, Flags: unix.IFA_F_NOPREFIXROUTE}
+	// The sysctls first: an IPv6 address on a NIC whose IPv6 is off
+	// cannot be added.
+	if err := nicSysctls(name, f); err != nil {
+		return err
+	}
+	own := &netlink.Addr{IPNet: ipNet(netip.PrefixFrom(a.NIC.Address, a.Prefix.Bits())), Flags: unix.IFA_F_NOPREFIXROUTE}
+	if f == family.V6 {
+		// The port's address is Neutron's to give: no duplicate
+		// detection to wait ~2 s for.
+		own.Flags |= unix.IFA_F_NODAD
+	}
 	if err := netlink.AddrReplace(link, own); err != nil {
 		return fmt.Errorf("address %s on NIC %s: %w", a.NIC.Address, name, err)
 	}
-	if err := nicSysctls(name); err != nil {
-		return err
-	}
 	table, idx := nicTable(link), link.Attrs().Index
-	subnet := &net.IPNet{IP: a.Prefix.Masked().Addr().AsSlice(), Mask: net.CIDRMask(a.Prefix.Bits(), 32)}
 	for _, r := range []*netlink.Route{
-		{LinkIndex: idx, Table: table, Dst: subnet, Scope: netlink.SCOPE_LINK, Src: a.NIC.Address.AsSlice(), Protocol: RouteProtocol},
-		{LinkIndex: idx, Table: table, Dst: &net.IPNet{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)}, Gw: a.Gateway.AsSlice(), Protocol: RouteProtocol},
+		{LinkIndex: idx, Table: table, Dst: ipNet(a.Prefix.Masked()), Scope: netlink.SCOPE_LINK, Src: a.NIC.Address.AsSlice(), Protocol: RouteProtocol},
+		{LinkIndex: idx, Table: table, Dst: ipNet(f.Default()), Gw: a.Gateway.AsSlice(), Protocol: RouteProtocol},
 	} {
+		if f == family.V6 {
+			r.Scope = netlink.SCOPE_UNIVERSE // IPv6 routes have no scope
+		}
 		if err := netlink.RouteReplace(r); err != nil {
 			return fmt.Errorf("route %s in table %d of NIC %s: %w", r.Dst, table, name, err)
 		}
 	}
-	return errors.Join(addRule(localPodsRule()), addRule(fromRule(a.NIC.Address, table)))
+	return errors.Join(addRule(localPodsRule(f)), addRule(fromRule(a.NIC.Address, table)))
 }
 
 // nicSysctls: a NIC's reverse-path filter must not be strict, and its
@@ -112,10 +134,41 @@ func (v *Veth) prepareNIC(link netlink.Link, a *alloc.Allocation) error {
 // and its failure is an error that says how to fix the node; a proxy
 // delay that cannot be written (a NIC that was there before the init step
 // ran) only delays the first ARP answer for a pod by up to 0.8 s.
-func nicSysctls(name string) error {
-	strict := func(key string) bool {
-		v, err := os.ReadFile("/proc/sys/" + key)
-		return err == nil && strings.TrimSpace(string(v)) == "1"
+//
+// IPv6 (f V6) has no reverse-path filter; it needs the NIC's IPv6 on and
+// proxy NDP on it (or on conf/all), and no router advertisements taken on
+// it (a default route in main by the NIC would take the node's own
+// traffic there): with forwarding on (ipv6Sysctls) an accept_ra of 1
+// takes none already, 2 would, so only a 2 is written to 0.
+func nicSysctls(name string, f family.Family) error {
+	read := func(key string) string {
+		v, _ := os.ReadFile("/proc/sys/" + key)
+		return strings.TrimSpace(string(v))
+	}
+	strict := func(key string) bool { return read(key) == "1" }
+	if f == family.V6 {
+		conf := "net/ipv6/conf/" + name + "/"
+		for _, s := range []struct{ key, want, why string }{
+			{conf + "disable_ipv6", "0", "its IPv6 is off"},
+			{conf + "proxy_ndp", "1", "the node answers neighbour solicitations for its pods there"},
+		} {
+			if read(s.key) == s.want || s.key == conf+"proxy_ndp" && read("net/ipv6/conf/all/proxy_ndp") == "1" {
+				continue
+			}
+			if err := nlutil.WriteSysctl(s.key, s.want); err != nil {
+				return fmt.Errorf("%w: NIC %s carries IPv6 pods and %s: set net.ipv6.conf.%s.%s (or net.ipv6.conf.default's, before the NIC is attached) to %s on the node",
+					err, name, s.why, name, s.key[len(conf):], s.want)
+			}
+		}
+		if read(conf+"accept_ra") == "2" {
+			if err := nlutil.WriteSysctl(conf+"accept_ra", "0"); err != nil {
+				return fmt.Errorf("%w: NIC %s takes router advertisements (accept_ra 2), whose default route would pull the node's own IPv6 traffic onto it: set net.ipv6.conf.%s.accept_ra to 0", err, name, name)
+			}
+		}
+		if err := nlutil.WriteSysctl("net/ipv6/neigh/"+name+"/proxy_delay", "0"); err != nil && !errors.Is(err, syscall.EROFS) {
+			return err
+		}
+		return nil
 	}
 	if strict("net/ipv4/conf/all/rp_filter") || strict("net/ipv4/conf/"+name+"/rp_filter") {
 		if err := nlutil.WriteSysctl("net/ipv4/conf/"+name+"/rp_filter", "2"); err != nil {
@@ -131,14 +184,14 @@ func nicSysctls(name string) error {
 	return nil
 }
 
-func hostNet(ip netip.Addr) *net.IPNet {
-	return &net.IPNet{IP: ip.AsSlice(), Mask: net.CIDRMask(32, 32)}
-}
+func hostNet(ip netip.Addr) *net.IPNet { return ipNet(family.Host(ip)) }
 
-// localPodsRule sends traffic for any local pod by main's /32 routes.
-func localPodsRule() *netlink.Rule {
+// localPodsRule sends traffic for any local pod of family f by main's
+// host routes (/32, /128): it suppresses every shorter answer.
+func localPodsRule(f family.Family) *netlink.Rule {
 	r := netlink.NewRule()
-	r.Priority, r.Table, r.SuppressPrefixlen, r.Protocol = ruleLocalPods, unix.RT_TABLE_MAIN, 31, uint8(RouteProtocol)
+	r.Priority, r.Table, r.SuppressPrefixlen, r.Protocol = ruleLocalPods, unix.RT_TABLE_MAIN, f.Bits()-1, uint8(RouteProtocol)
+	r.Family = nlFamilyOf(f)
 	return r
 }
 
@@ -192,14 +245,14 @@ func (v *Veth) unwireNIC(a *alloc.Allocation) error {
 	}
 	errs = append(errs, delRule(fromRule(a.Address, nicTable(link))))
 	if err := netlink.NeighDel(proxyOn(link.Attrs().Index, a.Address)); err != nil && !nlutil.IsNotFound(err) {
-		errs = append(errs, fmt.Errorf("delete proxy ARP entry %s on %s: %w", a.Address, link.Attrs().Name, err))
+		errs = append(errs, fmt.Errorf("delete %s %s on %s: %w", proxyKind(a.Address), a.Address, link.Attrs().Name, err))
 	}
 	return errors.Join(errs...)
 }
 
 // delFromRules deletes vpcni's from-rules of ip, whatever their table.
 func (v *Veth) delFromRules(ip netip.Addr) error {
-	rules, err := nlutil.RetryDump(func() ([]netlink.Rule, error) { return netlink.RuleList(netlink.FAMILY_V4) })
+	rules, err := nlutil.RetryDump(func() ([]netlink.Rule, error) { return netlink.RuleList(nlFamily(ip)) })
 	if err != nil {
 		return fmt.Errorf("list rules: %w", err)
 	}
@@ -224,7 +277,8 @@ func proxyOn(linkIdx int, ip netip.Addr) *netlink.Neigh {
 }
 
 // traceNIC lists the pieces of a NIC pod's node-side wiring: the policy
-// rules, the NIC's table and its proxy ARP entry.
+// rules, the NIC's table and its proxy ARP (NDP) entry, of the address's
+// family.
 func (v *Veth) traceNIC(a *alloc.Allocation) []datapath.Hop {
 	var h hops
 	link, err := v.nicOf(a)
@@ -232,20 +286,21 @@ func (v *Veth) traceNIC(a *alloc.Allocation) []datapath.Hop {
 		h.add(datapath.HopNode, "secondary NIC of "+a.Address.String(), false, datapath.HopMissing, err.Error())
 		return h
 	}
-	rules, err := nlutil.RetryDump(func() ([]netlink.Rule, error) { return netlink.RuleList(netlink.FAMILY_V4) })
+	f := family.Of(a.Address)
+	rules, err := nlutil.RetryDump(func() ([]netlink.Rule, error) { return netlink.RuleList(nlFamily(a.Address)) })
 	if err != nil {
 		h.add(datapath.HopNode, "policy rules", false, datapath.HopWrong, fmt.Sprintf("list rules: %v", err))
 		return h
 	}
 	table, nic := nicTable(link), link.Attrs().Name
-	h.add(datapath.HopNode, fmt.Sprintf("rule %d: lookup main suppress_prefixlength 31", ruleLocalPods), hasLocalPodsRule(rules),
-		datapath.HopMissing, fmt.Sprintf("no rule %d: lookup main suppress_prefixlength 31", ruleLocalPods))
+	h.add(datapath.HopNode, fmt.Sprintf("rule %d: lookup main suppress_prefixlength %d", ruleLocalPods, f.Bits()-1), hasLocalPodsRule(rules, f),
+		datapath.HopMissing, fmt.Sprintf("no %s rule %d: lookup main suppress_prefixlength %d", f, ruleLocalPods, f.Bits()-1))
 	h.add(datapath.HopNode, fmt.Sprintf("rule %d: from %s lookup %d", ruleFromPod, a.Address, table), hasRule(rules, a.Address, table),
 		datapath.HopMissing, fmt.Sprintf("no rule %d: from %s lookup %d (NIC %s)", ruleFromPod, a.Address, table, nic))
-	h.add(datapath.HopNode, fmt.Sprintf("table %d default route (NIC %s)", table, nic), hasTableDefault(table),
-		datapath.HopMissing, fmt.Sprintf("table %d of NIC %s has no default route", table, nic))
-	h.add(datapath.HopNode, fmt.Sprintf("proxy ARP entry %s on NIC %s", a.Address, nic), v.hasProxyOn(link.Attrs().Index, a.Address),
-		datapath.HopMissing, fmt.Sprintf("no proxy ARP entry for %s on NIC %s", a.Address, nic))
+	h.add(datapath.HopNode, fmt.Sprintf("table %d %s default route (NIC %s)", table, f, nic), hasTableDefault(table, f),
+		datapath.HopMissing, fmt.Sprintf("table %d of NIC %s has no default route (%s)", table, nic, f))
+	h.add(datapath.HopNode, fmt.Sprintf("%s %s on NIC %s", proxyKind(a.Address), a.Address, nic), v.hasProxyOn(link.Attrs().Index, a.Address),
+		datapath.HopMissing, fmt.Sprintf("no %s for %s on NIC %s", proxyKind(a.Address), a.Address, nic))
 	return h
 }
 
@@ -259,10 +314,11 @@ func hasRule(rules []netlink.Rule, ip netip.Addr, table int) bool {
 	return false
 }
 
-// hasTableDefault says whether a NIC's table routes by its gateway.
-func hasTableDefault(table int) bool {
+// hasTableDefault says whether a NIC's table routes family f by its
+// gateway.
+func hasTableDefault(table int, f family.Family) bool {
 	routes, err := nlutil.RetryDump(func() ([]netlink.Route, error) {
-		return netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Table: table}, netlink.RT_FILTER_TABLE)
+		return netlink.RouteListFiltered(nlFamilyOf(f), &netlink.Route{Table: table}, netlink.RT_FILTER_TABLE)
 	})
 	if err != nil {
 		return true // unreadable: do not rewrite on a guess
@@ -275,9 +331,11 @@ func hasTableDefault(table int) bool {
 	return false
 }
 
-func hasLocalPodsRule(rules []netlink.Rule) bool {
+// hasLocalPodsRule finds the rule to local pods of family f among rules
+// (of any family).
+func hasLocalPodsRule(rules []netlink.Rule, f family.Family) bool {
 	for _, r := range rules {
-		if ours(r) && r.Priority == ruleLocalPods && r.SuppressPrefixlen == 31 && r.Table == unix.RT_TABLE_MAIN {
+		if ours(r) && r.Family == nlFamilyOf(f) && r.Priority == ruleLocalPods && r.SuppressPrefixlen == f.Bits()-1 && r.Table == unix.RT_TABLE_MAIN {
 			return true
 		}
 	}
@@ -296,17 +354,26 @@ func (v *Veth) hasProxyOn(linkIdx int, ip netip.Addr) bool {
 	return err == nil && len(msgs) > 0
 }
 
-// reconcileNICs is Reconcile's part for secondary NICs, in one rule dump:
+// reconcileNICs is Reconcile's part for secondary NICs, in one rule dump
+// per family:
 // the NIC tables, rules and proxy entries of desired allocations on NICs
 // put back; vpcni's rules of addresses no allocation has removed (a NIC's
 // own rule stays while the NIC carries that address); proxy entries of
 // idle addresses on the NICs removed.
 func (v *Veth) reconcileNICs(links []netlink.Link, want []*alloc.Allocation, idle []netip.Addr, live map[netip.Addr]string, rep *reportBuilder) error {
-	rules, err := nlutil.RetryDump(func() ([]netlink.Rule, error) { return netlink.RuleList(netlink.FAMILY_V4) })
-	if err != nil {
-		return fmt.Errorf("list rules: %w", err)
+	var rules []netlink.Rule
+	for _, f := range family.All {
+		if f == family.V6 && !v.has(f) {
+			continue // a node without IPv6 pods (whose kernel may have no IPv6 to list)
+		}
+		rs, err := nlutil.RetryDump(func() ([]netlink.Rule, error) { return netlink.RuleList(nlFamilyOf(f)) })
+		if err != nil {
+			return fmt.Errorf("list %s rules: %w", f, err)
+		}
+		rules = append(rules, rs...)
 	}
-	nics := map[int]netlink.Link{} // by index: NICs vpcni routes by
+	nics := map[int]netlink.Link{}     // by index: NICs vpcni routes by
+	routed := map[family.Family]bool{} // families some NIC carries
 	for _, a := range want {
 		if a.NIC == nil {
 			continue
@@ -317,22 +384,24 @@ func (v *Veth) reconcileNICs(links []netlink.Link, want []*alloc.Allocation, idl
 			continue
 		}
 		nics[link.Attrs().Index] = link
+		f := family.Of(a.Address)
+		routed[f] = true
 		table := nicTable(link)
 		// A NIC that went down and up lost its table's routes (the kernel
 		// flushes them) while the rules stayed: prepare it again then too.
-		if !hasRule(rules, a.NIC.Address, table) || !hasTableDefault(table) {
+		if !hasRule(rules, a.NIC.Address, table) || !hasTableDefault(table, f) {
 			if err := v.prepareNIC(link, a); err != nil {
 				rep.fail(fmt.Errorf("%s: %w", a.Key(), err))
 				continue
 			}
-			rep.repaired(datapath.RepairRoute, "%s: NIC %s table %d", a.Key(), link.Attrs().Name, table)
+			rep.repaired(datapath.RepairRoute, "%s: NIC %s table %d (%s)", a.Key(), link.Attrs().Name, table, f)
 		}
-		if !hasLocalPodsRule(rules) {
-			if err := addRule(localPodsRule()); err != nil {
+		if !hasLocalPodsRule(rules, f) {
+			if err := addRule(localPodsRule(f)); err != nil {
 				rep.fail(err)
 			} else {
-				rules = append(rules, *localPodsRule())
-				rep.repaired(datapath.RepairRule, "rule %d to local pods", ruleLocalPods)
+				rules = append(rules, *localPodsRule(f))
+				rep.repaired(datapath.RepairRule, "%s rule %d to local pods", f, ruleLocalPods)
 			}
 		}
 		if !hasRule(rules, a.Address, table) {
@@ -344,9 +413,9 @@ func (v *Veth) reconcileNICs(links []netlink.Link, want []*alloc.Allocation, idl
 		}
 		if !v.hasProxyOn(link.Attrs().Index, a.Address) {
 			if err := netlink.NeighSet(proxyOn(link.Attrs().Index, a.Address)); err != nil {
-				rep.fail(fmt.Errorf("proxy ARP entry %s on %s: %w", a.Address, link.Attrs().Name, err))
+				rep.fail(fmt.Errorf("%s %s on %s: %w", proxyKind(a.Address), a.Address, link.Attrs().Name, err))
 			} else {
-				rep.repaired(datapath.RepairNeighbour, "%s: proxy ARP entry %s on NIC %s", a.Key(), a.Address, link.Attrs().Name)
+				rep.repaired(datapath.RepairNeighbour, "%s: %s %s on NIC %s", a.Key(), proxyKind(a.Address), a.Address, link.Attrs().Name)
 			}
 		}
 	}
@@ -358,12 +427,13 @@ func (v *Veth) reconcileNICs(links []netlink.Link, want []*alloc.Allocation, idl
 		if !ours(r) || r.Priority != ruleFromPod || r.Src == nil {
 			continue
 		}
-		ip, _ := netip.AddrFromSlice(r.Src.IP.To4())
+		ip, _ := addrOf(r.Src.IP)
 		if _, ok := live[ip]; ok {
 			continue
 		}
 		if nic, ok := byIndex[r.Table-nicTableBase]; ok && r.Priority == ruleFromPod && hasAddr(nic, ip) {
 			nics[nic.Attrs().Index] = nic // a NIC's own rule
+			routed[family.Of(ip)] = true
 			continue
 		}
 		if err := delRule(&r); err != nil {
@@ -372,12 +442,16 @@ func (v *Veth) reconcileNICs(links []netlink.Link, want []*alloc.Allocation, idl
 		}
 		rep.removed("stale rule %d of %s", r.Priority, ip)
 	}
-	// The rule to local pods goes with the last NIC vpcni routes by.
-	if len(nics) == 0 && hasLocalPodsRule(rules) {
-		if err := delRule(localPodsRule()); err != nil {
+	// A family's rule to local pods goes with the last NIC vpcni routes
+	// that family by.
+	for _, f := range family.All {
+		if routed[f] || !hasLocalPodsRule(rules, f) {
+			continue
+		}
+		if err := delRule(localPodsRule(f)); err != nil {
 			rep.fail(err)
 		} else {
-			rep.removed("rule %d to local pods: no NIC left", ruleLocalPods)
+			rep.removed("%s rule %d to local pods: no NIC left", f, ruleLocalPods)
 		}
 	}
 	for idx, nic := range nics {
@@ -386,10 +460,10 @@ func (v *Veth) reconcileNICs(links []netlink.Link, want []*alloc.Allocation, idl
 				continue
 			}
 			if err := netlink.NeighDel(proxyOn(idx, ip)); err != nil && !nlutil.IsNotFound(err) {
-				rep.fail(fmt.Errorf("delete proxy ARP entry %s on %s: %w", ip, nic.Attrs().Name, err))
+				rep.fail(fmt.Errorf("delete %s %s on %s: %w", proxyKind(ip), ip, nic.Attrs().Name, err))
 				continue
 			}
-			rep.removed("proxy ARP entry of idle address %s on NIC %s", ip, nic.Attrs().Name)
+			rep.removed("%s of idle address %s on NIC %s", proxyKind(ip), ip, nic.Attrs().Name)
 		}
 	}
 	return nil
@@ -397,7 +471,7 @@ func (v *Veth) reconcileNICs(links []netlink.Link, want []*alloc.Allocation, idl
 
 // hasAddr says whether link carries ip.
 func hasAddr(link netlink.Link, ip netip.Addr) bool {
-	addrs, err := nlutil.RetryDump(func() ([]netlink.Addr, error) { return netlink.AddrList(link, netlink.FAMILY_V4) })
+	addrs, err := nlutil.RetryDump(func() ([]netlink.Addr, error) { return netlink.AddrList(link, nlFamily(ip)) })
 	if err != nil {
 		return true // unreadable: keep the rule rather than guess
 	}

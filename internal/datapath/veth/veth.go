@@ -298,8 +298,11 @@ func ipNet(p netip.Prefix) *net.IPNet {
 }
 
 // nlFamily is the netlink family of an address.
-func nlFamily(ip netip.Addr) int {
-	if family.Of(ip) == family.V6 {
+func nlFamily(ip netip.Addr) int { return nlFamilyOf(family.Of(ip)) }
+
+// nlFamilyOf is the netlink family of f.
+func nlFamilyOf(f family.Family) int {
+	if f == family.V6 {
 		return netlink.FAMILY_V6
 	}
 	return netlink.FAMILY_V4
@@ -326,9 +329,6 @@ func (v *Veth) leaseError(a *alloc.Allocation) error {
 		f := family.Of(l.Address)
 		if !v.has(f) {
 			return &SetupError{Step: "lease", Err: fmt.Errorf("%s address %s for a node not prepared for %s: the agent's ipFamilies has no %s", f, l.Address, f, f)}
-		}
-		if f == family.V6 && l.NIC != nil {
-			return &SetupError{Step: "lease", Err: fmt.Errorf("IPv6 address %s lives on a secondary NIC (MAC %s): mode veth routes IPv6 addresses by the uplink only", l.Address, l.NIC.MAC)}
 		}
 	}
 	return nil
@@ -460,13 +460,13 @@ func (v *Veth) wireNode(hostIdx int, a *alloc.Allocation, l alloc.Lease, podMAC 
 	}
 	if l.NIC != nil {
 		// The address lives on a secondary NIC: it is routed by it, and
-		// the node answers ARP for it there (nic.go).
+		// the node answers ARP (NDP) for it there (nic.go).
 		nicIdx, err := v.wireNIC(withLease(a, l))
 		if err != nil {
 			return &SetupError{Step: "route by NIC " + l.NIC.MAC, Err: err}
 		}
 		if err = netlink.NeighSet(proxyOn(nicIdx, l.Address)); err != nil {
-			return &SetupError{Step: "proxy ARP entry on NIC " + l.NIC.MAC, Err: err}
+			return &SetupError{Step: proxyKind(l.Address) + " on NIC " + l.NIC.MAC, Err: err}
 		}
 		v.announceOn(nicIdx, l)
 		return nil

@@ -122,9 +122,9 @@ func TestUnsolicitedNA(t *testing.T) {
 	}
 }
 
-// What mode veth refuses before making anything: an IPv6 address on a
-// secondary NIC, an address of a family the node was not prepared for, a
-// passthrough lease among a pod's other addresses.
+// What mode veth refuses before making anything: an address of a family
+// the node was not prepared for, a passthrough lease among a pod's other
+// addresses.
 func TestLeaseError(t *testing.T) {
 	six := alloc.Lease{Address: netip.MustParseAddr("fd00::5")}
 	nic := &alloc.NIC{MAC: "fa:16:3e:00:00:01", Address: netip.MustParseAddr("fd00::9")}
@@ -134,7 +134,6 @@ func TestLeaseError(t *testing.T) {
 		a    alloc.Allocation
 		want string
 	}{
-		{v6node, alloc.Allocation{Lease: alloc.Lease{Address: six.Address, NIC: nic}}, "secondary NIC"},
 		{&Veth{}, alloc.Allocation{Lease: six}, "not prepared for ipv6"},
 		{&Veth{families: []family.Family{family.V6}}, alloc.Allocation{Lease: alloc.Lease{Address: netip.MustParseAddr("10.0.0.5")}}, "not prepared for ipv4"},
 		{v6node, alloc.Allocation{Lease: alloc.Lease{Address: netip.MustParseAddr("10.0.0.5")},

@@ -1,8 +1,11 @@
 package openstack
 
 import (
+	"net/netip"
 	"strings"
 	"testing"
+
+	"github.com/vpcni/vpcni/internal/family"
 )
 
 // The NIC settings are checked with everything else, each bad one named.
@@ -71,5 +74,21 @@ func TestIPv6SettingsValidate(t *testing.T) {
 		case c.want != "" && (err == nil || !strings.Contains(err.Error(), c.want)):
 			t.Errorf("%+v: %v; want it to say %q", c.cfg, err, c.want)
 		}
+	}
+}
+
+// IPv6 with secondary NICs (or a mode other than fixed-ips) is refused
+// before anything is asked of Neutron, saying why and what to change.
+func TestIPv6RefusedWithSecondaryNICs(t *testing.T) {
+	cfg := Config{Endpoint: "http://127.0.0.1:1/", ComputeEndpoint: "http://127.0.0.1:1/", SubnetID: "s", SecondaryNICs: 2, MaxAddresses: 10}
+	cfg.Defaults()
+	_, err := NewFamilies(t.Context(), cfg, netip.MustParseAddr("10.0.0.5"), []family.Family{family.V4, family.V6})
+	for _, want := range []string{"secondaryNICs 2", "IPv4 pod addresses only", "no more pods than maxAddresses (10)", "set secondaryNICs 0"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("dual-stack with secondaryNICs: %v; want it refused saying %q", err, want)
+		}
+	}
+	if _, err := NewFamilies(t.Context(), cfg, netip.MustParseAddr("10.0.0.5"), []family.Family{family.V4}); err == nil || strings.Contains(err.Error(), "secondaryNICs 2") {
+		t.Errorf("IPv4 alone with secondaryNICs: %v; want past the IPv6 check (then no Neutron to reach)", err)
 	}
 }

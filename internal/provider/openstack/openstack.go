@@ -146,6 +146,11 @@ func open(ctx context.Context, cfg Config, nodeIP netip.Addr, rt http.RoundTripp
 }
 
 func openFamilies(ctx context.Context, cfg Config, nodeIP netip.Addr, rt http.RoundTripper, fams []family.Family) (*Provider, error) {
+	if wantsV6(cfg, fams) {
+		if err := cfg.v6Refused(); err != nil {
+			return nil, err // before any request: it is the configuration's
+		}
+	}
 	p, err := connect(ctx, cfg, rt)
 	if err != nil {
 		return nil, err

@@ -57,12 +57,30 @@ func wantsV6(cfg Config, fams []family.Family) bool {
 	return cfg.SubnetIDv6 != "" || slices.Contains(fams, family.V6)
 }
 
+// v6Refused says why a configuration serves no IPv6 pod addresses (nil:
+// it does), before anything is asked of Neutron. Secondary NICs carry no
+// IPv6 addresses of pods: their ports are written with the IPv4 subnet's
+// fixed IPs alone, and IPv6 ones kept on the VM port would stop a
+// dual-stack node at maxAddresses pods whatever its NICs — every pod
+// takes an address of each family — so the NICs would add none. (The
+// veth datapath routes an IPv6 lease on a NIC; the provider does not give
+// one.)
+func (o *Config) v6Refused() error {
+	switch {
+	case o.Mode != "fixed-ips":
+		return fmt.Errorf("IPv6 pod addresses are fixed IPs or a block on the VM port (mode fixed-ips); mode %s serves IPv4 only: drop ipv6 from ipFamilies or use mode fixed-ips", o.Mode)
+	case o.SecondaryNICs > 0:
+		return fmt.Errorf("secondaryNICs %d: secondary NICs carry IPv4 pod addresses only, and with the IPv6 ones on the VM port alone a dual-stack node would hold no more pods than maxAddresses (%d) whatever its NICs: drop ipv6 from ipFamilies, or set secondaryNICs 0 and serve dual-stack pods from the VM port", o.SecondaryNICs, o.MaxAddresses)
+	}
+	return nil
+}
+
 // setupV6 settles the pods' IPv6 subnet — subnetIDv6, or that of the VM
 // port's first IPv6 fixed IP on a subnet that takes named addresses —
 // and readies the IPv6 side.
 func (p *Provider) setupV6(ctx context.Context) error {
-	if p.cfg.Mode != "fixed-ips" || p.cfg.SecondaryNICs > 0 {
-		return fmt.Errorf("IPv6 pod addresses are fixed IPs or a block on the VM port (mode fixed-ips, no secondaryNICs); mode %s with secondaryNICs %d serves IPv4 only: drop ipv6 from ipFamilies or use mode fixed-ips", p.cfg.Mode, p.cfg.SecondaryNICs)
+	if err := p.cfg.v6Refused(); err != nil {
+		return err
 	}
 	pairs := p.cfg.ModeV6 == "prefix-pair" // any IPv6 subnet: no Neutron IPAM
 	var sn *subnets.Subnet

@@ -212,10 +212,6 @@ func (r Range) validate(field string) []error {
 			errs = append(errs, fmt.Errorf("%s.exclude[%d]: %q is not of the family of %s (%s)", field, j, e, r.CIDR, family.Of(p.Addr())))
 		}
 	}
-	if r.NIC != nil && !p.Addr().Is4() {
-		// The veth datapath's policy routing for a second NIC is IPv4's.
-		errs = append(errs, fmt.Errorf("%s.nic: a range on a NIC of its own is IPv4 only so far; %s is IPv6", field, r.CIDR))
-	}
 	if r.NIC != nil {
 		if _, err := net.ParseMAC(r.NIC.MAC); err != nil || len(r.NIC.MAC) != len("00:00:00:00:00:00") {
 			errs = append(errs, fmt.Errorf("%s.nic.mac: %q is not a MAC address", field, r.NIC.MAC))

@@ -175,6 +175,7 @@ func TestConfigIPv6(t *testing.T) {
 		{CIDR: "fd00:1::/64", Gateway: "fd00:1::fffe", Exclude: []string{"fd00:1::5", "fd00:1::100/120"}},
 		{CIDR: "2001:db8::/120"},
 		{CIDR: "10.0.0.0/24"},
+		{CIDR: "fd00:4::/64", Gateway: "fd00:4::1", NIC: &static.NIC{MAC: "02:00:00:00:00:01", Address: "fd00:4::2"}},
 	}}
 	ok.Defaults()
 	if err := ok.Validate(); err != nil {
@@ -187,7 +188,6 @@ func TestConfigIPv6(t *testing.T) {
 		{CIDR: "fd00:1::/48"},
 		{CIDR: "fd00:2::1/64"},
 		{CIDR: "fd00:3::/64", Gateway: "10.0.0.1", Exclude: []string{"10.0.0.0/24"}},
-		{CIDR: "fd00:4::/64", Gateway: "fd00:4::1", NIC: &static.NIC{MAC: "02:00:00:00:00:01", Address: "fd00:4::2"}},
 		{CIDR: "::ffff:10.0.0.0/120"},
 	}, MaxAddresses: -1, Blocks: &static.Blocks{}}
 	bad.Defaults()
@@ -201,8 +201,7 @@ func TestConfigIPv6(t *testing.T) {
 		`ranges[1].cidr: "fd00:2::1/64" has host bits set (did you mean fd00:2::/64?)`,
 		`ranges[2].gateway: "10.0.0.1" is not an address inside fd00:3::/64`,
 		`ranges[2].exclude[0]: "10.0.0.0/24" is not of the family of fd00:3::/64 (ipv6)`,
-		`ranges[3].nic: a range on a NIC of its own is IPv4 only so far`,
-		`ranges[4].cidr: "::ffff:10.0.0.0/120" is an IPv4 range written as IPv6`,
+		`ranges[3].cidr: "::ffff:10.0.0.0/120" is an IPv4 range written as IPv6`,
 		`maxAddresses: -1 is negative`,
 		`blocks: per-node blocks are of one address family`,
 	} {
