@@ -304,7 +304,12 @@ func awsDualStack(t *testing.T) {
 	}
 	// The check for IPv6: the pod's address off n2's primary ENI (as
 	// someone's UnassignIpv6Addresses would), the legacy VM no longer
-	// reaches it; back on, it does.
+	// reaches it; back on, it does. n2's agent is stopped meanwhile: it
+	// puts a pod's missing address back on its ENI by itself, which on a
+	// loaded machine came before the probe.
+	if err := nodes[1].agent.Stop(); err != nil {
+		t.Fatal(err)
+	}
 	cl := ec2Client(l)
 	move := func(on bool) {
 		t.Helper()
@@ -320,15 +325,36 @@ func awsDualStack(t *testing.T) {
 	}
 	move(false)
 	if err := probe(c, legacy, testbed.HostPort(pods[2].ip6, 7777)); err == nil {
-		t.Fatalf("legacy VM still reaches %s with the address off n2's ENI: the IPv6 source/destination check is not enforced", pods[2].ip6)
+		t.Fatalf("legacy VM still reaches %s with the address off n2's ENI: the IPv6 source/destination check is not enforced; the endpoint's ENIs now: %s", pods[2].ip6, eniIPv6s(c, cl))
 	}
 	move(true)
 	if err := probe(c, legacy, testbed.HostPort(pods[2].ip6, 7777)); err != nil {
 		t.Fatalf("legacy VM -> %s once the address is back on n2's ENI: %v", pods[2].ip6, err)
 	}
+	nodes[1].start(t)
 	t.Logf("vpcni-test: aws dual-stack lab: pods %s/%s, %s/%s (n1) and %s/%s (n2) on their primary ENIs; pod <-> pod both families on a node and across, pod <-> node, legacy VM <-> pod by IPv6",
 		pods[0].ip, pods[0].ip6, pods[1].ip, pods[1].ip6, pods[2].ip, pods[2].ip6)
 	if err := l.FabricErr(); err != nil {
 		t.Fatalf("fabric: %v", err)
 	}
+}
+
+// eniIPv6s is each ENI's IPv6 addresses and prefixes as the endpoint
+// says, for a failure message.
+func eniIPv6s(c context.Context, cl *ec2.Client) string {
+	out, err := cl.DescribeNetworkInterfaces(c, &ec2.DescribeNetworkInterfacesInput{})
+	if err != nil {
+		return err.Error()
+	}
+	var b strings.Builder
+	for _, e := range out.NetworkInterfaces {
+		fmt.Fprintf(&b, "\n  %s (%s):", aws.ToString(e.NetworkInterfaceId), aws.ToString(e.Description))
+		for _, a := range e.Ipv6Addresses {
+			fmt.Fprintf(&b, " %s", aws.ToString(a.Ipv6Address))
+		}
+		for _, p := range e.Ipv6Prefixes {
+			fmt.Fprintf(&b, " %s", aws.ToString(p.Ipv6Prefix))
+		}
+	}
+	return b.String()
 }
