@@ -3,10 +3,17 @@ package nlutil
 import (
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"strings"
 	"syscall"
 
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/vpcni/vpcni/internal/alloc"
+	"github.com/vpcni/vpcni/internal/datapath"
+	"github.com/vpcni/vpcni/internal/family"
 	"github.com/vpcni/vpcni/internal/netnsutil"
 )
 
@@ -37,4 +44,27 @@ func PodIPv6Sysctls(netnsPath, ifName string) error {
 		}
 		return errors.Join(errs...)
 	})
+}
+
+// AddPodAddresses puts each of a's addresses on the pod's interface link
+// (in the pod namespace pod is a handle of) with its subnet's prefix, the
+// L2 modes' way: an IPv6 one without DAD, since the address is the pod's
+// alone and DAD would only leave it unusable for ~2 s, after the pod's
+// IPv6 sysctls are set. An address already there is kept.
+func AddPodAddresses(pod *netlink.Handle, link netlink.Link, a *alloc.Allocation) error {
+	if _, ok := a.LeaseOf(family.V6); ok {
+		if err := PodIPv6Sysctls(a.Netns, a.IfName); err != nil {
+			return &datapath.SetupError{Step: "pod IPv6 sysctls", Err: err}
+		}
+	}
+	for _, l := range a.Leases() {
+		addr := &netlink.Addr{IPNet: &net.IPNet{IP: l.Address.AsSlice(), Mask: net.CIDRMask(l.Prefix.Bits(), l.Address.BitLen())}}
+		if l.Address.Is6() {
+			addr.Flags = unix.IFA_F_NODAD
+		}
+		if err := pod.AddrReplace(link, addr); err != nil {
+			return &datapath.SetupError{Step: "pod address " + l.Address.String(), Err: err}
+		}
+	}
+	return nil
 }

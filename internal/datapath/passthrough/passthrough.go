@@ -49,7 +49,6 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
-	"golang.org/x/sys/unix"
 
 	"github.com/vpcni/vpcni/internal/alloc"
 	"github.com/vpcni/vpcni/internal/datapath"
@@ -240,21 +239,8 @@ func (m *Mode) Setup(_ context.Context, a *alloc.Allocation) (_ alloc.Wiring, er
 	if err != nil {
 		return alloc.Wiring{}, &datapath.SetupError{Step: "find pod interface " + a.IfName, Err: err}
 	}
-	if _, ok := a.LeaseOf(family.V6); ok {
-		if err = nlutil.PodIPv6Sysctls(a.Netns, a.IfName); err != nil {
-			return alloc.Wiring{}, &datapath.SetupError{Step: "pod IPv6 sysctls", Err: err}
-		}
-	}
-	for _, l := range a.Leases() {
-		addr := &netlink.Addr{IPNet: &net.IPNet{IP: l.Address.AsSlice(), Mask: net.CIDRMask(l.Prefix.Bits(), l.Address.BitLen())}}
-		if l.Address.Is6() {
-			// The port's address is the pod's alone; DAD would only
-			// leave it unusable for ~2 s.
-			addr.Flags = unix.IFA_F_NODAD
-		}
-		if err = pod.AddrReplace(link, addr); err != nil {
-			return alloc.Wiring{}, &datapath.SetupError{Step: "pod address " + l.Address.String(), Err: err}
-		}
+	if err = nlutil.AddPodAddresses(pod, link, a); err != nil {
+		return alloc.Wiring{}, err
 	}
 	if err = pod.LinkSetUp(link); err != nil {
 		return alloc.Wiring{}, &datapath.SetupError{Step: "pod link up", Err: err}
