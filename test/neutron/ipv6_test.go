@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
+	"maps"
 	"net/http"
 	"net/netip"
 	"net/url"
@@ -22,8 +24,10 @@ import (
 
 	"github.com/vpcni/vpcni/internal/alloc"
 	"github.com/vpcni/vpcni/internal/family"
+	"github.com/vpcni/vpcni/internal/leaks"
 	"github.com/vpcni/vpcni/internal/provider"
 	"github.com/vpcni/vpcni/internal/provider/openstack"
+	"github.com/vpcni/vpcni/internal/provider/openstack/cluster"
 	"github.com/vpcni/vpcni/internal/provider/openstack/neutrontest"
 )
 
@@ -693,4 +697,111 @@ func TestIPv6PrefixPair(t *testing.T) {
 			t.Fatalf("a block another port allows: %v; want refused naming port %s", err, other.ID)
 		}
 	})
+}
+
+// TestIPv6TakeOffAndLeaks: a dual-stack node's IPv6 pod addresses are
+// freed from its VM port like its IPv4 ones when the node is gone. The
+// leak audit reads the "[vpcni6:...]" marks (against the subnet of the
+// port's IPv6 fixed IPs) and lists each marked IPv6 address, the node's
+// own IPv6 address among its NodeIPs, not as a pod's; the collector's
+// Release takes one IPv6 address off, fixed IP and mark together; the
+// sticky keeper's TakeOff takes an address of each family off in one
+// call. The node, restarted, holds exactly what was not taken.
+func TestIPv6TakeOffAndLeaks(t *testing.T) {
+	t.Parallel()
+	ep := realNeutron{mode: "fixed-ips"}.ep()
+	netID := newNetwork(t, ep)
+	v4 := ep.AddSubnet(t, netID, "10.206.12.0/24", 100)
+	v6 := ep.AddSubnet(t, netID, "fd00:6b:12::/64", 100)
+	nodeIP, nodeIP6 := netip.MustParseAddr("10.206.12.10"), netip.MustParseAddr("fd00:6b:12::a")
+	node := ep.NewDualNode(t, v4, v6, nodeIP, nodeIP6)
+	assign := func(n int, f family.Family) []netip.Addr {
+		ls, err := node.Provider.Assign(ctx(t), provider.AssignRequest{Count: n, Family: f})
+		if err != nil || len(ls) != n {
+			t.Fatalf("Assign(%d, %s) = %v, %v", n, f, ls, err)
+		}
+		var out []netip.Addr
+		for _, l := range ls {
+			out = append(out, l.Address)
+		}
+		return out
+	}
+	pods4, pods6 := assign(2, family.V4), assign(3, family.V6)
+
+	cfg := openstack.Config{Endpoint: endpoint, SubnetID: v4.ID, Mode: "fixed-ips"}
+	cfg.Defaults()
+	lk := &cluster.Leaks{NC: nc, OpenStack: &cfg, ClusterID: "v6-takeoff", Log: slog.New(slog.DiscardHandler)}
+	fixed := func() map[netip.Addr]leaks.Holding {
+		hs, err := lk.Holdings(ctx(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[netip.Addr]leaks.Holding{}
+		for _, h := range hs {
+			if h.Kind == leaks.FixedIP && h.Resource == node.PortID {
+				if h.Unreadable != "" {
+					t.Fatalf("the audit could not read port %s: %s", node.PortID, h.Unreadable)
+				}
+				out[netip.MustParseAddr(h.Address)] = h
+			}
+		}
+		return out
+	}
+	want := func(addrs ...netip.Addr) {
+		t.Helper()
+		got := fixed()
+		if len(got) != len(addrs) {
+			t.Fatalf("the audit lists %d pod addresses on the node's port (%v), want %v", len(got), slices.SortedFunc(maps.Keys(got), netip.Addr.Compare), addrs)
+		}
+		for _, a := range addrs {
+			h, ok := got[a]
+			if !ok {
+				t.Fatalf("the audit lists %v, not %s", slices.SortedFunc(maps.Keys(got), netip.Addr.Compare), a)
+			}
+			if !slices.Equal(h.NodeIPs, []netip.Addr{nodeIP, nodeIP6}) {
+				t.Fatalf("holding %s: node IPs %v, want the node's own %s and %s alone", a, h.NodeIPs, nodeIP, nodeIP6)
+			}
+		}
+		on := node.PortIPs(t)
+		for _, a := range addrs {
+			if !slices.Contains(on, a) {
+				t.Fatalf("port holds %v: %s missing", on, a)
+			}
+		}
+	}
+	want(append(slices.Clone(pods4), pods6...)...)
+
+	// The collector releases one IPv6 address.
+	if err := lk.Release(ctx(t), fixed()[pods6[0]]); err != nil {
+		t.Fatalf("Release %s: %v", pods6[0], err)
+	}
+	if on := node.PortIPs(t); slices.Contains(on, pods6[0]) || !slices.Contains(on, nodeIP6) {
+		t.Fatalf("after Release the port holds %v: want %s off and the node's own %s kept", on, pods6[0], nodeIP6)
+	}
+	want(pods4[0], pods4[1], pods6[1], pods6[2])
+
+	// The sticky keeper takes one address of each family off.
+	if err := openstack.TakeOff(ctx(t), cfg, node.PortID, []netip.Addr{pods4[0], pods6[1]}); err != nil {
+		t.Fatalf("TakeOff: %v", err)
+	}
+	want(pods4[1], pods6[2])
+	// Asked again (the keeper retrying), nothing is left to take.
+	if err := openstack.TakeOff(ctx(t), cfg, node.PortID, []netip.Addr{pods4[0], pods6[1]}); err != nil {
+		t.Fatalf("TakeOff again: %v", err)
+	}
+	// The node's own addresses are never vpcni's to take.
+	if err := openstack.TakeOff(ctx(t), cfg, node.PortID, []netip.Addr{nodeIP6}); err == nil || !strings.Contains(err.Error(), "did not put") {
+		t.Fatalf("TakeOff of the node's own IPv6 address: %v, want refused", err)
+	}
+	held, err := node.Reopen(t).Held(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []netip.Addr
+	for _, l := range held {
+		got = append(got, l.Address)
+	}
+	if !slices.Equal(got, []netip.Addr{pods4[1], pods6[2]}) {
+		t.Fatalf("the node restarted holds %v, want %v", got, []netip.Addr{pods4[1], pods6[2]})
+	}
 }

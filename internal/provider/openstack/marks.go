@@ -55,6 +55,10 @@ func Marked(desc string, subnet netip.Prefix) (map[netip.Addr]bool, error) {
 	return m, err
 }
 
+// MarksIPv6 says whether a port's description marks IPv6 fixed IPs as
+// vpcni's (whose subnet the caller reads to parse them with Marked).
+func MarksIPv6(desc string) bool { return strings.Contains(desc, markOpen6) }
+
 // splitMarks parses a description into the text around the marks and the
 // marked addresses within subnet.
 func splitMarks(desc string, subnet netip.Prefix) (rest string, marked map[netip.Addr]bool, err error) {

@@ -26,7 +26,7 @@ func ClusterTag(clusterID string) string { return "vpcni-cluster=" + clusterID }
 
 // Leaks is the leak collector's cloud (leaks.Cloud) on OpenStack. What it
 // reads: every port with an address on the pods' subnet (marks in
-// descriptions, reservation ports by device_owner, NIC ports by name,
+// descriptions, IPv6 ones against the subnet of the port's IPv6 fixed IPs, reservation ports by device_owner, NIC ports by name,
 // block pairs) and vpcni's NIC ports on any network (openstack.NICTag), the floating IPs marked for pods and, with a router, its
 // routes. Claims are Neutron tags (standard-attr-tag) on ports and
 // floating IPs.
@@ -135,11 +135,15 @@ func (n *Leaks) Holdings(ctx context.Context) ([]leaks.Holding, error) {
 	own := map[string][]netip.Addr{} // port ID -> its unmarked fixed IPs
 	marks := map[string]map[netip.Addr]bool{}
 	bad := map[string]string{}
+	subnets6 := map[string]netip.Prefix{} // the IPv6 subnets read so far
 	byDevice := map[string][]netip.Addr{}
 	byID := map[string]ports.Port{}
 	for _, p := range all {
 		byID[p.ID] = p
 		m, err := openstack.Marked(p.Description, subnet)
+		if err == nil && openstack.MarksIPv6(p.Description) {
+			err = n.markedV6(ctx, p, m, subnets6)
+		}
 		if err != nil {
 			bad[p.ID], m = err.Error(), nil // none of its addresses judged
 		}
@@ -223,6 +227,40 @@ func (n *Leaks) Holdings(ctx context.Context) ([]leaks.Holding, error) {
 		}
 	}
 	return out, nil
+}
+
+// markedV6 adds to marked the IPv6 addresses that port p's description
+// marks (its "[vpcni6:...]" block, offsets in the subnet of its IPv6
+// fixed IPs; subnets caches the subnets read).
+func (n *Leaks) markedV6(ctx context.Context, p ports.Port, marked map[netip.Addr]bool, subnets6 map[string]netip.Prefix) error {
+	for _, f := range p.FixedIPs {
+		a, err := netip.ParseAddr(f.IPAddress)
+		if err != nil || !a.Is6() || f.SubnetID == "" {
+			continue
+		}
+		prefix, ok := subnets6[f.SubnetID]
+		if !ok {
+			cc, cancel := n.call(ctx)
+			sn, err := subnets.Get(cc, n.NC, f.SubnetID).Extract()
+			cancel()
+			if err != nil {
+				return fmt.Errorf("IPv6 subnet %s of port %s: %w", f.SubnetID, p.ID, err)
+			}
+			if prefix, err = netip.ParsePrefix(sn.CIDR); err != nil {
+				return fmt.Errorf("subnet %s has CIDR %q: %w", sn.ID, sn.CIDR, err)
+			}
+			prefix = prefix.Masked()
+			subnets6[f.SubnetID] = prefix
+		}
+		m, err := openstack.Marked(p.Description, prefix)
+		if err != nil {
+			return err
+		}
+		if m[a] {
+			marked[a] = true
+		}
+	}
+	return nil
 }
 
 // floatingIPs lists the project's floating IPs marked for pods, with
