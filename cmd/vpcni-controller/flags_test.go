@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/vpcni/vpcni/internal/docref"
+	"github.com/vpcni/vpcni/internal/ipam"
 )
 
 // TestEveryFlagDocumentedOnce: each of vpcni-controller's flags has
@@ -57,5 +58,39 @@ func TestFlagsNotDescribedElsewhere(t *testing.T) {
 				t.Errorf("%s: a table describes vpcni-controller's %s, which docs/configuration.md describes: link to it instead", r.Where(), r.Key)
 			}
 		}
+	}
+}
+
+// TestBlockFlags: -block-ranges of one family, or of both (dual-stack):
+// IPv4 blocks of -block-size, IPv6 ones of -block-size-v6; an IPv6-only
+// controller keeps taking -block-size unless -block-size-v6 is given; a
+// bad size names the flag to fix.
+func TestBlockFlags(t *testing.T) {
+	parse := func(args ...string) ([]ipam.Blocks, error) {
+		var o options
+		fs := flag.NewFlagSet("vpcni-controller", flag.ContinueOnError)
+		o.register(fs)
+		if err := fs.Parse(args); err != nil {
+			t.Fatal(err)
+		}
+		o.noteSetFlags(fs)
+		return o.blocks()
+	}
+	got, err := parse("-block-ranges", "10.20.0.0/22, fd00:20::/64", "-block-size", "24")
+	if err != nil || len(got) != 2 || got[0].Bits != 24 || got[0].Ranges[0].String() != "10.20.0.0/22" ||
+		got[1].Bits != 80 || got[1].Ranges[0].String() != "fd00:20::/64" {
+		t.Fatalf("dual-stack: %+v, %v", got, err)
+	}
+	if got, err := parse("-block-ranges", "fd00:30::/112", "-block-size", "120"); err != nil || len(got) != 1 || got[0].Bits != 120 {
+		t.Fatalf("IPv6 only with -block-size: %+v, %v", got, err)
+	}
+	if got, err := parse("-block-ranges", "fd00:30::/112", "-block-size-v6", "116"); err != nil || len(got) != 1 || got[0].Bits != 116 {
+		t.Fatalf("IPv6 only with -block-size-v6: %+v, %v", got, err)
+	}
+	if _, err := parse("-block-ranges", "10.20.0.0/22,fd00:20::/64", "-block-size-v6", "40"); err == nil || !strings.Contains(err.Error(), "-block-ranges (IPv6)/-block-size-v6") {
+		t.Errorf("an IPv6 block larger than the range: %v", err)
+	}
+	if got, err := parse(); err != nil || got != nil {
+		t.Errorf("no ranges: %+v, %v", got, err)
 	}
 }

@@ -63,6 +63,7 @@ func main() {
 	var o options
 	showVersion := o.register(flag.CommandLine)
 	flag.Parse()
+	o.noteSetFlags(flag.CommandLine)
 	if *showVersion {
 		fmt.Println("vpcni-controller", version)
 		return
@@ -95,8 +96,9 @@ func (o *options) register(fs *flag.FlagSet) (showVersion *bool) {
 	fs.StringVar(&o.webhookSecret, "webhook-secret", "vpcni-webhook-cert", "the Secret, in -lease-namespace, holding the webhook's CA and certificate")
 	fs.StringVar(&o.webhookConfig, "webhook-config", "vpcni", "the MutatingWebhookConfiguration whose caBundle is kept current")
 	fs.DurationVar(&o.certValidity, "cert-validity", 90*24*time.Hour, "lifetime of the webhook's serving certificate (renewed when a third is left; the CA lives four times as long)")
-	fs.StringVar(&o.blockRanges, "block-ranges", "", "comma-separated CIDRs, all IPv4 or all IPv6, split into per-node blocks (NodeBlocks) for agents in blocks mode (empty: no blocks)")
-	fs.IntVar(&o.blockSize, "block-size", 26, "prefix length of one block, e.g. 26 for 64 addresses (IPv6: e.g. 80 for a /64 of -block-ranges, 120 for a /112)")
+	fs.StringVar(&o.blockRanges, "block-ranges", "", "comma-separated CIDRs, IPv4, IPv6 or both (dual-stack), split into per-node blocks (NodeBlocks) for agents in blocks mode (empty: no blocks)")
+	fs.IntVar(&o.blockSize, "block-size", 26, "prefix length of one IPv4 block, e.g. 26 for 64 addresses; when -block-ranges are all IPv6, the IPv6 block's (unless -block-size-v6 is given)")
+	fs.IntVar(&o.blockSizeV6, "block-size-v6", 80, "prefix length of one IPv6 block, e.g. 80 (a /64 of -block-ranges holds 65536, the most one family may have) or 120 for a /112")
 	fs.DurationVar(&o.stickyGrace, "sticky-dead-node-grace", time.Minute, "how long a Node must be gone or not Ready before the controller takes a sticky pod's address off its port (needs -cloud-config)")
 	fs.BoolVar(&o.stickyIPs, "sticky-ips", true, "keep AddressReservations for the pods of StatefulSets annotated vpcni.io/sticky-ip: \"true\" (needs the AddressReservation CRD)")
 	fs.DurationVar(&o.blockGrace, "block-reclaim-grace", 5*time.Minute, "how long a Node must be gone before its blocks are given back (once no PodAddress of it uses them)")
@@ -115,20 +117,22 @@ type options struct {
 	webhookAddr, webhookService, webhookSecret, webhookConfig    string
 	grace, leaseDuration, certValidity, blockGrace               time.Duration
 	blockRanges, cloudConfig, floatingNetwork, clusterID         string
-	blockSize                                                    int
+	blockSize, blockSizeV6                                       int
+	blockSizeV6Set                                               bool
 	stickyIPs                                                    bool
 	stickyGrace                                                  time.Duration
 	leakGC, floatingIPs                                          bool
 	leakGrace, leakPeriod                                        time.Duration
 }
 
-// blocks reads -block-ranges and -block-size (nil: no blocks), naming
-// every problem.
-func (o options) blocks() (*ipam.Blocks, error) {
+// blocks reads -block-ranges, -block-size and -block-size-v6 (nil: no
+// blocks), naming every problem: the IPv4 blocks, or those of the only
+// family, first; the IPv6 blocks second when the ranges are dual-stack.
+func (o options) blocks() ([]ipam.Blocks, error) {
 	if o.blockRanges == "" {
 		return nil, nil
 	}
-	var ranges []netip.Prefix
+	var v4, v6 []netip.Prefix
 	var errs []error
 	for _, f := range strings.Split(o.blockRanges, ",") {
 		p, err := netip.ParsePrefix(strings.TrimSpace(f))
@@ -136,11 +140,32 @@ func (o options) blocks() (*ipam.Blocks, error) {
 			errs = append(errs, fmt.Errorf("-block-ranges: %q is not a CIDR", f))
 			continue
 		}
-		ranges = append(ranges, p)
+		if p.Addr().Is4() {
+			v4 = append(v4, p)
+		} else {
+			v6 = append(v6, p)
+		}
 	}
-	b, err := ipam.NewBlocks(ranges, o.blockSize)
-	if err != nil {
-		errs = append(errs, fmt.Errorf("-block-ranges/-block-size: %w", err))
+	var out []ipam.Blocks
+	if len(v4) > 0 {
+		b, err := ipam.NewBlocks(v4, o.blockSize)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("-block-ranges (IPv4)/-block-size: %w", err))
+		}
+		out = append(out, b)
+	}
+	if len(v6) > 0 {
+		// IPv6 only: -block-size is the IPv6 block's, as before dual-stack
+		// blocks, unless -block-size-v6 is given.
+		bits, flag := o.blockSizeV6, "-block-size-v6"
+		if len(v4) == 0 && !o.blockSizeV6Set {
+			bits, flag = o.blockSize, "-block-size"
+		}
+		b, err := ipam.NewBlocks(v6, bits)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("-block-ranges (IPv6)/%s: %w", flag, err))
+		}
+		out = append(out, b)
 	}
 	if o.blockGrace < 0 {
 		errs = append(errs, errors.New("-block-reclaim-grace must not be negative"))
@@ -148,7 +173,21 @@ func (o options) blocks() (*ipam.Blocks, error) {
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
-	return &b, nil
+	return out, nil
+}
+
+// noteSetFlags records which flags the command line gave (after Parse).
+func (o *options) noteSetFlags(fs *flag.FlagSet) {
+	fs.Visit(func(f *flag.Flag) { o.blockSizeV6Set = o.blockSizeV6Set || f.Name == "block-size-v6" })
+}
+
+// firstOrNil is the first set of blocks (the IPv4 one of dual-stack
+// blocks), nil without blocks.
+func firstOrNil(blocks []ipam.Blocks) *ipam.Blocks {
+	if len(blocks) == 0 {
+		return nil
+	}
+	return &blocks[0]
 }
 
 func envOr(k, def string) string {
@@ -187,9 +226,12 @@ func run(o options, log *slog.Logger) error {
 			if blocks == nil {
 				return errors.New("-cloud-config's routes section routes the nodes' blocks: it needs -block-ranges")
 			}
-			if blocks.Ranges[0].Addr().Is6() {
+			if blocks[0].Ranges[0].Addr().Is6() {
 				// A block's route goes to its node's IPv4 InternalIP.
 				return errors.New("-cloud-config's routes section routes IPv4 blocks only: -block-ranges is IPv6")
+			}
+			if len(blocks) > 1 {
+				return errors.New("-cloud-config's routes section routes IPv4 blocks only: -block-ranges holds IPv6 ranges too, whose blocks no route would reach")
 			}
 			routesCfg = fc.Routes
 		}
@@ -301,7 +343,7 @@ func run(o options, log *slog.Logger) error {
 				var wg sync.WaitGroup
 				if blocks != nil {
 					wg.Go(func() {
-						a, err := controller.NewBlockAssigner(cfg, controller.BlockOptions{Blocks: *blocks, Grace: o.blockGrace}, log)
+						a, err := controller.NewBlockAssigner(cfg, controller.BlockOptions{Families: blocks, Grace: o.blockGrace}, log)
 						if err == nil {
 							blockMetrics.Set(a)
 							err = a.Run(ctx)
@@ -312,7 +354,7 @@ func run(o options, log *slog.Logger) error {
 				}
 				if routesCfg != nil {
 					wg.Go(func() {
-						r, err := newRouteReconciler(ctx, cfg, cloud, routesCfg, blocks, log)
+						r, err := newRouteReconciler(ctx, cfg, cloud, routesCfg, &blocks[0], log)
 						if err == nil {
 							routeMetrics.Set(r)
 							err = r.Run(ctx)
@@ -344,7 +386,7 @@ func run(o options, log *slog.Logger) error {
 				}
 				if leakGC != nil {
 					wg.Go(func() {
-						err := connectLeaks(ctx, cfg, cs, o, leakGC, cloud, routesCfg, blocks, log)
+						err := connectLeaks(ctx, cfg, cs, o, leakGC, cloud, routesCfg, firstOrNil(blocks), log)
 						if err == nil {
 							err = leakGC.Run(ctx)
 						}

@@ -25,6 +25,7 @@ import (
 	"k8s.io/client-go/util/workqueue"
 
 	"github.com/vpcni/vpcni/internal/apis/vpcni/v1alpha1"
+	"github.com/vpcni/vpcni/internal/family"
 	"github.com/vpcni/vpcni/internal/ipam"
 	"github.com/vpcni/vpcni/internal/k8s"
 	"github.com/vpcni/vpcni/internal/k8s/nodeblocks"
@@ -32,8 +33,10 @@ import (
 
 // BlockOptions configure the BlockAssigner.
 type BlockOptions struct {
-	// Blocks are the cluster-wide ranges and the block size.
-	Blocks ipam.Blocks
+	// Families are the cluster-wide ranges and the block size of each
+	// family: IPv4's, IPv6's, or both for dual-stack nodes (one set of
+	// each family at most).
+	Families []ipam.Blocks
 	// Grace is how long a Node must be gone before its blocks are given
 	// back (a node re-registering under its name keeps them).
 	Grace time.Duration
@@ -41,8 +44,11 @@ type BlockOptions struct {
 
 // BlockAssigner is vpcni-controller's reconciler of per-node blocks, the
 // one writer of NodeBlocks. A node's agent asks for blocks through its
-// Node's vpcni.io/blocks-wanted annotation; the assigner creates
-// NodeBlocks for it until it has that many. A Node gone for Grace gives
+// Node's annotations, one count per family (nodeblocks.WantedKey); the
+// assigner creates NodeBlocks of that family for it until it has that
+// many. Where the ranges are of one family, vpcni.io/blocks-wanted asks
+// for that family's blocks whichever it is (agents older than dual-stack
+// blocks ask so for IPv6 ones). A Node gone for Grace gives
 // its blocks back, each once no PodAddress of that node has an address
 // in it (the orphans reconciler deletes those of pods that are gone).
 //
@@ -87,8 +93,19 @@ const (
 
 // NewBlockAssigner connects the reconciler; Run starts it.
 func NewBlockAssigner(cfg *rest.Config, opts BlockOptions, log *slog.Logger) (*BlockAssigner, error) {
-	if opts.Blocks.Count() == 0 {
+	if len(opts.Families) == 0 {
 		return nil, errors.New("block assigner: no block ranges")
+	}
+	seen := map[family.Family]bool{}
+	for _, f := range opts.Families {
+		if f.Count() == 0 {
+			return nil, errors.New("block assigner: no block ranges")
+		}
+		fam := familyOf(f)
+		if seen[fam] {
+			return nil, fmt.Errorf("block assigner: two sets of %s block ranges: give each family's ranges in one set", fam)
+		}
+		seen[fam] = true
 	}
 	c, err := newClients(cfg)
 	if err != nil {
@@ -109,8 +126,13 @@ func NewBlockAssigner(cfg *rest.Config, opts BlockOptions, log *slog.Logger) (*B
 	if err := b.nodes.SetTransform(func(obj any) (any, error) {
 		if m, ok := obj.(*metav1.PartialObjectMetadata); ok {
 			om := metav1.ObjectMeta{Name: m.Name, UID: m.UID, ResourceVersion: m.ResourceVersion}
-			if v, ok := m.Annotations[v1alpha1.AnnotationBlocksWanted]; ok {
-				om.Annotations = map[string]string{v1alpha1.AnnotationBlocksWanted: v}
+			for _, k := range []string{v1alpha1.AnnotationBlocksWanted, v1alpha1.AnnotationBlocksWantedIPv6} {
+				if v, ok := m.Annotations[k]; ok {
+					if om.Annotations == nil {
+						om.Annotations = map[string]string{}
+					}
+					om.Annotations[k] = v
+				}
 			}
 			m.ObjectMeta = om
 		}
@@ -180,8 +202,10 @@ func (b *BlockAssigner) Run(ctx context.Context) error {
 	if !cache.WaitForCacheSync(ctx.Done(), b.nodes.HasSynced, b.blocks.HasSynced, b.addrs.HasSynced) {
 		return fmt.Errorf("caches did not sync: %w", ctx.Err())
 	}
-	b.log.Info("assigning per-node blocks", "ranges", b.opts.Blocks.Ranges, "size", "/"+strconv.Itoa(b.opts.Blocks.Bits),
-		"blocks", b.opts.Blocks.Count(), "reclaim_grace", b.opts.Grace)
+	for _, f := range b.opts.Families {
+		b.log.Info("assigning per-node blocks", "family", familyOf(f), "ranges", f.Ranges, "size", "/"+strconv.Itoa(f.Bits),
+			"blocks", f.Count(), "reclaim_grace", b.opts.Grace)
+	}
 	k8s.RunQueue(ctx, b.queue, b.reconcile, b.log)
 	return nil
 }
@@ -198,29 +222,24 @@ func (b *BlockAssigner) reconcile(ctx context.Context, node string) (time.Durati
 	delete(b.goneSince, node)
 	b.mu.Unlock()
 	m := obj.(*metav1.PartialObjectMetadata)
-	wanted := 0
-	if v, ok := m.Annotations[v1alpha1.AnnotationBlocksWanted]; ok {
-		if wanted, err = strconv.Atoi(v); err != nil || wanted < 0 {
-			// The agent writes it; a person who broke it by hand reads this.
-			b.log.Warn("node asks for blocks with a bad count; ignored", "node", node, "annotation", v1alpha1.AnnotationBlocksWanted, "value", v)
-			return 0, nil
-		}
-	}
 	// Blocks first: a node waiting for one matters more than a status.
-	have := b.nodeBlocks(node)
-	for n := len(have) + b.recentOf(node); n < wanted; n++ {
-		if err := b.assign(ctx, m); err != nil {
-			if errors.Is(err, errRangesFull) {
-				const fix = "add a range to -block-ranges, or use smaller blocks (-block-size)"
-				b.log.Warn("no free block for node: the ranges are full", "node", node, "has", n, "wants", wanted,
-					"ranges", b.opts.Blocks.Ranges, "fix", fix)
-				b.recorder.Eventf(nodeRef(m), corev1.EventTypeWarning, EventNoFreeBlock,
-					"no free /%d block in %v for node %s (it has %d, asks for %d): %s", b.opts.Blocks.Bits, b.opts.Blocks.Ranges, node, n, wanted, fix)
-				return time.Minute, nil
-			}
+	var retry time.Duration
+	for _, f := range b.opts.Families {
+		wanted, err := b.wanted(m, familyOf(f))
+		if err != nil {
+			// The agent writes it; a person who broke it by hand reads this.
+			b.log.Warn("node asks for blocks with a bad count; ignored", "node", node, "error", err)
+			continue
+		}
+		after, err := b.assignUpTo(ctx, m, f, wanted)
+		if err != nil {
 			return 0, err
 		}
+		if after > 0 {
+			retry = after
+		}
 	}
+	have := b.nodeBlocks(node)
 	// A node that came back within the grace: its blocks are its own again.
 	for _, nb := range have {
 		if err := b.setCondition(ctx, nb, metav1.Condition{Type: v1alpha1.ConditionAssigned, Status: metav1.ConditionTrue,
@@ -229,7 +248,64 @@ func (b *BlockAssigner) reconcile(ctx context.Context, node string) (time.Durati
 			return 0, err
 		}
 	}
+	return retry, nil
+}
+
+// wanted is how many blocks of family fam the node asks for (an error: a
+// count a person broke by hand). With ranges of one family, the request
+// of agents older than dual-stack blocks (vpcni.io/blocks-wanted for IPv6
+// blocks) counts too.
+func (b *BlockAssigner) wanted(m *metav1.PartialObjectMetadata, fam family.Family) (int, error) {
+	keys := []string{nodeblocks.WantedKey(fam)}
+	if fam == family.V6 && len(b.opts.Families) == 1 {
+		keys = append(keys, v1alpha1.AnnotationBlocksWanted)
+	}
+	wanted := 0
+	for _, k := range keys {
+		v, ok := m.Annotations[k]
+		if !ok {
+			continue
+		}
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			return 0, fmt.Errorf("annotation %s: %q is not a count of blocks", k, v)
+		}
+		wanted = max(wanted, n)
+	}
+	return wanted, nil
+}
+
+// assignUpTo creates NodeBlocks of f's family for the node until it has
+// wanted of them; the ranges full, it says so on the Node and asks to be
+// run again in a minute.
+func (b *BlockAssigner) assignUpTo(ctx context.Context, m *metav1.PartialObjectMetadata, f ipam.Blocks, wanted int) (time.Duration, error) {
+	fam := familyOf(f)
+	for n := len(ofFamily(b.nodeBlocks(m.Name), fam)) + b.recentOf(m.Name, fam); n < wanted; n++ {
+		if err := b.assign(ctx, m, f); err != nil {
+			if errors.Is(err, errRangesFull) {
+				const fix = "add a range to -block-ranges, or use smaller blocks (-block-size, -block-size-v6)"
+				b.log.Warn("no free block for node: the ranges are full", "node", m.Name, "family", fam, "has", n, "wants", wanted,
+					"ranges", f.Ranges, "fix", fix)
+				b.recorder.Eventf(nodeRef(m), corev1.EventTypeWarning, EventNoFreeBlock,
+					"no free /%d block in %v for node %s (it has %d, asks for %d): %s", f.Bits, f.Ranges, m.Name, n, wanted, fix)
+				return time.Minute, nil
+			}
+			return 0, err
+		}
+	}
 	return 0, nil
+}
+
+// familyOf is the family of a set of ranges (NewBlocks keeps them to one).
+func familyOf(f ipam.Blocks) family.Family { return family.Of(f.Ranges[0].Addr()) }
+
+// ofFamily keeps the NodeBlocks of family fam (one whose CIDR does not
+// parse is of none).
+func ofFamily(nbs []*v1alpha1.NodeBlock, fam family.Family) []*v1alpha1.NodeBlock {
+	return slices.DeleteFunc(nbs, func(nb *v1alpha1.NodeBlock) bool {
+		p, err := netip.ParsePrefix(nb.Spec.CIDR)
+		return err != nil || family.Of(p.Addr()) != fam
+	})
 }
 
 var errRangesFull = errors.New("no free block in the ranges")
@@ -246,15 +322,15 @@ func nodeRef(m *metav1.PartialObjectMetadata) *corev1.ObjectReference {
 	return &corev1.ObjectReference{Kind: "Node", APIVersion: "v1", Name: m.Name, UID: m.UID}
 }
 
-// assign creates one NodeBlock for node, on the first block no NodeBlock
+// assign creates one NodeBlock for node, on the first block of f no NodeBlock
 // (cached, or just created here) overlaps. If another writer created the
 // same block first, the API server says AlreadyExists: that block is taken,
 // the next one is tried.
-func (b *BlockAssigner) assign(ctx context.Context, m *metav1.PartialObjectMetadata) error {
+func (b *BlockAssigner) assign(ctx context.Context, m *metav1.PartialObjectMetadata, f ipam.Blocks) error {
 	node := m.Name
 	used := b.usedBlocks()
 	for range 64 {
-		p, ok := b.opts.Blocks.Free(used)
+		p, ok := f.Free(used)
 		if !ok {
 			return errRangesFull
 		}
@@ -289,7 +365,7 @@ func (b *BlockAssigner) assign(ctx context.Context, m *metav1.PartialObjectMetad
 func (b *BlockAssigner) reclaim(ctx context.Context, node string) (time.Duration, error) {
 	have := b.nodeBlocks(node)
 	if len(have) == 0 {
-		if b.recentOf(node) > 0 {
+		if b.recentOf(node, 0) > 0 {
 			return time.Second, nil // the cache will show them
 		}
 		b.mu.Lock()
@@ -396,9 +472,10 @@ func (b *BlockAssigner) nodeBlocks(node string) []*v1alpha1.NodeBlock {
 	return out
 }
 
-// recentOf counts the node's blocks created here that the cache does not
-// show yet; entries the cache shows, or older than a minute, are dropped.
-func (b *BlockAssigner) recentOf(node string) int {
+// recentOf counts the node's blocks of family fam (0: of either) created
+// here that the cache does not show yet; entries the cache shows, or older
+// than a minute, are dropped.
+func (b *BlockAssigner) recentOf(node string, fam family.Family) int {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	n := 0
@@ -408,7 +485,7 @@ func (b *BlockAssigner) recentOf(node string) int {
 			delete(b.recent, p)
 			continue
 		}
-		if r.node == node {
+		if r.node == node && (fam == 0 || family.Of(p.Addr()) == fam) {
 			n++
 		}
 	}
@@ -448,19 +525,26 @@ type Figures struct {
 // (any NodeBlock overlapping them) and free, and the nodes whose request
 // is not met.
 func (b *BlockAssigner) Figures() Figures {
-	f := Figures{Blocks: b.opts.Blocks.Count(), Created: b.assigned.Load(), Reclaimed: b.reclaimed.Load(), Conflicts: b.conflicts.Load()}
+	f := Figures{Created: b.assigned.Load(), Reclaimed: b.reclaimed.Load(), Conflicts: b.conflicts.Load()}
 	used := b.usedBlocks()
-	b.opts.Blocks.All(func(p netip.Prefix) bool {
-		if slices.ContainsFunc(used, p.Overlaps) {
-			f.Assigned++
-		}
-		return true
-	})
+	for _, fb := range b.opts.Families {
+		f.Blocks += fb.Count()
+		fb.All(func(p netip.Prefix) bool {
+			if slices.ContainsFunc(used, p.Overlaps) {
+				f.Assigned++
+			}
+			return true
+		})
+	}
 	f.Free = f.Blocks - f.Assigned
 	for _, obj := range b.nodes.GetStore().List() {
 		m := obj.(*metav1.PartialObjectMetadata)
-		if wanted, err := strconv.Atoi(m.Annotations[v1alpha1.AnnotationBlocksWanted]); err == nil && len(b.nodeBlocks(m.Name)) < wanted {
-			f.NodesWaiting++
+		for _, fb := range b.opts.Families {
+			fam := familyOf(fb)
+			if wanted, err := b.wanted(m, fam); err == nil && len(ofFamily(b.nodeBlocks(m.Name), fam)) < wanted {
+				f.NodesWaiting++
+				break
+			}
 		}
 	}
 	return f

@@ -25,6 +25,7 @@ import (
 
 	"github.com/vpcni/vpcni/internal/apis/vpcni/v1alpha1"
 	"github.com/vpcni/vpcni/internal/controller"
+	"github.com/vpcni/vpcni/internal/family"
 	"github.com/vpcni/vpcni/internal/ipam"
 	"github.com/vpcni/vpcni/internal/k8s"
 	"github.com/vpcni/vpcni/internal/k8s/nodeblocks"
@@ -35,8 +36,14 @@ import (
 var logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 
 // assigner runs a BlockAssigner (as the leading vpcni-controller does)
-// until the test ends.
+// until the test ends, on ranges of one family.
 func assigner(t *testing.T, ranges string, bits int, grace time.Duration) *controller.BlockAssigner {
+	t.Helper()
+	return assignerOf(t, grace, blocksOf(t, ranges, bits))
+}
+
+// blocksOf is ranges (comma-separated, one family) cut into /bits blocks.
+func blocksOf(t *testing.T, ranges string, bits int) ipam.Blocks {
 	t.Helper()
 	var prefixes []netip.Prefix
 	for _, r := range strings.Split(ranges, ",") {
@@ -46,7 +53,13 @@ func assigner(t *testing.T, ranges string, bits int, grace time.Duration) *contr
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, err := controller.NewBlockAssigner(fixture.Config, controller.BlockOptions{Blocks: b, Grace: grace}, logger)
+	return b
+}
+
+// assignerOf runs a BlockAssigner on each family's blocks.
+func assignerOf(t *testing.T, grace time.Duration, families ...ipam.Blocks) *controller.BlockAssigner {
+	t.Helper()
+	a, err := controller.NewBlockAssigner(fixture.Config, controller.BlockOptions{Families: families, Grace: grace}, logger)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,6 +83,8 @@ type agent struct {
 	src  *nodeblocks.Source
 }
 
+// newAgent is node's agent on rangeCIDR (comma-separated: a range of each
+// family for a dual-stack node).
 func newAgent(t *testing.T, node, rangeCIDR, wait string) *agent {
 	t.Helper()
 	return newAgentAs(t, fixture.Config, node, rangeCIDR, wait)
@@ -87,7 +102,10 @@ func newAgentAs(t *testing.T, cfg *rest.Config, node, rangeCIDR, wait string) *a
 	if err := src.StartUntil(ctx, ctx); err != nil {
 		t.Fatal(err)
 	}
-	sc := &static.Config{Ranges: []static.Range{{CIDR: rangeCIDR}}, Blocks: &static.Blocks{Wait: wait}}
+	sc := &static.Config{Blocks: &static.Blocks{Wait: wait}}
+	for _, r := range strings.Split(rangeCIDR, ",") { // one per family, for a dual-stack node
+		sc.Ranges = append(sc.Ranges, static.Range{CIDR: r})
+	}
 	sc.Defaults()
 	if err := sc.Validate(); err != nil {
 		t.Fatal(err)
@@ -374,7 +392,7 @@ func TestConcurrentAssignersNeverDoubleAssign(t *testing.T) {
 	for _, s := range sources {
 		wg.Go(func() {
 			for n := 1; n <= want; n++ {
-				if err := s.Want(context.Background(), n); err != nil {
+				if err := s.Want(context.Background(), family.V4, n); err != nil {
 					t.Error(err)
 				}
 			}

@@ -17,12 +17,14 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/vpcni/vpcni/internal/apis/vpcni/v1alpha1"
+	"github.com/vpcni/vpcni/internal/family"
 )
 
 // Source is one node's blocks as its agent sees them: a cache of the
 // NodeBlocks (every node's: what the others hold bounds what this node
 // may still get), and the way to ask for more (the Node's
-// vpcni.io/blocks-wanted annotation, which only vpcni-controller acts on).
+// vpcni.io/blocks-wanted and vpcni.io/blocks-wanted-ipv6 annotations,
+// which only vpcni-controller acts on).
 // The agent never creates or deletes a NodeBlock itself.
 type Source struct {
 	node  string
@@ -92,12 +94,27 @@ func (s *Source) list(mine bool) []netip.Prefix {
 	return out
 }
 
-// Want asks for n blocks in all: it raises the Node's
-// vpcni.io/blocks-wanted to n, never lowers it (a live node keeps its
-// blocks; asking for fewer would mean nothing).
-func (s *Source) Want(ctx context.Context, n int) error {
+// BlocksOf lists the node's blocks of family f, in address order.
+func (s *Source) BlocksOf(f family.Family) []netip.Prefix {
+	return slices.DeleteFunc(s.Blocks(), func(b netip.Prefix) bool { return family.Of(b.Addr()) != f })
+}
+
+// WantedKey is the Node annotation that asks for blocks of family f.
+func WantedKey(f family.Family) string {
+	if f == family.V6 {
+		return v1alpha1.AnnotationBlocksWantedIPv6
+	}
+	return v1alpha1.AnnotationBlocksWanted
+}
+
+// Want asks for n blocks of family f in all: it raises the Node's
+// vpcni.io/blocks-wanted (IPv4) or vpcni.io/blocks-wanted-ipv6 to n, never
+// lowers it (a live node keeps its blocks; asking for fewer would mean
+// nothing).
+func (s *Source) Want(ctx context.Context, f family.Family, n int) error {
 	s.wantM.Lock()
 	defer s.wantM.Unlock()
+	key := WantedKey(f)
 	node, err := s.cs.CoreV1().Nodes().Get(ctx, s.node, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		return fmt.Errorf("node %s has no Node object: blocks are given to registered nodes only: %w", s.node, err)
@@ -105,33 +122,33 @@ func (s *Source) Want(ctx context.Context, n int) error {
 	if err != nil {
 		return fmt.Errorf("read node %s: %w", s.node, err)
 	}
-	if cur, err := strconv.Atoi(node.Annotations[v1alpha1.AnnotationBlocksWanted]); err == nil && cur >= n {
+	if cur, err := strconv.Atoi(node.Annotations[key]); err == nil && cur >= n {
 		return nil
 	}
 	// The resourceVersion in the patch makes it conditional: a racing
 	// writer's change to the annotation is not overwritten unseen.
 	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{
 		"resourceVersion": node.ResourceVersion,
-		"annotations":     map[string]string{v1alpha1.AnnotationBlocksWanted: strconv.Itoa(n)}}})
+		"annotations":     map[string]string{key: strconv.Itoa(n)}}})
 	if _, err := s.cs.CoreV1().Nodes().Patch(ctx, s.node, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
-		return fmt.Errorf("ask for %d blocks on node %s: %w", n, s.node, err)
+		return fmt.Errorf("ask for %d %s blocks on node %s: %w", n, f, s.node, err)
 	}
 	return nil
 }
 
-// WaitFor waits until the node has at least n blocks, or ctx ends, and
-// returns the blocks it has then.
-func (s *Source) WaitFor(ctx context.Context, n int) []netip.Prefix {
+// WaitFor waits until the node has at least n blocks of family f, or ctx
+// ends, and returns its blocks of f then.
+func (s *Source) WaitFor(ctx context.Context, f family.Family, n int) []netip.Prefix {
 	for {
 		s.mu.Lock()
 		ch := s.changed
 		s.mu.Unlock()
-		if b := s.Blocks(); len(b) >= n {
+		if b := s.BlocksOf(f); len(b) >= n {
 			return b
 		}
 		select {
 		case <-ctx.Done():
-			return s.Blocks()
+			return s.BlocksOf(f)
 		case <-ch:
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"slices"
 
 	"github.com/vpcni/vpcni/internal/alloc"
+	"github.com/vpcni/vpcni/internal/family"
 	"github.com/vpcni/vpcni/internal/ipam"
 	"github.com/vpcni/vpcni/internal/provider"
 )
@@ -14,15 +15,15 @@ import (
 // assignInBlocks is Assign in blocks mode: addresses from the node's
 // blocks only; when they are full, it asks for one more block and waits
 // for it (at most p.wait in all), as many times as the request needs.
-// The blocks are of one family, the ranges' (Config.Validate): IPv4, or
-// IPv6 blocks (e.g. /120s of a /112, or /80s of a /64) cut from
-// vpcni-controller's IPv6 -block-ranges.
+// Only blocks of the request's family count: a dual-stack node has IPv4
+// blocks and IPv6 ones (e.g. /80s of a /64, or /120s of a /112) from
+// vpcni-controller's -block-ranges, and asks for each family's on its own.
 func (p *Provider) assignInBlocks(ctx context.Context, req provider.AssignRequest) ([]alloc.Lease, error) {
 	fam := req.Fam()
 	waitCtx, cancel := context.WithTimeout(ctx, p.wait)
 	defer cancel()
 	p.refreshNodes(ctx)
-	blocks := p.blocks.Blocks()
+	blocks := p.blocksOf(fam)
 	got, errs := p.takeRequested(ctx, fam, req.Addresses, blocks)
 	want := req.Count
 	for want > 0 {
@@ -68,13 +69,14 @@ func (p *Provider) assignInBlocks(ctx context.Context, req provider.AssignReques
 		// node has, so a lost or slow answer is asked for again, never
 		// doubled.
 		n := len(blocks) + 1
-		if err := p.blocks.Want(ctx, n); err != nil {
+		if err := p.blocks.Want(ctx, fam, n); err != nil {
 			errs = append(errs, fmt.Errorf("%w: %w", err, provider.ErrUnavailable))
 			break
 		}
-		if blocks = p.blocks.WaitFor(waitCtx, n); len(blocks) < n {
-			errs = append(errs, fmt.Errorf("this node's %d blocks are used up and vpcni-controller gave no block %d within %s "+
-				"(is it running with -block-ranges, and are they full? kubectl get nodeblocks): %w", len(blocks), n, p.wait, provider.ErrExhausted))
+		if blocks = p.blocks.WaitFor(waitCtx, fam, n); len(blocks) < n {
+			errs = append(errs, fmt.Errorf("this node's %d %s blocks are used up and vpcni-controller gave no %s block %d within %s "+
+				"(is it running with -block-ranges that hold %s ranges, and are they full? kubectl get nodeblocks): %w",
+				len(blocks), name(fam), name(fam), n, p.wait, name(fam), provider.ErrExhausted))
 			break
 		}
 	}
@@ -85,6 +87,11 @@ func (p *Provider) assignInBlocks(ctx context.Context, req provider.AssignReques
 		}
 	}
 	return p.finish(got, errs)
+}
+
+// blocksOf is the node's blocks of family f.
+func (p *Provider) blocksOf(f family.Family) []netip.Prefix {
+	return slices.DeleteFunc(p.blocks.Blocks(), func(b netip.Prefix) bool { return family.Of(b.Addr()) != f })
 }
 
 func inAny(blocks []netip.Prefix, a netip.Addr) bool {

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/vpcni/vpcni/internal/family"
 	"github.com/vpcni/vpcni/internal/provider"
 	"github.com/vpcni/vpcni/internal/provider/static"
 )
@@ -37,17 +38,27 @@ func (s *grantingSource) Blocks() []netip.Prefix {
 	return slices.Clone(s.blocks)
 }
 
-func (s *grantingSource) Want(_ context.Context, n int) error {
+func (s *grantingSource) Want(_ context.Context, f family.Family, n int) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.wants = append(s.wants, n)
-	for len(s.blocks) < n && len(s.pending) > 0 {
-		s.blocks, s.pending = append(s.blocks, s.pending[0]), s.pending[1:]
+	for len(ofFamily(s.blocks, f)) < n {
+		i := slices.IndexFunc(s.pending, func(b netip.Prefix) bool { return family.Of(b.Addr()) == f })
+		if i < 0 {
+			break
+		}
+		s.blocks, s.pending = append(s.blocks, s.pending[i]), slices.Delete(s.pending, i, i+1)
 	}
 	return nil
 }
 
-func (s *grantingSource) WaitFor(_ context.Context, n int) []netip.Prefix { return s.Blocks() }
+func (s *grantingSource) WaitFor(_ context.Context, f family.Family, n int) []netip.Prefix {
+	return ofFamily(s.Blocks(), f)
+}
+
+func ofFamily(blocks []netip.Prefix, f family.Family) []netip.Prefix {
+	return slices.DeleteFunc(slices.Clone(blocks), func(b netip.Prefix) bool { return family.Of(b.Addr()) != f })
+}
 
 func blocksConfig(wait string) *static.Config {
 	cfg := &static.Config{Ranges: []static.Range{{CIDR: "10.9.0.0/24", Exclude: []string{"10.9.0.20"}}}, Blocks: &static.Blocks{Wait: wait}}
@@ -84,7 +95,7 @@ func TestBlocksModeTakesOnlyFromTheNodesBlocks(t *testing.T) {
 	}
 	// The second block has 9 left; 12 more: 9, then nothing more comes.
 	got, err = p.Assign(context.Background(), provider.AssignRequest{Count: 12})
-	if len(got) != 9 || !errors.Is(err, provider.ErrExhausted) || !strings.Contains(err.Error(), "gave no block 3") {
+	if len(got) != 9 || !errors.Is(err, provider.ErrExhausted) || !strings.Contains(err.Error(), "gave no IPv4 block 3") {
 		t.Fatalf("past the last block: %d addresses, %v", len(got), err)
 	}
 	// A requested address must be in the node's blocks.

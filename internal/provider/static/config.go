@@ -163,10 +163,6 @@ func (c *Config) Validate() error {
 		errs = append(errs, fmt.Errorf("maxAddresses: %d is negative (0: the default, %d)", c.MaxAddresses, DefaultMaxAddresses))
 	}
 	if c.Blocks != nil {
-		if fams := c.families(); len(fams) > 1 {
-			errs = append(errs, errors.New("blocks: per-node blocks are of one address family (vpcni-controller's -block-ranges), "+
-				"and ranges holds IPv4 and IPv6 ranges: give blocks mode the ranges of one family"))
-		}
 		if d, err := time.ParseDuration(c.Blocks.Wait); err != nil || d <= 0 || d > 10*time.Minute {
 			errs = append(errs, fmt.Errorf("blocks.wait: %q is not a duration between 0s and 10m (e.g. 10s)", c.Blocks.Wait))
 		}

@@ -118,17 +118,23 @@ func (p *Provider) capacityOf(f family.Family) provider.Capacity {
 		// the bound shrinks to its own blocks, and the scheduler stops
 		// sending pods no address can come for. Blocks of the other
 		// family count none.
-		taken := 0
+		taken, others := 0, 0
 		for _, b := range p.blocks.Taken() {
+			if family.Of(b.Addr()) != f {
+				continue
+			}
+			others++
 			for _, r := range p.ranges {
-				taken = satAdd(taken, r.SizeIn(b))
+				if family.Of(r.Prefix.Addr()) == f {
+					taken = satAdd(taken, r.SizeIn(b))
+				}
 			}
 		}
 		if n < math.MaxInt { // a saturated count stays saturated
 			n -= taken
 		}
-		reason = fmt.Sprintf("%s usable addresses in %s outside other nodes' blocks (%d); this node holds %d blocks",
-			count(n), where, len(p.blocks.Taken()), len(p.blocks.Blocks()))
+		reason = fmt.Sprintf("%s usable addresses in %s outside other nodes' blocks (%d); this node holds %d %s blocks",
+			count(n), where, others, len(p.blocksOf(f)), name(f))
 	}
 	if n > p.maxAddrs {
 		reason = fmt.Sprintf("%d, provider.static.maxAddresses, of %s", p.maxAddrs, reason)

@@ -203,7 +203,6 @@ func TestConfigIPv6(t *testing.T) {
 		`ranges[2].exclude[0]: "10.0.0.0/24" is not of the family of fd00:3::/64 (ipv6)`,
 		`ranges[3].cidr: "::ffff:10.0.0.0/120" is an IPv4 range written as IPv6`,
 		`maxAddresses: -1 is negative`,
-		`blocks: per-node blocks are of one address family`,
 	} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error does not say %q:\n%v", want, err)
@@ -302,5 +301,55 @@ func TestNetworkRoomIPv6(t *testing.T) {
 		if n, ok := reg.NetworkRoom(node, []byte(spec), provider.Info{}); !ok || n != want {
 			t.Errorf("room of %s = %d %v, want %d", spec, n, ok, want)
 		}
+	}
+}
+
+// Blocks mode on both families: each family's addresses come from the
+// node's blocks of that family only, and a family whose blocks are full
+// asks for a block of its own family (the IPv4 blocks the node has do not
+// count for IPv6, nor the other way round); each family's capacity counts
+// only that family's blocks.
+func TestBlocksModeDualStack(t *testing.T) {
+	src := &grantingSource{pending: []netip.Prefix{
+		netip.MustParsePrefix("10.9.0.0/28"), netip.MustParsePrefix("fd00:9::/124"),
+		netip.MustParsePrefix("10.9.0.16/28"), netip.MustParsePrefix("fd00:9::10/124")},
+		taken: []netip.Prefix{netip.MustParsePrefix("10.9.0.32/28"), netip.MustParsePrefix("fd00:9::20/124")}}
+	cfg := &static.Config{Ranges: []static.Range{{CIDR: "10.9.0.0/24"}, {CIDR: "fd00:9::/120"}}, Blocks: &static.Blocks{Wait: "50ms"}}
+	cfg.Defaults()
+	if err := cfg.Validate(); err != nil {
+		t.Fatalf("dual-stack blocks refused: %v", err)
+	}
+	p, err := static.NewInBlocks(cfg, t.TempDir(), src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	take := func(f family.Family, n int) []netip.Addr {
+		t.Helper()
+		got, err := p.Assign(context.Background(), provider.AssignRequest{Count: n, Family: f})
+		if err != nil || len(got) != n {
+			t.Fatalf("assign %d %s: %v, %v", n, f, got, err)
+		}
+		return provider.Addresses(got)
+	}
+	v4 := take(family.V4, 3)
+	if !slices.Equal(v4, addrs("10.9.0.2", "10.9.0.3", "10.9.0.4")) || len(src.Blocks()) != 1 {
+		t.Fatalf("IPv4: %v from blocks %v, want .2-.4 of the first IPv4 block alone", v4, src.Blocks())
+	}
+	v6 := take(family.V6, 15) // fd00:9::2-f fill the first IPv6 block (14), then one of the second
+	if v6[0] != netip.MustParseAddr("fd00:9::2") || v6[14] != netip.MustParseAddr("fd00:9::10") {
+		t.Fatalf("IPv6: %v, want fd00:9::2 on, across two IPv6 blocks", v6)
+	}
+	if !slices.Equal(src.Blocks(), []netip.Prefix{netip.MustParsePrefix("10.9.0.0/28"), netip.MustParsePrefix("fd00:9::/124"), netip.MustParsePrefix("fd00:9::10/124")}) {
+		t.Fatalf("blocks %v: want the second IPv6 block, and no second IPv4 one", src.Blocks())
+	}
+	// IPv4 asked for 1 block, IPv6 for 1 then 2: per family, never 3.
+	if !slices.Equal(src.wants, []int{1, 1, 2}) {
+		t.Errorf("asked for %v blocks, want 1 (IPv4), then 1 and 2 (IPv6)", src.wants)
+	}
+	caps := p.Info().Capacities
+	// 253 usable IPv4 (no network, broadcast or gateway) less one other
+	// node's /28; 254 IPv6 (no anycast or gateway) less its /124.
+	if caps[family.V4].Max != 253-16 || caps[family.V6].Max != 254-16 || !strings.Contains(caps[family.V6].Reason, "holds 2 IPv6 blocks") {
+		t.Errorf("capacities %+v", caps)
 	}
 }

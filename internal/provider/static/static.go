@@ -60,17 +60,19 @@ type Provider struct {
 }
 
 // BlockSource is the node's blocks of the ranges, assigned by
-// vpcni-controller (nodeblocks.Source, over NodeBlock objects).
+// vpcni-controller (nodeblocks.Source, over NodeBlock objects): IPv4
+// blocks, IPv6 blocks, or both for a dual-stack node, each family asked
+// for on its own.
 type BlockSource interface {
 	// Blocks lists the node's blocks now, in address order.
 	Blocks() []netip.Prefix
 	// Taken lists the other nodes' blocks now.
 	Taken() []netip.Prefix
-	// Want asks for n blocks in all.
-	Want(ctx context.Context, n int) error
-	// WaitFor waits until the node has n blocks or ctx ends, and returns
-	// the blocks it has then.
-	WaitFor(ctx context.Context, n int) []netip.Prefix
+	// Want asks for n blocks of family f in all.
+	Want(ctx context.Context, f family.Family, n int) error
+	// WaitFor waits until the node has n blocks of family f or ctx ends,
+	// and returns its blocks of f then.
+	WaitFor(ctx context.Context, f family.Family, n int) []netip.Prefix
 }
 
 var _ provider.Provider = (*Provider)(nil)

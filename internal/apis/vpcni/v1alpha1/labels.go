@@ -15,7 +15,15 @@ const LabelNode = "vpcni.io/node"
 // vpcni-controller for (a decimal count). The agent raises it by one when
 // its blocks are full; the controller creates NodeBlocks until the node
 // has that many.
+//
+// It counts IPv4 blocks, or where vpcni-controller's -block-ranges are
+// IPv6 only, IPv6 ones (agents older than dual-stack blocks ask for IPv6
+// blocks there). AnnotationBlocksWantedIPv6 counts IPv6 blocks.
 const AnnotationBlocksWanted = "vpcni.io/blocks-wanted"
+
+// AnnotationBlocksWantedIPv6, on a Node, is how many IPv6 blocks its
+// agent asks for, as AnnotationBlocksWanted is for IPv4 ones.
+const AnnotationBlocksWantedIPv6 = "vpcni.io/blocks-wanted-ipv6"
 
 // NodeLabel is the LabelNode value of a node: its name, or a hash of it
 // where the name is no valid label value (longer than 63 characters).
