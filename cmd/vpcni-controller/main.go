@@ -181,13 +181,14 @@ func (o *options) noteSetFlags(fs *flag.FlagSet) {
 	fs.Visit(func(f *flag.Flag) { o.blockSizeV6Set = o.blockSizeV6Set || f.Name == "block-size-v6" })
 }
 
-// firstOrNil is the first set of blocks (the IPv4 one of dual-stack
-// blocks), nil without blocks.
-func firstOrNil(blocks []ipam.Blocks) *ipam.Blocks {
-	if len(blocks) == 0 {
-		return nil
+// allRanges are every family's block ranges: the routed pod subnet routes
+// the blocks of each (an IPv6 block via its node's IPv6 address).
+func allRanges(blocks []ipam.Blocks) []netip.Prefix {
+	var out []netip.Prefix
+	for _, b := range blocks {
+		out = append(out, b.Ranges...)
 	}
-	return &blocks[0]
+	return out
 }
 
 func envOr(k, def string) string {
@@ -225,13 +226,6 @@ func run(o options, log *slog.Logger) error {
 		if fc.HasRoutes() {
 			if blocks == nil {
 				return errors.New("-cloud-config's routes section routes the nodes' blocks: it needs -block-ranges")
-			}
-			if blocks[0].Ranges[0].Addr().Is6() {
-				// A block's route goes to its node's IPv4 InternalIP.
-				return errors.New("-cloud-config's routes section routes IPv4 blocks only: -block-ranges is IPv6")
-			}
-			if len(blocks) > 1 {
-				return errors.New("-cloud-config's routes section routes IPv4 blocks only: -block-ranges holds IPv6 ranges too, whose blocks no route would reach")
 			}
 			routesCfg = fc.Routes
 		}
@@ -354,7 +348,7 @@ func run(o options, log *slog.Logger) error {
 				}
 				if routesCfg != nil {
 					wg.Go(func() {
-						r, err := newRouteReconciler(ctx, cfg, cloud, routesCfg, &blocks[0], log)
+						r, err := newRouteReconciler(ctx, cfg, cloud, routesCfg, allRanges(blocks), log)
 						if err == nil {
 							routeMetrics.Set(r)
 							err = r.Run(ctx)
@@ -386,7 +380,7 @@ func run(o options, log *slog.Logger) error {
 				}
 				if leakGC != nil {
 					wg.Go(func() {
-						err := connectLeaks(ctx, cfg, cs, o, leakGC, cloud, routesCfg, firstOrNil(blocks), log)
+						err := connectLeaks(ctx, cfg, cs, o, leakGC, cloud, routesCfg, allRanges(blocks), log)
 						if err == nil {
 							err = leakGC.Run(ctx)
 						}
@@ -451,10 +445,10 @@ func serveWebhook(ctx context.Context, cfg *rest.Config, cs kubernetes.Interface
 // connectLeaks logs in to the cloud and gives the leak collector its
 // cloud (the pods' subnet, this cluster's ID; with a routed pod subnet
 // also its router and block ranges) and its reader of the cluster.
-func connectLeaks(ctx context.Context, cfg *rest.Config, cs kubernetes.Interface, o options, c *leaks.Collector, cloud cloudconfig.Cloud, rc *routes.Config, blocks *ipam.Blocks, log *slog.Logger) error {
+func connectLeaks(ctx context.Context, cfg *rest.Config, cs kubernetes.Interface, o options, c *leaks.Collector, cloud cloudconfig.Cloud, rc *routes.Config, ranges []netip.Prefix, log *slog.Logger) error {
 	scope := leaks.Scope{ClusterID: o.clusterID}
 	if rc != nil {
-		scope.Router, scope.Ranges = rc.RouterID, blocks.Ranges
+		scope.Router, scope.Ranges = rc.RouterID, ranges
 	}
 	// The cluster's ID first: it is read from the cluster, the login
 	// may wait for the cloud.
@@ -490,12 +484,12 @@ func connectLeaks(ctx context.Context, cfg *rest.Config, cs kubernetes.Interface
 
 // newRouteReconciler logs in to the cloud and builds the routed pod
 // subnet's reconciler over the block ranges.
-func newRouteReconciler(ctx context.Context, cfg *rest.Config, cloud cloudconfig.Cloud, rc *routes.Config, blocks *ipam.Blocks, log *slog.Logger) (*controller.RouteReconciler, error) {
+func newRouteReconciler(ctx context.Context, cfg *rest.Config, cloud cloudconfig.Cloud, rc *routes.Config, ranges []netip.Prefix, log *slog.Logger) (*controller.RouteReconciler, error) {
 	router, err := cloudconfig.Retry(ctx, log, func(ctx context.Context) (routes.Cloud, error) { return cloud.Router(ctx, rc.RouterID) })
 	if err != nil {
 		return nil, err
 	}
-	rec, err := routes.New(router, routes.Options{Ranges: blocks.Ranges, MaxRoutes: rc.MaxRoutes, Probe: rc.Probe.Duration}, log.With("reconciler", "routes"))
+	rec, err := routes.New(router, routes.Options{Ranges: ranges, MaxRoutes: rc.MaxRoutes, Probe: rc.Probe.Duration}, log.With("reconciler", "routes"))
 	if err != nil {
 		return nil, err
 	}

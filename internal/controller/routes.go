@@ -19,6 +19,7 @@ import (
 	"k8s.io/client-go/util/workqueue"
 
 	"github.com/vpcni/vpcni/internal/apis/vpcni/v1alpha1"
+	"github.com/vpcni/vpcni/internal/family"
 	"github.com/vpcni/vpcni/internal/k8s"
 	"github.com/vpcni/vpcni/internal/k8s/nodeblocks"
 	"github.com/vpcni/vpcni/internal/routes"
@@ -109,7 +110,7 @@ func NewRouteReconciler(cfg *rest.Config, rec *routes.Reconciler, opts RouteOpti
 		// Its own status writes come back as updates: only a change of
 		// what is planned from (a Node's addresses) wakes the queue.
 		if on, ok := o.(*corev1.Node); ok {
-			if nn, ok := n.(*corev1.Node); ok && internalIP(on) == internalIP(nn) {
+			if nn, ok := n.(*corev1.Node); ok && internalIP(on, family.V4) == internalIP(nn, family.V4) && internalIP(on, family.V6) == internalIP(nn, family.V6) {
 				return
 			}
 		}
@@ -146,10 +147,13 @@ func (r *RouteReconciler) Last() (routes.Result, int64) {
 	return r.last, r.syncs
 }
 
-func internalIP(n *corev1.Node) netip.Addr {
+// internalIP is the node's InternalIP of family fam: a block's next hop
+// is of the block's family (an IPv6 block goes via the node's IPv6
+// address, which Neutron would not check for us).
+func internalIP(n *corev1.Node, fam family.Family) netip.Addr {
 	for _, a := range n.Status.Addresses {
 		if a.Type == corev1.NodeInternalIP {
-			if ip, err := netip.ParseAddr(a.Address); err == nil && ip.Is4() {
+			if ip, err := netip.ParseAddr(a.Address); err == nil && family.Of(ip) == fam {
 				return ip
 			}
 		}
@@ -169,7 +173,7 @@ func (r *RouteReconciler) reconcile(ctx context.Context, _ string) (time.Duratio
 		b := routes.Block{Name: nb.Name, CIDR: p.Masked(), Node: nb.Spec.Node, Created: nb.CreationTimestamp.Time}
 		obj, exists, _ := r.nodes.GetStore().GetByKey(nb.Spec.Node)
 		if exists {
-			b.NodeIP = internalIP(obj.(*corev1.Node))
+			b.NodeIP = internalIP(obj.(*corev1.Node), family.Of(p.Addr()))
 		} else {
 			b.NodeGone = true
 		}

@@ -69,8 +69,9 @@ func (r Route) String() string { return r.Destination.String() + " via " + r.Nex
 // each VM port allows, and each block's state.
 type plan struct {
 	add, remove []Route
-	// pairs: node IP -> the block CIDRs its VM port must allow (ours only;
-	// a port not in the map is left alone).
+	// pairs: a node's port (by its first address, planInput.port) -> the
+	// block CIDRs it must allow (ours only; a port not in the map is left
+	// alone).
 	pairs  map[netip.Addr][]netip.Prefix
 	states map[string]State
 	// ours is how many of our routes the router holds after the pass,
@@ -85,9 +86,14 @@ type planInput struct {
 	routes []Route
 	// limit is max_routes as known (math.MaxInt: not known yet).
 	limit int
-	// pairRoom: node IP -> how many pairs of ours its port may hold (the
-	// limit less the pairs of others); a node IP missing has no port.
+	// pairRoom: a node's port, by its first address -> how many pairs of
+	// ours it may hold (the limit less the pairs of others); an address
+	// missing has no port.
 	pairRoom map[netip.Addr]int
+	// port maps a node address to its port's first address (a dual-stack
+	// node's IPv6 address to its IPv4 one: one port, one pair budget for
+	// both families' blocks). An address not in it is its port's first.
+	port map[netip.Addr]netip.Addr
 	// ours says whether a route destination or pair is vpcni's (inside
 	// the block ranges).
 	ours func(netip.Prefix) bool
@@ -123,7 +129,15 @@ func makePlan(in planInput) plan {
 	for ip, n := range in.pairRoom {
 		room[ip] = n
 	}
+	portOf := func(ip netip.Addr) netip.Addr {
+		if first, ok := in.port[ip]; ok {
+			return first
+		}
+		return ip
+	}
+	hasPort := func(ip netip.Addr) bool { _, ok := in.pairRoom[portOf(ip)]; return ok }
 	takePair := func(ip netip.Addr, c netip.Prefix) bool {
+		ip = portOf(ip)
 		if room[ip] <= 0 {
 			return false
 		}
@@ -139,7 +153,7 @@ func makePlan(in planInput) plan {
 		p.states[b.Name] = NodeGone
 		if r, ok := byDest[b.CIDR]; ok {
 			keep[r] = true
-			if _, port := in.pairRoom[r.NextHop]; port {
+			if hasPort(r.NextHop) {
 				takePair(r.NextHop, b.CIDR)
 			}
 		}
@@ -149,7 +163,7 @@ func makePlan(in planInput) plan {
 		if b.NodeGone {
 			continue
 		}
-		if _, port := in.pairRoom[b.NodeIP]; !b.NodeIP.IsValid() || !port {
+		if !b.NodeIP.IsValid() || !hasPort(b.NodeIP) {
 			p.states[b.Name] = NoNodeAddress
 			continue
 		}

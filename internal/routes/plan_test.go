@@ -132,3 +132,37 @@ func nextBlock(p netip.Prefix) netip.Prefix {
 	v += 1 << (32 - p.Bits())
 	return netip.PrefixFrom(netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)}), p.Bits())
 }
+
+// A dual-stack node: its IPv4 block routes via its IPv4 address and its
+// IPv6 block via its IPv6 one, and both pairs go on its one port, which
+// has one pair budget for both families (planned under its first
+// address): with room for one pair, the older block gets it and the
+// other waits for pair room.
+func TestPlanDualStackNodeSharesItsPortsPairs(t *testing.T) {
+	rng4, rng6 := netip.MustParsePrefix("10.91.0.0/16"), netip.MustParsePrefix("fd00:91::/64")
+	ours := func(p netip.Prefix) bool {
+		return rng4.Contains(p.Addr()) && p.Bits() >= 16 || rng6.Contains(p.Addr()) && p.Bits() >= 64
+	}
+	ip4, ip6 := netip.MustParseAddr("10.90.0.11"), netip.MustParseAddr("fd00:90::11")
+	b4 := Block{Name: "v4", CIDR: netip.MustParsePrefix("10.91.0.0/26"), Node: "n1", NodeIP: ip4, Created: time.Unix(1, 0)}
+	b6 := Block{Name: "v6", CIDR: netip.MustParsePrefix("fd00:91::/80"), Node: "n1", NodeIP: ip6, Created: time.Unix(2, 0)}
+	in := planInput{blocks: []Block{b6, b4}, limit: 30, ours: ours,
+		pairRoom: map[netip.Addr]int{ip4: 2}, port: map[netip.Addr]netip.Addr{ip6: ip4}}
+	p := makePlan(in)
+	if !slices.Equal(p.add, []Route{{b4.CIDR, ip4}, {b6.CIDR, ip6}}) {
+		t.Errorf("routes added %v: want each block via the node's address of its family", p.add)
+	}
+	if len(p.pairs) != 1 || !slices.Equal(p.pairs[ip4], []netip.Prefix{b4.CIDR, b6.CIDR}) {
+		t.Errorf("pairs %v: want both blocks on the one port (under %s)", p.pairs, ip4)
+	}
+	in.pairRoom[ip4] = 1
+	p = makePlan(in)
+	if p.states["v4"] != Routed || p.states["v6"] != NoPairBudget || !slices.Equal(p.add, []Route{{b4.CIDR, ip4}}) {
+		t.Errorf("one pair of room: states %v, routes %v; want the older (IPv4) block routed and the IPv6 one waiting for pair room", p.states, p.add)
+	}
+	// Without the port's alias the IPv6 address has no port.
+	in.port = nil
+	if p = makePlan(in); p.states["v6"] != NoNodeAddress {
+		t.Errorf("an address no port has: %v", p.states)
+	}
+}

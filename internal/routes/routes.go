@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math"
 	"net/netip"
 	"slices"
@@ -170,12 +171,25 @@ func (r *Reconciler) pass(ctx context.Context, blocks []Block) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
-	room := map[netip.Addr]int{}
+	// A port is planned and written once, under its first address, whatever
+	// the number of its addresses the blocks name (a dual-stack node's IPv4
+	// and IPv6 ones): its pair budget is one for both families.
+	first := map[string]netip.Addr{}
+	for _, ip := range slices.SortedFunc(maps.Keys(portOf), netip.Addr.Compare) {
+		if _, ok := first[portOf[ip].ID]; !ok {
+			first[portOf[ip].ID] = ip
+		}
+	}
+	room, alias := map[netip.Addr]int{}, map[netip.Addr]netip.Addr{}
 	for ip, p := range portOf {
+		if f := first[p.ID]; f != ip {
+			alias[ip] = f
+			continue
+		}
 		_, foreign := r.split(p.Pairs)
 		room[ip] = max(r.opts.MaxPairs-len(foreign), 0)
 	}
-	in := planInput{blocks: blocks, routes: routes, limit: r.limit(), pairRoom: room, ours: r.ours}
+	in := planInput{blocks: blocks, routes: routes, limit: r.limit(), pairRoom: room, port: alias, ours: r.ours}
 	pl := makePlan(in)
 	// Order: first the pairs that stay (dropping the stale ones: a stale
 	// route keeps naming its port until its pair is gone), then stale
@@ -187,11 +201,20 @@ func (r *Reconciler) pass(ctx context.Context, blocks []Block) (Result, error) {
 	for _, rt := range pl.add {
 		fresh[rt.Destination] = true
 	}
+	written := func(ip netip.Addr, p Port) { // every address of the port sees it as written
+		for a, q := range portOf {
+			if q.ID == p.ID || a == ip {
+				portOf[a] = p
+			}
+		}
+	}
 	for ip, want := range pl.pairs {
 		stay := slices.DeleteFunc(slices.Clone(want), func(c netip.Prefix) bool { return fresh[c] })
-		if portOf[ip], err = r.setPairs(ctx, ip, portOf[ip], stay); err != nil {
+		p, err := r.setPairs(ctx, ip, portOf[ip], stay)
+		if err != nil {
 			return Result{}, err
 		}
+		written(ip, p)
 	}
 	if err := r.nt.RemoveRoutes(ctx, pl.remove); err != nil {
 		return Result{}, err
@@ -206,9 +229,11 @@ func (r *Reconciler) pass(ctx context.Context, blocks []Block) (Result, error) {
 		r.log.Info("route added", "route", rt.String())
 	}
 	for ip, want := range pl.pairs {
-		if portOf[ip], err = r.setPairs(ctx, ip, portOf[ip], want); err != nil {
+		p, err := r.setPairs(ctx, ip, portOf[ip], want)
+		if err != nil {
 			return Result{}, err
 		}
+		written(ip, p)
 	}
 	res := Result{States: pl.states, Messages: map[string]string{}, Routes: pl.ours, Others: pl.others}
 	if in.limit != math.MaxInt {

@@ -155,10 +155,12 @@ func (n *Routes) PortsByIP(ctx context.Context, ips []netip.Addr) (map[netip.Add
 	if err != nil {
 		return nil, nil, err
 	}
+	// Every fixed IP of those ports: a dual-stack node's IPv6 address is
+	// on another subnet of its port, and the next hop of its IPv6 blocks.
 	holders := map[netip.Addr][]ports.Port{}
 	for _, p := range all {
 		for _, f := range p.FixedIPs {
-			if a, err := netip.ParseAddr(f.IPAddress); err == nil && f.SubnetID == n.subnetID {
+			if a, err := netip.ParseAddr(f.IPAddress); err == nil {
 				holders[a] = append(holders[a], p)
 			}
 		}
@@ -166,7 +168,7 @@ func (n *Routes) PortsByIP(ctx context.Context, ips []netip.Addr) (map[netip.Add
 	for _, ip := range ips {
 		switch h := holders[ip]; len(h) {
 		case 0:
-			missing[ip] = fmt.Errorf("%s on subnet %s: %w", ip, n.subnetID, routes.ErrNoPort)
+			missing[ip] = fmt.Errorf("%s on the ports of subnet %s: %w", ip, n.subnetID, routes.ErrNoPort)
 		case 1:
 			found[ip] = toPort(&h[0])
 		default:
