@@ -30,8 +30,10 @@ type Block struct {
 	Name string
 	CIDR netip.Prefix
 	Node string
-	// NodeIP is the node's address on the VM subnet: the route's next hop
-	// and how its VM port is found. Invalid: unknown (no InternalIP).
+	// NodeIP is the node's address of the block's family (on the VM
+	// subnet for IPv4; for an IPv6 block, the VM port's IPv6 address): the
+	// route's next hop and how its VM port is found. Invalid: unknown (no
+	// InternalIP of that family).
 	NodeIP netip.Addr
 	// NodeGone: the block's node no longer exists. Its route and pair
 	// stay until the block is reclaimed (the caller stops handing it in).

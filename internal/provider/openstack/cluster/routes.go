@@ -108,9 +108,15 @@ func (n *Routes) RemoveRoutes(ctx context.Context, rs []routes.Route) error {
 	return nil
 }
 
-// PortByIP implements routes.Cloud: the VM port holding ip as a fixed IP.
+// PortByIP implements routes.Cloud: the VM port holding ip as a fixed IP,
+// on the VM subnet for an IPv4 address; a dual-stack node's IPv6 address
+// is on another subnet of its port, and is looked up on any.
 func (n *Routes) PortByIP(ctx context.Context, ip netip.Addr) (routes.Port, error) {
-	pages, err := ports.List(n.nc, ports.ListOpts{FixedIPs: []ports.FixedIPOpts{{IPAddress: ip.String(), SubnetID: n.subnetID}}}).AllPages(ctx)
+	subnetID := n.subnetID
+	if ip.Is6() {
+		subnetID = ""
+	}
+	pages, err := ports.List(n.nc, ports.ListOpts{FixedIPs: []ports.FixedIPOpts{{IPAddress: ip.String(), SubnetID: subnetID}}}).AllPages(ctx)
 	if err != nil {
 		return routes.Port{}, explain(fmt.Errorf("find the VM port of %s: %w", ip, err))
 	}
