@@ -46,9 +46,9 @@ type BlockOptions struct {
 // one writer of NodeBlocks. A node's agent asks for blocks through its
 // Node's annotations, one count per family (nodeblocks.WantedKey); the
 // assigner creates NodeBlocks of that family for it until it has that
-// many. Where the ranges are of one family, vpcni.io/blocks-wanted asks
-// for that family's blocks whichever it is (agents older than dual-stack
-// blocks ask so for IPv6 ones). A Node gone for Grace gives
+// many. Where the ranges are of one family, vpcni.io/blocks-wanted counts
+// too, for that family whichever it is (agents older than per-family
+// counts write it alone); dual-stack ranges never read it. A Node gone for Grace gives
 // its blocks back, each once no PodAddress of that node has an address
 // in it (the orphans reconciler deletes those of pods that are gone).
 //
@@ -126,7 +126,7 @@ func NewBlockAssigner(cfg *rest.Config, opts BlockOptions, log *slog.Logger) (*B
 	if err := b.nodes.SetTransform(func(obj any) (any, error) {
 		if m, ok := obj.(*metav1.PartialObjectMetadata); ok {
 			om := metav1.ObjectMeta{Name: m.Name, UID: m.UID, ResourceVersion: m.ResourceVersion}
-			for _, k := range []string{v1alpha1.AnnotationBlocksWanted, v1alpha1.AnnotationBlocksWantedIPv6} {
+			for _, k := range []string{v1alpha1.AnnotationBlocksWanted, v1alpha1.AnnotationBlocksWantedIPv4, v1alpha1.AnnotationBlocksWantedIPv6} {
 				if v, ok := m.Annotations[k]; ok {
 					if om.Annotations == nil {
 						om.Annotations = map[string]string{}
@@ -252,12 +252,14 @@ func (b *BlockAssigner) reconcile(ctx context.Context, node string) (time.Durati
 }
 
 // wanted is how many blocks of family fam the node asks for (an error: a
-// count a person broke by hand). With ranges of one family, the request
-// of agents older than dual-stack blocks (vpcni.io/blocks-wanted for IPv6
-// blocks) counts too.
+// count a person broke by hand). With ranges of one family,
+// vpcni.io/blocks-wanted counts too: agents of one family write it, and
+// those older than per-family counts only it. Dual-stack ranges ignore
+// it: left on a node from when the cluster was IPv6 only, it would read
+// as a request for IPv4 blocks nobody made.
 func (b *BlockAssigner) wanted(m *metav1.PartialObjectMetadata, fam family.Family) (int, error) {
 	keys := []string{nodeblocks.WantedKey(fam)}
-	if fam == family.V6 && len(b.opts.Families) == 1 {
+	if len(b.opts.Families) == 1 {
 		keys = append(keys, v1alpha1.AnnotationBlocksWanted)
 	}
 	wanted := 0

@@ -392,7 +392,7 @@ func TestConcurrentAssignersNeverDoubleAssign(t *testing.T) {
 	for _, s := range sources {
 		wg.Go(func() {
 			for n := 1; n <= want; n++ {
-				if err := s.Want(context.Background(), family.V4, n); err != nil {
+				if err := s.Want(context.Background(), family.V4, n, true); err != nil {
 					t.Error(err)
 				}
 			}

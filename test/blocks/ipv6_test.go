@@ -122,6 +122,10 @@ func TestIPv6Blocks(t *testing.T) {
 func TestDualStackBlocks(t *testing.T) {
 	t.Cleanup(func() { cleanupBlocks(t) }) // last: after the assigners stopped
 	const v4, v6 = "10.32.0.0/24", "fd00:32::/112"
+	stale := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "dual-stale", Annotations: map[string]string{v1alpha1.AnnotationBlocksWanted: "3"}}}
+	if _, err := clientset(t).CoreV1().Nodes().Create(context.Background(), stale, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	assignerOf(t, time.Minute, blocksOf(t, v4, 28), blocksOf(t, v6, 120))
 	var agents []*agent
 	for i := range 2 {
@@ -175,7 +179,7 @@ func TestDualStackBlocks(t *testing.T) {
 	}
 	take(first, family.V4, 12)
 	byNode, items = nodeBlocks(t)
-	if n4, n6 := perFamily(byNode[first.node]); n4 != 2 || n6 != 1 || len(items) != 5 {
+	if n4, n6 := perFamily(byNode[first.node]); n4 != 2 || n6 != 1 || len(items) != 5 { // none for dual-stale
 		t.Fatalf("after %s filled its IPv4 block: %v; want it with 2 IPv4 blocks and still 1 IPv6 block, 5 in all", first.node, byNode)
 	}
 	disjoint(t, items)
@@ -183,8 +187,13 @@ func TestDualStackBlocks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := node.Annotations; got[v1alpha1.AnnotationBlocksWanted] != "2" || got[v1alpha1.AnnotationBlocksWantedIPv6] != "1" {
-		t.Errorf("%s asks %v: want 2 IPv4 blocks and 1 IPv6 block", first.node, got)
+	if got := node.Annotations; got[v1alpha1.AnnotationBlocksWantedIPv4] != "2" || got[v1alpha1.AnnotationBlocksWantedIPv6] != "1" || got[v1alpha1.AnnotationBlocksWanted] != "" {
+		t.Errorf("%s asks %v: want 2 IPv4 blocks and 1 IPv6 block, and no count of one family's blocks", first.node, got)
+	}
+	// A count of one family's blocks left from when the cluster was IPv6
+	// only is no request of a dual-stack controller: no IPv4 block for it.
+	if got := byNode[stale.Name]; len(got) != 0 {
+		t.Errorf("node %s with %s %q left from before got blocks %v", stale.Name, v1alpha1.AnnotationBlocksWanted, stale.Annotations[v1alpha1.AnnotationBlocksWanted], got)
 	}
 	for _, a := range agents {
 		for _, addr := range a.held(t) {

@@ -104,17 +104,22 @@ func WantedKey(f family.Family) string {
 	if f == family.V6 {
 		return v1alpha1.AnnotationBlocksWantedIPv6
 	}
-	return v1alpha1.AnnotationBlocksWanted
+	return v1alpha1.AnnotationBlocksWantedIPv4
 }
 
 // Want asks for n blocks of family f in all: it raises the Node's
-// vpcni.io/blocks-wanted (IPv4) or vpcni.io/blocks-wanted-ipv6 to n, never
-// lowers it (a live node keeps its blocks; asking for fewer would mean
-// nothing).
-func (s *Source) Want(ctx context.Context, f family.Family, n int) error {
+// vpcni.io/blocks-wanted-ipv4 or -ipv6 to n and, when the node's blocks
+// are of that family alone, vpcni.io/blocks-wanted too (which
+// controllers of one family read, those from before per-family counts
+// among them); it never lowers them (a live node keeps its blocks; asking
+// for fewer would mean nothing).
+func (s *Source) Want(ctx context.Context, f family.Family, n int, alone bool) error {
 	s.wantM.Lock()
 	defer s.wantM.Unlock()
-	key := WantedKey(f)
+	keys := []string{WantedKey(f)}
+	if alone {
+		keys = append(keys, v1alpha1.AnnotationBlocksWanted)
+	}
 	node, err := s.cs.CoreV1().Nodes().Get(ctx, s.node, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		return fmt.Errorf("node %s has no Node object: blocks are given to registered nodes only: %w", s.node, err)
@@ -122,14 +127,20 @@ func (s *Source) Want(ctx context.Context, f family.Family, n int) error {
 	if err != nil {
 		return fmt.Errorf("read node %s: %w", s.node, err)
 	}
-	if cur, err := strconv.Atoi(node.Annotations[key]); err == nil && cur >= n {
+	raise := map[string]string{}
+	for _, k := range keys {
+		if cur, err := strconv.Atoi(node.Annotations[k]); err != nil || cur < n {
+			raise[k] = strconv.Itoa(n)
+		}
+	}
+	if len(raise) == 0 {
 		return nil
 	}
 	// The resourceVersion in the patch makes it conditional: a racing
 	// writer's change to the annotation is not overwritten unseen.
 	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{
 		"resourceVersion": node.ResourceVersion,
-		"annotations":     map[string]string{key: strconv.Itoa(n)}}})
+		"annotations":     raise}})
 	if _, err := s.cs.CoreV1().Nodes().Patch(ctx, s.node, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
 		return fmt.Errorf("ask for %d %s blocks on node %s: %w", n, f, s.node, err)
 	}

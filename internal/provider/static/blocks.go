@@ -69,7 +69,7 @@ func (p *Provider) assignInBlocks(ctx context.Context, req provider.AssignReques
 		// node has, so a lost or slow answer is asked for again, never
 		// doubled.
 		n := len(blocks) + 1
-		if err := p.blocks.Want(ctx, fam, n); err != nil {
+		if err := p.blocks.Want(ctx, fam, n, len(p.families()) == 1); err != nil {
 			errs = append(errs, fmt.Errorf("%w: %w", err, provider.ErrUnavailable))
 			break
 		}

@@ -38,7 +38,7 @@ func (s *grantingSource) Blocks() []netip.Prefix {
 	return slices.Clone(s.blocks)
 }
 
-func (s *grantingSource) Want(_ context.Context, f family.Family, n int) error {
+func (s *grantingSource) Want(_ context.Context, f family.Family, n int, _ bool) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.wants = append(s.wants, n)

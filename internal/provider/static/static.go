@@ -68,8 +68,9 @@ type BlockSource interface {
 	Blocks() []netip.Prefix
 	// Taken lists the other nodes' blocks now.
 	Taken() []netip.Prefix
-	// Want asks for n blocks of family f in all.
-	Want(ctx context.Context, f family.Family, n int) error
+	// Want asks for n blocks of family f in all; alone: the node's
+	// ranges are of family f only.
+	Want(ctx context.Context, f family.Family, n int, alone bool) error
 	// WaitFor waits until the node has n blocks of family f or ctx ends,
 	// and returns its blocks of f then.
 	WaitFor(ctx context.Context, f family.Family, n int) []netip.Prefix

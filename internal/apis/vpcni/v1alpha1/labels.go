@@ -11,19 +11,23 @@ import (
 // LabelNode selects a node's objects (PodAddresses, NodeBlocks).
 const LabelNode = "vpcni.io/node"
 
-// AnnotationBlocksWanted, on a Node, is how many blocks its agent asks
-// vpcni-controller for (a decimal count). The agent raises it by one when
-// its blocks are full; the controller creates NodeBlocks until the node
-// has that many.
-//
-// It counts IPv4 blocks, or where vpcni-controller's -block-ranges are
-// IPv6 only, IPv6 ones (agents older than dual-stack blocks ask for IPv6
-// blocks there). AnnotationBlocksWantedIPv6 counts IPv6 blocks.
-const AnnotationBlocksWanted = "vpcni.io/blocks-wanted"
+// AnnotationBlocksWantedIPv4 and AnnotationBlocksWantedIPv6, on a Node,
+// are how many blocks of each family its agent asks vpcni-controller for
+// (a decimal count). The agent raises one by one when its blocks of that
+// family are full; the controller creates NodeBlocks until the node has
+// that many.
+const (
+	AnnotationBlocksWantedIPv4 = "vpcni.io/blocks-wanted-ipv4"
+	AnnotationBlocksWantedIPv6 = "vpcni.io/blocks-wanted-ipv6"
+)
 
-// AnnotationBlocksWantedIPv6, on a Node, is how many IPv6 blocks its
-// agent asks for, as AnnotationBlocksWanted is for IPv4 ones.
-const AnnotationBlocksWantedIPv6 = "vpcni.io/blocks-wanted-ipv6"
+// AnnotationBlocksWanted is the count of a node whose blocks are of one
+// family, whichever: agents of one family write it beside their family's
+// count, and controllers whose -block-ranges are of one family read it
+// (agents and controllers from before per-family counts know only it). A
+// dual-stack controller never reads it: left from before, on a node that
+// was IPv6 only, it would be taken for an IPv4 request.
+const AnnotationBlocksWanted = "vpcni.io/blocks-wanted"
 
 // NodeLabel is the LabelNode value of a node: its name, or a hash of it
 // where the name is no valid label value (longer than 63 characters).
