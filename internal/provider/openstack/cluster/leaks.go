@@ -141,11 +141,14 @@ func (n *Leaks) Holdings(ctx context.Context) ([]leaks.Holding, error) {
 	for _, p := range all {
 		byID[p.ID] = p
 		m, err := openstack.Marked(p.Description, subnet)
-		if err == nil && openstack.MarksIPv6(p.Description) {
-			err = n.markedV6(ctx, p, m, subnets6)
-		}
 		if err != nil {
 			bad[p.ID], m = err.Error(), nil // none of its addresses judged
+		} else if openstack.MarksIPv6(p.Description) {
+			// The IPv6 marks unreadable: the port is reported so (held,
+			// never released) and its IPv4 marks still count.
+			if err := n.markedV6(ctx, p, m, subnets6); err != nil {
+				bad[p.ID] = err.Error()
+			}
 		}
 		marks[p.ID] = m
 		for _, f := range p.FixedIPs {
@@ -230,33 +233,49 @@ func (n *Leaks) Holdings(ctx context.Context) ([]leaks.Holding, error) {
 }
 
 // markedV6 adds to marked the IPv6 addresses that port p's description
-// marks (its "[vpcni6:...]" block, offsets in the subnet of its IPv6
-// fixed IPs; subnets caches the subnets read).
+// marks: its "[vpcni6:...]" block counts offsets in the pods' IPv6
+// subnet, which is openstack.subnetIDv6 or, unset, the one IPv6 subnet of
+// the port's fixed IPs (a port with addresses on several, and no
+// subnetIDv6 to say which, is unreadable: marks read against the wrong
+// one would name another address). subnets caches the subnets read.
 func (n *Leaks) markedV6(ctx context.Context, p ports.Port, marked map[netip.Addr]bool, subnets6 map[string]netip.Prefix) error {
+	var ids []string
 	for _, f := range p.FixedIPs {
-		a, err := netip.ParseAddr(f.IPAddress)
-		if err != nil || !a.Is6() || f.SubnetID == "" {
-			continue
+		if a, err := netip.ParseAddr(f.IPAddress); err == nil && a.Is6() && f.SubnetID != "" && !slices.Contains(ids, f.SubnetID) {
+			ids = append(ids, f.SubnetID)
 		}
-		prefix, ok := subnets6[f.SubnetID]
-		if !ok {
-			cc, cancel := n.call(ctx)
-			sn, err := subnets.Get(cc, n.NC, f.SubnetID).Extract()
-			cancel()
-			if err != nil {
-				return fmt.Errorf("IPv6 subnet %s of port %s: %w", f.SubnetID, p.ID, err)
-			}
-			if prefix, err = netip.ParsePrefix(sn.CIDR); err != nil {
-				return fmt.Errorf("subnet %s has CIDR %q: %w", sn.ID, sn.CIDR, err)
-			}
-			prefix = prefix.Masked()
-			subnets6[f.SubnetID] = prefix
-		}
-		m, err := openstack.Marked(p.Description, prefix)
+	}
+	id := n.OpenStack.SubnetIDv6
+	switch {
+	case id != "" && !slices.Contains(ids, id):
+		return nil // no address on the pods' IPv6 subnet: nothing marked holds
+	case id == "" && len(ids) == 0:
+		return nil
+	case id == "" && len(ids) > 1:
+		return fmt.Errorf("port %s marks IPv6 addresses and holds addresses of %d IPv6 subnets (%s): set openstack.subnetIDv6 to the pods' one", p.ID, len(ids), strings.Join(ids, ", "))
+	case id == "":
+		id = ids[0]
+	}
+	prefix, ok := subnets6[id]
+	if !ok {
+		cc, cancel := n.call(ctx)
+		sn, err := subnets.Get(cc, n.NC, id).Extract()
+		cancel()
 		if err != nil {
-			return err
+			return fmt.Errorf("IPv6 subnet %s of port %s: %w", id, p.ID, err)
 		}
-		if m[a] {
+		if prefix, err = netip.ParsePrefix(sn.CIDR); err != nil {
+			return fmt.Errorf("subnet %s has CIDR %q: %w", sn.ID, sn.CIDR, err)
+		}
+		prefix = prefix.Masked()
+		subnets6[id] = prefix
+	}
+	m, err := openstack.Marked(p.Description, prefix)
+	if err != nil {
+		return err
+	}
+	for _, f := range p.FixedIPs {
+		if a, err := netip.ParseAddr(f.IPAddress); err == nil && f.SubnetID == id && m[a] {
 			marked[a] = true
 		}
 	}
