@@ -35,15 +35,8 @@ const serviceCIDR6 = "fd00:96::/112"
 // nothing.
 func TestMacvlanDualStack(t *testing.T) {
 	t.Parallel()
-	e := &env{bedtest.NewDualStack(t, binDir, "vpcm6", "10.79.0.0/24", "10.79.0.0/26", "fd00:79::/64")}
+	e := startV6(t, "vpcm6", family.V4, family.V6)
 	tb := e.TB
-	e.Cfg.Datapath = config.Datapath{Mode: string(macvlan.MACVLAN),
-		Settings: &macvlan.Settings{Settings: svcpath.Settings{ServiceCIDRs: []string{serviceCIDR, serviceCIDR6}}}}
-	st := e.Cfg.Provider.Settings.(*static.Config)
-	// The gateway, node and neighbour are in the excluded /112.
-	st.Ranges = append(st.Ranges, static.Range{CIDR: "fd00:79::/64", Gateway: tb.Gateway6.String(), Exclude: []string{"fd00:79::/112"}})
-	e.Cfg.IPFamilies = []family.Family{family.V4, family.V6}
-	e.StartAgent()
 
 	c := e.cni("1.1.0")
 	nodeNS, nbrNS, segNS := netnsutil.Path(tb.NodeNS()), netnsutil.Path(tb.NbrNS()), netnsutil.Path(tb.SegNS())
@@ -180,14 +173,8 @@ func TestMacvlanDualStack(t *testing.T) {
 // on the segment and an IPv6 Service; CHECK passes; DEL leaves nothing.
 func TestMacvlanIPv6Only(t *testing.T) {
 	t.Parallel()
-	e := &env{bedtest.NewDualStack(t, binDir, "vpcm7", "10.79.0.0/24", "10.79.0.0/26", "fd00:79::/64")}
+	e := startV6(t, "vpcm7", family.V6)
 	tb := e.TB
-	e.Cfg.Datapath = config.Datapath{Mode: string(macvlan.MACVLAN),
-		Settings: &macvlan.Settings{Settings: svcpath.Settings{ServiceCIDRs: []string{serviceCIDR, serviceCIDR6}}}}
-	st := e.Cfg.Provider.Settings.(*static.Config)
-	st.Ranges = []static.Range{{CIDR: "fd00:79::/64", Gateway: tb.Gateway6.String(), Exclude: []string{"fd00:79::/112"}}}
-	e.Cfg.IPFamilies = []family.Family{family.V6}
-	e.StartAgent()
 
 	c := e.cni("1.1.0")
 	p := e.Pod(1)
@@ -223,4 +210,24 @@ func TestMacvlanIPv6Only(t *testing.T) {
 	if got := e.node(); !got.empty() || len(podLinks(t, p)) != 0 {
 		t.Fatalf("DEL left: node %+v, pod %v", got, podLinks(t, p))
 	}
+}
+
+// startV6 brings up a dual-stack bed under prefix and its agent in mode
+// macvlan with IPv4 and IPv6 Service CIDRs, serving fams: the bed's IPv4
+// range (with IPv4) and an IPv6 range of fd00:79::/64 whose first /112
+// (the gateway, node and neighbour) is excluded.
+func startV6(t *testing.T, prefix string, fams ...family.Family) *env {
+	e := &env{bedtest.NewDualStack(t, binDir, prefix, "10.79.0.0/24", "10.79.0.0/26", "fd00:79::/64")}
+	e.Cfg.Datapath = config.Datapath{Mode: string(macvlan.MACVLAN),
+		Settings: &macvlan.Settings{Settings: svcpath.Settings{ServiceCIDRs: []string{serviceCIDR, serviceCIDR6}}}}
+	st := e.Cfg.Provider.Settings.(*static.Config)
+	v6 := static.Range{CIDR: "fd00:79::/64", Gateway: e.TB.Gateway6.String(), Exclude: []string{"fd00:79::/112"}}
+	if family.Has(fams, family.V4) {
+		st.Ranges = append(st.Ranges, v6)
+	} else {
+		st.Ranges = []static.Range{v6}
+	}
+	e.Cfg.IPFamilies = fams
+	e.StartAgent()
+	return e
 }
