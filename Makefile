@@ -273,7 +273,8 @@ e2e-k8s: build image prev-image k8s-build registry
 
 # Upgrade in place on the real node: the node installed with the previous
 # release (its deploy/ and image) and its pods, then this release applied
-# while the legacy VM probes every pod every 10 ms (make test runs it
+# while the legacy VM sends every pod an echo every 10 ms and an HTTP
+# fetch every 100 ms (make test runs it
 # inside e2e-k8s, which also rolls back and forward again later).
 upgrade-e2e: build image prev-image k8s-build registry
 	@VPCNI_REQUIRE_ROOT=1 VPCNI_BIN=$(CURDIR)/$(BIN) VPCNI_PREV_IMAGE=$(CURDIR)/$(BIN)/prev/vpcni-image.tar $(GO) test -count=1 -timeout 30m -v -run 'TestKubernetesNode/^upgrade$$' ./test/k8se2e 2>&1 | tee /tmp/vpcni-upgrade-e2e.log | scripts/testfilter '^upgrade detail' ; rc=$${PIPESTATUS[0]}; \

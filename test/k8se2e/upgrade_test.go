@@ -14,6 +14,8 @@ import (
 	"github.com/vpcni/vpcni/internal/api"
 	"github.com/vpcni/vpcni/internal/cniinstall"
 	"github.com/vpcni/vpcni/internal/doctor"
+	"github.com/vpcni/vpcni/internal/lab"
+	"github.com/vpcni/vpcni/internal/netnsutil"
 	"github.com/vpcni/vpcni/internal/store"
 )
 
@@ -75,14 +77,14 @@ func adopted(before, after map[string]string) int {
 }
 
 // roll changes the agent (with change) while the legacy VM probes every
-// web pod every 10 ms; it waits for the new agent pod ready on image and
+// web pod (probeAll); it waits for the new agent pod ready on image and
 // probes on for 2 s past it (the new agent's first reconcile and checks
-// fall in that window). It returns the probes' counts and how long the
+// fall in that window). It returns what the probes saw and how long the
 // probing ran.
-func (n *node) roll(t *testing.T, web []pod, image string, change func()) (ok, failed int, took time.Duration) {
+func (n *node) roll(t *testing.T, web []pod, image string, change func()) (p probes, took time.Duration) {
 	t.Helper()
 	start := time.Now()
-	ok, failed = probeAll(t, web, func() {
+	p = probeAll(t, web, func() {
 		change()
 		n.mustKubectl("-n", "vpcni-system", "rollout", "status", "daemonset/vpcnid", "--timeout=3m")
 		eventually(t, 2*time.Minute, "the agent ready on "+image, func() (bool, string) {
@@ -99,7 +101,7 @@ func (n *node) roll(t *testing.T, web []pod, image string, change func()) (ok, f
 		})
 		time.Sleep(2 * time.Second) // the observation window past readiness
 	})
-	return ok, failed, time.Since(start)
+	return p, time.Since(start)
 }
 
 // checkUpgrade applies this release (its deploy/ and image, as an
@@ -118,14 +120,14 @@ func checkUpgrade(t *testing.T, n *node, web []pod) {
 	if cur == prev.image {
 		t.Fatalf("this release and the previous one are both %s: an upgrade must change the image's tag", cur)
 	}
-	ok, failed, took := n.roll(t, web, cur, func() {
+	p, took := n.roll(t, web, cur, func() {
 		n.overlay = n.writeOverlay("5s", 64, true)
 		n.mustKubectl("apply", "-k", n.overlay)
 	})
 	after := n.wirings(t, web)
 	got := adopted(before, after)
-	if failed > 0 || ok == 0 {
-		t.Errorf("upgrade %s -> %s: %d probes from the legacy VM ok, %d failed", prev.image, cur, ok, failed)
+	if err := p.check(); err != nil {
+		t.Errorf("upgrade %s -> %s: %v", prev.image, cur, err)
 	}
 	if got != len(before) || len(before) != len(web) {
 		t.Errorf("upgrade: %d of %d web pods adopted as they were wired (%d pods)\nbefore %v\nafter  %v", got, len(before), len(web), before, after)
@@ -140,18 +142,21 @@ func checkUpgrade(t *testing.T, n *node, web []pod) {
 	// The previous release wrote 10-vpcni.conflist; this one writes its
 	// own name and deletes that one.
 	n.checkOneConflist(t, "after the upgrade", cniinstall.DefaultName)
-	perPod := took / time.Duration(max(1, (ok+failed)/len(web)))
-	fmt.Printf("upgrade: pods=%d failed_probes=%d adopted=%d\n", len(web), failed, got)
-	fmt.Printf("upgrade detail: from=%s to=%s probes=%d over=%s interval_per_pod=%s store_schema=0->%d\n",
-		prev.image, cur, ok+failed, took.Round(100*time.Millisecond), perPod.Round(100*time.Microsecond), store.Schema)
+	// The pacing is the echoes': they are what watches each pod every
+	// 10 ms (the fetches are a tenth of that).
+	perPod := took / time.Duration(max(1, p.echo.Sent/len(web)))
+	fmt.Printf("upgrade: pods=%d failed_probes=%d adopted=%d\n", len(web), p.failed(), got)
+	fmt.Printf("upgrade detail: from=%s to=%s probes=%d over=%s interval_per_pod=%s store_schema=0->%d fetches=%d fetches_failed=%d echo_gap_ms=%d\n",
+		prev.image, cur, p.echo.Sent+p.fetchOK+p.fetchFailed, took.Round(100*time.Millisecond), perPod.Round(100*time.Microsecond), store.Schema,
+		p.fetchOK+p.fetchFailed, p.fetchFailed, p.echo.Gap.Milliseconds())
 	if perPod > 25*time.Millisecond {
-		t.Errorf("the legacy VM probed each pod every %s on average, not every ~10 ms: the figure above means less than it says", perPod)
+		t.Errorf("the legacy VM sent each pod an echo every %s on average, not every ~10 ms: the figure above means less than it says", perPod)
 	}
 }
 
 // checkRollback rolls vpcnid's DaemonSet back to the previous release's
 // image and forward again (kubectl set image, as kubectl rollout undo
-// would), probing every web pod every 10 ms: each way no probe fails and
+// would), probing every web pod (probeAll): each way no probe fails and
 // every web pod is adopted as it was wired.
 func checkRollback(t *testing.T, n *node) {
 	prev := previousRelease(t, n)
@@ -159,12 +164,12 @@ func checkRollback(t *testing.T, n *node) {
 	web := n.pods("default", "app=web")
 	for _, step := range []struct{ name, image string }{{"rollback", prev.image}, {"forward again", cur}} {
 		before := n.wirings(t, web)
-		ok, failed, took := n.roll(t, web, step.image, func() {
+		p, took := n.roll(t, web, step.image, func() {
 			n.mustKubectl("-n", "vpcni-system", "set", "image", "daemonset/vpcnid", "install-cni="+step.image, "vpcnid="+step.image)
 		})
 		after := n.wirings(t, web)
-		if failed > 0 || ok == 0 {
-			t.Errorf("%s to %s: %d probes ok, %d failed", step.name, step.image, ok, failed)
+		if err := p.check(); err != nil {
+			t.Errorf("%s to %s: %v", step.name, step.image, err)
 		}
 		if got := adopted(before, after); got != len(before) {
 			t.Errorf("%s: %d of %d web pods adopted as they were wired", step.name, got, len(before))
@@ -173,22 +178,57 @@ func checkRollback(t *testing.T, n *node) {
 		if step.image == cur {
 			n.checkOneConflist(t, "rolled forward again", cniinstall.DefaultName)
 		}
-		t.Logf("vpcni-test: %s to %s: %d probes of %d pods in %s from the legacy VM, %d failed; %d web pods adopted as wired",
-			step.name, step.image, ok+failed, len(web), took.Round(100*time.Millisecond), failed, len(after))
+		t.Logf("vpcni-test: %s to %s: %s of %d pods in %s from the legacy VM; %d web pods adopted as wired",
+			step.name, step.image, p, len(web), took.Round(100*time.Millisecond), len(after))
 	}
 }
 
-// probeAll fetches every pod from the legacy VM every 10 ms while during
-// runs, and counts the answers and the failures.
-func probeAll(t *testing.T, web []pod, during func()) (ok, failed int) {
+// probes is what probeAll saw: its echoes summed over the pods (the
+// longest gap of any one pod) and its fetches.
+type probes struct {
+	echo                 lab.PingStats
+	fetchOK, fetchFailed int
+}
+
+func (p probes) failed() int { return p.echo.Lost + p.fetchFailed }
+
+func (p probes) String() string {
+	return fmt.Sprintf("%d echoes (%d lost, longest gap %d ms) and %d fetches (%d failed)",
+		p.echo.Sent, p.echo.Lost, p.echo.Gap.Milliseconds(), p.fetchOK+p.fetchFailed, p.fetchFailed)
+}
+
+// check says whether no probe failed and some of each kind were answered.
+func (p probes) check() error {
+	if p.failed() > 0 || p.fetchOK == 0 || p.echo.Sent == 0 {
+		return fmt.Errorf("probes from the legacy VM: %s", p)
+	}
+	return nil
+}
+
+// probeAll watches every web pod from the legacy VM while during runs: an
+// ICMP echo every 10 ms (a blip of the datapath shows as a lost echo) and
+// an HTTP fetch every 100 ms (the pod answers end to end). The fetches
+// are fewer because each one forks the pod's httpd: ten pods fetched every
+// 10 ms asked more forks of a small node than it could serve, and the
+// probes measured the node's CPU instead of vpcni.
+func probeAll(t *testing.T, web []pod, during func()) probes {
 	t.Helper()
+	var pingers []*lab.Pinger
+	for _, p := range web {
+		pg, err := lab.StartPinger(netnsutil.Path(legacyNS), netip.MustParseAddr(p.Status.PodIP), 10*time.Millisecond)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pingers = append(pingers, pg)
+	}
 	stop := make(chan struct{})
 	var mu sync.Mutex
 	var wg sync.WaitGroup
+	var res probes
 	for _, p := range web {
 		target := netip.AddrPortFrom(netip.MustParseAddr(p.Status.PodIP), 8080)
 		wg.Go(func() {
-			tick := time.NewTicker(10 * time.Millisecond)
+			tick := time.NewTicker(100 * time.Millisecond)
 			defer tick.Stop()
 			for {
 				select {
@@ -199,10 +239,10 @@ func probeAll(t *testing.T, web []pod, during func()) (ok, failed int) {
 				_, err := fetch(legacyNS, target, time.Second)
 				mu.Lock()
 				if err == nil {
-					ok++
+					res.fetchOK++
 				} else {
-					failed++
-					if failed <= 5 {
+					res.fetchFailed++
+					if res.fetchFailed <= 5 {
 						t.Logf("probe %s failed: %v", target, err)
 					}
 				}
@@ -213,7 +253,16 @@ func probeAll(t *testing.T, web []pod, during func()) (ok, failed int) {
 	during()
 	close(stop)
 	wg.Wait()
-	return ok, failed
+	for i, pg := range pingers {
+		s := pg.Stop()
+		if s.Lost > 0 {
+			t.Logf("echoes to %s: %s", web[i].Status.PodIP, s)
+		}
+		res.echo.Sent += s.Sent
+		res.echo.Lost += s.Lost
+		res.echo.Gap = max(res.echo.Gap, s.Gap)
+	}
+	return res
 }
 
 // checkInAgentPod runs vpcnictl trace and doctor as an operator would, in
