@@ -21,6 +21,7 @@ import (
 	"math"
 	"net/netip"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -225,20 +226,42 @@ type Shortfall struct {
 	Waiting int
 	// Needed is the max_routes every block's route fits in.
 	Needed int
-	// Bits is a block prefix length (larger blocks) with which every node
-	// fits in the current limit (0: none fits — fewer routes than nodes).
-	Bits int
-	Fix  string
+	// Bits and BitsV6 are block prefix lengths (larger blocks) of IPv4
+	// and IPv6 with which every node fits in the current limit; 0 where
+	// the family's size need not change (or no size fits: fewer routes
+	// than nodes, counted per family).
+	Bits, BitsV6 int
+	Fix          string
+}
+
+// familyBlocks are one family's routed blocks: how many each node has
+// and the longest block prefix among them.
+type familyBlocks struct {
+	bits    int
+	perNode map[string]int
+}
+
+// folded is how many routes the family's blocks take as blocks d bits
+// larger: a node's blocks merge only where it has more than one.
+func (f familyBlocks) folded(d int) int {
+	n := 0
+	for _, c := range f.perNode {
+		n += (c + 1<<d - 1) >> d
+	}
+	return n
 }
 
 // shortfall works out the fix for the blocks left waiting for a route:
 // raise max_routes to others+wanted, or use blocks large enough that each
-// node's blocks fold into fewer routes. (The NodeBlocks do not merge by
-// themselves: a new block size applies to blocks assigned after it.)
+// node's blocks fold into fewer routes. The router's max_routes holds
+// both families, so the larger sizes are searched together: each family
+// whose nodes hold more than one block grows by the same number of bits
+// until all fit. (The NodeBlocks do not merge by themselves: a new block
+// size applies to blocks assigned after it.)
 func shortfall(in planInput, p plan) Shortfall {
 	var s Shortfall
-	perNode := map[string]int{}
-	bits := 0
+	fams := map[bool]*familyBlocks{} // by IPv6
+	wanted := 0
 	for _, b := range in.blocks {
 		if b.NodeGone || p.states[b.Name] == NoNodeAddress {
 			continue
@@ -246,8 +269,15 @@ func shortfall(in planInput, p plan) Shortfall {
 		if p.states[b.Name] == NoRouteBudget {
 			s.Waiting++
 		}
-		perNode[b.Node]++
-		bits = max(bits, b.CIDR.Bits())
+		v6 := b.CIDR.Addr().Is6()
+		f := fams[v6]
+		if f == nil {
+			f = &familyBlocks{perNode: map[string]int{}}
+			fams[v6] = f
+		}
+		f.perNode[b.Node]++
+		f.bits = max(f.bits, b.CIDR.Bits())
+		wanted++
 	}
 	if s.Waiting == 0 {
 		return s
@@ -258,32 +288,61 @@ func shortfall(in planInput, p plan) Shortfall {
 			gone++
 		}
 	}
-	wanted := 0
-	for _, n := range perNode {
-		wanted += n
-	}
 	s.Needed = p.others + gone + wanted
 	budget := in.limit - p.others - gone
-	for m := bits - 1; m >= max(bits-16, 1) && budget >= len(perNode); m-- {
-		fold := 1 << (bits - m)
+	// Every node needs a route per family whatever the size; a family
+	// grows only where some node holds several of its blocks.
+	least := 0
+	nodes := map[string]bool{}
+	grows := map[bool]bool{}
+	for v6, f := range fams {
+		least += len(f.perNode)
+		for n, c := range f.perNode {
+			nodes[n] = true
+			grows[v6] = grows[v6] || c > 1
+		}
+	}
+	for d := 1; d <= 16 && budget >= least; d++ {
 		n := 0
-		for _, c := range perNode {
-			n += (c + fold - 1) / fold
+		for v6, f := range fams {
+			if grows[v6] {
+				n += f.folded(d)
+			} else {
+				n += f.folded(0)
+			}
 		}
-		if n <= budget {
-			s.Bits = m
-			break
+		if n > budget {
+			continue
 		}
+		if f := fams[false]; f != nil && grows[false] {
+			s.Bits = max(f.bits-d, 1)
+		}
+		if f := fams[true]; f != nil && grows[true] {
+			s.BitsV6 = max(f.bits-d, 1)
+		}
+		break
 	}
 	limit := "unknown"
 	if in.limit != math.MaxInt {
 		limit = fmt.Sprint(in.limit)
 	}
 	s.Fix = fmt.Sprintf("raise max_routes to %d (neutron.conf; now %s, %d of them others')", s.Needed, limit, p.others)
+	// The family is named only when the router holds both.
+	v4, v6, own := "", "IPv6 ", "a route of its own"
+	if len(fams) == 2 {
+		v4, own = "IPv4 ", "a route of its own for each family"
+	}
+	var sizes []string
 	if s.Bits > 0 {
-		s.Fix += fmt.Sprintf(", or use blocks of /%d (-block-size %d)", s.Bits, s.Bits)
+		sizes = append(sizes, fmt.Sprintf("%sblocks of /%d (-block-size %d)", v4, s.Bits, s.Bits))
+	}
+	if s.BitsV6 > 0 {
+		sizes = append(sizes, fmt.Sprintf("%sblocks of /%d (-block-size-v6 %d)", v6, s.BitsV6, s.BitsV6))
+	}
+	if len(sizes) > 0 {
+		s.Fix += ", or use " + strings.Join(sizes, " and ")
 	} else {
-		s.Fix += fmt.Sprintf(": each of the %d nodes needs a route of its own, so no block size fits them in %s", len(perNode), limit)
+		s.Fix += fmt.Sprintf(": each of the %d nodes needs %s, so no block size fits them in %s", len(nodes), own, limit)
 	}
 	return s
 }

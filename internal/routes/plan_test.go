@@ -126,6 +126,71 @@ func TestShortfallFix(t *testing.T) {
 	}
 }
 
+// On a dual-stack router the budget holds both families: the fix grows
+// only the family whose nodes hold several blocks, names each family's
+// own flag, and counts a route per node and family as the least.
+func TestShortfallFixDualStack(t *testing.T) {
+	rng4, rng6 := netip.MustParsePrefix("10.91.0.0/16"), netip.MustParsePrefix("fd00:91::/64")
+	ours := func(p netip.Prefix) bool { return rng4.Contains(p.Addr()) || rng6.Contains(p.Addr()) }
+	input := func(per6 int) planInput {
+		var blocks []Block
+		room := map[netip.Addr]int{}
+		port := map[netip.Addr]netip.Addr{}
+		b4 := netip.MustParsePrefix("10.91.0.0/26")
+		b6 := netip.MustParsePrefix("fd00:91::/80")
+		for n := range 10 {
+			ip4 := netip.AddrFrom4([4]byte{10, 90, 0, byte(11 + n)})
+			ip6 := netip.MustParseAddr(fmt.Sprintf("fd00:90::%d", 11+n))
+			room[ip4], port[ip6] = 10, ip4
+			node := fmt.Sprint("n", n)
+			for range 4 {
+				blocks = append(blocks, Block{Name: b4.String(), CIDR: b4, Node: node, NodeIP: ip4})
+				b4 = nextBlock(b4)
+			}
+			for range per6 {
+				blocks = append(blocks, Block{Name: b6.String(), CIDR: b6, Node: node, NodeIP: ip6})
+				b6 = netip.PrefixFrom(netip.AddrFrom16(shift80(b6.Addr())), 80)
+			}
+		}
+		return planInput{blocks: blocks, limit: 30, pairRoom: room, port: port, ours: ours}
+	}
+	// 40 IPv4 blocks and 10 IPv6 ones in 30 routes: /25 folds the IPv4
+	// ones to 20, the IPv6 size stays.
+	in := input(1)
+	s := shortfall(in, makePlan(in))
+	if s.Needed != 50 || s.Bits != 25 || s.BitsV6 != 0 || !strings.HasSuffix(s.Fix, ", or use IPv4 blocks of /25 (-block-size 25)") {
+		t.Fatalf("one IPv6 block a node: %+v", s)
+	}
+	// Two IPv6 blocks a node too, in 20 routes: both families grow by two bits.
+	in = input(2)
+	in.limit = 20
+	s = shortfall(in, makePlan(in))
+	if s.Needed != 60 || s.Bits != 24 || s.BitsV6 != 78 || !strings.HasSuffix(s.Fix, "IPv4 blocks of /24 (-block-size 24) and IPv6 blocks of /78 (-block-size-v6 78)") {
+		t.Fatalf("two IPv6 blocks a node: %+v", s)
+	}
+	// 19 routes for 10 nodes of two families: nothing fits.
+	in.limit = 19
+	s = shortfall(in, makePlan(in))
+	if s.Bits != 0 || s.BitsV6 != 0 || !strings.Contains(s.Fix, "each of the 10 nodes needs a route of its own for each family") {
+		t.Fatalf("fewer routes than nodes and families: %+v", s)
+	}
+}
+
+// shift80 is the next /80 after a's.
+func shift80(a netip.Addr) [16]byte {
+	b := a.As16()
+	for i := 9; i >= 0; i-- {
+		b[i]++
+		if b[i] != 0 {
+			break
+		}
+	}
+	for i := 10; i < 16; i++ {
+		b[i] = 0
+	}
+	return b
+}
+
 func nextBlock(p netip.Prefix) netip.Prefix {
 	a := p.Addr().As4()
 	v := uint32(a[0])<<24 | uint32(a[1])<<16 | uint32(a[2])<<8 | uint32(a[3])
