@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"pgregory.net/rapid"
+
+	"github.com/vpcni/vpcni/internal/ipam"
 )
 
 // The plan's invariants over random routers, blocks and ports: the budget
@@ -136,20 +138,17 @@ func TestShortfallFixDualStack(t *testing.T) {
 		var blocks []Block
 		room := map[netip.Addr]int{}
 		port := map[netip.Addr]netip.Addr{}
-		b4 := netip.MustParsePrefix("10.91.0.0/26")
-		b6 := netip.MustParsePrefix("fd00:91::/80")
+		b4, b6 := firstBlocks(t, rng4, 26, 40), firstBlocks(t, rng6, 80, 10*per6)
 		for n := range 10 {
 			ip4 := netip.AddrFrom4([4]byte{10, 90, 0, byte(11 + n)})
 			ip6 := netip.MustParseAddr(fmt.Sprintf("fd00:90::%d", 11+n))
 			room[ip4], port[ip6] = 10, ip4
 			node := fmt.Sprint("n", n)
-			for range 4 {
-				blocks = append(blocks, Block{Name: b4.String(), CIDR: b4, Node: node, NodeIP: ip4})
-				b4 = nextBlock(b4)
+			for _, b := range b4[4*n : 4*n+4] {
+				blocks = append(blocks, Block{Name: b.String(), CIDR: b, Node: node, NodeIP: ip4})
 			}
-			for range per6 {
-				blocks = append(blocks, Block{Name: b6.String(), CIDR: b6, Node: node, NodeIP: ip6})
-				b6 = netip.PrefixFrom(netip.AddrFrom16(shift80(b6.Addr())), 80)
+			for _, b := range b6[per6*n : per6*n+per6] {
+				blocks = append(blocks, Block{Name: b.String(), CIDR: b, Node: node, NodeIP: ip6})
 			}
 		}
 		return planInput{blocks: blocks, limit: 30, pairRoom: room, port: port, ours: ours}
@@ -176,19 +175,22 @@ func TestShortfallFixDualStack(t *testing.T) {
 	}
 }
 
-// shift80 is the next /80 after a's.
-func shift80(a netip.Addr) [16]byte {
-	b := a.As16()
-	for i := 9; i >= 0; i-- {
-		b[i]++
-		if b[i] != 0 {
+// firstBlocks are the first n blocks of /bits in rng, as the controller
+// cuts them.
+func firstBlocks(t *testing.T, rng netip.Prefix, bits, n int) []netip.Prefix {
+	t.Helper()
+	bs, err := ipam.NewBlocks([]netip.Prefix{rng}, bits)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []netip.Prefix
+	for p := range bs.All {
+		if len(out) == n {
 			break
 		}
+		out = append(out, p)
 	}
-	for i := 10; i < 16; i++ {
-		b[i] = 0
-	}
-	return b
+	return out
 }
 
 func nextBlock(p netip.Prefix) netip.Prefix {
